@@ -1,0 +1,3 @@
+from autotune.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""One candidate training configuration: every knob autotune can turn (DESIGN §3)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from autotune.errors import UsageError
+
+COMPILE_MODES = ("off", "default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead")
+PRECISIONS = ("fp32", "bf16", "fp16", "tf32")
+ALLOCATORS = ("default", "jemalloc", "tcmalloc")
+BACKENDS = ("gloo", "nccl", "ccl", "mpi")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialConfig:
+    """A configuration as the trial process and the generated script apply it.
+
+    ``batch_size`` is the global batch: with several ranks each rank takes
+    ``batch_size // nprocs`` samples, so a layout change never changes what the
+    optimizer sees. ``threads=None`` means PyTorch's own default (the baseline).
+    """
+
+    nprocs: int = 1
+    threads: int | None = None
+    backend: str = "gloo"
+    interop_threads: int | None = None
+    batch_size: int = 32
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    compile: str = "off"
+    precision: str = "fp32"
+    channels_last: bool = False
+    prune_ratio: float = 0.0
+    allocator: str = "default"
+    affinity: str = "none"
+    ipex: bool = False
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.nprocs < 1:
+            problems.append(f"nprocs={self.nprocs} must be at least 1")
+        if self.threads is not None and self.threads < 1:
+            problems.append(f"threads={self.threads} must be at least 1")
+        if self.batch_size < 1:
+            problems.append(f"batch_size={self.batch_size} must be at least 1")
+        elif self.batch_size % self.nprocs:
+            problems.append(
+                f"batch_size={self.batch_size} is the global batch and must divide evenly "
+                f"over nprocs={self.nprocs}"
+            )
+        if self.num_workers < 0:
+            problems.append(f"num_workers={self.num_workers} must be 0 or more")
+        for name, allowed in (
+            ("compile", COMPILE_MODES),
+            ("precision", PRECISIONS),
+            ("allocator", ALLOCATORS),
+            ("backend", BACKENDS),
+            ("affinity", ("none", "compact")),
+            ("device", ("cpu", "cuda")),
+        ):
+            if getattr(self, name) not in allowed:
+                problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if not 0.0 <= self.prune_ratio < 1.0:
+            problems.append(f"prune_ratio={self.prune_ratio} must be in [0, 1)")
+        if problems:
+            raise UsageError("invalid configuration: " + "; ".join(problems))
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.batch_size // self.nprocs
+
+    @property
+    def layout(self) -> str:
+        threads = "default" if self.threads is None else str(self.threads)
+        return f"{self.nprocs}x{threads}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(
+                f"unknown knob(s) {', '.join(unknown)}; known knobs: {', '.join(sorted(known))}"
+            )
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> TrialConfig:
+        return dataclasses.replace(self, **changes)
+
+    def short(self) -> str:
+        """One line naming the knobs that differ from the defaults, for progress output."""
+        default = TrialConfig()
+        parts = [f"layout={self.layout}", f"batch={self.batch_size}"]
+        for f in dataclasses.fields(self):
+            if f.name in ("nprocs", "threads", "batch_size"):
+                continue
+            value = getattr(self, f.name)
+            if value != getattr(default, f.name):
+                parts.append(f"{f.name}={value}")
+        return " ".join(parts)

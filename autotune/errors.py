@@ -1,0 +1,16 @@
+"""Errors shown to the user as one short message, never as a tuner traceback."""
+from __future__ import annotations
+
+
+class AutotuneError(Exception):
+    """An error whose message is meant for the user as it stands."""
+
+    exit_code = 2
+
+
+class ContractError(AutotuneError):
+    """The user's model file does not follow the contract (DESIGN §1)."""
+
+
+class UsageError(AutotuneError):
+    """A command-line value is wrong."""

@@ -1,0 +1,79 @@
+"""How a configuration is launched: its process command and its environment.
+
+One place for both, used by the trials and by the emitted ``launch.sh``, so the
+script is started exactly as the trial was measured.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.config import TrialConfig
+
+JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
+
+
+def rank_cpus(cfg: TrialConfig, usable_cpus: list[int]) -> list[list[int]]:
+    """Disjoint, compact core sets, one per rank: rank r gets the r-th block of the
+    usable cores (listed node by node, so a block stays NUMA-local where it can)."""
+    per_rank = cfg.threads or max(1, len(usable_cpus) // cfg.nprocs)
+    blocks = [usable_cpus[r * per_rank : (r + 1) * per_rank] for r in range(cfg.nprocs)]
+    if any(not b for b in blocks):
+        raise ValueError(
+            f"{cfg.nprocs} ranks x {per_rank} cores do not fit in {len(usable_cpus)} usable cores"
+        )
+    return blocks
+
+
+def environment(
+    cfg: TrialConfig, *, machine: Mapping[str, Any], base_env: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """Variables this configuration sets, and a warning for each one the user had
+    already set: theirs is kept, never overridden silently."""
+    base_env = os.environ if base_env is None else base_env
+    wanted: dict[str, str] = {}
+    if cfg.threads is not None:
+        wanted["OMP_NUM_THREADS"] = str(cfg.threads)
+    if cfg.allocator != "default":
+        path = (machine.get("allocators") or {}).get(cfg.allocator)
+        if not path:
+            raise ValueError(f"allocator {cfg.allocator} was not found on this machine")
+        wanted["LD_PRELOAD"] = path
+        if cfg.allocator == "jemalloc":
+            wanted["MALLOC_CONF"] = JEMALLOC_CONF
+    if cfg.affinity == "compact" and cfg.device == "cpu":
+        cpus = (machine.get("cpu") or {}).get("usable_cpus") or sorted(os.sched_getaffinity(0))
+        wanted["TUNED_CPUS_PER_RANK"] = ";".join(
+            ",".join(map(str, block)) for block in rank_cpus(cfg, list(cpus))
+        )
+        # Threads stay on their rank's cores, one per core.
+        wanted["OMP_PROC_BIND"] = "close"
+        wanted["OMP_PLACES"] = "cores"
+    chosen, warnings = {}, []
+    for key, value in wanted.items():
+        if key in base_env and base_env[key] != value:
+            warnings.append(
+                f"{key} is set to {base_env[key]!r} in your environment; autotune would set "
+                f"{value!r} for this configuration and keeps yours instead"
+            )
+            continue
+        chosen[key] = value
+    return chosen, warnings
+
+
+def command(cfg: TrialConfig, entry: list[str], *, python: str) -> list[str]:
+    """The process command: plain python for one process, torchrun for several."""
+    if cfg.nprocs == 1:
+        return [python, *entry]
+    return [
+        python, "-m", "torch.distributed.run",
+        "--standalone", "--nnodes", "1", "--nproc-per-node", str(cfg.nprocs),
+        *entry,
+    ]
+
+
+def shell_line(env: Mapping[str, str], argv: list[str]) -> str:
+    assignments = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
+    return " ".join([*assignments, *map(shlex.quote, argv)])

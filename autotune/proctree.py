@@ -1,0 +1,84 @@
+"""Process trees: a trial is a tree (torchrun, ranks, DataLoader workers, compile
+workers) whose members may sit in different process groups, so ending a trial means
+walking the tree, not signalling one group."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+import psutil
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphans of our trials re-parent to us instead of init, so we can still find
+    and end them after their parent died."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def tree_rss(pid: int) -> int:
+    """Resident memory of a process and all its descendants, in bytes."""
+    total = 0
+    try:
+        procs = [psutil.Process(pid), *descendants(pid)]
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process, every descendant, and every process group among them."""
+    for _ in range(3):  # children forked while we kill are caught on the next pass
+        procs = []
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+        procs.extend(descendants(pid))
+        if not procs:
+            return
+        groups = set()
+        for p in procs:
+            try:
+                groups.add(os.getpgid(p.pid))
+            except OSError:
+                pass
+        groups.discard(os.getpgrp())  # never our own group
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        for g in groups:
+            try:
+                os.killpg(g, signal.SIGKILL)
+            except OSError:
+                pass
+        psutil.wait_procs(procs, timeout=2)
+
+
+def reap_orphans() -> None:
+    """End any process left under us (we are their subreaper): nothing outlives a run."""
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass

@@ -1,0 +1,360 @@
+"""The training runtime: apply a configuration's in-process knobs and train.
+
+Shared by the trial worker (which measures) and the generated ``train_tuned.py``
+(which trains): ``autotune.emit`` copies this file's text into the script, so the
+script reproduces exactly what was measured. Hence this module imports nothing
+from autotune and takes its configuration as a plain dict.
+
+Core pinning must happen before torch starts its OpenMP pool, so it runs at import,
+before ``import torch``: the launcher passes each local rank's cores in
+``TUNED_CPUS_PER_RANK`` ("0-3;4-7": one list per local rank).
+"""
+from __future__ import annotations
+
+import os
+
+
+def _parse_cpu_list(text: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def pin_local_rank() -> set[int] | None:
+    spec = os.environ.get("TUNED_CPUS_PER_RANK")
+    if not spec:
+        return None
+    per_rank = spec.split(";")
+    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cpus = _parse_cpu_list(per_rank[rank % len(per_rank)])
+    os.sched_setaffinity(0, cpus)
+    return cpus
+
+
+pin_local_rank()
+
+import contextlib  # noqa: E402  (after pinning on purpose)
+import importlib.util  # noqa: E402
+import math  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Callable, Iterator  # noqa: E402
+
+import torch  # noqa: E402
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+def load_user_module(path: str) -> Any:
+    """Import the user's model file by path; it never needs to be a package."""
+    path = os.path.abspath(path)
+    name = "user_model_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    # The file's own folder first, so it can import its neighbours as it would when run.
+    sys.path.insert(0, os.path.dirname(path))
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    # DataLoader workers started with spawn/forkserver unpickle the dataset by module name.
+    return module
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def apply_process_knobs(cfg: dict) -> None:
+    """Knobs that must be set before any parallel work in this process."""
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg["threads"]))
+    if cfg.get("interop_threads"):
+        torch.set_num_interop_threads(int(cfg["interop_threads"]))
+    if cfg.get("device") == "cuda":
+        torch.backends.cudnn.benchmark = True
+        tf32 = cfg.get("precision") == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
+class Distributed:
+    """This process's place in the job: rank, world size, device."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if cfg.get("device") == "cuda":
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+        else:
+            self.device = torch.device("cpu")
+        self.enabled = self.world > 1
+        if self.enabled:
+            backend = cfg.get("backend", "gloo")
+            if backend == "ccl":
+                import oneccl_bindings_for_pytorch  # noqa: F401  (registers the backend)
+            torch.distributed.init_process_group(backend=backend)
+
+    def agree_max(self, value: float) -> float:
+        """The largest of the ranks' values, so every rank takes the same decision."""
+        if not self.enabled:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self._collective_device())
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t.item())
+
+    def _collective_device(self) -> torch.device:
+        return self.device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def close(self) -> None:
+        if self.enabled and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _first_tensor(obj: Any) -> torch.Tensor | None:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def move(obj: Any, device: torch.device, *, channels_last: bool = False) -> Any:
+    """Move nested tensors to the device; 4-D float inputs go channels_last if asked."""
+    if isinstance(obj, torch.Tensor):
+        non_blocking = device.type == "cuda"
+        if channels_last and obj.dim() == 4 and obj.is_floating_point():
+            return obj.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, dict):
+        return {k: move(v, device, channels_last=channels_last) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(move(v, device, channels_last=channels_last) for v in obj)
+    return obj
+
+
+def call_model(model: torch.nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (list, tuple)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def prune_model(user: Any, model: torch.nn.Module, ratio: float, example_inputs: Any) -> None:
+    """Remove channels physically with Torch-Pruning; the output layer is kept."""
+    import torch_pruning as tp
+
+    ignored = []
+    for module in reversed(list(model.modules())):
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv1d)):
+            ignored.append(module)  # the last layer maps to the task's outputs
+            break
+    pruner = tp.pruner.BasePruner(
+        model,
+        example_inputs,
+        importance=tp.importance.GroupMagnitudeImportance(p=2),
+        pruning_ratio=ratio,
+        ignored_layers=ignored,
+    )
+    with torch.enable_grad():
+        pruner.step()
+
+
+class GlobalBatchSampler(torch.utils.data.Sampler):
+    """Shuffled indices such that each global batch is the same whatever the layout:
+    global batch b is split into equal contiguous chunks, one per rank. A 2-rank run
+    therefore trains on exactly the batches of a 1-process run with the same seed."""
+
+    def __init__(self, n: int, *, global_batch: int, world: int, rank: int, seed: int) -> None:
+        self.n, self.global_batch, self.world, self.rank = n, global_batch, world, rank
+        self.seed, self.epoch = seed, 0
+        self.per_rank = global_batch // world
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return (self.n // self.global_batch) * self.per_rank
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.n, generator=g).tolist()
+        lo = self.rank * self.per_rank
+        for b in range(self.n // self.global_batch):
+            start = b * self.global_batch + lo
+            yield from order[start : start + self.per_rank]
+
+
+def build_loader(user: Any, cfg: dict, dist: Distributed, *, seed: int) -> tuple[Any, Any]:
+    """The real DataLoader the user would train with, sharded over ranks."""
+    dataset = user.build_dataset()
+    global_batch = int(cfg["batch_size"])
+    sampler = GlobalBatchSampler(
+        len(dataset), global_batch=global_batch, world=dist.world, rank=dist.rank, seed=seed
+    )
+    if len(sampler) == 0:
+        raise ValueError(
+            f"the dataset has {len(dataset)} items: too few for one batch of {global_batch}"
+        )
+    workers = int(cfg.get("num_workers", 0))
+    kwargs: dict[str, Any] = {}
+    if workers > 0:
+        kwargs["persistent_workers"] = bool(cfg.get("persistent_workers"))
+        if cfg.get("prefetch_factor"):
+            kwargs["prefetch_factor"] = int(cfg["prefetch_factor"])
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=sampler.per_rank,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=bool(cfg.get("pin_memory")) and dist.device.type == "cuda",
+        drop_last=True,  # a ragged last batch would recompile a compiled model
+        collate_fn=getattr(user, "collate_fn", None),
+        **kwargs,
+    )
+    return loader, sampler
+
+
+def batches(loader: Any, sampler: Any) -> Iterator[Any]:
+    """Endless batches, epoch after epoch, as a training loop would draw them."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def build_model(user: Any, cfg: dict, dist: Distributed, example_batch: Any) -> tuple[Any, Any]:
+    """Model and optimizer with every in-process knob applied, in the order that works:
+    prune, then memory format and device, then optimizer, IPEX, DDP and compile."""
+    model = user.build_model()
+    prune_ratio = float(cfg.get("prune_ratio") or 0.0)
+    if prune_ratio > 0:
+        inputs = example_batch[0] if isinstance(example_batch, (list, tuple)) else example_batch
+        prune_model(user, model, prune_ratio, inputs)
+    if cfg.get("channels_last"):
+        model = model.to(memory_format=torch.channels_last)
+    model = model.to(dist.device)
+    model.train()
+    make_optimizer = getattr(user, "build_optimizer", None)
+    optimizer = (
+        make_optimizer(model.parameters())
+        if make_optimizer
+        else torch.optim.AdamW(model.parameters(), lr=1e-3)
+    )
+    if cfg.get("ipex"):
+        import intel_extension_for_pytorch as ipex
+
+        dtype = torch.bfloat16 if cfg.get("precision") == "bf16" else None
+        model, optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype)
+    if dist.enabled:
+        ids = [dist.local_rank] if dist.device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    mode = cfg.get("compile", "off")
+    if mode != "off":
+        model = torch.compile(model, mode=None if mode == "default" else mode)
+    return model, optimizer
+
+
+def autocast(cfg: dict, device: torch.device) -> contextlib.AbstractContextManager:
+    precision = cfg.get("precision", "fp32")
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def make_step(user: Any, model: Any, optimizer: Any, cfg: dict, dist: Distributed) -> Callable:
+    """One optimizer step on one batch; returns the loss as a detached tensor so the
+    caller decides when to synchronise with the device."""
+    loss_fn = getattr(user, "loss_fn", None) or torch.nn.functional.cross_entropy
+    training_step = getattr(user, "training_step", None)
+    scaler = torch.amp.GradScaler(dist.device.type) if cfg.get("precision") == "fp16" else None
+    channels_last = bool(cfg.get("channels_last"))
+
+    def step(batch: Any) -> torch.Tensor:
+        batch = move(batch, dist.device, channels_last=channels_last)
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(cfg, dist.device):
+            if training_step is not None:
+                loss = training_step(model, batch)
+            else:
+                inputs, targets = batch
+                loss = loss_fn(call_model(model, inputs), targets)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def check_finite(losses: list[torch.Tensor]) -> list[float]:
+    values = [float(v) for v in losses]
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise NonFiniteLoss(f"loss became {v} at step {i} of the window")
+    return values
+
+
+class Session:
+    """Everything one rank needs to train: model, optimizer, data, step."""
+
+    def __init__(self, model_file: str, cfg: dict, *, seed: int = 0) -> None:
+        self.cfg = cfg
+        apply_process_knobs(cfg)
+        self.dist = Distributed(cfg)
+        seed_everything(seed)
+        self.user = load_user_module(model_file)
+        self.loader, self.sampler = build_loader(self.user, cfg, self.dist, seed=seed)
+        self.batches = batches(self.loader, self.sampler)
+        first = next(self.batches)
+        seed_everything(seed)  # identical initial weights whatever the loader consumed
+        self.model, self.optimizer = build_model(self.user, cfg, self.dist, first)
+        self._step = make_step(self.user, self.model, self.optimizer, cfg, self.dist)
+        self._pending = [first]
+        self.global_batch = int(cfg["batch_size"])
+
+    def next_batch(self) -> Any:
+        return self._pending.pop() if self._pending else next(self.batches)
+
+    def step(self) -> torch.Tensor:
+        return self._step(self.next_batch())
+
+    def run_steps(self, n: int) -> tuple[float, list[float]]:
+        """n steps, then a device synchronize; returns (wall seconds, losses)."""
+        start = time.perf_counter()
+        losses = [self.step() for _ in range(n)]
+        self.dist.synchronize()
+        elapsed = time.perf_counter() - start
+        return elapsed, check_finite(losses)
+
+    def close(self) -> None:
+        self.dist.close()

@@ -1,0 +1,277 @@
+"""The Optuna study: storage, sampler, pruner, budget, resume (DESIGN §5).
+
+One study per (model file, machine fingerprint), stored in the output folder as an
+Optuna journal file, so running the same command again resumes it. Trials are run
+with Optuna's ask-and-tell interface: each one is measured in its own process tree
+by ``autotune.trial``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import TrialConfig
+from autotune.space import Space
+from autotune.trial import OUT_OF_MEMORY, TrialResult, TrialRunner
+
+BASELINE = "baseline"
+HEURISTIC = "heuristic"
+RETRY = "retry"
+
+
+class ClearlySlowerPruner(optuna.pruners.BasePruner):
+    """Stop a trial whose windows so far are clearly below the best trial.
+
+    Single windows on a shared machine vary by 20% or more, so only a wide gap
+    prunes: the median of the reported windows under ``ratio`` x the best value.
+    """
+
+    def __init__(self, *, ratio: float = 0.6, min_windows: int = 2) -> None:
+        self.ratio, self.min_windows = ratio, min_windows
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        if trial.user_attrs.get("role") == BASELINE:
+            return False
+        values = list(trial.intermediate_values.values())
+        if len(values) < self.min_windows:
+            return False
+        try:
+            best = study.best_value
+        except ValueError:
+            return False
+        return statistics.median(values) < self.ratio * best
+
+
+def open_study(*, storage_path: Path, study_name: str, seed: int = 0) -> optuna.Study:
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(storage_path))
+    )
+    # Samplers are not stored: a resumed study gets a fresh one, seeded the same.
+    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=6)
+    return optuna.create_study(
+        storage=storage, study_name=study_name, direction="maximize",
+        sampler=sampler, pruner=ClearlySlowerPruner(), load_if_exists=True,
+    )
+
+
+@dataclasses.dataclass
+class Candidate:
+    number: int
+    config: TrialConfig
+    value: float
+    result: dict[str, Any]
+
+
+@dataclasses.dataclass
+class SearchOutcome:
+    study: optuna.Study
+    baseline: Candidate | None
+    ranked: list[Candidate]  # completed, measured trials, fastest first, one per config
+    failures: list[dict[str, Any]]
+
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+def _config_of(t: optuna.trial.FrozenTrial) -> TrialConfig | None:
+    data = t.user_attrs.get("config")
+    return TrialConfig.from_dict(data) if data else None
+
+
+class Tuner:
+    def __init__(
+        self,
+        *,
+        study: optuna.Study,
+        space: Space,
+        runner: TrialRunner,
+        trials: int,
+        timeout_s: float | None,
+        progress: Progress = lambda kind, info: None,
+        heuristics: list[TrialConfig] | None = None,
+    ) -> None:
+        self.study, self.space, self.runner = study, space, runner
+        self.trials, self.timeout_s = trials, timeout_s
+        self.progress = progress
+        self.heuristics = heuristics or []
+
+    # --- bookkeeping over the stored trials ------------------------------------------
+
+    def _measured(self) -> list[optuna.trial.FrozenTrial]:
+        """Trials that cost a measurement (finished, not a duplicate, not skipped)."""
+        return [
+            t for t in self.study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+            and t.user_attrs.get("duplicate_of") is None
+            and not t.user_attrs.get("skipped")
+        ]
+
+    def _recover_stale(self) -> None:
+        """A trial left RUNNING by a killed tuner is marked failed and retried once."""
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            # A RUNNING trial from another process can only be annotated through storage.
+            self.study._storage.set_trial_user_attr(t._trial_id, "failure", "interrupted")
+            self.study.tell(t.number, state=TrialState.FAIL)
+            if t.user_attrs.get("role") != RETRY and t.params:
+                self.study.enqueue_trial(
+                    t.params, user_attrs={"role": t.user_attrs.get("role") or RETRY},
+                    skip_if_exists=False,
+                )
+            self.progress("stale", {"number": t.number})
+
+    def _enqueue_start(self) -> None:
+        if self.study.get_trials(deepcopy=False):
+            return
+        for role, cfg in [(BASELINE, self.space.baseline)] + [(HEURISTIC, c) for c in self.heuristics]:
+            params = {}
+            for name, values in self.space.choices.items():
+                if name == "layout":
+                    threads = cfg.threads or max(int(s.split("x")[1]) for s in values if s.startswith("1x"))
+                    value = f"{cfg.nprocs}x{threads}"
+                else:
+                    value = getattr(cfg, name)
+                if value in values:
+                    params[name] = value
+            self.study.enqueue_trial(params, user_attrs={"role": role})
+
+    def _previous(self, cfg: TrialConfig) -> optuna.trial.FrozenTrial | None:
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+            if t.user_attrs.get("duplicate_of") is None and _config_of(t) == cfg:
+                return t
+        return None
+
+    def _oom_bound(self, cfg: TrialConfig) -> int | None:
+        """Smallest batch size that ran out of memory with this layout, if any."""
+        bound = None
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+            other = _config_of(t)
+            if other and t.user_attrs.get("failure") == OUT_OF_MEMORY and other.layout == cfg.layout:
+                bound = other.batch_size if bound is None else min(bound, other.batch_size)
+        return bound
+
+    def _grid_size(self) -> int:
+        n = 1
+        for values in self.space.choices.values():
+            n *= len(values)
+        return n
+
+    # --- the loop ------------------------------------------------------------------
+
+    def run(self) -> SearchOutcome:
+        self._recover_stale()
+        self._enqueue_start()
+        started = time.monotonic()
+        asks_left = 5 * self.trials + 10  # duplicates and skips cost no measurement
+        while len(self._measured()) < self.trials and asks_left > 0:
+            if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
+                self.progress("budget", {"reason": f"--timeout {self.timeout_s:.0f} s reached"})
+                break
+            distinct = {str(_config_of(t)) for t in self._measured()}
+            if len(distinct) >= self._grid_size():
+                self.progress("budget", {"reason": "every configuration of the space was measured"})
+                break
+            asks_left -= 1
+            self._one_trial(started)
+        return self.outcome()
+
+    def _one_trial(self, started: float) -> None:
+        trial = self.study.ask()
+        role = trial.user_attrs.get("role")
+        cfg = self.space.baseline if role == BASELINE else self.space.suggest(trial)
+        trial.set_user_attr("config", cfg.to_dict())
+
+        previous = self._previous(cfg)
+        if previous is not None and role not in (RETRY, BASELINE):
+            trial.set_user_attr("duplicate_of", previous.number)
+            if previous.state == TrialState.COMPLETE:
+                self.study.tell(trial, previous.value)
+            else:
+                trial.set_user_attr("failure", previous.user_attrs.get("failure"))
+                self.study.tell(trial, state=TrialState.FAIL)
+            return
+        bound = self._oom_bound(cfg)
+        if bound is not None and cfg.batch_size >= bound:
+            trial.set_user_attr("skipped", f"batch {bound} ran out of memory with layout {cfg.layout}")
+            trial.set_user_attr("failure", OUT_OF_MEMORY)
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
+
+        number = len(self._measured()) + 1
+        self.progress("start", {"number": number, "of": self.trials, "config": cfg, "role": role,
+                                "elapsed": time.monotonic() - started})
+
+        def on_window(i: int, value: float) -> bool:
+            trial.report(value, step=i)
+            self.progress("window", {"i": i, "value": value})
+            return trial.should_prune()
+
+        try:
+            result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window)
+        except BaseException:
+            # Interrupted (Ctrl-C): this trial is measured first when the run resumes.
+            trial.set_user_attr("failure", "interrupted")
+            self.study.tell(trial, state=TrialState.FAIL)
+            if role != RETRY:
+                self.study.enqueue_trial(trial.params, user_attrs={"role": role or RETRY})
+            raise
+        self._tell(trial, cfg, result)
+        self.progress("end", {"result": result, "config": cfg, "best": self._best_value()})
+
+    def _tell(self, trial: optuna.Trial, cfg: TrialConfig, result: TrialResult) -> None:
+        trial.set_user_attr("result", result.summary())
+        if result.status == "ok" and result.value is not None:
+            self.study.tell(trial, result.value)
+        elif result.status == "pruned":
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            trial.set_user_attr("failure", result.failure)
+            self.study.tell(trial, state=TrialState.FAIL)
+
+    def _best_value(self) -> float | None:
+        try:
+            return self.study.best_value
+        except ValueError:
+            return None
+
+    def outcome(self) -> SearchOutcome:
+        trials = self.study.get_trials(deepcopy=False)
+        baseline = None
+        ranked: dict[str, Candidate] = {}
+        failures = []
+        for t in trials:
+            cfg = _config_of(t)
+            if cfg is None or t.user_attrs.get("duplicate_of") is not None:
+                continue
+            if t.state == TrialState.COMPLETE:
+                cand = Candidate(t.number, cfg, float(t.value), t.user_attrs.get("result", {}))
+                if t.user_attrs.get("role") == BASELINE:
+                    baseline = cand
+                key = str(cfg)
+                if key not in ranked or ranked[key].value < cand.value:
+                    ranked[key] = cand
+            elif t.state == TrialState.FAIL:
+                result = t.user_attrs.get("result", {})
+                failures.append({
+                    "number": t.number, "config": cfg.to_dict(),
+                    "failure": t.user_attrs.get("failure"),
+                    "message": t.user_attrs.get("skipped") or result.get("message", ""),
+                    "log_tail": result.get("log_tail", ""),
+                })
+        order = sorted(ranked.values(), key=lambda c: c.value, reverse=True)
+        return SearchOutcome(study=self.study, baseline=baseline, ranked=order, failures=failures)
+
+
+def study_name(model_file: Path, fingerprint_id: str) -> str:
+    return f"{model_file.stem}-{fingerprint_id}"
+
+
+def storage_path(out_dir: Path) -> Path:
+    return Path(os.fspath(out_dir)) / "study.journal"

@@ -1,0 +1,216 @@
+"""What runs inside a trial process: apply the knobs, train, measure, report.
+
+Started by ``autotune.trial`` as ``python -m autotune.worker SPEC`` (one process) or
+under torchrun (several ranks). It writes one JSON object per line to the events
+file named in the spec; the tuner reads them to follow progress, prune, and
+classify failures. Only rank 0 reports measurements; every rank reports errors.
+"""
+from __future__ import annotations
+
+# runtime pins this rank's cores at import: it must come before anything imports torch.
+from autotune import runtime  # isort: skip
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+
+
+class Events:
+    def __init__(self, path: str, rank: int) -> None:
+        self.path, self.rank = path, rank
+
+    def emit(self, kind: str, *, all_ranks: bool = False, **fields: Any) -> None:
+        if self.rank != 0 and not all_ranks:
+            return
+        line = json.dumps({"e": kind, "rank": self.rank, "t": time.time(), **fields})
+        # One write per line with O_APPEND keeps lines from several ranks whole.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def mapped_libraries() -> list[str]:
+    """Shared objects mapped into this process: shows which allocator is loaded."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if ".so" in line}
+    except OSError:
+        return []
+    return sorted(os.path.basename(p) for p in paths if p.startswith("/"))
+
+
+def probe_step_facts(session: runtime.Session) -> dict[str, Any]:
+    """Run one step with hooks that record what the knobs did to the computation."""
+    dtypes: set[str] = set()
+    conv_inputs_channels_last: list[bool] = []
+    batch_rows: list[int] = []
+    hooks = []
+
+    def record(module: torch.nn.Module, args: tuple, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            dtypes.add(str(output.dtype).replace("torch.", ""))
+        if isinstance(module, torch.nn.Conv2d) and args and isinstance(args[0], torch.Tensor):
+            conv_inputs_channels_last.append(
+                args[0].is_contiguous(memory_format=torch.channels_last)
+            )
+
+    base = session.model
+    base = getattr(base, "_orig_mod", base)
+    base = getattr(base, "module", base)
+    for module in base.modules():
+        if not list(module.children()):
+            hooks.append(module.register_forward_hook(record))
+    batch = session.next_batch()
+    first = runtime._first_tensor(batch)
+    if first is not None and first.dim() > 0:
+        batch_rows.append(int(first.shape[0]))
+    try:
+        session._step(batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    layers = {
+        name: (m.out_channels if hasattr(m, "out_channels") else m.out_features)
+        for name, m in base.named_modules()
+        if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear))
+    }
+    import psutil  # only here: the generated script must not need it
+
+    return {
+        "activation_dtypes": sorted(dtypes),
+        "conv_inputs_channels_last": conv_inputs_channels_last[:1],
+        "per_rank_batch": batch_rows[0] if batch_rows else None,
+        "layer_widths": layers,
+        "parameters": sum(p.numel() for p in base.parameters()),
+        "compiled": type(session.model).__name__ == "OptimizedModule",
+        "ddp": isinstance(getattr(session.model, "_orig_mod", session.model),
+                          torch.nn.parallel.DistributedDataParallel),
+        "loader_worker_pids": [c.pid for c in psutil.Process().children()],
+    }
+
+
+def classify(exc: BaseException, model_file: str) -> str:
+    text = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+    if isinstance(exc, runtime.NonFiniteLoss):
+        return "nan_loss"
+    if isinstance(exc, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text:
+        return "out_of_memory"
+    if "torch._dynamo" in text or "torch._inductor" in text or "BackendCompilerFailed" in text:
+        return "compile_error"
+    frames = traceback.extract_tb(exc.__traceback__)
+    if any(os.path.abspath(f.filename) == os.path.abspath(model_file) for f in frames):
+        return "user_error"
+    return "error"
+
+
+def measure(session: runtime.Session, measure_spec: dict, events: Events) -> None:
+    dist = session.dist
+    warmup = max(2, int(measure_spec.get("warmup_steps", 3)))
+    window_s = float(measure_spec.get("window_s", 1.0))
+    windows = int(measure_spec.get("windows", 3))
+    max_steps = int(measure_spec.get("max_window_steps", 10_000))
+
+    first_s, _ = session.run_steps(1)
+    events.emit("beat", phase="warmup", step=1)
+    facts = probe_step_facts(session)
+    events.emit("facts", **facts)
+    step_times = []
+    for i in range(warmup - 1):
+        dt, _ = session.run_steps(1)
+        step_times.append(dt)
+        events.emit("beat", phase="warmup", step=i + 2)
+    step_s = statistics.median(step_times)
+    # Every rank must run the same number of steps per window, or one rank waits in
+    # all-reduce for a step the others never take: agree on the slowest rank's estimate.
+    step_s = dist.agree_max(step_s)
+    steps = int(min(max_steps, max(1, round(window_s / step_s))))
+    events.emit("warmup", first_step_s=first_s, step_s=step_s, steps_per_window=steps)
+
+    values, losses = [], []
+    for w in range(windows):
+        dt, window_losses = session.run_steps(steps)
+        value = steps * session.global_batch / dt
+        values.append(value)
+        losses.extend(window_losses)
+        events.emit("window", i=w, samples_per_s=value, seconds=dt, steps=steps)
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    events.emit(
+        "done",
+        value=statistics.median(values),
+        values=values,
+        iqr=q[2] - q[0],
+        first_step_s=first_s,
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        cuda_peak_mb=(torch.cuda.max_memory_allocated() / 2**20)
+        if session.dist.device.type == "cuda" else None,
+        losses=losses,
+    )
+
+
+def trajectory(session: runtime.Session, steps: int, events: Events) -> None:
+    """Losses of a fixed number of steps, averaged over ranks: the numerics check."""
+    losses = []
+    for _ in range(steps):
+        loss = session.step()
+        if session.dist.enabled:
+            loss = loss.float().clone()
+            torch.distributed.all_reduce(loss)
+            loss = loss / session.dist.world
+        losses.append(float(loss))
+    events.emit("done", losses=losses)
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    rank = int(os.environ.get("RANK", "0"))
+    events = Events(spec["events"], rank)
+    cfg = spec["config"]
+    model_file = spec["model_file"]
+    started = time.perf_counter()
+    try:
+        session = runtime.Session(model_file, cfg, seed=int(spec.get("seed", 0)))
+        events.emit(
+            "setup",
+            seconds=time.perf_counter() - started,
+            threads=torch.get_num_threads(),
+            interop_threads=torch.get_num_interop_threads(),
+            world=session.dist.world,
+            backend=torch.distributed.get_backend() if session.dist.enabled else None,
+            affinity=sorted(os.sched_getaffinity(0)),
+            libraries=mapped_libraries(),
+            env={k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_CONF",
+                                                  "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND")},
+            pid=os.getpid(),
+        )
+        if spec.get("mode") == "trajectory":
+            trajectory(session, int(spec["steps"]), events)
+        else:
+            measure(session, spec.get("measure", {}), events)
+        session.close()
+    except BaseException as exc:  # noqa: BLE001  (everything is reported, then re-raised as exit 3)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        events.emit(
+            "error",
+            all_ranks=True,
+            kind=classify(exc, model_file),
+            message=f"{type(exc).__name__}: {exc}"[:2000],
+            traceback=traceback.format_exc()[-8000:],
+        )
+        traceback.print_exc()
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
