@@ -1,0 +1,170 @@
+"""MachineProbe: every probe's result in one JSON-able document."""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import _io, software as sw_mod
+from .cpu import CpuInfo, read_cpu
+from .gpu import GpuInfo, GpuLink, GpuProbe, cross_check_torch, read_gpus
+from .memory import MemoryInfo, read_memory
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class MachineProbe:
+    cpu: CpuInfo
+    memory: MemoryInfo
+    gpus: list[GpuInfo] = field(default_factory=list)
+    gpu_links: list[GpuLink] = field(default_factory=list)
+    gpu_error: str | None = None
+    driver: dict[str, Any] = field(default_factory=dict)
+    torch: dict[str, Any] = field(default_factory=dict)
+    backends: dict[str, bool] = field(default_factory=dict)
+    backend_errors: dict[str, str] = field(default_factory=dict)
+    compile: dict[str, Any] = field(default_factory=dict)
+    allocators: dict[str, str | None] = field(default_factory=dict)
+    openmp: dict[str, str | None] = field(default_factory=dict)
+    ipex: dict[str, Any] = field(default_factory=dict)
+    tools: dict[str, str | None] = field(default_factory=dict)
+    host: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    probe_seconds: float | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "host": dict(self.host),
+            "cpu": self.cpu.to_dict(),
+            "memory": self.memory.to_dict(),
+            "gpus": [g.to_dict() for g in self.gpus],
+            "gpu_links": [link.to_dict() for link in self.gpu_links],
+            "gpu_error": self.gpu_error,
+            "driver": dict(self.driver),
+            "torch": dict(self.torch),
+            "backends": dict(self.backends),
+            "backend_errors": dict(self.backend_errors),
+            "compile": dict(self.compile),
+            "allocators": dict(self.allocators),
+            "openmp": dict(self.openmp),
+            "ipex": dict(self.ipex),
+            "tools": dict(self.tools),
+            "warnings": list(self.warnings),
+            "probe_seconds": self.probe_seconds,
+            "timings": dict(self.timings),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> "MachineProbe":
+        """Rebuild from a saved document (e.g. a tuning record's machine)."""
+        def build(klass: Any, data: Mapping[str, Any]) -> Any:
+            return klass(**{k: v for k, v in data.items() if k in klass.__dataclass_fields__})
+
+        return cls(
+            cpu=CpuInfo.from_dict(doc.get("cpu") or {}),
+            memory=MemoryInfo.from_dict(doc.get("memory") or {}),
+            gpus=[build(GpuInfo, g) for g in doc.get("gpus") or []],
+            gpu_links=[build(GpuLink, g) for g in doc.get("gpu_links") or []],
+            gpu_error=doc.get("gpu_error"),
+            driver=dict(doc.get("driver") or {}),
+            torch=dict(doc.get("torch") or {}),
+            backends=dict(doc.get("backends") or {}),
+            backend_errors=dict(doc.get("backend_errors") or {}),
+            compile=dict(doc.get("compile") or {}),
+            allocators=dict(doc.get("allocators") or {}),
+            openmp=dict(doc.get("openmp") or {}),
+            ipex=dict(doc.get("ipex") or {}),
+            tools=dict(doc.get("tools") or {}),
+            host=dict(doc.get("host") or {}),
+            warnings=list(doc.get("warnings") or []),
+            probe_seconds=doc.get("probe_seconds"),
+            timings=dict(doc.get("timings") or {}),
+            schema_version=int(doc.get("schema_version") or SCHEMA_VERSION),
+        )
+
+
+def probe_machine(
+    *,
+    root: str = "/",
+    run: _io.Runner = subprocess.run,
+    nvml: Any = None,
+    software: bool | None = None,
+) -> MachineProbe:
+    """Probe this machine (``root="/"``) or a fake root of captured files.
+
+    ``run`` replaces subprocess.run for every command, ``nvml`` replaces the
+    pynvml module.  ``software`` defaults to True only for the live root:
+    torch, compilers and libraries of *this* host say nothing about a fake
+    root.  GPUs of a fake root are probed only through an injected ``nvml``.
+    """
+    start = time.perf_counter()
+    live = _io.is_live(root)
+    want_software = live if software is None else software
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe-sw") as outer:
+        # Software first: its torch child dominates wall time, so everything
+        # else is read while it runs.
+        sw_future = outer.submit(sw_mod.read_software, run=run) if want_software else None
+        t0 = time.perf_counter()
+        cpu = read_cpu(root, run=run)
+        memory = read_memory(root)
+        t_cpu_mem = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if nvml is None and not live:
+            gpus = GpuProbe(error="not probed: fake root without an injected NVML")
+        else:
+            gpus = read_gpus(nvml)
+        t_gpu = time.perf_counter() - t0
+        sw = sw_future.result() if sw_future is not None else sw_mod.skipped_software()
+
+    warnings = cross_check_torch(
+        gpus.gpus,
+        torch_cuda_build=sw.torch.get("cuda"),
+        torch_cuda_available=sw.torch.get("cuda_available") if want_software else None,
+        torch_device_count=sw.torch.get("cuda_device_count") if want_software else None,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    timings = {"cpu_memory_s": round(t_cpu_mem, 3), "gpu_s": round(t_gpu, 3), **sw.timings}
+    return MachineProbe(
+        cpu=cpu,
+        memory=memory,
+        gpus=gpus.gpus,
+        gpu_links=gpus.links,
+        gpu_error=gpus.error,
+        driver=gpus.driver,
+        torch=sw.torch,
+        backends=sw.backends,
+        backend_errors=sw.backend_errors,
+        compile=sw.compile,
+        allocators=sw.allocators,
+        openmp=sw.openmp,
+        ipex=sw.ipex,
+        tools=sw.tools,
+        host=_host_facts() if live else {"root": os.path.abspath(root)},
+        warnings=warnings,
+        probe_seconds=round(time.perf_counter() - start, 3),
+        timings=timings,
+    )
+
+
+def _host_facts() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "os": platform.system(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+    }
+
+
+__all__ = ["MachineProbe", "probe_machine"]

@@ -1,0 +1,76 @@
+"""What a tuned configuration is valid for, and how two machines differ.
+
+The fingerprint keeps only facts that change which configuration is best
+(CPU model, usable cores, ISA, GPUs, torch build, allocators); volatile
+readings such as free memory stay out so the id is stable across runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping
+
+FINGERPRINT_VERSION = 1
+
+
+def fingerprint(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Probe document (MachineProbe.to_dict()) -> fingerprint dict."""
+    cpu = doc.get("cpu") or {}
+    gpus = doc.get("gpus") or []
+    torch = doc.get("torch") or {}
+    allocators = doc.get("allocators") or {}
+    return {
+        "version": FINGERPRINT_VERSION,
+        "arch": cpu.get("arch"),
+        "cpu_model": cpu.get("model"),
+        "usable_cores": cpu.get("usable_cores"),
+        # Pinning choices depend on how many NUMA nodes our cores span.
+        "numa_nodes": len(cpu.get("usable_numa_nodes") or cpu.get("numa_nodes") or {}) or None,
+        "isa": sorted(flag for flag, present in (cpu.get("isa") or {}).items() if present),
+        "gpu_count": len(gpus),
+        "gpu_names": [g.get("name") for g in gpus],
+        "torch_version": torch.get("version"),
+        "torch_cuda": torch.get("cuda"),
+        "allocators": sorted(name for name, path in allocators.items() if path),
+    }
+
+
+def fingerprint_id(doc_or_fingerprint: Mapping[str, Any]) -> str:
+    """12 hex chars of sha256 over the canonical JSON of the fingerprint."""
+    fp = _as_fingerprint(doc_or_fingerprint)
+    canonical = json.dumps(fp, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+
+
+def fingerprint_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """Readable differences from ``a`` to ``b``; [] when equivalent.
+
+    Accepts fingerprints or whole probe documents.
+    """
+    fa, fb = _as_fingerprint(a), _as_fingerprint(b)
+    lines: list[str] = []
+    for key in sorted(set(fa) | set(fb)):
+        va, vb = fa.get(key), fb.get(key)
+        if va == vb:
+            continue
+        if key in ("isa", "allocators") and isinstance(va, list) and isinstance(vb, list):
+            lost = sorted(set(va) - set(vb))
+            gained = sorted(set(vb) - set(va))
+            parts = ([f"lost {', '.join(lost)}"] if lost else []) + ([f"gained {', '.join(gained)}"] if gained else [])
+            lines.append(f"{key}: {'; '.join(parts)}")
+        else:
+            lines.append(f"{key}: {_show(va)} -> {_show(vb)}")
+    return lines
+
+
+def _as_fingerprint(data: Mapping[str, Any]) -> dict[str, Any]:
+    # A probe document has a "cpu" section; a fingerprint never does.
+    return fingerprint(data) if "cpu" in data else dict(data)
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
