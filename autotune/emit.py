@@ -154,14 +154,19 @@ def launch_line(cfg: TrialConfig) -> str:
 def write_outputs(
     out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
     document: dict[str, Any], description: str,
-) -> dict[str, Path]:
+) -> dict[str, Any]:
+    """Write the three files; returns the document as written to best_config.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     script = out_dir / SCRIPT_NAME
     script.write_text(render_script(cfg=cfg, model_file=model_file, description=description))
     launcher = out_dir / LAUNCHER_NAME
     launcher.write_text(render_launcher(cfg=cfg, env=env))
     launcher.chmod(0o755)
-    doc = {"schema": SCHEMA, **document, "launch": f"./{LAUNCHER_NAME}  # {launch_line(cfg)}"}
     config_path = out_dir / CONFIG_NAME
+    doc = {
+        "schema": SCHEMA, **document,
+        "launch": f"{launcher}  # runs: {launch_line(cfg)}",
+        "outputs": {"config": str(config_path), "script": str(script), "launcher": str(launcher)},
+    }
     config_path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    return {"config": config_path, "script": script, "launcher": launcher}
+    return doc

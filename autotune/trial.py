@@ -183,9 +183,11 @@ class TrialRunner:
         name: str,
         on_window: Callable[[int, float], bool] | None = None,
         trajectory_steps: int | None = None,
+        quality_steps: int | None = None,
         extra_env: Mapping[str, str] | None = None,
     ) -> TrialResult:
-        """Measure ``cfg`` (or, with ``trajectory_steps``, record that many losses).
+        """Measure ``cfg``; or, with ``trajectory_steps``, record that many losses; or,
+        with ``quality_steps``, train that many steps and score with ``evaluate``.
         ``on_window(i, samples_per_s)`` returning True prunes the trial."""
         folder = self.workdir / name
         folder.mkdir(parents=True, exist_ok=True)
@@ -202,6 +204,8 @@ class TrialRunner:
         }
         if trajectory_steps is not None:
             spec.update(mode="trajectory", steps=trajectory_steps)
+        elif quality_steps is not None:
+            spec.update(mode="quality", steps=quality_steps)
         spec_path.write_text(json.dumps(spec, indent=1))
 
         result = TrialResult(status="failed", log_path=str(log_path))

@@ -169,6 +169,18 @@ def trajectory(session: runtime.Session, steps: int, events: Events) -> None:
     events.emit("done", losses=losses)
 
 
+def quality(session: runtime.Session, steps: int, events: Events) -> None:
+    """Train a fixed number of steps, then score with the user's evaluate (rank 0)."""
+    losses = [session.step() for _ in range(steps)]
+    values = runtime.check_finite(losses)
+    metric = None
+    if session.dist.rank == 0:
+        model = getattr(session.model, "_orig_mod", session.model)
+        model = getattr(model, "module", model)
+        metric = float(session.user.evaluate(model))
+    events.emit("done", metric=metric, losses=values)
+
+
 def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         spec = json.load(f)
@@ -194,6 +206,8 @@ def main(argv: list[str]) -> int:
         )
         if spec.get("mode") == "trajectory":
             trajectory(session, int(spec["steps"]), events)
+        elif spec.get("mode") == "quality":
+            quality(session, int(spec["steps"]), events)
         else:
             measure(session, spec.get("measure", {}), events)
         session.close()

@@ -1,0 +1,42 @@
+"""The ``autotune`` command: one module per subcommand under autotune/commands."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autotune import __version__
+from autotune.commands import probe, run, show, verify
+from autotune.errors import AutotuneError
+
+COMMANDS = (run, probe, show, verify)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autotune",
+        description="Find the fastest verified training configuration for a PyTorch model "
+                    "on this machine.",
+    )
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except AutotuneError as exc:
+        print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"\nautotune {args.command}: interrupted. Run the same command again to resume.",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""``autotune probe``: what this machine offers, and the search space it implies."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from autotune.space import build_space
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("probe", help="report the hardware and software autotune sees",
+                       description=__doc__)
+    p.add_argument("--json", action="store_true", help="print a stable JSON document")
+    p.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from probes import fingerprint_id, probe_machine, render_text
+
+    doc = probe_machine().to_dict()
+    doc["fingerprint_id"] = fingerprint_id(doc)
+    doc["space"] = build_space(doc).describe()
+    if args.json:
+        print(json.dumps(doc, indent=2, default=str))
+        return 0
+    print(render_text(doc))
+    print("\nsearch space on this machine (for a model with batch_size 32):")
+    for knob, values in doc["space"]["included"].items():
+        print(f"  {knob}: {', '.join(map(str, values))}")
+    for knob, reason in doc["space"]["excluded"].items():
+        print(f"  not searched: {knob}: {reason}")
+    return 0

@@ -1,0 +1,233 @@
+"""``autotune run FILE``: probe, search, verify, emit."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune import __version__, emit, launch, outdir, proctree, verify
+from autotune.config import TrialConfig
+from autotune.errors import UsageError
+from autotune.report import Reporter
+from autotune.search import Tuner, open_study, storage_path, study_name
+from autotune.space import Space, build_space, parse_fixes
+from autotune.task import Task, load_task
+from autotune.trial import Measurement, TrialRunner
+
+EXIT_VERIFIED = 0
+EXIT_NOT_VERIFIED = 3
+
+
+def _positive(kind: type, name: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be positive, got {text}")
+        return value
+    return parse
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """Options shared by run and verify: how trials are measured and verified."""
+    p.add_argument("--window", type=_positive(float, "--window"), default=1.0,
+                   help="seconds per measurement window (default 1.0)")
+    p.add_argument("--windows", type=_positive(int, "--windows"), default=3,
+                   help="measurement windows per trial (default 3)")
+    p.add_argument("--trial-timeout", type=_positive(float, "--trial-timeout"), default=300.0,
+                   help="seconds before a trial is killed (default 300)")
+    p.add_argument("--rounds", type=_positive(int, "--rounds"), default=5,
+                   help="alternating re-measurement rounds in verification (default 5)")
+    p.add_argument("--max-quality-drop", type=float, default=None, metavar="X",
+                   help="allow knobs that trade quality (pruning, reduced precision) if the "
+                        "evaluate() metric drops by at most X")
+    p.add_argument("--json", action="store_true", help="print the result document as JSON")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="tune a model file and emit the fastest verified config",
+                       description=__doc__)
+    p.add_argument("model_file", metavar="FILE", help="your model file (see the README's contract)")
+    p.add_argument("--trials", type=_positive(int, "--trials"), default=20,
+                   help="measured trials in the search (default 20)")
+    p.add_argument("--timeout", type=_positive(float, "--timeout"), default=None, metavar="SECONDS",
+                   help="stop starting new trials after this many seconds")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default autotune-out/<model name>)")
+    p.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
+                   help="pin a knob, e.g. --fix batch_size=64 (repeatable)")
+    p.add_argument("--top", type=_positive(int, "--top"), default=2,
+                   help="candidates re-measured in verification (default 2)")
+    add_common(p)
+    p.set_defaults(handler=main)
+
+
+def probe_doc() -> dict[str, Any]:
+    from probes import probe_machine
+
+    return probe_machine().to_dict()
+
+
+def memory_limit(machine: dict[str, Any]) -> int | None:
+    """A trial may use most of what is free, never all: the kernel's OOM killer must
+    never have to choose (it might choose the tuner or the user's desktop)."""
+    usable = (machine.get("memory") or {}).get("usable_bytes")
+    return int(usable * 0.8) if usable else None
+
+
+def make_runner(task: Task, machine: dict[str, Any], out: Path, args: argparse.Namespace) -> TrialRunner:
+    return TrialRunner(
+        model_file=task.path, machine=machine, workdir=out / "trials",
+        measurement=Measurement(window_s=args.window, windows=args.windows),
+        timeout_s=args.trial_timeout, memory_limit_bytes=memory_limit(machine),
+    )
+
+
+def heuristics(space: Space, machine: dict[str, Any]) -> list[TrialConfig]:
+    """The CPU launcher's defaults: all usable cores in one process."""
+    cores = int((machine.get("cpu") or {}).get("usable_cores") or 1)
+    layout = f"1x{cores}"
+    if layout not in space.choices["layout"]:
+        return []
+    return [space.config_from_params({**{k: v[0] for k, v in space.choices.items()},
+                                      "layout": layout,
+                                      "batch_size": space.baseline.batch_size,
+                                      "num_workers": 0})]
+
+
+def candidate_emitter(task: Task, machine: dict[str, Any]):
+    def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
+        env, _ = launch.environment(cfg, machine=machine)
+        doc = emit.write_outputs(folder, cfg=cfg, model_file=task.path, env=env,
+                                 document={"candidate": cfg.to_dict()},
+                                 description=f"Train {task.path.name} (candidate)")
+        return Path(doc["outputs"]["launcher"])
+    return emit_candidate
+
+
+def build_document(
+    *, task: Task, machine: dict[str, Any], space: Space, chosen: TrialConfig,
+    baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: verify.Verdict | None,
+    verdicts: list[verify.Verdict], search: dict[str, Any],
+) -> dict[str, Any]:
+    from probes import fingerprint, fingerprint_id
+
+    base_value = base_speed["median_samples_per_s"]
+    doc: dict[str, Any] = {
+        "model_file": str(task.path),
+        "autotune_version": __version__,
+        "fingerprint": {**fingerprint(machine), "id": fingerprint_id(machine)},
+        "config": chosen.to_dict(),
+        "baseline": {"config": baseline_cfg.to_dict(), "samples_per_s": base_value,
+                     "rounds": base_speed["samples_per_s"]},
+        "verified": winner is not None,
+    }
+    if winner is not None:
+        sp = winner.speed
+        result = search.get("results", {}).get(str(chosen), {})
+        doc["best"] = {"samples_per_s": sp["median_samples_per_s"],
+                       "peak_mem_mb": result.get("peak_rss_mb"),
+                       "one_time_s": result.get("one_time_s")}
+        doc["speedup"] = {k: sp[k] for k in ("median", "ci_low", "ci_high", "ci_level", "rounds")}
+        doc["verification"] = winner.to_dict()
+    else:
+        doc["best"] = None
+        doc["speedup"] = {"median": 1.0, "ci_low": 1.0, "ci_high": 1.0, "rounds": 0}
+        doc["verification"] = {}
+    doc["rejected"] = [
+        {"config": v.config.to_dict(), "config_short": v.config.short(), "reason": v.reason,
+         "checks": v.to_dict()}
+        for v in verdicts if v is not winner and not v.passed
+    ]
+    doc["search"] = {k: v for k, v in search.items() if k != "results"}
+    doc["space"] = space.describe()
+    return doc
+
+
+def main(args: argparse.Namespace) -> int:
+    reporter = Reporter(quiet=False)
+    fixed = parse_fixes(args.fix)
+    task_path = Path(args.model_file)
+    out = args.out or Path("autotune-out") / task_path.stem
+    if args.max_quality_drop is not None and args.max_quality_drop < 0:
+        raise UsageError("--max-quality-drop must be 0 or more")
+    task = load_task(task_path)  # before creating anything: bad input loses nothing
+    out = outdir.prepare(out)
+    proctree.become_subreaper()
+    try:
+        with outdir.exclusive(out):
+            return _run(args, task, out, fixed, reporter)
+    finally:
+        proctree.reap_orphans()
+
+
+def _run(args: argparse.Namespace, task: Task, out: Path, fixed: dict[str, Any],
+         reporter: Reporter) -> int:
+    from probes import fingerprint_id
+
+    reporter.info("probing the machine ...")
+    machine = probe_doc()
+    for w in machine.get("warnings", []):
+        reporter.warn(w)
+    space = build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
+                        image_inputs=task.image_inputs, fixed=fixed)
+    for knob, reason in space.describe()["excluded"].items():
+        reporter.info(f"  skipping {knob}: {reason}")
+    runner = make_runner(task, machine, out, args)
+    study = open_study(storage_path=storage_path(out),
+                       study_name=study_name(task.path, fingerprint_id(machine)))
+    resumed = len(study.trials)
+    if resumed:
+        reporter.info(f"resuming the study in {out} ({resumed} trials stored)")
+    tuner = Tuner(study=study, space=space, runner=runner, trials=args.trials,
+                  timeout_s=args.timeout, progress=reporter.search,
+                  heuristics=heuristics(space, machine))
+    outcome = tuner.run()
+    if outcome.baseline is None:
+        reporter.warn("the baseline configuration failed; see the trial log below")
+        raise UsageError(
+            "the baseline (your batch size, one process, default threads) did not run: "
+            + "; ".join(f"{f['failure']}: {f['message']}" for f in outcome.failures[:1])
+            + f". Trial logs are in {out / 'trials'}."
+        )
+    baseline_cfg = space.baseline
+    candidates = [c.config for c in outcome.ranked if c.config != baseline_cfg][: args.top]
+    search_info = {
+        "trials": len(study.trials),
+        "measured": len(tuner._measured()),
+        "failures": outcome.failures,
+        "ranking": [{"config": c.config.short(), "samples_per_s": c.value} for c in outcome.ranked[:10]],
+        "results": {str(c.config): c.result for c in outcome.ranked},
+    }
+    settings = verify.Settings(rounds=args.rounds, max_quality_drop=args.max_quality_drop)
+    if candidates:
+        reporter.info(f"verifying the top {len(candidates)} candidates against the baseline ...")
+        winner, verdicts, base_speed = verify.verify_candidates(
+            runner, baseline=baseline_cfg, candidates=candidates, settings=settings,
+            has_evaluate=task.has_evaluate, emit_candidate=candidate_emitter(task, machine),
+            workdir=out / "verify", progress=reporter.verify)
+    else:
+        winner, verdicts = None, []
+        base_speed = {"samples_per_s": [outcome.baseline.value],
+                      "median_samples_per_s": outcome.baseline.value}
+    chosen = winner.config if winner else baseline_cfg
+    doc = build_document(task=task, machine=machine, space=space, chosen=chosen,
+                         baseline_cfg=baseline_cfg, base_speed=base_speed, winner=winner,
+                         verdicts=verdicts, search=search_info)
+    env, warnings = launch.environment(chosen, machine=machine)
+    for w in warnings:
+        reporter.warn(w)
+    doc["environment"] = env
+    doc = emit.write_outputs(out, cfg=chosen, model_file=task.path, env=env, document=doc,
+                             description=f"Train {task.path.name} with the configuration "
+                                         "autotune verified on this machine.")
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        reporter.summary(doc)
+    return EXIT_VERIFIED if winner else EXIT_NOT_VERIFIED

@@ -1,0 +1,69 @@
+"""``autotune verify OUTDIR``: re-run the verification of a tuned configuration, here.
+
+Useful later, or on another machine: it warns when this machine's fingerprint
+differs from the one the configuration was tuned on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from autotune import emit, outdir, proctree, verify
+from autotune.commands.run import EXIT_NOT_VERIFIED, EXIT_VERIFIED, add_common, make_runner, probe_doc
+from autotune.commands.show import read_result
+from autotune.config import TrialConfig
+from autotune.report import Reporter
+from autotune.task import load_task
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="re-check a tuned configuration on this machine",
+                       description=__doc__)
+    p.add_argument("out", type=Path, metavar="OUTDIR")
+    add_common(p)
+    p.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from probes import fingerprint, fingerprint_diff
+
+    reporter = Reporter()
+    doc = read_result(args.out)
+    out = args.out if args.out.is_dir() else args.out.parent
+    task = load_task(doc["model_file"])
+    cfg = TrialConfig.from_dict(doc["config"])
+    baseline = TrialConfig.from_dict(doc["baseline"]["config"])
+    machine = probe_doc()
+    tuned_on = {k: v for k, v in doc.get("fingerprint", {}).items() if k != "id"}
+    for line in fingerprint_diff(tuned_on, fingerprint(machine)):
+        reporter.warn(f"this machine differs from the one the config was tuned on: {line}")
+    if cfg == baseline:
+        reporter.info("the configuration is the baseline itself: nothing to verify")
+        return EXIT_NOT_VERIFIED
+    proctree.become_subreaper()
+    try:
+        with outdir.exclusive(out):
+            runner = make_runner(task, machine, out, args)
+            winner, verdicts, base_speed = verify.verify_candidates(
+                runner, baseline=baseline, candidates=[cfg],
+                settings=verify.Settings(rounds=args.rounds, max_quality_drop=args.max_quality_drop),
+                has_evaluate=task.has_evaluate,
+                emit_candidate=lambda c, folder: Path(doc["outputs"]["launcher"]),
+                workdir=out / "reverify", progress=reporter.verify)
+    finally:
+        proctree.reap_orphans()
+    verdict = verdicts[0]
+    result = {"verified": winner is not None, "baseline_samples_per_s": base_speed["median_samples_per_s"],
+              "speedup": {k: verdict.speed.get(k) for k in ("median", "ci_low", "ci_high")},
+              "verification": verdict.to_dict(), "fingerprint_differs": bool(
+                  fingerprint_diff(tuned_on, fingerprint(machine)))}
+    (out / "reverify.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif winner:
+        reporter.info(f"verified again: speedup {verdict.speed['median']:.2f}x "
+                      f"(interval {verdict.speed['ci_low']:.2f}-{verdict.speed['ci_high']:.2f})")
+    else:
+        reporter.info(f"not verified here: {verdict.reason}")
+    return EXIT_VERIFIED if winner else EXIT_NOT_VERIFIED

@@ -1,0 +1,44 @@
+"""The output folder: created, checked writable, and held by one run at a time."""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from autotune.errors import UsageError
+
+LOCK_NAME = ".autotune.lock"
+
+
+def prepare(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {path}: cannot create the output folder ({exc.strerror}). "
+                         "Choose a folder you can write to.") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {path}: the output folder is not writable. "
+                         "Choose a folder you can write to.")
+    return path
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Two runs on one folder would share a study and measure at once: refuse the second."""
+    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            raise UsageError(
+                f"{path} is in use by another autotune run (pid {holder}). Wait for it to "
+                "finish, or give this run its own --out folder."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,95 @@
+"""What the user sees: progress while tuning, and the summary at the end.
+
+Progress goes to stderr (so ``--json`` keeps stdout clean); a silent terminal for
+minutes looks hung, so every trial and every measurement window prints a line.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.trial import TrialResult
+
+
+class Reporter:
+    def __init__(self, *, quiet: bool = False) -> None:
+        self.err = Console(stderr=True, highlight=False, quiet=quiet)
+        self.out = Console(highlight=False)
+
+    def info(self, text: str) -> None:
+        self.err.print(text)
+
+    def warn(self, text: str) -> None:
+        self.err.print(f"[yellow]warning:[/] {text}")
+
+    def search(self, kind: str, info: dict[str, Any]) -> None:
+        if kind == "start":
+            role = f" ({info['role']})" if info.get("role") else ""
+            self.err.print(
+                f"[bold]trial {info['number']}/{info['of']}[/]{role}  {info['config'].short()}"
+                f"  [dim]{info['elapsed']:.0f} s elapsed[/]"
+            )
+        elif kind == "window":
+            self.err.print(f"    window {info['i'] + 1}: {info['value']:,.0f} samples/s", style="dim")
+        elif kind == "end":
+            self.trial_end(info["result"], info.get("best"))
+        elif kind == "stale":
+            self.warn(f"trial {info['number']} was left running by an interrupted run; "
+                      "marked failed, measuring it again")
+        elif kind == "budget":
+            self.err.print(f"search stopped: {info['reason']}")
+
+    def trial_end(self, result: TrialResult, best: float | None) -> None:
+        best_text = f"  best so far {best:,.0f}" if best else ""
+        if result.status == "ok":
+            self.err.print(f"    → {result.value:,.0f} samples/s (IQR {result.iqr or 0:,.0f}){best_text}")
+        elif result.status == "pruned":
+            self.err.print(f"    → pruned: clearly slower than the best{best_text}")
+        else:
+            self.err.print(f"    → [red]failed[/] ({result.failure}): {result.describe_failure()}")
+            tail = result.log_tail.strip().splitlines()[-6:]
+            for line in tail:
+                self.err.print(f"      | {line}", style="dim", markup=False)
+
+    def verify(self, kind: str, info: dict[str, Any]) -> None:
+        if kind == "speed":
+            self.err.print(f"verify speed, round {info['round']}/{info['rounds']}: "
+                           f"{info['role']}  {info['config'].short()}")
+        else:
+            self.err.print(f"verify: {info.get('text', kind)}")
+
+    def summary(self, doc: dict[str, Any]) -> None:
+        base = doc["baseline"]
+        best = doc.get("best") or {}
+        speed = doc.get("speedup") or {}
+        table = Table(title=f"autotune: {doc['model_file']}", show_header=True)
+        table.add_column("knob")
+        table.add_column("baseline")
+        table.add_column("chosen")
+        for key, value in doc["config"].items():
+            before = base["config"].get(key)
+            mark = "" if before == value else " ←"
+            table.add_row(key, str(before), f"{value}{mark}")
+        self.out.print(table)
+        self.out.print(f"baseline: {base['samples_per_s']:,.1f} samples/s")
+        if doc["verified"]:
+            self.out.print(
+                f"[bold green]verified:[/] {best['samples_per_s']:,.1f} samples/s, speedup "
+                f"{speed['median']:.2f}x ({speed.get('ci_level', 0.9):.0%} interval "
+                f"{speed['ci_low']:.2f}-{speed['ci_high']:.2f}x over {speed['rounds']} rounds)"
+            )
+        else:
+            self.out.print("[bold red]no configuration was verified faster than the baseline;[/] "
+                           "the baseline is recommended.")
+        for item in doc.get("rejected", []):
+            self.out.print(f"  rejected {item['config_short']}: {item['reason']}", markup=False)
+        skipped = doc.get("space", {}).get("excluded", {})
+        if skipped:
+            self.out.print("not searched on this machine:")
+            for knob, reason in skipped.items():
+                self.out.print(f"  {knob}: {reason}", markup=False)
+        self.out.print(f"wrote {doc['outputs']['config']}, {doc['outputs']['script']}, "
+                       f"{doc['outputs']['launcher']}")
+        self.out.print(f"train with: {doc['launch']}")
