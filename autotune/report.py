@@ -55,8 +55,7 @@ class Reporter:
 
     def verify(self, kind: str, info: dict[str, Any]) -> None:
         if kind == "speed":
-            self.err.print(f"verify speed, round {info['round']}/{info['rounds']}: "
-                           f"{info['role']}  {info['config'].short()}")
+            self.err.print(f"verify speed: round {info['round']}/{info['rounds']}", style="dim")
         else:
             self.err.print(f"verify: {info.get('text', kind)}")
 

@@ -114,6 +114,22 @@ def _is_nested_tensors(obj: Any) -> bool:
     return False
 
 
+class _NoUpdate:
+    """The check's optimizer when the file brings none: clears gradients, changes no weight.
+
+    Not a torch.optim optimizer on purpose: constructing one imports torch._dynamo, which
+    takes seconds, and the check only needs the forward and backward pass to run."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.model.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        pass
+
+
 def _check(path: str) -> dict[str, Any]:
     """The contract, checked in order; returns the Task fields or raises ContractError."""
     import torch
@@ -166,16 +182,27 @@ def _check(path: str) -> dict[str, Any]:
             "torch.nn.Module. Return the model instance, e.g. `return MyNet()`."
         )
     dataset = call("build_dataset()", module.build_dataset)
-    if isinstance(dataset, torch.utils.data.IterableDataset) or not (
+    # A plain list/tuple/dict is not a Dataset (the contract asks for one; a dict "works"
+    # only by accident of its keys), and an IterableDataset cannot be sharded by index.
+    kind = type(dataset).__name__
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        kind += " (an IterableDataset)"
+    if isinstance(dataset, (list, tuple, dict, torch.utils.data.IterableDataset)) or not (
         hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
     ):
         raise ContractError(
-            f"{shown}: build_dataset() returned {type(dataset).__name__}; expected a map-style "
+            f"{shown}: build_dataset() returned {kind}; expected a map-style "
             "torch.utils.data.Dataset (with __len__ and __getitem__), e.g. a TensorDataset."
         )
     n = call("len(build_dataset())", len, dataset)
     if n < 2:
         raise ContractError(f"{shown}: build_dataset() returned a dataset of {n} items; need at least 2.")
+    if n < batch_size:
+        # Every epoch drops its ragged last batch: no batch of batch_size would ever run.
+        raise ContractError(
+            f"{shown}: build_dataset() returned {n} items, fewer than batch_size = {batch_size}; "
+            "expected at least one full batch. Lower batch_size or return more items."
+        )
     item = call("build_dataset()[0]", dataset.__getitem__, 0)
     has_training_step = getattr(module, "training_step", None) is not None
     if not has_training_step:
@@ -204,8 +231,8 @@ def _check(path: str) -> dict[str, Any]:
 
     optimizer_fn = getattr(module, "build_optimizer", None)
     optimizer = (call("build_optimizer(params)", optimizer_fn, model.parameters())
-                 if optimizer_fn else torch.optim.SGD(model.parameters(), lr=0.0))
-    if not isinstance(optimizer, torch.optim.Optimizer):
+                 if optimizer_fn else _NoUpdate(model))
+    if not isinstance(optimizer, (torch.optim.Optimizer, _NoUpdate)):
         raise ContractError(
             f"{shown}: build_optimizer(params) returned {type(optimizer).__name__}; expected a "
             "torch.optim.Optimizer built on the given params."

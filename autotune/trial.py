@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune import launch, proctree
+from autotune import launch, measure_lock, proctree
 from autotune.config import TrialConfig
 
 # Failure kinds, as shown to the user and stored on the Optuna trial.
@@ -189,102 +189,212 @@ class TrialRunner:
         """Measure ``cfg``; or, with ``trajectory_steps``, record that many losses; or,
         with ``quality_steps``, train that many steps and score with ``evaluate``.
         ``on_window(i, samples_per_s)`` returning True prunes the trial."""
+        mode: dict[str, Any] = {}
+        if trajectory_steps is not None:
+            mode = {"mode": "trajectory", "steps": trajectory_steps}
+        elif quality_steps is not None:
+            mode = {"mode": "quality", "steps": quality_steps}
+        live = self.start(cfg, name=name, on_window=on_window, mode=mode, extra_env=extra_env)
+        return live.wait()
+
+    def start(
+        self,
+        cfg: TrialConfig,
+        *,
+        name: str,
+        on_window: Callable[[int, float], bool] | None = None,
+        mode: Mapping[str, Any] | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> LiveTrial:
+        """Start ``cfg``'s process tree and return the handle that watches it."""
         folder = self.workdir / name
         folder.mkdir(parents=True, exist_ok=True)
-        events_path, log_path, spec_path = (
-            folder / "events.jsonl", folder / "log.txt", folder / "spec.json"
-        )
-        events_path.unlink(missing_ok=True)
+        spec_path = folder / "spec.json"
+        for stale in ("events.jsonl", "control"):
+            (folder / stale).unlink(missing_ok=True)
         spec = {
             "model_file": self.model_file,
             "config": cfg.to_dict(),
-            "events": str(events_path),
+            "events": str(folder / "events.jsonl"),
+            "control": str(folder / "control"),
             "measure": self.measurement.to_dict(),
             "seed": self.seed,
+            **(mode or {}),
         }
-        if trajectory_steps is not None:
-            spec.update(mode="trajectory", steps=trajectory_steps)
-        elif quality_steps is not None:
-            spec.update(mode="quality", steps=quality_steps)
         spec_path.write_text(json.dumps(spec, indent=1))
-
-        result = TrialResult(status="failed", log_path=str(log_path))
+        result = TrialResult(status="failed", log_path=str(folder / "log.txt"))
         try:
             env_vars, result.warnings = launch.environment(cfg, machine=self.machine)
         except ValueError as exc:
             result.failure, result.message = "error", str(exc)
-            return result
+            return LiveTrial.failed_to_start(result)
         result.env = env_vars
         env = {**os.environ, **env_vars, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
         # The worker runs from autotune's own source tree whether or not it is installed.
         package_root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         argv = launch.command(cfg, ["-m", "autotune.worker", str(spec_path)], python=self.python)
+        return LiveTrial(self, folder=folder, argv=argv, env=env, result=result,
+                         on_window=on_window, serving=(mode or {}).get("mode") == "serve")
 
-        started = time.monotonic()
-        last_progress = None  # set once steps run: only then can a stall be called a hang
-        killed_for: tuple[str, str] | None = None
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, cwd=str(folder), start_new_session=True,
-            )
-            reader = _EventReader(events_path)
-            try:
-                while True:
-                    for ev in reader.read():
-                        kind = ev.get("e")
-                        if kind in ("beat", "window", "warmup", "facts"):
-                            last_progress = time.monotonic()
-                        if kind == "setup":
-                            result.setup = ev
-                        elif kind == "facts":
-                            result.facts = ev
-                        elif kind == "warmup":
-                            result.warmup = ev
-                        elif kind == "window":
-                            result.values.append(float(ev["samples_per_s"]))
-                            if killed_for is None and on_window and on_window(ev["i"], ev["samples_per_s"]):
-                                killed_for = ("pruned", "")
-                        elif kind == "done":
-                            result.done = ev
-                        elif kind == "error" and result.failure is None:
-                            result.failure, result.message = ev["kind"], ev["message"]
-                    if killed_for is not None or proc.poll() is not None:
-                        break
-                    now = time.monotonic()
-                    if now - started > self.timeout_s:
-                        killed_for = (TIMEOUT, f"still running after {self.timeout_s:.0f} s")
-                    elif last_progress is not None and now - last_progress > self.hang_s:
-                        killed_for = (HANG, f"no progress for {self.hang_s:.0f} s")
-                    else:
-                        rss = proctree.tree_rss(proc.pid)
-                        result.peak_tree_rss_mb = max(result.peak_tree_rss_mb, rss / 2**20)
-                        if self.memory_limit_bytes and rss > self.memory_limit_bytes:
-                            killed_for = (
-                                OUT_OF_MEMORY,
-                                f"used {rss / 2**20:.0f} MiB, over the trial limit of "
-                                f"{self.memory_limit_bytes / 2**20:.0f} MiB",
-                            )
-                    if killed_for is not None:
-                        break
-                    time.sleep(0.2)
-            finally:
-                proctree.kill_tree(proc.pid)
-                proc.wait()
-        result.wall_s = time.monotonic() - started
-        for ev in reader.read():  # lines written just before the end
-            if ev.get("e") == "done":
-                result.done = ev
-            elif ev.get("e") == "error" and result.failure is None:
-                result.failure, result.message = ev["kind"], ev["message"]
-        result.log_tail = _tail(log_path)
 
-        if killed_for is not None:
-            result.status = "pruned" if killed_for[0] == "pruned" else "failed"
+class LiveTrial:
+    """A running trial's process tree, watched: its events, wall time, progress and
+    memory. ``wait()`` follows it to the end; a serving trial (verification) instead
+    runs one window per ``window()`` call, idle in between."""
+
+    def __init__(self, runner: TrialRunner | None, *, folder: Path | None, argv: list[str] | None,
+                 env: dict[str, str] | None, result: TrialResult,
+                 on_window: Callable[[int, float], bool] | None = None, serving: bool = False) -> None:
+        self.runner, self.folder, self.result = runner, folder, result
+        self.on_window, self.serving = on_window, serving
+        self.killed_for: tuple[str, str] | None = None
+        self.ready = False
+        self.pending_since: float | None = None  # a requested window not yet reported
+        self.last_progress: float | None = None  # set once steps run: only then is a stall a hang
+        self.finished = runner is None
+        self.proc: subprocess.Popen | None = None
+        if runner is None:
+            return
+        assert folder is not None and argv is not None
+        measure_lock.acquire()
+        self.started = time.monotonic()
+        self._log = open(folder / "log.txt", "wb")
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, cwd=str(folder), start_new_session=True,
+        )
+        self.reader = _EventReader(folder / "events.jsonl")
+
+    @classmethod
+    def failed_to_start(cls, result: TrialResult) -> LiveTrial:
+        return cls(None, folder=None, argv=None, env=None, result=result)
+
+    # --- watching -------------------------------------------------------------------
+
+    def _handle(self, ev: dict[str, Any]) -> None:
+        kind, result = ev.get("e"), self.result
+        if kind in ("beat", "window", "warmup", "facts", "ready"):
+            self.last_progress = time.monotonic()
+        if kind == "setup":
+            result.setup = ev
+        elif kind == "facts":
+            result.facts = ev
+        elif kind == "warmup":
+            result.warmup = ev
+        elif kind == "ready":
+            self.ready = True
+        elif kind == "window":
+            self.pending_since = None
+            result.values.append(float(ev["samples_per_s"]))
+            if self.killed_for is None and self.on_window and self.on_window(ev["i"], ev["samples_per_s"]):
+                self.killed_for = ("pruned", "")
+        elif kind == "done":
+            result.done = ev
+        elif kind == "error" and result.failure is None:
+            result.failure, result.message = ev["kind"], ev["message"]
+
+    def poll(self) -> bool:
+        """Read new events and enforce the limits; True once the trial has ended."""
+        if self.finished:
+            return True
+        assert self.runner is not None and self.proc is not None
+        for ev in self.reader.read():
+            self._handle(ev)
+        if self.killed_for is None and self.proc.poll() is None:
+            now = time.monotonic()
+            runner = self.runner
+            idle = self.serving and self.ready and self.pending_since is None
+            if not (self.serving and self.ready) and now - self.started > runner.timeout_s:
+                self.killed_for = (TIMEOUT, f"still running after {runner.timeout_s:.0f} s")
+            elif not idle and self.last_progress is not None and now - self.last_progress > runner.hang_s:
+                self.killed_for = (HANG, f"no progress for {runner.hang_s:.0f} s")
+            else:
+                rss = proctree.tree_rss(self.proc.pid)
+                self.result.peak_tree_rss_mb = max(self.result.peak_tree_rss_mb, rss / 2**20)
+                if runner.memory_limit_bytes and rss > runner.memory_limit_bytes:
+                    self.killed_for = (
+                        OUT_OF_MEMORY,
+                        f"used {rss / 2**20:.0f} MiB, over the trial limit of "
+                        f"{runner.memory_limit_bytes / 2**20:.0f} MiB",
+                    )
+        if self.killed_for is not None or self.proc.poll() is not None:
+            self._finish()
+            return True
+        return False
+
+    def _wait_until(self, condition: Callable[[], bool]) -> bool:
+        while not self.poll():
+            if condition():
+                return True
+            time.sleep(0.02 if self.serving else 0.2)
+        return condition()
+
+    def wait(self) -> TrialResult:
+        """Follow the trial to its end (killing it on any limit) and classify it."""
+        try:
+            self._wait_until(lambda: False)
+        finally:
+            self.kill()
+        return self.result
+
+    def wait_ready(self) -> bool:
+        """For a serving trial: set up and warmed up, waiting for window commands."""
+        try:
+            return self._wait_until(lambda: self.ready)
+        except BaseException:
+            self.kill()
+            raise
+
+    def window(self) -> float | None:
+        """Run one measurement window now; its throughput, or None if the trial died."""
+        assert self.folder is not None
+        count = len(self.result.values)
+        self.pending_since = self.last_progress = time.monotonic()
+        with open(self.folder / "control", "a") as f:
+            f.write("window\n")
+        try:
+            ok = self._wait_until(lambda: len(self.result.values) > count)
+        except BaseException:
+            self.kill()
+            raise
+        return self.result.values[count] if ok else None
+
+    def stop(self) -> TrialResult:
+        if not self.finished and self.folder is not None:
+            with open(self.folder / "control", "a") as f:
+                f.write("stop\n")
+        return self.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            proctree.kill_tree(self.proc.pid)
+            self.proc.wait()
+        if not self.finished:
+            self._finish()
+
+    # --- the end --------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        if self.finished:
+            return
+        assert self.proc is not None and self.runner is not None
+        proctree.kill_tree(self.proc.pid)
+        self.proc.wait()
+        self._log.close()
+        self.finished = True
+        measure_lock.release()
+        result = self.result
+        result.wall_s = time.monotonic() - self.started
+        for ev in self.reader.read():  # lines written just before the end
+            if ev.get("e") in ("done", "error"):
+                self._handle(ev)
+        result.log_tail = _tail(Path(result.log_path))
+        if self.killed_for is not None:
+            result.status = "pruned" if self.killed_for[0] == "pruned" else "failed"
             if result.status == "failed":
-                result.failure, result.message = killed_for
-        elif result.done and proc.returncode == 0:
+                result.failure, result.message = self.killed_for
+        elif result.done and self.proc.returncode == 0:
             result.status = "ok"
             if "value" in result.done:
                 result.value = float(result.done["value"])
@@ -292,7 +402,7 @@ class TrialRunner:
                 result.values = list(result.done.get("values", result.values))
         elif result.failure is None:
             result.failure = CRASH
-            sig = -proc.returncode if proc.returncode < 0 else None
+            code = self.proc.returncode
+            sig = -code if code < 0 else None
             name_ = signal.Signals(sig).name if sig else _signal_from_log(result.log_tail)
-            result.message = f"killed by {name_}" if name_ else f"exit code {proc.returncode}"
-        return result
+            result.message = f"killed by {name_}" if name_ else f"exit code {code}"

@@ -22,7 +22,7 @@ from typing import Any
 
 from autotune import proctree
 from autotune.config import TrialConfig
-from autotune.trial import TrialRunner
+from autotune.trial import LiveTrial, TrialRunner
 
 NUMERICS_TOLERANCE = {"fp32": 0.02, "tf32": 0.05, "bf16": 0.15, "fp16": 0.15}
 
@@ -67,28 +67,49 @@ def speed_check(
     runner: TrialRunner, baseline: TrialConfig, candidates: list[TrialConfig], *,
     rounds: int, progress: Progress = lambda kind, info: None,
 ) -> tuple[dict[str, Any], list[Check]]:
-    """Alternate baseline and candidates (B C1 C2 .. B C1 C2 ..); each round gives one
-    ratio per candidate against that round's baseline."""
-    base_values: list[float] = []
-    values: list[list[float | None]] = [[] for _ in candidates]
-    failures: list[str | None] = [None] * len(candidates)
-    for r in range(rounds):
-        order = [baseline, *candidates]
-        for i, cfg in enumerate(order):
-            progress("speed", {"round": r + 1, "rounds": rounds, "config": cfg,
-                               "role": "baseline" if i == 0 else f"candidate {i}"})
-            res = runner.run(cfg, name=f"verify-speed-r{r}-{i}")
-            value = res.value if res.status == "ok" else None
-            if i == 0:
+    """Baseline and candidates held alive, warmed up and idle, then measured one window
+    each in turn (B C1 C2, C1 C2 B, ... rotating), round after round. A round's ratio
+    compares windows taken seconds apart, so drift on a shared machine cancels out.
+
+    They start one at a time: setting one up never overlaps measuring another."""
+    configs = [baseline, *candidates]
+    live: list[LiveTrial | None] = []
+    failures: list[str | None] = [None] * len(configs)
+    values: list[list[float]] = [[] for _ in configs]
+    try:
+        for i, cfg in enumerate(configs):
+            progress("step", {"text": f"starting {'baseline' if i == 0 else f'candidate {i}'}: "
+                                      f"{cfg.short()}"})
+            trial = runner.start(cfg, name=f"verify-speed-{i}", mode={"mode": "serve"})
+            if not trial.wait_ready():
+                failures[i] = trial.result.describe_failure()
+                live.append(None)
+                continue
+            live.append(trial)
+        if live[0] is None:
+            raise RuntimeError(f"the baseline failed during verification: {failures[0]}")
+        for r in range(rounds):
+            progress("speed", {"round": r + 1, "rounds": rounds})
+            shift = r % len(configs)
+            for i in list(range(len(configs)))[shift:] + list(range(len(configs)))[:shift]:
+                trial = live[i]
+                if trial is None:
+                    continue
+                value = trial.window()
                 if value is None:
-                    raise RuntimeError(f"the baseline failed during verification: {res.describe_failure()}")
-                base_values.append(value)
-            else:
-                values[i - 1].append(value)
-                if value is None and failures[i - 1] is None:
-                    failures[i - 1] = res.describe_failure()
+                    failures[i] = trial.result.describe_failure()
+                    live[i] = None
+                    if i == 0:
+                        raise RuntimeError(f"the baseline failed during verification: {failures[0]}")
+                    continue
+                values[i].append(value)
+    finally:
+        for trial in live:
+            if trial is not None:
+                trial.kill()
+    base_values = values[0][: len(values[0])]
     checks = []
-    for i, cfg in enumerate(candidates):
+    for i in range(1, len(configs)):
         if failures[i]:
             checks.append(Check(False, {"reason": f"failed when re-measured: {failures[i]}"}))
             continue
@@ -238,7 +259,7 @@ def script_steps(expected: float, batch_size: int, *, seconds: float = 4.0) -> i
 
 @dataclasses.dataclass
 class Settings:
-    rounds: int = 5
+    rounds: int = 10
     numerics_steps: int = 12
     quality_samples: int = 6400
     max_quality_drop: float | None = None

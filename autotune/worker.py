@@ -112,48 +112,87 @@ def classify(exc: BaseException, model_file: str) -> str:
     return "error"
 
 
-def measure(session: runtime.Session, measure_spec: dict, events: Events) -> None:
+def calibrate(session: runtime.Session, measure_spec: dict, events: Events) -> int:
+    """Warm-up steps (the first one carries compile and lazy init), then the number of
+    steps that makes a window of about window_s, agreed by all ranks."""
     dist = session.dist
     warmup = max(2, int(measure_spec.get("warmup_steps", 3)))
     window_s = float(measure_spec.get("window_s", 1.0))
-    windows = int(measure_spec.get("windows", 3))
     max_steps = int(measure_spec.get("max_window_steps", 10_000))
-
     first_s, _ = session.run_steps(1)
     events.emit("beat", phase="warmup", step=1)
-    facts = probe_step_facts(session)
-    events.emit("facts", **facts)
+    events.emit("facts", **probe_step_facts(session))
     step_times = []
     for i in range(warmup - 1):
         dt, _ = session.run_steps(1)
         step_times.append(dt)
         events.emit("beat", phase="warmup", step=i + 2)
-    step_s = statistics.median(step_times)
     # Every rank must run the same number of steps per window, or one rank waits in
     # all-reduce for a step the others never take: agree on the slowest rank's estimate.
-    step_s = dist.agree_max(step_s)
+    step_s = dist.agree_max(statistics.median(step_times))
     steps = int(min(max_steps, max(1, round(window_s / step_s))))
     events.emit("warmup", first_step_s=first_s, step_s=step_s, steps_per_window=steps)
+    return steps
 
-    values, losses = [], []
-    for w in range(windows):
-        dt, window_losses = session.run_steps(steps)
-        value = steps * session.global_batch / dt
-        values.append(value)
-        losses.extend(window_losses)
-        events.emit("window", i=w, samples_per_s=value, seconds=dt, steps=steps)
+
+def window(session: runtime.Session, steps: int, index: int, events: Events) -> tuple[float, list[float]]:
+    dt, losses = session.run_steps(steps)
+    value = steps * session.global_batch / dt
+    events.emit("window", i=index, samples_per_s=value, seconds=dt, steps=steps)
+    return value, losses
+
+
+def finish(session: runtime.Session, values: list[float], losses: list[float], events: Events) -> None:
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
     events.emit(
         "done",
         value=statistics.median(values),
         values=values,
         iqr=q[2] - q[0],
-        first_step_s=first_s,
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         cuda_peak_mb=(torch.cuda.max_memory_allocated() / 2**20)
         if session.dist.device.type == "cuda" else None,
         losses=losses,
     )
+
+
+def measure(session: runtime.Session, measure_spec: dict, events: Events) -> None:
+    steps = calibrate(session, measure_spec, events)
+    values, losses = [], []
+    for w in range(int(measure_spec.get("windows", 3))):
+        value, window_losses = window(session, steps, w, events)
+        values.append(value)
+        losses.extend(window_losses)
+    finish(session, values, losses, events)
+
+
+def serve(session: runtime.Session, measure_spec: dict, control: str, events: Events) -> None:
+    """Calibrate, then run one window per command appended to the control file, so the
+    tuner can alternate windows of several live configurations (verification).
+    Every rank reads the commands itself: no collective is left waiting while idle."""
+    steps = calibrate(session, measure_spec, events)
+    events.emit("ready")
+    values, losses, offset = [], [], 0
+    while True:
+        try:
+            with open(control) as f:
+                f.seek(offset)
+                text = f.read()
+        except FileNotFoundError:
+            text = ""
+        complete = text[: text.rfind("\n") + 1]
+        offset += len(complete)
+        commands = complete.split()
+        if not commands:
+            time.sleep(0.005)
+            continue
+        for command in commands:
+            if command == "stop":
+                finish(session, values or [0.0], losses, events)
+                return
+            value, window_losses = window(session, steps, len(values), events)
+            values.append(value)
+            losses.extend(window_losses)
 
 
 def trajectory(session: runtime.Session, steps: int, events: Events) -> None:
@@ -208,6 +247,8 @@ def main(argv: list[str]) -> int:
             trajectory(session, int(spec["steps"]), events)
         elif spec.get("mode") == "quality":
             quality(session, int(spec["steps"]), events)
+        elif spec.get("mode") == "serve":
+            serve(session, spec.get("measure", {}), spec["control"], events)
         else:
             measure(session, spec.get("measure", {}), events)
         session.close()

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune import __version__, emit, launch, outdir, proctree, verify
+from autotune import __version__, emit, launch, measure_lock, outdir, proctree, verify
 from autotune.config import TrialConfig
 from autotune.errors import UsageError
 from autotune.report import Reporter
@@ -40,8 +40,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="measurement windows per trial (default 3)")
     p.add_argument("--trial-timeout", type=_positive(float, "--trial-timeout"), default=300.0,
                    help="seconds before a trial is killed (default 300)")
-    p.add_argument("--rounds", type=_positive(int, "--rounds"), default=5,
-                   help="alternating re-measurement rounds in verification (default 5)")
+    p.add_argument("--rounds", type=_positive(int, "--rounds"), default=10,
+                   help="alternating re-measurement rounds in verification (default 10)")
     p.add_argument("--max-quality-drop", type=float, default=None, metavar="X",
                    help="allow knobs that trade quality (pruning, reduced precision) if the "
                         "evaluate() metric drops by at most X")
@@ -159,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
     out = outdir.prepare(out)
     proctree.become_subreaper()
     try:
-        with outdir.exclusive(out):
+        with outdir.exclusive(out), measure_lock.held(notice=reporter.warn):
             return _run(args, task, out, fixed, reporter)
     finally:
         proctree.reap_orphans()
@@ -195,7 +195,13 @@ def _run(args: argparse.Namespace, task: Task, out: Path, fixed: dict[str, Any],
             + f". Trial logs are in {out / 'trials'}."
         )
     baseline_cfg = space.baseline
-    candidates = [c.config for c in outcome.ranked if c.config != baseline_cfg][: args.top]
+    default_threads = outcome.baseline.result.get("threads_seen")
+
+    def same_as_baseline(cfg: TrialConfig) -> bool:
+        # Setting threads to what torch picks by default changes nothing.
+        return cfg.replace(threads=None) == baseline_cfg and cfg.threads in (None, default_threads)
+
+    candidates = [c.config for c in outcome.ranked if not same_as_baseline(c.config)][: args.top]
     search_info = {
         "trials": len(study.trials),
         "measured": len(tuner._measured()),

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from autotune import emit, outdir, proctree, verify
+from autotune import measure_lock, outdir, proctree, verify
 from autotune.commands.run import EXIT_NOT_VERIFIED, EXIT_VERIFIED, add_common, make_runner, probe_doc
 from autotune.commands.show import read_result
 from autotune.config import TrialConfig
@@ -43,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
         return EXIT_NOT_VERIFIED
     proctree.become_subreaper()
     try:
-        with outdir.exclusive(out):
+        with outdir.exclusive(out), measure_lock.held(notice=reporter.warn):
             runner = make_runner(task, machine, out, args)
             winner, verdicts, base_speed = verify.verify_candidates(
                 runner, baseline=baseline, candidates=[cfg],

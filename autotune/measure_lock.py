@@ -1,0 +1,65 @@
+"""One measuring process per machine: two tuners measuring at once disturb each
+other's numbers (a 2-thread trial on a contended 2-core machine ran at a sixth of
+its speed here). The lock is an abstract Unix socket name: machine-wide (per
+network namespace), released by the kernel when its holder dies, and no file is
+written. It is re-entrant within a process, so one tuner can hold several live
+trials (verification) at once."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+NAME = b"\0autotune-measurement-lock"
+
+_guard = threading.Lock()
+_socket: socket.socket | None = None
+_depth = 0
+
+
+def _default_notice(text: str) -> None:
+    print(f"autotune: {text}", file=sys.stderr, flush=True)
+
+
+def acquire(*, notice: Callable[[str], None] = _default_notice, poll_s: float = 0.5) -> None:
+    global _socket, _depth
+    with _guard:
+        if _depth:
+            _depth += 1
+            return
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        waited = False
+        while True:
+            try:
+                sock.bind(NAME)
+                break
+            except OSError:
+                if not waited:
+                    notice("another autotune process is measuring on this machine; waiting for "
+                           "it to finish so that neither disturbs the other's measurements")
+                    waited = True
+                time.sleep(poll_s)
+        _socket, _depth = sock, 1
+
+
+def release() -> None:
+    global _socket, _depth
+    with _guard:
+        if not _depth:
+            return
+        _depth -= 1
+        if not _depth and _socket is not None:
+            _socket.close()
+            _socket = None
+
+
+@contextlib.contextmanager
+def held(**kwargs) -> Iterator[None]:
+    acquire(**kwargs)
+    try:
+        yield
+    finally:
+        release()
