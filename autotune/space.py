@@ -86,6 +86,8 @@ class Space:
         values = dict(params)
         nprocs, threads = map(int, values.pop("layout").split("x"))
         base = self.baseline.to_dict()
+        if values.get("prune_ratio") is not None:
+            values["prune_ratio"] = float(values["prune_ratio"])
         base.update(values)
         base.update(nprocs=nprocs, threads=threads)
         # Workers re-spawned every epoch are pure overhead in a long training run.
@@ -111,31 +113,58 @@ class Space:
         }
 
 
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
 def build_space(
     machine: Mapping[str, Any],
     *,
     baseline_batch: int = 32,
     dataset_len: int | None = None,
     image_inputs: bool = False,
+    has_evaluate: bool = False,
+    max_quality_drop: float | None = None,
     fixed: Mapping[str, Any] | None = None,
 ) -> Space:
     fixed = dict(fixed or {})
     cpu = machine.get("cpu") or {}
     cores = int(cpu.get("usable_cores") or 1)
     isa = cpu.get("isa") or {}
+    torch_info = machine.get("torch") or {}
     gpus = machine.get("gpus") or []
+    cuda = bool(gpus) and bool(torch_info.get("cuda_available"))
+    backends = machine.get("backends") or {"gloo": True}
     excluded: dict[str, str] = {}
     choices: dict[str, list[Any]] = {}
 
-    # Process layout: ranks x threads within the usable cores.
-    layouts = [f"{n}x{t}" for n in range(1, cores + 1) for t in range(1, cores // n + 1)
-               if n * t <= cores]
-    backends = machine.get("backends") or {"gloo": True}
-    if not backends.get("gloo"):
-        layouts = [s for s in layouts if s.startswith("1x")]
-        excluded["nprocs>1"] = "the gloo backend did not initialise on this machine"
-    if cores == 1:
-        excluded["nprocs>1"] = "only one usable core"
+    def pin(name: str, values: list[Any]) -> None:
+        choices[name] = [fixed.pop(name)] if name in fixed else values
+
+    # Device. A GPU machine tunes on its GPUs; the CPU layouts stay for CPU-only boxes.
+    if fixed.get("device") == "cuda" and not cuda:
+        raise UsageError("--fix device=cuda: no CUDA GPU usable by torch on this machine")
+    device = fixed.pop("device", "cuda" if cuda else "cpu")
+    if not gpus:
+        excluded["device=cuda"] = "no NVIDIA GPU found"
+    elif not cuda:
+        excluded["device=cuda"] = "GPUs present but this torch build cannot use them"
+
+    # Process layout: ranks x threads within the usable cores (CPU); ranks <= GPUs (CUDA).
+    if device == "cuda":
+        layouts = [f"{n}x{max(1, cores // n)}" for n in range(1, len(gpus) + 1)]
+        if len(gpus) > 1 and not backends.get("nccl"):
+            layouts = layouts[:1]
+            excluded["nprocs>1"] = "NCCL did not initialise on this machine"
+    else:
+        layouts = [f"{n}x{t}" for n in range(1, cores + 1) for t in range(1, cores // n + 1)]
+        if not backends.get("gloo"):
+            layouts = [s for s in layouts if s.startswith("1x")]
+            excluded["nprocs>1"] = "the gloo backend did not initialise on this machine"
+        if cores == 1:
+            excluded["nprocs>1"] = "only one usable core"
     if "nprocs" in fixed:
         layouts = [s for s in layouts if int(s.split("x")[0]) == fixed["nprocs"]]
     if fixed.get("threads") is not None:
@@ -150,13 +179,22 @@ def build_space(
     choices["layout"] = layouts
     max_ranks = max(int(s.split("x")[0]) for s in layouts)
 
+    if device == "cuda":
+        pin("backend", ["nccl"])
+        excluded["backend=gloo"] = "on GPUs NCCL is the backend that helps"
+    else:
+        cpu_backends = ["gloo"] + (["ccl"] if backends.get("ccl") else [])
+        if not backends.get("ccl"):
+            excluded["backend=ccl"] = "oneccl_bindings_for_pytorch is not installed"
+        pin("backend", cpu_backends if max_ranks > 1 else ["gloo"])
+    excluded["backend=mpi"] = "needs an MPI launcher (mpirun); autotune launches ranks with torchrun"
+
     if "batch_size" in fixed:
         batches = [fixed["batch_size"]]
     else:
         batches = _powers_of_two_around(baseline_batch)
         if dataset_len:
-            too_big = [b for b in batches if b > dataset_len]
-            if too_big:
+            if any(b > dataset_len for b in batches):
                 excluded["batch_size>" + str(dataset_len)] = "larger than the dataset"
             batches = [b for b in batches if b <= dataset_len] or [baseline_batch]
     # Every layout must be able to split every batch evenly over its ranks.
@@ -166,25 +204,82 @@ def build_space(
             "does not split evenly over the ranks of every layout"
         )
         batches = [b for b in batches if b not in uneven] or batches
-    choices["batch_size"] = batches
+    pin("batch_size", batches)
 
-    choices["num_workers"] = list(range(0, min(cores, 4) + 1))
+    pin("num_workers", list(range(0, min(cores, 4) + 1)))
+    if device == "cuda":
+        pin("pin_memory", [False, True])
+    else:
+        excluded["pin_memory"] = "pinned memory only helps copies to a GPU"
+
+    pin("interop_threads", [None, 1])
+
+    compile_modes = ["off"]
+    comp = machine.get("compile") or {}
+    if device == "cpu" and not comp.get("available", False):
+        excluded["compile"] = f"torch.compile needs a working C++ compiler: {comp.get('reason') or 'none found'}"
+    else:
+        compile_modes += ["default", "max-autotune-no-cudagraphs"]
+        if device == "cuda":
+            compile_modes += ["reduce-overhead"]
+        else:
+            excluded["compile=reduce-overhead"] = "CUDA graphs: a no-op on CPU"
+    pin("compile", compile_modes)
 
     precisions = ["fp32"]
-    if isa.get("avx512_bf16") or isa.get("amx_bf16"):
-        precisions.append("bf16")
+    capability = max((float(g.get("compute_capability") or 0) for g in gpus), default=0.0)
+    if device == "cuda":
+        precisions += ["fp16"]
+        if capability >= 8.0:
+            precisions += ["bf16", "tf32"]
+        else:
+            excluded["precision=bf16,tf32"] = "needs an Ampere or later GPU (compute capability 8.0)"
     else:
-        excluded["precision=bf16"] = (
-            "CPU has no avx512_bf16/AMX: bf16 autocast would be emulated and about 2x slower"
-        )
-    if not gpus:
+        if isa.get("avx512_bf16") or isa.get("amx_bf16"):
+            precisions.append("bf16")
+        else:
+            excluded["precision=bf16"] = (
+                "CPU has no avx512_bf16/AMX: bf16 autocast would be emulated and about 2x slower"
+            )
         excluded["precision=fp16"] = "fp16 autocast with GradScaler needs a CUDA GPU"
         excluded["precision=tf32"] = "tf32 needs an Ampere or later NVIDIA GPU"
-    choices["precision"] = precisions
+    pin("precision", precisions)
 
-    for name in ("batch_size", "num_workers", "precision"):
-        if name in fixed:
-            choices[name] = [fixed.pop(name)]
+    if image_inputs:
+        pin("channels_last", [False, True])
+    else:
+        excluded["channels_last"] = "the model's inputs are not 4-D image batches"
 
-    baseline = TrialConfig(batch_size=baseline_batch)
-    return Space(choices=choices, excluded=excluded, baseline=baseline, fixed=fixed)
+    quality_reasons = []
+    if not has_evaluate:
+        quality_reasons.append("the model file has no evaluate(model)")
+    if max_quality_drop is None:
+        quality_reasons.append("no --max-quality-drop given")
+    if not _has_module("torch_pruning"):
+        quality_reasons.append("torch-pruning is not installed (pip install torch-pruning)")
+    if quality_reasons:
+        excluded["prune_ratio"] = "structured pruning trades quality: " + "; ".join(quality_reasons)
+    else:
+        pin("prune_ratio", [0.0, 0.1, 0.25, 0.5])
+
+    if device == "cpu":
+        allocators = ["default"] + [name for name, path in (machine.get("allocators") or {}).items()
+                                    if path]
+        for name in ("jemalloc", "tcmalloc"):
+            if name not in allocators:
+                excluded[f"allocator={name}"] = f"lib{name} was not found on this machine"
+        pin("allocator", allocators)
+        pin("affinity", ["none", "compact"])
+    else:
+        excluded["allocator"] = "host allocators matter little when the GPU does the work"
+
+    ipex = machine.get("ipex") or {}
+    if device == "cpu" and ipex.get("compatible"):
+        pin("ipex", [False, True])
+    else:
+        excluded["ipex"] = f"intel-extension-for-pytorch: {ipex.get('reason') or 'not usable'}"
+
+    leftover = {k: v for k, v in fixed.items()}
+    baseline = TrialConfig(batch_size=baseline_batch, device=device,
+                           backend="nccl" if device == "cuda" else "gloo")
+    return Space(choices=choices, excluded=excluded, baseline=baseline, fixed=leftover)

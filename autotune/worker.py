@@ -58,7 +58,9 @@ def probe_step_facts(session: runtime.Session) -> dict[str, Any]:
     def record(module: torch.nn.Module, args: tuple, output: Any) -> None:
         if isinstance(output, torch.Tensor) and output.is_floating_point():
             dtypes.add(str(output.dtype).replace("torch.", ""))
-        if isinstance(module, torch.nn.Conv2d) and args and isinstance(args[0], torch.Tensor):
+        # A 1-channel input is trivially channels_last: only wider inputs tell.
+        if (isinstance(module, torch.nn.Conv2d) and module.in_channels > 1
+                and args and isinstance(args[0], torch.Tensor)):
             conv_inputs_channels_last.append(
                 args[0].is_contiguous(memory_format=torch.channels_last)
             )

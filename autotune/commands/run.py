@@ -88,15 +88,23 @@ def make_runner(task: Task, machine: dict[str, Any], out: Path, args: argparse.N
 
 
 def heuristics(space: Space, machine: dict[str, Any]) -> list[TrialConfig]:
-    """The CPU launcher's defaults: all usable cores in one process."""
-    cores = int((machine.get("cpu") or {}).get("usable_cores") or 1)
-    layout = f"1x{cores}"
-    if layout not in space.choices["layout"]:
+    """PyTorch's CPU launcher defaults: one process on all usable cores, tcmalloc or
+    jemalloc preloaded where found, compact core pinning."""
+    if space.baseline.device != "cpu":
         return []
-    return [space.config_from_params({**{k: v[0] for k, v in space.choices.items()},
-                                      "layout": layout,
-                                      "batch_size": space.baseline.batch_size,
-                                      "num_workers": 0})]
+    cores = int((machine.get("cpu") or {}).get("usable_cores") or 1)
+    params = {k: v[0] for k, v in space.choices.items()}
+    params.update(layout=f"1x{cores}", batch_size=space.baseline.batch_size, num_workers=0)
+    if params["layout"] not in space.choices["layout"]:
+        return []
+    allocators = space.choices.get("allocator", [])
+    for name in ("tcmalloc", "jemalloc"):
+        if name in allocators:
+            params["allocator"] = name
+            break
+    if "compact" in space.choices.get("affinity", []):
+        params["affinity"] = "compact"
+    return [space.config_from_params(params)]
 
 
 def candidate_emitter(task: Task, machine: dict[str, Any]):
@@ -174,7 +182,8 @@ def _run(args: argparse.Namespace, task: Task, out: Path, fixed: dict[str, Any],
     for w in machine.get("warnings", []):
         reporter.warn(w)
     space = build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
-                        image_inputs=task.image_inputs, fixed=fixed)
+                        image_inputs=task.image_inputs, has_evaluate=task.has_evaluate,
+                        max_quality_drop=args.max_quality_drop, fixed=fixed)
     for knob, reason in space.describe()["excluded"].items():
         reporter.info(f"  skipping {knob}: {reason}")
     runner = make_runner(task, machine, out, args)
