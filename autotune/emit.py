@@ -37,8 +37,10 @@ def main(argv=None):
     import json as _json
 
     parser = argparse.ArgumentParser(description=__DESCRIPTION__)
-    parser.add_argument("--epochs", type=int, default=1, help="passes over the dataset (default 1)")
-    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="passes over the dataset (default 1, or as many as --max-steps needs)")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="stop after this many steps (with --epochs: whichever comes first)")
     parser.add_argument("--model-file", default=MODEL_FILE, help="the model file (default: the tuned one)")
     parser.add_argument("--checkpoint-dir", default="checkpoints",
                         help="where rank 0 saves a checkpoint after each epoch")
@@ -51,9 +53,11 @@ def main(argv=None):
     session = Session(args.model_file, CONFIG, seed=args.seed)
     rank0 = session.dist.rank == 0
     per_epoch = len(session.loader)
-    total = per_epoch * args.epochs
     if args.max_steps is not None:
-        total = min(total, args.max_steps)
+        # --max-steps alone trains that many steps, over as many epochs as it takes.
+        total = args.max_steps if args.epochs is None else min(args.max_steps, per_epoch * args.epochs)
+    else:
+        total = per_epoch * (1 if args.epochs is None else args.epochs)
     warm = min(3, max(0, total - 1))  # steps before the clock starts (compile lands here)
     losses, pending = [], []
     clock = time.perf_counter()

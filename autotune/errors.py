@@ -14,3 +14,9 @@ class ContractError(AutotuneError):
 
 class UsageError(AutotuneError):
     """A command-line value is wrong."""
+
+
+class NotVerified(AutotuneError):
+    """No configuration could be verified (e.g. the baseline itself fails)."""
+
+    exit_code = 3

@@ -24,7 +24,7 @@ from autotune.trial import OUT_OF_MEMORY, TrialResult, TrialRunner
 
 BASELINE = "baseline"
 HEURISTIC = "heuristic"
-RETRY = "retry"
+LATE = "late"
 
 
 class ClearlySlowerPruner(optuna.pruners.BasePruner):
@@ -55,7 +55,9 @@ def open_study(*, storage_path: Path, study_name: str, seed: int = 0) -> optuna.
         optuna.storages.journal.JournalFileBackend(str(storage_path))
     )
     # Samplers are not stored: a resumed study gets a fresh one, seeded the same.
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=6)
+    # group=True: late knobs make the sampled parameter set differ between trials.
+    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                         n_startup_trials=6)
     return optuna.create_study(
         storage=storage, study_name=study_name, direction="maximize",
         sampler=sampler, pruner=ClearlySlowerPruner(), load_if_exists=True,
@@ -120,9 +122,9 @@ class Tuner:
             # A RUNNING trial from another process can only be annotated through storage.
             self.study._storage.set_trial_user_attr(t._trial_id, "failure", "interrupted")
             self.study.tell(t.number, state=TrialState.FAIL)
-            if t.user_attrs.get("role") != RETRY and t.params:
+            if not t.user_attrs.get("retry") and t.params:
                 self.study.enqueue_trial(
-                    t.params, user_attrs={"role": t.user_attrs.get("role") or RETRY},
+                    t.params, user_attrs={"role": t.user_attrs.get("role"), "retry": True},
                     skip_if_exists=False,
                 )
             self.progress("stale", {"number": t.number})
@@ -142,9 +144,33 @@ class Tuner:
                     params[name] = value
             self.study.enqueue_trial(params, user_attrs={"role": role})
 
+    def _enqueue_late(self) -> None:
+        """Once the budget left equals the late variants of the best configuration so
+        far, queue them (once per study)."""
+        if self.study.user_attrs.get("late_enqueued"):
+            return
+        try:
+            best = self.study.best_trial
+        except ValueError:
+            return
+        cfg = _config_of(best)
+        if cfg is None:
+            return
+        try:
+            variants = self.space.late_variants(cfg)
+        except ValueError:  # the best is outside the sampled space (the baseline's threads)
+            variants = self.space.late_variants(cfg.replace(threads=int(
+                best.user_attrs.get("result", {}).get("threads_seen") or 1)))
+        if not variants or self.trials - len(self._measured()) > len(variants):
+            return
+        for params in variants:
+            self.study.enqueue_trial(params, user_attrs={"role": LATE})
+        self.study.set_user_attr("late_enqueued", True)
+
     def _previous(self, cfg: TrialConfig) -> optuna.trial.FrozenTrial | None:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-            if t.user_attrs.get("duplicate_of") is None and _config_of(t) == cfg:
+            if (t.user_attrs.get("duplicate_of") is None and _config_of(t) == cfg
+                    and t.user_attrs.get("failure") != "interrupted"):
                 return t
         return None
 
@@ -179,17 +205,19 @@ class Tuner:
                 self.progress("budget", {"reason": "every configuration of the space was measured"})
                 break
             asks_left -= 1
+            self._enqueue_late()
             self._one_trial(started)
         return self.outcome()
 
     def _one_trial(self, started: float) -> None:
         trial = self.study.ask()
         role = trial.user_attrs.get("role")
-        cfg = self.space.baseline if role == BASELINE else self.space.suggest(trial)
+        cfg = (self.space.baseline if role == BASELINE
+               else self.space.suggest(trial, late=role == LATE))
         trial.set_user_attr("config", cfg.to_dict())
 
         previous = self._previous(cfg)
-        if previous is not None and role not in (RETRY, BASELINE):
+        if previous is not None and role != BASELINE and not trial.user_attrs.get("retry"):
             trial.set_user_attr("duplicate_of", previous.number)
             if previous.state == TrialState.COMPLETE:
                 self.study.tell(trial, previous.value)
@@ -219,8 +247,8 @@ class Tuner:
             # Interrupted (Ctrl-C): this trial is measured first when the run resumes.
             trial.set_user_attr("failure", "interrupted")
             self.study.tell(trial, state=TrialState.FAIL)
-            if role != RETRY:
-                self.study.enqueue_trial(trial.params, user_attrs={"role": role or RETRY})
+            if not trial.user_attrs.get("retry"):
+                self.study.enqueue_trial(trial.params, user_attrs={"role": role, "retry": True})
             raise
         self._tell(trial, cfg, result)
         self.progress("end", {"result": result, "config": cfg, "best": self._best_value()})

@@ -13,6 +13,11 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.errors import UsageError
 
+# Knobs whose every trial carries a long one-time cost (torch.compile: ~35 s for a
+# small CNN on 2 cores). Sampling them throughout would spend the budget compiling;
+# they are tried on the best configuration near the end of the search instead.
+LATE_KNOBS = ("compile",)
+
 # Knobs the user may pin with --fix, with how to read their value.
 _BOOL = {"true": True, "1": True, "yes": True, "on": True,
          "false": False, "0": False, "no": False, "off": False}
@@ -75,12 +80,27 @@ class Space:
     def layouts(self) -> list[tuple[int, int]]:
         return [tuple(map(int, s.split("x"))) for s in self.choices["layout"]]
 
-    def suggest(self, trial: Any) -> TrialConfig:
-        """Ask an Optuna trial for every searched knob; pinned knobs stay pinned."""
+    def suggest(self, trial: Any, *, late: bool = False) -> TrialConfig:
+        """Ask an Optuna trial for every searched knob; pinned knobs stay pinned.
+        Late knobs (LATE_KNOBS) are asked only when ``late``: they are tried on the best
+        configuration at the end of the search, not sampled throughout."""
         params: dict[str, Any] = {}
         for name, values in self.choices.items():
-            params[name] = values[0] if len(values) == 1 else trial.suggest_categorical(name, values)
+            if name in LATE_KNOBS and not late:
+                params[name] = values[0]
+            else:
+                params[name] = values[0] if len(values) == 1 else trial.suggest_categorical(name, values)
         return self.config_from_params(params)
+
+    def late_variants(self, cfg: TrialConfig) -> list[dict[str, Any]]:
+        """Params of ``cfg`` with each value of each late knob it does not have yet."""
+        base = self.params_of(cfg)
+        out = []
+        for name in LATE_KNOBS:
+            for value in self.choices.get(name, [])[1:]:
+                if base.get(name) != value:
+                    out.append({**base, name: value})
+        return out
 
     def config_from_params(self, params: Mapping[str, Any]) -> TrialConfig:
         values = dict(params)

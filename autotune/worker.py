@@ -26,10 +26,10 @@ class Events:
     def __init__(self, path: str, rank: int) -> None:
         self.path, self.rank = path, rank
 
-    def emit(self, kind: str, *, all_ranks: bool = False, **fields: Any) -> None:
+    def emit(self, event: str, *, all_ranks: bool = False, **fields: Any) -> None:
         if self.rank != 0 and not all_ranks:
             return
-        line = json.dumps({"e": kind, "rank": self.rank, "t": time.time(), **fields})
+        line = json.dumps({"e": event, "rank": self.rank, "t": time.time(), **fields})
         # One write per line with O_APPEND keeps lines from several ranks whole.
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

@@ -9,12 +9,12 @@ from typing import Any
 
 from autotune import __version__, emit, launch, measure_lock, outdir, proctree, verify
 from autotune.config import TrialConfig
-from autotune.errors import UsageError
+from autotune.errors import NotVerified, UsageError
 from autotune.report import Reporter
 from autotune.search import Tuner, open_study, storage_path, study_name
 from autotune.space import Space, build_space, parse_fixes
 from autotune.task import Task, load_task
-from autotune.trial import Measurement, TrialRunner
+from autotune.trial import FAILURE_HELP, Measurement, TrialRunner
 
 EXIT_VERIFIED = 0
 EXIT_NOT_VERIFIED = 3
@@ -197,11 +197,14 @@ def _run(args: argparse.Namespace, task: Task, out: Path, fixed: dict[str, Any],
                   heuristics=heuristics(space, machine))
     outcome = tuner.run()
     if outcome.baseline is None:
-        reporter.warn("the baseline configuration failed; see the trial log below")
-        raise UsageError(
-            "the baseline (your batch size, one process, default threads) did not run: "
-            + "; ".join(f"{f['failure']}: {f['message']}" for f in outcome.failures[:1])
-            + f". Trial logs are in {out / 'trials'}."
+        failed = next((f for f in outcome.failures if f["config"] == space.baseline.to_dict()),
+                      outcome.failures[0] if outcome.failures else None)
+        detail = (f"{FAILURE_HELP.get(failed['failure'], failed['failure'])}: {failed['message']}"
+                  if failed else "it was not measured")
+        raise NotVerified(
+            "no configuration can be verified: the baseline (your batch size, one process, "
+            f"default threads, fp32) failed: {detail}. Fix the model so it trains as it is; "
+            f"trial logs are in {out / 'trials'}."
         )
     baseline_cfg = space.baseline
     default_threads = outcome.baseline.result.get("threads_seen")

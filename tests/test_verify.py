@@ -1,0 +1,91 @@
+"""Verification (DESIGN §6): the numbers autotune prints survive re-measurement."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune import verify
+from autotune.config import TrialConfig
+from autotune.trial import Measurement, TrialRunner
+
+MODELS = Path(__file__).parent / "models"
+SHORT = Measurement(warmup_steps=2, window_s=0.3, windows=2)
+
+
+def test_median_interval_uses_order_statistics_with_sign_test_coverage():
+    low, high, level = verify.median_interval([5, 1, 4, 2, 3])
+    assert (low, high) == (1, 5) and level == pytest.approx(1 - 2 / 32)
+    low, high, level = verify.median_interval(list(range(10)))
+    assert (low, high) == (1, 8) and level >= 0.9
+
+
+def test_one_disturbed_round_does_not_decide_the_interval():
+    ratios = [1.3, 1.25, 1.35, 1.28, 0.2, 1.31, 1.27, 1.33, 1.29, 1.3]
+    stats = verify.ratio_interval(ratios)
+    assert stats["ci_low"] > 1.0, "a single outlier round must not hide a steady 1.3x"
+    assert stats["median"] == pytest.approx(1.295)
+
+
+def test_an_interval_that_includes_one_is_not_faster():
+    stats = verify.ratio_interval([1.1, 0.95, 1.2, 0.9, 1.05])
+    assert stats["ci_low"] <= 1.0 <= stats["ci_high"]
+
+
+def test_compare_losses_accepts_tracking_and_rejects_divergence_and_nan():
+    ref = [2.3, 2.1, 1.9, 1.7]
+    assert verify.compare_losses(ref, [2.3, 2.1001, 1.9002, 1.7001], tolerance=0.02).passed
+    diverged = verify.compare_losses(ref, [2.3, 2.1, 2.5, 3.0], tolerance=0.02)
+    assert not diverged.passed and "diverge" in diverged.detail["reason"]
+    nan = verify.compare_losses(ref, [2.3, math.nan, 1.9, 1.7], tolerance=0.02)
+    assert not nan.passed and "NaN" in nan.detail["reason"]
+
+
+@pytest.mark.slow
+def test_a_candidate_made_slower_after_the_search_is_caught(tmp_path, monkeypatch):
+    marker = tmp_path / "slow-now"
+    monkeypatch.setenv("AUTOTUNE_TEST_SLOW_MARKER", str(marker))
+    runner = TrialRunner(model_file=MODELS / "verify_slowdown.py", machine={},
+                         workdir=tmp_path / "trials", measurement=SHORT)
+    baseline = TrialConfig(batch_size=16, threads=1)
+    candidate = TrialConfig(batch_size=64, threads=1)
+    searched = {c.batch_size: runner.run(c, name=f"search-{c.batch_size}").value
+                for c in (baseline, candidate)}
+    assert searched[64] > searched[16], "the candidate must look faster in the search"
+
+    marker.touch()  # from now on the candidate sleeps in every step
+    _, (check,) = verify.speed_check(runner, baseline, [candidate], rounds=5)
+    assert check.passed is False
+    assert check.detail["median"] < 1.0
+    assert "not faster" in check.detail["reason"]
+
+
+@pytest.mark.slow
+def test_two_ranks_compute_what_one_process_computes(tmp_path):
+    """Same seed, weights and global batches: a 2-rank DDP run's averaged losses
+    track the 1-process fp32 reference."""
+    runner = TrialRunner(model_file=MODELS / "verify_slowdown.py", machine={},
+                         workdir=tmp_path, measurement=SHORT)
+    baseline = TrialConfig(batch_size=16)
+    check = verify.numerics_check(runner, baseline, TrialConfig(nprocs=2, threads=1, batch_size=32),
+                                  steps=8, cache={})
+    assert check.passed, check.detail
+    assert check.detail["max_relative_difference"] < 1e-4
+    assert len(check.detail["candidate_losses"]) == 8
+
+
+@pytest.mark.slow
+def test_nan_under_every_config_yields_no_verified_config(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(MODELS / "verify_nan.py"), "--trials", "3",
+         "--out", str(out), "--window", "0.2", "--windows", "2", "--fix", "threads=1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "no configuration can be verified" in proc.stderr
+    assert "NaN" in proc.stderr
+    assert not (out / "best_config.json").exists()
