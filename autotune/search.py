@@ -50,14 +50,15 @@ class ClearlySlowerPruner(optuna.pruners.BasePruner):
         return statistics.median(values) < self.ratio * best
 
 
-def open_study(*, storage_path: Path, study_name: str, seed: int = 0) -> optuna.Study:
+def open_study(*, storage_path: Path, study_name: str, seed: int = 0,
+               sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(storage_path))
     )
     # Samplers are not stored: a resumed study gets a fresh one, seeded the same.
     # group=True: late knobs make the sampled parameter set differ between trials.
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
-                                         n_startup_trials=6)
+    sampler = sampler or optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                                    n_startup_trials=6)
     return optuna.create_study(
         storage=storage, study_name=study_name, direction="maximize",
         sampler=sampler, pruner=ClearlySlowerPruner(), load_if_exists=True,
