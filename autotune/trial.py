@@ -37,6 +37,12 @@ FAILURE_HELP = {
 }
 
 
+# The tuner stays all but idle while a trial measures: it reads the event file a few
+# times a second and the trial's memory once a second.
+POLL_S = 0.1
+MEMORY_CHECK_S = 1.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Measurement:
     """How long a trial measures: warm-up steps, then windows of about window_s."""
@@ -254,6 +260,7 @@ class LiveTrial:
         self.last_progress: float | None = None  # set once steps run: only then is a stall a hang
         self.finished = runner is None
         self.proc: subprocess.Popen | None = None
+        self.memory_checked = 0.0
         if runner is None:
             return
         assert folder is not None and argv is not None
@@ -309,7 +316,10 @@ class LiveTrial:
                 self.killed_for = (TIMEOUT, f"still running after {runner.timeout_s:.0f} s")
             elif not idle and self.last_progress is not None and now - self.last_progress > runner.hang_s:
                 self.killed_for = (HANG, f"no progress for {runner.hang_s:.0f} s")
-            else:
+            elif now - self.memory_checked >= MEMORY_CHECK_S:
+                # Walking the process table costs CPU; a trial measuring meanwhile must
+                # not pay for it more than once a second.
+                self.memory_checked = now
                 rss = proctree.tree_rss(self.proc.pid)
                 self.result.peak_tree_rss_mb = max(self.result.peak_tree_rss_mb, rss / 2**20)
                 if runner.memory_limit_bytes and rss > runner.memory_limit_bytes:
@@ -327,7 +337,7 @@ class LiveTrial:
         while not self.poll():
             if condition():
                 return True
-            time.sleep(0.02 if self.serving else 0.2)
+            time.sleep(POLL_S)
         return condition()
 
     def wait(self) -> TrialResult:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune import proctree
+from autotune import measure_lock, proctree
 from autotune.config import TrialConfig
 from autotune.trial import LiveTrial, TrialRunner
 
@@ -207,7 +207,7 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float)
     log = workdir / "script-log.txt"
     argv = ["bash", str(launcher), "--max-steps", str(steps), "--no-checkpoint",
             "--log-every", str(max(1, steps)), "--report", str(report)]
-    with open(log, "wb") as out:
+    with open(log, "wb") as out, measure_lock.held():
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir),
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:

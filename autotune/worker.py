@@ -186,7 +186,7 @@ def serve(session: runtime.Session, measure_spec: dict, control: str, events: Ev
         offset += len(complete)
         commands = complete.split()
         if not commands:
-            time.sleep(0.005)
+            time.sleep(0.02)  # idle between windows: a cheap poll, not a spin
             continue
         for command in commands:
             if command == "stop":
