@@ -52,6 +52,8 @@ def main(argv=None):
 
     session = Session(args.model_file, CONFIG, seed=args.seed)
     rank0 = session.dist.rank == 0
+    # What the knobs did in this process, recorded the way autotune's trials record it.
+    facts = {**process_facts(), **step_facts(session)} if args.report else None
     per_epoch = len(session.loader)
     if args.max_steps is not None:
         # --max-steps alone trains that many steps, over as many epochs as it takes.
@@ -88,8 +90,7 @@ def main(argv=None):
         if args.report:
             with open(args.report, "w") as f:
                 _json.dump({"steps": total, "timed_steps": timed, "samples_per_s": samples_per_s,
-                            "losses": losses, "world": session.dist.world,
-                            "threads": torch.get_num_threads()}, f)
+                            "losses": losses, "facts": facts}, f)
     session.close()
     return 0
 

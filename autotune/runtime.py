@@ -161,7 +161,7 @@ def call_model(model: torch.nn.Module, inputs: Any) -> Any:
     return model(inputs)
 
 
-def prune_model(user: Any, model: torch.nn.Module, ratio: float, example_inputs: Any) -> None:
+def prune_model(model: torch.nn.Module, ratio: float, example_inputs: Any) -> None:
     """Remove channels physically with Torch-Pruning; the output layer is kept."""
     import torch_pruning as tp
 
@@ -253,7 +253,7 @@ def build_model(user: Any, cfg: dict, dist: Distributed, example_batch: Any) -> 
     prune_ratio = float(cfg.get("prune_ratio") or 0.0)
     if prune_ratio > 0:
         inputs = example_batch[0] if isinstance(example_batch, (list, tuple)) else example_batch
-        prune_model(user, model, prune_ratio, inputs)
+        prune_model(model, prune_ratio, inputs)
     if cfg.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
     model = model.to(dist.device)
@@ -322,6 +322,77 @@ def check_finite(losses: list[torch.Tensor]) -> list[float]:
         if not math.isfinite(v):
             raise NonFiniteLoss(f"loss became {v} at step {i} of the window")
     return values
+
+
+def mapped_libraries() -> list[str]:
+    """Shared objects mapped into this process: shows which allocator is loaded."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if ".so" in line}
+    except OSError:
+        return []
+    return sorted(os.path.basename(p) for p in paths if p.startswith("/"))
+
+
+def process_facts() -> dict[str, Any]:
+    """What the process-level knobs did to this process."""
+    return {
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "libraries": mapped_libraries(),
+        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_CONF",
+                                                "OMP_PROC_BIND", "OMP_PLACES", "TUNED_CPUS_PER_RANK")},
+    }
+
+
+def step_facts(session: "Session") -> dict[str, Any]:
+    """Run one training step with hooks that record what the in-process knobs did:
+    activation dtypes (precision), memory format of conv inputs (channels_last), the
+    per-rank batch, layer widths (pruning), compiled and DDP wrappers."""
+    dtypes: set[str] = set()
+    conv_inputs_channels_last: list[bool] = []
+    hooks = []
+
+    def record(module: torch.nn.Module, args: tuple, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            dtypes.add(str(output.dtype).replace("torch.", ""))
+        # A 1-channel input is trivially channels_last: only wider inputs tell.
+        if (isinstance(module, torch.nn.Conv2d) and module.in_channels > 1
+                and args and isinstance(args[0], torch.Tensor)):
+            conv_inputs_channels_last.append(args[0].is_contiguous(memory_format=torch.channels_last))
+
+    compiled = type(session.model).__name__ == "OptimizedModule"
+    base = getattr(session.model, "_orig_mod", session.model)
+    base = getattr(base, "module", base)
+    # Hooks on a compiled model would make dynamo recompile twice (on adding and on
+    # removing them), inside the warm-up that calibrates the windows: not for them.
+    for module in base.modules() if not compiled else ():
+        if not list(module.children()):
+            hooks.append(module.register_forward_hook(record))
+    batch = session.next_batch()
+    first = _first_tensor(batch)
+    try:
+        session._step(batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {
+        "activation_dtypes": sorted(dtypes),
+        "conv_inputs_channels_last": conv_inputs_channels_last[:1],
+        "per_rank_batch": int(first.shape[0]) if first is not None and first.dim() > 0 else None,
+        "layer_widths": {
+            name: (m.out_channels if hasattr(m, "out_channels") else m.out_features)
+            for name, m in base.named_modules()
+            if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear))
+        },
+        "parameters": sum(p.numel() for p in base.parameters()),
+        "compiled": compiled,
+        "ddp": isinstance(getattr(session.model, "_orig_mod", session.model),
+                          torch.nn.parallel.DistributedDataParallel),
+        "world": session.dist.world,
+        "backend": torch.distributed.get_backend() if session.dist.enabled else None,
+    }
 
 
 class Session:

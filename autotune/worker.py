@@ -38,66 +38,12 @@ class Events:
             os.close(fd)
 
 
-def mapped_libraries() -> list[str]:
-    """Shared objects mapped into this process: shows which allocator is loaded."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if ".so" in line}
-    except OSError:
-        return []
-    return sorted(os.path.basename(p) for p in paths if p.startswith("/"))
-
-
 def probe_step_facts(session: runtime.Session) -> dict[str, Any]:
-    """Run one step with hooks that record what the knobs did to the computation."""
-    dtypes: set[str] = set()
-    conv_inputs_channels_last: list[bool] = []
-    batch_rows: list[int] = []
-    hooks = []
-
-    def record(module: torch.nn.Module, args: tuple, output: Any) -> None:
-        if isinstance(output, torch.Tensor) and output.is_floating_point():
-            dtypes.add(str(output.dtype).replace("torch.", ""))
-        # A 1-channel input is trivially channels_last: only wider inputs tell.
-        if (isinstance(module, torch.nn.Conv2d) and module.in_channels > 1
-                and args and isinstance(args[0], torch.Tensor)):
-            conv_inputs_channels_last.append(
-                args[0].is_contiguous(memory_format=torch.channels_last)
-            )
-
-    base = session.model
-    base = getattr(base, "_orig_mod", base)
-    base = getattr(base, "module", base)
-    for module in base.modules():
-        if not list(module.children()):
-            hooks.append(module.register_forward_hook(record))
-    batch = session.next_batch()
-    first = runtime._first_tensor(batch)
-    if first is not None and first.dim() > 0:
-        batch_rows.append(int(first.shape[0]))
-    try:
-        session._step(batch)
-    finally:
-        for h in hooks:
-            h.remove()
-    layers = {
-        name: (m.out_channels if hasattr(m, "out_channels") else m.out_features)
-        for name, m in base.named_modules()
-        if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear))
-    }
     import psutil  # only here: the generated script must not need it
 
-    return {
-        "activation_dtypes": sorted(dtypes),
-        "conv_inputs_channels_last": conv_inputs_channels_last[:1],
-        "per_rank_batch": batch_rows[0] if batch_rows else None,
-        "layer_widths": layers,
-        "parameters": sum(p.numel() for p in base.parameters()),
-        "compiled": type(session.model).__name__ == "OptimizedModule",
-        "ddp": isinstance(getattr(session.model, "_orig_mod", session.model),
-                          torch.nn.parallel.DistributedDataParallel),
-        "loader_worker_pids": [c.pid for c in psutil.Process().children()],
-    }
+    facts = runtime.step_facts(session)
+    facts["loader_worker_pids"] = [c.pid for c in psutil.Process().children()]
+    return facts
 
 
 def classify(exc: BaseException, model_file: str) -> str:
@@ -235,15 +181,10 @@ def main(argv: list[str]) -> int:
         events.emit(
             "setup",
             seconds=time.perf_counter() - started,
-            threads=torch.get_num_threads(),
-            interop_threads=torch.get_num_interop_threads(),
             world=session.dist.world,
             backend=torch.distributed.get_backend() if session.dist.enabled else None,
-            affinity=sorted(os.sched_getaffinity(0)),
-            libraries=mapped_libraries(),
-            env={k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_CONF",
-                                                  "KMP_AFFINITY", "KMP_BLOCKTIME", "OMP_PROC_BIND")},
             pid=os.getpid(),
+            **runtime.process_facts(),
         )
         if spec.get("mode") == "trajectory":
             trajectory(session, int(spec["steps"]), events)
