@@ -10,6 +10,7 @@ import signal
 import psutil
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 def become_subreaper() -> bool:
@@ -20,6 +21,50 @@ def become_subreaper() -> bool:
         return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies: a trial must not
+    outlive a tuner that was killed (SIGKILL can't be caught to clean up). Not inherited
+    across fork, so each level of the tree (trial, torchrun's ranks) sets it itself."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def snapshot(pid: int) -> dict[int, float]:
+    """pid -> start time of a process and its descendants, to find them again after
+    the root has exited and they were re-parented."""
+    out: dict[int, float] = {}
+    try:
+        procs = [psutil.Process(pid), *descendants(pid)]
+    except psutil.Error:
+        return out
+    for p in procs:
+        try:
+            out[p.pid] = p.create_time()
+        except psutil.Error:
+            pass
+    return out
+
+
+def kill_known(members: dict[int, float]) -> None:
+    """SIGKILL the processes of a snapshot that are still the same processes."""
+    procs = []
+    for pid, started in members.items():
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == started:
+                procs.append(p)
+        except psutil.Error:
+            pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=2)
 
 
 def descendants(pid: int) -> list[psutil.Process]:

@@ -49,7 +49,7 @@ class Reporter:
             self.err.print(f"    → pruned: clearly slower than the best{best_text}")
         else:
             self.err.print(f"    → [red]failed[/] ({result.failure}): {result.describe_failure()}")
-            tail = result.log_tail.strip().splitlines()[-6:]
+            tail = result.log_tail.strip().splitlines()[-12:]
             for line in tail:
                 self.err.print(f"      | {line}", style="dim", markup=False)
 
@@ -82,6 +82,14 @@ class Reporter:
         else:
             self.out.print("[bold red]no configuration was verified faster than the baseline;[/] "
                            "the baseline is recommended.")
+        effect = doc.get("layout_effect")
+        if effect:
+            self.out.print(
+                f"process layout: {effect['multi_rank']} ranks x threads runs "
+                f"{effect['ratio']:.2f}x the speed of {effect['single_process']} "
+                f"({effect['ci_level']:.0%} interval {effect['ci_low']:.2f}-{effect['ci_high']:.2f}x, "
+                "other knobs equal, measured side by side)"
+            )
         for item in doc.get("rejected", []):
             self.out.print(f"  rejected {item['config_short']}: {item['reason']}", markup=False)
         skipped = doc.get("space", {}).get("excluded", {})

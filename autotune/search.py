@@ -115,6 +115,7 @@ class Tuner:
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
             and t.user_attrs.get("duplicate_of") is None
             and not t.user_attrs.get("skipped")
+            and t.user_attrs.get("failure") != "interrupted"  # retried: costs no budget
         ]
 
     def _recover_stale(self) -> None:
@@ -123,7 +124,7 @@ class Tuner:
             # A RUNNING trial from another process can only be annotated through storage.
             self.study._storage.set_trial_user_attr(t._trial_id, "failure", "interrupted")
             self.study.tell(t.number, state=TrialState.FAIL)
-            if not t.user_attrs.get("retry") and t.params:
+            if not t.user_attrs.get("retry"):
                 self.study.enqueue_trial(
                     t.params, user_attrs={"role": t.user_attrs.get("role"), "retry": True},
                     skip_if_exists=False,
@@ -160,8 +161,11 @@ class Tuner:
         try:
             variants = self.space.late_variants(cfg)
         except ValueError:  # the best is outside the sampled space (the baseline's threads)
-            variants = self.space.late_variants(cfg.replace(threads=int(
-                best.user_attrs.get("result", {}).get("threads_seen") or 1)))
+            try:
+                variants = self.space.late_variants(cfg.replace(threads=int(
+                    best.user_attrs.get("result", {}).get("threads_seen") or 1)))
+            except ValueError:  # its layout is not searched at all (--fix threads/nprocs)
+                return
         if not variants or self.trials - len(self._measured()) > len(variants):
             return
         for params in variants:
@@ -245,7 +249,7 @@ class Tuner:
         try:
             result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window)
         except BaseException:
-            # Interrupted (Ctrl-C): this trial is measured first when the run resumes.
+            # Interrupted (Ctrl-C): this trial is measured again when the run resumes.
             trial.set_user_attr("failure", "interrupted")
             self.study.tell(trial, state=TrialState.FAIL)
             if not trial.user_attrs.get("retry"):

@@ -235,7 +235,9 @@ class TrialRunner:
             result.failure, result.message = "error", str(exc)
             return LiveTrial.failed_to_start(result)
         result.env = env_vars
-        env = {**os.environ, **env_vars, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
+        # faulthandler: a trial killed by a signal still says where, in its own log.
+        env = {**os.environ, **env_vars, **(extra_env or {}), "PYTHONUNBUFFERED": "1",
+               "PYTHONFAULTHANDLER": "1"}
         # The worker runs from autotune's own source tree whether or not it is installed.
         package_root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
@@ -270,7 +272,9 @@ class LiveTrial:
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, cwd=str(folder), start_new_session=True,
+            preexec_fn=proctree.die_with_parent,
         )
+        self.members: dict[int, float] = {}
         self.reader = _EventReader(folder / "events.jsonl")
 
     @classmethod
@@ -320,6 +324,7 @@ class LiveTrial:
                 # Walking the process table costs CPU; a trial measuring meanwhile must
                 # not pay for it more than once a second.
                 self.memory_checked = now
+                self.members.update(proctree.snapshot(self.proc.pid))
                 rss = proctree.tree_rss(self.proc.pid)
                 self.result.peak_tree_rss_mb = max(self.result.peak_tree_rss_mb, rss / 2**20)
                 if runner.memory_limit_bytes and rss > runner.memory_limit_bytes:
@@ -380,6 +385,7 @@ class LiveTrial:
         if self.proc is not None:
             proctree.kill_tree(self.proc.pid)
             self.proc.wait()
+            proctree.kill_known(self.members)
         if not self.finished:
             self._finish()
 
@@ -391,6 +397,8 @@ class LiveTrial:
         assert self.proc is not None and self.runner is not None
         proctree.kill_tree(self.proc.pid)
         self.proc.wait()
+        # Descendants of a root that already exited were re-parented: find them by record.
+        proctree.kill_known(self.members)
         self._log.close()
         self.finished = True
         measure_lock.release()

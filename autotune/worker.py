@@ -9,6 +9,7 @@ from __future__ import annotations
 
 # runtime pins this rank's cores at import: it must come before anything imports torch.
 from autotune import runtime  # isort: skip
+from autotune import proctree
 
 import json
 import os
@@ -54,8 +55,16 @@ def classify(exc: BaseException, model_file: str) -> str:
         return "out_of_memory"
     if "torch._dynamo" in text or "torch._inductor" in text or "BackendCompilerFailed" in text:
         return "compile_error"
+    path = os.path.abspath(model_file)
     frames = traceback.extract_tb(exc.__traceback__)
-    if any(os.path.abspath(f.filename) == os.path.abspath(model_file) for f in frames):
+    if any(os.path.abspath(f.filename) == path for f in frames):
+        return "user_error"
+    if isinstance(exc, SyntaxError) and exc.filename and os.path.abspath(exc.filename) == path:
+        return "user_error"
+    obj = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
+    if getattr(obj, "__file__", None) and os.path.abspath(obj.__file__) == path:
+        return "user_error"  # a contract function missing from the user's module
+    if f'File "{path}"' in str(exc):  # re-raised from a DataLoader worker, traceback as text
         return "user_error"
     return "error"
 
@@ -169,6 +178,7 @@ def quality(session: runtime.Session, steps: int, events: Events) -> None:
 
 
 def main(argv: list[str]) -> int:
+    proctree.die_with_parent()  # a rank must not outlive its launcher (torchrun or the tuner)
     with open(argv[0]) as f:
         spec = json.load(f)
     rank = int(os.environ.get("RANK", "0"))

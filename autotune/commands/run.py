@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -107,6 +108,42 @@ def heuristics(space: Space, machine: dict[str, Any]) -> list[TrialConfig]:
     return [space.config_from_params(params)]
 
 
+def layout_contrast(top: TrialConfig, space: Space, machine: dict[str, Any]) -> TrialConfig | None:
+    """The top candidate with the other process layout (several ranks <-> one process
+    on all cores), every other knob equal: verification measures it alongside, which
+    gives the layout's own effect with an interval."""
+    if top.device != "cpu":
+        return None
+    cores = int((machine.get("cpu") or {}).get("usable_cores") or 1)
+    if top.nprocs > 1:
+        other = top.replace(nprocs=1, threads=cores)
+    else:
+        ranks = next((int(s.split("x")[0]) for s in space.choices["layout"]
+                      if int(s.split("x")[0]) > 1 and int(s.split("x")[1]) == 1), None)
+        if ranks is None or top.batch_size % ranks:
+            return None
+        other = top.replace(nprocs=ranks, threads=cores // ranks)
+    return other if f"{other.nprocs}x{other.threads}" in space.choices["layout"] else None
+
+
+def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig,
+                  contrast: TrialConfig | None) -> dict[str, Any] | None:
+    by_cfg = {v.config: v.speed for v in verdicts}
+    if contrast is None or top not in by_cfg or contrast not in by_cfg:
+        return None
+    a, b = by_cfg[top].get("samples_per_s"), by_cfg[contrast].get("samples_per_s")
+    if not a or not b:
+        return None
+    multi, single = (a, b) if top.nprocs > 1 else (b, a)
+    multi_cfg, single_cfg = (top, contrast) if top.nprocs > 1 else (contrast, top)
+    stats = verify.ratio_interval([m / s_ for m, s_ in zip(multi, single)])
+    return {"multi_rank": multi_cfg.layout, "single_process": single_cfg.layout,
+            "other_knobs": {k: v for k, v in top.to_dict().items()
+                            if k not in ("nprocs", "threads")},
+            "ratio": stats["median"], "ci_low": stats["ci_low"], "ci_high": stats["ci_high"],
+            "ci_level": stats["ci_level"]}
+
+
 def candidate_emitter(task: Task, machine: dict[str, Any]):
     def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
         env, _ = launch.environment(cfg, machine=machine)
@@ -163,11 +200,17 @@ def main(args: argparse.Namespace) -> int:
     out = args.out or Path("autotune-out") / task_path.stem
     if args.max_quality_drop is not None and args.max_quality_drop < 0:
         raise UsageError("--max-quality-drop must be 0 or more")
-    task = load_task(task_path)  # before creating anything: bad input loses nothing
-    out = outdir.prepare(out)
+    # Subreaper first: processes the model file starts during its check are ours to end.
     proctree.become_subreaper()
     try:
-        with outdir.exclusive(out), measure_lock.held(notice=reporter.warn):
+        with contextlib.ExitStack() as stack:
+            if out.is_dir():  # a busy folder is refused before the model file is even checked
+                stack.enter_context(outdir.exclusive(out))
+            task = load_task(task_path)  # before creating anything: bad input loses nothing
+            proctree.reap_orphans()
+            if not out.is_dir():
+                stack.enter_context(outdir.exclusive(outdir.prepare(out)))
+            stack.enter_context(measure_lock.held(notice=reporter.warn))
             return _run(args, task, out, fixed, reporter)
     finally:
         proctree.reap_orphans()
@@ -214,6 +257,9 @@ def _run(args: argparse.Namespace, task: Task, out: Path, fixed: dict[str, Any],
         return cfg.replace(threads=None) == baseline_cfg and cfg.threads in (None, default_threads)
 
     candidates = [c.config for c in outcome.ranked if not same_as_baseline(c.config)][: args.top]
+    contrast = layout_contrast(candidates[0], space, machine) if candidates else None
+    if contrast is not None and contrast not in candidates:
+        candidates.append(contrast)
     search_info = {
         "trials": len(study.trials),
         "measured": len(tuner._measured()),
@@ -236,6 +282,8 @@ def _run(args: argparse.Namespace, task: Task, out: Path, fixed: dict[str, Any],
     doc = build_document(task=task, machine=machine, space=space, chosen=chosen,
                          baseline_cfg=baseline_cfg, base_speed=base_speed, winner=winner,
                          verdicts=verdicts, search=search_info)
+    if candidates:
+        doc["layout_effect"] = layout_effect(verdicts, candidates[0], contrast)
     env, warnings = launch.environment(chosen, machine=machine)
     for w in warnings:
         reporter.warn(w)

@@ -1,0 +1,27 @@
+"""forward raises on the third step: a user code error after training started."""
+import torch
+
+from _common import FEATURES, CLASSES, dataset
+
+batch_size = 8
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(FEATURES, CLASSES)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls >= 3:
+            raise ValueError("deliberate failure in forward (fault-injection test)")
+        return self.fc(x)
+
+
+def build_model():
+    return Net()
+
+
+def build_dataset():
+    return dataset()

@@ -1,0 +1,294 @@
+"""Fault injection (DESIGN §4, issue 6): model files that hang, abort, exhaust memory,
+raise, produce NaN, do not parse or lack a function. Each trial must end with the right
+classification, the user's own log lines, and no process of its tree left behind.
+
+The trials run through ``TrialRunner`` (real subprocesses, real torchrun), with short
+measurements and small limits; the model files are in tests/models/faulty/.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.trial import Measurement, TrialRunner
+
+FAULTY = Path(__file__).resolve().parent / "models" / "faulty"
+REPO = Path(__file__).resolve().parent.parent
+MEASURE = Measurement(warmup_steps=2, window_s=0.2, windows=2)
+ONE = TrialConfig(threads=1, batch_size=8)  # one process, one thread
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+def processes_of(marker: str) -> list[psutil.Process]:
+    """Live processes (zombies are dead) whose command line or working directory
+    mentions ``marker``: a trial's folder, or a token handed to a model file."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "cwd", "status"], ad_value=None):
+        info = p.info
+        if info["pid"] == os.getpid() or info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        text = " ".join(info["cmdline"] or []) + " " + (info["cwd"] or "")
+        if marker in text:
+            found.append(p)
+    return found
+
+
+def survivors(marker: str, *, grace_s: float = 1.0) -> list[str]:
+    """Processes of ``marker`` still alive after a short grace (a SIGKILLed process may
+    take a moment to go); they are killed here so that no test leaves one behind."""
+    procs = processes_of(marker)
+    if procs:
+        _, procs = psutil.wait_procs(procs, timeout=grace_s)
+    left = []
+    for p in procs:
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            left.append(f"{p.pid} {' '.join(p.cmdline())[:200]}")
+            p.kill()
+        except psutil.Error:
+            pass
+    return left
+
+
+class TreeWatcher:
+    """Samples the processes of a marker while a trial runs: the test can then tell
+    that the tree it expects (torchrun and its ranks, DataLoader workers) existed."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker, self.seen = marker, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            for p in processes_of(self.marker):
+                try:
+                    self.seen.setdefault(p.pid, " ".join(p.cmdline()))
+                except psutil.Error:
+                    pass
+
+    def __enter__(self) -> TreeWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture
+def run_trial(tmp_path):
+    """run_trial(model, cfg, **limits) -> (TrialResult, {pid: cmdline} seen while it ran).
+    Asserts that no process of the trial outlives it."""
+
+    def run(model: str, cfg: TrialConfig, *, timeout_s: float = 90, hang_s: float = 30,
+            memory_limit_bytes: int | None = None):
+        runner = TrialRunner(model_file=FAULTY / model, machine={}, workdir=tmp_path,
+                             measurement=MEASURE, timeout_s=timeout_s, hang_s=hang_s,
+                             memory_limit_bytes=memory_limit_bytes)
+        with TreeWatcher(str(tmp_path)) as watcher:
+            result = runner.run(cfg, name="trial")
+        left = survivors(str(tmp_path))
+        assert not left, f"processes of the trial survived it: {left}"
+        return result, watcher.seen
+
+    return run
+
+
+def describe(result) -> str:
+    return f"{result.status} {result.failure}: {result.message}\n--- log tail ---\n{result.log_tail}"
+
+
+def kernel_oom_lines() -> list[str] | None:
+    """The kernel log's OOM-killer lines, or None where the log cannot be read."""
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0 or not out.stdout:
+        return None
+    return [line for line in out.stdout.splitlines()
+            if re.search(r"oom-kill|Out of memory|Killed process|invoked oom-killer", line)]
+
+
+# --- hangs and timeouts ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_hang_before_first_step_is_a_timeout(run_trial, nprocs):
+    """build_dataset blocks forever: no step ever runs, so only the trial timeout can
+    end it, and it must end the whole tree (torchrun and both ranks for nprocs=2)."""
+    timeout_s = 12 if nprocs == 1 else 18
+    result, seen = run_trial("hang_build.py", TrialConfig(nprocs=nprocs, threads=1, batch_size=8),
+                             timeout_s=timeout_s, hang_s=3)
+    assert result.status == "failed" and result.failure == "timeout", describe(result)
+    assert timeout_s <= result.wall_s < timeout_s + 10, describe(result)
+    workers = [c for c in seen.values() if "autotune.worker" in c]
+    assert len(workers) >= nprocs + (1 if nprocs > 1 else 0), seen  # torchrun + ranks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model, cfg, expected_tree",
+    [
+        # __getitem__ blocks in each DataLoader worker after 64 items: the trial process
+        # and its two loader workers.
+        ("hang_getitem.py", TrialConfig(threads=1, batch_size=8, num_workers=2), 3),
+        # rank 1 stops stepping, rank 0 waits in DDP's all-reduce: torchrun and two ranks.
+        ("deadlock_rank.py", TrialConfig(nprocs=2, threads=1, batch_size=8), 3),
+    ],
+    ids=["dataloader-worker-blocks", "deadlocked-rank"],
+)
+def test_hang_after_steps_started_is_caught_by_the_heartbeat(run_trial, model, cfg, expected_tree):
+    timeout_s = 120
+    result, seen = run_trial(model, cfg, timeout_s=timeout_s, hang_s=3)
+    assert result.status == "failed" and result.failure == "hang", describe(result)
+    assert result.setup, "the hang must come after setup, while steps run"
+    assert result.wall_s < timeout_s / 3, f"hang found only after {result.wall_s:.0f} s"
+    assert len(seen) >= expected_tree, seen
+
+
+# --- crashes and memory ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_abort_is_a_crash_naming_the_signal(run_trial, nprocs):
+    """os.abort() in forward: a signal, shown by name (under torchrun, read from its log)."""
+    result, _ = run_trial("abort.py", TrialConfig(nprocs=nprocs, threads=1, batch_size=8))
+    assert result.status == "failed" and result.failure == "crash", describe(result)
+    assert "SIGABRT" in result.message, describe(result)
+
+
+def test_abort_log_shows_where_the_trial_died(run_trial):
+    result, _ = run_trial("abort.py", ONE)
+    assert result.failure == "crash", describe(result)
+    assert "abort.py" in result.log_tail, describe(result)
+
+
+@pytest.mark.slow
+def test_memory_exhaustion_is_stopped_by_the_tuner_not_the_kernel(run_trial):
+    """forward allocates without bound: the trial is stopped at its memory limit and
+    classified out_of_memory; the kernel's OOM killer never fires (its log has no new
+    line, and a sentinel process offered to it as the first victim survives)."""
+    limit = int(1.5 * 2**30)
+    before = kernel_oom_lines()
+    sentinel = subprocess.Popen(["sleep", "600"])
+    try:
+        try:  # if the kernel had to choose, it would choose the sentinel first
+            Path(f"/proc/{sentinel.pid}/oom_score_adj").write_text("1000")
+        except OSError:
+            pass
+        result, _ = run_trial("oom.py", ONE, memory_limit_bytes=limit, timeout_s=120)
+        assert result.status == "failed" and result.failure == "out_of_memory", describe(result)
+        assert "MiB" in result.message, result.message
+        # Stopped near the limit (polled a few times a second), far from the machine's size.
+        assert result.peak_tree_rss_mb * 2**20 < limit + 2 * 2**30, result.peak_tree_rss_mb
+        assert sentinel.poll() is None, "the sentinel process was killed"
+        after = kernel_oom_lines()
+        if before is not None and after is not None:
+            new = [line for line in after if line not in set(before)]
+            assert not new, f"the kernel OOM killer fired: {new}"
+    finally:
+        sentinel.kill()
+        sentinel.wait()
+
+
+# --- errors in the user's code ---------------------------------------------------------
+
+
+def test_raise_in_forward_is_a_user_error_shown_with_its_log(run_trial):
+    result, _ = run_trial("raise_forward.py", ONE)
+    assert result.status == "failed" and result.failure == "user_error", describe(result)
+    assert "deliberate failure in forward" in result.message, describe(result)
+    # The user sees the last lines of the trial's own log: their exception, their file.
+    assert "deliberate failure in forward" in result.log_tail
+    assert "raise_forward.py" in result.log_tail
+
+
+def test_nan_loss_is_classified(run_trial):
+    result, _ = run_trial("nan_loss.py", ONE)
+    assert result.status == "failed" and result.failure == "nan_loss", describe(result)
+    assert "nan" in result.message.lower(), describe(result)
+
+
+@pytest.mark.parametrize(
+    "model, words",
+    [("syntax_error.py", ["SyntaxError", "syntax_error.py"]),
+     ("missing_dataset.py", ["build_dataset"])],
+    ids=["syntax-error", "missing-function"],
+)
+def test_broken_model_file_is_a_user_error(run_trial, model, words):
+    """The contract check refuses these before any trial (see the CLI test below); a
+    trial that meets one anyway must still blame the model file, not the tuner."""
+    result, _ = run_trial(model, ONE)
+    assert result.status == "failed" and result.failure == "user_error", describe(result)
+    for word in words:
+        assert word in result.message, describe(result)
+
+
+def test_raise_in_dataloader_worker_is_a_user_error(run_trial):
+    result, seen = run_trial("worker_fails.py", TrialConfig(threads=1, batch_size=8, num_workers=1))
+    assert result.status == "failed" and result.failure == "user_error", describe(result)
+    assert "deliberate failure in a DataLoader worker" in result.message, describe(result)
+    assert "worker_fails.py" in result.log_tail
+
+
+def test_helper_process_in_its_own_session_ends_with_the_trial(run_trial, monkeypatch):
+    """A process the model file starts in a session of its own (like torchrun's ranks)
+    is still part of the trial's tree and ends with it."""
+    token = f"tok-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AUTOTUNE_FAULT_TOKEN", token)
+    try:
+        result, _ = run_trial("spawns_helper.py", TrialConfig(threads=1, batch_size=16))
+        assert result.status == "ok", describe(result)
+        assert not survivors(token), "the model's helper process outlived the trial"
+    finally:
+        survivors(token)
+
+
+def test_contract_check_leaves_no_process_behind(monkeypatch):
+    from autotune.task import load_task
+
+    token = f"tok-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AUTOTUNE_FAULT_TOKEN", token)
+    try:
+        task = load_task(FAULTY / "spawns_helper.py")
+        assert task.batch_size == 16
+        assert not survivors(token, grace_s=2.0), "the check's helper process outlived it"
+    finally:
+        survivors(token, grace_s=0)
+
+
+# --- the command line refuses broken files before any trial -----------------------------
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [("syntax_error.py", r"syntax_error\.py:7: syntax error"),
+     ("missing_dataset.py", r"missing_dataset\.py: no function build_dataset\(\)")],
+    ids=["syntax-error", "missing-function"],
+)
+def test_cli_refuses_a_broken_model_file_before_any_trial(tmp_path, model, expected):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(FAULTY / model), "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert re.search(expected, proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert not (out / "trials").exists() and not (out / "study.journal").exists()
