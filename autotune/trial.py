@@ -174,7 +174,7 @@ class TrialRunner:
     ) -> None:
         self.model_file = str(Path(model_file).resolve())
         self.machine = machine
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()  # trials run with their own folder as cwd
         self.measurement = measurement
         self.timeout_s = timeout_s
         self.hang_s = hang_s
