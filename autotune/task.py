@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from autotune import proctree
 from autotune.errors import ContractError
 
 REQUIRED = ("build_model", "build_dataset")
@@ -67,19 +68,32 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
         package_root = str(Path(__file__).resolve().parent.parent)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-        try:
-            proc = subprocess.run(
+        log = Path(tmp) / "log.txt"
+        timed_out = False
+        # Output goes to a file, not a pipe: a process the user's code leaves running would
+        # hold a pipe open and keep us waiting for its end instead of the check's.
+        with open(log, "wb") as log_file:
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "autotune.task", str(path.resolve()), str(out)],
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
-                timeout=timeout_s, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
             )
-        except subprocess.TimeoutExpired:
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                # Still running, so its whole tree can be found: end all of it. (When the
+                # check ends by itself, it ends what it started: see _main.)
+                proctree.kill_tree(proc.pid)
+                proc.wait()
+        if timed_out:
             raise ContractError(
                 f"{path}: checking the file took over {timeout_s:.0f} s (importing it, building "
                 "the model and dataset, one training step). Make build_model/build_dataset quick."
-            ) from None
+            )
         if not out.exists():
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+            text = log.read_text(errors="replace")
+            tail = "\n".join(text.strip().splitlines()[-5:])
             raise ContractError(
                 f"{path}: the process checking the file ended abruptly (exit code "
                 f"{proc.returncode}) while importing or calling it.\n{tail}"
@@ -141,14 +155,14 @@ def _check(path: str) -> dict[str, Any]:
     def call(fn_name: str, fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
-        except Exception:  # noqa: BLE001  (the user's error, shown as theirs)
+        except (Exception, SystemExit):  # noqa: BLE001  (the user's error, shown as theirs)
             raise ContractError(
                 f"{shown}: {fn_name} raised an error:\n{_user_frames(traceback.format_exc(), path)}"
             ) from None
 
     try:
         module = runtime.load_user_module(path)
-    except Exception:  # noqa: BLE001
+    except (Exception, SystemExit):  # noqa: BLE001  (sys.exit() at import, too)
         raise ContractError(
             f"{shown}: importing the file raised an error:\n"
             f"{_user_frames(traceback.format_exc(), path)}"
@@ -268,13 +282,29 @@ def _check(path: str) -> dict[str, Any]:
     }
 
 
+def _end_descendants() -> None:
+    """End every process the user's code started here (a data server, a helper in a
+    session of its own): the check must leave nothing running behind it."""
+    import psutil
+
+    for child in psutil.Process().children():
+        proctree.kill_tree(child.pid)
+
+
 def _main(argv: list[str]) -> int:
     path, out = argv
+    # Orphans of the user's processes re-parent to us, so _end_descendants finds them;
+    # and a tuner killed during the check takes the check with it.
+    proctree.become_subreaper()
+    proctree.die_with_parent()
     try:
-        result = {"task": _check(path)}
-    except ContractError as exc:
-        result = {"error": str(exc)}
-    Path(out).write_text(json.dumps(result))
+        try:
+            result = {"task": _check(path)}
+        except ContractError as exc:
+            result = {"error": str(exc)}
+        Path(out).write_text(json.dumps(result))
+    finally:
+        _end_descendants()
     return 0
 
 

@@ -205,7 +205,7 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float)
     report = workdir / "script-report.json"
     report.unlink(missing_ok=True)
     log = workdir / "script-log.txt"
-    argv = ["bash", str(launcher), "--max-steps", str(steps), "--no-checkpoint",
+    argv = ["bash", str(launcher.absolute()), "--max-steps", str(steps), "--no-checkpoint",
             "--log-every", str(max(1, steps)), "--report", str(report)]
     with open(log, "wb") as out, measure_lock.held():
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir),

@@ -197,7 +197,8 @@ def main(args: argparse.Namespace) -> int:
     reporter = Reporter(quiet=False)
     fixed = parse_fixes(args.fix)
     task_path = Path(args.model_file)
-    out = args.out or Path("autotune-out") / task_path.stem
+    # Absolute from here on: trials and scripts run with other working directories.
+    out = (args.out or Path("autotune-out") / task_path.stem).absolute()
     if args.max_quality_drop is not None and args.max_quality_drop < 0:
         raise UsageError("--max-quality-drop must be 0 or more")
     # Subreaper first: processes the model file starts during its check are ours to end.

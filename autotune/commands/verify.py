@@ -30,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
 
     reporter = Reporter()
     doc = read_result(args.out)
-    out = args.out if args.out.is_dir() else args.out.parent
+    out = (args.out if args.out.is_dir() else args.out.parent).absolute()
     task = load_task(doc["model_file"])
     cfg = TrialConfig.from_dict(doc["config"])
     baseline = TrialConfig.from_dict(doc["baseline"]["config"])
