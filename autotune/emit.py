@@ -26,6 +26,7 @@ _MAIN = r'''
 
 MODEL_FILE = __MODEL_FILE__
 CONFIG = __CONFIG__
+TUNED_FOR = __TUNED_FOR__
 
 
 def _unwrap(model):
@@ -53,6 +54,10 @@ def main(argv=None):
 
     session = Session(args.model_file, CONFIG, seed=args.seed)
     rank0 = session.dist.rank == 0
+    if rank0:
+        for line in machine_differences(TUNED_FOR):
+            print(f"warning: this machine differs from the one this config was tuned on: {line}",
+                  file=sys.stderr, flush=True)
     # What the knobs did in this process, recorded the way autotune's trials record it.
     facts = {**process_facts(), **step_facts(session)} if args.report else None
     per_epoch = len(session.loader)
@@ -108,7 +113,8 @@ def _runtime_source() -> str:
     return body.replace("from __future__ import annotations\n", "", 1)
 
 
-def render_script(*, cfg: TrialConfig, model_file: Path, description: str) -> str:
+def render_script(*, cfg: TrialConfig, model_file: Path, description: str,
+                  tuned_for: dict[str, Any] | None = None) -> str:
     # The description lands in a docstring: a backslash or a triple quote in it (from a
     # model file's name) must not end the string or start an escape.
     docstring = description.replace("\\", "\\\\").replace('"', '\\"')
@@ -123,6 +129,7 @@ def render_script(*, cfg: TrialConfig, model_file: Path, description: str) -> st
         "__MODEL_FILE__": repr(str(model_file)),
         "__CONFIG__": repr(cfg.to_dict()),
         "__DESCRIPTION__": repr(description),
+        "__TUNED_FOR__": repr(tuned_for or {}),
     }
     main = re.sub("|".join(values), lambda m: values[m.group(0)], _MAIN)
     return header + _runtime_source() + main
@@ -170,7 +177,11 @@ def write_outputs(
     """Write the three files; returns the document as written to best_config.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     script = out_dir / SCRIPT_NAME
-    script.write_text(render_script(cfg=cfg, model_file=model_file, description=description))
+    fp = document.get("fingerprint") or {}
+    tuned_for = {k: fp.get(k) for k in ("usable_cores", "cpu_model", "torch_version", "gpu_count")
+                 if fp.get(k) is not None}
+    script.write_text(render_script(cfg=cfg, model_file=model_file, description=description,
+                                    tuned_for=tuned_for))
     launcher = out_dir / LAUNCHER_NAME
     launcher.write_text(render_launcher(cfg=cfg, env=env))
     launcher.chmod(0o755)

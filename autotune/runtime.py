@@ -324,6 +324,23 @@ def check_finite(losses: list[torch.Tensor]) -> list[float]:
     return values
 
 
+def machine_differences(tuned_for: dict) -> list[str]:
+    """Cheap checks that this machine is the kind the configuration was tuned on: a
+    config tuned for 16 cores and run on 4 is no longer the fastest."""
+    here = {"usable_cores": len(os.sched_getaffinity(0)),
+            "torch_version": torch.__version__,
+            "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    try:
+        with open("/proc/cpuinfo") as f:
+            models = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        here["cpu_model"] = models[0] if models else None
+    except OSError:
+        pass
+    return [f"{key}: tuned on {tuned_for[key]!r}, here {value!r}" for key, value in here.items()
+            if key in tuned_for and tuned_for[key] is not None and value is not None
+            and tuned_for[key] != value]
+
+
 def mapped_libraries() -> list[str]:
     """Shared objects mapped into this process: shows which allocator is loaded."""
     try:
