@@ -58,8 +58,6 @@ def main(argv=None):
         for line in machine_differences(TUNED_FOR):
             print(f"warning: this machine differs from the one this config was tuned on: {line}",
                   file=sys.stderr, flush=True)
-    # What the knobs did in this process, recorded the way autotune's trials record it.
-    facts = {**process_facts(), **step_facts(session)} if args.report else None
     per_epoch = len(session.loader)
     if args.max_steps is not None:
         # --max-steps alone trains that many steps, over as many epochs as it takes.
@@ -68,9 +66,17 @@ def main(argv=None):
         total = per_epoch * (1 if args.epochs is None else args.epochs)
     warm = min(3, max(0, total - 1))  # steps before the clock starts (compile lands here)
     losses, pending = [], []
+    facts = None
     clock = time.perf_counter()
     for step in range(1, total + 1):
-        pending.append(session.step())
+        if step == 1 and args.report:
+            # The first step, with hooks that record what each knob did here, the way
+            # autotune's trials record it.
+            loss, facts = step_facts(session)
+            facts.update(process_facts())
+            pending.append(loss)
+        else:
+            pending.append(session.step())
         if step == warm:
             session.dist.synchronize()
             clock = time.perf_counter()

@@ -363,8 +363,9 @@ def process_facts() -> dict[str, Any]:
     }
 
 
-def step_facts(session: "Session") -> dict[str, Any]:
-    """Run one training step with hooks that record what the in-process knobs did:
+def step_facts(session: "Session") -> tuple[torch.Tensor, dict[str, Any]]:
+    """Run one training step (its loss is returned) with hooks that record what the
+    in-process knobs did:
     activation dtypes (precision), memory format of conv inputs (channels_last), the
     per-rank batch, layer widths (pruning), compiled and DDP wrappers."""
     dtypes: set[str] = set()
@@ -390,11 +391,11 @@ def step_facts(session: "Session") -> dict[str, Any]:
     batch = session.next_batch()
     first = _first_tensor(batch)
     try:
-        session._step(batch)
+        loss = session._step(batch)
     finally:
         for h in hooks:
             h.remove()
-    return {
+    return loss, {
         "activation_dtypes": sorted(dtypes),
         "conv_inputs_channels_last": conv_inputs_channels_last[:1],
         "per_rank_batch": int(first.shape[0]) if first is not None and first.dim() > 0 else None,

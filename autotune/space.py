@@ -199,15 +199,6 @@ def build_space(
     choices["layout"] = layouts
     max_ranks = max(int(s.split("x")[0]) for s in layouts)
 
-    if device == "cuda":
-        pin("backend", ["nccl"])
-        excluded["backend=gloo"] = "on GPUs NCCL is the backend that helps"
-    else:
-        cpu_backends = ["gloo"] + (["ccl"] if backends.get("ccl") else [])
-        if not backends.get("ccl"):
-            excluded["backend=ccl"] = "oneccl_bindings_for_pytorch is not installed"
-        pin("backend", cpu_backends if max_ranks > 1 else ["gloo"])
-    excluded["backend=mpi"] = "needs an MPI launcher (mpirun); autotune launches ranks with torchrun"
 
     if "batch_size" in fixed:
         batches = [fixed["batch_size"]]
@@ -217,14 +208,25 @@ def build_space(
             if any(b > dataset_len for b in batches):
                 excluded["batch_size>" + str(dataset_len)] = "larger than the dataset"
             batches = [b for b in batches if b <= dataset_len] or [baseline_batch]
-    # Every layout must be able to split every batch evenly over its ranks.
-    uneven = [b for b in batches if any(b % int(s.split("x")[0]) for s in layouts)]
-    if uneven and max_ranks > 1:
-        excluded["batch_size=" + ",".join(map(str, uneven))] = (
-            "does not split evenly over the ranks of every layout"
-        )
-        batches = [b for b in batches if b not in uneven] or batches
+    # Every layout must split every batch evenly over its ranks: a rank count that does
+    # not divide the batch sizes (3 ranks, powers of two) goes, not the batches.
+    even = [s for s in layouts if all(b % int(s.split("x")[0]) == 0 for b in batches)]
+    dropped = [s for s in layouts if s not in even]
+    if dropped:
+        excluded["layout=" + ",".join(dropped)] = "its ranks do not split the batch sizes evenly"
+    choices["layout"] = layouts = even or layouts[:1]
+    max_ranks = max(int(s.split("x")[0]) for s in layouts)
     pin("batch_size", batches)
+
+    if device == "cuda":
+        pin("backend", ["nccl"])
+        excluded["backend=gloo"] = "on GPUs NCCL is the backend that helps"
+    else:
+        cpu_backends = ["gloo"] + (["ccl"] if backends.get("ccl") else [])
+        if not backends.get("ccl"):
+            excluded["backend=ccl"] = "oneccl_bindings_for_pytorch is not installed"
+        pin("backend", cpu_backends if max_ranks > 1 else ["gloo"])
+    excluded["backend=mpi"] = "needs an MPI launcher (mpirun); autotune launches ranks with torchrun"
 
     pin("num_workers", list(range(0, min(cores, 4) + 1)))
     if device == "cuda":

@@ -42,7 +42,7 @@ class Events:
 def probe_step_facts(session: runtime.Session) -> dict[str, Any]:
     import psutil  # only here: the generated script must not need it
 
-    facts = runtime.step_facts(session)
+    _, facts = runtime.step_facts(session)
     facts["loader_worker_pids"] = [c.pid for c in psutil.Process().children()]
     return facts
 

@@ -1,0 +1,193 @@
+"""The generated script (DESIGN §7): train_tuned.py and launch.sh reproduce the tuned
+configuration, train for real, and need torch and the model file, never autotune."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune import emit, launch
+from autotune.config import TrialConfig
+
+from conftest import MODELS, REPO, machine_doc
+
+TINY = MODELS / "tiny_cnn.py"
+
+
+def write(out_dir: Path, cfg: TrialConfig, model_file: Path = TINY) -> dict:
+    env, warnings = launch.environment(cfg, machine=machine_doc())
+    assert warnings == []
+    return emit.write_outputs(out_dir, cfg=cfg, model_file=model_file, env=env,
+                              document={"config": cfg.to_dict()}, description="Train tiny_cnn")
+
+
+@pytest.fixture(scope="module")
+def no_autotune_env(tmp_path_factory) -> dict[str, str]:
+    """An environment in which `import autotune` fails: PYTHONPATH holds only a poisoned
+    autotune package (ahead of the editable install), never the repository."""
+    poison = tmp_path_factory.mktemp("poison")
+    (poison / "autotune").mkdir()
+    (poison / "autotune" / "__init__.py").write_text(
+        "raise ImportError('the generated script imported autotune')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(poison)
+    probe = subprocess.run([sys.executable, "-c", "import autotune"], env=env,
+                           cwd=tmp_path_factory.mktemp("elsewhere"), capture_output=True, text=True)
+    assert probe.returncode != 0 and "imported autotune" in probe.stderr
+    return env
+
+
+def run_launcher(out_dir: Path, cwd: Path, env: dict[str, str], *args: str,
+                 timeout: float = 150) -> subprocess.CompletedProcess:
+    cwd.mkdir(parents=True, exist_ok=True)
+    assert REPO not in cwd.resolve().parents
+    proc = subprocess.run(["bash", str(out_dir / "launch.sh"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def assert_learns(losses: list[float]) -> None:
+    assert len(losses) == 40
+    assert statistics.mean(losses[-10:]) < statistics.mean(losses[:10]), losses
+
+
+# --- fast checks of the files themselves ----------------------------------------------------
+
+
+def test_outputs_are_written(tmp_path):
+    cfg = TrialConfig(nprocs=2, threads=1, batch_size=32)
+    doc = write(tmp_path / "out", cfg)
+    out = tmp_path / "out"
+    stored = json.loads((out / "best_config.json").read_text())
+    assert stored == json.loads(json.dumps(doc))
+    assert stored["schema"] == 1 and stored["config"] == cfg.to_dict()
+    assert "--nproc-per-node 2" in stored["launch"]
+    assert os.access(out / "launch.sh", os.X_OK)
+    script = (out / "train_tuned.py").read_text()
+    assert "import autotune" not in script and "from autotune" not in script
+    compile(script, "train_tuned.py", "exec")
+    launcher = (out / "launch.sh").read_text()
+    assert "torch.distributed.run" in launcher and "--nproc-per-node 2" in launcher
+
+
+def test_script_text_survives_odd_names():
+    """Placeholders are substituted once, and the description cannot break the docstring."""
+    import ast
+
+    model = Path("/data/__CONFIG__ and __DESCRIPTION__/model.py")
+    cfg = TrialConfig(threads=1, batch_size=16)
+    description = 'Train q""""\\N{oops}.py'
+    tree = ast.parse(emit.render_script(cfg=cfg, model_file=model, description=description))
+    assigned = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id in ("MODEL_FILE", "CONFIG")}
+    assert assigned == {"MODEL_FILE": str(model), "CONFIG": cfg.to_dict()}
+    assert ast.get_docstring(tree).startswith(description)
+
+
+def test_launcher_keeps_the_users_variables_and_passes_arguments_through(tmp_path):
+    """launch.sh with a stand-in python: what it exports, and the argv it hands over."""
+    out = tmp_path / "out"
+    write(out, TrialConfig(threads=1, batch_size=16))
+    fake = tmp_path / "fake-python"
+    fake.write_text('#!/bin/sh\necho "OMP=$OMP_NUM_THREADS"\nfor a in "$@"; do echo "ARG=$a"; done\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake)}
+    env.pop("OMP_NUM_THREADS", None)
+    proc = subprocess.run(["bash", str(out / "launch.sh"), "--report", "a b $c.json"],
+                          env=env, capture_output=True, text=True, check=True)
+    assert proc.stdout.splitlines() == [
+        "OMP=1", f"ARG={out / 'train_tuned.py'}", "ARG=--report", "ARG=a b $c.json"]
+
+    env["OMP_NUM_THREADS"] = "7"
+    proc = subprocess.run(["bash", str(out / "launch.sh")], env=env,
+                          capture_output=True, text=True, check=True)
+    assert proc.stdout.splitlines()[0] == "OMP=7"  # the user's value is kept ...
+    assert "keeping your OMP_NUM_THREADS=7" in proc.stderr  # ... and said so
+
+
+# --- the script trains ----------------------------------------------------------------------
+
+
+def test_script_trains_one_process_without_autotune(tmp_path, no_autotune_env):
+    out = tmp_path / "out"
+    cfg = TrialConfig(threads=1, batch_size=16)
+    write(out, cfg)
+    script = (out / "train_tuned.py").read_text()
+    assert "import autotune" not in script and "from autotune" not in script
+    work = tmp_path / "elsewhere"
+    run_launcher(out, work, no_autotune_env, "--max-steps", "40", "--no-checkpoint",
+                 "--report", "r.json")
+    report = json.loads((work / "r.json").read_text())
+    facts = report["facts"]  # what the knobs did inside the script's own process
+    assert facts["world"] == 1 and facts["ddp"] is False
+    assert facts["threads"] == 1  # launch.sh / the script applied the threads knob
+    assert facts["env"]["OMP_NUM_THREADS"] == "1"
+    assert facts["per_rank_batch"] == 16
+    assert report["steps"] == 40 and report["samples_per_s"] > 0
+    assert_learns(report["losses"])
+    assert not (work / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_script_trains_two_ranks_under_torchrun(tmp_path, no_autotune_env):
+    out = tmp_path / "out"
+    write(out, TrialConfig(nprocs=2, threads=1, batch_size=32, backend="gloo"))
+    work = tmp_path / "elsewhere"
+    run_launcher(out, work, no_autotune_env, "--max-steps", "40", "--no-checkpoint",
+                 "--report", "r.json")
+    report = json.loads((work / "r.json").read_text())
+    facts = report["facts"]
+    assert facts["world"] == 2 and facts["backend"] == "gloo" and facts["ddp"] is True
+    assert facts["threads"] == 1
+    assert facts["per_rank_batch"] == 16  # the global batch of 32 split over 2 ranks
+    assert report["steps"] == 40
+    assert_learns(report["losses"])
+
+
+def test_one_epoch_saves_a_loadable_checkpoint(tmp_path, no_autotune_env):
+    import torch
+
+    out = tmp_path / "out"
+    cfg = TrialConfig(threads=1, batch_size=64)
+    write(out, cfg)
+    work = tmp_path / "elsewhere"
+    proc = run_launcher(out, work, no_autotune_env, "--epochs", "1", "--report", "r.json")
+    report = json.loads((work / "r.json").read_text())
+    assert report["steps"] == 512 // 64  # one pass over the tiny dataset
+    path = work / "checkpoints" / "epoch-1.pt"
+    assert path.is_file(), proc.stdout
+    assert not (work / "checkpoints" / "epoch-2.pt").exists()
+    checkpoint = torch.load(path)
+    assert checkpoint["epoch"] == 1
+    assert checkpoint["config"] == cfg.to_dict()
+    sys.path.insert(0, str(MODELS))
+    try:
+        import tiny_cnn
+    finally:
+        sys.path.remove(str(MODELS))
+    model = tiny_cnn.build_model()
+    model.load_state_dict(checkpoint["model"])  # every key and shape matches
+    trained = checkpoint["model"]["classifier.1.weight"]
+    assert not torch.equal(trained, model.__class__().state_dict()["classifier.1.weight"])
+
+
+def test_paths_with_spaces_and_dollar_signs(tmp_path, no_autotune_env):
+    odd = tmp_path / "my $HOME models" / "it's here"
+    odd.mkdir(parents=True)
+    model = odd / "tiny cnn.py"
+    shutil.copy(TINY, model)
+    out = tmp_path / "out $dir (1)"
+    write(out, TrialConfig(threads=1, batch_size=16), model_file=model)
+    work = tmp_path / "work $x"
+    run_launcher(out, work, no_autotune_env, "--max-steps", "3", "--no-checkpoint",
+                 "--report", "report $1.json")
+    report = json.loads((work / "report $1.json").read_text())
+    assert report["steps"] == 3 and len(report["losses"]) == 3
