@@ -1,13 +1,11 @@
 """Shared fixtures for autotune's own tests (the probe tests keep their own conftest)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-MODELS = Path(__file__).resolve().parent / "models"
+from helpers import MODELS, machine_doc
 
 # Variables a trial or launch.sh would set: one already set in the environment running the
 # tests would be kept (with a warning) and hide whether the knob itself took effect.
@@ -18,17 +16,6 @@ TUNED_ENV = ("OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_CONF", "TUNED_CPUS_PER_RAN
 @pytest.fixture(scope="session")
 def models() -> Path:
     return MODELS
-
-
-def machine_doc() -> dict:
-    """The parts of a probe document that trials and launch.sh read, for this machine."""
-    cpus = sorted(os.sched_getaffinity(0))
-    return {
-        "cpu": {"usable_cpus": cpus, "usable_cores": len(cpus), "isa": {}},
-        "backends": {"gloo": True},
-        "allocators": {},
-        "gpus": [],
-    }
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import pytest
 from autotune import emit, launch
 from autotune.config import TrialConfig
 
-from conftest import MODELS, REPO, machine_doc
+from helpers import MODELS, REPO, machine_doc
 
 TINY = MODELS / "tiny_cnn.py"
 

@@ -7,7 +7,6 @@ measurements and small limits; the model files are in tests/models/faulty/.
 """
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -21,6 +20,8 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.trial import Measurement, TrialRunner
 
+from helpers import processes_of, survivors
+
 FAULTY = Path(__file__).resolve().parent / "models" / "faulty"
 REPO = Path(__file__).resolve().parent.parent
 MEASURE = Measurement(warmup_steps=2, window_s=0.2, windows=2)
@@ -28,38 +29,6 @@ ONE = TrialConfig(threads=1, batch_size=8)  # one process, one thread
 
 
 # --- processes -------------------------------------------------------------------------
-
-
-def processes_of(marker: str) -> list[psutil.Process]:
-    """Live processes (zombies are dead) whose command line or working directory
-    mentions ``marker``: a trial's folder, or a token handed to a model file."""
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline", "cwd", "status"], ad_value=None):
-        info = p.info
-        if info["pid"] == os.getpid() or info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        text = " ".join(info["cmdline"] or []) + " " + (info["cwd"] or "")
-        if marker in text:
-            found.append(p)
-    return found
-
-
-def survivors(marker: str, *, grace_s: float = 1.0) -> list[str]:
-    """Processes of ``marker`` still alive after a short grace (a SIGKILLed process may
-    take a moment to go); they are killed here so that no test leaves one behind."""
-    procs = processes_of(marker)
-    if procs:
-        _, procs = psutil.wait_procs(procs, timeout=grace_s)
-    left = []
-    for p in procs:
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            left.append(f"{p.pid} {' '.join(p.cmdline())[:200]}")
-            p.kill()
-        except psutil.Error:
-            pass
-    return left
 
 
 class TreeWatcher:

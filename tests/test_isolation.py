@@ -17,9 +17,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
-import psutil
 import pytest
 from optuna.trial import TrialState
+
+from helpers import processes_of, survivors, read_trials
 
 FAULTY = Path(__file__).resolve().parent / "models" / "faulty"
 
@@ -33,40 +34,6 @@ LONG_TRIALS = [
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-
-def processes_of(marker: str) -> list[psutil.Process]:
-    """Live processes whose command line or working directory mentions ``marker``."""
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline", "cwd", "status"], ad_value=None):
-        info = p.info
-        if info["pid"] == os.getpid() or info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        if marker in " ".join(info["cmdline"] or []) + " " + (info["cwd"] or ""):
-            found.append(p)
-    return found
-
-
-def survivors(marker: str, *, grace_s: float = 1.0) -> list[str]:
-    """Processes of ``marker`` alive after ``grace_s``; killed here, never left behind."""
-    procs = processes_of(marker)
-    if procs and grace_s:
-        _, procs = psutil.wait_procs(procs, timeout=grace_s)
-    left = []
-    for p in procs:
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{p.pid} {' '.join(p.cmdline())[:200]}")
-                p.kill()
-        except psutil.Error:
-            pass
-    return left
-
-
-def read_trials(journal: Path) -> list[optuna.trial.FrozenTrial]:
-    storage = optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(journal)))
-    return optuna.load_study(study_name=None, storage=storage).get_trials(deepcopy=False)
 
 
 def start_run(tmp: Path, model: str = "good.py") -> tuple[subprocess.Popen, list[str], Path]:

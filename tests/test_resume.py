@@ -21,9 +21,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
-import psutil
 import pytest
 from optuna.trial import TrialState
+
+from helpers import processes_of, read_trials, survivors
 
 FAULTY = Path(__file__).resolve().parent / "models" / "faulty"
 REPO = Path(__file__).resolve().parent.parent
@@ -32,42 +33,6 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-
-def processes_of(marker: str) -> list[psutil.Process]:
-    """Live processes whose command line or working directory mentions ``marker``."""
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline", "cwd", "status"], ad_value=None):
-        info = p.info
-        if info["pid"] == os.getpid() or info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        if marker in " ".join(info["cmdline"] or []) + " " + (info["cwd"] or ""):
-            found.append(p)
-    return found
-
-
-def survivors(marker: str, *, grace_s: float = 1.0) -> list[str]:
-    """Processes of ``marker`` alive after ``grace_s``; killed here, never left behind."""
-    procs = processes_of(marker)
-    if procs and grace_s:
-        _, procs = psutil.wait_procs(procs, timeout=grace_s)
-    left = []
-    for p in procs:
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                left.append(f"{p.pid} {' '.join(p.cmdline())[:200]}")
-                p.kill()
-        except psutil.Error:
-            pass
-    return left
-
-
-def read_trials(journal: Path) -> list[optuna.trial.FrozenTrial]:
-    """The study's trials, read from its journal (also while a tuner writes it)."""
-    storage = optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(journal)))
-    study = optuna.load_study(study_name=None, storage=storage)
-    return study.get_trials(deepcopy=False)
 
 
 def check_resumed(killed: list, after: list) -> None:
@@ -114,6 +79,7 @@ from autotune.commands.run import heuristics
 from autotune.search import Tuner, open_study
 from autotune.space import build_space
 from autotune.trial import TrialResult
+
 
 journal, opts = Path(sys.argv[1]), json.loads(sys.argv[2])
 MACHINE = {"cpu": {"usable_cores": 2, "usable_cpus": [0, 1], "isa": {}},

@@ -13,7 +13,7 @@ import pytest
 from autotune.errors import ContractError
 from autotune.task import load_task
 
-from conftest import MODELS, REPO
+from helpers import MODELS, REPO
 
 AUTOTUNE_DIR = str(REPO / "autotune")
 

@@ -10,7 +10,7 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.trial import Measurement, TrialRunner
 
-from conftest import MODELS, machine_doc
+from helpers import MODELS, machine_doc
 
 MEASURE = Measurement(warmup_steps=2, window_s=0.2, windows=2)
 

@@ -1,0 +1,59 @@
+"""Helpers shared by the test modules (imported as `helpers`: two conftest.py files exist,
+so `from conftest import` would be ambiguous)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import optuna
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = Path(__file__).resolve().parent / "models"
+
+
+def machine_doc() -> dict:
+    """The parts of a probe document that trials and launch.sh read, for this machine."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return {
+        "cpu": {"usable_cpus": cpus, "usable_cores": len(cpus), "isa": {}},
+        "backends": {"gloo": True},
+        "allocators": {},
+        "gpus": [],
+    }
+
+
+def processes_of(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line or working directory mentions ``marker``."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "cwd", "status"], ad_value=None):
+        info = p.info
+        if info["pid"] == os.getpid() or info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if marker in " ".join(info["cmdline"] or []) + " " + (info["cwd"] or ""):
+            found.append(p)
+    return found
+
+
+def survivors(marker: str, *, grace_s: float = 1.0) -> list[str]:
+    """Processes of ``marker`` alive after ``grace_s``; killed here, never left behind."""
+    procs = processes_of(marker)
+    if procs and grace_s:
+        _, procs = psutil.wait_procs(procs, timeout=grace_s)
+    left = []
+    for p in procs:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid} {' '.join(p.cmdline())[:200]}")
+                p.kill()
+        except psutil.Error:
+            pass
+    return left
+
+
+def read_trials(journal: Path) -> list[optuna.trial.FrozenTrial]:
+    """The study's trials, read from its journal (also while a tuner writes it)."""
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal)))
+    study = optuna.load_study(study_name=None, storage=storage)
+    return study.get_trials(deepcopy=False)
