@@ -211,3 +211,44 @@ def test_no_included_value_is_also_reported_as_excluded():
             listed = {v.strip() for v in values.split(",")}
             included = {str(v) for v in space.choices[name]}
             assert not listed & included, f"{key} is excluded but {space.choices[name]} included"
+
+
+def _gpu_machine(gpus: int, capability: str) -> dict:
+    return {
+        "cpu": {"usable_cores": 16, "usable_cpus": list(range(16)), "isa": {}},
+        "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "compute_capability": capability}
+                 for i in range(gpus)],
+        "torch": {"cuda_available": True},
+        "backends": {"gloo": True, "nccl": True},
+        "compile": {"available": True},
+        "allocators": {"jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"},
+    }
+
+
+def test_gpu_machine_tunes_on_the_gpus_with_their_knobs():
+    space = build_space(_gpu_machine(2, "9.0"), baseline_batch=64)
+    assert space.baseline.device == "cuda" and space.baseline.backend == "nccl"
+    assert [s.split("x")[0] for s in space.choices["layout"]] == ["1", "2"]  # one rank per GPU
+    assert space.choices["backend"] == ["nccl"]
+    assert set(space.choices["precision"]) == {"fp32", "fp16", "bf16", "tf32"}
+    assert "reduce-overhead" in space.choices["compile"]
+    assert space.choices["pin_memory"] == [False, True]
+    assert "allocator" not in space.choices and "allocator" in space.excluded
+
+
+def test_pre_ampere_gpu_has_no_bf16_or_tf32():
+    space = build_space(_gpu_machine(1, "7.0"), baseline_batch=64)
+    assert set(space.choices["precision"]) == {"fp32", "fp16"}
+    assert "Ampere" in space.excluded["precision=bf16,tf32"]
+
+
+def test_cuda_config_launches_one_rank_per_gpu_under_torchrun():
+    from autotune import launch
+    from autotune.config import TrialConfig
+
+    cfg = TrialConfig(nprocs=2, threads=8, device="cuda", backend="nccl", batch_size=64,
+                      precision="fp16")
+    argv = launch.command(cfg, ["train_tuned.py"], python="python")
+    assert argv[argv.index("--nproc-per-node") + 1] == "2"
+    env, _ = launch.environment(cfg, machine=_gpu_machine(2, "9.0"), base_env={})
+    assert env == {"OMP_NUM_THREADS": "8"}  # no CPU pinning of GPU ranks
