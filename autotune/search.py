@@ -11,6 +11,7 @@ import dataclasses
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,10 @@ def open_study(*, storage_path: Path, study_name: str, seed: int = 0,
     )
     # Samplers are not stored: a resumed study gets a fresh one, seeded the same.
     # group=True: late knobs make the sampled parameter set differ between trials.
-    sampler = sampler or optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
-                                                    n_startup_trials=6)
+    with warnings.catch_warnings():  # group is "experimental" in Optuna 5, and what we need
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = sampler or optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                                        n_startup_trials=6)
     return optuna.create_study(
         storage=storage, study_name=study_name, direction="maximize",
         sampler=sampler, pruner=ClearlySlowerPruner(), load_if_exists=True,
