@@ -14,6 +14,10 @@ import time
 from collections.abc import Callable, Iterator
 
 NAME = b"\0autotune-measurement-lock"
+# The waiting room: whoever holds it is next. A process that runs trials back to back
+# releases and re-takes the lock within milliseconds; without a turn to wait for, a
+# second process polling for the lock could starve behind it.
+NEXT = b"\0autotune-measurement-next"
 
 _guard = threading.Lock()
 _socket: socket.socket | None = None
@@ -30,18 +34,30 @@ def acquire(*, notice: Callable[[str], None] = _default_notice, poll_s: float = 
         if _depth:
             _depth += 1
             return
+        ticket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        waited = False
-        while True:
-            try:
-                sock.bind(NAME)
-                break
-            except OSError:
+        waited = has_ticket = False
+        try:
+            while True:
+                if not has_ticket:
+                    try:
+                        ticket.bind(NEXT)
+                        has_ticket = True
+                    except OSError:
+                        pass  # another process waits already: it goes first
+                if has_ticket:
+                    try:
+                        sock.bind(NAME)
+                        break
+                    except OSError:
+                        pass
                 if not waited:
                     notice("another autotune process is measuring on this machine; waiting for "
                            "it to finish so that neither disturbs the other's measurements")
                     waited = True
                 time.sleep(poll_s)
+        finally:
+            ticket.close()
         _socket, _depth = sock, 1
 
 

@@ -89,3 +89,34 @@ def test_nan_under_every_config_yields_no_verified_config(tmp_path):
     assert "no configuration can be verified" in proc.stderr
     assert "NaN" in proc.stderr
     assert not (out / "best_config.json").exists()
+
+
+def test_quality_trading_needs_evaluate_and_an_allowed_drop(tmp_path):
+    runner = TrialRunner(model_file=MODELS / "knob_cnn.py", machine={}, workdir=tmp_path,
+                         measurement=SHORT)
+    pruned = TrialConfig(batch_size=16, prune_ratio=0.5)
+    no_eval = verify.quality_check(runner, TrialConfig(batch_size=16), pruned, has_evaluate=False,
+                                   max_drop=0.1, samples=64)
+    assert no_eval.passed is False and "evaluate" in no_eval.detail["reason"]
+    no_drop = verify.quality_check(runner, TrialConfig(batch_size=16), pruned, has_evaluate=True,
+                                   max_drop=None, samples=64)
+    assert no_drop.passed is False and "--max-quality-drop" in no_drop.detail["reason"]
+    plain = verify.quality_check(runner, TrialConfig(batch_size=16), TrialConfig(batch_size=32),
+                                 has_evaluate=True, max_drop=None, samples=64)
+    assert plain.passed is None  # nothing to check: no knob trades quality
+
+
+@pytest.mark.slow
+def test_quality_check_trains_both_and_compares_evaluate(tmp_path):
+    runner = TrialRunner(model_file=MODELS / "knob_cnn.py", machine={}, workdir=tmp_path,
+                         measurement=SHORT)
+    baseline, pruned = TrialConfig(batch_size=16), TrialConfig(batch_size=16, prune_ratio=0.5)
+    check = verify.quality_check(runner, baseline, pruned, has_evaluate=True, max_drop=0.05,
+                                 samples=640)
+    d = check.detail
+    assert 0.0 <= d["baseline_metric"] <= 1.0 and 0.0 <= d["candidate_metric"] <= 1.0
+    assert d["drop"] == pytest.approx(d["baseline_metric"] - d["candidate_metric"])
+    assert check.passed is (d["drop"] <= 0.05)
+    strict = verify.quality_check(runner, baseline, pruned, has_evaluate=True,
+                                  max_drop=d["drop"] - 0.01, samples=640)
+    assert strict.passed is False and "quality dropped" in strict.detail["reason"]
