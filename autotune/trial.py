@@ -412,8 +412,12 @@ class LiveTrial:
             result.status = "pruned" if self.killed_for[0] == "pruned" else "failed"
             if result.status == "failed":
                 result.failure, result.message = self.killed_for
-        elif result.done and self.proc.returncode == 0:
+        elif result.done:
             result.status = "ok"
+            if self.proc.returncode != 0:
+                result.warnings.append(
+                    f"the trial finished its measurement, then exited with code "
+                    f"{self.proc.returncode}: {_signal_from_log(result.log_tail) or 'see its log'}")
             if "value" in result.done:
                 result.value = float(result.done["value"])
                 result.iqr = result.done.get("iqr")
