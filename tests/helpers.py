@@ -3,6 +3,8 @@ so `from conftest import` would be ambiguous)."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from pathlib import Path
 
 import optuna
@@ -57,3 +59,15 @@ def read_trials(journal: Path) -> list[optuna.trial.FrozenTrial]:
         optuna.storages.journal.JournalFileBackend(str(journal)))
     study = optuna.load_study(study_name=None, storage=storage)
     return study.get_trials(deepcopy=False)
+
+
+def kernel_oom_lines() -> list[str] | None:
+    """The kernel log's OOM-killer lines, or None where the log cannot be read."""
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0 or not out.stdout:
+        return None
+    return [line for line in out.stdout.splitlines()
+            if re.search(r"oom-kill|Out of memory|Killed process|invoked oom-killer", line)]

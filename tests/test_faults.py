@@ -20,7 +20,7 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.trial import Measurement, TrialRunner
 
-from helpers import processes_of, survivors
+from helpers import kernel_oom_lines, processes_of, survivors
 
 FAULTY = Path(__file__).resolve().parent / "models" / "faulty"
 REPO = Path(__file__).resolve().parent.parent
@@ -80,16 +80,6 @@ def describe(result) -> str:
     return f"{result.status} {result.failure}: {result.message}\n--- log tail ---\n{result.log_tail}"
 
 
-def kernel_oom_lines() -> list[str] | None:
-    """The kernel log's OOM-killer lines, or None where the log cannot be read."""
-    try:
-        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0 or not out.stdout:
-        return None
-    return [line for line in out.stdout.splitlines()
-            if re.search(r"oom-kill|Out of memory|Killed process|invoked oom-killer", line)]
 
 
 # --- hangs and timeouts ----------------------------------------------------------------

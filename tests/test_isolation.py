@@ -20,7 +20,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from helpers import processes_of, survivors, read_trials
+from helpers import kernel_oom_lines, processes_of, read_trials, survivors
 
 FAULTY = Path(__file__).resolve().parent / "models" / "faulty"
 
@@ -154,15 +154,6 @@ def test_killed_tuner_leaves_no_orphan(tmp_path, sig):
 # --- memory -----------------------------------------------------------------------------
 
 
-def kernel_oom_lines() -> list[str] | None:
-    try:
-        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0 or not out.stdout:
-        return None
-    return [line for line in out.stdout.splitlines()
-            if re.search(r"oom-kill|Out of memory|Killed process|invoked oom-killer", line)]
 
 
 @pytest.mark.slow
