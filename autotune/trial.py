@@ -70,6 +70,8 @@ class TrialResult:
     done: dict[str, Any] = dataclasses.field(default_factory=dict)
     peak_tree_rss_mb: float = 0.0
     wall_s: float = 0.0
+    window_seconds: list[float] = dataclasses.field(default_factory=list)
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
     log_path: str = ""
@@ -103,6 +105,7 @@ class TrialResult:
             "one_time_s": self.one_time_s,
             "peak_rss_mb": round(self.peak_tree_rss_mb, 1),
             "wall_s": round(self.wall_s, 2),
+            "phases": self.phases,
             "losses": self.losses[:200],
             "facts": {k: v for k, v in self.facts.items() if k != "layer_widths"},
             "threads_seen": self.setup.get("threads"),
@@ -268,6 +271,7 @@ class LiveTrial:
         assert folder is not None and argv is not None
         measure_lock.acquire()
         self.started = time.monotonic()
+        self.started_epoch = time.time()  # events carry wall-clock stamps
         self._log = open(folder / "log.txt", "wb")
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -297,6 +301,7 @@ class LiveTrial:
             self.ready = True
         elif kind == "window":
             self.pending_since = None
+            self.result.window_seconds.append(float(ev.get("seconds", 0.0)))
             result.values.append(float(ev["samples_per_s"]))
             if self.killed_for is None and self.on_window and self.on_window(ev["i"], ev["samples_per_s"]):
                 self.killed_for = ("pruned", "")
@@ -389,6 +394,21 @@ class LiveTrial:
         if not self.finished:
             self._finish()
 
+    def _phases(self) -> dict[str, float]:
+        """Where a trial's wall time went; everything but ``measure_s`` is per-trial
+        overhead (the lever on tuning time, see BENCHMARKS.md)."""
+        result, phases = self.result, {}
+        setup = result.setup
+        if setup:
+            # Launch (torchrun too) and imports, up to the start of the model file's setup.
+            phases["start_import_s"] = setup["t"] - setup["seconds"] - self.started_epoch
+            phases["setup_s"] = setup["seconds"]
+            if result.warmup:
+                phases["warmup_s"] = result.warmup["t"] - setup["t"]
+        phases["measure_s"] = sum(result.window_seconds)
+        phases["overhead_s"] = result.wall_s - phases["measure_s"]
+        return {k: round(max(0.0, v), 3) for k, v in phases.items()}
+
     # --- the end --------------------------------------------------------------------
 
     def _finish(self) -> None:
@@ -408,6 +428,7 @@ class LiveTrial:
             if ev.get("e") in ("done", "error"):
                 self._handle(ev)
         result.log_tail = _tail(Path(result.log_path))
+        result.phases = self._phases()
         if self.killed_for is not None:
             result.status = "pruned" if self.killed_for[0] == "pruned" else "failed"
             if result.status == "failed":

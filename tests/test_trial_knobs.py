@@ -50,6 +50,18 @@ def test_trial_runs_in_its_own_process_and_measures(trial):
     assert result.facts["compiled"] is False
 
 
+def test_trial_wall_time_is_split_into_phases(trial):
+    """The benchmark's per-trial overhead comes from these: they must add up."""
+    result = trial(A)
+    p = result.phases
+    assert p["start_import_s"] > 0.1  # a fresh interpreter importing torch
+    assert p["setup_s"] > 0 and p["warmup_s"] > 0
+    assert p["measure_s"] >= MEASURE.windows * MEASURE.window_s * 0.5
+    assert abs(p["measure_s"] + p["overhead_s"] - result.wall_s) < 0.01
+    assert p["start_import_s"] + p["setup_s"] + p["warmup_s"] + p["measure_s"] <= result.wall_s + 0.01
+    assert result.summary()["phases"] == p
+
+
 @pytest.mark.parametrize("cfg", [A, B], ids=["threads=1", "threads=2"])
 def test_threads(trial, cfg):
     result = trial(cfg)
