@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.config import TrialConfig
@@ -145,6 +145,7 @@ def build_space(
     baseline_batch: int = 32,
     dataset_len: int | None = None,
     image_inputs: bool = False,
+    batchnorm_layers: Sequence[str] = (),
     has_evaluate: bool = False,
     max_quality_drop: float | None = None,
     fixed: Mapping[str, Any] | None = None,
@@ -185,6 +186,21 @@ def build_space(
             excluded["nprocs>1"] = "the gloo backend did not initialise on this machine"
         if cores == 1:
             excluded["nprocs>1"] = "only one usable core"
+    if batchnorm_layers and any(not s.startswith("1x") for s in layouts):
+        # DDP normalizes each rank's share of the batch on its own (SyncBatchNorm runs
+        # on GPUs only and is not applied): the loss no longer matches one process, and
+        # verification's numerics check rejects every such candidate (measured on
+        # bench/workloads/cifar_cnn.py: step losses 9-34% apart). Searching them would
+        # only spend the budget on configurations that cannot be emitted.
+        shown = ", ".join(f"'{n}'" for n in list(batchnorm_layers)[:3])
+        reason = (f"the model has BatchNorm layers ({shown}{', ...' if len(batchnorm_layers) > 3 else ''}): "
+                  "with several ranks each normalizes over its own share of the batch, which "
+                  "changes training, so the numerics check would reject it")
+        if fixed.get("nprocs", 1) > 1:
+            raise UsageError(f"--fix nprocs={fixed['nprocs']}: {reason}. Remove the --fix, or "
+                             "replace BatchNorm (e.g. GroupNorm) if you need several ranks.")
+        layouts = [s for s in layouts if s.startswith("1x")]
+        excluded["nprocs>1"] = reason
     if "nprocs" in fixed:
         layouts = [s for s in layouts if int(s.split("x")[0]) == fixed["nprocs"]]
     if fixed.get("threads") is not None:

@@ -38,6 +38,9 @@ class Task:
     has_evaluate: bool
     has_training_step: bool
     parameters: int
+    # Names of BatchNorm layers: several ranks would each normalize over their own share
+    # of the batch, so a multi-rank layout trains a different model (see space.py).
+    batchnorm_layers: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -101,7 +104,9 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
         result = json.loads(out.read_text())
     if result.get("error"):
         raise ContractError(result["error"])
-    return Task(path=path.resolve(), **result["task"])
+    described = result["task"]
+    described["batchnorm_layers"] = tuple(described.get("batchnorm_layers", ()))
+    return Task(path=path.resolve(), **described)
 
 
 # --- what runs in the child process -------------------------------------------------
@@ -279,6 +284,8 @@ def _check(path: str) -> dict[str, Any]:
         "has_evaluate": getattr(module, "evaluate", None) is not None,
         "has_training_step": has_training_step,
         "parameters": sum(p.numel() for p in model.parameters()),
+        "batchnorm_layers": [name for name, m in model.named_modules()
+                             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)],
     }
 
 

@@ -52,7 +52,8 @@ WORKLOADS = {
 
 def search(name: str, task, machine, out: Path, *, trials: int, sampler) -> tuple[TrialConfig, dict]:
     space = build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
-                        image_inputs=task.image_inputs)
+                        image_inputs=task.image_inputs,
+                        batchnorm_layers=task.batchnorm_layers)
     runner = TrialRunner(model_file=task.path, machine=machine, workdir=out / name,
                          measurement=Measurement())
     study = open_study(storage_path=out / f"{name}.journal", study_name=name, sampler=sampler)
@@ -103,7 +104,8 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
     task = load_task(path)
     out.mkdir(parents=True, exist_ok=True)
     space = build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
-                        image_inputs=task.image_inputs)
+                        image_inputs=task.image_inputs,
+                        batchnorm_layers=task.batchnorm_layers)
     grid = 1
     for values in space.choices.values():
         grid *= len(values)
@@ -179,6 +181,46 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
     return table
 
 
+LABELS = {"autotune": "autotune", "random": "random search", "sample": "sample",
+          "heuristic": "launcher heuristic"}
+
+
+def markdown(name: str, table: dict, *, sample: int) -> str:
+    """One workload's section of BENCHMARKS.md."""
+    base = table["_baseline_samples_per_s"]
+    opt = table["_optimum"]
+    lines = [f"### {name} (baseline {base:,.0f} samples/s)", "",
+             "| method | chosen configuration | speedup (98% interval) | share of optimum | "
+             "tuning time | trials |", "| --- | --- | --- | --- | --- | --- |"]
+    for m, label in LABELS.items():
+        row = table[m]
+        label = f"sample of {sample}" if m == "sample" else label
+        speed = f"{row['speedup']:.2f}x ({row['ci_low']:.2f}-{row['ci_high']:.2f})"
+        if m == "autotune":
+            speed = f"**{speed.split(' ')[0]}** {speed.split(' ', 1)[1]}"
+        lines.append(f"| {label} | {row['config'].replace('layout=', '')} | {speed} | "
+                     f"{row['share_of_optimum']:.0%} | {row['tuning_wall_s']:.0f} s | {row['trials']} |")
+    rep = table["_autotune_reported"]
+    ov, grid = table["_overhead"], table["_grid"]
+    lines += [
+        "",
+        f"- Optimum estimate: {opt['config'].replace('layout=', '')}, {opt['speedup']:.2f}x "
+        f"({opt['ci_low']:.2f}-{opt['ci_high']:.2f}); best of {len(table['_remeasured'])} "
+        f"configurations re-measured side by side, chosen from {opt['distinct_configs_measured']} "
+        "distinct configurations measured by the searches.",
+        f"- autotune's own report in that run: {rep['median']:.2f}x ({rep['ci_low']:.2f}-{rep['ci_high']:.2f}).",
+        f"- Grid: {grid['configs']:,} configurations x {ov['wall_s']:.1f} s (median trial) = "
+        f"~{grid['estimated_wall_s'] / 3600:.1f} h; autotune's tuning time is "
+        f"{grid['autotune_share']:.1%} of it.",
+        f"- Per-trial overhead (median over {ov['trials']} full trials of autotune's search): "
+        f"{ov['overhead_s']:.1f} s of {ov['wall_s']:.1f} s; launch + imports "
+        f"{ov['start_import_s_1proc']} s (one process) / {ov['start_import_s_torchrun']} s (torchrun), "
+        f"model file's setup {ov['setup_s']:.1f} s, warm-up {ov['warmup_s']:.1f} s; measuring "
+        f"{ov['measure_s']:.1f} s.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -187,7 +229,13 @@ def main() -> int:
     p.add_argument("--top", type=int, default=3,
                    help="best-scoring configurations of all searches added to the re-measurement")
     p.add_argument("--out", type=Path, default=ROOT / "bench-out")
+    p.add_argument("--render", type=Path, metavar="BENCH_JSON",
+                   help="only print the markdown tables of an earlier run's bench.json")
     args = p.parse_args()
+    if args.render:
+        for name, table in json.loads(args.render.read_text()).items():
+            print(markdown(name, table, sample=args.sample))
+        return 0
     report = {}
     for name in args.workloads:
         print(f"== {name}", flush=True)

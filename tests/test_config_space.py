@@ -133,14 +133,12 @@ def test_layouts_never_oversubscribe_the_cores(cores):
         assert got == {(1, 1)}
 
 
-# Bug in autotune/space.py (build_space): with 3+ cores the layouts include 3, 5, 6 or 7
-# ranks, which split no power-of-two batch evenly; the batch filter then drops every
-# batch, falls back to keeping them all ("or batches") and the sampler can draw e.g.
-# layout 3x1 with batch 32, whose TrialConfig raises UsageError inside Tuner._one_trial.
+# With 3+ cores the layouts include 3, 5, 6 or 7 ranks, which split no power-of-two batch
+# evenly: such a layout must go, or the sampler draws e.g. 3x1 with batch 32 and the
+# TrialConfig raises inside the search.
 
 
-@pytest.mark.parametrize("cores", [1, 2, 3,
-                                   4, 6])
+@pytest.mark.parametrize("cores", [1, 2, 3, 4, 6])
 def test_every_point_of_the_space_is_a_valid_configuration(cores):
     """The sampler may combine any layout with any batch size: each combination must make a
     valid TrialConfig, or suggesting it raises inside the search and ends the run."""
@@ -162,6 +160,24 @@ def test_fixed_layout_narrows_the_space():
     assert space.choices["layout"] == ["1x2"]
     with pytest.raises(UsageError):
         build_space(probe(2), fixed={"nprocs": 2, "threads": 2})
+
+
+def test_batchnorm_models_keep_to_one_process_and_say_why():
+    """Several CPU ranks would each normalize their own share of the batch: training
+    changes and verification rejects it, so the search must not spend trials there."""
+    space = build_space(probe(4), batchnorm_layers=("features.1", "features.5"))
+    assert layouts(space) == {(1, 1), (1, 2), (1, 3), (1, 4)}
+    reason = space.describe()["excluded"]["nprocs>1"]
+    assert "BatchNorm" in reason and "'features.1'" in reason
+    assert {n for n, _ in layouts(build_space(probe(4)))} >= {2, 4}  # without BatchNorm
+
+
+def test_fixing_several_ranks_on_a_batchnorm_model_is_refused():
+    with pytest.raises(UsageError) as info:
+        build_space(probe(2), batchnorm_layers=("bn",), fixed={"nprocs": 2})
+    assert "--fix nprocs=2" in str(info.value) and "BatchNorm" in str(info.value)
+    space = build_space(probe(2), batchnorm_layers=("bn",), fixed={"nprocs": 1})
+    assert layouts(space) == {(1, 1), (1, 2)}
 
 
 def test_batch_sizes_around_the_baseline_bounded_by_the_dataset():

@@ -236,6 +236,16 @@ def test_valid_flat_model_with_training_step_and_defaults(tmp_path):
     assert task.image_inputs is False
     assert task.has_evaluate is False
     assert task.has_training_step is True
+    assert task.batchnorm_layers == ()
+
+
+def test_batchnorm_layers_are_named(tmp_path):
+    path = model_file(tmp_path, "bn.py", model=textwrap.dedent('''
+        def build_model():
+            return nn.Sequential(nn.Linear(12, 8), nn.BatchNorm1d(8), nn.ReLU(),
+                                 nn.Sequential(nn.Linear(8, 3), nn.LazyBatchNorm1d()))
+        '''))
+    assert load_task(path).batchnorm_layers == ("1", "3.1")
 
 
 # --- the check runs the user's code in a child process that leaves nothing behind --------
