@@ -103,6 +103,17 @@ def main(argv=None):
             with open(args.report, "w") as f:
                 _json.dump({"steps": total, "timed_steps": timed, "samples_per_s": samples_per_s,
                             "losses": losses, "facts": facts}, f)
+    if session.dist.enabled:
+        torch.distributed.barrier()  # no rank leaves while another still needs it
+        # Everything is written. gloo's threads can abort a rank at interpreter teardown
+        # ("terminate called without an active exception", seen after training had
+        # finished): torchrun then fails the whole job. Leave without the teardown.
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     session.close()
     return 0
 

@@ -214,8 +214,10 @@ def markdown(name: str, table: dict, *, sample: int) -> str:
         f"{grid['autotune_share']:.1%} of it.",
         f"- Per-trial overhead (median over {ov['trials']} full trials of autotune's search): "
         f"{ov['overhead_s']:.1f} s of {ov['wall_s']:.1f} s; launch + imports "
-        f"{ov['start_import_s_1proc']} s (one process) / {ov['start_import_s_torchrun']} s (torchrun), "
-        f"model file's setup {ov['setup_s']:.1f} s, warm-up {ov['warmup_s']:.1f} s; measuring "
+        f"{ov['start_import_s_1proc']} s (one process)"
+        + (f" / {ov['start_import_s_torchrun']} s (torchrun)" if ov["start_import_s_torchrun"] else "")
+        + ", "
+        f"the model file's setup {ov['setup_s']:.1f} s, warm-up {ov['warmup_s']:.1f} s; measuring "
         f"{ov['measure_s']:.1f} s.",
     ]
     return "\n".join(lines) + "\n"

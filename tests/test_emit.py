@@ -152,6 +152,21 @@ def test_script_trains_two_ranks_under_torchrun(tmp_path, no_autotune_env):
     assert_learns(report["losses"])
 
 
+def test_two_ranks_leave_cleanly_with_their_checkpoint_and_report(tmp_path, no_autotune_env):
+    """Ranks skip the interpreter teardown (a gloo abort there failed a finished job):
+    what they wrote before leaving must be complete, and torchrun must exit 0."""
+    import torch
+
+    out = tmp_path / "out"
+    write(out, TrialConfig(nprocs=2, threads=1, batch_size=64, backend="gloo"))
+    work = tmp_path / "elsewhere"
+    proc = run_launcher(out, work, no_autotune_env, "--epochs", "1", "--report", "r.json")
+    assert proc.returncode == 0
+    assert "saved checkpoints/epoch-1.pt" in proc.stdout and "samples/s" in proc.stdout
+    assert json.loads((work / "r.json").read_text())["steps"] == 512 // 64
+    assert torch.load(work / "checkpoints" / "epoch-1.pt")["epoch"] == 1
+
+
 def test_one_epoch_saves_a_loadable_checkpoint(tmp_path, no_autotune_env):
     import torch
 
