@@ -41,9 +41,12 @@ def start_run(tmp: Path, model: str = "good.py") -> tuple[subprocess.Popen, list
     cmd = [sys.executable, "-m", "autotune", "run", str(FAULTY / model), "--out", str(out),
            *LONG_TRIALS]
     log = open(tmp / "tuner.log", "w")
+    # SIGINT as at a terminal: a test run started in the background (`cmd &` without job
+    # control) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored.
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
                             env={**os.environ, "COLUMNS": "200"},
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     log.close()
     return proc, cmd, out
 
