@@ -191,12 +191,6 @@ class Tuner:
                 bound = other.batch_size if bound is None else min(bound, other.batch_size)
         return bound
 
-    def _grid_size(self) -> int:
-        n = 1
-        for values in self.space.choices.values():
-            n *= len(values)
-        return n
-
     # --- the loop ------------------------------------------------------------------
 
     def run(self) -> SearchOutcome:
@@ -209,7 +203,7 @@ class Tuner:
                 self.progress("budget", {"reason": f"--timeout {self.timeout_s:.0f} s reached"})
                 break
             distinct = {str(_config_of(t)) for t in self._measured()}
-            if len(distinct) >= self._grid_size():
+            if len(distinct) >= self.space.grid_size:
                 self.progress("budget", {"reason": "every configuration of the space was measured"})
                 break
             asks_left -= 1

@@ -301,7 +301,7 @@ class LiveTrial:
             self.ready = True
         elif kind == "window":
             self.pending_since = None
-            self.result.window_seconds.append(float(ev.get("seconds", 0.0)))
+            result.window_seconds.append(float(ev.get("seconds", 0.0)))
             result.values.append(float(ev["samples_per_s"]))
             if self.killed_for is None and self.on_window and self.on_window(ev["i"], ev["samples_per_s"]):
                 self.killed_for = ("pruned", "")

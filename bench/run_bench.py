@@ -84,9 +84,8 @@ def measured_trials(journal: Path) -> list[dict]:
 def overhead(rows: list[dict]) -> dict:
     """Median per-trial split of wall time, over the trials that ran to the end."""
     full = [r for r in rows if r["state"] == "COMPLETE" and r["phases"].get("measure_s")]
-    out = {"trials": len(full)}
-    for key in ("wall_s",):
-        out[key] = round(statistics.median(r[key] for r in full), 2) if full else None
+    out = {"trials": len(full),
+           "wall_s": round(statistics.median(r["wall_s"] for r in full), 2) if full else None}
     for key in ("start_import_s", "setup_s", "warmup_s", "measure_s", "overhead_s"):
         vals = [r["phases"][key] for r in full if key in r["phases"]]
         out[key] = round(statistics.median(vals), 2) if vals else None
@@ -106,9 +105,7 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
     space = build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
                         image_inputs=task.image_inputs,
                         batchnorm_layers=task.batchnorm_layers)
-    grid = 1
-    for values in space.choices.values():
-        grid *= len(values)
+    grid = space.grid_size
     results: dict[str, dict] = {}
 
     started = time.monotonic()
@@ -185,7 +182,7 @@ LABELS = {"autotune": "autotune", "random": "random search", "sample": "sample",
           "heuristic": "launcher heuristic"}
 
 
-def markdown(name: str, table: dict, *, sample: int) -> str:
+def markdown(name: str, table: dict) -> str:
     """One workload's section of BENCHMARKS.md."""
     base = table["_baseline_samples_per_s"]
     opt = table["_optimum"]
@@ -194,7 +191,7 @@ def markdown(name: str, table: dict, *, sample: int) -> str:
              "tuning time | trials |", "| --- | --- | --- | --- | --- | --- |"]
     for m, label in LABELS.items():
         row = table[m]
-        label = f"sample of {sample}" if m == "sample" else label
+        label = f"sample of {row['trials']}" if m == "sample" else label
         speed = f"{row['speedup']:.2f}x ({row['ci_low']:.2f}-{row['ci_high']:.2f})"
         if m == "autotune":
             speed = f"**{speed.split(' ')[0]}** {speed.split(' ', 1)[1]}"
@@ -236,7 +233,7 @@ def main() -> int:
     args = p.parse_args()
     if args.render:
         for name, table in json.loads(args.render.read_text()).items():
-            print(markdown(name, table, sample=args.sample))
+            print(markdown(name, table))
         return 0
     report = {}
     for name in args.workloads:
