@@ -8,8 +8,11 @@ Per workload, on this machine:
   (d) heuristic    PyTorch's CPU launcher defaults (all cores, tcmalloc/jemalloc, pinning)
 Then the four picks, the `--top` best-scoring configurations of all searches together,
 and the baseline are measured side by side in ONE alternating session (autotune's own
-verification method: warmed-up processes, one window each in turn, 10 rounds), so every
-speedup is a ratio from the same run. The optimum is estimated as the best of those.
+verification method: warmed-up processes, one window each in turn, 20 rounds), so every
+speedup is a ratio from the same run. The optimum is estimated as the best of those, two
+ways: the best median (biased up: the largest of several noisy medians), and held out
+(the best of the odd rounds scored on the even rounds and the other way round, each
+pick's share taken window against window within a round).
 Per-trial overhead (launch + imports, the model file's setup, warm-up) comes from the
 phases autotune records on each of its trials; the grid's time is its size times the
 median trial.
@@ -98,6 +101,26 @@ def overhead(rows: list[dict]) -> dict:
     return out
 
 
+def paired(num: list[float], den: list[float]) -> dict:
+    """num over den window against window within each round: median and interval."""
+    return verify.ratio_interval([a / b for a, b in zip(num, den)])
+
+
+def held_out_share(rates: dict[str, list[float]], key: str) -> dict:
+    """``key``'s rate over the optimum's, round by round, where the optimum scored on the
+    even rounds is the configuration with the best median on the odd rounds, and the other
+    way round. Choosing and scoring on the same rounds would favour whichever configuration
+    had lucky windows (the maximum of several noisy medians is biased up)."""
+    n = min(len(v) for v in rates.values())
+    halves = (list(range(0, n, 2)), list(range(1, n, 2)))
+    ratios, chosen = [], []
+    for scored, chooser in (halves, halves[::-1]):
+        best = max(rates, key=lambda k: statistics.median(rates[k][t] for t in chooser))
+        chosen.append(best)
+        ratios += [rates[key][t] / rates[best][t] for t in scored]
+    return {**verify.ratio_interval(ratios), "optimum_chosen_on_other_half": chosen}
+
+
 def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int, top: int) -> dict:
     machine = probe_machine().to_dict()
     task = load_task(path)
@@ -152,15 +175,26 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
     by_config = {str(c): ch.detail for c, ch in zip(unique, checks)}
     best_key = max(by_config, key=lambda k: by_config[k].get("median") or 0.0)
     optimum = by_config[best_key]
+    rates = {c.short(): by_config[str(c)]["samples_per_s"] for c in unique
+             if by_config[str(c)].get("samples_per_s")}
     table: dict = {}
     for m in results:
         d = by_config[str(results[m]["config"])]
+        short = results[m]["config"].short()
         table[m] = {
-            "config": results[m]["config"].short(),
+            "config": short,
             "speedup": d.get("median"), "ci_low": d.get("ci_low"), "ci_high": d.get("ci_high"),
+            "ci_level": d.get("ci_level"),
             "share_of_optimum": (d.get("median") or 0.0) / optimum["median"],
+            "share_held_out": held_out_share(rates, short) if short in rates else None,
             "tuning_wall_s": round(results[m]["wall_s"], 1), "trials": results[m]["trials"],
         }
+    pick = table["autotune"]["config"]
+    for m in ("random", "heuristic"):
+        other = table[m]["config"]
+        table["autotune"][f"vs_{m}"] = (paired(rates[pick], rates[other])
+                                        if pick in rates and other in rates else None)
+    table["_rates"] = {"baseline": base["samples_per_s"], **rates}
     table["_remeasured"] = [{"config": c.short(), "median": by_config[str(c)].get("median"),
                              "ci_low": by_config[str(c)].get("ci_low"),
                              "ci_high": by_config[str(c)].get("ci_high")} for c in unique]
@@ -178,6 +212,30 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
     return table
 
 
+def _share(s: dict | None) -> str:
+    return f"{s['median']:.0%} ({s['ci_low']:.0%}-{s['ci_high']:.0%})" if s else "-"
+
+
+def _ratio(s: dict | None) -> str:
+    return f"{s['median']:.2f}x ({s['ci_low']:.2f}-{s['ci_high']:.2f})" if s else "-"
+
+
+def summary(report: dict) -> str:
+    """The summary table of BENCHMARKS.md: one row a workload."""
+    lines = ["| workload | autotune | share of held-out optimum | share of best median | "
+             "autotune / random search | autotune / heuristic | tuning time | grid (estimated) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, t in report.items():
+        a, grid = t["autotune"], t["_grid"]
+        lines.append(
+            f"| {name} | **{a['speedup']:.2f}x** ({a['ci_low']:.2f}-{a['ci_high']:.2f}) | "
+            f"{_share(a.get('share_held_out'))} | {a['share_of_optimum']:.0%} of "
+            f"{t['_optimum']['speedup']:.2f}x | {_ratio(a.get('vs_random'))} | "
+            f"{_ratio(a.get('vs_heuristic'))} | {a['tuning_wall_s']:.0f} s | "
+            f"{grid['estimated_wall_s'] / 3600:.1f} h ({grid['autotune_share']:.1%}) |")
+    return "\n".join(lines) + "\n"
+
+
 LABELS = {"autotune": "autotune", "random": "random search", "sample": "sample",
           "heuristic": "launcher heuristic"}
 
@@ -186,9 +244,11 @@ def markdown(name: str, table: dict) -> str:
     """One workload's section of BENCHMARKS.md."""
     base = table["_baseline_samples_per_s"]
     opt = table["_optimum"]
+    level = table["autotune"].get("ci_level") or 0.978
     lines = [f"### {name} (baseline {base:,.0f} samples/s)", "",
-             "| method | chosen configuration | speedup (98% interval) | share of optimum | "
-             "tuning time | trials |", "| --- | --- | --- | --- | --- | --- |"]
+             f"| method | chosen configuration | speedup ({level:.0%} interval) | share of best median | "
+             f"share of held-out optimum ({level:.0%} interval) | tuning time | trials |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for m, label in LABELS.items():
         row = table[m]
         label = f"sample of {row['trials']}" if m == "sample" else label
@@ -196,7 +256,8 @@ def markdown(name: str, table: dict) -> str:
         if m == "autotune":
             speed = f"**{speed.split(' ')[0]}** {speed.split(' ', 1)[1]}"
         lines.append(f"| {label} | {row['config'].replace('layout=', '')} | {speed} | "
-                     f"{row['share_of_optimum']:.0%} | {row['tuning_wall_s']:.0f} s | {row['trials']} |")
+                     f"{row['share_of_optimum']:.0%} | {_share(row.get('share_held_out'))} | "
+                     f"{row['tuning_wall_s']:.0f} s | {row['trials']} |")
     rep = table["_autotune_reported"]
     ov, grid = table["_overhead"], table["_grid"]
     lines += [
@@ -224,7 +285,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     p.add_argument("--sample", type=int, default=40, help="configurations sampled for the optimum")
-    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=20,
+                   help="alternating rounds of the side-by-side session (default 20)")
     p.add_argument("--top", type=int, default=3,
                    help="best-scoring configurations of all searches added to the re-measurement")
     p.add_argument("--out", type=Path, default=ROOT / "bench-out")
@@ -232,7 +294,9 @@ def main() -> int:
                    help="only print the markdown tables of an earlier run's bench.json")
     args = p.parse_args()
     if args.render:
-        for name, table in json.loads(args.render.read_text()).items():
+        report = json.loads(args.render.read_text())
+        print(summary(report))
+        for name, table in report.items():
             print(markdown(name, table))
         return 0
     report = {}

@@ -35,6 +35,31 @@ def test_an_interval_that_includes_one_is_not_faster():
     assert stats["ci_low"] <= 1.0 <= stats["ci_high"]
 
 
+def _verdict(name: str, rates: list[float] | None, *, baseline: list[float]) -> verify.Verdict:
+    cfg = TrialConfig(batch_size=len(name) * 16)
+    if rates is None:
+        return verify.Verdict(cfg, {"speed": verify.Check(False, {"reason": "crashed"})}, {})
+    speed = {**verify.ratio_interval([r / b for r, b in zip(rates, baseline)]), "samples_per_s": rates}
+    return verify.Verdict(cfg, {"speed": verify.Check(True, speed)}, speed)
+
+
+def test_candidates_are_ranked_by_windows_of_the_same_round():
+    # a ranks first by median ratio to the baseline (2.0 vs 1.9); b is faster than a in
+    # 4 of 5 rounds, which is what side-by-side windows are for.
+    baseline = [1.0] * 5
+    a = _verdict("a", [2.0, 2.0, 2.0, 1.0, 1.0], baseline=baseline)
+    b = _verdict("bb", [2.1, 2.1, 1.1, 1.1, 1.9], baseline=baseline)
+    failed = _verdict("ccc", None, baseline=baseline)
+    assert a.speed["median"] > b.speed["median"]
+    assert verify.rank_by_rounds([a, failed, b]) == [b, a, failed]
+    assert b.speed["relative_to_candidates"] > 1.0 > a.speed["relative_to_candidates"]
+
+
+@pytest.mark.parametrize(("noise", "tolerance"), [(0.0, 0.2), (0.15, 0.3), (0.3, 0.35), (0.8, 0.35)])
+def test_script_tolerance_follows_the_noise_within_bounds(noise, tolerance):
+    assert verify.script_tolerance(noise) == pytest.approx(tolerance)
+
+
 def test_compare_losses_accepts_tracking_and_rejects_divergence_and_nan():
     ref = [2.3, 2.1, 1.9, 1.7]
     assert verify.compare_losses(ref, [2.3, 2.1001, 1.9002, 1.7001], tolerance=0.02).passed
