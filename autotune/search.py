@@ -25,6 +25,7 @@ from autotune.trial import OUT_OF_MEMORY, TrialResult, TrialRunner
 
 BASELINE = "baseline"
 HEURISTIC = "heuristic"
+BATCH = "batch"
 LATE = "late"
 
 
@@ -149,29 +150,50 @@ class Tuner:
                     params[name] = value
             self.study.enqueue_trial(params, user_attrs={"role": role})
 
-    def _enqueue_late(self) -> None:
-        """Once the budget left equals the late variants of the best configuration so
-        far, queue them (once per study)."""
-        if self.study.user_attrs.get("late_enqueued"):
-            return
+    def _best_config(self) -> TrialConfig | None:
+        """The best configuration so far, as params of the space can select it."""
         try:
             best = self.study.best_trial
         except ValueError:
-            return
+            return None
         cfg = _config_of(best)
         if cfg is None:
+            return None
+        for candidate in (cfg, cfg.replace(threads=int(
+                best.user_attrs.get("result", {}).get("threads_seen") or 1))):
+            try:  # the baseline's default threads are outside the sampled space
+                self.space.params_of(candidate)
+                return candidate
+            except ValueError:
+                continue
+        return None  # its layout is not searched at all (--fix threads/nprocs)
+
+    def _enqueue_refinements(self) -> None:
+        """Spend the end of the budget on the best configuration so far: first at other
+        batch sizes (``Space.batch_variants``), then, on the best after those, each late
+        knob (compile). Each stage is queued once per study, when nothing else is queued
+        (a retry, the start) and the budget left equals what the stages still to come need."""
+        if self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             return
-        try:
-            variants = self.space.late_variants(cfg)
-        except ValueError:  # the best is outside the sampled space (the baseline's threads)
-            try:
-                variants = self.space.late_variants(cfg.replace(threads=int(
-                    best.user_attrs.get("result", {}).get("threads_seen") or 1)))
-            except ValueError:  # its layout is not searched at all (--fix threads/nprocs)
+        cfg = self._best_config()
+        if cfg is None:
+            return
+        left = self.trials - len(self._measured())
+        late = self.space.late_variants(cfg)
+        if not self.study.user_attrs.get("batch_enqueued"):
+            batch = self.space.batch_variants(cfg)
+            if left > len(batch) + len(late):
                 return
-        if not variants or self.trials - len(self._measured()) > len(variants):
+            # the best may have changed since the last trial: the late stage must still fit
+            batch = batch[:max(0, left - len(late))]
+            for params in batch:
+                self.study.enqueue_trial(params, user_attrs={"role": BATCH})
+            self.study.set_user_attr("batch_enqueued", True)
+            if batch:
+                return
+        if self.study.user_attrs.get("late_enqueued") or not late or left > len(late):
             return
-        for params in variants:
+        for params in late:
             self.study.enqueue_trial(params, user_attrs={"role": LATE})
         self.study.set_user_attr("late_enqueued", True)
 
@@ -207,7 +229,7 @@ class Tuner:
                 self.progress("budget", {"reason": "every configuration of the space was measured"})
                 break
             asks_left -= 1
-            self._enqueue_late()
+            self._enqueue_refinements()
             self._one_trial(started)
         return self.outcome()
 

@@ -1,0 +1,70 @@
+"""The search loop's end game: the best configuration so far is tried at other batch
+sizes, then with each late knob (compile) — measured here by a stand-in runner."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.search import BATCH, LATE, Tuner, open_study
+from autotune.space import build_space
+from autotune.trial import TrialResult
+
+MACHINE = {"cpu": {"usable_cores": 2, "usable_cpus": [0, 1], "isa": {}},
+           "backends": {"gloo": True}, "allocators": {}, "gpus": [],
+           "compile": {"available": True}}
+
+
+class ThroughputOfBatch:
+    """Measures nothing: DataLoader workers help most, larger batches a little."""
+
+    def __init__(self) -> None:
+        self.measured = []
+
+    def run(self, cfg, *, name, on_window=None, **kwargs):
+        self.measured.append(cfg)
+        value = 1000.0 + 300 * cfg.num_workers + cfg.batch_size
+        return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
+                           setup={"threads": cfg.threads or 2})
+
+
+def _search(tmp_path: Path, *, trials: int, fixed: dict):
+    space = build_space(MACHINE, baseline_batch=16, dataset_len=4096,
+                        fixed={"nprocs": 1, "affinity": "none", "allocator": "default",
+                               "interop_threads": None, **fixed})
+    runner = ThroughputOfBatch()
+    study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
+    Tuner(study=study, space=space, runner=runner, trials=trials, timeout_s=None).run()
+    # duplicates included: a stage's configuration measured earlier costs no trial
+    roles = [(t.user_attrs.get("role"), t.user_attrs["config"]) for t in study.trials
+             if "config" in t.user_attrs]
+    return space, runner, roles
+
+
+def test_best_is_tried_at_other_batch_sizes_then_with_compile(tmp_path):
+    space, runner, roles = _search(tmp_path, trials=12, fixed={})
+    assert len(runner.measured) == 12
+    sizes = sorted(space.choices["batch_size"])
+    batch = [cfg for role, cfg in roles if role == BATCH]
+    late = [cfg for role, cfg in roles if role == LATE]
+    assert batch and len(late) == len(space.choices["compile"]) - 1, roles
+    assert any(cfg.to_dict() == batch[0] for cfg in runner.measured), "the batch stage measured nothing"
+    first_batch = roles.index((BATCH, batch[0]))
+    best_before = max((cfg for _, cfg in roles[:first_batch]),
+                      key=lambda c: 300 * c["num_workers"] + c["batch_size"])
+    # the same knobs, only the batch size moved: its neighbours and the largest one
+    for cfg in batch:
+        assert {k: v for k, v in cfg.items() if k != "batch_size"} == \
+               {k: v for k, v in best_before.items() if k != "batch_size"}
+    i = sizes.index(best_before["batch_size"])
+    expected = {sizes[j] for j in (i - 1, i + 1) if 0 <= j < len(sizes)} | {sizes[-1]}
+    assert {c["batch_size"] for c in batch} == expected - {best_before["batch_size"]}
+    # compile comes last, on the best configuration after the batch stage
+    assert roles[-len(late):] == [(LATE, cfg) for cfg in late]
+    assert {c["compile"] for c in late} == set(space.choices["compile"]) - {"off"}
+    assert all(c["batch_size"] == sizes[-1] for c in late), late
+
+
+def test_a_pinned_batch_size_goes_straight_to_compile(tmp_path):
+    _, runner, roles = _search(tmp_path, trials=8, fixed={"batch_size": 64})
+    assert len(runner.measured) == 8
+    assert not [r for r, _ in roles if r == BATCH]
+    assert [r for r, _ in roles][-2:] == [LATE, LATE]
