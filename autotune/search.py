@@ -173,7 +173,8 @@ class Tuner:
         batch sizes (``Space.batch_variants``), then, on the best after those, each late
         knob (compile). Each stage is queued once per study, when nothing else is queued
         (a retry, the start) and the budget left equals what the stages still to come need."""
-        if self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if (self.study.user_attrs.get("late_enqueued")
+                or self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
             return
         cfg = self._best_config()
         if cfg is None:

@@ -113,7 +113,8 @@ class Space:
         Batch size interacts with the other knobs (channels_last, workers, layout): the
         best pair is rarely among a short search's samples, so the best configuration is
         tried along this axis at the end (cifar_cnn, benchmark run 3: the search's best
-        was batch 64; the same knobs at 512 re-measured 15% faster)."""
+        was batch 64 and it never sampled 512 with those knobs; batch 512 with channels_last
+        and one worker re-measured 1.68x over the baseline, the emitted configuration 1.46x)."""
         sizes = sorted(self.choices.get("batch_size", []))
         if len(sizes) < 2 or cfg.batch_size not in sizes:
             return []

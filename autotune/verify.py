@@ -44,6 +44,11 @@ def median_interval(values: list[float], *, confidence: float = 0.9) -> tuple[fl
     return xs[k - 1], xs[n - k], coverage(k)
 
 
+def paired_ratio(num: list[float], den: list[float]) -> dict[str, float]:
+    """``num`` over ``den``, window against window of the same round: median and interval."""
+    return ratio_interval([a / b for a, b in zip(num, den)])
+
+
 def ratio_interval(ratios: list[float], *, confidence: float = 0.9) -> dict[str, float]:
     """Median speedup over the rounds and its distribution-free interval."""
     low, high, level = median_interval(ratios, confidence=confidence)

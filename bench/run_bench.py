@@ -101,11 +101,6 @@ def overhead(rows: list[dict]) -> dict:
     return out
 
 
-def paired(num: list[float], den: list[float]) -> dict:
-    """num over den window against window within each round: median and interval."""
-    return verify.ratio_interval([a / b for a, b in zip(num, den)])
-
-
 def held_out_share(rates: dict[str, list[float]], key: str) -> dict:
     """``key``'s rate over the optimum's, round by round, where the optimum scored on the
     even rounds is the configuration with the best median on the odd rounds, and the other
@@ -192,7 +187,7 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
     pick = table["autotune"]["config"]
     for m in ("random", "heuristic"):
         other = table[m]["config"]
-        table["autotune"][f"vs_{m}"] = (paired(rates[pick], rates[other])
+        table["autotune"][f"vs_{m}"] = (verify.paired_ratio(rates[pick], rates[other])
                                         if pick in rates and other in rates else None)
     table["_rates"] = {"baseline": base["samples_per_s"], **rates}
     table["_remeasured"] = [{"config": c.short(), "median": by_config[str(c)].get("median"),

@@ -13,15 +13,20 @@ MACHINE = {"cpu": {"usable_cores": 2, "usable_cpus": [0, 1], "isa": {}},
            "compile": {"available": True}}
 
 
+def throughput(batch_size: int, num_workers: int) -> float:
+    """DataLoader workers help most, larger batches a little."""
+    return 1000.0 + 300 * num_workers + batch_size
+
+
 class ThroughputOfBatch:
-    """Measures nothing: DataLoader workers help most, larger batches a little."""
+    """Measures nothing: ``throughput`` of the configuration."""
 
     def __init__(self) -> None:
         self.measured = []
 
     def run(self, cfg, *, name, on_window=None, **kwargs):
         self.measured.append(cfg)
-        value = 1000.0 + 300 * cfg.num_workers + cfg.batch_size
+        value = throughput(cfg.batch_size, cfg.num_workers)
         return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
                            setup={"threads": cfg.threads or 2})
 
@@ -49,7 +54,7 @@ def test_best_is_tried_at_other_batch_sizes_then_with_compile(tmp_path):
     assert any(cfg.to_dict() == batch[0] for cfg in runner.measured), "the batch stage measured nothing"
     first_batch = roles.index((BATCH, batch[0]))
     best_before = max((cfg for _, cfg in roles[:first_batch]),
-                      key=lambda c: 300 * c["num_workers"] + c["batch_size"])
+                      key=lambda c: throughput(c["batch_size"], c["num_workers"]))
     # the same knobs, only the batch size moved: its neighbours and the largest one
     for cfg in batch:
         assert {k: v for k, v in cfg.items() if k != "batch_size"} == \

@@ -161,7 +161,7 @@ def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig,
         return None
     multi, single = (a, b) if top.nprocs > 1 else (b, a)
     multi_cfg, single_cfg = (top, contrast) if top.nprocs > 1 else (contrast, top)
-    stats = verify.ratio_interval([m / s_ for m, s_ in zip(multi, single)])
+    stats = verify.paired_ratio(multi, single)
     return {"multi_rank": multi_cfg.layout, "single_process": single_cfg.layout,
             "other_knobs": {k: v for k, v in top.to_dict().items()
                             if k not in ("nprocs", "threads")},
