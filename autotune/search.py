@@ -150,27 +150,47 @@ class Tuner:
                     params[name] = value
             self.study.enqueue_trial(params, user_attrs={"role": role})
 
-    def _best_config(self) -> TrialConfig | None:
-        """The best configuration so far, as params of the space can select it."""
-        try:
-            best = self.study.best_trial
-        except ValueError:
-            return None
-        cfg = _config_of(best)
-        if cfg is None:
-            return None
-        for candidate in (cfg, cfg.replace(threads=int(
-                best.user_attrs.get("result", {}).get("threads_seen") or 1))):
-            try:  # the baseline's default threads are outside the sampled space
-                self.space.params_of(candidate)
-                return candidate
-            except ValueError:
+    def _best_config(self, *, several_ranks: bool | None = None) -> TrialConfig | None:
+        """The best configuration so far (of one process kind, when ``several_ranks`` is
+        given), as params of the space can select it."""
+        done = sorted(
+            (t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+             if t.user_attrs.get("duplicate_of") is None and _config_of(t) is not None),
+            key=lambda t: t.value, reverse=True)
+        for best in done:
+            cfg = _config_of(best)
+            if several_ranks is not None and (cfg.nprocs > 1) != several_ranks:
                 continue
-        return None  # its layout is not searched at all (--fix threads/nprocs)
+            for candidate in (cfg, cfg.replace(threads=int(
+                    best.user_attrs.get("result", {}).get("threads_seen") or 1))):
+                try:  # the baseline's default threads are outside the sampled space
+                    self.space.params_of(candidate)
+                    return candidate
+                except ValueError:
+                    continue
+            return None  # its layout is not searched at all (--fix threads/nprocs)
+        return None
+
+    def _batch_stage(self, best: TrialConfig) -> list[dict[str, Any]]:
+        """The best configuration at other batch sizes; then the best of the other process
+        kind (several ranks against one) at larger ones.
+
+        The second part is for a noisy search that settles on one kind: tiny_lm (benchmark
+        run 5) spent 16 of 20 trials in one process at batch 16-64 while two ranks at batch
+        128-256 were 1.24x over the baseline and never sampled; ranks split the batch, so
+        their cost per step falls most as the batch grows."""
+        stage = self.space.batch_variants(best)
+        other = self._best_config(several_ranks=best.nprocs == 1)
+        if other is not None:
+            stage += [params for params in self.space.batch_variants(other)
+                      if params["batch_size"] > other.batch_size and params not in stage]
+        # one measured before costs no trial and tells nothing new: its slot goes to TPE
+        return [params for params in stage
+                if self._previous(self.space.config_from_params(params)) is None]
 
     def _enqueue_refinements(self) -> None:
         """Spend the end of the budget on the best configuration so far: first at other
-        batch sizes (``Space.batch_variants``), then, on the best after those, each late
+        batch sizes (``_batch_stage``), then, on the best after those, each late
         knob (compile). Each stage is queued once per study, when nothing else is queued
         (a retry, the start) and the budget left equals what the stages still to come need."""
         if (self.study.user_attrs.get("late_enqueued")
@@ -182,7 +202,7 @@ class Tuner:
         left = self.trials - len(self._measured())
         late = self.space.late_variants(cfg)
         if not self.study.user_attrs.get("batch_enqueued"):
-            batch = self.space.batch_variants(cfg)
+            batch = self._batch_stage(cfg)
             if left > len(batch) + len(late):
                 return
             # the best may have changed since the last trial: the late stage must still fit

@@ -13,9 +13,9 @@ MACHINE = {"cpu": {"usable_cores": 2, "usable_cpus": [0, 1], "isa": {}},
            "compile": {"available": True}}
 
 
-def throughput(batch_size: int, num_workers: int) -> float:
-    """DataLoader workers help most, larger batches a little."""
-    return 1000.0 + 300 * num_workers + batch_size
+def throughput(batch_size: int, num_workers: int, nprocs: int = 1) -> float:
+    """DataLoader workers help most, larger batches a little; two ranks lose."""
+    return 1000.0 + 300 * num_workers + batch_size - 600 * (nprocs - 1)
 
 
 class ThroughputOfBatch:
@@ -26,15 +26,24 @@ class ThroughputOfBatch:
 
     def run(self, cfg, *, name, on_window=None, **kwargs):
         self.measured.append(cfg)
-        value = throughput(cfg.batch_size, cfg.num_workers)
+        value = throughput(cfg.batch_size, cfg.num_workers, cfg.nprocs)
         return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
                            setup={"threads": cfg.threads or 2})
 
 
-def _search(tmp_path: Path, *, trials: int, fixed: dict):
-    space = build_space(MACHINE, baseline_batch=16, dataset_len=4096,
-                        fixed={"nprocs": 1, "affinity": "none", "allocator": "default",
-                               "interop_threads": None, **fixed})
+def _but_batch(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k != "batch_size"}
+
+
+def _value(cfg: dict) -> float:
+    return throughput(cfg["batch_size"], cfg["num_workers"], cfg["nprocs"])
+
+
+def _search(tmp_path: Path, *, trials: int, fixed: dict, one_process: bool = True):
+    fixed = {"affinity": "none", "allocator": "default", "interop_threads": None, **fixed}
+    if one_process:
+        fixed["nprocs"] = 1
+    space = build_space(MACHINE, baseline_batch=16, dataset_len=4096, fixed=fixed)
     runner = ThroughputOfBatch()
     study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
     Tuner(study=study, space=space, runner=runner, trials=trials, timeout_s=None).run()
@@ -53,15 +62,15 @@ def test_best_is_tried_at_other_batch_sizes_then_with_compile(tmp_path):
     assert batch and len(late) == len(space.choices["compile"]) - 1, roles
     assert any(cfg.to_dict() == batch[0] for cfg in runner.measured), "the batch stage measured nothing"
     first_batch = roles.index((BATCH, batch[0]))
-    best_before = max((cfg for _, cfg in roles[:first_batch]),
-                      key=lambda c: throughput(c["batch_size"], c["num_workers"]))
+    best_before = max((cfg for _, cfg in roles[:first_batch]), key=_value)
     # the same knobs, only the batch size moved: its neighbours and the largest one
     for cfg in batch:
-        assert {k: v for k, v in cfg.items() if k != "batch_size"} == \
-               {k: v for k, v in best_before.items() if k != "batch_size"}
+        assert _but_batch(cfg) == _but_batch(best_before)
     i = sizes.index(best_before["batch_size"])
     expected = {sizes[j] for j in (i - 1, i + 1) if 0 <= j < len(sizes)} | {sizes[-1]}
-    assert {c["batch_size"] for c in batch} == expected - {best_before["batch_size"]}
+    known = {c["batch_size"] for _, c in roles[:first_batch]
+             if _but_batch(c) == _but_batch(best_before)}
+    assert {c["batch_size"] for c in batch} == expected - known
     # compile comes last, on the best configuration after the batch stage
     assert roles[-len(late):] == [(LATE, cfg) for cfg in late]
     assert {c["compile"] for c in late} == set(space.choices["compile"]) - {"off"}
@@ -73,3 +82,25 @@ def test_a_pinned_batch_size_goes_straight_to_compile(tmp_path):
     assert len(runner.measured) == 8
     assert not [r for r, _ in roles if r == BATCH]
     assert [r for r, _ in roles][-2:] == [LATE, LATE]
+
+
+def test_the_best_of_the_other_process_kind_is_tried_at_larger_batches(tmp_path):
+    space, runner, roles = _search(tmp_path, trials=16, fixed={}, one_process=False)
+    assert len(runner.measured) == 16
+    sizes = sorted(space.choices["batch_size"])
+    batch = [cfg for role, cfg in roles if role == BATCH]
+    before = [cfg for _, cfg in roles[:roles.index((BATCH, batch[0]))]]
+    best = max(before, key=_value)
+    assert best["nprocs"] == 1, "the stand-in makes one process the best"
+    best_ranks = max((c for c in before if c["nprocs"] > 1), key=_value)
+    assert best_ranks["batch_size"] < sizes[-1], "nothing larger to try: the test shows nothing"
+    ranks = [c for c in batch if c["nprocs"] > 1]
+    # the same knobs as the best several-rank configuration, at the next larger batch and
+    # the largest: not smaller ones
+    for cfg in ranks:
+        assert _but_batch(cfg) == _but_batch(best_ranks)
+    i = sizes.index(best_ranks["batch_size"])
+    assert ranks and {c["batch_size"] for c in ranks} <= {sizes[i + 1], sizes[-1]}
+    assert [c for c in batch if c["nprocs"] == 1], "the best itself was not tried at other batches"
+    assert [r for r, _ in roles][-len(space.choices["compile"]) + 1:] == \
+           [LATE] * (len(space.choices["compile"]) - 1), "compile no longer fits after the stage"
