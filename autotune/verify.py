@@ -275,6 +275,25 @@ def rank_by_rounds(verdicts: list[Verdict]) -> list[Verdict]:
     return sorted(verdicts, key=lambda v: v.speed.get("relative_to_candidates", 0.0), reverse=True)
 
 
+def outcomes(verdicts: list[Verdict], winner: Verdict | None) -> list[dict[str, Any]]:
+    """Every candidate's re-measured speed and what became of it, in the order they were
+    tried: with the passed-but-not-chosen ones kept, the verification order can be
+    audited afterwards (which candidate a different order would have emitted)."""
+    out = []
+    for v in rank_by_rounds(verdicts):
+        if v is winner:
+            outcome = "emitted"
+        elif not v.passed:
+            outcome = f"rejected: {v.reason}"
+        else:  # only the speed check: verification stops at the first to pass them all
+            outcome = "faster than the baseline; not checked further, one tried earlier was emitted"
+        out.append({"config_short": v.config.short(), "config": v.config.to_dict(),
+                    **{k: v.speed.get(k) for k in ("median", "ci_low", "ci_high",
+                                                   "relative_to_candidates")},
+                    "checks": sorted(v.checks), "outcome": outcome})
+    return out
+
+
 def relative_spread(values: list[float]) -> float:
     if len(values) < 2:
         return 0.0

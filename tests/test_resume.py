@@ -225,6 +225,8 @@ def test_study_with_failing_configs_runs_to_the_end(killed_and_resumed):
     assert run.second.returncode in (0, 3), run.second.stderr[-4000:]
     doc = json.loads((run.out / "best_config.json").read_text())
     assert not _bad(doc["config"]), "a failing configuration was chosen"
+    emitted = [c["config"] for c in doc["candidates"] if c["outcome"] == "emitted"]
+    assert emitted == ([doc["config"]] if doc["verified"] else []), doc["candidates"]
     baseline = [t for t in run.after if t.user_attrs.get("role") == "baseline"
                 and t.state == TrialState.COMPLETE]
     assert baseline, "the baseline did not complete"

@@ -55,6 +55,22 @@ def test_candidates_are_ranked_by_windows_of_the_same_round():
     assert b.speed["relative_to_candidates"] > 1.0 > a.speed["relative_to_candidates"]
 
 
+def test_every_candidate_is_recorded_in_the_order_it_was_tried():
+    baseline = [1.0] * 5
+    first = _verdict("a", [2.0, 2.1, 2.0, 2.2, 2.0], baseline=baseline)
+    emitted = _verdict("bb", [1.8, 1.9, 1.8, 1.9, 1.8], baseline=baseline)
+    unchecked = _verdict("ccc", [1.5, 1.4, 1.5, 1.4, 1.5], baseline=baseline)
+    crashed = _verdict("dddd", None, baseline=baseline)
+    first.checks["numerics"] = verify.Check(False, {"reason": "losses diverge"})
+    rows = verify.outcomes([unchecked, crashed, emitted, first], emitted)
+    assert [r["config_short"] for r in rows] == \
+           [v.config.short() for v in (first, emitted, unchecked, crashed)]
+    assert [r["outcome"].split(":")[0].split(";")[0] for r in rows] == \
+           ["rejected", "emitted", "faster than the baseline", "rejected"]
+    assert "losses diverge" in rows[0]["outcome"] and "crashed" in rows[3]["outcome"]
+    assert rows[2]["median"] == pytest.approx(1.5) and rows[2]["checks"] == ["speed"]
+
+
 @pytest.mark.parametrize(("noise", "tolerance"), [(0.0, 0.2), (0.15, 0.3), (0.3, 0.35), (0.8, 0.35)])
 def test_script_tolerance_follows_the_noise_within_bounds(noise, tolerance):
     assert verify.script_tolerance(noise) == pytest.approx(tolerance)

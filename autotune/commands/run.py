@@ -213,6 +213,7 @@ def build_document(
          "checks": v.to_dict()}
         for v in verdicts if v is not winner and not v.passed
     ]
+    doc["candidates"] = verify.outcomes(verdicts, winner)
     doc["search"] = {k: v for k, v in search.items() if k != "results"}
     doc["space"] = space.describe()
     return doc
