@@ -212,7 +212,7 @@ class Tuner:
             self.study.set_user_attr("batch_enqueued", True)
             if batch:
                 return
-        if self.study.user_attrs.get("late_enqueued") or not late or left > len(late):
+        if not late or left > len(late):  # late_enqueued: returned above
             return
         for params in late:
             self.study.enqueue_trial(params, user_attrs={"role": LATE})
