@@ -74,6 +74,12 @@ class TrialConfig:
         return self.batch_size // self.nprocs
 
     @property
+    def exact(self) -> bool:
+        """fp32 throughout and the model as the user wrote it: nothing that could change
+        what training computes beyond rounding order."""
+        return self.precision == "fp32" and self.prune_ratio == 0.0
+
+    @property
     def layout(self) -> str:
         threads = "default" if self.threads is None else str(self.threads)
         return f"{self.nprocs}x{threads}"

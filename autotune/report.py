@@ -82,6 +82,14 @@ class Reporter:
         else:
             self.out.print("[bold red]no configuration was verified faster than the baseline;[/] "
                            "the baseline is recommended.")
+        precision = doc.get("precision") or {}
+        if precision.get("checked"):
+            self.out.print(f"precision: {precision['checked']}", markup=False)
+        for label, reason in (precision.get("rejected") or {}).items():
+            self.out.print(f"precision: {label} rejected ({reason}); "
+                           f"{precision.get('instead', 'the baseline')} is emitted instead", markup=False)
+        if precision.get("opt_out") and not doc["config"].get("precision", "fp32") == "fp32":
+            self.out.print(f"  to opt out: {precision['opt_out']}", markup=False)
         effect = doc.get("layout_effect")
         if effect:
             self.out.print(

@@ -8,6 +8,7 @@ by ``autotune.trial``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import statistics
 import time
@@ -25,15 +26,19 @@ from autotune.trial import OUT_OF_MEMORY, TrialResult, TrialRunner
 
 BASELINE = "baseline"
 HEURISTIC = "heuristic"
+PRECISION = "precision"
 BATCH = "batch"
 LATE = "late"
 
 
 class ClearlySlowerPruner(optuna.pruners.BasePruner):
-    """Stop a trial whose windows so far are clearly below the best trial.
+    """Stop a trial whose windows so far are clearly below the best trial of its kind.
 
     Single windows on a shared machine vary by 20% or more, so only a wide gap
-    prunes: the median of the reported windows under ``ratio`` x the best value.
+    prunes: the median of the reported windows under ``ratio`` x the best value. Exact
+    (fp32, unpruned) trials are compared with exact ones only: where bf16 runs twice as
+    fast, every fp32 trial would otherwise be pruned, and the exact fallback that
+    verification keeps beside a reduced-precision winner would never be measured.
     """
 
     def __init__(self, *, ratio: float = 0.6, min_windows: int = 2) -> None:
@@ -45,11 +50,11 @@ class ClearlySlowerPruner(optuna.pruners.BasePruner):
         values = list(trial.intermediate_values.values())
         if len(values) < self.min_windows:
             return False
-        try:
-            best = study.best_value
-        except ValueError:
-            return False
-        return statistics.median(values) < self.ratio * best
+        cfg = _config_of(trial)
+        best = max((t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if cfg is None or (c := _config_of(t)) is None or c.exact == cfg.exact),
+                   default=None)
+        return best is not None and statistics.median(values) < self.ratio * best
 
 
 def open_study(*, storage_path: Path, study_name: str, seed: int = 0,
@@ -83,6 +88,7 @@ class SearchOutcome:
     baseline: Candidate | None
     ranked: list[Candidate]  # completed, measured trials, fastest first, one per config
     failures: list[dict[str, Any]]
+    measured: int = 0  # trials that cost a measurement
 
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -135,10 +141,28 @@ class Tuner:
                 )
             self.progress("stale", {"number": t.number})
 
+    def _precision_starts(self) -> list[TrialConfig]:
+        """Each reduced precision the space offers, at the user's batch size and at the
+        largest one up to four times it, on the launcher defaults (or the baseline).
+
+        Left to the sampler, a precision can be tried once at a batch size where it loses
+        and never again (a small GPT-2, 12 trials: bf16 once, at batch 2, slower; at batch
+        64 it verified at 1.46x against the fp32 pick's 1.16x): its cost per step falls
+        with the batch, so each is measured early at two sizes and the sampler learns
+        from both."""
+        start = self.heuristics[0] if self.heuristics else self.space.baseline
+        sizes = sorted(self.space.choices.get("batch_size", []))
+        larger = [b for b in sizes if start.batch_size < b <= 4 * start.batch_size]
+        batches = [start.batch_size, *larger[-1:]]
+        return [start.replace(precision=p, batch_size=b)
+                for p in self.space.choices.get("precision", [])[1:] for b in batches]
+
     def _enqueue_start(self) -> None:
         if self.study.get_trials(deepcopy=False):
             return
-        for role, cfg in [(BASELINE, self.space.baseline)] + [(HEURISTIC, c) for c in self.heuristics]:
+        starts = ([(BASELINE, self.space.baseline)] + [(HEURISTIC, c) for c in self.heuristics]
+                  + [(PRECISION, c) for c in self._precision_starts()])
+        for role, cfg in starts:
             params = {}
             for name, values in self.space.choices.items():
                 if name == "layout":
@@ -150,9 +174,11 @@ class Tuner:
                     params[name] = value
             self.study.enqueue_trial(params, user_attrs={"role": role})
 
-    def _best_config(self, *, several_ranks: bool | None = None) -> TrialConfig | None:
+    def _best_config(self, *, several_ranks: bool | None = None,
+                     exact: bool | None = None) -> TrialConfig | None:
         """The best configuration so far (of one process kind, when ``several_ranks`` is
-        given), as params of the space can select it."""
+        given; exact or reduced-precision, when ``exact`` is), as params of the space
+        can select it."""
         done = sorted(
             (t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
              if t.user_attrs.get("duplicate_of") is None and _config_of(t) is not None),
@@ -160,6 +186,8 @@ class Tuner:
         for best in done:
             cfg = _config_of(best)
             if several_ranks is not None and (cfg.nprocs > 1) != several_ranks:
+                continue
+            if exact is not None and cfg.exact != exact:
                 continue
             for candidate in (cfg, cfg.replace(threads=int(
                     best.user_attrs.get("result", {}).get("threads_seen") or 1))):
@@ -172,27 +200,45 @@ class Tuner:
         return None
 
     def _batch_stage(self, best: TrialConfig) -> list[dict[str, Any]]:
-        """The best configuration at other batch sizes; then the best of the other process
-        kind (several ranks against one) at larger ones.
+        """Three groups, taken in turns: the best configuration at other batch sizes; the
+        best of the other precision kind (exact against reduced) likewise, so that the
+        fallback verification keeps for a reduced-precision winner is refined too; and
+        the best of the other process kind (several ranks against one) at larger sizes.
 
-        The second part is for a noisy search that settles on one kind: tiny_lm (benchmark
+        The last is for a noisy search that settles on one kind: tiny_lm (benchmark
         run 5) spent 16 of 20 trials in one process at batch 16-64 while two ranks at batch
         128-256 were 1.24x over the baseline and never sampled; ranks split the batch, so
         their cost per step falls most as the batch grows."""
-        stage = self.space.batch_variants(best)
+        groups = [self.space.batch_variants(best)]
+        other_precision = self._best_config(exact=not best.exact)
+        if other_precision is not None:
+            groups.append(self.space.batch_variants(other_precision))
         other = self._best_config(several_ranks=best.nprocs == 1)
         if other is not None:
-            stage += [params for params in self.space.batch_variants(other)
-                      if params["batch_size"] > other.batch_size and params not in stage]
+            groups.append([params for params in self.space.batch_variants(other)
+                           if params["batch_size"] > other.batch_size])
+        stage: list[dict[str, Any]] = []
+        for turn in itertools.zip_longest(*groups):
+            stage += [params for params in turn if params is not None and params not in stage]
         # one measured before costs no trial and tells nothing new: its slot goes to TPE
         return [params for params in stage
                 if self._previous(self.space.config_from_params(params)) is None]
 
+    def _late_stage(self, best: TrialConfig) -> list[dict[str, Any]]:
+        """Each late knob's values on the best configuration; the first one (compile's
+        default mode) on the best of the other precision kind."""
+        stage = self.space.late_variants(best)
+        other = self._best_config(exact=not best.exact)
+        if other is not None:
+            stage += [p for p in self.space.late_variants(other)[:1] if p not in stage]
+        return stage
+
     def _enqueue_refinements(self) -> None:
-        """Spend the end of the budget on the best configuration so far: first at other
-        batch sizes (``_batch_stage``), then, on the best after those, each late
-        knob (compile). Each stage is queued once per study, when nothing else is queued
-        (a retry, the start) and the budget left equals what the stages still to come need."""
+        """Spend the end of the budget on the best configurations so far: first at other
+        batch sizes (``_batch_stage``, at most a third of the budget: the sampler keeps
+        the rest), then, on the best after those, each late knob (``_late_stage``). Each
+        stage is queued once per study, when nothing else is queued (a retry, the start)
+        and the budget left equals what the stages still to come need."""
         if (self.study.user_attrs.get("late_enqueued")
                 or self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
             return
@@ -200,9 +246,9 @@ class Tuner:
         if cfg is None:
             return
         left = self.trials - len(self._measured())
-        late = self.space.late_variants(cfg)
+        late = self._late_stage(cfg)
         if not self.study.user_attrs.get("batch_enqueued"):
-            batch = self._batch_stage(cfg)
+            batch = self._batch_stage(cfg)[:max(3, self.trials // 3)]
             if left > len(batch) + len(late):
                 return
             # the best may have changed since the last trial: the late stage must still fit
@@ -339,7 +385,8 @@ class Tuner:
                     "log_tail": result.get("log_tail", ""),
                 })
         order = sorted(ranked.values(), key=lambda c: c.value, reverse=True)
-        return SearchOutcome(study=self.study, baseline=baseline, ranked=order, failures=failures)
+        return SearchOutcome(study=self.study, baseline=baseline, ranked=order, failures=failures,
+                             measured=len(self._measured()))
 
 
 def study_name(model_file: Path, fingerprint_id: str) -> str:

@@ -170,9 +170,12 @@ def build_space(
     batchnorm_layers: Sequence[str] = (),
     has_evaluate: bool = False,
     max_quality_drop: float | None = None,
+    exact: bool = False,
     fixed: Mapping[str, Any] | None = None,
 ) -> Space:
     fixed = dict(fixed or {})
+    if exact:
+        fixed.update(precision="fp32", prune_ratio=0.0)
     cpu = machine.get("cpu") or {}
     cores = int(cpu.get("usable_cores") or 1)
     isa = cpu.get("isa") or {}
@@ -303,6 +306,8 @@ def build_space(
             )
         excluded["precision=fp16"] = "fp16 autocast with GradScaler needs a CUDA GPU"
         excluded["precision=tf32"] = "tf32 needs an Ampere or later NVIDIA GPU"
+    if exact and len(precisions) > 1:
+        excluded["precision=" + ",".join(precisions[1:])] = "--exact keeps fp32"
     pin("precision", precisions)
 
     if image_inputs:
@@ -310,7 +315,7 @@ def build_space(
     else:
         excluded["channels_last"] = "the model's inputs are not 4-D image batches"
 
-    quality_reasons = []
+    quality_reasons = ["--exact keeps the model unpruned"] if exact else []
     if not has_evaluate:
         quality_reasons.append("the model file has no evaluate(model)")
     if max_quality_drop is None:

@@ -159,6 +159,30 @@ def _signal_from_log(log: str) -> str | None:
         return f"signal {match.group(3)}"
 
 
+def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> dict[str, Any]:
+    """Run an emitted launch.sh for a few steps; returns its JSON report."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    report = workdir / "script-report.json"
+    report.unlink(missing_ok=True)
+    log = workdir / "script-log.txt"
+    argv = ["bash", str(launcher.absolute()), "--max-steps", str(steps), "--no-checkpoint",
+            "--log-every", str(max(1, steps)), "--report", str(report)]
+    with open(log, "wb") as out, measure_lock.held():
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir),
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            proctree.kill_tree(proc.pid)
+            proc.wait()
+    if proc.returncode != 0 or not report.exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"{launcher.name} failed (exit code {proc.returncode}):\n{tail}")
+    return json.loads(report.read_text())
+
+
 class TrialRunner:
     """Runs configurations of one model file, each in a fresh process tree."""
 
@@ -205,6 +229,11 @@ class TrialRunner:
             mode = {"mode": "quality", "steps": quality_steps}
         live = self.start(cfg, name=name, on_window=on_window, mode=mode, extra_env=extra_env)
         return live.wait()
+
+    def run_script(self, launcher: Path, *, steps: int, workdir: Path,
+                   timeout_s: float) -> dict[str, Any]:
+        """Run an emitted launch.sh for ``steps`` steps, alone on the machine."""
+        return run_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s)
 
     def start(
         self,

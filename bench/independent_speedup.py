@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 from autotune import emit  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
-from autotune.verify import median_interval, run_launcher  # noqa: E402
+from autotune.trial import run_launcher  # noqa: E402
+from autotune.verify import median_interval  # noqa: E402
 
 
 def main() -> int:

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune import verify  # noqa: E402
-from autotune.commands.run import heuristics  # noqa: E402
+from autotune.pipeline import heuristics  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.search import Tuner, open_study  # noqa: E402
 from autotune.space import build_space  # noqa: E402

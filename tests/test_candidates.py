@@ -1,7 +1,7 @@
-"""Which configurations verification re-measures (autotune/commands/run.py)."""
+"""Which configurations verification re-measures (autotune/pipeline.py)."""
 from __future__ import annotations
 
-from autotune.commands.run import choose_candidates
+from autotune.pipeline import choose_candidates
 from autotune.config import TrialConfig
 from autotune.space import build_space
 

@@ -168,7 +168,7 @@ def test_killed_tuner_leaves_no_orphan(tmp_path, sig):
 def test_memory_exhaustion_at_the_default_limit_spares_the_machine(tmp_path):
     """At the limit `autotune run` itself sets (most of the usable memory), a trial whose
     memory grows without bound is stopped by the tuner: the kernel OOM killer never fires."""
-    from autotune.commands.run import memory_limit, probe_doc
+    from autotune.pipeline import memory_limit, probe_doc
     from autotune.config import TrialConfig
     from autotune.trial import Measurement, TrialRunner
 

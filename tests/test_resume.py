@@ -75,7 +75,7 @@ SIM = r'''
 import json, os, signal, sys
 from pathlib import Path
 
-from autotune.commands.run import heuristics
+from autotune.pipeline import heuristics
 from autotune.search import Tuner, open_study
 from autotune.space import build_space
 from autotune.trial import TrialResult

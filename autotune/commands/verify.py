@@ -10,9 +10,10 @@ import json
 from pathlib import Path
 
 from autotune import measure_lock, outdir, proctree, verify
-from autotune.commands.run import EXIT_NOT_VERIFIED, EXIT_VERIFIED, add_common, make_runner, probe_doc
+from autotune.commands.run import add_common
 from autotune.commands.show import read_result
 from autotune.config import TrialConfig
+from autotune.pipeline import EXIT_NOT_VERIFIED, EXIT_VERIFIED, make_runner, probe_doc
 from autotune.report import Reporter
 from autotune.task import load_task
 
@@ -44,7 +45,8 @@ def main(args: argparse.Namespace) -> int:
     proctree.become_subreaper()
     try:
         with outdir.exclusive(out), measure_lock.held(notice=reporter.warn):
-            runner = make_runner(task, machine, out, args)
+            runner = make_runner(task, machine, out, window_s=args.window, windows=args.windows,
+                                 trial_timeout_s=args.trial_timeout)
             winner, verdicts, base_speed = verify.verify_candidates(
                 runner, baseline=baseline, candidates=[cfg],
                 settings=verify.Settings(rounds=args.rounds, max_quality_drop=args.max_quality_drop),
@@ -54,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         proctree.reap_orphans()
     verdict = verdicts[0]
-    result = {"verified": winner is not None, "baseline_samples_per_s": base_speed["median_samples_per_s"],
+    result = {"verified": winner is not None, "baseline_samples_per_s": base_speed.get("median_samples_per_s"),
               "speedup": {k: verdict.speed.get(k) for k in ("median", "ci_low", "ci_high")},
               "verification": verdict.to_dict(), "fingerprint_differs": bool(
                   fingerprint_diff(tuned_on, fingerprint(machine)))}

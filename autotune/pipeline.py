@@ -1,0 +1,347 @@
+"""One tuning run: probe -> space -> search -> verify -> emit.
+
+``tune`` takes the output folder and the machine-wide measurement lock and runs
+``execute``; ``execute`` is the run itself, with the machine description and the
+trial runner as arguments, so that the whole pipeline can be driven on recorded
+probes of other machines by a stand-in runner (tests/test_machine_matrix.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune import __version__, emit, launch, measure_lock, outdir, proctree, verify
+from autotune.config import TrialConfig
+from autotune.errors import NotVerified, UsageError
+from autotune.report import Reporter
+from autotune.search import Tuner, open_study, storage_path, study_name
+from autotune.space import Space, build_space
+from autotune.task import Task, load_task
+from autotune.trial import FAILURE_HELP, Measurement, TrialRunner
+
+EXIT_VERIFIED = 0
+EXIT_NOT_VERIFIED = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What a run is asked to do; the CLI's options, by name."""
+
+    trials: int = 20
+    timeout_s: float | None = None
+    fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    exact: bool = False
+    top: int = 2
+    window_s: float = 1.0
+    windows: int = 3
+    trial_timeout_s: float = 300.0
+    rounds: int = 10
+    max_quality_drop: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_quality_drop is not None and self.max_quality_drop < 0:
+            raise UsageError("--max-quality-drop must be 0 or more")
+        if self.exact:
+            for knob, exact_value in (("precision", "fp32"), ("prune_ratio", 0.0)):
+                if self.fixed.get(knob, exact_value) != exact_value:
+                    raise UsageError(f"--exact keeps {knob}={exact_value}, but --fix "
+                                     f"{knob}={self.fixed[knob]} asks otherwise: drop one of them")
+
+
+def probe_doc() -> dict[str, Any]:
+    from probes import probe_machine
+
+    return probe_machine().to_dict()
+
+
+def memory_limit(machine: Mapping[str, Any]) -> int | None:
+    """A trial may use most of what is free, never all: the kernel's OOM killer must
+    never have to choose (it might choose the tuner or the user's desktop)."""
+    usable = (machine.get("memory") or {}).get("usable_bytes")
+    return int(usable * 0.8) if usable else None
+
+
+def make_runner(task: Task, machine: Mapping[str, Any], out: Path, *, window_s: float,
+                windows: int, trial_timeout_s: float) -> TrialRunner:
+    return TrialRunner(
+        model_file=task.path, machine=machine, workdir=out / "trials",
+        measurement=Measurement(window_s=window_s, windows=windows),
+        timeout_s=trial_timeout_s, memory_limit_bytes=memory_limit(machine),
+    )
+
+
+def build_task_space(task: Task, machine: Mapping[str, Any], options: RunOptions) -> Space:
+    return build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
+                       image_inputs=task.image_inputs, batchnorm_layers=task.batchnorm_layers,
+                       has_evaluate=task.has_evaluate, max_quality_drop=options.max_quality_drop,
+                       exact=options.exact, fixed=options.fixed)
+
+
+def heuristics(space: Space, machine: Mapping[str, Any]) -> list[TrialConfig]:
+    """PyTorch's CPU launcher defaults: one process on all usable cores, tcmalloc or
+    jemalloc preloaded where found, compact core pinning."""
+    if space.baseline.device != "cpu":
+        return []
+    cores = int((machine.get("cpu") or {}).get("usable_cores") or 1)
+    params = {k: v[0] for k, v in space.choices.items()}
+    params.update(layout=f"1x{cores}", batch_size=space.baseline.batch_size, num_workers=0)
+    if params["layout"] not in space.choices["layout"]:
+        return []
+    allocators = space.choices.get("allocator", [])
+    for name in ("tcmalloc", "jemalloc"):
+        if name in allocators:
+            params["allocator"] = name
+            break
+    if "compact" in space.choices.get("affinity", []):
+        params["affinity"] = "compact"
+    return [space.config_from_params(params)]
+
+
+def layout_contrast(top: TrialConfig, space: Space, machine: Mapping[str, Any]) -> TrialConfig | None:
+    """The top candidate with the other process layout (several ranks <-> one process
+    on all cores), every other knob equal: verification measures it alongside, which
+    gives the layout's own effect with an interval."""
+    if top.device != "cpu":
+        return None
+    cores = int((machine.get("cpu") or {}).get("usable_cores") or 1)
+    if top.nprocs > 1:
+        other = top.replace(nprocs=1, threads=cores)
+    else:
+        ranks = next((int(s.split("x")[0]) for s in space.choices["layout"]
+                      if int(s.split("x")[0]) > 1 and int(s.split("x")[1]) == 1), None)
+        if ranks is None or top.batch_size % ranks:
+            return None
+        other = top.replace(nprocs=ranks, threads=cores // ranks)
+    return other if f"{other.nprocs}x{other.threads}" in space.choices["layout"] else None
+
+
+def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space,
+                      machine: Mapping[str, Any]) -> list[TrialConfig]:
+    """What verification re-measures: the ``top`` best by search value; the first one's
+    layout contrast; when the top ones are all several-rank or all one-process, the
+    best-measured configuration of the other kind; and the best exact (fp32, unpruned)
+    and best reduced-precision configurations, whichever are not among them yet.
+
+    The other process kind: a search trial's value is one process measured once, and on
+    a shared machine that drifts by as much as the top configurations differ;
+    verification's alternating windows resolve such differences. The exact one: a
+    reduced-precision candidate can fail the numerics or quality check, and then the
+    fastest exact configuration is what the user should get, not the baseline."""
+    candidates = ranked[:top]
+    if not candidates:
+        return []
+    contrast = layout_contrast(candidates[0], space, machine)
+    if contrast is not None and contrast not in candidates:
+        candidates.append(contrast)
+    kinds = {c.nprocs > 1 for c in ranked[:top]}
+    extra = [next((c for c in ranked if (c.nprocs > 1) not in kinds), None),
+             next((c for c in ranked if c.exact), None),
+             next((c for c in ranked if not c.exact), None)]
+    for cfg in extra:
+        if cfg is not None and cfg not in candidates:
+            candidates.append(cfg)
+    return candidates
+
+
+def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig,
+                  contrast: TrialConfig | None) -> dict[str, Any] | None:
+    by_cfg = {v.config: v.speed for v in verdicts}
+    if contrast is None or top not in by_cfg or contrast not in by_cfg:
+        return None
+    a, b = by_cfg[top].get("samples_per_s"), by_cfg[contrast].get("samples_per_s")
+    if not a or not b:
+        return None
+    multi, single = (a, b) if top.nprocs > 1 else (b, a)
+    multi_cfg, single_cfg = (top, contrast) if top.nprocs > 1 else (contrast, top)
+    stats = verify.paired_ratio(multi, single)
+    return {"multi_rank": multi_cfg.layout, "single_process": single_cfg.layout,
+            "other_knobs": {k: v for k, v in top.to_dict().items()
+                            if k not in ("nprocs", "threads")},
+            "ratio": stats["median"], "ci_low": stats["ci_low"], "ci_high": stats["ci_high"],
+            "ci_level": stats["ci_level"]}
+
+
+def candidate_emitter(task: Task, machine: Mapping[str, Any]) -> Callable[[TrialConfig, Path], Path]:
+    def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
+        env, _ = launch.environment(cfg, machine=machine)
+        doc = emit.write_outputs(folder, cfg=cfg, model_file=task.path, env=env,
+                                 document={"candidate": cfg.to_dict()},
+                                 description=f"Train {task.path.name} (candidate)")
+        return Path(doc["outputs"]["launcher"])
+    return emit_candidate
+
+
+def precision_note(chosen: TrialConfig, winner: verify.Verdict | None,
+                   verdicts: list[verify.Verdict], space: Space, *, exact: bool) -> dict[str, Any]:
+    """Which precision was chosen, how it was checked, why the others were not, and how
+    to opt out: what the summary and best_config.json say about precision."""
+    note: dict[str, Any] = {"chosen": chosen.precision, "pruned": chosen.prune_ratio > 0}
+    if winner is not None:
+        note["checked"] = verify.describe_checks(winner)
+    def label(cfg: TrialConfig) -> str:
+        return cfg.precision + (f" pruned {cfg.prune_ratio:g}" if cfg.prune_ratio else "")
+
+    rejected = {}
+    for v in verdicts:
+        if v is winner or v.passed or v.config.exact or label(v.config) == label(chosen):
+            continue
+        failed = {name: c for name, c in v.checks.items() if c.passed is False}
+        if set(failed) & {"numerics", "quality"}:  # the knob's own fault, not speed or script
+            rejected.setdefault(label(v.config), "; ".join(f"{name}: {c.detail.get('reason', 'failed')}"
+                                                 for name, c in failed.items()))
+    note["rejected"] = rejected
+    note["instead"] = (f"the fastest verified configuration ({label(chosen)})" if winner is not None
+                       else "the baseline")
+    offered = [p for p in space.choices.get("precision", ["fp32"]) if p != "fp32"]
+    if exact:
+        note["opt_out"] = "--exact was given: fp32 and no pruning throughout"
+    elif not chosen.exact:
+        note["opt_out"] = "run with --exact (or --fix precision=fp32) to keep everything in fp32"
+    note["searched"] = ["fp32", *offered]
+    note["skipped"] = {k: r for k, r in space.excluded.items()
+                       if k.startswith("precision") or k.startswith("prune")}
+    return note
+
+
+def build_document(
+    *, task: Task, machine: Mapping[str, Any], space: Space, chosen: TrialConfig,
+    baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: verify.Verdict | None,
+    verdicts: list[verify.Verdict], search: dict[str, Any], exact: bool,
+) -> dict[str, Any]:
+    from probes import fingerprint, fingerprint_id
+
+    base_value = base_speed["median_samples_per_s"]
+    doc: dict[str, Any] = {
+        "model_file": str(task.path),
+        "autotune_version": __version__,
+        "fingerprint": {**fingerprint(dict(machine)), "id": fingerprint_id(dict(machine))},
+        "config": chosen.to_dict(),
+        "baseline": {"config": baseline_cfg.to_dict(), "samples_per_s": base_value,
+                     "rounds": base_speed["samples_per_s"]},
+        "verified": winner is not None,
+    }
+    if winner is not None:
+        sp = winner.speed
+        result = search.get("results", {}).get(str(chosen), {})
+        doc["best"] = {"samples_per_s": sp["median_samples_per_s"],
+                       "peak_mem_mb": result.get("peak_rss_mb"),
+                       "one_time_s": result.get("one_time_s")}
+        doc["speedup"] = {k: sp[k] for k in ("median", "ci_low", "ci_high", "ci_level", "rounds")}
+        doc["verification"] = winner.to_dict()
+    else:
+        doc["best"] = None
+        doc["speedup"] = {"median": 1.0, "ci_low": 1.0, "ci_high": 1.0, "rounds": 0}
+        doc["verification"] = {}
+    doc["precision"] = precision_note(chosen, winner, verdicts, space, exact=exact)
+    doc["rejected"] = [
+        {"config": v.config.to_dict(), "config_short": v.config.short(), "reason": v.reason,
+         "checks": v.to_dict()}
+        for v in verdicts if v is not winner and not v.passed
+    ]
+    doc["candidates"] = verify.outcomes(verdicts, winner)
+    doc["search"] = {k: v for k, v in search.items() if k != "results"}
+    doc["space"] = space.describe()
+    return doc
+
+
+def tune(model_file: Path, *, out: Path | None, options: RunOptions,
+         reporter: Reporter) -> dict[str, Any]:
+    """The run as the CLI starts it: the output folder held exclusively, the model file
+    checked before anything is created, one measuring autotune per machine."""
+    # Absolute from here on: trials and scripts run with other working directories.
+    out = (out or Path("autotune-out") / model_file.stem).absolute()
+    # Subreaper first: processes the model file starts during its check are ours to end.
+    proctree.become_subreaper()
+    try:
+        with contextlib.ExitStack() as stack:
+            if out.is_dir():  # a busy folder is refused before the model file is even checked
+                stack.enter_context(outdir.exclusive(out))
+            task = load_task(model_file)  # before creating anything: bad input loses nothing
+            proctree.reap_orphans()
+            if not out.is_dir():
+                stack.enter_context(outdir.exclusive(outdir.prepare(out)))
+            stack.enter_context(measure_lock.held(notice=reporter.warn))
+            machine = probe_doc()
+            runner = make_runner(task, machine, out, window_s=options.window_s,
+                                 windows=options.windows, trial_timeout_s=options.trial_timeout_s)
+            return execute(task, out, options, machine=machine, runner=runner, reporter=reporter)
+    finally:
+        proctree.reap_orphans()
+
+
+def execute(task: Task, out: Path, options: RunOptions, *, machine: Mapping[str, Any],
+            runner: TrialRunner, reporter: Reporter) -> dict[str, Any]:
+    """Search, verify and emit for ``task`` on ``machine``, measuring with ``runner``;
+    returns the result document (also written to ``out``)."""
+    from probes import fingerprint_id
+
+    for w in machine.get("warnings", []):
+        reporter.warn(w)
+    space = build_task_space(task, machine, options)
+    for knob, reason in space.describe()["excluded"].items():
+        reporter.info(f"  skipping {knob}: {reason}")
+    study = open_study(storage_path=storage_path(out),
+                       study_name=study_name(task.path, fingerprint_id(dict(machine))))
+    resumed = len(study.trials)
+    if resumed:
+        reporter.info(f"resuming the study in {out} ({resumed} trials stored)")
+    tuner = Tuner(study=study, space=space, runner=runner, trials=options.trials,
+                  timeout_s=options.timeout_s, progress=reporter.search,
+                  heuristics=heuristics(space, machine))
+    outcome = tuner.run()
+    if outcome.baseline is None:
+        failed = next((f for f in outcome.failures if f["config"] == space.baseline.to_dict()),
+                      outcome.failures[0] if outcome.failures else None)
+        detail = (f"{FAILURE_HELP.get(failed['failure'], failed['failure'])}: {failed['message']}"
+                  if failed else "it was not measured")
+        raise NotVerified(
+            "no configuration can be verified: the baseline (your batch size, one process, "
+            f"default threads, fp32) failed: {detail}. Fix the model so it trains as it is; "
+            f"trial logs are in {out / 'trials'}."
+        )
+    baseline_cfg = space.baseline
+    default_threads = outcome.baseline.result.get("threads_seen")
+
+    def same_as_baseline(cfg: TrialConfig) -> bool:
+        # Setting threads to what torch picks by default changes nothing.
+        return cfg.replace(threads=None) == baseline_cfg and cfg.threads in (None, default_threads)
+
+    ranked = [c.config for c in outcome.ranked if not same_as_baseline(c.config)]
+    candidates = choose_candidates(list(ranked), top=options.top, space=space, machine=machine)
+    contrast = layout_contrast(candidates[0], space, machine) if candidates else None
+    search_info = {
+        "trials": len(study.trials),
+        "measured": outcome.measured,
+        "failures": outcome.failures,
+        "ranking": [{"config": c.config.short(), "samples_per_s": c.value} for c in outcome.ranked[:10]],
+        "results": {str(c.config): c.result for c in outcome.ranked},
+    }
+    settings = verify.Settings(rounds=options.rounds, max_quality_drop=options.max_quality_drop)
+    if candidates:
+        reporter.info(f"verifying {len(candidates)} candidates against the baseline ...")
+        winner, verdicts, base_speed = verify.verify_candidates(
+            runner, baseline=baseline_cfg, candidates=candidates, reserve=ranked,
+            settings=settings, has_evaluate=task.has_evaluate,
+            emit_candidate=candidate_emitter(task, machine),
+            workdir=out / "verify", progress=reporter.verify)
+    else:
+        winner, verdicts, base_speed = None, [], {}
+    if not base_speed:  # nothing was measured side by side: the search's value stands
+        base_speed = {"samples_per_s": [outcome.baseline.value],
+                      "median_samples_per_s": outcome.baseline.value}
+    chosen = winner.config if winner else baseline_cfg
+    doc = build_document(task=task, machine=machine, space=space, chosen=chosen,
+                         baseline_cfg=baseline_cfg, base_speed=base_speed, winner=winner,
+                         verdicts=verdicts, search=search_info, exact=options.exact)
+    if candidates:
+        doc["layout_effect"] = layout_effect(verdicts, candidates[0], contrast)
+    env, warnings = launch.environment(chosen, machine=machine)
+    for w in warnings:
+        reporter.warn(w)
+    doc["environment"] = env
+    return emit.write_outputs(out, cfg=chosen, model_file=task.path, env=env, document=doc,
+                              description=f"Train {task.path.name} with the configuration "
+                                          "autotune verified on this machine.")

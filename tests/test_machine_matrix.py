@@ -1,0 +1,201 @@
+"""The whole run (space, search, candidate choice, verification, emitted files) on
+recorded probes of machines this suite may not run on: an AVX2-only CPU, an AMX
+Sapphire Rapids, one H100, eight H100s. A stand-in runner measures: throughput is a
+function of the configuration and the machine, losses and evaluate() follow the
+precision, and a flag makes reduced precision diverge.
+
+Each machine asserts which knobs exist, that a reduced-precision winner whose numerics
+pass is emitted, that the fastest exact configuration is emitted when they fail, and
+that nothing is rejected for a gate the user did not ask for.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from autotune import pipeline
+from autotune.config import TrialConfig
+from autotune.report import Reporter
+from autotune.task import load_task
+from autotune.trial import TrialResult
+
+FIXTURES = Path(__file__).parent / "fixtures" / "machines"
+MODELS = Path(__file__).parent / "models"
+MACHINES = ("avx2_epyc", "amx_spr", "h100x1", "h100x8")
+
+
+def machine(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+class StandInRunner:
+    """Measures nothing. Reduced precision is fast where the hardware has it (bf16 2x
+    on AMX; fp16 2.2x, bf16 2x, tf32 1.4x on an H100), and its losses either track fp32
+    or, with ``diverge``, grow from the first step (evaluate() falls with them)."""
+
+    def __init__(self, doc: dict, *, diverge: bool = False) -> None:
+        self.doc, self.diverge = doc, diverge
+        self.gated: list[TrialConfig] = []
+        self.measured: list[TrialConfig] = []
+        self.scripts: list[Path] = []
+
+    def throughput(self, cfg: TrialConfig) -> float:
+        isa = self.doc["cpu"]["isa"]
+        fast = ({"fp16": 2.2, "bf16": 2.0, "tf32": 1.4} if cfg.device == "cuda"
+                else {"bf16": 2.0 if isa.get("amx_bf16") else 0.5})
+        value = 1000.0 * fast.get(cfg.precision, 1.0) * (1 + 0.1 * math.log2(cfg.batch_size / 16))
+        value *= 0.95 ** cfg.nprocs * cfg.nprocs if cfg.device == "cuda" else 1 + 0.05 * (cfg.threads or 1)
+        return value * (1.1 if cfg.num_workers else 1.0) * (1.05 if cfg.compile != "off" else 1.0)
+
+    def losses(self, cfg: TrialConfig, steps: int) -> list[float]:
+        if self.diverge and not cfg.exact:
+            return [2.3 * 1.03 ** i for i in range(steps)]
+        wobble = 0.0 if cfg.exact else 0.01
+        return [2.3 * 0.97 ** i * (1 + wobble * (-1) ** i) for i in range(steps)]
+
+    def run(self, cfg, *, name, on_window=None, trajectory_steps=None, quality_steps=None, **kw):
+        if trajectory_steps is not None:
+            self.gated.append(cfg)
+            return TrialResult(status="ok", done={"losses": self.losses(cfg, trajectory_steps)})
+        if quality_steps is not None:
+            metric = 0.5 if self.diverge and not cfg.exact else 0.9
+            return TrialResult(status="ok", done={"metric": metric, "losses": [1.0]})
+        self.measured.append(cfg)
+        value = self.throughput(cfg)
+        for i in range(3):
+            if on_window is not None and on_window(i, value):
+                return TrialResult(status="pruned")
+        return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
+                           setup={"threads": cfg.threads or self.doc["cpu"]["usable_cores"]})
+
+    def start(self, cfg, *, name, mode=None, **kw):
+        return _Serving(self.throughput(cfg))
+
+    def run_script(self, launcher, *, steps, workdir, timeout_s):
+        self.scripts.append(Path(launcher))
+        return {"samples_per_s": 1e12}
+
+
+class _Serving:
+    def __init__(self, value: float) -> None:
+        self.value, self.rounds, self.result = value, 0, TrialResult(status="ok")
+
+    def wait_ready(self) -> bool:
+        return True
+
+    def window(self) -> float:
+        self.rounds += 1
+        return self.value * (1 + 0.01 * (self.rounds % 3))
+
+    def kill(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(MODELS / "knob_cnn.py")
+
+
+def tune(task, name: str, tmp_path: Path, *, diverge: bool = False, **options):
+    doc_in = machine(name)
+    runner = StandInRunner(doc_in, diverge=diverge)
+    out = tmp_path / name
+    out.mkdir()
+    doc = pipeline.execute(task, out, pipeline.RunOptions(trials=12, **options), machine=doc_in,
+                           runner=runner, reporter=Reporter(quiet=True))
+    return doc, runner
+
+
+def _rejections(doc: dict) -> list[str]:
+    return [item["reason"] for item in doc["rejected"]]
+
+
+EXPECTED_PRECISIONS = {"avx2_epyc": ["fp32"], "amx_spr": ["fp32", "bf16"],
+                       "h100x1": ["fp32", "fp16", "bf16", "tf32"],
+                       "h100x8": ["fp32", "fp16", "bf16", "tf32"]}
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_each_machine_offers_its_own_knobs(task, name):
+    doc = machine(name)
+    space = pipeline.build_task_space(task, doc, pipeline.RunOptions())
+    assert space.choices["precision"] == EXPECTED_PRECISIONS[name]
+    gpus = len(doc["gpus"])
+    if gpus:
+        assert space.baseline.device == "cuda" and space.choices["backend"] == ["nccl"]
+        ranks = {int(s.split("x")[0]) for s in space.choices["layout"]}
+        # rank counts that split every batch size evenly, up to the GPUs
+        splits = {n for n in range(1, gpus + 1)
+                  if all(b % n == 0 for b in space.choices["batch_size"])}
+        assert ranks == splits and max(ranks) == min(gpus, 4)
+        assert "reduce-overhead" in space.choices["compile"] and "pin_memory" in space.choices
+    else:
+        assert space.baseline.device == "cpu" and "pin_memory" in space.excluded
+        assert set(space.choices["allocator"]) == {"default", "jemalloc", "tcmalloc"}
+    if name == "avx2_epyc":
+        assert "avx512_bf16" in space.excluded["precision=bf16"]
+    exact = pipeline.build_task_space(task, doc, pipeline.RunOptions(exact=True))
+    assert exact.choices["precision"] == ["fp32"]
+    assert "prune_ratio" not in exact.choices
+
+
+@pytest.mark.parametrize("name", MACHINES)
+def test_reduced_precision_whose_numerics_pass_is_emitted(task, name, tmp_path):
+    doc, runner = tune(task, name, tmp_path)
+    assert doc["verified"], _rejections(doc)
+    chosen = TrialConfig.from_dict(doc["config"])
+    if name == "avx2_epyc":
+        assert chosen.precision == "fp32"
+    else:
+        fastest = "bf16" if name == "amx_spr" else "fp16"
+        assert chosen.precision == fastest, doc["candidates"]
+        assert doc["precision"]["checked"].startswith(("bf16 autocast", "fp16 autocast"))
+        assert "tracked the fp32 one-process reference" in doc["precision"]["checked"]
+        assert "evaluate() 0.9 vs 0.9" in doc["precision"]["checked"]
+        assert "--exact" in doc["precision"]["opt_out"]
+        # every precision the machine offers was measured early, at two batch sizes
+        for p in EXPECTED_PRECISIONS[name][1:]:
+            assert len({c.batch_size for c in runner.measured[:12] if c.precision == p}) >= 2, p
+    # nothing rejected for a gate the user did not ask for
+    for reason in _rejections(doc):
+        assert "--max-quality-drop" not in reason and "evaluate(model)" not in reason, reason
+    written = json.loads((tmp_path / name / "best_config.json").read_text())
+    assert written["config"] == doc["config"] and written["precision"] == doc["precision"]
+    assert (tmp_path / name / "train_tuned.py").exists() and runner.scripts
+
+
+@pytest.mark.parametrize("name", ["amx_spr", "h100x1", "h100x8"])
+def test_diverging_reduced_precision_falls_back_to_the_fastest_exact_config(task, name, tmp_path):
+    doc, runner = tune(task, name, tmp_path, diverge=True)
+    assert doc["verified"], "the exact fallback must be verified, not the baseline emitted"
+    chosen = TrialConfig.from_dict(doc["config"])
+    assert chosen.exact and chosen != TrialConfig.from_dict(doc["baseline"]["config"])
+    # the emitted one is the fastest exact configuration the search measured
+    exact_values = [runner.throughput(c) for c in runner.measured if c.exact]
+    assert runner.throughput(chosen) >= 0.95 * max(exact_values)
+    rejected = doc["precision"]["rejected"]
+    assert rejected and all("diverge" in reason for reason in rejected.values()), rejected
+    # rejected by the gates before any speed measurement: none was held side by side
+    reduced_verdicts = [c for c in doc["candidates"] if not TrialConfig.from_dict(c["config"]).exact]
+    assert reduced_verdicts and all(c["checks"] == ["numerics"] for c in reduced_verdicts)
+    # each rejected one was replaced by the next of its kind, within the budget
+    gated_reduced = [c for c in runner.gated if not c.exact]
+    assert len(set(gated_reduced)) >= 2
+
+
+def test_the_summary_says_why_bf16_was_rejected(task, tmp_path, capsys):
+    doc, _ = tune(task, "amx_spr", tmp_path, diverge=True)
+    Reporter().summary(doc)
+    text = capsys.readouterr().out
+    assert "precision: bf16 rejected" in text and "diverge" in text
+    assert "fp32" in text
+
+
+def test_exact_keeps_fp32_on_a_machine_with_bf16(task, tmp_path):
+    doc, runner = tune(task, "amx_spr", tmp_path, exact=True)
+    assert doc["verified"] and doc["config"]["precision"] == "fp32"
+    assert all(c.exact for c in runner.measured)
+    assert doc["precision"]["opt_out"].startswith("--exact")
