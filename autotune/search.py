@@ -200,10 +200,11 @@ class Tuner:
         return None
 
     def _batch_stage(self, best: TrialConfig) -> list[dict[str, Any]]:
-        """Three groups, taken in turns: the best configuration at other batch sizes; the
-        best of the other precision kind (exact against reduced) likewise, so that the
-        fallback verification keeps for a reduced-precision winner is refined too; and
-        the best of the other process kind (several ranks against one) at larger sizes.
+        """Groups taken in turns: the best configuration at other batch sizes; the best
+        configuration in the other precision kind (exact against reduced), and that
+        kind's own best at other batch sizes, so that the fallback verification keeps
+        for a reduced-precision winner is refined too; and the best of the other
+        process kind (several ranks against one) at larger sizes.
 
         The last is for a noisy search that settles on one kind: tiny_lm (benchmark
         run 5) spent 16 of 20 trials in one process at batch 16-64 while two ranks at batch
@@ -212,6 +213,12 @@ class Tuner:
         groups = [self.space.batch_variants(best)]
         other_precision = self._best_config(exact=not best.exact)
         if other_precision is not None:
+            # the winner's other knobs (workers, memory format, layout) in the other
+            # precision kind first: they tend to carry over, and its own best has had
+            # fewer samples
+            moved = best.replace(precision=other_precision.precision,
+                                 prune_ratio=other_precision.prune_ratio)
+            groups.append([self.space.params_of(moved)])
             groups.append(self.space.batch_variants(other_precision))
         other = self._best_config(several_ranks=best.nprocs == 1)
         if other is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.search import BATCH, LATE, Tuner, open_study
+from autotune.search import BATCH, LATE, PRECISION, Tuner, open_study
 from autotune.space import build_space
 from autotune.trial import TrialResult
 
@@ -104,3 +104,47 @@ def test_the_best_of_the_other_process_kind_is_tried_at_larger_batches(tmp_path)
     assert [c for c in batch if c["nprocs"] == 1], "the best itself was not tried at other batches"
     assert [r for r, _ in roles][-len(space.choices["compile"]) + 1:] == \
            [LATE] * (len(space.choices["compile"]) - 1), "compile no longer fits after the stage"
+
+
+class Bf16Twice(ThroughputOfBatch):
+    """bf16 runs twice as fast; workers help either way."""
+
+    def run(self, cfg, *, name, on_window=None, **kwargs):
+        result = super().run(cfg, name=name, on_window=on_window, **kwargs)
+        if cfg.precision == "bf16":
+            result.value *= 2
+            result.values = [result.value] * 3
+        if on_window is not None:
+            for i, v in enumerate(result.values):
+                if on_window(i, v):
+                    result.status = "pruned"
+                    break
+        return result
+
+
+def test_both_precision_kinds_are_measured_early_and_refined_at_the_end(tmp_path):
+    machine = {**MACHINE, "cpu": {**MACHINE["cpu"], "isa": {"amx_bf16": True}}}
+    fixed = {"affinity": "none", "allocator": "default", "interop_threads": None, "nprocs": 1}
+    space = build_space(machine, baseline_batch=16, dataset_len=4096, fixed=fixed)
+    assert space.choices["precision"] == ["fp32", "bf16"]
+    runner = Bf16Twice()
+    study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
+    Tuner(study=study, space=space, runner=runner, trials=14, timeout_s=None).run()
+    trials = [t for t in study.trials if "config" in t.user_attrs]
+    early = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == PRECISION]
+    assert {c["precision"] for c in early} == {"bf16"} and len({c["batch_size"] for c in early}) == 2
+    # fp32 trials are never pruned against the twice-as-fast bf16 ones
+    fp32 = [t for t in trials if t.user_attrs["config"]["precision"] == "fp32"
+            and t.user_attrs.get("duplicate_of") is None]
+    assert fp32 and all(t.state.name == "COMPLETE" for t in fp32), [t.state for t in fp32]
+    batch = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == BATCH]
+    first_batch = next(i for i, t in enumerate(trials) if t.user_attrs.get("role") == BATCH)
+    best_before = max((t.user_attrs["config"] for t in trials[:first_batch]
+                       if t.state.name == "COMPLETE"),
+                      key=lambda c: _value(c) * (2 if c["precision"] == "bf16" else 1))
+    assert best_before["precision"] == "bf16"
+    # the winner's knobs in fp32 are tried, and both kinds at other batch sizes
+    assert {**best_before, "precision": "fp32"} in batch, batch
+    assert {c["precision"] for c in batch} == {"fp32", "bf16"}
+    late = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == LATE]
+    assert {c["precision"] for c in late} == {"fp32", "bf16"}
