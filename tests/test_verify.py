@@ -114,7 +114,7 @@ def test_two_ranks_compute_what_one_process_computes(tmp_path):
     check = verify.numerics_check(runner, baseline, TrialConfig(nprocs=2, threads=1, batch_size=32),
                                   steps=8, cache={})
     assert check.passed, check.detail
-    assert check.detail["max_relative_difference"] < 1e-4
+    assert check.detail["max_difference"] < 1e-4
     assert len(check.detail["candidate_losses"]) == 8
 
 
@@ -222,3 +222,19 @@ def test_a_rejected_candidate_is_replaced_by_the_next_of_its_kind_before_any_spe
     assert passed == [fp32[0]]
     assert [v.config for v in verdicts] == [bf16[0], fp32[0], bf16[1]], "one bf16 replacement"
     assert all("diverge" in v.reason for v in verdicts if v.config.precision == "bf16")
+
+
+@pytest.mark.slow
+def test_numerics_reject_a_model_that_bf16_breaks_and_pass_one_it_does_not(tmp_path):
+    """Real trials (bf16 autocast runs on any CPU, emulated where it is not native: the
+    numbers differ in speed, not in value)."""
+    base, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, precision="bf16")
+    broken = TrialRunner(model_file=MODELS / "bf16_cancels.py", machine={},
+                         workdir=tmp_path / "broken", measurement=SHORT)
+    check = verify.numerics_check(broken, base, bf16, steps=40, cache={})
+    assert check.passed is False and "diverge" in check.detail["reason"], check.detail
+    healthy = TrialRunner(model_file=MODELS / "knob_cnn.py", machine={},
+                          workdir=tmp_path / "healthy", measurement=SHORT)
+    check = verify.numerics_check(healthy, TrialConfig(batch_size=16),
+                                  TrialConfig(batch_size=16, precision="bf16"), steps=40, cache={})
+    assert check.passed, check.detail
