@@ -161,6 +161,7 @@ def _signal_from_log(log: str) -> str | None:
 
 def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> dict[str, Any]:
     """Run an emitted launch.sh for a few steps; returns its JSON report."""
+    workdir = workdir.absolute()  # the script runs in it: a relative report path would double
     workdir.mkdir(parents=True, exist_ok=True)
     report = workdir / "script-report.json"
     report.unlink(missing_ok=True)
