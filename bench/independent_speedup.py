@@ -3,10 +3,12 @@ time the emitted launch.sh against a baseline script, alternating, and compare w
 the interval verification reported.
 
     python bench/independent_speedup.py autotune-out/fashion_cnn --pairs 6 --seconds 8
+    python bench/independent_speedup.py OUT_BF16 OUT_EXACT   # several runs, side by side
 
 The baseline is the same train_tuned.py template with the baseline config (what the
 user runs today). Each run trains for about --seconds; the script's own --report gives
-samples/s over its steps after warm-up. Ratios come from adjacent runs (B T, T B, ...).
+samples/s over its steps after warm-up. Ratios come from runs of the same round; the order
+rotates from round to round (B T, T B, ...).
 """
 from __future__ import annotations
 
@@ -27,40 +29,57 @@ from autotune.verify import median_interval  # noqa: E402
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", type=Path)
+    p.add_argument("out", type=Path, nargs="+",
+                   help="output folders of runs of the same model file; the first one's "
+                        "baseline is the baseline of all")
     p.add_argument("--pairs", type=int, default=6)
     p.add_argument("--seconds", type=float, default=8.0)
     args = p.parse_args()
-    doc = json.loads((args.out / "best_config.json").read_text())
-    base_cfg = TrialConfig.from_dict(doc["baseline"]["config"])
-    tuned_cfg = TrialConfig.from_dict(doc["config"])
-    folder = args.out / "independent"
-    base_doc = emit.write_outputs(folder / "baseline", cfg=base_cfg, model_file=Path(doc["model_file"]),
-                                  env={}, document={}, description="baseline")
-    launchers = {"baseline": Path(base_doc["outputs"]["launcher"]),
-                 "tuned": Path(doc["outputs"]["launcher"])}
-    rates = {"baseline": doc["baseline"]["samples_per_s"], "tuned": doc["best"]["samples_per_s"]}
-    cfgs = {"baseline": base_cfg, "tuned": tuned_cfg}
-    values: dict[str, list[float]] = {"baseline": [], "tuned": []}
+    docs = [json.loads((out / "best_config.json").read_text()) for out in args.out]
+    folder = args.out[0] / "independent"
+    base_cfg = TrialConfig.from_dict(docs[0]["baseline"]["config"])
+    base_doc = emit.write_outputs(folder / "baseline", cfg=base_cfg,
+                                  model_file=Path(docs[0]["model_file"]), env={}, document={},
+                                  description="baseline")
+    names = ["baseline"] + [f"tuned-{i}" for i in range(len(docs))]
+    launchers = {"baseline": Path(base_doc["outputs"]["launcher"])}
+    rates = {"baseline": docs[0]["baseline"]["samples_per_s"]}
+    cfgs = {"baseline": base_cfg}
+    for name, doc in zip(names[1:], docs):
+        launchers[name] = Path(doc["outputs"]["launcher"])
+        rates[name] = (doc.get("best") or doc["baseline"])["samples_per_s"]
+        cfgs[name] = TrialConfig.from_dict(doc["config"])
+    values: dict[str, list[float]] = {name: [] for name in names}
     for i in range(args.pairs):
-        order = ["baseline", "tuned"] if i % 2 == 0 else ["tuned", "baseline"]
+        # every run alone on the machine; the order rotates so none always follows another
+        order = names[i % len(names):] + names[:i % len(names)]
         for name in order:
             steps = 3 + int(args.seconds * rates[name] / cfgs[name].batch_size)
             report = run_launcher(launchers[name], steps=steps, workdir=folder / f"{name}-{i}",
                                   timeout_s=600)
             values[name].append(report["samples_per_s"])
-            print(f"pair {i + 1} {name}: {report['samples_per_s']:.1f} samples/s", flush=True)
-    ratios = [t / b for t, b in zip(values["tuned"], values["baseline"])]
-    low, high, level = median_interval(ratios, confidence=0.8)
-    result = {
-        "ratios": ratios, "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-        "interval": [low, high], "interval_level": level,
-        "reported": doc["speedup"],
-        "median_inside_reported_interval": doc["speedup"]["ci_low"] <= statistics.median(ratios)
-        <= doc["speedup"]["ci_high"],
-    }
-    print(json.dumps(result, indent=1))
-    (folder / "result.json").write_text(json.dumps(result, indent=1))
+            print(f"round {i + 1} {name}: {report['samples_per_s']:.1f} samples/s", flush=True)
+    results = []
+    for name, out, doc in zip(names[1:], args.out, docs):
+        ratios = [t / b for t, b in zip(values[name], values["baseline"])]
+        low, high, level = median_interval(ratios, confidence=0.8)
+        results.append({
+            "out": str(out), "config": cfgs[name].short(),
+            "ratios": ratios, "median": statistics.median(ratios), "min": min(ratios),
+            "max": max(ratios), "interval": [low, high], "interval_level": level,
+            "reported": doc["speedup"],
+            "median_inside_reported_interval": doc["speedup"]["ci_low"] <= statistics.median(ratios)
+            <= doc["speedup"]["ci_high"],
+        })
+    if len(docs) > 1:  # each further run against the first, round by round
+        for name, result in zip(names[2:], results[1:]):
+            ratios = [a / b for a, b in zip(values[name], values["tuned-0"])]
+            low, high, level = median_interval(ratios, confidence=0.8)
+            result["against_first"] = {"median": statistics.median(ratios), "interval": [low, high],
+                                       "interval_level": level}
+    text = json.dumps(results if len(results) > 1 else results[0], indent=1)
+    print(text)
+    (folder / "result.json").write_text(text)
     return 0
 
 
