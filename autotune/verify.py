@@ -1,13 +1,16 @@
-"""Verification: the search's winner is a claim; these four checks test it (DESIGN §6).
+"""Verification: the search's winner is a claim; these four checks test it.
 
-1. speed     the candidates and the baseline re-measured in alternation, round after
-             round; the speedup is the ratio within a round, with a confidence interval.
-2. numerics  from the same seed, weights and global batches, the candidate's losses
+1. numerics  from the same seed, weights and global batches, the candidate's losses
              must track an fp32, one-process, eager reference at the same batch size.
-3. quality   where a knob trades quality (pruning, reduced precision) and the model
+2. quality   where a knob trades quality (pruning, reduced precision) and the model
              file has evaluate(), the metric after an identical short training must
-             stay within the allowed drop.
+             stay within the allowed drop of fp32 at the same batch size.
+3. speed     the candidates that passed 1-2 and the baseline re-measured in
+             alternation, round after round; the speedup is the ratio within a round,
+             with a confidence interval.
 4. script    the emitted launch.sh must train as fast as the trial measured.
+
+1-2 come first so that no speed measurement is spent on a candidate they reject.
 """
 from __future__ import annotations
 
@@ -15,12 +18,12 @@ import dataclasses
 import json
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.trial import TrialResult, TrialRunner
+from autotune.trial import LiveTrial, TrialResult, TrialRunner
 
 # The numerics check's bound on ``loss_divergence(...)["max_of_initial"]``: the worst
 # step's loss difference from the fp32 reference, relative to the reference's first
@@ -89,7 +92,7 @@ def speed_check(
 
     They start one at a time: setting one up never overlaps measuring another."""
     configs = [baseline, *candidates]
-    live: list[Any] = []  # LiveTrial, or None for one that failed
+    live: list[LiveTrial | None] = []
     failures: list[str | None] = [None] * len(configs)
     values: list[list[float]] = [[] for _ in configs]
     try:
@@ -444,7 +447,7 @@ def verify_candidates(
     runner: TrialRunner, *, baseline: TrialConfig, candidates: list[TrialConfig],
     settings: Settings, has_evaluate: bool,
     emit_candidate: Callable[[TrialConfig, Path], Path], workdir: Path,
-    reserve: list[TrialConfig] = (),  # type: ignore[assignment]
+    reserve: Sequence[TrialConfig] = (),
     progress: Progress = lambda kind, info: None,
 ) -> tuple[Verdict | None, list[Verdict], dict[str, Any]]:
     """Gate the candidates (numerics, quality; ``screen``), measure the survivors'

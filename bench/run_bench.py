@@ -36,10 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune import verify  # noqa: E402
-from autotune.pipeline import heuristics  # noqa: E402
+from autotune.pipeline import RunOptions, build_task_space, heuristics  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.search import Tuner, open_study  # noqa: E402
-from autotune.space import build_space  # noqa: E402
 from autotune.task import load_task  # noqa: E402
 from autotune.trial import Measurement, TrialRunner  # noqa: E402
 from probes import probe_machine  # noqa: E402
@@ -54,9 +53,7 @@ WORKLOADS = {
 
 
 def search(name: str, task, machine, out: Path, *, trials: int, sampler) -> tuple[TrialConfig, dict]:
-    space = build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
-                        image_inputs=task.image_inputs,
-                        batchnorm_layers=task.batchnorm_layers)
+    space = build_task_space(task, machine, RunOptions())
     runner = TrialRunner(model_file=task.path, machine=machine, workdir=out / name,
                          measurement=Measurement())
     study = open_study(storage_path=out / f"{name}.journal", study_name=name, sampler=sampler)
@@ -120,9 +117,7 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
     machine = probe_machine().to_dict()
     task = load_task(path)
     out.mkdir(parents=True, exist_ok=True)
-    space = build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
-                        image_inputs=task.image_inputs,
-                        batchnorm_layers=task.batchnorm_layers)
+    space = build_task_space(task, machine, RunOptions())  # the space `autotune run` searches
     grid = space.grid_size
     results: dict[str, dict] = {}
 
