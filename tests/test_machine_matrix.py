@@ -199,3 +199,11 @@ def test_exact_keeps_fp32_on_a_machine_with_bf16(task, tmp_path):
     assert doc["verified"] and doc["config"]["precision"] == "fp32"
     assert all(c.exact for c in runner.measured)
     assert doc["precision"]["opt_out"].startswith("--exact")
+
+
+def test_exact_and_a_pinned_reduced_precision_contradict_each_other():
+    from autotune.errors import UsageError
+
+    with pytest.raises(UsageError, match="--exact keeps precision=fp32"):
+        pipeline.RunOptions(exact=True, fixed={"precision": "bf16"})
+    pipeline.RunOptions(exact=True, fixed={"precision": "fp32"})  # the same thing twice is fine
