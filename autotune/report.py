@@ -2,13 +2,18 @@
 
 Progress goes to stderr (so ``--json`` keeps stdout clean); a silent terminal for
 minutes looks hung, so every trial and every measurement window prints a line.
+Text that comes from the user (paths, exception messages, log lines, environment
+values) is printed as text, never as rich markup: "[/data/train]" in an error message
+must not end the run.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from autotune.trial import TrialResult
 
@@ -19,10 +24,10 @@ class Reporter:
         self.out = Console(highlight=False)
 
     def info(self, text: str) -> None:
-        self.err.print(text)
+        self.err.print(text, markup=False)
 
     def warn(self, text: str) -> None:
-        self.err.print(f"[yellow]warning:[/] {text}")
+        self.err.print(Text.assemble(("warning:", "yellow"), " ", text))
 
     def search(self, kind: str, info: dict[str, Any]) -> None:
         if kind == "start":
@@ -48,7 +53,8 @@ class Reporter:
         elif result.status == "pruned":
             self.err.print(f"    → pruned: clearly slower than the best{best_text}")
         else:
-            self.err.print(f"    → [red]failed[/] ({result.failure}): {result.describe_failure()}")
+            self.err.print(f"    → [red]failed[/] ({escape(str(result.failure))}): "
+                           f"{escape(result.describe_failure())}")
             tail = result.log_tail.strip().splitlines()[-12:]
             for line in tail:
                 self.err.print(f"      | {line}", style="dim", markup=False)
@@ -57,20 +63,20 @@ class Reporter:
         if kind == "speed":
             self.err.print(f"verify speed: round {info['round']}/{info['rounds']}", style="dim")
         else:
-            self.err.print(f"verify: {info.get('text', kind)}")
+            self.err.print(f"verify: {info.get('text', kind)}", markup=False)
 
     def summary(self, doc: dict[str, Any]) -> None:
         base = doc["baseline"]
         best = doc.get("best") or {}
         speed = doc.get("speedup") or {}
-        table = Table(title=f"autotune: {doc['model_file']}", show_header=True)
+        table = Table(title=Text(f"autotune: {doc['model_file']}"), show_header=True)
         table.add_column("knob")
         table.add_column("baseline")
         table.add_column("chosen")
         for key, value in doc["config"].items():
             before = base["config"].get(key)
             mark = "" if before == value else " ←"
-            table.add_row(key, str(before), f"{value}{mark}")
+            table.add_row(key, Text(str(before)), Text(f"{value}{mark}"))
         self.out.print(table)
         self.out.print(f"baseline: {base['samples_per_s']:,.1f} samples/s")
         if doc["verified"]:
@@ -106,5 +112,5 @@ class Reporter:
             for knob, reason in skipped.items():
                 self.out.print(f"  {knob}: {reason}", markup=False)
         self.out.print(f"wrote {doc['outputs']['config']}, {doc['outputs']['script']}, "
-                       f"{doc['outputs']['launcher']}")
-        self.out.print(f"train with: {doc['launch']}")
+                       f"{doc['outputs']['launcher']}", markup=False)
+        self.out.print(f"train with: {doc['launch']}", markup=False)
