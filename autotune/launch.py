@@ -63,6 +63,25 @@ def environment(
     return chosen, warnings
 
 
+# What a launcher (torchrun, a Kubernetes PyTorchJob, an sbatch script) exports to place a
+# process in a rank group. Inherited by a trial, they would make a one-process baseline
+# join the user's real job (or hang waiting for it) and confuse torchrun's own ranks.
+DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                         "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                         "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def inherited_distributed(env: Mapping[str, str]) -> list[str]:
+    """The rank-group variables in ``env``, sorted."""
+    return sorted(k for k in env if k in DISTRIBUTED_VARIABLES or k.startswith("TORCHELASTIC_"))
+
+
+def without_distributed(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less the rank-group variables: trials start their own rank groups."""
+    drop = set(inherited_distributed(env))
+    return {k: v for k, v in env.items() if k not in drop}
+
+
 def command(cfg: TrialConfig, entry: list[str], *, python: str) -> list[str]:
     """The process command: plain python for one process, torchrun for several."""
     if cfg.nprocs == 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -280,6 +281,10 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Mapping[str,
 
     for w in machine.get("warnings", []):
         reporter.warn(w)
+    inherited = launch.inherited_distributed(os.environ)
+    if inherited:
+        reporter.warn(f"{', '.join(inherited)} from your environment are not passed to trials: "
+                      "each trial starts its own rank group on this machine")
     space = build_task_space(task, machine, options)
     for knob, reason in space.describe()["excluded"].items():
         reporter.info(f"  skipping {knob}: {reason}")

@@ -170,7 +170,8 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float)
             "--log-every", str(max(1, steps)), "--report", str(report)]
     with open(log, "wb") as out, measure_lock.held():
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir),
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env=launch.without_distributed(os.environ))
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -269,8 +270,8 @@ class TrialRunner:
             return LiveTrial.failed_to_start(result)
         result.env = env_vars
         # faulthandler: a trial killed by a signal still says where, in its own log.
-        env = {**os.environ, **env_vars, **(extra_env or {}), "PYTHONUNBUFFERED": "1",
-               "PYTHONFAULTHANDLER": "1"}
+        env = {**launch.without_distributed(os.environ), **env_vars, **(extra_env or {}),
+               "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
         # The worker runs from autotune's own source tree whether or not it is installed.
         package_root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))

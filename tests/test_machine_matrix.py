@@ -207,3 +207,14 @@ def test_exact_and_a_pinned_reduced_precision_contradict_each_other():
     with pytest.raises(UsageError, match="--exact keeps precision=fp32"):
         pipeline.RunOptions(exact=True, fixed={"precision": "bf16"})
     pipeline.RunOptions(exact=True, fixed={"precision": "fp32"})  # the same thing twice is fine
+
+
+def test_a_users_rank_variables_are_named_in_a_notice(task, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")
+    out = tmp_path / "out"
+    out.mkdir()
+    pipeline.execute(task, out, pipeline.RunOptions(trials=3), machine=machine("avx2_epyc"),
+                     runner=StandInRunner(machine("avx2_epyc")), reporter=Reporter())
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "MASTER_ADDR, WORLD_SIZE from your environment are not passed to trials" in err

@@ -1,0 +1,35 @@
+"""How trials are launched: from a clean distributed environment."""
+from __future__ import annotations
+
+import pytest
+
+from autotune import launch
+from autotune.config import TrialConfig
+from autotune.trial import Measurement, TrialRunner
+from helpers import MODELS, machine_doc
+
+# What a Kubernetes PyTorchJob or torchrun exports into the job autotune is started from;
+# MASTER_ADDR is an address of the documentation range, reachable from nowhere.
+JOB = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "MASTER_ADDR": "192.0.2.1",
+       "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job-1", "GROUP_RANK": "0"}
+
+
+def test_the_rank_group_variables_are_found_and_removed_and_nothing_else():
+    env = {**JOB, "PATH": "/usr/bin", "OMP_NUM_THREADS": "4", "MY_RANK_NOTE": "x"}
+    assert launch.inherited_distributed(env) == sorted(JOB)
+    assert launch.without_distributed(env) == {"PATH": "/usr/bin", "OMP_NUM_THREADS": "4",
+                                               "MY_RANK_NOTE": "x"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_a_trial_inside_a_users_job_starts_its_own_rank_group(tmp_path, monkeypatch, nprocs):
+    for key, value in JOB.items():
+        monkeypatch.setenv(key, value)
+    runner = TrialRunner(model_file=MODELS / "tiny_cnn.py", machine=machine_doc(),
+                         workdir=tmp_path, measurement=Measurement(warmup_steps=2, window_s=0.2,
+                                                                   windows=2),
+                         timeout_s=90)
+    result = runner.run(TrialConfig(nprocs=nprocs, threads=1, batch_size=16), name="trial")
+    assert result.status == "ok", f"{result.failure}: {result.message}\n{result.log_tail}"
+    assert result.setup["world"] == nprocs
