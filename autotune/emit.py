@@ -167,7 +167,9 @@ def render_launcher(
         "# Arguments go to train_tuned.py (--epochs, --max-steps, ...).",
         "set -euo pipefail",
         'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-        f'PYTHON="${{PYTHON:-{shlex.quote(python)}}}"',
+        # Not "${PYTHON:-default}": inside double quotes shlex's single quotes are literal
+        # and a $(...) in the path would run.
+        f'if [ -z "${{PYTHON:-}}" ]; then PYTHON={shlex.quote(python)}; fi',
     ]
     for key, value in env.items():
         q = shlex.quote(value)

@@ -206,3 +206,22 @@ def test_paths_with_spaces_and_dollar_signs(tmp_path, no_autotune_env):
                  "--report", "report $1.json")
     report = json.loads((work / "report $1.json").read_text())
     assert report["steps"] == 3 and len(report["losses"]) == 3
+
+
+@pytest.mark.slow
+def test_an_interpreter_path_with_spaces_and_dollars_is_quoted(tmp_path, no_autotune_env):
+    """An environment under '/opt/my envs/' made exec fail; a $(...) in the path ran."""
+    odd = tmp_path / "my envs" / "$(touch PWNED)"
+    odd.mkdir(parents=True)
+    (odd / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # the venv's own
+    (odd / "python").chmod(0o755)
+    cfg = TrialConfig(threads=1, batch_size=16)
+    env, _ = launch.environment(cfg, machine=machine_doc())
+    out = tmp_path / "out"
+    write(out, cfg)  # train_tuned.py, and a launch.sh replaced here
+    (out / "launch.sh").write_text(emit.render_launcher(cfg=cfg, env=env, python=str(odd / "python")))
+    work = tmp_path / "work"
+    env_run = {k: v for k, v in no_autotune_env.items() if k != "PYTHON"}
+    run_launcher(out, work, env_run, "--max-steps", "3", "--no-checkpoint", "--report", "r.json")
+    assert json.loads((work / "r.json").read_text())["steps"] >= 3
+    assert not list(tmp_path.rglob("PWNED")) and not (work / "PWNED").exists()
