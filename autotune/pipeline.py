@@ -18,7 +18,7 @@ from autotune import __version__, emit, launch, measure_lock, outdir, proctree, 
 from autotune.config import TrialConfig
 from autotune.errors import NotVerified, UsageError
 from autotune.report import Reporter
-from autotune.search import Tuner, open_study, storage_path, study_name
+from autotune.search import Tuner, open_study, repair_journal, storage_path, study_name
 from autotune.space import Space, build_space
 from autotune.task import Task, load_task
 from autotune.trial import FAILURE_HELP, Measurement, TrialRunner
@@ -288,6 +288,9 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Mapping[str,
     space = build_task_space(task, machine, options)
     for knob, reason in space.describe()["excluded"].items():
         reporter.info(f"  skipping {knob}: {reason}")
+    repaired = repair_journal(storage_path(out))
+    if repaired:
+        reporter.warn(repaired)
     study = open_study(storage_path=storage_path(out),
                        study_name=study_name(task.path, fingerprint_id(dict(machine))))
     resumed = len(study.trials)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
+import shutil
 import statistics
 import time
 import warnings
@@ -21,6 +23,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
+from autotune.errors import AutotuneError
 from autotune.space import Space
 from autotune.trial import OUT_OF_MEMORY, TrialResult, TrialRunner
 
@@ -29,6 +32,10 @@ HEURISTIC = "heuristic"
 PRECISION = "precision"
 BATCH = "batch"
 LATE = "late"
+
+
+class StudyDamaged(AutotuneError):
+    """The study journal cannot be read and cannot be repaired."""
 
 
 class ClearlySlowerPruner(optuna.pruners.BasePruner):
@@ -55,6 +62,63 @@ class ClearlySlowerPruner(optuna.pruners.BasePruner):
                     if cfg is None or (c := _config_of(t)) is None or c.exact == cfg.exact),
                    default=None)
         return best is not None and statistics.median(values) < self.ratio * best
+
+
+# Every operation Optuna's journal writes is one JSON object on one line, beginning so.
+_JOURNAL_OP = b'{"op_code":'
+
+
+def _recovered_line(line: bytes) -> bytes | None:
+    """``line`` if it decodes; else the whole operation at its end, if one is there (a
+    torn write that a later append joined onto); else None."""
+    for candidate in (line, line[line.rfind(_JOURNAL_OP):] if _JOURNAL_OP in line else b""):
+        try:
+            json.loads(candidate)
+            return candidate
+        except ValueError:
+            continue
+    return None
+
+
+def repair_journal(path: Path) -> str | None:
+    """Make a study journal readable again after a write was cut short (the tuner killed
+    mid-write, a full disk), under the journal's own lock; returns what was done, or None
+    when the file was sound. The damaged file is kept beside it as ``<name>.damaged``.
+
+    Optuna's reader skips a torn last line, and the next append joins onto it: from then
+    on every read fails to decode. Here the torn tail is cut off, and a joined line keeps
+    the whole operation at its end. Only the torn, never-finished operation is lost: a
+    trial it would have finished stays RUNNING and is measured again (``_recover_stale``).
+    A line that cannot be recovered is refused, naming the file and the way out."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    lock = optuna.storages.journal.JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        data = path.read_bytes()
+        *lines, tail = data.split(b"\n")
+        kept, fixed = [], 0
+        for number, line in enumerate(lines, start=1):
+            good = _recovered_line(line)
+            if good is None:
+                raise StudyDamaged(
+                    f"{path}: line {number} of the study journal is damaged beyond repair. Move "
+                    f"it aside to start a new study (mv '{path}' '{path}.bad'), or restore a "
+                    "copy; the trial logs stay in the trials/ folder.")
+            fixed += good is not line
+            kept.append(good)
+        if not tail and not fixed:
+            return None
+        shutil.copyfile(path, path.with_name(path.name + ".damaged"))
+        tmp = path.with_name(path.name + ".repair")
+        tmp.write_bytes(b"".join(line + b"\n" for line in kept))
+        os.replace(tmp, path)
+        return (f"{path} had {'a torn last write' if tail else ''}"
+                f"{' and ' if tail and fixed else ''}{f'{fixed} joined line(s)' if fixed else ''}"
+                f" (the tuner was stopped mid-write): repaired, the damaged file kept as "
+                f"{path.name}.damaged")
+    finally:
+        lock.release()
 
 
 def open_study(*, storage_path: Path, study_name: str, seed: int = 0,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.search import BATCH, LATE, PRECISION, Tuner, open_study
+import pytest
+
+from autotune.search import BATCH, LATE, PRECISION, StudyDamaged, Tuner, open_study, repair_journal
 from autotune.space import build_space
 from autotune.trial import TrialResult
 
@@ -148,3 +150,63 @@ def test_both_precision_kinds_are_measured_early_and_refined_at_the_end(tmp_path
     assert {c["precision"] for c in batch} == {"fp32", "bf16"}
     late = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == LATE]
     assert {c["precision"] for c in late} == {"fp32", "bf16"}
+
+
+# --- the study journal survives a torn write ----------------------------------------
+
+def _study_with_values(path: Path, values: list[float]):
+    study = open_study(storage_path=path, study_name="s")
+    for v in values:
+        t = study.ask()
+        t.suggest_int("x", 0, 10)
+        study.tell(t, v)
+    return study
+
+
+def _completed(path: Path) -> list[float]:
+    from helpers import read_trials
+
+    return [t.value for t in read_trials(path) if t.state.name == "COMPLETE"]
+
+
+TORN = b'{"op_code":4,"worker_id":"w","trial_id":9,"par'
+
+
+def test_a_torn_last_write_is_cut_off_and_the_study_goes_on(tmp_path):
+    path = tmp_path / "study.journal"
+    _study_with_values(path, [1.0, 2.0])
+    with open(path, "ab") as f:
+        f.write(TORN)
+    notice = repair_journal(path)
+    assert notice and "torn last write" in notice
+    assert (tmp_path / "study.journal.damaged").read_bytes().endswith(TORN)
+    assert _completed(path) == [1.0, 2.0]
+    _study_with_values(path, [3.0])
+    assert _completed(path) == [1.0, 2.0, 3.0]
+    assert repair_journal(path) is None, "a sound journal is left alone"
+
+
+def test_a_write_joined_onto_a_torn_line_is_recovered(tmp_path):
+    path = tmp_path / "study.journal"
+    _study_with_values(path, [1.0])
+    with open(path, "ab") as f:
+        f.write(TORN)
+    with pytest.raises(ValueError):  # Optuna appends onto the torn line, then cannot read it
+        _study_with_values(path, [2.0])
+    with pytest.raises(ValueError):
+        _completed(path)
+    assert "joined" in repair_journal(path)
+    assert _completed(path) == [1.0]
+    _study_with_values(path, [3.0])
+    assert _completed(path) == [1.0, 3.0]
+
+
+def test_a_line_damaged_beyond_repair_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "study.journal"
+    _study_with_values(path, [1.0, 2.0])
+    lines = path.read_bytes().split(b"\n")
+    lines[1] = b"\x00garbage"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(StudyDamaged, match=str(path)) as err:
+        repair_journal(path)
+    assert "mv" in str(err.value) and err.value.exit_code == 2
