@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -189,6 +190,14 @@ def launch_line(cfg: TrialConfig) -> str:
     return f"torchrun --standalone --nnodes 1 --nproc-per-node {cfg.nprocs} {SCRIPT_NAME}"
 
 
+def _write_atomically(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """A crash mid-write leaves the previous file, never half of the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
 def write_outputs(
     out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
     document: dict[str, Any], description: str,
@@ -199,16 +208,15 @@ def write_outputs(
     fp = document.get("fingerprint") or {}
     tuned_for = {k: fp.get(k) for k in ("usable_cores", "cpu_model", "torch_version", "gpu_count")
                  if fp.get(k) is not None}
-    script.write_text(render_script(cfg=cfg, model_file=model_file, description=description,
-                                    tuned_for=tuned_for))
+    _write_atomically(script, render_script(cfg=cfg, model_file=model_file,
+                                            description=description, tuned_for=tuned_for))
     launcher = out_dir / LAUNCHER_NAME
-    launcher.write_text(render_launcher(cfg=cfg, env=env))
-    launcher.chmod(0o755)
+    _write_atomically(launcher, render_launcher(cfg=cfg, env=env), mode=0o755)
     config_path = out_dir / CONFIG_NAME
     doc = {
         "schema": SCHEMA, **document,
         "launch": f"{launcher}  # runs: {launch_line(cfg)}",
         "outputs": {"config": str(config_path), "script": str(script), "launcher": str(launcher)},
     }
-    config_path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    _write_atomically(config_path, json.dumps(doc, indent=2, default=str) + "\n")
     return doc

@@ -27,7 +27,11 @@ def prepare(path: Path) -> Path:
 @contextlib.contextmanager
 def exclusive(path: Path) -> Iterator[None]:
     """Two runs on one folder would share a study and measure at once: refuse the second."""
-    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise UsageError(f"--out {path}: cannot write in the output folder ({exc.strerror}). "
+                         "Choose a folder you can write to.") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -136,9 +136,13 @@ class _EventReader:
         return out
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def _tail(path: Path, lines: int = 30, *, max_bytes: int = 65536) -> str:
+    """The last ``lines`` lines, read from the end: a log can be gigabytes."""
     try:
-        text = path.read_text(errors="replace")
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            text = f.read().decode(errors="replace")
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
@@ -180,7 +184,7 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float)
             proctree.kill_tree(proc.pid)
             proc.wait()
     if proc.returncode != 0 or not report.exists():
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        tail = _tail(log, 15)
         raise RuntimeError(f"{launcher.name} failed (exit code {proc.returncode}):\n{tail}")
     return json.loads(report.read_text())
 

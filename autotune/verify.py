@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.errors import NotVerified
 from autotune.trial import LiveTrial, TrialResult, TrialRunner
 
 # The numerics check's bound on ``loss_divergence(...)["max_of_initial"]``: the worst
@@ -82,6 +83,13 @@ class Check:
 Progress = Callable[[str, dict[str, Any]], None]
 
 
+def _baseline_failed(failure: str | None, folder: Path) -> NotVerified:
+    return NotVerified(
+        f"the baseline failed while verification re-measured it ({failure}), after it ran in "
+        f"the search: nothing can be compared with it. Its log: {folder / 'log.txt'}. Run the "
+        "same command again to verify (the search is kept).")
+
+
 def speed_check(
     runner: TrialRunner, baseline: TrialConfig, candidates: list[TrialConfig], *,
     rounds: int, progress: Progress = lambda kind, info: None,
@@ -106,7 +114,7 @@ def speed_check(
                 continue
             live.append(trial)
         if live[0] is None:
-            raise RuntimeError(f"the baseline failed during verification: {failures[0]}")
+            raise _baseline_failed(failures[0], runner.workdir / "verify-speed-0")
         for r in range(rounds):
             progress("speed", {"round": r + 1, "rounds": rounds})
             shift = r % len(configs)
@@ -119,7 +127,7 @@ def speed_check(
                     failures[i] = trial.result.describe_failure()
                     live[i] = None
                     if i == 0:
-                        raise RuntimeError(f"the baseline failed during verification: {failures[0]}")
+                        raise _baseline_failed(failures[0], runner.workdir / "verify-speed-0")
                     continue
                 values[i].append(value)
     finally:

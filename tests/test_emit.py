@@ -225,3 +225,22 @@ def test_an_interpreter_path_with_spaces_and_dollars_is_quoted(tmp_path, no_auto
     run_launcher(out, work, env_run, "--max-steps", "3", "--no-checkpoint", "--report", "r.json")
     assert json.loads((work / "r.json").read_text())["steps"] >= 3
     assert not list(tmp_path.rglob("PWNED")) and not (work / "PWNED").exists()
+
+
+def test_a_crash_while_writing_leaves_the_previous_outputs_whole(tmp_path, monkeypatch):
+    cfg = TrialConfig(threads=1, batch_size=16)
+    write(tmp_path, cfg)
+    before = {name: (tmp_path / name).read_text()
+              for name in ("train_tuned.py", "best_config.json", "launch.sh")}
+    real = Path.write_text
+
+    def dies_halfway(self, text, *args, **kwargs):  # the disk fills up mid-write
+        real(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", dies_halfway)
+    with pytest.raises(OSError):
+        write(tmp_path, cfg.replace(batch_size=32))
+    monkeypatch.undo()
+    for name, text in before.items():
+        assert (tmp_path / name).read_text() == text, f"{name} was left half-written"

@@ -38,6 +38,7 @@ class StandInRunner:
 
     def __init__(self, doc: dict, *, diverge: bool = False) -> None:
         self.doc, self.diverge = doc, diverge
+        self.workdir = Path("trials")
         self.gated: list[TrialConfig] = []
         self.measured: list[TrialConfig] = []
         self.scripts: list[Path] = []
@@ -218,3 +219,24 @@ def test_a_users_rank_variables_are_named_in_a_notice(task, tmp_path, monkeypatc
                      runner=StandInRunner(machine("avx2_epyc")), reporter=Reporter())
     err = capsys.readouterr().err.replace("\n", " ")
     assert "MASTER_ADDR, WORLD_SIZE from your environment are not passed to trials" in err
+
+
+class _BaselineDiesWhenServed(StandInRunner):
+    def start(self, cfg, *, name, mode=None, **kw):
+        serving = super().start(cfg, name=name, mode=mode)
+        if name == "verify-speed-0":
+            serving.wait_ready = lambda: False
+            serving.result = TrialResult(status="failed", failure="crash", message="killed by SIGKILL")
+        return serving
+
+
+def test_a_baseline_that_fails_in_verification_ends_the_run_with_a_message(task, tmp_path):
+    from autotune.errors import NotVerified
+
+    doc_in = machine("avx2_epyc")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(NotVerified, match="baseline failed while verification re-measured it") as err:
+        pipeline.execute(task, out, pipeline.RunOptions(trials=4), machine=doc_in,
+                         runner=_BaselineDiesWhenServed(doc_in), reporter=Reporter(quiet=True))
+    assert "killed by SIGKILL" in str(err.value) and err.value.exit_code == 3

@@ -1,0 +1,31 @@
+"""The output folder: a folder that cannot be written is refused with a message."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from autotune import outdir
+from autotune.errors import UsageError
+
+
+def test_a_folder_where_the_lock_cannot_be_written_is_refused_with_a_message(tmp_path, monkeypatch):
+    # As root (CI) permission bits do not stop writes; a read-only mount does, as here.
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if str(path).startswith(str(tmp_path)) and flags & os.O_CREAT:
+            raise PermissionError(30, "Read-only file system")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(UsageError, match="cannot write in the output folder"):
+        with outdir.exclusive(tmp_path):
+            pass
+
+
+def test_a_second_run_on_a_busy_folder_is_refused(tmp_path):
+    with outdir.exclusive(tmp_path):
+        with pytest.raises(UsageError, match="in use by another autotune run"):
+            with outdir.exclusive(tmp_path):
+                pass
