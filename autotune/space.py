@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -161,6 +162,27 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+def visible_gpus(gpus: Sequence[Mapping[str, Any]],
+                 cuda_visible_devices: str | None) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """The GPUs torch will see, in its order, and the indices of those it will not.
+    NVML lists every GPU of the machine; CUDA_VISIBLE_DEVICES (indices or UUIDs, comma
+    separated; the list ends at the first entry that names no GPU, as CUDA reads it)
+    narrows them, and an empty value hides all."""
+    if cuda_visible_devices is None:
+        return list(gpus), []
+    visible = []
+    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
+        by_uuid = entry.startswith(("GPU-", "MIG-"))
+        match = next((g for g in gpus if entry and (
+            str(g.get("uuid", "")).startswith(entry) if by_uuid else str(g.get("index")) == entry)),
+            None)
+        if match is None or match in visible:
+            break
+        visible.append(match)
+    hidden = [str(g.get("index")) for g in gpus if g not in visible]
+    return visible, hidden
+
+
 def build_space(
     machine: Mapping[str, Any],
     *,
@@ -180,7 +202,7 @@ def build_space(
     cores = int(cpu.get("usable_cores") or 1)
     isa = cpu.get("isa") or {}
     torch_info = machine.get("torch") or {}
-    gpus = machine.get("gpus") or []
+    gpus, hidden = visible_gpus(machine.get("gpus") or [], os.environ.get("CUDA_VISIBLE_DEVICES"))
     cuda = bool(gpus) and bool(torch_info.get("cuda_available"))
     backends = machine.get("backends") or {"gloo": True}
     excluded: dict[str, str] = {}
@@ -193,8 +215,10 @@ def build_space(
     if fixed.get("device") == "cuda" and not cuda:
         raise UsageError("--fix device=cuda: no CUDA GPU usable by torch on this machine")
     device = fixed.pop("device", "cuda" if cuda else "cpu")
+    if hidden:
+        excluded[f"gpus={','.join(hidden)}"] = "hidden by CUDA_VISIBLE_DEVICES"
     if not gpus:
-        excluded["device=cuda"] = "no NVIDIA GPU found"
+        excluded["device=cuda"] = "no NVIDIA GPU found" + (" visible" if hidden else "")
     elif not cuda:
         excluded["device=cuda"] = "GPUs present but this torch build cannot use them"
 

@@ -95,6 +95,12 @@ class _Serving:
         pass
 
 
+@pytest.fixture(autouse=True)
+def _all_gpus_visible(monkeypatch):
+    """The recorded machines' GPUs, whatever this machine's CUDA_VISIBLE_DEVICES says."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
 @pytest.fixture(scope="module")
 def task():
     return load_task(MODELS / "knob_cnn.py")
@@ -240,3 +246,20 @@ def test_a_baseline_that_fails_in_verification_ends_the_run_with_a_message(task,
         pipeline.execute(task, out, pipeline.RunOptions(trials=4), machine=doc_in,
                          runner=_BaselineDiesWhenServed(doc_in), reporter=Reporter(quiet=True))
     assert "killed by SIGKILL" in str(err.value) and err.value.exit_code == 3
+
+
+@pytest.mark.parametrize(("visible", "ranks", "device"), [
+    (None, 4, "cuda"), ("2,3", 2, "cuda"), ("GPU-0000-5", 1, "cuda"), ("", 0, "cpu"),
+    ("1,7,-1,2", 2, "cuda"),  # CUDA stops reading at the first entry that names no GPU
+])
+def test_cuda_visible_devices_narrows_the_gpus(task, monkeypatch, visible, ranks, device):
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    space = pipeline.build_task_space(task, machine("h100x8"), pipeline.RunOptions())
+    assert space.baseline.device == device
+    if device == "cuda":
+        assert max(int(s.split("x")[0]) for s in space.choices["layout"]) == ranks
+    if visible is not None:
+        assert any("CUDA_VISIBLE_DEVICES" in reason for reason in space.excluded.values())
