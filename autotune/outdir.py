@@ -12,6 +12,17 @@ from autotune.errors import UsageError
 LOCK_NAME = ".autotune.lock"
 
 
+def check_ours(path: Path, *, force: bool) -> None:
+    """An existing folder that holds files and no trace of autotune is the user's: writing
+    launch.sh and best_config.json into it would replace theirs without a word."""
+    if force or not path.is_dir() or (path / LOCK_NAME).exists():
+        return
+    if any(path.iterdir()):
+        raise UsageError(f"--out {path}: the folder exists and was not made by autotune; its "
+                         "launch.sh, train_tuned.py and best_config.json would be replaced. Give "
+                         "a new folder, or --force to write into this one.")
+
+
 def prepare(path: Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)

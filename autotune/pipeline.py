@@ -248,8 +248,8 @@ def build_document(
     return doc
 
 
-def tune(model_file: Path, *, out: Path | None, options: RunOptions,
-         reporter: Reporter) -> dict[str, Any]:
+def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: Reporter,
+         force: bool = False) -> dict[str, Any]:
     """The run as the CLI starts it: the output folder held exclusively, the model file
     checked before anything is created, one measuring autotune per machine."""
     # Absolute from here on: trials and scripts run with other working directories.
@@ -258,6 +258,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions,
     proctree.become_subreaper()
     try:
         with contextlib.ExitStack() as stack:
+            outdir.check_ours(out, force=force)
             if out.is_dir():  # a busy folder is refused before the model file is even checked
                 stack.enter_context(outdir.exclusive(out))
             task = load_task(model_file)  # before creating anything: bad input loses nothing

@@ -29,3 +29,17 @@ def test_a_second_run_on_a_busy_folder_is_refused(tmp_path):
         with pytest.raises(UsageError, match="in use by another autotune run"):
             with outdir.exclusive(tmp_path):
                 pass
+
+
+def test_a_users_own_folder_is_refused_unless_forced(tmp_path):
+    (tmp_path / "launch.sh").write_text("# the user's own\n")
+    with pytest.raises(UsageError, match="not made by autotune.*--force"):
+        outdir.check_ours(tmp_path, force=False)
+    outdir.check_ours(tmp_path, force=True)
+    outdir.check_ours(tmp_path / "new", force=False)  # not there yet: autotune makes it
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    outdir.check_ours(empty, force=False)
+    with outdir.exclusive(empty):  # once autotune has used it, it is autotune's
+        (empty / "best_config.json").write_text("{}")
+    outdir.check_ours(empty, force=False)

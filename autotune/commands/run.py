@@ -49,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop starting new trials after this many seconds")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default autotune-out/<model name>)")
+    p.add_argument("--force", action="store_true",
+                   help="write into an existing --out folder that autotune did not make")
     p.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
                    help="pin a knob, e.g. --fix batch_size=64 (repeatable)")
     p.add_argument("--exact", action="store_true",
@@ -68,7 +70,8 @@ def main(args: argparse.Namespace) -> int:
         top=args.top, window_s=args.window, windows=args.windows,
         trial_timeout_s=args.trial_timeout, rounds=args.rounds,
         max_quality_drop=args.max_quality_drop)
-    doc = tune(Path(args.model_file), out=args.out, options=options, reporter=reporter)
+    doc = tune(Path(args.model_file), out=args.out, options=options, reporter=reporter,
+               force=args.force)
     if args.json:
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
