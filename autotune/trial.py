@@ -170,12 +170,14 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float)
     report = workdir / "script-report.json"
     report.unlink(missing_ok=True)
     log = workdir / "script-log.txt"
+    tmp = workdir / "tmp"  # as a trial's: a killed script cannot clean up its temporary files
+    tmp.mkdir(exist_ok=True)
     argv = ["bash", str(launcher.absolute()), "--max-steps", str(steps), "--no-checkpoint",
             "--log-every", str(max(1, steps)), "--report", str(report)]
     with open(log, "wb") as out, measure_lock.held():
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir),
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                env=launch.without_distributed(os.environ))
+                                env={**launch.without_distributed(os.environ), "TMPDIR": str(tmp)})
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -236,6 +238,17 @@ class TrialRunner:
         live = self.start(cfg, name=name, on_window=on_window, mode=mode, extra_env=extra_env)
         return live.wait()
 
+    def temporary_folders(self, folder: Path) -> dict[str, str]:
+        """Temporary files of a trial (multiprocessing's pymp-*, torchrun's torchelastic_*)
+        go inside its folder: a killed trial cannot clean up, and /tmp filled with them.
+        torch.compile's cache is shared by the run's trials, as /tmp's would be."""
+        tmp = folder / "tmp"
+        tmp.mkdir(exist_ok=True)
+        env = {"TMPDIR": str(tmp)}
+        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(self.workdir / "inductor-cache")
+        return env
+
     def run_script(self, launcher: Path, *, steps: int, workdir: Path,
                    timeout_s: float) -> dict[str, Any]:
         """Run an emitted launch.sh for ``steps`` steps, alone on the machine."""
@@ -275,7 +288,8 @@ class TrialRunner:
         result.env = env_vars
         # faulthandler: a trial killed by a signal still says where, in its own log.
         env = {**launch.without_distributed(os.environ), **env_vars, **(extra_env or {}),
-               "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+               "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
+               **self.temporary_folders(folder)}
         # The worker runs from autotune's own source tree whether or not it is installed.
         package_root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))

@@ -33,3 +33,25 @@ def test_a_trial_inside_a_users_job_starts_its_own_rank_group(tmp_path, monkeypa
     result = runner.run(TrialConfig(nprocs=nprocs, threads=1, batch_size=16), name="trial")
     assert result.status == "ok", f"{result.failure}: {result.message}\n{result.log_tail}"
     assert result.setup["world"] == nprocs
+
+
+def _tmp_leftovers() -> set[str]:
+    import glob
+    import tempfile
+
+    root = tempfile.gettempdir()
+    return set(glob.glob(f"{root}/pymp-*") + glob.glob(f"{root}/torchelastic_*"))
+
+
+@pytest.mark.slow
+def test_a_trials_temporary_folders_stay_in_its_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("TMPDIR", raising=False)
+    before = _tmp_leftovers()
+    runner = TrialRunner(model_file=MODELS / "tiny_cnn.py", machine=machine_doc(),
+                         workdir=tmp_path, measurement=Measurement(warmup_steps=2, window_s=0.2,
+                                                                   windows=2), timeout_s=90)
+    cfg = TrialConfig(nprocs=2, threads=1, batch_size=16, num_workers=1, persistent_workers=True)
+    result = runner.run(cfg, name="trial")
+    assert result.status == "ok", f"{result.failure}: {result.message}\n{result.log_tail}"
+    assert _tmp_leftovers() <= before, _tmp_leftovers() - before
+    assert list((tmp_path / "trial" / "tmp").iterdir()), "nothing went to the trial's folder"
