@@ -39,6 +39,7 @@ class RunOptions:
     window_s: float = 1.0
     windows: int = 3
     trial_timeout_s: float = 300.0
+    hang_timeout_s: float = 30.0
     rounds: int = 10
     max_quality_drop: float | None = None
 
@@ -65,12 +66,21 @@ def memory_limit(machine: Mapping[str, Any]) -> int | None:
     return int(usable * 0.8) if usable else None
 
 
+def setup_hang_limit(task: Task) -> float:
+    """How long a trial may take to set up before it counts as hung: the contract check
+    did the same work (import, build_dataset, build_model) and one step on two items, so
+    several times its time, and at least a minute (torchrun, DataLoader workers, a full
+    first batch come on top)."""
+    return max(60.0, 5 * task.check_s)
+
+
 def make_runner(task: Task, machine: Mapping[str, Any], out: Path, *, window_s: float,
-                windows: int, trial_timeout_s: float) -> TrialRunner:
+                windows: int, trial_timeout_s: float, hang_timeout_s: float = 30.0) -> TrialRunner:
     return TrialRunner(
         model_file=task.path, machine=machine, workdir=out / "trials",
         measurement=Measurement(window_s=window_s, windows=windows),
-        timeout_s=trial_timeout_s, memory_limit_bytes=memory_limit(machine),
+        timeout_s=trial_timeout_s, hang_s=hang_timeout_s, setup_hang_s=setup_hang_limit(task),
+        memory_limit_bytes=memory_limit(machine),
     )
 
 
@@ -268,7 +278,8 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             stack.enter_context(measure_lock.held(notice=reporter.warn))
             machine = probe_doc()
             runner = make_runner(task, machine, out, window_s=options.window_s,
-                                 windows=options.windows, trial_timeout_s=options.trial_timeout_s)
+                                 windows=options.windows, trial_timeout_s=options.trial_timeout_s,
+                                 hang_timeout_s=options.hang_timeout_s)
             return execute(task, out, options, machine=machine, runner=runner, reporter=reporter)
     finally:
         proctree.reap_orphans()

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ class Task:
     # Names of BatchNorm layers: several ranks would each normalize over their own share
     # of the batch, so a multi-rank layout trains a different model (see space.py).
     batchnorm_layers: tuple[str, ...] = ()
+    check_s: float = 0.0  # how long the check took: import, build_dataset, build_model, a step
 
     @property
     def name(self) -> str:
@@ -75,6 +77,7 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
         timed_out = False
         # Output goes to a file, not a pipe: a process the user's code leaves running would
         # hold a pipe open and keep us waiting for its end instead of the check's.
+        started = time.monotonic()
         with open(log, "wb") as log_file:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "autotune.task", str(path.resolve()), str(out)],
@@ -106,7 +109,7 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
         raise ContractError(result["error"])
     described = result["task"]
     described["batchnorm_layers"] = tuple(described.get("batchnorm_layers", ()))
-    return Task(path=path.resolve(), **described)
+    return Task(path=path.resolve(), check_s=time.monotonic() - started, **described)
 
 
 # --- what runs in the child process -------------------------------------------------

@@ -203,6 +203,7 @@ class TrialRunner:
         measurement: Measurement = Measurement(),
         timeout_s: float = 180.0,
         hang_s: float = 30.0,
+        setup_hang_s: float | None = None,
         memory_limit_bytes: int | None = None,
         python: str = sys.executable,
         seed: int = 0,
@@ -213,6 +214,9 @@ class TrialRunner:
         self.measurement = measurement
         self.timeout_s = timeout_s
         self.hang_s = hang_s
+        # Setup (imports, build_dataset, build_model, the DataLoader's first batch) has no
+        # heartbeat: past this a trial that has not finished it is hung in it.
+        self.setup_hang_s = setup_hang_s
         self.memory_limit_bytes = memory_limit_bytes
         self.python = python
         self.seed = seed
@@ -373,7 +377,12 @@ class LiveTrial:
             if not (self.serving and self.ready) and now - self.started > runner.timeout_s:
                 self.killed_for = (TIMEOUT, f"still running after {runner.timeout_s:.0f} s")
             elif not idle and self.last_progress is not None and now - self.last_progress > runner.hang_s:
-                self.killed_for = (HANG, f"no progress for {runner.hang_s:.0f} s")
+                self.killed_for = (HANG, f"no progress for {runner.hang_s:.0f} s while steps ran")
+            elif (not self.result.setup and runner.setup_hang_s is not None
+                  and now - self.started > runner.setup_hang_s):
+                self.killed_for = (HANG, f"not set up after {runner.setup_hang_s:.0f} s: stuck in "
+                                         "setup (importing the model file, build_dataset, "
+                                         "build_model or the DataLoader's first batch)")
             elif now - self.memory_checked >= MEMORY_CHECK_S:
                 # Walking the process table costs CPU; a trial measuring meanwhile must
                 # not pay for it more than once a second.

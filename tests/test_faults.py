@@ -7,6 +7,8 @@ measurements and small limits; the model files are in tests/models/faulty/.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import subprocess
 import sys
@@ -63,10 +65,10 @@ def run_trial(tmp_path):
     Asserts that no process of the trial outlives it."""
 
     def run(model: str, cfg: TrialConfig, *, timeout_s: float = 90, hang_s: float = 30,
-            memory_limit_bytes: int | None = None):
+            setup_hang_s: float | None = None, memory_limit_bytes: int | None = None):
         runner = TrialRunner(model_file=FAULTY / model, machine={}, workdir=tmp_path,
                              measurement=MEASURE, timeout_s=timeout_s, hang_s=hang_s,
-                             memory_limit_bytes=memory_limit_bytes)
+                             setup_hang_s=setup_hang_s, memory_limit_bytes=memory_limit_bytes)
         with TreeWatcher(str(tmp_path)) as watcher:
             result = runner.run(cfg, name="trial")
         left = survivors(str(tmp_path))
@@ -97,6 +99,31 @@ def test_hang_before_first_step_is_a_timeout(run_trial, nprocs):
     assert timeout_s <= result.wall_s < timeout_s + 10, describe(result)
     workers = [c for c in seen.values() if "autotune.worker" in c]
     assert len(workers) >= nprocs + (1 if nprocs > 1 else 0), seen  # torchrun + ranks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "nprocs", "workers"), [
+    ("hang_build.py", 1, 0), ("hang_build.py", 2, 0),
+    ("hang_first_batch.py", 1, 0), ("hang_first_batch.py", 1, 2)])
+def test_a_hang_in_setup_is_named_as_one_within_the_setup_limit(run_trial, model, nprocs, workers):
+    """build_dataset, or the DataLoader's first batch, blocks: no heartbeat runs yet, so
+    the setup limit (scaled from the contract check in a real run) is what ends it, long
+    before the trial timeout, and the message names the phase."""
+    cfg = TrialConfig(nprocs=nprocs, threads=1, batch_size=16, num_workers=workers)
+    result, _ = run_trial(model, cfg, timeout_s=300, hang_s=3, setup_hang_s=8)
+    assert result.status == "failed" and result.failure == "hang", describe(result)
+    assert "stuck in setup" in result.message and "first batch" in result.message
+    assert 8 <= result.wall_s < 30, describe(result)
+
+
+def test_the_setup_limit_scales_with_the_contract_check():
+    from autotune.pipeline import setup_hang_limit
+    from autotune.task import Task
+
+    quick = Task(path=Path("m.py"), batch_size=8, dataset_len=8, image_inputs=False,
+                 has_evaluate=False, has_training_step=False, parameters=1, check_s=3.0)
+    assert setup_hang_limit(quick) == 60.0, "a blocked first batch is reported within a minute"
+    assert setup_hang_limit(dataclasses.replace(quick, check_s=40.0)) == 200.0
 
 
 @pytest.mark.slow

@@ -31,6 +31,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="measurement windows per trial (default 3)")
     p.add_argument("--trial-timeout", type=_positive(float, "--trial-timeout"), default=300.0,
                    help="seconds before a trial is killed (default 300)")
+    p.add_argument("--hang-timeout", type=_positive(float, "--hang-timeout"), default=30.0,
+                   metavar="SECONDS",
+                   help="seconds without a finished step before a trial counts as hung (default "
+                        "30); setup may take 5x the model file's check, at least 60 s")
     p.add_argument("--rounds", type=_positive(int, "--rounds"), default=10,
                    help="alternating re-measurement rounds in verification (default 10)")
     p.add_argument("--max-quality-drop", type=float, default=None, metavar="X",
@@ -68,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
     options = RunOptions(
         trials=args.trials, timeout_s=args.timeout, fixed=parse_fixes(args.fix), exact=args.exact,
         top=args.top, window_s=args.window, windows=args.windows,
-        trial_timeout_s=args.trial_timeout, rounds=args.rounds,
+        trial_timeout_s=args.trial_timeout, hang_timeout_s=args.hang_timeout, rounds=args.rounds,
         max_quality_drop=args.max_quality_drop)
     doc = tune(Path(args.model_file), out=args.out, options=options, reporter=reporter,
                force=args.force)

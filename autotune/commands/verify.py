@@ -46,7 +46,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         with outdir.exclusive(out), measure_lock.held(notice=reporter.warn):
             runner = make_runner(task, machine, out, window_s=args.window, windows=args.windows,
-                                 trial_timeout_s=args.trial_timeout)
+                                 trial_timeout_s=args.trial_timeout,
+                                 hang_timeout_s=args.hang_timeout)
             winner, verdicts, base_speed = verify.verify_candidates(
                 runner, baseline=baseline, candidates=[cfg],
                 settings=verify.Settings(rounds=args.rounds, max_quality_drop=args.max_quality_drop),
