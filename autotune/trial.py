@@ -9,9 +9,11 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -170,14 +172,13 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float)
     report = workdir / "script-report.json"
     report.unlink(missing_ok=True)
     log = workdir / "script-log.txt"
-    tmp = workdir / "tmp"  # as a trial's: a killed script cannot clean up its temporary files
-    tmp.mkdir(exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="autotune-script-")  # as a trial's (TrialRunner.start)
     argv = ["bash", str(launcher.absolute()), "--max-steps", str(steps), "--no-checkpoint",
             "--log-every", str(max(1, steps)), "--report", str(report)]
     with open(log, "wb") as out, measure_lock.held():
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir),
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**launch.without_distributed(os.environ), "TMPDIR": str(tmp)})
+                                env={**launch.without_distributed(os.environ), "TMPDIR": tmp})
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -185,6 +186,7 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float)
         finally:
             proctree.kill_tree(proc.pid)
             proc.wait()
+            shutil.rmtree(tmp, ignore_errors=True)
     if proc.returncode != 0 or not report.exists():
         tail = _tail(log, 15)
         raise RuntimeError(f"{launcher.name} failed (exit code {proc.returncode}):\n{tail}")
@@ -242,17 +244,6 @@ class TrialRunner:
         live = self.start(cfg, name=name, on_window=on_window, mode=mode, extra_env=extra_env)
         return live.wait()
 
-    def temporary_folders(self, folder: Path) -> dict[str, str]:
-        """Temporary files of a trial (multiprocessing's pymp-*, torchrun's torchelastic_*)
-        go inside its folder: a killed trial cannot clean up, and /tmp filled with them.
-        torch.compile's cache is shared by the run's trials, as /tmp's would be."""
-        tmp = folder / "tmp"
-        tmp.mkdir(exist_ok=True)
-        env = {"TMPDIR": str(tmp)}
-        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-            env["TORCHINDUCTOR_CACHE_DIR"] = str(self.workdir / "inductor-cache")
-        return env
-
     def run_script(self, launcher: Path, *, steps: int, workdir: Path,
                    timeout_s: float) -> dict[str, Any]:
         """Run an emitted launch.sh for ``steps`` steps, alone on the machine."""
@@ -291,15 +282,20 @@ class TrialRunner:
             return LiveTrial.failed_to_start(result)
         result.env = env_vars
         # faulthandler: a trial killed by a signal still says where, in its own log.
+        # Temporary files of the trial (multiprocessing's pymp-*, torchrun's torchelastic_*)
+        # go to a folder of its own, removed when it ends: a killed trial cannot clean up,
+        # and /tmp filled with them. Short, in the system's temp folder: multiprocessing
+        # binds Unix sockets there, whose paths may not exceed 107 bytes.
+        tmp = tempfile.mkdtemp(prefix="autotune-trial-")
         env = {**launch.without_distributed(os.environ), **env_vars, **(extra_env or {}),
-               "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
-               **self.temporary_folders(folder)}
+               "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "TMPDIR": tmp}
         # The worker runs from autotune's own source tree whether or not it is installed.
         package_root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         argv = launch.command(cfg, ["-m", "autotune.worker", str(spec_path)], python=self.python)
         return LiveTrial(self, folder=folder, argv=argv, env=env, result=result,
-                         on_window=on_window, serving=(mode or {}).get("mode") == "serve")
+                         on_window=on_window, serving=(mode or {}).get("mode") == "serve",
+                         tmpdir=tmp)
 
 
 class LiveTrial:
@@ -309,8 +305,10 @@ class LiveTrial:
 
     def __init__(self, runner: TrialRunner | None, *, folder: Path | None, argv: list[str] | None,
                  env: dict[str, str] | None, result: TrialResult,
-                 on_window: Callable[[int, float], bool] | None = None, serving: bool = False) -> None:
+                 on_window: Callable[[int, float], bool] | None = None, serving: bool = False,
+                 tmpdir: str | None = None) -> None:
         self.runner, self.folder, self.result = runner, folder, result
+        self.tmpdir = tmpdir
         self.on_window, self.serving = on_window, serving
         self.killed_for: tuple[str, str] | None = None
         self.ready = False
@@ -478,6 +476,8 @@ class LiveTrial:
         # Descendants of a root that already exited were re-parented: find them by record.
         proctree.kill_known(self.members)
         self._log.close()
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
         self.finished = True
         measure_lock.release()
         result = self.result
