@@ -1,4 +1,4 @@
-"""One candidate training configuration: every knob autotune can turn (DESIGN §3)."""
+"""One candidate training configuration: every knob autotune can turn."""
 from __future__ import annotations
 
 import dataclasses

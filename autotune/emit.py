@@ -1,4 +1,4 @@
-"""What a run leaves behind: best_config.json, train_tuned.py, launch.sh (DESIGN §7).
+"""What a run leaves behind: best_config.json, train_tuned.py, launch.sh.
 
 ``train_tuned.py`` is ``autotune/runtime.py``'s own text followed by a training
 ``main``: the script runs the very code that was measured, and never imports autotune.

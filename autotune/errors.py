@@ -9,7 +9,7 @@ class AutotuneError(Exception):
 
 
 class ContractError(AutotuneError):
-    """The user's model file does not follow the contract (DESIGN §1)."""
+    """The user's model file does not follow the contract."""
 
 
 class UsageError(AutotuneError):

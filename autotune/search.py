@@ -1,4 +1,4 @@
-"""The Optuna study: storage, sampler, pruner, budget, resume (DESIGN §5).
+"""The Optuna study: storage, sampler, pruner, budget, resume.
 
 One study per (model file, machine fingerprint), stored in the output folder as an
 Optuna journal file, so running the same command again resumes it. Trials are run

@@ -1,4 +1,4 @@
-"""The user's model file: loading it and checking the contract (DESIGN §1).
+"""The user's model file: loading it and checking the contract.
 
 The file is checked before any trial starts. Importing it runs the user's code, so
 that happens in a child process (``python -m autotune.task FILE OUT``): a file that

@@ -1,4 +1,4 @@
-"""Running one trial in its own process tree, and telling how it ended (DESIGN §4).
+"""Running one trial in its own process tree, and telling how it ended.
 
 The tuner stays idle while a trial measures: it only polls the trial's event file,
 its wall time and its memory a few times a second.

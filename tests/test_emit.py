@@ -1,4 +1,4 @@
-"""The generated script (DESIGN §7): train_tuned.py and launch.sh reproduce the tuned
+"""The generated script: train_tuned.py and launch.sh reproduce the tuned
 configuration, train for real, and need torch and the model file, never autotune."""
 from __future__ import annotations
 

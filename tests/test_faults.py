@@ -1,4 +1,4 @@
-"""Fault injection (DESIGN §4, issue 6): model files that hang, abort, exhaust memory,
+"""Fault injection (issue 6): model files that hang, abort, exhaust memory,
 raise, produce NaN, do not parse or lack a function. Each trial must end with the right
 classification, the user's own log lines, and no process of its tree left behind.
 

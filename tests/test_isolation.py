@@ -1,4 +1,4 @@
-"""The tuner and the machine are isolated from a trial's end (DESIGN §4, issue 6): a
+"""The tuner and the machine are isolated from a trial's end (issue 6): a
 Ctrl-C or a killed tuner leaves no process behind, two runs never share an output
 folder, and a memory-hungry trial is stopped before the kernel has to step in.
 

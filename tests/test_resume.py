@@ -1,4 +1,4 @@
-"""A killed tuner resumes (DESIGN §4-5, issue 6): every trial completed before the kill
+"""A killed tuner resumes (issue 6): every trial completed before the kill
 is kept with its value, the trial that was running is marked failed and measured again,
 and the study goes on to completion.
 

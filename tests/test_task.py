@@ -1,4 +1,4 @@
-"""The model-file contract (DESIGN §1): every violation is one clear ContractError that
+"""The model-file contract: every violation is one clear ContractError that
 names the file, the function and what was expected, raised before any trial starts."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Each knob takes effect inside the trial process (DESIGN §4): real subprocesses, real
+"""Each knob takes effect inside the trial process: real subprocesses, real
 torchrun, checked through what the worker itself reports (its setup and step facts)."""
 from __future__ import annotations
 

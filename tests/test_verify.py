@@ -1,4 +1,4 @@
-"""Verification (DESIGN §6): the numbers autotune prints survive re-measurement."""
+"""Verification: the numbers autotune prints survive re-measurement."""
 from __future__ import annotations
 
 import math
