@@ -75,7 +75,7 @@ def setup_hang_limit(task: Task) -> float:
 
 
 def make_runner(task: Task, machine: Mapping[str, Any], out: Path, *, window_s: float,
-                windows: int, trial_timeout_s: float, hang_timeout_s: float = 30.0) -> TrialRunner:
+                windows: int, trial_timeout_s: float, hang_timeout_s: float) -> TrialRunner:
     return TrialRunner(
         model_file=task.path, machine=machine, workdir=out / "trials",
         measurement=Measurement(window_s=window_s, windows=windows),
@@ -157,8 +157,11 @@ def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space,
     return candidates
 
 
-def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig,
-                  contrast: TrialConfig | None) -> dict[str, Any] | None:
+def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig, space: Space,
+                  machine: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The first candidate against its layout contrast, window against window, where
+    verification measured both."""
+    contrast = layout_contrast(top, space, machine)
     by_cfg = {v.config: v.speed for v in verdicts}
     if contrast is None or top not in by_cfg or contrast not in by_cfg:
         return None
@@ -189,9 +192,10 @@ def precision_note(chosen: TrialConfig, winner: verify.Verdict | None,
                    verdicts: list[verify.Verdict], space: Space, *, exact: bool) -> dict[str, Any]:
     """Which precision was chosen, how it was checked, why the others were not, and how
     to opt out: what the summary and best_config.json say about precision."""
-    note: dict[str, Any] = {"chosen": chosen.precision, "pruned": chosen.prune_ratio > 0}
+    note: dict[str, Any] = {"chosen": chosen.precision}
     if winner is not None:
         note["checked"] = verify.describe_checks(winner)
+
     def label(cfg: TrialConfig) -> str:
         return cfg.precision + (f" pruned {cfg.prune_ratio:g}" if cfg.prune_ratio else "")
 
@@ -201,17 +205,15 @@ def precision_note(chosen: TrialConfig, winner: verify.Verdict | None,
             continue
         failed = {name: c for name, c in v.checks.items() if c.passed is False}
         if set(failed) & {"numerics", "quality"}:  # the knob's own fault, not speed or script
-            rejected.setdefault(label(v.config), "; ".join(f"{name}: {c.detail.get('reason', 'failed')}"
-                                                 for name, c in failed.items()))
+            rejected.setdefault(label(v.config), "; ".join(
+                f"{name}: {c.detail.get('reason', 'failed')}" for name, c in failed.items()))
     note["rejected"] = rejected
     note["instead"] = (f"the fastest verified configuration ({label(chosen)})" if winner is not None
                        else "the baseline")
-    offered = [p for p in space.choices.get("precision", ["fp32"]) if p != "fp32"]
     if exact:
         note["opt_out"] = "--exact was given: fp32 and no pruning throughout"
     elif not chosen.exact:
         note["opt_out"] = "run with --exact (or --fix precision=fp32) to keep everything in fp32"
-    note["searched"] = ["fp32", *offered]
     note["skipped"] = {k: r for k, r in space.excluded.items()
                        if k.startswith("precision") or k.startswith("prune")}
     return note
@@ -330,8 +332,7 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Mapping[str,
         return cfg.replace(threads=None) == baseline_cfg and cfg.threads in (None, default_threads)
 
     ranked = [c.config for c in outcome.ranked if not same_as_baseline(c.config)]
-    candidates = choose_candidates(list(ranked), top=options.top, space=space, machine=machine)
-    contrast = layout_contrast(candidates[0], space, machine) if candidates else None
+    candidates = choose_candidates(ranked, top=options.top, space=space, machine=machine)
     search_info = {
         "trials": len(study.trials),
         "measured": outcome.measured,
@@ -357,7 +358,7 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Mapping[str,
                          baseline_cfg=baseline_cfg, base_speed=base_speed, winner=winner,
                          verdicts=verdicts, search=search_info, exact=options.exact)
     if candidates:
-        doc["layout_effect"] = layout_effect(verdicts, candidates[0], contrast)
+        doc["layout_effect"] = layout_effect(verdicts, candidates[0], space, machine)
     env, warnings = launch.environment(chosen, machine=machine)
     for w in warnings:
         reporter.warn(w)

@@ -113,10 +113,9 @@ def repair_journal(path: Path) -> str | None:
         tmp = path.with_name(path.name + ".repair")
         tmp.write_bytes(b"".join(line + b"\n" for line in kept))
         os.replace(tmp, path)
-        return (f"{path} had {'a torn last write' if tail else ''}"
-                f"{' and ' if tail and fixed else ''}{f'{fixed} joined line(s)' if fixed else ''}"
-                f" (the tuner was stopped mid-write): repaired, the damaged file kept as "
-                f"{path.name}.damaged")
+        damage = (["a torn last write"] if tail else []) + ([f"{fixed} joined line(s)"] if fixed else [])
+        return (f"{path} had {' and '.join(damage)} (the tuner was stopped mid-write): "
+                f"repaired, the damaged file kept as {path.name}.damaged")
     finally:
         lock.release()
 

@@ -57,7 +57,8 @@ def main(args: argparse.Namespace) -> int:
     finally:
         proctree.reap_orphans()
     verdict = verdicts[0]
-    result = {"verified": winner is not None, "baseline_samples_per_s": base_speed.get("median_samples_per_s"),
+    result = {"verified": winner is not None,
+              "baseline_samples_per_s": base_speed.get("median_samples_per_s"),
               "speedup": {k: verdict.speed.get(k) for k in ("median", "ci_low", "ci_high")},
               "verification": verdict.to_dict(), "fingerprint_differs": bool(
                   fingerprint_diff(tuned_on, fingerprint(machine)))}
