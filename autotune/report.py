@@ -83,8 +83,11 @@ class Reporter:
             self.out.print(
                 f"[bold green]verified:[/] {best['samples_per_s']:,.1f} samples/s, speedup "
                 f"{speed['median']:.2f}x ({speed.get('ci_level', 0.9):.0%} interval "
-                f"{speed['ci_low']:.2f}-{speed['ci_high']:.2f}x over {speed['rounds']} rounds)"
+                f"{speed['ci_low']:.2f}-{speed['ci_high']:.2f}x over {speed['pairs']} pairs of "
+                "standalone runs)"
             )
+            self.out.print(f"  measured as you will run it: {speed['covers']}; "
+                           f"{speed['wall_s']:.0f} s of verification", markup=False)
         else:
             self.out.print("[bold red]no configuration was verified faster than the baseline;[/] "
                            "the baseline is recommended.")

@@ -5,10 +5,12 @@
 2. quality   where a knob trades quality (pruning, reduced precision) and the model
              file has evaluate(), the metric after an identical short training must
              stay within the allowed drop of fp32 at the same batch size.
-3. speed     the candidates that passed 1-2 and the baseline re-measured in
-             alternation, round after round; the speedup is the ratio within a round,
-             with a confidence interval.
-4. script    the emitted launch.sh must train as fast as the trial measured.
+3. speed     the candidates that passed 1-2 and the baseline, held alive side by side
+             and measured in alternating windows, round after round: cheap, it ranks
+             them and drops those not faster.
+4. standalone  the fastest one's emitted launch.sh against the baseline's script, each
+             run alone on the machine, alternating, pair after pair: the speedup
+             autotune prints is this one (``autotune.standalone``).
 
 1-2 come first so that no speed measurement is spent on a candidate they reject.
 """
@@ -22,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune import standalone
 from autotune.config import TrialConfig
 from autotune.errors import NotVerified
 from autotune.trial import LiveTrial, TrialResult, TrialRunner
@@ -40,6 +43,10 @@ NUMERICS_TOLERANCE = {"fp32": 0.02, "tf32": 0.05, "bf16": 0.10, "fp16": 0.10}
 # this share of the fp32 reference's metric (higher is better).
 PRECISION_QUALITY_DROP = 0.02
 REDUCED_PRECISIONS = ("bf16", "fp16", "tf32")
+# The standalone pairs' interval: with 6 pairs, the lowest and highest ratio (97%).
+STANDALONE_CONFIDENCE = 0.9
+STANDALONE_COVERS = ("the run-to-run spread of the emitted launch.sh against the baseline's "
+                     "script, each run alone on this machine, alternating")
 
 
 def median_interval(values: list[float], *, confidence: float = 0.9) -> tuple[float, float, float]:
@@ -296,33 +303,46 @@ def describe_checks(verdict: Verdict) -> str:
     return f"{what}: " + ("; ".join(parts) if parts else "not checked")
 
 
-def script_check(runner: TrialRunner, launcher: Path, *, expected: float, noise: float, steps: int,
-                 workdir: Path, timeout_s: float) -> Check:
-    """The script must reach the trial's throughput, within the measured noise."""
+def standalone_check(runner: standalone.ScriptRunner, *, baseline: standalone.Script,
+                     candidate: standalone.Script, served: dict[str, Any],
+                     served_baseline: dict[str, Any], settings: Settings, workdir: Path,
+                     progress: Progress) -> Check:
+    """The emitted launch.sh against the baseline's script, each run alone, alternating
+    (``standalone.alternate``). It must run, and be faster: the interval of the pairs'
+    ratios must exclude 1. Its median and interval are the speedup autotune prints.
+    ``served`` and ``served_baseline`` are the side-by-side measurements, kept beside
+    the standalone ones: their quotient is how far the cheap ranking strayed."""
     try:
-        report = runner.run_script(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s)
-    except RuntimeError as exc:
-        return Check(False, {"reason": str(exc)})
-    got = report.get("samples_per_s") or 0.0
-    tolerance = script_tolerance(noise)
-    ratio = got / expected if expected else 0.0
-    detail = {"samples_per_s": got, "trial_samples_per_s": expected, "ratio": ratio,
-              "tolerance": tolerance, "steps": steps}
-    if ratio < 1 - tolerance:
+        pairs = standalone.alternate(
+            runner, baseline=baseline, candidate=candidate, pairs=settings.pairs,
+            seconds=settings.pair_seconds, workdir=workdir, timeout_s=settings.script_timeout_s,
+            progress=lambda text: progress("step", {"text": text}))
+    except standalone.ScriptFailed as exc:
+        if exc.role == "baseline":
+            raise NotVerified(
+                f"the baseline's script ({baseline.launcher}) failed when run alone, after the "
+                f"baseline ran in the search and side by side: nothing can be compared with it. "
+                f"{exc}") from exc
+        return Check(False, {"reason": f"the generated script failed: {exc}"})
+    stats = ratio_interval(pairs.ratios, confidence=STANDALONE_CONFIDENCE)
+    alone, base_alone = statistics.median(pairs.candidate), statistics.median(pairs.baseline)
+    detail = {
+        **stats, "pairs": len(pairs.ratios), "ratios": pairs.ratios,
+        "samples_per_s": pairs.candidate, "median_samples_per_s": alone,
+        "baseline_samples_per_s": pairs.baseline, "baseline_median_samples_per_s": base_alone,
+        "seconds_per_run": pairs.seconds_per_run, "wall_s": round(pairs.wall_s, 1),
+        "side_by_side": {k: served.get(k) for k in ("median", "ci_low", "ci_high", "ci_level")},
+        "served_over_alone": {"candidate": served["median_samples_per_s"] / alone,
+                              "baseline": served_baseline["median_samples_per_s"] / base_alone},
+        "covers": STANDALONE_COVERS,
+    }
+    if stats["ci_low"] <= 1.0:
         detail["reason"] = (
-            f"the generated script trains at {got:.1f} samples/s, {ratio:.2f}x of the "
-            f"{expected:.1f} measured for the configuration (allowed down to {1 - tolerance:.2f}x)"
-        )
+            f"not faster when run alone: the generated script against the baseline's, "
+            f"{stats['median']:.2f}x ({stats['ci_level']:.0%} interval {stats['ci_low']:.2f}-"
+            f"{stats['ci_high']:.2f}x over {len(pairs.ratios)} pairs) includes 1.0")
         return Check(False, detail)
     return Check(True, detail)
-
-
-def script_tolerance(noise: float) -> float:
-    """How far below its trial's rate the script may train: twice the windows' spread, at
-    least 20% (a few seconds of a fresh script against warmed-up windows), at most 35%: a
-    noisy candidate's spread reached 30% (pipeline_bound), and twice that would pass a
-    script running at 40% of the rate that was verified."""
-    return min(0.35, max(0.2, 2 * noise))
 
 
 def rank_by_rounds(verdicts: list[Verdict]) -> list[Verdict]:
@@ -353,26 +373,16 @@ def outcomes(verdicts: list[Verdict], winner: Verdict | None) -> list[dict[str, 
             outcome = "emitted"
         elif not v.passed:
             outcome = f"rejected: {v.reason}"
-        else:  # only the speed check: verification stops at the first to pass them all
+        elif winner is not None:  # verification stops at the first to pass them all
             outcome = "faster than the baseline; not checked further, one tried earlier was emitted"
+        else:
+            outcome = ("faster side by side; its script was not run alone (verification runs "
+                       "the scripts of the fastest few only)")
         out.append({"config_short": v.config.short(), "config": v.config.to_dict(),
                     **{k: v.speed.get(k) for k in ("median", "ci_low", "ci_high",
                                                    "relative_to_candidates")},
                     "checks": sorted(v.checks), "outcome": outcome})
     return out
-
-
-def relative_spread(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    q = statistics.quantiles(values, n=4)
-    return (q[2] - q[0]) / statistics.median(values)
-
-
-def script_steps(expected: float, batch_size: int, *, seconds: float = 4.0) -> int:
-    """Enough steps for a few seconds of timed training after the script's warm-up."""
-    return 3 + max(10, int(seconds * expected / batch_size))
-
 
 
 @dataclasses.dataclass
@@ -382,6 +392,9 @@ class Settings:
     quality_samples: int = 6400
     max_quality_drop: float | None = None
     script_timeout_s: float = 300.0
+    pairs: int = 6  # standalone pairs: each runs both scripts once
+    pair_seconds: float = 4.0  # timed training per standalone run, after its warm-up
+    standalone_attempts: int = 2  # candidates whose scripts run alone, fastest first
     replacements: int = 2  # per kind (exact, reduced) for candidates the gates reject
 
 
@@ -399,6 +412,12 @@ class Verdict:
     def reason(self) -> str:
         return "; ".join(f"{name}: {c.detail.get('reason', 'failed')}"
                          for name, c in self.checks.items() if c.passed is False)
+
+    @property
+    def standalone(self) -> dict[str, Any]:
+        """The standalone pairs' figures (what is printed), once they ran."""
+        check = self.checks.get("standalone")
+        return check.detail if check is not None else {}
 
     def to_dict(self) -> dict[str, Any]:
         return {name: c.to_dict() for name, c in self.checks.items()}
@@ -459,8 +478,9 @@ def verify_candidates(
     progress: Progress = lambda kind, info: None,
 ) -> tuple[Verdict | None, list[Verdict], dict[str, Any]]:
     """Gate the candidates (numerics, quality; ``screen``), measure the survivors'
-    speed side by side with the baseline, then check the script of the fastest first;
-    the first to pass all four checks wins. ``emit_candidate(cfg, folder)`` writes a
+    speed side by side with the baseline, then run the scripts of the fastest first
+    alone against the baseline's (at most ``settings.standalone_attempts``); the first
+    to pass all four checks wins. ``emit_candidate(cfg, folder)`` writes a
     candidate's launch.sh and returns its path."""
     survivors, gated = screen(runner, baseline, candidates, list(reserve), settings=settings,
                               has_evaluate=has_evaluate, progress=progress)
@@ -474,19 +494,27 @@ def verify_candidates(
         by_cfg[cfg].checks["speed"] = check
         by_cfg[cfg].speed = check.detail
     verdicts = list(by_cfg.values())
+    base_script: standalone.Script | None = None
+    attempts = 0
     for i, verdict in enumerate(rank_by_rounds(verdicts)):
         if not verdict.passed:
             continue
+        if attempts == settings.standalone_attempts:
+            break
+        attempts += 1
+        if base_script is None:
+            base_script = standalone.Script(emit_candidate(baseline, workdir / "baseline"), baseline,
+                                            base_speed["median_samples_per_s"])
         cfg = verdict.config
-        progress("step", {"text": f"the generated script of {cfg.short()}"})
+        progress("step", {"text": f"the generated script of {cfg.short()}, run alone against "
+                                  "the baseline's"})
         folder = workdir / f"candidate-{i}"
-        launcher = emit_candidate(cfg, folder)
-        expected = verdict.speed["median_samples_per_s"]
-        verdict.checks["script"] = script_check(
-            runner, launcher, expected=expected,
-            noise=relative_spread(verdict.speed["samples_per_s"]),
-            steps=script_steps(expected, cfg.batch_size), workdir=folder,
-            timeout_s=settings.script_timeout_s)
+        script = standalone.Script(emit_candidate(cfg, folder), cfg,
+                                   verdict.speed["median_samples_per_s"])
+        verdict.checks["standalone"] = standalone_check(
+            runner, baseline=base_script, candidate=script, served=verdict.speed,
+            served_baseline=base_speed, settings=settings, workdir=folder / "standalone",
+            progress=progress)
         if verdict.passed:
             return verdict, verdicts, base_speed
     return None, verdicts, base_speed

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,10 @@ class StandInRunner:
     on AMX; fp16 2.2x, bf16 2x, tf32 1.4x on an H100), and its losses either track fp32
     or, with ``diverge``, grow from the first step (evaluate() falls with them)."""
 
-    def __init__(self, doc: dict, *, diverge: bool = False) -> None:
+    def __init__(self, doc: dict, *, diverge: bool = False,
+                 served: Callable[[TrialConfig], float] = lambda cfg: 1.0) -> None:
         self.doc, self.diverge = doc, diverge
+        self.served = served  # held side by side, a configuration runs this much faster
         self.workdir = Path("trials")
         self.gated: list[TrialConfig] = []
         self.measured: list[TrialConfig] = []
@@ -73,11 +76,15 @@ class StandInRunner:
                            setup={"threads": cfg.threads or self.doc["cpu"]["usable_cores"]})
 
     def start(self, cfg, *, name, mode=None, **kw):
-        return _Serving(self.throughput(cfg))
+        return _Serving(self.throughput(cfg) * self.served(cfg))
 
     def run_script(self, launcher, *, steps, workdir, timeout_s):
+        """Alone, the emitted configuration (read back from what was written beside
+        the launcher) runs at its throughput."""
         self.scripts.append(Path(launcher))
-        return {"samples_per_s": 1e12}
+        written = json.loads((Path(launcher).parent / "best_config.json").read_text())
+        cfg = TrialConfig.from_dict(written.get("candidate") or written["config"])
+        return {"samples_per_s": self.throughput(cfg)}
 
 
 class _Serving:

@@ -71,11 +71,6 @@ def test_every_candidate_is_recorded_in_the_order_it_was_tried():
     assert rows[2]["median"] == pytest.approx(1.5) and rows[2]["checks"] == ["speed"]
 
 
-@pytest.mark.parametrize(("noise", "tolerance"), [(0.0, 0.2), (0.15, 0.3), (0.3, 0.35), (0.8, 0.35)])
-def test_script_tolerance_follows_the_noise_within_bounds(noise, tolerance):
-    assert verify.script_tolerance(noise) == pytest.approx(tolerance)
-
-
 def test_compare_losses_accepts_tracking_and_rejects_divergence_and_nan():
     ref = [2.3, 2.1, 1.9, 1.7]
     assert verify.compare_losses(ref, [2.3, 2.1001, 1.9002, 1.7001], tolerance=0.02).passed

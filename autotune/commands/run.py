@@ -36,7 +36,14 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="seconds without a finished step before a trial counts as hung (default "
                         "30); setup may take 5x the model file's check, at least 60 s")
     p.add_argument("--rounds", type=_positive(int, "--rounds"), default=10,
-                   help="alternating re-measurement rounds in verification (default 10)")
+                   help="rounds of side-by-side windows that rank the candidates in "
+                        "verification (default 10)")
+    p.add_argument("--pairs", type=_positive(int, "--pairs"), default=6,
+                   help="pairs of standalone runs (the emitted launch.sh and the baseline's "
+                        "script, each alone) that give the printed speedup (default 6)")
+    p.add_argument("--pair-seconds", type=_positive(float, "--pair-seconds"), default=4.0,
+                   metavar="SECONDS",
+                   help="timed training per standalone run, after its warm-up (default 4)")
     p.add_argument("--max-quality-drop", type=float, default=None, metavar="X",
                    help="how far the evaluate() metric may drop: allows structured pruning, and "
                         "replaces the default allowance for reduced precision (2%% of the metric)")
@@ -73,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
         trials=args.trials, timeout_s=args.timeout, fixed=parse_fixes(args.fix), exact=args.exact,
         top=args.top, window_s=args.window, windows=args.windows,
         trial_timeout_s=args.trial_timeout, hang_timeout_s=args.hang_timeout, rounds=args.rounds,
-        max_quality_drop=args.max_quality_drop)
+        pairs=args.pairs, pair_seconds=args.pair_seconds, max_quality_drop=args.max_quality_drop)
     doc = tune(Path(args.model_file), out=args.out, options=options, reporter=reporter,
                force=args.force)
     if args.json:

@@ -13,7 +13,13 @@ from autotune import measure_lock, outdir, proctree, verify
 from autotune.commands.run import add_common
 from autotune.commands.show import read_result
 from autotune.config import TrialConfig
-from autotune.pipeline import EXIT_NOT_VERIFIED, EXIT_VERIFIED, make_runner, probe_doc
+from autotune.pipeline import (
+    EXIT_NOT_VERIFIED,
+    EXIT_VERIFIED,
+    candidate_emitter,
+    make_runner,
+    probe_doc,
+)
 from autotune.report import Reporter
 from autotune.task import load_task
 
@@ -48,26 +54,57 @@ def main(args: argparse.Namespace) -> int:
             runner = make_runner(task, machine, out, window_s=args.window, windows=args.windows,
                                  trial_timeout_s=args.trial_timeout,
                                  hang_timeout_s=args.hang_timeout)
+            emit_baseline = candidate_emitter(task, machine)
             winner, verdicts, base_speed = verify.verify_candidates(
                 runner, baseline=baseline, candidates=[cfg],
-                settings=verify.Settings(rounds=args.rounds, max_quality_drop=args.max_quality_drop),
+                settings=verify.Settings(rounds=args.rounds, pairs=args.pairs,
+                                         pair_seconds=args.pair_seconds,
+                                         max_quality_drop=args.max_quality_drop),
                 has_evaluate=task.has_evaluate,
-                emit_candidate=lambda c, folder: Path(doc["outputs"]["launcher"]),
+                # the user's launch.sh as it is; the baseline's script written afresh
+                emit_candidate=lambda c, folder: (Path(doc["outputs"]["launcher"]) if c == cfg
+                                                  else emit_baseline(c, folder)),
                 workdir=out / "reverify", progress=reporter.verify)
     finally:
         proctree.reap_orphans()
     verdict = verdicts[0]
+    now = verdict.standalone
+    printed = doc.get("speedup") or {}
     result = {"verified": winner is not None,
-              "baseline_samples_per_s": base_speed.get("median_samples_per_s"),
-              "speedup": {k: verdict.speed.get(k) for k in ("median", "ci_low", "ci_high")},
+              "baseline_samples_per_s": now.get("baseline_median_samples_per_s",
+                                                base_speed.get("median_samples_per_s")),
+              "speedup": {k: now.get(k) for k in ("median", "ci_low", "ci_high", "ci_level",
+                                                  "pairs")},
+              "printed_when_tuned": {k: printed.get(k) for k in ("median", "ci_low", "ci_high")},
               "verification": verdict.to_dict(), "fingerprint_differs": bool(
                   fingerprint_diff(tuned_on, fingerprint(machine)))}
+    outside = outside_printed(now, printed)
+    if outside:
+        result["outside_printed_interval"] = outside
     (out / "reverify.json").write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
         print(json.dumps(result, indent=2))
     elif winner:
-        reporter.info(f"verified again: speedup {verdict.speed['median']:.2f}x "
-                      f"(interval {verdict.speed['ci_low']:.2f}-{verdict.speed['ci_high']:.2f})")
+        reporter.info(f"verified again: speedup {now['median']:.2f}x "
+                      f"({now['ci_level']:.0%} interval {now['ci_low']:.2f}-{now['ci_high']:.2f}x "
+                      f"over {now['pairs']} pairs of standalone runs)")
     else:
         reporter.info(f"not verified here: {verdict.reason}")
+    if outside:
+        reporter.warn(outside)
     return EXIT_VERIFIED if winner else EXIT_NOT_VERIFIED
+
+
+def outside_printed(now: dict, printed: dict) -> str | None:
+    """A plain sentence when the speedup measured now lies outside the interval printed
+    when the configuration was tuned; None when inside (or nothing to compare)."""
+    if not now.get("median") or not printed.get("ci_low") or not printed.get("pairs"):
+        return None
+    low, high, median = printed["ci_low"], printed["ci_high"], now["median"]
+    if low <= median <= high:
+        return None
+    side = "below" if median < low else "above"
+    return (f"the speedup measured now, {median:.2f}x, is {side} the interval printed when this "
+            f"configuration was tuned ({low:.2f}-{high:.2f}x, median {printed['median']:.2f}x): "
+            "this machine runs the two scripts differently now (its load, its other tenants, or "
+            "what changed since) - trust today's figure, and tune again if it matters")

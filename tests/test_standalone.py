@@ -1,0 +1,145 @@
+"""The speedup autotune prints is the one the user measures: the emitted launch.sh
+against the baseline's script, each run alone, alternating."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune import pipeline, standalone
+from autotune.commands import verify as verify_command
+from autotune.config import TrialConfig
+from autotune.errors import NotVerified
+from autotune.report import Reporter
+from tests.test_machine_matrix import StandInRunner, machine
+
+MODELS = Path(__file__).parent / "models"
+
+
+@pytest.fixture(scope="module")
+def task():
+    from autotune.task import load_task
+
+    return load_task(MODELS / "knob_cnn.py")
+
+
+def _tune(task, tmp_path: Path, runner: StandInRunner, **options) -> dict:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    return pipeline.execute(task, out, pipeline.RunOptions(trials=8, **options),
+                            machine=runner.doc, runner=runner, reporter=Reporter(quiet=True))
+
+
+def _multi_rank(cfg: TrialConfig) -> float:
+    # Held side by side, several ranks look 40% faster than they run alone.
+    return 1.4 if cfg.nprocs > 1 else 1.0
+
+
+def test_the_printed_speedup_follows_the_standalone_runs_not_the_side_by_side_windows(task, tmp_path):
+    runner = StandInRunner(machine("avx2_epyc"), served=_multi_rank)
+    doc = _tune(task, tmp_path, runner)
+    assert doc["verified"]
+    chosen = TrialConfig.from_dict(doc["config"])
+    baseline = TrialConfig.from_dict(doc["baseline"]["config"])
+    alone = runner.throughput(chosen) / runner.throughput(baseline)
+    served = alone * _multi_rank(chosen)
+    assert doc["speedup"]["median"] == pytest.approx(alone)
+    assert doc["speedup"]["ci_low"] <= alone <= doc["speedup"]["ci_high"]
+    assert doc["best"]["samples_per_s"] == pytest.approx(runner.throughput(chosen))
+    assert doc["baseline"]["samples_per_s"] == pytest.approx(runner.throughput(baseline))
+    assert doc["speedup"]["pairs"] == 6 and "each run alone" in doc["speedup"]["covers"]
+    if chosen.nprocs > 1:  # the side-by-side figure is kept, and it is the inflated one
+        assert doc["speedup"]["side_by_side"]["median"] == pytest.approx(served, rel=0.03)
+    # the scripts ran in pairs: the baseline's and the emitted one's, as many of each
+    ran = [json.loads((p.parent / "best_config.json").read_text())["candidate"]
+           for p in runner.scripts]
+    assert ran.count(baseline.to_dict()) == ran.count(chosen.to_dict()) == 6
+
+
+def test_candidates_faster_only_side_by_side_are_not_verified(task, tmp_path):
+    doc_in = machine("avx2_epyc")
+    baseline = pipeline.build_task_space(task, doc_in, pipeline.RunOptions()).baseline
+
+    class SlowerAlone(StandInRunner):
+        """Held side by side every candidate looks 3x faster than the baseline; run
+        alone, each runs at 95% of the baseline's speed."""
+
+        def run_script(self, launcher, **kw):
+            if Path(launcher).parent.name == "baseline":
+                return super().run_script(launcher, **kw)
+            self.scripts.append(Path(launcher))
+            return {"samples_per_s": 0.95 * self.throughput(baseline)}
+
+    runner = SlowerAlone(doc_in, served=lambda cfg: 1.0 if cfg == baseline else 3.0)
+    doc = _tune(task, tmp_path, runner)
+    assert not doc["verified"] and doc["config"] == baseline.to_dict()
+    refused = [c for c in doc["candidates"] if "not faster when run alone" in c["outcome"]]
+    assert len(refused) == 2, "the scripts of the two fastest run alone, no more"
+    assert all(c["median"] > 2.5 for c in refused), "they did look faster side by side"
+    assert any("not run alone" in c["outcome"] for c in doc["candidates"])
+
+
+def test_pairs_alternate_their_order_and_name_a_failing_side(tmp_path):
+    calls: list[str] = []
+
+    class Runner:
+        def __init__(self, fail: str | None = None) -> None:
+            self.fail = fail
+
+        def run_script(self, launcher, *, steps, workdir, timeout_s):
+            calls.append(launcher.name)
+            if launcher.name == self.fail:
+                raise RuntimeError(f"{launcher.name} failed (exit code 1)")
+            return {"samples_per_s": 200.0 if launcher.name == "c" else 100.0}
+
+    b = standalone.Script(Path("b"), TrialConfig(batch_size=32), 100.0)
+    c = standalone.Script(Path("c"), TrialConfig(batch_size=32), 200.0)
+    pairs = standalone.alternate(Runner(), baseline=b, candidate=c, pairs=4, seconds=1.0,
+                                 workdir=tmp_path, timeout_s=10)
+    assert calls == ["b", "c", "c", "b", "b", "c", "c", "b"]
+    assert pairs.ratios == [2.0] * 4
+    assert b.steps(1.0) == 3 + 10 and c.steps(2.0) == 3 + 12
+    with pytest.raises(standalone.ScriptFailed) as err:
+        standalone.alternate(Runner(fail="c"), baseline=b, candidate=c, pairs=2, seconds=1.0,
+                             workdir=tmp_path, timeout_s=10)
+    assert err.value.role == "candidate"
+
+
+def test_a_baseline_script_that_fails_alone_ends_the_run_with_a_message(task, tmp_path):
+    class BaselineScriptFails(StandInRunner):
+        def run_script(self, launcher, **kw):
+            if Path(launcher).parent.name == "baseline":
+                raise RuntimeError("launch.sh failed (exit code 1):\nImportError: no module x")
+            return super().run_script(launcher, **kw)
+
+    with pytest.raises(NotVerified, match="baseline's script .* failed when run alone") as err:
+        _tune(task, tmp_path, BaselineScriptFails(machine("avx2_epyc")))
+    assert "no module x" in str(err.value)
+
+
+def test_autotune_verify_says_when_today_lands_outside_the_printed_interval(
+        task, tmp_path, monkeypatch, capsys):
+    doc = _tune(task, tmp_path, StandInRunner(machine("avx2_epyc")))
+    assert doc["verified"]
+
+    class SlowerNow(StandInRunner):
+        """The same machine, later: the emitted configuration runs at 80% of its speed."""
+
+        def throughput(self, cfg):
+            slow = 0.8 if cfg == TrialConfig.from_dict(doc["config"]) else 1.0
+            return super().throughput(cfg) * slow
+
+    monkeypatch.setattr(verify_command, "probe_doc", lambda: machine("avx2_epyc"))
+    monkeypatch.setattr(verify_command, "make_runner",
+                        lambda *a, **kw: SlowerNow(machine("avx2_epyc")))
+    args = argparse.Namespace(out=tmp_path / "out", window=1.0, windows=3, trial_timeout=60.0,
+                              hang_timeout=30.0, rounds=4, pairs=4, pair_seconds=1.0,
+                              max_quality_drop=None, json=False)
+    verify_command.main(args)
+    err = " ".join(capsys.readouterr().err.split())
+    assert "is below the interval printed when this configuration was tuned" in err
+    result = json.loads((tmp_path / "out" / "reverify.json").read_text())
+    assert result["speedup"]["median"] == pytest.approx(0.8 * doc["speedup"]["median"])
+    assert result["outside_printed_interval"]
