@@ -36,6 +36,13 @@ def environment(
     wanted: dict[str, str] = {}
     if cfg.threads is not None:
         wanted["OMP_NUM_THREADS"] = str(cfg.threads)
+    if cfg.nprocs > 1:
+        # The script starts its own ranks (runtime.start_ranks), which talk over loopback.
+        wanted["TUNED_NPROCS"] = str(cfg.nprocs)
+        lo = loopback_interface()
+        wanted["GLOO_SOCKET_IFNAME"] = lo
+        if cfg.device == "cuda":
+            wanted["NCCL_SOCKET_IFNAME"] = lo
     if cfg.allocator != "default":
         path = (machine.get("allocators") or {}).get(cfg.allocator)
         if not path:
@@ -65,7 +72,7 @@ def environment(
 
 # What a launcher (torchrun, a Kubernetes PyTorchJob, an sbatch script) exports to place a
 # process in a rank group. Inherited by a trial, they would make a one-process baseline
-# join the user's real job (or hang waiting for it) and confuse torchrun's own ranks.
+# join the user's real job (or hang waiting for it) and confuse the ranks autotune starts.
 DISTRIBUTED_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                          "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
                          "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -82,15 +89,20 @@ def without_distributed(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in drop}
 
 
+def loopback_interface() -> str:
+    """The name of the interface that holds 127.0.0.1 ("lo" on Linux)."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == "127.0.0.1" for a in addresses):
+            return name
+    return "lo"
+
+
 def command(cfg: TrialConfig, entry: list[str], *, python: str) -> list[str]:
-    """The process command: plain python for one process, torchrun for several."""
-    if cfg.nprocs == 1:
-        return [python, *entry]
-    return [
-        python, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes", "1", "--nproc-per-node", str(cfg.nprocs),
-        *entry,
-    ]
+    """The process command: plain python, for one process or several (with
+    TUNED_NPROCS in the environment it starts the ranks itself)."""
+    return [python, *entry]
 
 
 def shell_line(env: Mapping[str, str], argv: list[str]) -> str:

@@ -1,4 +1,4 @@
-"""Process trees: a trial is a tree (torchrun, ranks, DataLoader workers, compile
+"""Process trees: a trial is a tree (the ranks' launcher, ranks, DataLoader workers, compile
 workers) whose members may sit in different process groups, so ending a trial means
 walking the tree, not signalling one group."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ def become_subreaper() -> bool:
 def die_with_parent() -> None:
     """Ask the kernel to SIGKILL this process when its parent dies: a trial must not
     outlive a tuner that was killed (SIGKILL can't be caught to clean up). Not inherited
-    across fork, so each level of the tree (trial, torchrun's ranks) sets it itself."""
+    across fork, so each level of the tree (trial, its ranks) sets it itself."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):

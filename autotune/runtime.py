@@ -5,9 +5,11 @@ Shared by the trial worker (which measures) and the generated ``train_tuned.py``
 script reproduces exactly what was measured. Hence this module imports nothing
 from autotune and takes its configuration as a plain dict.
 
-Core pinning must happen before torch starts its OpenMP pool, so it runs at import,
-before ``import torch``: the launcher passes each local rank's cores in
-``TUNED_CPUS_PER_RANK`` ("0-3;4-7": one list per local rank).
+Two things run at import, before ``import torch``. With ``TUNED_NPROCS=n`` and no rank
+yet, this process starts its own command line n times as the ranks and exits as they
+did (``start_ranks``). Then core pinning, which must come before torch starts its
+OpenMP pool: the launcher passes each local rank's cores in ``TUNED_CPUS_PER_RANK``
+("0-3;4-7": one list per local rank).
 """
 from __future__ import annotations
 
@@ -36,6 +38,85 @@ def pin_local_rank() -> set[int] | None:
     return cpus
 
 
+RANKS_PREFIX = "tuned ranks: "
+
+
+def start_ranks() -> None:
+    """Several ranks on this machine (``TUNED_NPROCS`` > 1, no ``RANK`` yet): start this
+    process's own command line once per rank, wait for them, and leave with their exit
+    code; this process never trains. The ranks meet through a file store in a fresh
+    temporary folder (``TUNED_STORE``) and talk over the interface the launcher names
+    (``GLOO_SOCKET_IFNAME``, loopback): torchrun --standalone's TCP stores listen on
+    every interface, and any host on the network could write into them. A rank that
+    fails ends the others, as under torchrun; SIGTERM, SIGINT and SIGHUP are passed on."""
+    n = int(os.environ.get("TUNED_NPROCS") or 1)
+    if n <= 1 or "RANK" in os.environ:
+        return
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    def die_with_parent() -> None:  # a rank must not outlive this launcher
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    folder = tempfile.mkdtemp(prefix="tuned-ranks-")
+    argv = [sys.executable, *sys.orig_argv[1:]]
+    ranks = []
+    for rank in range(n):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
+               "LOCAL_WORLD_SIZE": str(n), "TUNED_STORE": os.path.join(folder, "store")}
+        env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks
+        ranks.append(subprocess.Popen(argv, env=env, preexec_fn=die_with_parent))
+
+    def forward(signum: int, frame: object) -> None:
+        for p in ranks:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    code = 0
+    try:
+        while True:
+            codes = [p.poll() for p in ranks]
+            failed = next(((r, c) for r, c in enumerate(codes) if c not in (None, 0)), None)
+            if failed is not None:
+                rank, c = failed
+                what = (f"was killed by {signal.Signals(-c).name}" if c < 0
+                        else f"exited with code {c}")
+                print(f"{RANKS_PREFIX}rank {rank} {what}; ending the others", file=sys.stderr,
+                      flush=True)
+                code = 128 - c if c < 0 else c
+                break
+            if all(c == 0 for c in codes):
+                break
+            time.sleep(0.05)
+        for p in ranks:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + 10
+        for p in ranks:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+start_ranks()
 pin_local_rank()
 
 import contextlib  # noqa: E402  (after pinning on purpose)
@@ -104,7 +185,12 @@ class Distributed:
             backend = cfg.get("backend", "gloo")
             if backend == "ccl":
                 import oneccl_bindings_for_pytorch  # noqa: F401  (registers the backend)
-            torch.distributed.init_process_group(backend=backend)
+            store = os.environ.get("TUNED_STORE")
+            if store:  # ranks started by start_ranks: a file store, nothing listening
+                torch.distributed.init_process_group(backend=backend, init_method=f"file://{store}",
+                                                     rank=self.rank, world_size=self.world)
+            else:  # under the user's own launcher (torchrun, a cluster job)
+                torch.distributed.init_process_group(backend=backend)
 
     def agree_max(self, value: float) -> float:
         """The largest of the ranks' values, so every rank takes the same decision."""

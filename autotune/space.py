@@ -291,7 +291,7 @@ def build_space(
         if not backends.get("ccl"):
             excluded["backend=ccl"] = "oneccl_bindings_for_pytorch is not installed"
         pin("backend", cpu_backends if max_ranks > 1 else ["gloo"])
-    excluded["backend=mpi"] = "needs an MPI launcher (mpirun); autotune launches ranks with torchrun"
+    excluded["backend=mpi"] = "needs an MPI launcher (mpirun); autotune starts its ranks itself, on one machine"
 
     pin("num_workers", list(range(0, min(cores, 4) + 1)))
     if device == "cuda":

@@ -1,7 +1,7 @@
 """What runs inside a trial process: apply the knobs, train, measure, report.
 
 Started by ``autotune.trial`` as ``python -m autotune.worker SPEC`` (one process) or
-under torchrun (several ranks). It writes one JSON object per line to the events
+as one of several ranks (``runtime.start_ranks``). It writes one JSON object per line to the events
 file named in the spec; the tuner reads them to follow progress, prune, and
 classify failures. Only rank 0 reports measurements; every rank reports errors.
 """
@@ -217,7 +217,7 @@ def quality(session: runtime.Session, steps: int, events: Events) -> None:
 
 
 def main(argv: list[str]) -> int:
-    proctree.die_with_parent()  # a rank must not outlive its launcher (torchrun or the tuner)
+    proctree.die_with_parent()  # a rank must not outlive its launcher (start_ranks or the tuner)
     with open(argv[0]) as f:
         spec = json.load(f)
     rank = int(os.environ.get("RANK", "0"))

@@ -258,13 +258,16 @@ def test_pre_ampere_gpu_has_no_bf16_or_tf32():
     assert "Ampere" in space.excluded["precision=bf16,tf32"]
 
 
-def test_cuda_config_launches_one_rank_per_gpu_under_torchrun():
+def test_cuda_config_starts_one_rank_per_gpu_over_loopback():
     from autotune import launch
     from autotune.config import TrialConfig
 
     cfg = TrialConfig(nprocs=2, threads=8, device="cuda", backend="nccl", batch_size=64,
                       precision="fp16")
-    argv = launch.command(cfg, ["train_tuned.py"], python="python")
-    assert argv[argv.index("--nproc-per-node") + 1] == "2"
+    assert launch.command(cfg, ["train_tuned.py"], python="python") == ["python", "train_tuned.py"]
     env, _ = launch.environment(cfg, machine=_gpu_machine(2, "9.0"), base_env={})
-    assert env == {"OMP_NUM_THREADS": "8"}  # no CPU pinning of GPU ranks
+    lo = launch.loopback_interface()
+    # the script starts 2 ranks, whose gloo and NCCL sockets bind the loopback interface;
+    # no CPU pinning of GPU ranks
+    assert env == {"OMP_NUM_THREADS": "8", "TUNED_NPROCS": "2", "GLOO_SOCKET_IFNAME": lo,
+                   "NCCL_SOCKET_IFNAME": lo}

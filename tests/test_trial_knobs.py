@@ -1,5 +1,5 @@
 """Each knob takes effect inside the trial process: real subprocesses, real
-torchrun, checked through what the worker itself reports (its setup and step facts)."""
+rank groups, checked through what the worker itself reports (its setup and step facts)."""
 from __future__ import annotations
 
 import os
@@ -119,7 +119,7 @@ def test_single_process_has_no_ddp(trial):
 
 
 @pytest.mark.slow
-def test_two_ranks_over_gloo_with_torchrun(trial):
+def test_two_ranks_over_gloo(trial):
     result = trial(DDP)
     assert result.setup["world"] == 2
     assert result.setup["backend"] == "gloo"
@@ -150,7 +150,7 @@ def test_failing_trial_is_recorded_and_the_study_goes_on(tmp_path):
     from autotune.space import build_space
 
     machine = machine_doc()
-    # One process (no torchrun) and few other knobs: the search is mostly over batch sizes.
+    # One process and few other knobs: the search is mostly over batch sizes.
     space = build_space(machine, baseline_batch=16, dataset_len=512, fixed=QUICK)
     assert 128 in space.choices["batch_size"]
     assert all(s.startswith("1x") for s in space.choices["layout"])

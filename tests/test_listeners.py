@@ -1,0 +1,86 @@
+"""Nothing autotune starts listens beyond loopback: ranks of a trial and of the emitted
+launch.sh meet through a file store and talk over the loopback interface (torchrun
+--standalone's TCP stores listen on every interface)."""
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from autotune import emit, launch
+from autotune.config import TrialConfig
+from autotune.trial import Measurement, TrialRunner
+from helpers import MODELS, machine_doc
+
+TWO_RANKS = TrialConfig(nprocs=2, threads=1, batch_size=16)
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every listening inet socket of ``pid`` and its descendants."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return set()
+    found = set()
+    for p in procs:
+        try:
+            for c in p.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN:
+                    found.add((c.laddr.ip, c.laddr.port))
+        except psutil.Error:
+            pass
+    return found
+
+
+def beyond_loopback(sockets: set[tuple[str, int]]) -> set[tuple[str, int]]:
+    return {s for s in sockets if not ipaddress.ip_address(s[0].split("%")[0]).is_loopback}
+
+
+@pytest.mark.slow
+def test_a_two_rank_trial_listens_on_loopback_only(tmp_path):
+    runner = TrialRunner(model_file=MODELS / "tiny_cnn.py", machine=machine_doc(),
+                         workdir=tmp_path, measurement=Measurement(warmup_steps=2, window_s=0.3),
+                         timeout_s=120)
+    trial = runner.start(TWO_RANKS, name="serve", mode={"mode": "serve"})
+    seen: set[tuple[str, int]] = set()
+    try:
+        while not trial.poll() and not trial.ready:  # setup, rendezvous, warm-up
+            seen |= listening(trial.proc.pid)
+            time.sleep(0.05)
+        assert trial.ready, f"{trial.result.describe_failure()}\n{trial.result.log_tail}"
+        for _ in range(3):
+            seen |= listening(trial.proc.pid)
+            assert trial.window() is not None
+            seen |= listening(trial.proc.pid)
+    finally:
+        trial.kill()
+    assert seen, "no listening socket was seen at all: the poll did not observe the ranks"
+    assert not beyond_loopback(seen), seen
+
+
+@pytest.mark.slow
+def test_the_emitted_two_rank_launch_sh_listens_on_loopback_only(tmp_path):
+    env, _ = launch.environment(TWO_RANKS, machine=machine_doc())
+    out = tmp_path / "out"
+    emit.write_outputs(out, cfg=TWO_RANKS, model_file=MODELS / "tiny_cnn.py", env=env,
+                       document={}, description="two ranks")
+    proc = subprocess.Popen(["bash", str(out / "launch.sh"), "--max-steps", "150",
+                             "--no-checkpoint"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen: set[tuple[str, int]] = set()
+    try:
+        while proc.poll() is None:
+            seen |= listening(proc.pid)
+            time.sleep(0.05)
+        output = proc.stdout.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    assert "step 150/150" in output
+    assert seen, "no listening socket was seen at all: the poll did not observe the ranks"
+    assert not beyond_loopback(seen), seen
