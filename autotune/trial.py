@@ -6,6 +6,7 @@ its wall time and its memory a few times a second.
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import os
 import re
@@ -40,9 +41,37 @@ FAILURE_HELP = {
 
 
 # The tuner stays all but idle while a trial measures: it reads the event file a few
-# times a second and the trial's memory once a second.
+# times a second and the trial's memory (and its log's size) once a second.
 POLL_S = 0.1
 MEMORY_CHECK_S = 1.0
+# A trial's log past LOG_CAP_BYTES keeps its first and last LOG_KEEP_BYTES: a print in
+# __getitem__ would otherwise fill the disk.
+LOG_CAP_BYTES = 32 * 2**20
+LOG_KEEP_BYTES = 2**20
+
+
+def cap_log(path: Path, *, cap: int, keep: int) -> int:
+    """Cut the middle out of a log grown past ``cap``: its first and last ``keep`` bytes
+    stay, with a line saying how much went. The trial's processes hold the log open
+    with O_APPEND, so they go on writing after the cut (what they write during the cut
+    itself may be lost). Returns the bytes removed."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size <= cap:
+        return 0
+    with open(path, "r+b") as f:
+        f.seek(size - keep)
+        tail = f.read(keep)
+        tail = tail[tail.find(b"\n") + 1:] or tail  # from a line's start
+        f.seek(keep)
+        f.truncate()
+        f.seek(0, os.SEEK_END)
+        removed = size - keep - len(tail)
+        marker = f"\n[autotune: {removed:,} bytes of this log were cut here]\n".encode()
+        f.write(marker + tail)
+    return removed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,24 +179,41 @@ def _tail(path: Path, lines: int = 30, *, max_bytes: int = 65536) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-_TORCHRUN_SIGNAL = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID|exitcode\s*:\s*-(\d+)")
+# What runtime.start_ranks prints when a rank dies of a signal.
+_RANK_SIGNAL = re.compile(r"tuned ranks: rank \d+ was killed by (SIG\w+)")
 
 
 def _signal_from_log(log: str) -> str | None:
-    match = _TORCHRUN_SIGNAL.search(log)
-    if not match:
-        return None
-    if match.group(2):
-        return match.group(2)
+    match = _RANK_SIGNAL.search(log)
+    return match.group(1) if match else None
+
+
+def compile_cache_env(env: Mapping[str, str]) -> dict[str, str]:
+    """torch.compile's cache where torch keeps it for the user (its default folder under
+    the system temp folder), unless they chose one: trials and script runs get a
+    temporary folder of their own (TMPDIR), and the cache would move into it and be
+    rebuilt from scratch by every run (minutes per run for max-autotune)."""
+    if "TORCHINDUCTOR_CACHE_DIR" in env:
+        return {}
     try:
-        return signal.Signals(int(match.group(3))).name
-    except ValueError:
-        return f"signal {match.group(3)}"
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    user = re.sub(r"[\\/:*?\"<>|]", "_", user)  # as torch sanitizes it
+    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")}
 
 
-def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> dict[str, Any]:
-    """Run an emitted launch.sh for a few steps; returns its JSON report."""
-    workdir = workdir.absolute()  # the script runs in it: a relative report path would double
+# Set in every trial's environment (so in all its descendants): tests and tools find a
+# trial's processes by it, whatever their command line or working directory.
+TRIAL_DIR_VARIABLE = "AUTOTUNE_TRIAL_DIR"
+
+
+def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
+                 cwd: Path | None = None) -> dict[str, Any]:
+    """Run an emitted launch.sh for a few steps, from ``cwd`` (default: this process's
+    working directory, where the user runs it from); returns its JSON report, written
+    with its log into ``workdir``."""
+    workdir = workdir.absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     report = workdir / "script-report.json"
     report.unlink(missing_ok=True)
@@ -176,9 +222,12 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float)
     argv = ["bash", str(launcher.absolute()), "--max-steps", str(steps), "--no-checkpoint",
             "--log-every", str(max(1, steps)), "--report", str(report)]
     with open(log, "wb") as out, measure_lock.held():
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir),
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**launch.without_distributed(os.environ), "TMPDIR": tmp})
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=str(cwd or Path.cwd()), stdin=subprocess.DEVNULL,
+                                start_new_session=True,
+                                env={**launch.without_distributed(os.environ),
+                                     **compile_cache_env(os.environ), "TMPDIR": tmp,
+                                     TRIAL_DIR_VARIABLE: str(workdir)})
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -207,12 +256,17 @@ class TrialRunner:
         hang_s: float = 30.0,
         setup_hang_s: float | None = None,
         memory_limit_bytes: int | None = None,
+        log_cap_bytes: int = LOG_CAP_BYTES,
+        cwd: str | os.PathLike[str] | None = None,
         python: str = sys.executable,
         seed: int = 0,
     ) -> None:
         self.model_file = str(Path(model_file).resolve())
         self.machine = machine
-        self.workdir = Path(workdir).resolve()  # trials run with their own folder as cwd
+        self.workdir = Path(workdir).resolve()  # each trial's files: a folder of its own
+        # Trials run where the user runs autotune (where the model file's check ran), so a
+        # relative path in the model file means the same in every trial.
+        self.cwd = Path(cwd).resolve() if cwd is not None else Path.cwd()
         self.measurement = measurement
         self.timeout_s = timeout_s
         self.hang_s = hang_s
@@ -220,6 +274,7 @@ class TrialRunner:
         # heartbeat: past this a trial that has not finished it is hung in it.
         self.setup_hang_s = setup_hang_s
         self.memory_limit_bytes = memory_limit_bytes
+        self.log_cap_bytes = log_cap_bytes
         self.python = python
         self.seed = seed
 
@@ -247,7 +302,8 @@ class TrialRunner:
     def run_script(self, launcher: Path, *, steps: int, workdir: Path,
                    timeout_s: float) -> dict[str, Any]:
         """Run an emitted launch.sh for ``steps`` steps, alone on the machine."""
-        return run_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s)
+        return run_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s,
+                            cwd=self.cwd)
 
     def start(
         self,
@@ -282,13 +338,15 @@ class TrialRunner:
             return LiveTrial.failed_to_start(result)
         result.env = env_vars
         # faulthandler: a trial killed by a signal still says where, in its own log.
-        # Temporary files of the trial (multiprocessing's pymp-*, torchrun's torchelastic_*)
+        # Temporary files of the trial (multiprocessing's pymp-*, the ranks' file store)
         # go to a folder of its own, removed when it ends: a killed trial cannot clean up,
         # and /tmp filled with them. Short, in the system's temp folder: multiprocessing
         # binds Unix sockets there, whose paths may not exceed 107 bytes.
         tmp = tempfile.mkdtemp(prefix="autotune-trial-")
-        env = {**launch.without_distributed(os.environ), **env_vars, **(extra_env or {}),
-               "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "TMPDIR": tmp}
+        env = {**launch.without_distributed(os.environ), **compile_cache_env(os.environ),
+               **env_vars, **(extra_env or {}),
+               "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "TMPDIR": tmp,
+               TRIAL_DIR_VARIABLE: str(folder)}
         # The worker runs from autotune's own source tree whether or not it is installed.
         package_root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
@@ -323,13 +381,16 @@ class LiveTrial:
         measure_lock.acquire()
         self.started = time.monotonic()
         self.started_epoch = time.time()  # events carry wall-clock stamps
-        self._log = open(folder / "log.txt", "wb")
+        log_path = folder / "log.txt"
+        log_path.unlink(missing_ok=True)
+        self._log = open(log_path, "ab")  # O_APPEND: writes land at the end after a cut
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, cwd=str(folder), start_new_session=True,
+            env=env, cwd=str(runner.cwd), start_new_session=True,
             preexec_fn=proctree.die_with_parent,
         )
         self.members: dict[int, float] = {}
+        self.log_cut = 0  # bytes cut from the log (cap_log)
         self.reader = _EventReader(folder / "events.jsonl")
 
     @classmethod
@@ -385,6 +446,7 @@ class LiveTrial:
                 # Walking the process table costs CPU; a trial measuring meanwhile must
                 # not pay for it more than once a second.
                 self.memory_checked = now
+                self._cap_log()
                 self.members.update(proctree.snapshot(self.proc.pid))
                 rss = proctree.tree_rss(self.proc.pid)
                 self.result.peak_tree_rss_mb = max(self.result.peak_tree_rss_mb, rss / 2**20)
@@ -398,6 +460,12 @@ class LiveTrial:
             self._finish()
             return True
         return False
+
+    def _cap_log(self) -> None:
+        assert self.runner is not None
+        cap = self.runner.log_cap_bytes
+        self.log_cut += cap_log(Path(self.result.log_path), cap=cap,
+                                keep=min(LOG_KEEP_BYTES, cap // 4))
 
     def _wait_until(self, condition: Callable[[], bool]) -> bool:
         while not self.poll():
@@ -436,6 +504,12 @@ class LiveTrial:
             raise
         return self.result.values[count] if ok else None
 
+    def rss(self) -> int:
+        """Resident memory of the trial's whole process tree now, in bytes."""
+        if self.proc is None or self.finished:
+            return 0
+        return proctree.tree_rss(self.proc.pid)
+
     def stop(self) -> TrialResult:
         if not self.finished and self.folder is not None:
             with open(self.folder / "control", "a") as f:
@@ -456,7 +530,7 @@ class LiveTrial:
         result, phases = self.result, {}
         setup = result.setup
         if setup:
-            # Launch (torchrun too) and imports, up to the start of the model file's setup.
+            # Launch (of the ranks too) and imports, up to the start of the model file's setup.
             phases["start_import_s"] = setup["t"] - setup["seconds"] - self.started_epoch
             phases["setup_s"] = setup["seconds"]
             if result.warmup:
@@ -476,6 +550,11 @@ class LiveTrial:
         # Descendants of a root that already exited were re-parented: find them by record.
         proctree.kill_known(self.members)
         self._log.close()
+        self._cap_log()
+        if self.log_cut:
+            self.result.warnings.append(
+                f"its log grew past {self.runner.log_cap_bytes:,} bytes: {self.log_cut:,} bytes "
+                f"from the middle were cut ({self.result.log_path})")
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
         self.finished = True

@@ -26,13 +26,20 @@ def machine_doc() -> dict:
 
 
 def processes_of(marker: str) -> list[psutil.Process]:
-    """Live processes whose command line or working directory mentions ``marker``."""
+    """Live processes whose command line, working directory or trial folder (the
+    variable every trial's processes inherit) mentions ``marker``."""
+    from autotune.trial import TRIAL_DIR_VARIABLE
+
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "cwd", "status"], ad_value=None):
         info = p.info
         if info["pid"] == os.getpid() or info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if marker in " ".join(info["cmdline"] or []) + " " + (info["cwd"] or ""):
+        try:
+            trial_dir = p.environ().get(TRIAL_DIR_VARIABLE, "")
+        except psutil.Error:
+            trial_dir = ""
+        if marker in " ".join(info["cmdline"] or []) + " " + (info["cwd"] or "") + " " + trial_dir:
             found.append(p)
     return found
 

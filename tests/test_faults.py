@@ -2,7 +2,7 @@
 raise, produce NaN, do not parse or lack a function. Each trial must end with the right
 classification, the user's own log lines, and no process of its tree left behind.
 
-The trials run through ``TrialRunner`` (real subprocesses, real torchrun), with short
+The trials run through ``TrialRunner`` (real subprocesses, real rank groups), with short
 measurements and small limits; the model files are in tests/models/faulty/.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ ONE = TrialConfig(threads=1, batch_size=8)  # one process, one thread
 
 class TreeWatcher:
     """Samples the processes of a marker while a trial runs: the test can then tell
-    that the tree it expects (torchrun and its ranks, DataLoader workers) existed."""
+    that the tree it expects (the ranks' launcher and its ranks, DataLoader workers) existed."""
 
     def __init__(self, marker: str) -> None:
         self.marker, self.seen = marker, {}
@@ -91,14 +91,14 @@ def describe(result) -> str:
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_hang_before_first_step_is_a_timeout(run_trial, nprocs):
     """build_dataset blocks forever: no step ever runs, so only the trial timeout can
-    end it, and it must end the whole tree (torchrun and both ranks for nprocs=2)."""
+    end it, and it must end the whole tree (the ranks' launcher and both ranks for nprocs=2)."""
     timeout_s = 12 if nprocs == 1 else 18
     result, seen = run_trial("hang_build.py", TrialConfig(nprocs=nprocs, threads=1, batch_size=8),
                              timeout_s=timeout_s, hang_s=3)
     assert result.status == "failed" and result.failure == "timeout", describe(result)
     assert timeout_s <= result.wall_s < timeout_s + 10, describe(result)
     workers = [c for c in seen.values() if "autotune.worker" in c]
-    assert len(workers) >= nprocs + (1 if nprocs > 1 else 0), seen  # torchrun + ranks
+    assert len(workers) >= nprocs + (1 if nprocs > 1 else 0), seen  # launcher + ranks
 
 
 @pytest.mark.slow
@@ -133,7 +133,7 @@ def test_the_setup_limit_scales_with_the_contract_check():
         # __getitem__ blocks in each DataLoader worker after 64 items: the trial process
         # and its two loader workers.
         ("hang_getitem.py", TrialConfig(threads=1, batch_size=8, num_workers=2), 3),
-        # rank 1 stops stepping, rank 0 waits in DDP's all-reduce: torchrun and two ranks.
+        # rank 1 stops stepping, rank 0 waits in DDP's all-reduce: the launcher and two ranks.
         ("deadlock_rank.py", TrialConfig(nprocs=2, threads=1, batch_size=8), 3),
     ],
     ids=["dataloader-worker-blocks", "deadlocked-rank"],
@@ -153,10 +153,55 @@ def test_hang_after_steps_started_is_caught_by_the_heartbeat(run_trial, model, c
 @pytest.mark.slow
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_abort_is_a_crash_naming_the_signal(run_trial, nprocs):
-    """os.abort() in forward: a signal, shown by name (under torchrun, read from its log)."""
+    """os.abort() in forward: a signal, shown by name (for ranks, read from their launcher's log)."""
     result, _ = run_trial("abort.py", TrialConfig(nprocs=nprocs, threads=1, batch_size=8))
     assert result.status == "failed" and result.failure == "crash", describe(result)
     assert "SIGABRT" in result.message, describe(result)
+
+
+@pytest.mark.slow
+def test_a_flooding_print_is_cut_from_the_middle_of_the_log(tmp_path):
+    """A print in __getitem__ writes megabytes a second: the log keeps its head and its
+    tail within the cap, says what was cut, and the trial still measures."""
+    cap = 256 * 1024
+    runner = TrialRunner(model_file=FAULTY / "print_flood.py", machine={}, workdir=tmp_path,
+                         measurement=Measurement(warmup_steps=2, window_s=1.0, windows=3),
+                         timeout_s=90, log_cap_bytes=cap)
+    result = runner.run(ONE, name="trial")
+    assert result.status == "ok", describe(result)
+    log = Path(result.log_path)
+    assert log.stat().st_size <= cap
+    text = log.read_text(errors="replace")
+    assert "bytes of this log were cut here]" in text
+    head, _, tail = text.partition("bytes of this log were cut here]")
+    assert "item served: " in head[:10_000] and "item served: " in tail[-10_000:]
+    assert any("bytes from the middle were cut" in w for w in result.warnings)
+
+
+@pytest.mark.slow
+def test_a_relative_data_path_means_in_trials_what_it_meant_in_the_check(tmp_path, monkeypatch):
+    """A model file that opens data/items.txt relative to where autotune runs: it passed
+    the contract check there, so its trials run there too."""
+    from autotune.task import load_task
+
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "items.txt").write_text("\n".join(str(i % 7) for i in range(256)))
+    (project / "model.py").write_text(
+        "import torch\n"
+        "batch_size = 16\n"
+        "def build_dataset():\n"
+        "    with open('data/items.txt') as f:\n"
+        "        v = torch.tensor([float(line) for line in f])\n"
+        "    return torch.utils.data.TensorDataset(v.unsqueeze(1), (v > 3).long())\n"
+        "def build_model():\n"
+        "    return torch.nn.Linear(1, 2)\n")
+    monkeypatch.chdir(project)
+    task = load_task(project / "model.py")  # the contract check, run here
+    runner = TrialRunner(model_file=task.path, machine={}, workdir=tmp_path / "out" / "trials",
+                         measurement=MEASURE, timeout_s=90)
+    result = runner.run(ONE, name="trial")
+    assert result.status == "ok", describe(result)
 
 
 def test_abort_log_shows_where_the_trial_died(run_trial):
@@ -231,7 +276,7 @@ def test_raise_in_dataloader_worker_is_a_user_error(run_trial):
 
 
 def test_helper_process_in_its_own_session_ends_with_the_trial(run_trial, monkeypatch):
-    """A process the model file starts in a session of its own (like torchrun's ranks)
+    """A process the model file starts in a session of its own (like the ranks of a job)
     is still part of the trial's tree and ends with it."""
     token = f"tok-{uuid.uuid4().hex}"
     monkeypatch.setenv("AUTOTUNE_FAULT_TOKEN", token)

@@ -40,7 +40,7 @@ def _tmp_leftovers() -> set[str]:
     import tempfile
 
     root = tempfile.gettempdir()
-    return {p for pattern in ("pymp-*", "torchelastic_*", "autotune-trial-*")
+    return {p for pattern in ("pymp-*", "torchelastic_*", "tuned-ranks-*", "autotune-trial-*")
             for p in glob.glob(f"{root}/{pattern}")}
 
 
@@ -61,3 +61,14 @@ def test_a_trial_leaves_no_temporary_folders_even_from_a_long_output_path(tmp_pa
         result = runner.run(cfg, name="verify-quality-candidate-1x2-512-bf16-and-more")
         assert result.status == "ok", f"{result.failure}: {result.message}\n{result.log_tail}"
     assert _tmp_leftovers() <= before, _tmp_leftovers() - before
+
+
+def test_compile_cache_stays_where_torch_keeps_it_for_the_user():
+    """Trials and script runs get a temporary folder of their own; torch.compile's cache
+    must not follow it there (every run would compile from scratch)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from autotune.trial import compile_cache_env
+
+    assert compile_cache_env({}) == {"TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}
+    assert compile_cache_env({"TORCHINDUCTOR_CACHE_DIR": "/mine"}) == {}
