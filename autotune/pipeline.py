@@ -42,7 +42,7 @@ class RunOptions:
     hang_timeout_s: float = 30.0
     rounds: int = 10
     pairs: int = 6
-    pair_seconds: float = 4.0
+    pair_seconds: float = 8.0
     max_quality_drop: float | None = None
 
     def __post_init__(self) -> None:
@@ -71,7 +71,7 @@ def memory_limit(machine: Mapping[str, Any]) -> int | None:
 def setup_hang_limit(task: Task) -> float:
     """How long a trial may take to set up before it counts as hung: the contract check
     did the same work (import, build_dataset, build_model) and one step on two items, so
-    several times its time, and at least a minute (torchrun, DataLoader workers, a full
+    several times its time, and at least a minute (starting ranks, DataLoader workers, a full
     first batch come on top)."""
     return max(60.0, 5 * task.check_s)
 
@@ -249,6 +249,8 @@ def build_document(
         doc["speedup"] = {**{k: claim[k] for k in ("median", "ci_low", "ci_high", "ci_level",
                                                     "pairs", "seconds_per_run", "wall_s")},
                           "covers": claim["covers"], "side_by_side": claim["side_by_side"]}
+        if claim.get("unsteady"):
+            doc["speedup"]["unsteady"] = claim["unsteady"]
         doc["verification"] = winner.to_dict()
     else:
         doc["best"] = None

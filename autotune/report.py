@@ -88,6 +88,8 @@ class Reporter:
             )
             self.out.print(f"  measured as you will run it: {speed['covers']}; "
                            f"{speed['wall_s']:.0f} s of verification", markup=False)
+            if speed.get("unsteady"):
+                self.warn(speed["unsteady"])
         else:
             self.out.print("[bold red]no configuration was verified faster than the baseline;[/] "
                            "the baseline is recommended.")

@@ -101,6 +101,9 @@ class _Serving:
     def kill(self) -> None:
         pass
 
+    def rss(self) -> int:
+        return 0
+
 
 @pytest.fixture(autouse=True)
 def _all_gpus_visible(monkeypatch):

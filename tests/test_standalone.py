@@ -52,6 +52,7 @@ def test_the_printed_speedup_follows_the_standalone_runs_not_the_side_by_side_wi
     assert doc["speedup"]["pairs"] == 6 and "each run alone" in doc["speedup"]["covers"]
     if chosen.nprocs > 1:  # the side-by-side figure is kept, and it is the inflated one
         assert doc["speedup"]["side_by_side"]["median"] == pytest.approx(served, rel=0.03)
+    assert "unsteady" not in doc["speedup"]
     # the scripts ran in pairs: the baseline's and the emitted one's, as many of each
     ran = [json.loads((p.parent / "best_config.json").read_text())["candidate"]
            for p in runner.scripts]
@@ -79,6 +80,23 @@ def test_candidates_faster_only_side_by_side_are_not_verified(task, tmp_path):
     assert len(refused) == 2, "the scripts of the two fastest run alone, no more"
     assert all(c["median"] > 2.5 for c in refused), "they did look faster side by side"
     assert any("not run alone" in c["outcome"] for c in doc["candidates"])
+
+
+def test_a_machine_that_changes_speed_while_measured_is_said_so(task, tmp_path, capsys):
+    class SteppedDown(StandInRunner):
+        """Halfway through the pairs the emitted configuration loses 30% of its speed."""
+
+        def run_script(self, launcher, **kw):
+            report = super().run_script(launcher, **kw)
+            if Path(launcher).parent.name != "baseline":
+                runs = sum(1 for p in self.scripts if p.parent.name != "baseline")
+                report["samples_per_s"] *= 0.7 if runs > 3 else 1.0
+            return report
+
+    doc = _tune(task, tmp_path, SteppedDown(machine("avx2_epyc")))
+    assert "this machine's speed changed while it was measured" in doc["speedup"]["unsteady"]
+    Reporter().summary(doc)
+    assert "speed changed while it was measured" in " ".join(capsys.readouterr().err.split())
 
 
 def test_pairs_alternate_their_order_and_name_a_failing_side(tmp_path):

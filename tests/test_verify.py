@@ -71,6 +71,32 @@ def test_every_candidate_is_recorded_in_the_order_it_was_tried():
     assert rows[2]["median"] == pytest.approx(1.5) and rows[2]["checks"] == ["speed"]
 
 
+class _Held:
+    def __init__(self, mib: int) -> None:
+        self.mib, self.killed = mib, False
+
+    def rss(self) -> int:
+        return 0 if self.killed else self.mib * 2**20
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def test_configurations_held_side_by_side_share_one_memory_budget():
+    held = [_Held(300), _Held(500), _Held(400), _Held(200)]  # the baseline first
+    live, failures = list(held), [None] * 4
+    verify.hold_within_budget(live, failures, 1000 * 2**20)
+    # 1,400 MiB held: the largest candidate goes; the 900 MiB left fit
+    assert live == [held[0], None, held[2], held[3]] and held[1].killed
+    assert "over the budget of 1,000 MiB" in failures[1] and "500 MiB" in failures[1]
+    assert failures[2] is None
+    # a baseline larger than the rest is never the one stopped
+    held = [_Held(900), _Held(300), _Held(200)]
+    live, failures = list(held), [None] * 3
+    verify.hold_within_budget(live, failures, 1000 * 2**20)
+    assert live == [held[0], None, None]
+
+
 def test_compare_losses_accepts_tracking_and_rejects_divergence_and_nan():
     ref = [2.3, 2.1, 1.9, 1.7]
     assert verify.compare_losses(ref, [2.3, 2.1001, 1.9002, 1.7001], tolerance=0.02).passed

@@ -41,9 +41,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", type=_positive(int, "--pairs"), default=6,
                    help="pairs of standalone runs (the emitted launch.sh and the baseline's "
                         "script, each alone) that give the printed speedup (default 6)")
-    p.add_argument("--pair-seconds", type=_positive(float, "--pair-seconds"), default=4.0,
+    p.add_argument("--pair-seconds", type=_positive(float, "--pair-seconds"), default=8.0,
                    metavar="SECONDS",
-                   help="timed training per standalone run, after its warm-up (default 4)")
+                   help="timed training per standalone run, after its warm-up (default 8)")
     p.add_argument("--max-quality-drop", type=float, default=None, metavar="X",
                    help="how far the evaluate() metric may drop: allows structured pruning, and "
                         "replaces the default allowance for reduced precision (2%% of the metric)")
