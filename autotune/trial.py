@@ -44,6 +44,9 @@ FAILURE_HELP = {
 # times a second and the trial's memory (and its log's size) once a second.
 POLL_S = 0.1
 MEMORY_CHECK_S = 1.0
+# A model whose step takes longer than --hang-timeout is slow, not hung: it is hung
+# once this many of its own steps pass without one finishing.
+HANG_STEPS = 5
 # A trial's log past LOG_CAP_BYTES keeps its first and last LOG_KEEP_BYTES: a print in
 # __getitem__ would otherwise fill the disk.
 LOG_CAP_BYTES = 32 * 2**20
@@ -372,6 +375,7 @@ class LiveTrial:
         self.ready = False
         self.pending_since: float | None = None  # a requested window not yet reported
         self.last_progress: float | None = None  # set once steps run: only then is a stall a hang
+        self.step_s = 0.0  # the trial's own step time, once seen: the hang limit scales with it
         self.finished = runner is None
         self.proc: subprocess.Popen | None = None
         self.memory_checked = 0.0
@@ -403,6 +407,10 @@ class LiveTrial:
         kind, result = ev.get("e"), self.result
         if kind in ("beat", "window", "warmup", "facts", "ready"):
             self.last_progress = time.monotonic()
+        if kind == "beat" and ev.get("step") == 1 and result.setup.get("t"):
+            self.step_s = max(0.0, float(ev["t"]) - float(result.setup["t"]))  # the first step
+        elif kind == "warmup":
+            self.step_s = float(ev.get("step_s") or 0.0)  # a steady step
         if kind == "setup":
             result.setup = ev
         elif kind == "facts":
@@ -435,8 +443,9 @@ class LiveTrial:
             idle = self.serving and self.ready and self.pending_since is None
             if not (self.serving and self.ready) and now - self.started > runner.timeout_s:
                 self.killed_for = (TIMEOUT, f"still running after {runner.timeout_s:.0f} s")
-            elif not idle and self.last_progress is not None and now - self.last_progress > runner.hang_s:
-                self.killed_for = (HANG, f"no progress for {runner.hang_s:.0f} s while steps ran")
+            elif not idle and self.last_progress is not None and now - self.last_progress > self.hang_limit:
+                self.killed_for = (HANG, f"no progress for {self.hang_limit:.0f} s while steps ran "
+                                         f"(a step took {self.step_s:.1f} s)")
             elif (not self.result.setup and runner.setup_hang_s is not None
                   and now - self.started > runner.setup_hang_s):
                 self.killed_for = (HANG, f"not set up after {runner.setup_hang_s:.0f} s: stuck in "
@@ -460,6 +469,13 @@ class LiveTrial:
             self._finish()
             return True
         return False
+
+    @property
+    def hang_limit(self) -> float:
+        """Seconds without a finished step (or window) that make a hang: --hang-timeout,
+        or five of the trial's own steps where a step is that slow."""
+        assert self.runner is not None
+        return max(self.runner.hang_s, HANG_STEPS * self.step_s)
 
     def _cap_log(self) -> None:
         assert self.runner is not None

@@ -147,6 +147,16 @@ def test_hang_after_steps_started_is_caught_by_the_heartbeat(run_trial, model, c
     assert len(seen) >= expected_tree, seen
 
 
+@pytest.mark.slow
+def test_a_step_slower_than_the_hang_timeout_is_slow_not_hung(run_trial):
+    """Each step takes 4 s, over a 3 s --hang-timeout: the limit scales to five of the
+    trial's own steps, so it measures (a stalled rank with fast steps is still caught
+    within the 3 s: test_hang_after_steps_started_is_caught_by_the_heartbeat)."""
+    result, _ = run_trial("slow_step.py", ONE, timeout_s=120, hang_s=3)
+    assert result.status == "ok", describe(result)
+    assert result.warmup["step_s"] >= 4.0
+
+
 # --- crashes and memory ----------------------------------------------------------------
 
 

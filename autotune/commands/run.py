@@ -34,7 +34,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-timeout", type=_positive(float, "--hang-timeout"), default=30.0,
                    metavar="SECONDS",
                    help="seconds without a finished step before a trial counts as hung (default "
-                        "30); setup may take 5x the model file's check, at least 60 s")
+                        "30; five of the trial's own steps where a step takes longer); setup "
+                        "may take 5x the model file's check, at least 60 s")
     p.add_argument("--rounds", type=_positive(int, "--rounds"), default=10,
                    help="rounds of side-by-side windows that rank the candidates in "
                         "verification (default 10)")
