@@ -5,19 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from autotune.emit import CONFIG_NAME
-from autotune.errors import UsageError
 from autotune.report import Reporter
-
-
-def read_result(out: Path) -> dict:
-    path = out / CONFIG_NAME if out.is_dir() else out
-    if not path.exists():
-        raise UsageError(f"{path}: no such file. Give the output folder of an `autotune run`.")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}: not valid JSON ({exc}).") from None
+from autotune.result import read_document
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    doc = read_result(args.out)
+    doc = read_document(args.out)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from autotune import measure_lock, outdir, proctree, verify
 from autotune.commands.run import add_common
-from autotune.commands.show import read_result
 from autotune.config import TrialConfig
 from autotune.pipeline import (
     EXIT_NOT_VERIFIED,
@@ -21,6 +20,7 @@ from autotune.pipeline import (
     probe_doc,
 )
 from autotune.report import Reporter
+from autotune.result import read_document
 from autotune.task import load_task
 
 
@@ -36,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
     from probes import fingerprint, fingerprint_diff
 
     reporter = Reporter()
-    doc = read_result(args.out)
+    doc = read_document(args.out)
     out = (args.out if args.out.is_dir() else args.out.parent).absolute()
     task = load_task(doc["model_file"])
     cfg = TrialConfig.from_dict(doc["config"])

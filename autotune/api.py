@@ -1,0 +1,54 @@
+"""The Python API: the same run as ``autotune run``, from a notebook, a CI job or the
+user's own launcher. Re-exported lazily by ``autotune`` (``autotune.tune``): importing
+autotune stays cheap, for the trial processes too."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UsageError
+from autotune.result import Result
+
+
+def tune(
+    model_file: str | os.PathLike[str], *, trials: int = 20, timeout: float | None = None,
+    out: str | os.PathLike[str] | None = None, fix: Mapping[str, Any] | Iterable[str] = (),
+    exact: bool = False, max_quality_drop: float | None = None, force: bool = False,
+    progress: bool = True, **measurement: Any,
+) -> Result:
+    """Tune ``model_file`` on this machine and write the same outputs as ``autotune run``
+    (``out`` defaults to ``autotune-out/<model name>``). ``fix`` pins knobs
+    (``{"batch_size": 64}`` or ``["batch_size=64"]``); ``measurement`` takes the other
+    options of a run by their ``RunOptions`` names (``window_s``, ``windows``, ``top``,
+    ``rounds``, ``pairs``, ``pair_seconds``, ``trial_timeout_s``, ``hang_timeout_s``).
+    ``progress=False`` prints nothing. Returns the Result, verified or not; raises
+    ``autotune.ContractError`` for a model file that breaks the contract,
+    ``autotune.UsageError`` for a bad argument, ``autotune.errors.NotVerified`` when the
+    baseline itself cannot run."""
+    from autotune.pipeline import RunOptions
+    from autotune.pipeline import tune as run_pipeline
+    from autotune.report import Reporter
+    from autotune.space import parse_fixes
+
+    items = [f"{k}={v}" for k, v in fix.items()] if isinstance(fix, Mapping) else list(fix)
+    known = {f.name for f in dataclasses.fields(RunOptions)} - {
+        "trials", "timeout_s", "fixed", "exact", "max_quality_drop"}
+    unknown = sorted(set(measurement) - known)
+    if unknown:
+        raise UsageError(f"tune(): unknown option {', '.join(unknown)}; the options are "
+                         f"{', '.join(sorted(known))}")
+    options = RunOptions(trials=trials, timeout_s=timeout, fixed=parse_fixes(items), exact=exact,
+                         max_quality_drop=max_quality_drop, **measurement)
+    doc = run_pipeline(Path(model_file), out=Path(out) if out is not None else None,
+                       options=options, reporter=Reporter(quiet=not progress), force=force)
+    return Result.from_document(doc)
+
+
+def probe() -> Any:
+    """What this machine offers (cores, ISA, memory, GPUs, libraries), as autotune reads it."""
+    from probes import probe_machine
+
+    return probe_machine()

@@ -1,0 +1,89 @@
+"""A finished run's result: read back from its ``best_config.json``, as the Python API
+returns it and as ``autotune show`` and ``autotune verify`` read it."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.emit import CONFIG_NAME, SCHEMA
+from autotune.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class Speedup:
+    """The verified speedup: the median ratio of the standalone pairs (the emitted
+    launch.sh against the baseline's script, each run alone) and its interval."""
+
+    median: float
+    low: float
+    high: float
+    level: float
+    pairs: int
+
+    def __str__(self) -> str:
+        return (f"{self.median:.2f}x ({self.level:.0%} interval {self.low:.2f}-{self.high:.2f}x "
+                f"over {self.pairs} pairs of standalone runs)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What a run emitted. ``verified`` is False when nothing beat the baseline (then
+    ``config`` is the baseline and ``speedup`` is None); ``document`` is the whole of
+    best_config.json."""
+
+    verified: bool
+    config: TrialConfig
+    baseline: TrialConfig
+    speedup: Speedup | None
+    samples_per_s: float | None
+    baseline_samples_per_s: float
+    out: Path
+    script: Path
+    launcher: Path
+    document: dict[str, Any] = dataclasses.field(repr=False, compare=False)
+
+    @classmethod
+    def from_document(cls, doc: dict[str, Any]) -> Result:
+        sp = doc.get("speedup") or {}
+        speedup = None
+        if doc.get("verified") and sp.get("pairs"):
+            speedup = Speedup(median=sp["median"], low=sp["ci_low"], high=sp["ci_high"],
+                              level=sp.get("ci_level", 0.0), pairs=sp["pairs"])
+        outputs = doc["outputs"]
+        return cls(
+            verified=bool(doc.get("verified")),
+            config=TrialConfig.from_dict(doc["config"]),
+            baseline=TrialConfig.from_dict(doc["baseline"]["config"]),
+            speedup=speedup,
+            samples_per_s=(doc.get("best") or {}).get("samples_per_s"),
+            baseline_samples_per_s=doc["baseline"]["samples_per_s"],
+            out=Path(outputs["config"]).parent, script=Path(outputs["script"]),
+            launcher=Path(outputs["launcher"]), document=doc)
+
+
+def read_document(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """best_config.json of an output folder (or the file itself), checked enough to be
+    read: it exists, is JSON, and comes from a schema this version reads."""
+    out = Path(out)
+    path = out / CONFIG_NAME if out.is_dir() else out
+    if not path.exists():
+        raise UsageError(f"{path}: no such file. Give the output folder of an `autotune run`.")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: not valid JSON ({exc}).") from None
+    if not isinstance(doc, dict) or "config" not in doc:
+        raise UsageError(f"{path}: not a result of `autotune run` (no \"config\").")
+    if doc.get("schema", SCHEMA) > SCHEMA:
+        raise UsageError(f"{path}: written by a newer autotune (schema {doc['schema']}, this "
+                         f"version reads {SCHEMA}): upgrade autotune to read it.")
+    return doc
+
+
+def load(out: str | os.PathLike[str]) -> Result:
+    """The result of an earlier run, from its output folder."""
+    return Result.from_document(read_document(out))

@@ -1,0 +1,68 @@
+"""The Python API: autotune.tune / load / probe, the same run as the CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune.errors import UsageError
+from helpers import MODELS
+
+
+def test_load_reads_a_run_and_refuses_what_it_cannot_read(tmp_path):
+    from tests.test_machine_matrix import StandInRunner, machine
+    from tests.test_standalone import _tune
+
+    from autotune.task import load_task
+
+    doc = _tune(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(machine("avx2_epyc")))
+    result = autotune.load(tmp_path / "out")
+    assert result.verified and result.config == autotune.TrialConfig.from_dict(doc["config"])
+    assert result.speedup.median == pytest.approx(doc["speedup"]["median"])
+    assert "pairs of standalone runs" in str(result.speedup)
+    assert result.launcher == tmp_path / "out" / "launch.sh" and result.launcher.exists()
+    assert autotune.load(tmp_path / "out" / "best_config.json") == result
+
+    (tmp_path / "newer.json").write_text(json.dumps({**doc, "schema": 99}))
+    with pytest.raises(UsageError, match="newer autotune"):
+        autotune.load(tmp_path / "newer.json")
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(UsageError, match="not valid JSON"):
+        autotune.load(tmp_path / "broken.json")
+    with pytest.raises(UsageError, match="no such file"):
+        autotune.load(tmp_path / "nowhere")
+
+
+def test_tune_takes_keywords_only_and_names_an_unknown_option():
+    with pytest.raises(TypeError):
+        autotune.tune(MODELS / "tiny_cnn.py", 3)
+    with pytest.raises(UsageError, match="unknown option windoww.*window_s"):
+        autotune.tune(MODELS / "tiny_cnn.py", windoww=1.0)
+    with pytest.raises(UsageError, match="unknown knob"):
+        autotune.tune(MODELS / "tiny_cnn.py", fix={"batchsize": 64})
+
+
+@pytest.mark.slow
+def test_importing_autotune_loads_neither_optuna_nor_torch():
+    """Every trial process imports the package for its runtime: it must stay light."""
+    code = "import sys, autotune; print('optuna' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.slow
+def test_tune_writes_what_the_cli_writes_and_returns_it(tmp_path, capsys):
+    result = autotune.tune(
+        MODELS / "tiny_cnn.py", trials=3, out=tmp_path / "out", progress=False,
+        fix={"nprocs": 1, "compile": "off", "allocator": "default", "affinity": "none"},
+        window_s=0.2, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
+    assert result == autotune.load(tmp_path / "out")
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {
+        "best_config.json", "train_tuned.py", "launch.sh", "trials", "study.journal"}
+    assert result.config.nprocs == 1 and result.config.compile == "off"
+    assert (result.speedup is not None) == result.verified
+    assert capsys.readouterr().err == "", "progress=False prints nothing"
