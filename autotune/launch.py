@@ -6,7 +6,6 @@ script is started exactly as the trial was measured.
 from __future__ import annotations
 
 import os
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -103,8 +102,3 @@ def command(cfg: TrialConfig, entry: list[str], *, python: str) -> list[str]:
     """The process command: plain python, for one process or several (with
     TUNED_NPROCS in the environment it starts the ranks itself)."""
     return [python, *entry]
-
-
-def shell_line(env: Mapping[str, str], argv: list[str]) -> str:
-    assignments = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
-    return " ".join([*assignments, *map(shlex.quote, argv)])

@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from _common import FEATURES, mlp, tensors
+from _common import mlp, tensors
 
 batch_size = 8
 BLOCK_AFTER = 64  # items served per process before blocking
