@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 from autotune.errors import UsageError
 
@@ -10,6 +10,30 @@ COMPILE_MODES = ("off", "default", "max-autotune", "max-autotune-no-cudagraphs",
 PRECISIONS = ("fp32", "bf16", "fp16", "tf32")
 ALLOCATORS = ("default", "jemalloc", "tcmalloc")
 BACKENDS = ("gloo", "nccl", "ccl", "mpi")
+
+
+class Layout(NamedTuple):
+    """Ranks x threads per rank, written ``2x1``; ``1xdefault`` leaves the threads to
+    torch (the baseline). The search space stores layouts as these strings."""
+
+    nprocs: int
+    threads: int | None
+
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        ranks, sep, threads = str(text).strip().partition("x")
+        try:
+            layout = cls(int(ranks), None if threads == "default" else int(threads))
+        except ValueError:
+            layout = None
+        if (not sep or layout is None or layout.nprocs < 1
+                or (layout.threads is not None and layout.threads < 1)):
+            raise UsageError(f"layout {text!r}: expected RANKSxTHREADS, e.g. 2x1 (2 ranks of 1 "
+                             "thread) or 1xdefault")
+        return layout
+
+    def __str__(self) -> str:
+        return f"{self.nprocs}x{'default' if self.threads is None else self.threads}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +105,7 @@ class TrialConfig:
 
     @property
     def layout(self) -> str:
-        threads = "default" if self.threads is None else str(self.threads)
-        return f"{self.nprocs}x{threads}"
+        return str(Layout(self.nprocs, self.threads))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -123,12 +123,12 @@ def layout_contrast(top: TrialConfig, space: Space, machine: Mapping[str, Any]) 
     if top.nprocs > 1:
         other = top.replace(nprocs=1, threads=cores)
     else:
-        ranks = next((int(s.split("x")[0]) for s in space.choices["layout"]
-                      if int(s.split("x")[0]) > 1 and int(s.split("x")[1]) == 1), None)
+        ranks = next((layout.nprocs for layout in space.layouts
+                      if layout.nprocs > 1 and layout.threads == 1), None)
         if ranks is None or top.batch_size % ranks:
             return None
         other = top.replace(nprocs=ranks, threads=cores // ranks)
-    return other if f"{other.nprocs}x{other.threads}" in space.choices["layout"] else None
+    return other if other.layout in space.choices["layout"] else None
 
 
 def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space,

@@ -22,7 +22,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.config import TrialConfig
+from autotune.config import Layout, TrialConfig
 from autotune.errors import AutotuneError
 from autotune.space import Space
 from autotune.trial import OUT_OF_MEMORY, TrialResult, TrialRunner
@@ -229,8 +229,9 @@ class Tuner:
             params = {}
             for name, values in self.space.choices.items():
                 if name == "layout":
-                    threads = cfg.threads or max(int(s.split("x")[1]) for s in values if s.startswith("1x"))
-                    value = f"{cfg.nprocs}x{threads}"
+                    threads = cfg.threads or max((layout.threads or 1 for layout in self.space.layouts
+                                                  if layout.nprocs == 1), default=None)
+                    value = str(Layout(cfg.nprocs, threads))
                 else:
                     value = getattr(cfg, name)
                 if value in values:

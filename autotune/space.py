@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.config import TrialConfig
+from autotune.config import Layout, TrialConfig
 from autotune.errors import UsageError
 
 # Knobs whose every trial carries a long one-time cost (torch.compile: ~35 s for a
@@ -49,9 +49,15 @@ def parse_fixes(items: list[str]) -> dict[str, Any]:
         name = name.strip()
         if not sep or not name:
             raise UsageError(f"--fix {item!r}: expected KNOB=VALUE, e.g. --fix batch_size=64")
+        if name == "layout":  # as progress lines print it: both knobs at once
+            try:
+                fixed["nprocs"], fixed["threads"] = Layout.parse(text)
+            except UsageError as exc:
+                raise UsageError(f"--fix {exc}") from None
+            continue
         if name not in fields:
             raise UsageError(
-                f"--fix {name}: unknown knob. Knobs: {', '.join(sorted(fields))}"
+                f"--fix {name}: unknown knob. Knobs: {', '.join(sorted([*fields, 'layout']))}"
             )
         fixed[name] = _parse_value(fields[name], text.strip())
     try:
@@ -84,7 +90,7 @@ class Space:
 
     @property
     def layouts(self) -> list[tuple[int, int]]:
-        return [tuple(map(int, s.split("x"))) for s in self.choices["layout"]]
+        return [Layout.parse(s) for s in self.choices["layout"]]
 
     def suggest(self, trial: Any, *, late: bool = False) -> TrialConfig:
         """Ask an Optuna trial for every searched knob; pinned knobs stay pinned.
@@ -127,7 +133,7 @@ class Space:
 
     def config_from_params(self, params: Mapping[str, Any]) -> TrialConfig:
         values = dict(params)
-        nprocs, threads = map(int, values.pop("layout").split("x"))
+        nprocs, threads = Layout.parse(values.pop("layout"))
         base = self.baseline.to_dict()
         if values.get("prune_ratio") is not None:
             values["prune_ratio"] = float(values["prune_ratio"])
@@ -142,7 +148,7 @@ class Space:
         """The Optuna params that select ``cfg`` (for enqueueing known configurations)."""
         out = {}
         for name, values in self.choices.items():
-            value = f"{cfg.nprocs}x{cfg.threads}" if name == "layout" else getattr(cfg, name)
+            value = cfg.layout if name == "layout" else getattr(cfg, name)
             if value not in values:
                 raise ValueError(f"{name}={value!r} is outside the space {values}")
             out[name] = value
@@ -251,9 +257,9 @@ def build_space(
         layouts = [s for s in layouts if s.startswith("1x")]
         excluded["nprocs>1"] = reason
     if "nprocs" in fixed:
-        layouts = [s for s in layouts if int(s.split("x")[0]) == fixed["nprocs"]]
+        layouts = [s for s in layouts if Layout.parse(s).nprocs == fixed["nprocs"]]
     if fixed.get("threads") is not None:
-        layouts = [s for s in layouts if int(s.split("x")[1]) == fixed["threads"]]
+        layouts = [s for s in layouts if Layout.parse(s).threads == fixed["threads"]]
     if not layouts:
         raise UsageError(
             f"--fix nprocs/threads leaves no layout within the {cores} usable cores "
@@ -262,7 +268,7 @@ def build_space(
     fixed.pop("nprocs", None)
     fixed.pop("threads", None)
     choices["layout"] = layouts
-    max_ranks = max(int(s.split("x")[0]) for s in layouts)
+    max_ranks = max(Layout.parse(s).nprocs for s in layouts)
 
 
     if "batch_size" in fixed:
@@ -275,12 +281,12 @@ def build_space(
             batches = [b for b in batches if b <= dataset_len] or [baseline_batch]
     # Every layout must split every batch evenly over its ranks: a rank count that does
     # not divide the batch sizes (3 ranks, powers of two) goes, not the batches.
-    even = [s for s in layouts if all(b % int(s.split("x")[0]) == 0 for b in batches)]
+    even = [s for s in layouts if all(b % Layout.parse(s).nprocs == 0 for b in batches)]
     dropped = [s for s in layouts if s not in even]
     if dropped:
         excluded["layout=" + ",".join(dropped)] = "its ranks do not split the batch sizes evenly"
     choices["layout"] = layouts = even or layouts[:1]
-    max_ranks = max(int(s.split("x")[0]) for s in layouts)
+    max_ranks = max(Layout.parse(s).nprocs for s in layouts)
     pin("batch_size", batches)
 
     if device == "cuda":

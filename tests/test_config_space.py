@@ -271,3 +271,20 @@ def test_cuda_config_starts_one_rank_per_gpu_over_loopback():
     # no CPU pinning of GPU ranks
     assert env == {"OMP_NUM_THREADS": "8", "TUNED_NPROCS": "2", "GLOO_SOCKET_IFNAME": lo,
                    "NCCL_SOCKET_IFNAME": lo}
+
+
+def test_a_layout_is_written_and_read_as_ranks_x_threads():
+    from autotune.config import Layout
+
+    assert Layout.parse("2x1") == Layout(2, 1) and str(Layout(2, 1)) == "2x1"
+    assert Layout.parse("1xdefault") == Layout(1, None) and str(Layout(1, None)) == "1xdefault"
+    assert str(Layout.parse(TrialConfig(nprocs=4, threads=2, batch_size=8).layout)) == "4x2"
+    for bad in ("2", "x1", "2x", "0x1", "2x0", "twoxone"):
+        with pytest.raises(UsageError, match="expected RANKSxTHREADS"):
+            Layout.parse(bad)
+    # --fix takes the layout as every progress line prints it
+    assert parse_fixes(["layout=2x1"]) == {"nprocs": 2, "threads": 1}
+    space = build_space(probe(4), baseline_batch=32, fixed=parse_fixes(["layout=2x1"]))
+    assert space.choices["layout"] == ["2x1"]
+    with pytest.raises(UsageError, match="--fix layout '2'"):
+        parse_fixes(["layout=2"])
