@@ -137,7 +137,7 @@ def speed_check(
     live: list[LiveTrial | None] = []
     failures: list[str | None] = [None] * len(configs)
     values: list[list[float]] = [[] for _ in configs]
-    budget = getattr(runner, "memory_limit_bytes", None)
+    budget = runner.memory_limit_bytes
     try:
         for i, cfg in enumerate(configs):
             progress("step", {"text": f"starting {'baseline' if i == 0 else f'candidate {i}'}: "

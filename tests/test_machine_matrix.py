@@ -41,6 +41,7 @@ class StandInRunner:
                  served: Callable[[TrialConfig], float] = lambda cfg: 1.0) -> None:
         self.doc, self.diverge = doc, diverge
         self.served = served  # held side by side, a configuration runs this much faster
+        self.memory_limit_bytes = None  # verification's shared budget: not measured here
         self.workdir = Path("trials")
         self.gated: list[TrialConfig] = []
         self.measured: list[TrialConfig] = []
