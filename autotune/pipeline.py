@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune import __version__, emit, launch, measure_lock, outdir, proctree, verify
+from autotune import __version__, emit, launch, measure_lock, outdir, proctree, stats, verify
 from autotune.config import TrialConfig
 from autotune.errors import NotVerified, UsageError
 from autotune.report import Reporter
@@ -172,12 +172,12 @@ def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig, space: Space
         return None
     multi, single = (a, b) if top.nprocs > 1 else (b, a)
     multi_cfg, single_cfg = (top, contrast) if top.nprocs > 1 else (contrast, top)
-    stats = verify.paired_ratio(multi, single)
+    ratio = stats.paired_ratio(multi, single)
     return {"multi_rank": multi_cfg.layout, "single_process": single_cfg.layout,
             "other_knobs": {k: v for k, v in top.to_dict().items()
                             if k not in ("nprocs", "threads")},
-            "ratio": stats["median"], "ci_low": stats["ci_low"], "ci_high": stats["ci_high"],
-            "ci_level": stats["ci_level"]}
+            "ratio": ratio["median"], "ci_low": ratio["ci_low"], "ci_high": ratio["ci_high"],
+            "ci_level": ratio["ci_level"]}
 
 
 def candidate_emitter(task: Task, machine: Mapping[str, Any]) -> Callable[[TrialConfig, Path], Path]:
@@ -248,7 +248,8 @@ def build_document(
                        "one_time_s": result.get("one_time_s")}
         doc["speedup"] = {**{k: claim[k] for k in ("median", "ci_low", "ci_high", "ci_level",
                                                     "pairs", "seconds_per_run", "wall_s")},
-                          "covers": claim["covers"], "side_by_side": claim["side_by_side"]}
+                          "covers": claim["covers"], "median_interval": claim["median_interval"],
+                          "side_by_side": claim["side_by_side"]}
         if claim.get("unsteady"):
             doc["speedup"]["unsteady"] = claim["unsteady"]
         doc["verification"] = winner.to_dict()

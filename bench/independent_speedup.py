@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from autotune import emit  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.trial import run_launcher  # noqa: E402
-from autotune.verify import median_interval  # noqa: E402
+from autotune.stats import median_interval  # noqa: E402
 
 
 def main() -> int:

@@ -35,7 +35,7 @@ from optuna.trial import TrialState
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import verify  # noqa: E402
+from autotune import stats, verify  # noqa: E402
 from autotune.pipeline import RunOptions, build_task_space, heuristics  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.search import Tuner, open_study  # noqa: E402
@@ -110,7 +110,7 @@ def held_out_share(rates: dict[str, list[float]], key: str) -> dict:
         best = max(rates, key=lambda k: statistics.median(rates[k][t] for t in chooser))
         chosen.append(best)
         ratios += [rates[key][t] / rates[best][t] for t in scored]
-    return {**verify.ratio_interval(ratios), "optimum_chosen_on_other_half": chosen}
+    return {**stats.ratio_interval(ratios), "optimum_chosen_on_other_half": chosen}
 
 
 def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int, top: int) -> dict:
@@ -182,7 +182,7 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
     pick = table["autotune"]["config"]
     for m in ("random", "heuristic"):
         other = table[m]["config"]
-        table["autotune"][f"vs_{m}"] = (verify.paired_ratio(rates[pick], rates[other])
+        table["autotune"][f"vs_{m}"] = (stats.paired_ratio(rates[pick], rates[other])
                                         if pick in rates and other in rates else None)
     table["_rates"] = {"baseline": base["samples_per_s"], **rates}
     table["_remeasured"] = [{"config": c.short(), "median": by_config[str(c)].get("median"),

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import emit, launch, verify  # noqa: E402
+from autotune import emit, launch, stats, verify  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.trial import Measurement, TrialRunner, run_launcher  # noqa: E402
 from probes import probe_machine  # noqa: E402
@@ -86,8 +86,8 @@ def main() -> int:
             trial.kill()
 
     def summary(ratios: list[float]) -> dict[str, float]:
-        stats = verify.ratio_interval(ratios, confidence=0.9)
-        return {k: round(v, 3) for k, v in stats.items()}
+        interval = stats.ratio_interval(ratios, confidence=0.9)
+        return {k: round(v, 3) for k, v in interval.items()}
 
     hz = 100  # USER_HZ: /proc/stat counts in hundredths of a second on Linux
     result = {

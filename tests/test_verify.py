@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune import verify
+from autotune import stats, verify
 from autotune.config import TrialConfig
 from autotune.trial import Measurement, TrialRunner
 
@@ -16,30 +16,11 @@ MODELS = Path(__file__).parent / "models"
 SHORT = Measurement(warmup_steps=2, window_s=0.3, windows=2)
 
 
-def test_median_interval_uses_order_statistics_with_sign_test_coverage():
-    low, high, level = verify.median_interval([5, 1, 4, 2, 3])
-    assert (low, high) == (1, 5) and level == pytest.approx(1 - 2 / 32)
-    low, high, level = verify.median_interval(list(range(10)))
-    assert (low, high) == (1, 8) and level >= 0.9
-
-
-def test_one_disturbed_round_does_not_decide_the_interval():
-    ratios = [1.3, 1.25, 1.35, 1.28, 0.2, 1.31, 1.27, 1.33, 1.29, 1.3]
-    stats = verify.ratio_interval(ratios)
-    assert stats["ci_low"] > 1.0, "a single outlier round must not hide a steady 1.3x"
-    assert stats["median"] == pytest.approx(1.295)
-
-
-def test_an_interval_that_includes_one_is_not_faster():
-    stats = verify.ratio_interval([1.1, 0.95, 1.2, 0.9, 1.05])
-    assert stats["ci_low"] <= 1.0 <= stats["ci_high"]
-
-
 def _verdict(name: str, rates: list[float] | None, *, baseline: list[float]) -> verify.Verdict:
     cfg = TrialConfig(batch_size=len(name) * 16)
     if rates is None:
         return verify.Verdict(cfg, {"speed": verify.Check(False, {"reason": "crashed"})}, {})
-    speed = {**verify.ratio_interval([r / b for r, b in zip(rates, baseline)]), "samples_per_s": rates}
+    speed = {**stats.ratio_interval([r / b for r, b in zip(rates, baseline)]), "samples_per_s": rates}
     return verify.Verdict(cfg, {"speed": verify.Check(True, speed)}, speed)
 
 

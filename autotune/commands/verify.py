@@ -85,9 +85,9 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     elif winner:
-        reporter.info(f"verified again: speedup {now['median']:.2f}x "
-                      f"({now['ci_level']:.0%} interval {now['ci_low']:.2f}-{now['ci_high']:.2f}x "
-                      f"over {now['pairs']} pairs of standalone runs)")
+        reporter.info(f"verified again: speedup {now['median']:.2f}x over {now['pairs']} pairs of "
+                      f"standalone runs (a re-run lands in {now['ci_low']:.2f}-"
+                      f"{now['ci_high']:.2f}x, {now['ci_level']:.0%})")
     else:
         reporter.info(f"not verified here: {verdict.reason}")
     if outside:
