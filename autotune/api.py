@@ -49,6 +49,6 @@ def tune(
 
 def probe() -> Any:
     """What this machine offers (cores, ISA, memory, GPUs, libraries), as autotune reads it."""
-    from probes import probe_machine
+    from autotune.probes import probe_machine
 
     return probe_machine()

@@ -56,7 +56,7 @@ class RunOptions:
 
 
 def probe_doc() -> dict[str, Any]:
-    from probes import probe_machine
+    from autotune.probes import probe_machine
 
     return probe_machine().to_dict()
 
@@ -226,7 +226,7 @@ def build_document(
     baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: verify.Verdict | None,
     verdicts: list[verify.Verdict], search: dict[str, Any], exact: bool,
 ) -> dict[str, Any]:
-    from probes import fingerprint, fingerprint_id
+    from autotune.probes import fingerprint, fingerprint_id
 
     claim = winner.standalone if winner is not None else {}
     # With a winner, the rates and the speedup are those of the standalone pairs (what the
@@ -300,7 +300,7 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Mapping[str,
             runner: TrialRunner, reporter: Reporter) -> dict[str, Any]:
     """Search, verify and emit for ``task`` on ``machine``, measuring with ``runner``;
     returns the result document (also written to ``out``)."""
-    from probes import fingerprint_id
+    from autotune.probes import fingerprint_id
 
     for w in machine.get("warnings", []):
         reporter.warn(w)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune import verify  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
-from probes import probe_machine  # noqa: E402
+from autotune.probes import probe_machine  # noqa: E402
 from autotune.task import load_task  # noqa: E402
 from autotune.trial import Measurement, TrialRunner  # noqa: E402
 

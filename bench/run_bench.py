@@ -41,7 +41,7 @@ from autotune.config import TrialConfig  # noqa: E402
 from autotune.search import Tuner, open_study  # noqa: E402
 from autotune.task import load_task  # noqa: E402
 from autotune.trial import Measurement, TrialRunner  # noqa: E402
-from probes import probe_machine  # noqa: E402
+from autotune.probes import probe_machine  # noqa: E402
 
 WORKLOADS = {
     "fashion_cnn": ROOT / "examples" / "fashion_cnn.py",

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from autotune import emit, launch, stats, verify  # noqa: E402
 from autotune.config import TrialConfig  # noqa: E402
 from autotune.trial import Measurement, TrialRunner, run_launcher  # noqa: E402
-from probes import probe_machine  # noqa: E402
+from autotune.probes import probe_machine  # noqa: E402
 
 
 def steal_ticks() -> int:

@@ -11,7 +11,7 @@ import pytest
 from autotune import emit, launch
 from autotune.config import TrialConfig
 from autotune.trial import Measurement, TrialRunner
-from probes import probe_machine
+from autotune.probes import probe_machine
 
 MODEL = Path(__file__).parent / "models" / "knob_cnn.py"
 

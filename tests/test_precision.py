@@ -17,7 +17,7 @@ MODELS = Path(__file__).parent / "models"
 
 
 def _native_bf16() -> bool:
-    from probes import probe_machine
+    from autotune.probes import probe_machine
 
     isa = probe_machine().to_dict()["cpu"].get("isa") or {}
     return bool(isa.get("avx512_bf16") or isa.get("amx_bf16"))

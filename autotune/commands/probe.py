@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from probes import fingerprint_id, probe_machine, render_text
+    from autotune.probes import fingerprint_id, probe_machine, render_text
 
     doc = probe_machine().to_dict()
     doc["fingerprint_id"] = fingerprint_id(doc)

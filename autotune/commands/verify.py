@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from probes import fingerprint, fingerprint_diff
+    from autotune.probes import fingerprint, fingerprint_diff
 
     reporter = Reporter()
     doc = read_document(args.out)

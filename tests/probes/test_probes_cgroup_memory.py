@@ -3,8 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from probes import cgroup, cpu, memory
-from probes.cgroup import CgroupMount
+from autotune.probes import cgroup, cpu, memory
+from autotune.probes.cgroup import CgroupMount
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GiB = 1 << 30

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from probes import cpu
-from probes.cpu import (
+from autotune.probes import cpu
+from autotune.probes.cpu import (
     CpuFallback,
     format_cpulist,
     isa_from_flags,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from probes import MachineProbe, fingerprint, fingerprint_diff, fingerprint_id, probe_machine, render_text
+from autotune.probes import MachineProbe, fingerprint, fingerprint_diff, fingerprint_id, probe_machine, render_text
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

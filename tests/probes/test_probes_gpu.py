@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from probes import MachineProbe, fingerprint, gpu, probe_machine
+from autotune.probes import MachineProbe, fingerprint, gpu, probe_machine
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GiB = 1 << 30

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 
-from probes import software
-from probes.software import (
+from autotune.probes import software
+from autotune.probes.software import (
     choose_compiler,
     find_library,
     find_native_libraries,

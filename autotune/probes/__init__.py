@@ -2,7 +2,7 @@
 can actually use, as one JSON-able document, plus a stable fingerprint of
 the facts a tuned configuration depends on.
 
-    from probes import probe_machine, fingerprint_id
+    from autotune.probes import probe_machine, fingerprint_id
     doc = probe_machine().to_dict()
     fingerprint_id(doc)
 """
