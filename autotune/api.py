@@ -7,10 +7,13 @@ import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import UsageError
 from autotune.result import Result
+
+if TYPE_CHECKING:
+    from autotune.probes import Machine
 
 
 def tune(
@@ -47,7 +50,7 @@ def tune(
     return Result.from_document(doc)
 
 
-def probe() -> Any:
+def probe() -> Machine:
     """What this machine offers (cores, ISA, memory, GPUs, libraries), as autotune reads it."""
     from autotune.probes import probe_machine
 

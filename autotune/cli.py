@@ -17,6 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="autotune",
         description="Find the fastest verified training configuration for a PyTorch model "
                     "on this machine.",
+        epilog="exit codes: 0 done (run/verify: a configuration was verified faster); "
+               "2 a usage or model-file error, named on stderr; 3 nothing was verified faster "
+               "than the baseline (the baseline is emitted) or the baseline itself failed; "
+               "130 interrupted (run the same command again to resume).",
     )
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

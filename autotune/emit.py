@@ -30,11 +30,6 @@ CONFIG = __CONFIG__
 TUNED_FOR = __TUNED_FOR__
 
 
-def _unwrap(model):
-    model = getattr(model, "_orig_mod", model)
-    return getattr(model, "module", model)
-
-
 def main(argv=None):
     import argparse
     import json as _json
@@ -89,7 +84,7 @@ def main(argv=None):
         if step % per_epoch == 0 and rank0 and not args.no_checkpoint:
             os.makedirs(args.checkpoint_dir, exist_ok=True)
             path = os.path.join(args.checkpoint_dir, f"epoch-{step // per_epoch}.pt")
-            torch.save({"model": _unwrap(session.model).state_dict(),
+            torch.save({"model": unwrap_model(session.model).state_dict(),
                         "optimizer": session.optimizer.state_dict(),
                         "epoch": step // per_epoch, "config": CONFIG}, path)
             print(f"saved {path}", flush=True)
@@ -107,8 +102,8 @@ def main(argv=None):
     if session.dist.enabled:
         torch.distributed.barrier()  # no rank leaves while another still needs it
         # Everything is written. gloo's threads can abort a rank at interpreter teardown
-        # ("terminate called without an active exception", seen after training had
-        # finished), and then the whole job fails. Leave without the teardown.
+        # ("terminate called without an active exception"), which fails the whole job
+        # after training has finished. Leave without the teardown.
         import logging
 
         logging.shutdown()
@@ -125,6 +120,7 @@ if __name__ == "__main__":
 
 
 def _runtime_source() -> str:
+    """runtime.py's text as the body of the generated script."""
     text = (Path(__file__).parent / "runtime.py").read_text()
     # Drop the module docstring and the __future__ import: the script supplies its own.
     body = text.split('"""', 2)[2]
@@ -133,6 +129,9 @@ def _runtime_source() -> str:
 
 def render_script(*, cfg: TrialConfig, model_file: Path, description: str,
                   tuned_for: dict[str, Any] | None = None) -> str:
+    """The text of train_tuned.py: a docstring, runtime.py's code and a ``main`` that
+    trains ``model_file`` with ``cfg`` (``tuned_for``: the machine facts it warns about
+    when they differ where the script runs)."""
     # The description lands in a docstring: a backslash or a triple quote in it (from a
     # model file's name) must not end the string or start an escape.
     docstring = description.replace("\\", "\\\\").replace('"', '\\"')
@@ -157,6 +156,8 @@ def render_script(*, cfg: TrialConfig, model_file: Path, description: str,
 def render_launcher(
     *, cfg: TrialConfig, env: dict[str, str], python: str = sys.executable
 ) -> str:
+    """The text of launch.sh: exports ``env`` (keeping, with a warning, a value the user
+    already set otherwise) and runs train_tuned.py as the configuration's launch command."""
     argv = launch.command(cfg, ["__SCRIPT__"], python="__PYTHON__")
     quoted = " ".join(
         '"$PYTHON"' if a == "__PYTHON__" else '"$here/train_tuned.py"' if a == "__SCRIPT__"
@@ -186,6 +187,7 @@ def render_launcher(
 
 
 def launch_line(cfg: TrialConfig) -> str:
+    """How the tuned configuration runs, in words, for best_config.json's "launch"."""
     if cfg.nprocs == 1:
         return f"python {SCRIPT_NAME}"
     return f"python {SCRIPT_NAME} as {cfg.nprocs} ranks, started by the script over loopback"

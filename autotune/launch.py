@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.probes import Machine, as_machine
 
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
 
@@ -27,10 +28,11 @@ def rank_cpus(cfg: TrialConfig, usable_cpus: list[int]) -> list[list[int]]:
 
 
 def environment(
-    cfg: TrialConfig, *, machine: Mapping[str, Any], base_env: Mapping[str, str] | None = None
+    cfg: TrialConfig, *, machine: Machine | Mapping[str, Any], base_env: Mapping[str, str] | None = None
 ) -> tuple[dict[str, str], list[str]]:
     """Variables this configuration sets, and a warning for each one the user had
     already set: theirs is kept, never overridden silently."""
+    machine = as_machine(machine)
     base_env = os.environ if base_env is None else base_env
     wanted: dict[str, str] = {}
     if cfg.threads is not None:
@@ -43,14 +45,14 @@ def environment(
         if cfg.device == "cuda":
             wanted["NCCL_SOCKET_IFNAME"] = lo
     if cfg.allocator != "default":
-        path = (machine.get("allocators") or {}).get(cfg.allocator)
+        path = machine.allocators.get(cfg.allocator)
         if not path:
             raise ValueError(f"allocator {cfg.allocator} was not found on this machine")
         wanted["LD_PRELOAD"] = path
         if cfg.allocator == "jemalloc":
             wanted["MALLOC_CONF"] = JEMALLOC_CONF
     if cfg.affinity == "compact" and cfg.device == "cpu":
-        cpus = (machine.get("cpu") or {}).get("usable_cpus") or sorted(os.sched_getaffinity(0))
+        cpus = machine.cpu.usable_cpus or sorted(os.sched_getaffinity(0))
         wanted["TUNED_CPUS_PER_RANK"] = ";".join(
             ",".join(map(str, block)) for block in rank_cpus(cfg, list(cpus))
         )

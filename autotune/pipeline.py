@@ -12,16 +12,21 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune import __version__, emit, launch, measure_lock, outdir, proctree, stats, verify
 from autotune.config import TrialConfig
 from autotune.errors import NotVerified, UsageError
+from autotune.probes import Machine, as_machine
+from autotune.protocol import Failure, Measurement
 from autotune.report import Reporter
-from autotune.search import Tuner, open_study, repair_journal, storage_path, study_name
+from autotune.search import SearchOutcome, Tuner, open_study, repair_journal, storage_path, study_name
 from autotune.space import Space, build_space
 from autotune.task import Task, load_task
-from autotune.trial import FAILURE_HELP, Measurement, TrialRunner
+from autotune.trial import TrialRunner
+
+if TYPE_CHECKING:
+    import optuna
 
 EXIT_VERIFIED = 0
 EXIT_NOT_VERIFIED = 3
@@ -55,16 +60,16 @@ class RunOptions:
                                      f"{knob}={self.fixed[knob]} asks otherwise: drop one of them")
 
 
-def probe_doc() -> dict[str, Any]:
+def probe_doc() -> Machine:
     from autotune.probes import probe_machine
 
-    return probe_machine().to_dict()
+    return probe_machine()
 
 
-def memory_limit(machine: Mapping[str, Any]) -> int | None:
+def memory_limit(machine: Machine) -> int | None:
     """A trial may use most of what is free, never all: the kernel's OOM killer must
     never have to choose (it might choose the tuner or the user's desktop)."""
-    usable = (machine.get("memory") or {}).get("usable_bytes")
+    usable = machine.memory.usable_bytes
     return int(usable * 0.8) if usable else None
 
 
@@ -76,7 +81,7 @@ def setup_hang_limit(task: Task) -> float:
     return max(60.0, 5 * task.check_s)
 
 
-def make_runner(task: Task, machine: Mapping[str, Any], out: Path, *, window_s: float,
+def make_runner(task: Task, machine: Machine, out: Path, *, window_s: float,
                 windows: int, trial_timeout_s: float, hang_timeout_s: float) -> TrialRunner:
     return TrialRunner(
         model_file=task.path, machine=machine, workdir=out / "trials",
@@ -86,19 +91,19 @@ def make_runner(task: Task, machine: Mapping[str, Any], out: Path, *, window_s: 
     )
 
 
-def build_task_space(task: Task, machine: Mapping[str, Any], options: RunOptions) -> Space:
+def build_task_space(task: Task, machine: Machine, options: RunOptions) -> Space:
     return build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
                        image_inputs=task.image_inputs, batchnorm_layers=task.batchnorm_layers,
                        has_evaluate=task.has_evaluate, max_quality_drop=options.max_quality_drop,
                        exact=options.exact, fixed=options.fixed)
 
 
-def heuristics(space: Space, machine: Mapping[str, Any]) -> list[TrialConfig]:
+def heuristics(space: Space, machine: Machine) -> list[TrialConfig]:
     """PyTorch's CPU launcher defaults: one process on all usable cores, tcmalloc or
     jemalloc preloaded where found, compact core pinning."""
     if space.baseline.device != "cpu":
         return []
-    cores = int((machine.get("cpu") or {}).get("usable_cores") or 1)
+    cores = machine.cpu.usable_cores
     params = {k: v[0] for k, v in space.choices.items()}
     params.update(layout=f"1x{cores}", batch_size=space.baseline.batch_size, num_workers=0)
     if params["layout"] not in space.choices["layout"]:
@@ -113,13 +118,13 @@ def heuristics(space: Space, machine: Mapping[str, Any]) -> list[TrialConfig]:
     return [space.config_from_params(params)]
 
 
-def layout_contrast(top: TrialConfig, space: Space, machine: Mapping[str, Any]) -> TrialConfig | None:
+def layout_contrast(top: TrialConfig, space: Space, machine: Machine) -> TrialConfig | None:
     """The top candidate with the other process layout (several ranks <-> one process
     on all cores), every other knob equal: verification measures it alongside, which
     gives the layout's own effect with an interval."""
     if top.device != "cpu":
         return None
-    cores = int((machine.get("cpu") or {}).get("usable_cores") or 1)
+    cores = machine.cpu.usable_cores
     if top.nprocs > 1:
         other = top.replace(nprocs=1, threads=cores)
     else:
@@ -132,7 +137,7 @@ def layout_contrast(top: TrialConfig, space: Space, machine: Mapping[str, Any]) 
 
 
 def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space,
-                      machine: Mapping[str, Any]) -> list[TrialConfig]:
+                      machine: Machine) -> list[TrialConfig]:
     """What verification re-measures: the ``top`` best by search value; the first one's
     layout contrast; when the top ones are all several-rank or all one-process, the
     best-measured configuration of the other kind; and the best exact (fp32, unpruned)
@@ -160,7 +165,7 @@ def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space,
 
 
 def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig, space: Space,
-                  machine: Mapping[str, Any]) -> dict[str, Any] | None:
+                  machine: Machine) -> dict[str, Any] | None:
     """The first candidate against its layout contrast, window against window, where
     verification measured both."""
     contrast = layout_contrast(top, space, machine)
@@ -180,7 +185,7 @@ def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig, space: Space
             "ci_level": ratio["ci_level"]}
 
 
-def candidate_emitter(task: Task, machine: Mapping[str, Any]) -> Callable[[TrialConfig, Path], Path]:
+def candidate_emitter(task: Task, machine: Machine) -> Callable[[TrialConfig, Path], Path]:
     def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
         env, _ = launch.environment(cfg, machine=machine)
         doc = emit.write_outputs(folder, cfg=cfg, model_file=task.path, env=env,
@@ -201,7 +206,7 @@ def precision_note(chosen: TrialConfig, winner: verify.Verdict | None,
     def label(cfg: TrialConfig) -> str:
         return cfg.precision + (f" pruned {cfg.prune_ratio:g}" if cfg.prune_ratio else "")
 
-    rejected = {}
+    rejected: dict[str, str] = {}
     for v in verdicts:
         if v is winner or v.passed or v.config.exact or label(v.config) == label(chosen):
             continue
@@ -217,12 +222,12 @@ def precision_note(chosen: TrialConfig, winner: verify.Verdict | None,
     elif not chosen.exact:
         note["opt_out"] = "run with --exact (or --fix precision=fp32) to keep everything in fp32"
     note["skipped"] = {k: r for k, r in space.excluded.items()
-                       if k.startswith("precision") or k.startswith("prune")}
+                       if k.startswith(("precision", "prune"))}
     return note
 
 
 def build_document(
-    *, task: Task, machine: Mapping[str, Any], space: Space, chosen: TrialConfig,
+    *, task: Task, machine: Machine, space: Space, chosen: TrialConfig,
     baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: verify.Verdict | None,
     verdicts: list[verify.Verdict], search: dict[str, Any], exact: bool,
 ) -> dict[str, Any]:
@@ -235,7 +240,7 @@ def build_document(
     doc: dict[str, Any] = {
         "model_file": str(task.path),
         "autotune_version": __version__,
-        "fingerprint": {**fingerprint(dict(machine)), "id": fingerprint_id(dict(machine))},
+        "fingerprint": {**fingerprint(machine.to_dict()), "id": fingerprint_id(machine.to_dict())},
         "config": chosen.to_dict(),
         "baseline": {"config": baseline_cfg.to_dict(), "samples_per_s": base_value,
                      "runs": claim.get("baseline_samples_per_s", base_speed["samples_per_s"])},
@@ -296,13 +301,46 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
         proctree.reap_orphans()
 
 
-def execute(task: Task, out: Path, options: RunOptions, *, machine: Mapping[str, Any],
-            runner: TrialRunner, reporter: Reporter) -> dict[str, Any]:
-    """Search, verify and emit for ``task`` on ``machine``, measuring with ``runner``;
-    returns the result document (also written to ``out``)."""
+def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
+           runner: TrialRunner, reporter: Reporter) -> tuple[optuna.Study, SearchOutcome]:
+    """The search, resumed from the study in ``out`` when there is one. Raises NotVerified
+    when the baseline could not be measured: nothing could be compared with it."""
     from autotune.probes import fingerprint_id
 
-    for w in machine.get("warnings", []):
+    repaired = repair_journal(storage_path(out))
+    if repaired:
+        reporter.warn(repaired)
+    study = open_study(storage_path=storage_path(out),
+                       study_name=study_name(task.path, fingerprint_id(machine.to_dict())))
+    resumed = len(study.trials)
+    if resumed:
+        reporter.info(f"resuming the study in {out} ({resumed} trials stored)")
+    tuner = Tuner(study=study, space=space, runner=runner, trials=options.trials,
+                  timeout_s=options.timeout_s, progress=reporter.search,
+                  heuristics=heuristics(space, machine))
+    try:
+        outcome = tuner.run()
+    finally:
+        reporter.end_search()
+    if outcome.baseline is None:
+        failed = next((f for f in outcome.failures if f["config"] == space.baseline.to_dict()),
+                      outcome.failures[0] if outcome.failures else None)
+        detail = (f"{Failure.describe(failed['failure'])}: {failed['message']}"
+                  if failed else "it was not measured")
+        raise NotVerified(
+            "no configuration can be verified: the baseline (your batch size, one process, "
+            f"default threads, fp32) failed: {detail}. Fix the model so it trains as it is; "
+            f"trial logs are in {out / 'trials'}."
+        )
+    return study, outcome
+
+
+def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Mapping[str, Any],
+            runner: TrialRunner, reporter: Reporter) -> dict[str, Any]:
+    """Search, verify and emit for ``task`` on ``machine`` (or a recorded probe document of
+    it), measuring with ``runner``; returns the result document (also written to ``out``)."""
+    machine = as_machine(machine)
+    for w in machine.warnings:
         reporter.warn(w)
     inherited = launch.inherited_distributed(os.environ)
     if inherited:
@@ -311,28 +349,9 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Mapping[str,
     space = build_task_space(task, machine, options)
     for knob, reason in space.describe()["excluded"].items():
         reporter.info(f"  skipping {knob}: {reason}")
-    repaired = repair_journal(storage_path(out))
-    if repaired:
-        reporter.warn(repaired)
-    study = open_study(storage_path=storage_path(out),
-                       study_name=study_name(task.path, fingerprint_id(dict(machine))))
-    resumed = len(study.trials)
-    if resumed:
-        reporter.info(f"resuming the study in {out} ({resumed} trials stored)")
-    tuner = Tuner(study=study, space=space, runner=runner, trials=options.trials,
-                  timeout_s=options.timeout_s, progress=reporter.search,
-                  heuristics=heuristics(space, machine))
-    outcome = tuner.run()
-    if outcome.baseline is None:
-        failed = next((f for f in outcome.failures if f["config"] == space.baseline.to_dict()),
-                      outcome.failures[0] if outcome.failures else None)
-        detail = (f"{FAILURE_HELP.get(failed['failure'], failed['failure'])}: {failed['message']}"
-                  if failed else "it was not measured")
-        raise NotVerified(
-            "no configuration can be verified: the baseline (your batch size, one process, "
-            f"default threads, fp32) failed: {detail}. Fix the model so it trains as it is; "
-            f"trial logs are in {out / 'trials'}."
-        )
+    study, outcome = search(task, out, options, machine=machine, space=space, runner=runner,
+                            reporter=reporter)
+    assert outcome.baseline is not None  # search() raises otherwise
     baseline_cfg = space.baseline
     default_threads = outcome.baseline.result.get("threads_seen")
 
@@ -351,7 +370,8 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Mapping[str,
     }
     settings = verify.Settings(rounds=options.rounds, pairs=options.pairs,
                                pair_seconds=options.pair_seconds,
-                               max_quality_drop=options.max_quality_drop)
+                               max_quality_drop=options.max_quality_drop,
+                               pinned=frozenset(options.fixed))
     if candidates:
         reporter.info(f"verifying {len(candidates)} candidates against the baseline ...")
         winner, verdicts, base_speed = verify.verify_candidates(
@@ -370,6 +390,8 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Mapping[str,
                          verdicts=verdicts, search=search_info, exact=options.exact)
     if candidates:
         doc["layout_effect"] = layout_effect(verdicts, candidates[0], space, machine)
+    if winner is not None and winner.ablation is not None:
+        doc["ablation"] = winner.ablation
     env, warnings = launch.environment(chosen, machine=machine)
     for w in warnings:
         reporter.warn(w)

@@ -12,16 +12,35 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
+from autotune.protocol import Status
 from autotune.trial import TrialResult
 
 
 class Reporter:
-    def __init__(self, *, quiet: bool = False) -> None:
-        self.err = Console(stderr=True, highlight=False, quiet=quiet)
-        self.out = Console(highlight=False)
+    """Progress on stderr, one line per event; the result on stdout. At a terminal a live
+    bar below the lines shows the trial count, elapsed and estimated time. Lines are never
+    wrapped (a CI log keeps one event per line). ``quiet`` prints nothing on stderr;
+    ``verbose`` adds every measurement window."""
+
+    def __init__(self, *, quiet: bool = False, verbose: bool = False) -> None:
+        self.err = Console(stderr=True, highlight=False, quiet=quiet, soft_wrap=True)
+        self.out = Console(highlight=False, soft_wrap=True)
+        self.verbose = verbose
+        self.baseline: float | None = None
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
 
     def info(self, text: str) -> None:
         self.err.print(text, markup=False)
@@ -31,14 +50,17 @@ class Reporter:
 
     def search(self, kind: str, info: dict[str, Any]) -> None:
         if kind == "start":
+            self._advance(info)
             role = f" ({info['role']})" if info.get("role") else ""
             self.err.print(
-                f"[bold]trial {info['number']}/{info['of']}[/]{role}  {info['config'].short()}"
+                f"[bold]trial {info['number']}/{info['of']}[/]{role}  {escape(info['config'].short())}"
                 f"  [dim]{info['elapsed']:.0f} s elapsed[/]"
             )
-        elif kind == "window":
+        elif kind == "window" and self.verbose:
             self.err.print(f"    window {info['i'] + 1}: {info['value']:,.0f} samples/s", style="dim")
         elif kind == "end":
+            if info.get("role") == "baseline" and info["result"].value:
+                self.baseline = info["result"].value
             self.trial_end(info["result"], info.get("best"))
         elif kind == "stale":
             self.warn(f"trial {info['number']} was left running by an interrupted run; "
@@ -46,20 +68,43 @@ class Reporter:
         elif kind == "budget":
             self.err.print(f"search stopped: {info['reason']}")
 
+    def _advance(self, info: dict[str, Any]) -> None:
+        """The live bar: trial k of N, elapsed, time left; at a terminal only."""
+        if not self.err.is_terminal or self.err.quiet:
+            return
+        if self._bar is None:
+            self._bar = Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TimeRemainingColumn(), console=self.err,
+                                 transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("search", total=info["of"])
+        assert self._task is not None
+        self._bar.update(self._task, completed=info["number"] - 1, total=info["of"])
+
+    def end_search(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
     def trial_end(self, result: TrialResult, best: float | None) -> None:
-        best_text = f"  best so far {best:,.0f}" if best else ""
-        if result.status == "ok":
-            self.err.print(f"    → {result.value:,.0f} samples/s (IQR {result.iqr or 0:,.0f}){best_text}")
-        elif result.status == "pruned":
-            self.err.print(f"    → pruned: clearly slower than the best{best_text}")
+        against = []
+        if self.baseline and result.value:
+            against.append(f"{result.value / self.baseline:.2f}x the baseline")
+        if best:
+            against.append(f"best so far {best:,.0f}")
+        tail = f"  ({', '.join(against)})" if against else ""
+        if result.status == Status.OK:
+            self.err.print(f"    → {result.value:,.0f} samples/s (IQR {result.iqr or 0:,.0f}){tail}")
+        elif result.status == Status.PRUNED:
+            self.err.print(f"    → pruned: clearly slower than the best{tail}")
         else:
             self.err.print(f"    → [red]failed[/] ({escape(str(result.failure))}): "
                            f"{escape(result.describe_failure())}")
-            tail = result.log_tail.strip().splitlines()[-12:]
-            for line in tail:
+            for line in result.log_tail.strip().splitlines()[-12:]:
                 self.err.print(f"      | {line}", style="dim", markup=False)
 
     def verify(self, kind: str, info: dict[str, Any]) -> None:
+        self.end_search()
         if kind == "speed":
             self.err.print(f"verify speed: round {info['round']}/{info['rounds']}", style="dim")
         else:
@@ -76,7 +121,7 @@ class Reporter:
         for key, value in doc["config"].items():
             before = base["config"].get(key)
             mark = "" if before == value else " ←"
-            table.add_row(key, Text(str(before)), Text(f"{value}{mark}"))
+            table.add_row(key, Text(_shown(before)), Text(f"{_shown(value)}{mark}"))
         self.out.print(table)
         self.out.print(f"baseline: {base['samples_per_s']:,.1f} samples/s")
         if doc["verified"]:
@@ -99,7 +144,7 @@ class Reporter:
         for label, reason in (precision.get("rejected") or {}).items():
             self.out.print(f"precision: {label} rejected ({reason}); "
                            f"{precision.get('instead', 'the baseline')} is emitted instead", markup=False)
-        if precision.get("opt_out") and not doc["config"].get("precision", "fp32") == "fp32":
+        if precision.get("opt_out") and doc["config"].get("precision", "fp32") != "fp32":
             self.out.print(f"  to opt out: {precision['opt_out']}", markup=False)
         effect = doc.get("layout_effect")
         if effect:
@@ -119,3 +164,8 @@ class Reporter:
         self.out.print(f"wrote {doc['outputs']['config']}, {doc['outputs']['script']}, "
                        f"{doc['outputs']['launcher']}", markup=False)
         self.out.print(f"train with: {doc['launch']}", markup=False)
+
+
+def _shown(value: Any) -> str:
+    """A knob's value as the user reads it: PyTorch's own default where autotune sets none."""
+    return "default" if value is None else str(value)

@@ -16,7 +16,8 @@ from autotune.errors import UsageError
 @dataclasses.dataclass(frozen=True)
 class Speedup:
     """The verified speedup: the median ratio of the standalone pairs (the emitted
-    launch.sh against the baseline's script, each run alone) and its interval."""
+    launch.sh against the baseline's script, each run alone) and the interval a
+    re-measurement of as many pairs is expected to land in (``level``)."""
 
     median: float
     low: float
@@ -25,8 +26,8 @@ class Speedup:
     pairs: int
 
     def __str__(self) -> str:
-        return (f"{self.median:.2f}x ({self.level:.0%} interval {self.low:.2f}-{self.high:.2f}x "
-                f"over {self.pairs} pairs of standalone runs)")
+        return (f"{self.median:.2f}x over {self.pairs} pairs of standalone runs (a re-run "
+                f"lands in {self.low:.2f}-{self.high:.2f}x, {self.level:.0%})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +66,15 @@ class Result:
             launcher=Path(outputs["launcher"]), document=doc)
 
 
+SCHEMA_FILE = Path(__file__).parent / "schemas" / "best_config.schema.json"
+
+
 def read_document(out: str | os.PathLike[str]) -> dict[str, Any]:
-    """best_config.json of an output folder (or the file itself), checked enough to be
-    read: it exists, is JSON, and comes from a schema this version reads."""
+    """best_config.json of an output folder (or the file itself), checked before it is
+    read: it exists, is JSON, comes from a schema version this autotune reads, and
+    matches the JSON Schema shipped in the package (``autotune/schemas``)."""
+    import jsonschema
+
     out = Path(out)
     path = out / CONFIG_NAME if out.is_dir() else out
     if not path.exists():
@@ -78,9 +85,16 @@ def read_document(out: str | os.PathLike[str]) -> dict[str, Any]:
         raise UsageError(f"{path}: not valid JSON ({exc}).") from None
     if not isinstance(doc, dict) or "config" not in doc:
         raise UsageError(f"{path}: not a result of `autotune run` (no \"config\").")
-    if doc.get("schema", SCHEMA) > SCHEMA:
-        raise UsageError(f"{path}: written by a newer autotune (schema {doc['schema']}, this "
+    version = doc.get("schema", SCHEMA)
+    if not isinstance(version, int) or version > SCHEMA:
+        raise UsageError(f"{path}: written by a newer autotune (schema {version!r}, this "
                          f"version reads {SCHEMA}): upgrade autotune to read it.")
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "the top level"
+        raise UsageError(f"{path}: not a valid autotune result: at {where}, {error.message}. "
+                         "Was it edited by hand? Run `autotune run` again to write it afresh.")
     return doc
 
 

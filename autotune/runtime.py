@@ -17,6 +17,7 @@ import os
 
 
 def _parse_cpu_list(text: str) -> set[int]:
+    """CPU numbers of a list such as "0-3,8,10-11"."""
     cpus: set[int] = set()
     for part in text.split(","):
         part = part.strip()
@@ -28,6 +29,8 @@ def _parse_cpu_list(text: str) -> set[int]:
 
 
 def pin_local_rank() -> set[int] | None:
+    """Pin this process to its local rank's cores from ``TUNED_CPUS_PER_RANK``; returns
+    them, or None when the variable is unset and nothing is pinned."""
     spec = os.environ.get("TUNED_CPUS_PER_RANK")
     if not spec:
         return None
@@ -125,7 +128,8 @@ import math  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from typing import Any, Callable, Iterator  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -151,6 +155,7 @@ def load_user_module(path: str) -> Any:
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's and torch's generators, so runs with one seed start alike."""
     random.seed(seed)
     torch.manual_seed(seed)
 
@@ -212,17 +217,30 @@ class Distributed:
             torch.distributed.destroy_process_group()
 
 
-def _first_tensor(obj: Any) -> torch.Tensor | None:
+def first_tensor(obj: Any) -> torch.Tensor | None:
+    """The first tensor in a batch or item (a tensor, or lists, tuples and dicts of
+    them, depth first), or None if it holds none."""
     if isinstance(obj, torch.Tensor):
         return obj
     if isinstance(obj, dict):
         obj = list(obj.values())
     if isinstance(obj, (list, tuple)):
         for item in obj:
-            found = _first_tensor(item)
+            found = first_tensor(item)
             if found is not None:
                 return found
     return None
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's own model inside the wrappers build_model adds: torch.compile's
+    OptimizedModule (its ``_orig_mod``) and DistributedDataParallel (its ``.module``).
+    Its state_dict has the user's parameter names, without the wrappers' prefixes, and
+    calling it runs no DDP gradient synchronisation."""
+    model = getattr(model, "_orig_mod", model)
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        model = model.module
+    return model
 
 
 def move(obj: Any, device: torch.device, *, channels_last: bool = False) -> Any:
@@ -240,6 +258,8 @@ def move(obj: Any, device: torch.device, *, channels_last: bool = False) -> Any:
 
 
 def call_model(model: torch.nn.Module, inputs: Any) -> Any:
+    """Call the model on a batch's inputs: a dict as keyword arguments, a list or tuple
+    as positional arguments, anything else as the one argument."""
     if isinstance(inputs, dict):
         return model(**inputs)
     if isinstance(inputs, (list, tuple)):
@@ -365,6 +385,7 @@ def build_model(user: Any, cfg: dict, dist: Distributed, example_batch: Any) -> 
 
 
 def autocast(cfg: dict, device: torch.device) -> contextlib.AbstractContextManager:
+    """The autocast context of the configuration's precision (none for fp32 and tf32)."""
     precision = cfg.get("precision", "fp32")
     if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
@@ -373,18 +394,19 @@ def autocast(cfg: dict, device: torch.device) -> contextlib.AbstractContextManag
     return contextlib.nullcontext()
 
 
-def make_step(user: Any, model: Any, optimizer: Any, cfg: dict, dist: Distributed) -> Callable:
-    """One optimizer step on one batch; returns the loss as a detached tensor so the
-    caller decides when to synchronise with the device."""
+def make_step(user: Any, model: Any, optimizer: Any, cfg: dict,
+              device: torch.device) -> Callable[[Any], torch.Tensor]:
+    """A function doing one optimizer step on one batch (moved to ``device``); it returns
+    the loss as a detached tensor so the caller decides when to synchronise with the device."""
     loss_fn = getattr(user, "loss_fn", None) or torch.nn.functional.cross_entropy
     training_step = getattr(user, "training_step", None)
-    scaler = torch.amp.GradScaler(dist.device.type) if cfg.get("precision") == "fp16" else None
+    scaler = torch.amp.GradScaler(device.type) if cfg.get("precision") == "fp16" else None
     channels_last = bool(cfg.get("channels_last"))
 
     def step(batch: Any) -> torch.Tensor:
-        batch = move(batch, dist.device, channels_last=channels_last)
+        batch = move(batch, device, channels_last=channels_last)
         optimizer.zero_grad(set_to_none=True)
-        with autocast(cfg, dist.device):
+        with autocast(cfg, device):
             if training_step is not None:
                 loss = training_step(model, batch)
             else:
@@ -403,6 +425,8 @@ def make_step(user: Any, model: Any, optimizer: Any, cfg: dict, dist: Distribute
 
 
 def check_finite(losses: list[torch.Tensor]) -> list[float]:
+    """The losses as floats (this synchronises with the device); raises NonFiniteLoss
+    at the first NaN or infinite one."""
     values = [float(v) for v in losses]
     for i, v in enumerate(values):
         if not math.isfinite(v):
@@ -449,7 +473,7 @@ def process_facts() -> dict[str, Any]:
     }
 
 
-def step_facts(session: "Session") -> tuple[torch.Tensor, dict[str, Any]]:
+def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
     """Run one training step (its loss is returned) with hooks that record what the
     in-process knobs did:
     activation dtypes (precision), memory format of conv inputs (channels_last), the
@@ -467,17 +491,17 @@ def step_facts(session: "Session") -> tuple[torch.Tensor, dict[str, Any]]:
             conv_inputs_channels_last.append(args[0].is_contiguous(memory_format=torch.channels_last))
 
     compiled = type(session.model).__name__ == "OptimizedModule"
-    base = getattr(session.model, "_orig_mod", session.model)
-    base = getattr(base, "module", base)
+    uncompiled = getattr(session.model, "_orig_mod", session.model)
+    base = unwrap_model(session.model)
     # Hooks on a compiled model would make dynamo recompile twice (on adding and on
     # removing them), inside the warm-up that calibrates the windows: not for them.
     for module in base.modules() if not compiled else ():
         if not list(module.children()):
             hooks.append(module.register_forward_hook(record))
     batch = session.next_batch()
-    first = _first_tensor(batch)
+    first = first_tensor(batch)
     try:
-        loss = session._step(batch)
+        loss = session.train_step(batch)
     finally:
         for h in hooks:
             h.remove()
@@ -492,8 +516,7 @@ def step_facts(session: "Session") -> tuple[torch.Tensor, dict[str, Any]]:
         },
         "parameters": sum(p.numel() for p in base.parameters()),
         "compiled": compiled,
-        "ddp": isinstance(getattr(session.model, "_orig_mod", session.model),
-                          torch.nn.parallel.DistributedDataParallel),
+        "ddp": isinstance(uncompiled, torch.nn.parallel.DistributedDataParallel),
         "world": session.dist.world,
         "backend": torch.distributed.get_backend() if session.dist.enabled else None,
     }
@@ -513,15 +536,18 @@ class Session:
         first = next(self.batches)
         seed_everything(seed)  # identical initial weights whatever the loader consumed
         self.model, self.optimizer = build_model(self.user, cfg, self.dist, first)
-        self._step = make_step(self.user, self.model, self.optimizer, cfg, self.dist)
+        # One optimizer step on a given batch; step() takes the next batch of the loader.
+        self.train_step = make_step(self.user, self.model, self.optimizer, cfg, self.dist.device)
         self._pending = [first]
         self.global_batch = int(cfg["batch_size"])
 
     def next_batch(self) -> Any:
+        """The next batch to train on: the one drawn to build the model comes first."""
         return self._pending.pop() if self._pending else next(self.batches)
 
     def step(self) -> torch.Tensor:
-        return self._step(self.next_batch())
+        """One optimizer step on the next batch; returns its loss, not synchronised."""
+        return self.train_step(self.next_batch())
 
     def run_steps(self, n: int) -> tuple[float, list[float]]:
         """n steps, then a device synchronize; returns (wall seconds, losses)."""

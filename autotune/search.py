@@ -7,6 +7,7 @@ by ``autotune.trial``.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -15,23 +16,19 @@ import shutil
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import optuna
+import optuna.storages.journal
 from optuna.trial import TrialState
 
 from autotune.config import Layout, TrialConfig
 from autotune.errors import AutotuneError
+from autotune.protocol import Failure, Role, Status
 from autotune.space import Space
-from autotune.trial import OUT_OF_MEMORY, TrialResult, TrialRunner
-
-BASELINE = "baseline"
-HEURISTIC = "heuristic"
-PRECISION = "precision"
-BATCH = "batch"
-LATE = "late"
+from autotune.trial import TrialResult, TrialRunner
 
 
 class StudyDamaged(AutotuneError):
@@ -52,14 +49,15 @@ class ClearlySlowerPruner(optuna.pruners.BasePruner):
         self.ratio, self.min_windows = ratio, min_windows
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        if trial.user_attrs.get("role") == BASELINE:
+        if trial.user_attrs.get("role") == Role.BASELINE:
             return False
         values = list(trial.intermediate_values.values())
         if len(values) < self.min_windows:
             return False
         cfg = _config_of(trial)
         best = max((t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                    if cfg is None or (c := _config_of(t)) is None or c.exact == cfg.exact),
+                    if t.value is not None
+                    and (cfg is None or (c := _config_of(t)) is None or c.exact == cfg.exact)),
                    default=None)
         return best is not None and statistics.median(values) < self.ratio * best
 
@@ -131,10 +129,24 @@ def open_study(*, storage_path: Path, study_name: str, seed: int = 0,
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = sampler or optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
                                                         n_startup_trials=6)
-    return optuna.create_study(
-        storage=storage, study_name=study_name, direction="maximize",
-        sampler=sampler, pruner=ClearlySlowerPruner(), load_if_exists=True,
-    )
+    with quiet_optuna():
+        return optuna.create_study(
+            storage=storage, study_name=study_name, direction="maximize",
+            sampler=sampler, pruner=ClearlySlowerPruner(), load_if_exists=True,
+        )
+
+
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna's INFO lines ("A new study created ...", "Trial 3 finished ...") would
+    interleave with autotune's own progress: warnings only while autotune drives it, the
+    user's own verbosity restored after (the API may run inside their Optuna work)."""
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(before)
 
 
 @dataclasses.dataclass
@@ -188,14 +200,20 @@ class Tuner:
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
             and t.user_attrs.get("duplicate_of") is None
             and not t.user_attrs.get("skipped")
-            and t.user_attrs.get("failure") != "interrupted"  # retried: costs no budget
+            and not self._interrupted(t)  # retried: costs no budget
         ]
+
+    def _interrupted(self, t: optuna.trial.FrozenTrial) -> bool:
+        return (t.user_attrs.get("failure") == Failure.INTERRUPTED
+                or t.number in self.study.user_attrs.get("stale", []))
 
     def _recover_stale(self) -> None:
         """A trial left RUNNING by a killed tuner is marked failed and retried once."""
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            # A RUNNING trial from another process can only be annotated through storage.
-            self.study._storage.set_trial_user_attr(t._trial_id, "failure", "interrupted")
+            # Optuna's public API cannot annotate another process's trial: the study
+            # records which trials were left behind.
+            stale = self.study.user_attrs.get("stale", [])
+            self.study.set_user_attr("stale", [*stale, t.number])
             self.study.tell(t.number, state=TrialState.FAIL)
             if not t.user_attrs.get("retry"):
                 self.study.enqueue_trial(
@@ -223,8 +241,8 @@ class Tuner:
     def _enqueue_start(self) -> None:
         if self.study.get_trials(deepcopy=False):
             return
-        starts = ([(BASELINE, self.space.baseline)] + [(HEURISTIC, c) for c in self.heuristics]
-                  + [(PRECISION, c) for c in self._precision_starts()])
+        starts = ([(Role.BASELINE, self.space.baseline)] + [(Role.HEURISTIC, c) for c in self.heuristics]
+                  + [(Role.PRECISION, c) for c in self._precision_starts()])
         for role, cfg in starts:
             params = {}
             for name, values in self.space.choices.items():
@@ -245,10 +263,12 @@ class Tuner:
         can select it."""
         done = sorted(
             (t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-             if t.user_attrs.get("duplicate_of") is None and _config_of(t) is not None),
-            key=lambda t: t.value, reverse=True)
+             if t.user_attrs.get("duplicate_of") is None and t.value is not None),
+            key=lambda t: t.value or 0.0, reverse=True)
         for best in done:
             cfg = _config_of(best)
+            if cfg is None:
+                continue
             if several_ranks is not None and (cfg.nprocs > 1) != several_ranks:
                 continue
             if exact is not None and cfg.exact != exact:
@@ -270,10 +290,9 @@ class Tuner:
         for a reduced-precision winner is refined too; and the best of the other
         process kind (several ranks against one) at larger sizes.
 
-        The last is for a noisy search that settles on one kind: tiny_lm (benchmark
-        run 5) spent 16 of 20 trials in one process at batch 16-64 while two ranks at batch
-        128-256 were 1.24x over the baseline and never sampled; ranks split the batch, so
-        their cost per step falls most as the batch grows."""
+        The last is for a noisy search that settles on one kind early and never samples
+        the other at the sizes where it wins: ranks split the batch, so their cost per
+        step falls most as the batch grows."""
         groups = [self.space.batch_variants(best)]
         other_precision = self._best_config(exact=not best.exact)
         if other_precision is not None:
@@ -325,20 +344,20 @@ class Tuner:
             # the best may have changed since the last trial: the late stage must still fit
             batch = batch[:max(0, left - len(late))]
             for params in batch:
-                self.study.enqueue_trial(params, user_attrs={"role": BATCH})
+                self.study.enqueue_trial(params, user_attrs={"role": Role.BATCH})
             self.study.set_user_attr("batch_enqueued", True)
             if batch:
                 return
         if not late or left > len(late):  # late_enqueued: returned above
             return
         for params in late:
-            self.study.enqueue_trial(params, user_attrs={"role": LATE})
+            self.study.enqueue_trial(params, user_attrs={"role": Role.LATE})
         self.study.set_user_attr("late_enqueued", True)
 
     def _previous(self, cfg: TrialConfig) -> optuna.trial.FrozenTrial | None:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
             if (t.user_attrs.get("duplicate_of") is None and _config_of(t) == cfg
-                    and t.user_attrs.get("failure") != "interrupted"):
+                    and not self._interrupted(t)):
                 return t
         return None
 
@@ -347,13 +366,17 @@ class Tuner:
         bound = None
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
             other = _config_of(t)
-            if other and t.user_attrs.get("failure") == OUT_OF_MEMORY and other.layout == cfg.layout:
+            if other and t.user_attrs.get("failure") == Failure.OUT_OF_MEMORY and other.layout == cfg.layout:
                 bound = other.batch_size if bound is None else min(bound, other.batch_size)
         return bound
 
     # --- the loop ------------------------------------------------------------------
 
     def run(self) -> SearchOutcome:
+        with quiet_optuna():
+            return self._run()
+
+    def _run(self) -> SearchOutcome:
         self._recover_stale()
         self._enqueue_start()
         started = time.monotonic()
@@ -374,12 +397,12 @@ class Tuner:
     def _one_trial(self, started: float) -> None:
         trial = self.study.ask()
         role = trial.user_attrs.get("role")
-        cfg = (self.space.baseline if role == BASELINE
-               else self.space.suggest(trial, late=role == LATE))
+        cfg = (self.space.baseline if role == Role.BASELINE
+               else self.space.suggest(trial, late=role == Role.LATE))
         trial.set_user_attr("config", cfg.to_dict())
 
         previous = self._previous(cfg)
-        if previous is not None and role != BASELINE and not trial.user_attrs.get("retry"):
+        if previous is not None and role != Role.BASELINE and not trial.user_attrs.get("retry"):
             trial.set_user_attr("duplicate_of", previous.number)
             if previous.state == TrialState.COMPLETE:
                 self.study.tell(trial, previous.value)
@@ -390,7 +413,7 @@ class Tuner:
         bound = self._oom_bound(cfg)
         if bound is not None and cfg.batch_size >= bound:
             trial.set_user_attr("skipped", f"batch {bound} ran out of memory with layout {cfg.layout}")
-            trial.set_user_attr("failure", OUT_OF_MEMORY)
+            trial.set_user_attr("failure", Failure.OUT_OF_MEMORY)
             self.study.tell(trial, state=TrialState.FAIL)
             return
 
@@ -407,19 +430,19 @@ class Tuner:
             result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window)
         except BaseException:
             # Interrupted (Ctrl-C): this trial is measured again when the run resumes.
-            trial.set_user_attr("failure", "interrupted")
+            trial.set_user_attr("failure", Failure.INTERRUPTED)
             self.study.tell(trial, state=TrialState.FAIL)
             if not trial.user_attrs.get("retry"):
                 self.study.enqueue_trial(trial.params, user_attrs={"role": role, "retry": True})
             raise
         self._tell(trial, cfg, result)
-        self.progress("end", {"result": result, "config": cfg, "best": self._best_value()})
+        self.progress("end", {"result": result, "config": cfg, "role": role, "best": self._best_value()})
 
     def _tell(self, trial: optuna.Trial, cfg: TrialConfig, result: TrialResult) -> None:
         trial.set_user_attr("result", result.summary())
-        if result.status == "ok" and result.value is not None:
+        if result.status == Status.OK and result.value is not None:
             self.study.tell(trial, result.value)
-        elif result.status == "pruned":
+        elif result.status == Status.PRUNED:
             self.study.tell(trial, state=TrialState.PRUNED)
         else:
             trial.set_user_attr("failure", result.failure)
@@ -441,8 +464,8 @@ class Tuner:
             if cfg is None or t.user_attrs.get("duplicate_of") is not None:
                 continue
             if t.state == TrialState.COMPLETE:
-                cand = Candidate(t.number, cfg, float(t.value), t.user_attrs.get("result", {}))
-                if t.user_attrs.get("role") == BASELINE:
+                cand = Candidate(t.number, cfg, float(t.value or 0.0), t.user_attrs.get("result", {}))
+                if t.user_attrs.get("role") == Role.BASELINE:
                     baseline = cand
                 key = str(cfg)
                 if key not in ranked or ranked[key].value < cand.value:
@@ -451,7 +474,7 @@ class Tuner:
                 result = t.user_attrs.get("result", {})
                 failures.append({
                     "number": t.number, "config": cfg.to_dict(),
-                    "failure": t.user_attrs.get("failure"),
+                    "failure": Failure.INTERRUPTED if self._interrupted(t) else t.user_attrs.get("failure"),
                     "message": t.user_attrs.get("skipped") or result.get("message", ""),
                     "log_tail": result.get("log_tail", ""),
                 })

@@ -1,7 +1,9 @@
 """The search space: which knobs exist on this machine, and why the others do not.
 
-Built from the machine probe (``probes``) and the model file (``Task``); every value
-the search skips comes with its reason, shown by ``autotune probe`` and ``run``.
+Built from the machine probe (``autotune.probes.MachineProbe``) and the model file
+(``Task``). Each knob has a small builder that returns its candidate values and a
+reason for every value it leaves out; ``build_space`` composes them and applies the
+user's ``--fix`` pins. The reasons are shown by ``autotune probe`` and ``run``.
 """
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ from typing import Any
 
 from autotune.config import Layout, TrialConfig
 from autotune.errors import UsageError
+from autotune.probes import Machine, as_machine
+from autotune.probes.gpu import GpuInfo
 
-# Knobs whose every trial carries a long one-time cost (torch.compile: ~35 s for a
-# small CNN on 2 cores). Sampling them throughout would spend the budget compiling;
-# they are tried on the best configuration near the end of the search instead.
+# Knobs whose every trial carries a long one-time cost (torch.compile takes tens of
+# seconds even for a small model on a few cores). Sampling them throughout would spend
+# the budget compiling; they are tried on the best configuration near the end instead.
 LATE_KNOBS = ("compile",)
 
 # Knobs the user may pin with --fix, with how to read their value.
@@ -24,7 +28,7 @@ _BOOL = {"true": True, "1": True, "yes": True, "on": True,
          "false": False, "0": False, "no": False, "off": False}
 
 
-def _parse_value(field: dataclasses.Field, text: str) -> Any:
+def _parse_value(field: dataclasses.Field[Any], text: str) -> Any:
     kind = str(field.type)
     if text.lower() in ("none", "default") and "None" in kind:
         return None
@@ -89,7 +93,7 @@ class Space:
         return math.prod(len(values) for values in self.choices.values())
 
     @property
-    def layouts(self) -> list[tuple[int, int]]:
+    def layouts(self) -> list[Layout]:
         return [Layout.parse(s) for s in self.choices["layout"]]
 
     def suggest(self, trial: Any, *, late: bool = False) -> TrialConfig:
@@ -107,7 +111,7 @@ class Space:
     def late_variants(self, cfg: TrialConfig) -> list[dict[str, Any]]:
         """Params of ``cfg`` with each value of each late knob it does not have yet."""
         base = self.params_of(cfg)
-        out = []
+        out: list[dict[str, Any]] = []
         for name in LATE_KNOBS:
             for value in self.choices.get(name, [])[1:]:
                 if base.get(name) != value:
@@ -118,10 +122,8 @@ class Space:
         """Params of ``cfg`` at its neighbouring batch sizes and at the largest one.
 
         Batch size interacts with the other knobs (channels_last, workers, layout): the
-        best pair is rarely among a short search's samples, so the best configuration is
-        tried along this axis at the end (cifar_cnn, benchmark run 3: the search's best
-        was batch 64 and it never sampled 512 with those knobs; batch 512 with channels_last
-        and one worker re-measured 1.68x over the baseline, the emitted configuration 1.46x)."""
+        best pairing is rarely among a short search's samples, so the best configuration
+        is also tried along this axis at the end."""
         sizes = sorted(self.choices.get("batch_size", []))
         if len(sizes) < 2 or cfg.batch_size not in sizes:
             return []
@@ -146,7 +148,7 @@ class Space:
 
     def params_of(self, cfg: TrialConfig) -> dict[str, Any]:
         """The Optuna params that select ``cfg`` (for enqueueing known configurations)."""
-        out = {}
+        out: dict[str, Any] = {}
         for name, values in self.choices.items():
             value = cfg.layout if name == "layout" else getattr(cfg, name)
             if value not in values:
@@ -156,10 +158,19 @@ class Space:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "included": {k: v for k, v in self.choices.items()},
+            "included": dict(self.choices),
             "fixed": dict(self.fixed),
             "excluded": dict(self.excluded),
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class KnobChoice:
+    """What one builder decides for its knob: the values to search (empty: the knob is
+    not searched at all) and ``"knob[=value]" -> reason`` for each value it leaves out."""
+
+    values: list[Any]
+    excluded: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _has_module(name: str) -> bool:
@@ -168,29 +179,242 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def visible_gpus(gpus: Sequence[Mapping[str, Any]],
-                 cuda_visible_devices: str | None) -> tuple[list[Mapping[str, Any]], list[str]]:
+def _ranks(layout: str) -> int:
+    return Layout.parse(layout).nprocs
+
+
+def visible_gpus(gpus: Sequence[GpuInfo],
+                 cuda_visible_devices: str | None) -> tuple[list[GpuInfo], list[str]]:
     """The GPUs torch will see, in its order, and the indices of those it will not.
     NVML lists every GPU of the machine; CUDA_VISIBLE_DEVICES (indices or UUIDs, comma
     separated; the list ends at the first entry that names no GPU, as CUDA reads it)
     narrows them, and an empty value hides all."""
     if cuda_visible_devices is None:
         return list(gpus), []
-    visible = []
+    visible: list[GpuInfo] = []
     for entry in (e.strip() for e in cuda_visible_devices.split(",")):
         by_uuid = entry.startswith(("GPU-", "MIG-"))
         match = next((g for g in gpus if entry and (
-            str(g.get("uuid", "")).startswith(entry) if by_uuid else str(g.get("index")) == entry)),
-            None)
+            (g.uuid or "").startswith(entry) if by_uuid else str(g.index) == entry)), None)
         if match is None or match in visible:
             break
         visible.append(match)
-    hidden = [str(g.get("index")) for g in gpus if g not in visible]
+    hidden = [str(g.index) for g in gpus if g not in visible]
     return visible, hidden
 
 
+def _device_choice(gpus: Sequence[GpuInfo], hidden: Sequence[str], *, cuda_available: bool,
+                   pinned: str | None) -> KnobChoice:
+    """The one device to tune on: a GPU machine tunes on its GPUs, anything else on CPU."""
+    cuda = bool(gpus) and cuda_available
+    if pinned == "cuda" and not cuda:
+        raise UsageError("--fix device=cuda: no CUDA GPU usable by torch on this machine")
+    excluded: dict[str, str] = {}
+    if hidden:
+        excluded[f"gpus={','.join(hidden)}"] = "hidden by CUDA_VISIBLE_DEVICES"
+    if not gpus:
+        excluded["device=cuda"] = "no NVIDIA GPU found" + (" visible" if hidden else "")
+    elif not cuda:
+        excluded["device=cuda"] = "GPUs present but this torch build cannot use them"
+    return KnobChoice([pinned or ("cuda" if cuda else "cpu")], excluded)
+
+
+def _machine_layouts(device: str, cores: int, gpu_count: int, backends: Mapping[str, bool]) -> KnobChoice:
+    """Layouts (``RANKSxTHREADS``) the hardware allows: on CPU every split of the usable
+    cores into ranks x threads; on CUDA one to ``gpu_count`` ranks, one per GPU, each
+    with an equal share of the cores. Several ranks need a working backend."""
+    if device == "cuda":
+        layouts = [f"{n}x{max(1, cores // n)}" for n in range(1, gpu_count + 1)]
+        if gpu_count > 1 and not backends.get("nccl"):
+            return KnobChoice(layouts[:1], {"nprocs>1": "NCCL did not initialise on this machine"})
+        return KnobChoice(layouts)
+    layouts = [f"{n}x{t}" for n in range(1, cores + 1) for t in range(1, cores // n + 1)]
+    excluded: dict[str, str] = {}
+    if not backends.get("gloo"):
+        layouts = [s for s in layouts if _ranks(s) == 1]
+        excluded["nprocs>1"] = "the gloo backend did not initialise on this machine"
+    if cores == 1:
+        excluded["nprocs>1"] = "only one usable core"
+    return KnobChoice(layouts, excluded)
+
+
+def _batchnorm_reason(batchnorm_layers: Sequence[str]) -> str:
+    shown = ", ".join(f"'{n}'" for n in list(batchnorm_layers)[:3])
+    more = ", ..." if len(batchnorm_layers) > 3 else ""
+    return (f"the model has BatchNorm layers ({shown}{more}): with several ranks each normalizes "
+            "over its own share of the batch, which changes training, so the numerics check "
+            "would reject it")
+
+
+def _layout_choice(device: str, cores: int, gpu_count: int, backends: Mapping[str, bool], *,
+                   batchnorm_layers: Sequence[str], nprocs: int | None, threads: int | None) -> KnobChoice:
+    """The machine's layouts, narrowed to one rank for a BatchNorm model and to the
+    pinned ranks (``nprocs``) and threads, when given."""
+    machine = _machine_layouts(device, cores, gpu_count, backends)
+    layouts, excluded = list(machine.values), dict(machine.excluded)
+    if batchnorm_layers and any(_ranks(s) > 1 for s in layouts):
+        # DDP normalizes each rank's share of the batch on its own (SyncBatchNorm runs
+        # on GPUs only and is not applied): the loss no longer matches one process, and
+        # verification's numerics check rejects every such candidate (step losses up to
+        # 34% apart on bench/workloads/cifar_cnn.py). Searching them would only spend the
+        # budget on configurations that cannot be emitted.
+        reason = _batchnorm_reason(batchnorm_layers)
+        if (nprocs or 1) > 1:
+            raise UsageError(f"--fix nprocs={nprocs}: {reason}. Remove the --fix, or "
+                             "replace BatchNorm (e.g. GroupNorm) if you need several ranks.")
+        layouts = [s for s in layouts if _ranks(s) == 1]
+        excluded["nprocs>1"] = reason
+    if nprocs is not None:
+        layouts = [s for s in layouts if _ranks(s) == nprocs]
+    if threads is not None:
+        layouts = [s for s in layouts if Layout.parse(s).threads == threads]
+    if not layouts:
+        raise UsageError(
+            f"--fix nprocs/threads leaves no layout within the {cores} usable cores "
+            "(ranks x threads must not exceed them)"
+        )
+    return KnobChoice(layouts, excluded)
+
+
+def _batch_size_choice(baseline_batch: int, dataset_len: int | None, pinned: int | None) -> KnobChoice:
+    """Powers of two around the user's batch size, none larger than the dataset."""
+    if pinned is not None:
+        return KnobChoice([pinned])
+    batches = _powers_of_two_around(baseline_batch)
+    if not dataset_len:
+        return KnobChoice(batches)
+    excluded: dict[str, str] = {}
+    if any(b > dataset_len for b in batches):
+        excluded[f"batch_size>{dataset_len}"] = "larger than the dataset"
+    return KnobChoice([b for b in batches if b <= dataset_len] or [baseline_batch], excluded)
+
+
+def _split_evenly(layouts: Sequence[str], batches: Sequence[int]) -> KnobChoice:
+    """The layouts whose ranks split every batch size evenly. The sampler may combine
+    any layout with any batch, so a rank count that does not divide the batch sizes
+    (3 ranks, powers of two) goes, not the batches; the first layout stays if none do."""
+    even = [s for s in layouts if all(b % _ranks(s) == 0 for b in batches)]
+    dropped = [s for s in layouts if s not in even]
+    excluded = {"layout=" + ",".join(dropped): "its ranks do not split the batch sizes evenly"} if dropped else {}
+    return KnobChoice(even or list(layouts[:1]), excluded)
+
+
+def _backend_choice(device: str, backends: Mapping[str, bool], max_ranks: int) -> KnobChoice:
+    """The collective backend: NCCL on GPUs; gloo on CPU, and oneCCL too where it is
+    installed and a layout has several ranks for it to matter."""
+    excluded: dict[str, str] = {}
+    if device == "cuda":
+        values = ["nccl"]
+        excluded["backend=gloo"] = "on GPUs NCCL is the backend that helps"
+    else:
+        values = ["gloo"] + (["ccl"] if backends.get("ccl") and max_ranks > 1 else [])
+        if not backends.get("ccl"):
+            excluded["backend=ccl"] = "oneccl_bindings_for_pytorch is not installed"
+    excluded["backend=mpi"] = "needs an MPI launcher (mpirun); autotune starts its ranks itself, on one machine"
+    return KnobChoice(values, excluded)
+
+
+def _num_workers_choice(cores: int) -> KnobChoice:
+    """DataLoader workers: none up to one per core, at most 4."""
+    return KnobChoice(list(range(min(cores, 4) + 1)))
+
+
+def _pin_memory_choice(device: str) -> KnobChoice:
+    if device == "cuda":
+        return KnobChoice([False, True])
+    return KnobChoice([], {"pin_memory": "pinned memory only helps copies to a GPU"})
+
+
+def _interop_threads_choice() -> KnobChoice:
+    """torch's inter-op pool: its default size, or one thread."""
+    return KnobChoice([None, 1])
+
+
+def _compile_choice(device: str, compiler: Mapping[str, Any]) -> KnobChoice:
+    """torch.compile modes. On CPU inductor builds C++, so it needs a working compiler;
+    CUDA graphs (reduce-overhead) exist only on GPUs."""
+    if device == "cpu" and not compiler.get("available", False):
+        reason = f"torch.compile needs a working C++ compiler: {compiler.get('reason') or 'none found'}"
+        return KnobChoice(["off"], {"compile": reason})
+    modes = ["off", "default", "max-autotune-no-cudagraphs"]
+    if device == "cuda":
+        return KnobChoice([*modes, "reduce-overhead"])
+    return KnobChoice(modes, {"compile=reduce-overhead": "CUDA graphs: a no-op on CPU"})
+
+
+def _precision_choice(device: str, gpus: Sequence[GpuInfo], isa: Mapping[str, bool], *,
+                      exact: bool) -> KnobChoice:
+    """Autocast precisions the hardware runs natively: fp16 on any GPU, bf16 and tf32 on
+    Ampere or later; on CPU bf16 only with avx512_bf16 or AMX (emulated it is slower)."""
+    values = ["fp32"]
+    excluded: dict[str, str] = {}
+    if device == "cuda":
+        values.append("fp16")
+        capability = max((float(g.compute_capability or 0) for g in gpus), default=0.0)
+        if capability >= 8.0:
+            values += ["bf16", "tf32"]
+        else:
+            excluded["precision=bf16,tf32"] = "needs an Ampere or later GPU (compute capability 8.0)"
+    else:
+        if isa.get("avx512_bf16") or isa.get("amx_bf16"):
+            values.append("bf16")
+        else:
+            excluded["precision=bf16"] = (
+                "CPU has no avx512_bf16/AMX: bf16 autocast would be emulated and about 2x slower"
+            )
+        excluded["precision=fp16"] = "fp16 autocast with GradScaler needs a CUDA GPU"
+        excluded["precision=tf32"] = "tf32 needs an Ampere or later NVIDIA GPU"
+    if exact and len(values) > 1:
+        excluded["precision=" + ",".join(values[1:])] = "--exact keeps fp32"
+    return KnobChoice(values, excluded)
+
+
+def _channels_last_choice(image_inputs: bool) -> KnobChoice:
+    if image_inputs:
+        return KnobChoice([False, True])
+    return KnobChoice([], {"channels_last": "the model's inputs are not 4-D image batches"})
+
+
+def _prune_ratio_choice(*, exact: bool, has_evaluate: bool, max_quality_drop: float | None,
+                        pruning_installed: bool) -> KnobChoice:
+    """Structured pruning trades quality for speed: it is searched only when the model
+    file can measure quality (evaluate), the user bounds the loss, and torch-pruning is
+    installed; every missing condition is named."""
+    reasons = ["--exact keeps the model unpruned"] if exact else []
+    if not has_evaluate:
+        reasons.append("the model file has no evaluate(model)")
+    if max_quality_drop is None:
+        reasons.append("no --max-quality-drop given")
+    if not pruning_installed:
+        reasons.append("torch-pruning is not installed (pip install torch-pruning)")
+    if reasons:
+        return KnobChoice([], {"prune_ratio": "structured pruning trades quality: " + "; ".join(reasons)})
+    return KnobChoice([0.0, 0.1, 0.25, 0.5])
+
+
+def _allocator_choice(device: str, allocators: Mapping[str, str | None]) -> KnobChoice:
+    """Host allocators to preload on CPU: the default plus each one found on the machine."""
+    if device != "cpu":
+        return KnobChoice([], {"allocator": "host allocators matter little when the GPU does the work"})
+    values = ["default"] + [name for name, path in allocators.items() if path]
+    excluded = {f"allocator={name}": f"lib{name} was not found on this machine"
+                for name in ("jemalloc", "tcmalloc") if name not in values}
+    return KnobChoice(values, excluded)
+
+
+def _affinity_choice(device: str) -> KnobChoice:
+    """Core pinning of CPU ranks; GPU ranks are not pinned."""
+    return KnobChoice(["none", "compact"] if device == "cpu" else [])
+
+
+def _ipex_choice(device: str, ipex: Mapping[str, Any]) -> KnobChoice:
+    if device == "cpu" and ipex.get("compatible"):
+        return KnobChoice([False, True])
+    return KnobChoice([], {"ipex": f"intel-extension-for-pytorch: {ipex.get('reason') or 'not usable'}"})
+
+
 def build_space(
-    machine: Mapping[str, Any],
+    machine: Machine | Mapping[str, Any],
     *,
     baseline_batch: int = 32,
     dataset_len: int | None = None,
@@ -201,180 +425,48 @@ def build_space(
     exact: bool = False,
     fixed: Mapping[str, Any] | None = None,
 ) -> Space:
-    fixed = dict(fixed or {})
+    """The space for ``machine`` (a probe, or its saved document) and the model.
+
+    ``fixed`` (``--fix``) pins knobs: a searched knob keeps only its pinned value; a pin
+    of a knob the space leaves out stays in ``Space.fixed`` and applies to every trial.
+    ``exact`` pins fp32 and no pruning."""
+    probe = as_machine(machine)
+    pins = dict(fixed or {})
     if exact:
-        fixed.update(precision="fp32", prune_ratio=0.0)
-    cpu = machine.get("cpu") or {}
-    cores = int(cpu.get("usable_cores") or 1)
-    isa = cpu.get("isa") or {}
-    torch_info = machine.get("torch") or {}
-    gpus, hidden = visible_gpus(machine.get("gpus") or [], os.environ.get("CUDA_VISIBLE_DEVICES"))
-    cuda = bool(gpus) and bool(torch_info.get("cuda_available"))
-    backends = machine.get("backends") or {"gloo": True}
-    excluded: dict[str, str] = {}
-    choices: dict[str, list[Any]] = {}
-
-    def pin(name: str, values: list[Any]) -> None:
-        choices[name] = [fixed.pop(name)] if name in fixed else values
-
-    # Device. A GPU machine tunes on its GPUs; the CPU layouts stay for CPU-only boxes.
-    if fixed.get("device") == "cuda" and not cuda:
-        raise UsageError("--fix device=cuda: no CUDA GPU usable by torch on this machine")
-    device = fixed.pop("device", "cuda" if cuda else "cpu")
-    if hidden:
-        excluded[f"gpus={','.join(hidden)}"] = "hidden by CUDA_VISIBLE_DEVICES"
-    if not gpus:
-        excluded["device=cuda"] = "no NVIDIA GPU found" + (" visible" if hidden else "")
-    elif not cuda:
-        excluded["device=cuda"] = "GPUs present but this torch build cannot use them"
-
-    # Process layout: ranks x threads within the usable cores (CPU); ranks <= GPUs (CUDA).
-    if device == "cuda":
-        layouts = [f"{n}x{max(1, cores // n)}" for n in range(1, len(gpus) + 1)]
-        if len(gpus) > 1 and not backends.get("nccl"):
-            layouts = layouts[:1]
-            excluded["nprocs>1"] = "NCCL did not initialise on this machine"
-    else:
-        layouts = [f"{n}x{t}" for n in range(1, cores + 1) for t in range(1, cores // n + 1)]
-        if not backends.get("gloo"):
-            layouts = [s for s in layouts if s.startswith("1x")]
-            excluded["nprocs>1"] = "the gloo backend did not initialise on this machine"
-        if cores == 1:
-            excluded["nprocs>1"] = "only one usable core"
-    if batchnorm_layers and any(not s.startswith("1x") for s in layouts):
-        # DDP normalizes each rank's share of the batch on its own (SyncBatchNorm runs
-        # on GPUs only and is not applied): the loss no longer matches one process, and
-        # verification's numerics check rejects every such candidate (measured on
-        # bench/workloads/cifar_cnn.py: step losses up to 34% apart). Searching them would
-        # only spend the budget on configurations that cannot be emitted.
-        shown = ", ".join(f"'{n}'" for n in list(batchnorm_layers)[:3])
-        reason = (f"the model has BatchNorm layers ({shown}{', ...' if len(batchnorm_layers) > 3 else ''}): "
-                  "with several ranks each normalizes over its own share of the batch, which "
-                  "changes training, so the numerics check would reject it")
-        if fixed.get("nprocs", 1) > 1:
-            raise UsageError(f"--fix nprocs={fixed['nprocs']}: {reason}. Remove the --fix, or "
-                             "replace BatchNorm (e.g. GroupNorm) if you need several ranks.")
-        layouts = [s for s in layouts if s.startswith("1x")]
-        excluded["nprocs>1"] = reason
-    if "nprocs" in fixed:
-        layouts = [s for s in layouts if Layout.parse(s).nprocs == fixed["nprocs"]]
-    if fixed.get("threads") is not None:
-        layouts = [s for s in layouts if Layout.parse(s).threads == fixed["threads"]]
-    if not layouts:
-        raise UsageError(
-            f"--fix nprocs/threads leaves no layout within the {cores} usable cores "
-            "(ranks x threads must not exceed them)"
-        )
-    fixed.pop("nprocs", None)
-    fixed.pop("threads", None)
-    choices["layout"] = layouts
-    max_ranks = max(Layout.parse(s).nprocs for s in layouts)
-
-
-    if "batch_size" in fixed:
-        batches = [fixed["batch_size"]]
-    else:
-        batches = _powers_of_two_around(baseline_batch)
-        if dataset_len:
-            if any(b > dataset_len for b in batches):
-                excluded["batch_size>" + str(dataset_len)] = "larger than the dataset"
-            batches = [b for b in batches if b <= dataset_len] or [baseline_batch]
-    # Every layout must split every batch evenly over its ranks: a rank count that does
-    # not divide the batch sizes (3 ranks, powers of two) goes, not the batches.
-    even = [s for s in layouts if all(b % Layout.parse(s).nprocs == 0 for b in batches)]
-    dropped = [s for s in layouts if s not in even]
-    if dropped:
-        excluded["layout=" + ",".join(dropped)] = "its ranks do not split the batch sizes evenly"
-    choices["layout"] = layouts = even or layouts[:1]
-    max_ranks = max(Layout.parse(s).nprocs for s in layouts)
-    pin("batch_size", batches)
-
-    if device == "cuda":
-        pin("backend", ["nccl"])
-        excluded["backend=gloo"] = "on GPUs NCCL is the backend that helps"
-    else:
-        cpu_backends = ["gloo"] + (["ccl"] if backends.get("ccl") else [])
-        if not backends.get("ccl"):
-            excluded["backend=ccl"] = "oneccl_bindings_for_pytorch is not installed"
-        pin("backend", cpu_backends if max_ranks > 1 else ["gloo"])
-    excluded["backend=mpi"] = "needs an MPI launcher (mpirun); autotune starts its ranks itself, on one machine"
-
-    pin("num_workers", list(range(0, min(cores, 4) + 1)))
-    if device == "cuda":
-        pin("pin_memory", [False, True])
-    else:
-        excluded["pin_memory"] = "pinned memory only helps copies to a GPU"
-
-    pin("interop_threads", [None, 1])
-
-    compile_modes = ["off"]
-    comp = machine.get("compile") or {}
-    if device == "cpu" and not comp.get("available", False):
-        excluded["compile"] = f"torch.compile needs a working C++ compiler: {comp.get('reason') or 'none found'}"
-    else:
-        compile_modes += ["default", "max-autotune-no-cudagraphs"]
-        if device == "cuda":
-            compile_modes += ["reduce-overhead"]
-        else:
-            excluded["compile=reduce-overhead"] = "CUDA graphs: a no-op on CPU"
-    pin("compile", compile_modes)
-
-    precisions = ["fp32"]
-    capability = max((float(g.get("compute_capability") or 0) for g in gpus), default=0.0)
-    if device == "cuda":
-        precisions += ["fp16"]
-        if capability >= 8.0:
-            precisions += ["bf16", "tf32"]
-        else:
-            excluded["precision=bf16,tf32"] = "needs an Ampere or later GPU (compute capability 8.0)"
-    else:
-        if isa.get("avx512_bf16") or isa.get("amx_bf16"):
-            precisions.append("bf16")
-        else:
-            excluded["precision=bf16"] = (
-                "CPU has no avx512_bf16/AMX: bf16 autocast would be emulated and about 2x slower"
-            )
-        excluded["precision=fp16"] = "fp16 autocast with GradScaler needs a CUDA GPU"
-        excluded["precision=tf32"] = "tf32 needs an Ampere or later NVIDIA GPU"
-    if exact and len(precisions) > 1:
-        excluded["precision=" + ",".join(precisions[1:])] = "--exact keeps fp32"
-    pin("precision", precisions)
-
-    if image_inputs:
-        pin("channels_last", [False, True])
-    else:
-        excluded["channels_last"] = "the model's inputs are not 4-D image batches"
-
-    quality_reasons = ["--exact keeps the model unpruned"] if exact else []
-    if not has_evaluate:
-        quality_reasons.append("the model file has no evaluate(model)")
-    if max_quality_drop is None:
-        quality_reasons.append("no --max-quality-drop given")
-    if not _has_module("torch_pruning"):
-        quality_reasons.append("torch-pruning is not installed (pip install torch-pruning)")
-    if quality_reasons:
-        excluded["prune_ratio"] = "structured pruning trades quality: " + "; ".join(quality_reasons)
-    else:
-        pin("prune_ratio", [0.0, 0.1, 0.25, 0.5])
-
-    if device == "cpu":
-        allocators = ["default"] + [name for name, path in (machine.get("allocators") or {}).items()
-                                    if path]
-        for name in ("jemalloc", "tcmalloc"):
-            if name not in allocators:
-                excluded[f"allocator={name}"] = f"lib{name} was not found on this machine"
-        pin("allocator", allocators)
-        pin("affinity", ["none", "compact"])
-    else:
-        excluded["allocator"] = "host allocators matter little when the GPU does the work"
-
-    ipex = machine.get("ipex") or {}
-    if device == "cpu" and ipex.get("compatible"):
-        pin("ipex", [False, True])
-    else:
-        excluded["ipex"] = f"intel-extension-for-pytorch: {ipex.get('reason') or 'not usable'}"
-
-    leftover = {k: v for k, v in fixed.items()}
+        pins.update(precision="fp32", prune_ratio=0.0)
+    cores = int(probe.cpu.usable_cores or 1)
+    backends = probe.backends or {"gloo": True}
+    gpus, hidden = visible_gpus(probe.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    device_choice = _device_choice(gpus, hidden, cuda_available=bool(probe.torch.get("cuda_available")),
+                                   pinned=pins.pop("device", None))
+    device = device_choice.values[0]
+    layout = _layout_choice(device, cores, len(gpus), backends, batchnorm_layers=batchnorm_layers,
+                            nprocs=pins.pop("nprocs", None), threads=pins.pop("threads", None))
+    batch = _batch_size_choice(baseline_batch, dataset_len, pins.pop("batch_size", None))
+    split = _split_evenly(layout.values, batch.values)
+    max_ranks = max(_ranks(s) for s in split.values)
+    # Layout and batch size are pinned by their builders; the other knobs below.
+    choices: dict[str, list[Any]] = {"layout": split.values, "batch_size": batch.values}
+    excluded = {**device_choice.excluded, **layout.excluded, **batch.excluded, **split.excluded}
+    knobs = {
+        "backend": _backend_choice(device, backends, max_ranks),
+        "num_workers": _num_workers_choice(cores),
+        "pin_memory": _pin_memory_choice(device),
+        "interop_threads": _interop_threads_choice(),
+        "compile": _compile_choice(device, probe.compile),
+        "precision": _precision_choice(device, gpus, probe.cpu.isa or {}, exact=exact),
+        "channels_last": _channels_last_choice(image_inputs),
+        "prune_ratio": _prune_ratio_choice(exact=exact, has_evaluate=has_evaluate,
+                                           max_quality_drop=max_quality_drop,
+                                           pruning_installed=_has_module("torch_pruning")),
+        "allocator": _allocator_choice(device, probe.allocators),
+        "affinity": _affinity_choice(device),
+        "ipex": _ipex_choice(device, probe.ipex),
+    }
+    for name, choice in knobs.items():
+        excluded.update(choice.excluded)
+        if choice.values:
+            choices[name] = [pins.pop(name)] if name in pins else choice.values
     baseline = TrialConfig(batch_size=baseline_batch, device=device,
                            backend="nccl" if device == "cuda" else "gloo")
-    return Space(choices=choices, excluded=excluded, baseline=baseline, fixed=leftover)
+    return Space(choices=choices, excluded=excluded, baseline=baseline, fixed=pins)

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ OPTIONAL_FUNCTIONS = (
     "loss_fn", "build_optimizer", "training_step", "collate_fn", "evaluate",
 )
 CHECK_TIMEOUT_S = 300
+# The folder that holds the autotune package, whether or not it is installed.
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,21 +40,35 @@ class Task:
     dataset_len: int
     image_inputs: bool  # 4-D float inputs: channels_last can apply
     has_evaluate: bool
-    has_training_step: bool
     parameters: int
     # Names of BatchNorm layers: several ranks would each normalize over their own share
     # of the batch, so a multi-rank layout trains a different model (see space.py).
     batchnorm_layers: tuple[str, ...] = ()
     check_s: float = 0.0  # how long the check took: import, build_dataset, build_model, a step
 
-    @property
-    def name(self) -> str:
-        return self.path.stem
+
+def with_package_on_path(env: Mapping[str, str], package_root: str = PACKAGE_ROOT) -> dict[str, str]:
+    """A copy of ``env`` whose PYTHONPATH starts with ``package_root``, so that a child
+    started with it runs ``python -m autotune.…`` from this source tree; the PYTHONPATH
+    already in ``env`` is kept after it."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))}
 
 
 def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_S) -> Task:
     """Check the model file and describe it, or raise ContractError."""
     path = Path(path)
+    _check_source(path)
+    started = time.monotonic()
+    result = _run_check(path, timeout_s)
+    if result.get("error"):
+        raise ContractError(result["error"])
+    described = result["task"]
+    described["batchnorm_layers"] = tuple(described.get("batchnorm_layers", ()))
+    return Task(path=path.resolve(), check_s=time.monotonic() - started, **described)
+
+
+def _check_source(path: Path) -> None:
+    """What can be checked without running the file: it exists, reads and compiles."""
     if not path.exists():
         raise ContractError(f"{path}: no such file. Give the path of your model file (a .py file).")
     if not path.is_file():
@@ -68,35 +85,32 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
             f"`python {path}` runs."
         ) from None
 
+
+def _run_check(path: Path, timeout_s: float) -> dict[str, Any]:
+    """Run the check in a child process; returns what it wrote: {"task": fields} or
+    {"error": message}. Raises ContractError if it times out or dies without writing."""
     with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
         out = Path(tmp) / "result.json"
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
         log = Path(tmp) / "log.txt"
-        timed_out = False
         # Output goes to a file, not a pipe: a process the user's code leaves running would
         # hold a pipe open and keep us waiting for its end instead of the check's.
-        started = time.monotonic()
         with open(log, "wb") as log_file:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "autotune.task", str(path.resolve()), str(out)],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                env=with_package_on_path(os.environ), start_new_session=True,
             )
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                timed_out = True
                 # Still running, so its whole tree can be found: end all of it. (When the
                 # check ends by itself, it ends what it started: see _main.)
                 proctree.kill_tree(proc.pid)
                 proc.wait()
-        if timed_out:
-            raise ContractError(
-                f"{path}: checking the file took over {timeout_s:.0f} s (importing it, building "
-                "the model and dataset, one training step). Make build_model/build_dataset quick."
-            )
+                raise ContractError(
+                    f"{path}: checking the file took over {timeout_s:.0f} s (importing it, building "
+                    "the model and dataset, one training step). Make build_model/build_dataset quick."
+                ) from None
         if not out.exists():
             text = log.read_text(errors="replace")
             tail = "\n".join(text.strip().splitlines()[-5:])
@@ -104,12 +118,7 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
                 f"{path}: the process checking the file ended abruptly (exit code "
                 f"{proc.returncode}) while importing or calling it.\n{tail}"
             )
-        result = json.loads(out.read_text())
-    if result.get("error"):
-        raise ContractError(result["error"])
-    described = result["task"]
-    described["batchnorm_layers"] = tuple(described.get("batchnorm_layers", ()))
-    return Task(path=path.resolve(), check_s=time.monotonic() - started, **described)
+        return json.loads(out.read_text())
 
 
 # --- what runs in the child process -------------------------------------------------
@@ -125,6 +134,8 @@ def _user_frames(tb: str, path: str) -> str:
 
 
 def _is_nested_tensors(obj: Any) -> bool:
+    """True for a tensor or number, or a list, tuple or dict of them (at any depth):
+    what default_collate can stack and the runtime can move to a device."""
     import torch
 
     if isinstance(obj, (torch.Tensor, int, float, bool)):
@@ -152,58 +163,103 @@ class _NoUpdate:
         pass
 
 
-def _check(path: str) -> dict[str, Any]:
-    """The contract, checked in order; returns the Task fields or raises ContractError."""
-    import torch
+@dataclasses.dataclass(frozen=True)
+class _UserFile:
+    """The model file being checked: its path and the name messages show for it."""
 
-    from autotune import runtime
+    path: str
+    shown: str
 
-    shown = os.path.relpath(path)
-
-    def call(fn_name: str, fn: Any, *args: Any) -> Any:
+    def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call the user's ``fn``; an error it raises becomes a ContractError naming
+        ``what`` and showing the user's own frames of the traceback."""
         try:
             return fn(*args)
-        except (Exception, SystemExit):  # noqa: BLE001  (the user's error, shown as theirs)
+        except (Exception, SystemExit):  # the user's error, shown as theirs
             raise ContractError(
-                f"{shown}: {fn_name} raised an error:\n{_user_frames(traceback.format_exc(), path)}"
+                f"{self.shown}: {what} raised an error:\n"
+                f"{_user_frames(traceback.format_exc(), self.path)}"
             ) from None
 
+
+def _check(path: str) -> dict[str, Any]:
+    """The contract, checked in order; returns the Task fields or raises ContractError."""
+    file = _UserFile(path=path, shown=os.path.relpath(path))
+    module = _import(file)
+    _check_functions(file, module)
+    batch_size = _check_batch_size(file, module)
+    model = _check_model(file, module)
+    dataset = _check_dataset(file, module)
+    n = _check_dataset_len(file, dataset, batch_size)
+    item = file.call("build_dataset()[0]", dataset.__getitem__, 0)
+    has_training_step = getattr(module, "training_step", None) is not None
+    if not has_training_step:
+        _check_item_is_pair(file, item)
+    _check_training_step(file, module, model, dataset, has_training_step)
+    if getattr(module, "evaluate", None) is not None:
+        _check_evaluate(file, module, model)
+    return _describe(module, model, item, batch_size=batch_size, dataset_len=n)
+
+
+def _import(file: _UserFile) -> Any:
+    """Import the model file; an error or sys.exit() at import becomes a ContractError."""
+    from autotune import runtime
+
     try:
-        module = runtime.load_user_module(path)
-    except (Exception, SystemExit):  # noqa: BLE001  (sys.exit() at import, too)
+        return runtime.load_user_module(file.path)
+    except (Exception, SystemExit):  # sys.exit() at import, too
         raise ContractError(
-            f"{shown}: importing the file raised an error:\n"
-            f"{_user_frames(traceback.format_exc(), path)}"
+            f"{file.shown}: importing the file raised an error:\n"
+            f"{_user_frames(traceback.format_exc(), file.path)}"
         ) from None
 
+
+def _check_functions(file: _UserFile, module: Any) -> None:
+    """The required functions exist, and every contract name defined is callable."""
     for name in REQUIRED:
         fn = getattr(module, name, None)
         if fn is None:
             raise ContractError(
-                f"{shown}: no function {name}(). The model file must define "
+                f"{file.shown}: no function {name}(). The model file must define "
                 f"`def {name}()`; see the README's model-file contract."
             )
         if not callable(fn):
-            raise ContractError(f"{shown}: {name} is a {type(fn).__name__}, not a function.")
+            raise ContractError(f"{file.shown}: {name} is a {type(fn).__name__}, not a function.")
     for name in OPTIONAL_FUNCTIONS:
         value = getattr(module, name, None)
         if value is not None and not callable(value):
-            raise ContractError(f"{shown}: {name} is a {type(value).__name__}, not a function.")
+            raise ContractError(f"{file.shown}: {name} is a {type(value).__name__}, not a function.")
 
+
+def _check_batch_size(file: _UserFile, module: Any) -> int:
+    """The file's batch_size (32 if it sets none), which must be a positive int."""
     batch_size = getattr(module, "batch_size", 32)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ContractError(
-            f"{shown}: batch_size = {batch_size!r}; expected a positive integer "
+            f"{file.shown}: batch_size = {batch_size!r}; expected a positive integer "
             "(the batch size you train with today), e.g. `batch_size = 32`."
         )
+    return batch_size
 
-    model = call("build_model()", module.build_model)
+
+def _check_model(file: _UserFile, module: Any) -> Any:
+    """build_model() runs and returns a torch.nn.Module."""
+    import torch
+
+    model = file.call("build_model()", module.build_model)
     if not isinstance(model, torch.nn.Module):
         raise ContractError(
-            f"{shown}: build_model() returned {type(model).__name__}; expected a "
+            f"{file.shown}: build_model() returned {type(model).__name__}; expected a "
             "torch.nn.Module. Return the model instance, e.g. `return MyNet()`."
         )
-    dataset = call("build_dataset()", module.build_dataset)
+    return model
+
+
+def _check_dataset(file: _UserFile, module: Any) -> Any:
+    """build_dataset() runs and returns a map-style dataset."""
+    import torch
+
+    dataset = file.call("build_dataset()", module.build_dataset)
     # A plain list/tuple/dict is not a Dataset (the contract asks for one; a dict "works"
     # only by accident of its keys), and an IterableDataset cannot be sharded by index.
     kind = type(dataset).__name__
@@ -213,79 +269,110 @@ def _check(path: str) -> dict[str, Any]:
         hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
     ):
         raise ContractError(
-            f"{shown}: build_dataset() returned {kind}; expected a map-style "
+            f"{file.shown}: build_dataset() returned {kind}; expected a map-style "
             "torch.utils.data.Dataset (with __len__ and __getitem__), e.g. a TensorDataset."
         )
-    n = call("len(build_dataset())", len, dataset)
+    return dataset
+
+
+def _check_dataset_len(file: _UserFile, dataset: Any, batch_size: int) -> int:
+    """The dataset's length: at least 2 items (the check's batch) and one full batch."""
+    n = file.call("len(build_dataset())", len, dataset)
     if n < 2:
-        raise ContractError(f"{shown}: build_dataset() returned a dataset of {n} items; need at least 2.")
+        raise ContractError(f"{file.shown}: build_dataset() returned a dataset of {n} items; need at least 2.")
     if n < batch_size:
         # Every epoch drops its ragged last batch: no batch of batch_size would ever run.
         raise ContractError(
-            f"{shown}: build_dataset() returned {n} items, fewer than batch_size = {batch_size}; "
+            f"{file.shown}: build_dataset() returned {n} items, fewer than batch_size = {batch_size}; "
             "expected at least one full batch. Lower batch_size or return more items."
         )
-    item = call("build_dataset()[0]", dataset.__getitem__, 0)
-    has_training_step = getattr(module, "training_step", None) is not None
-    if not has_training_step:
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise ContractError(
-                f"{shown}: build_dataset()[0] is a {type(item).__name__}"
-                + (f" of {len(item)} elements" if isinstance(item, (tuple, list)) else "")
-                + "; expected an (inputs, targets) pair. Return `(inputs, targets)` from "
-                "__getitem__, or define training_step(model, batch) for another layout."
-            )
-        if not _is_nested_tensors(item[0]) or not _is_nested_tensors(item[1]):
-            raise ContractError(
-                f"{shown}: build_dataset()[0] holds {type(item[0]).__name__} inputs and "
-                f"{type(item[1]).__name__} targets; expected tensors (or tuples/lists/dicts of them)."
-            )
+    return n
 
-    # One real training step on two items: a shape or dtype mistake shows here, named,
-    # instead of failing every trial.
-    collate = getattr(module, "collate_fn", None) or torch.utils.data.default_collate
-    batch = call("collate_fn" if getattr(module, "collate_fn", None) else "collating two items",
-                 collate, [dataset[0], dataset[1]])
-    cfg = {"precision": "fp32"}
 
-    class _Dist:
-        device = torch.device("cpu")
+def _check_item_is_pair(file: _UserFile, item: Any) -> None:
+    """Without a training_step, an item is an (inputs, targets) pair of tensors (or
+    nested tuples/lists/dicts of them): the default step unpacks it that way."""
+    if not (isinstance(item, (tuple, list)) and len(item) == 2):
+        raise ContractError(
+            f"{file.shown}: build_dataset()[0] is a {type(item).__name__}"
+            + (f" of {len(item)} elements" if isinstance(item, (tuple, list)) else "")
+            + "; expected an (inputs, targets) pair. Return `(inputs, targets)` from "
+            "__getitem__, or define training_step(model, batch) for another layout."
+        )
+    if not _is_nested_tensors(item[0]) or not _is_nested_tensors(item[1]):
+        raise ContractError(
+            f"{file.shown}: build_dataset()[0] holds {type(item[0]).__name__} inputs and "
+            f"{type(item[1]).__name__} targets; expected tensors (or tuples/lists/dicts of them)."
+        )
+
+
+def _check_optimizer(file: _UserFile, module: Any, model: Any) -> Any:
+    """The file's build_optimizer(params), which must return a torch.optim.Optimizer;
+    without one, an optimizer that changes nothing (the check needs no real update)."""
+    import torch
 
     optimizer_fn = getattr(module, "build_optimizer", None)
-    optimizer = (call("build_optimizer(params)", optimizer_fn, model.parameters())
+    optimizer = (file.call("build_optimizer(params)", optimizer_fn, model.parameters())
                  if optimizer_fn else _NoUpdate(model))
     if not isinstance(optimizer, (torch.optim.Optimizer, _NoUpdate)):
         raise ContractError(
-            f"{shown}: build_optimizer(params) returned {type(optimizer).__name__}; expected a "
+            f"{file.shown}: build_optimizer(params) returned {type(optimizer).__name__}; expected a "
             "torch.optim.Optimizer built on the given params."
         )
-    step = runtime.make_step(module, model, optimizer, cfg, _Dist())
+    return optimizer
+
+
+def _check_training_step(file: _UserFile, module: Any, model: Any, dataset: Any,
+                         has_training_step: bool) -> None:
+    """One real training step on two items, on the CPU in fp32: a shape or dtype mistake
+    shows here, named, instead of failing every trial. The loss must be a scalar tensor."""
+    import torch
+
+    from autotune import runtime
+
+    collate_fn = getattr(module, "collate_fn", None)
+    batch = file.call("collate_fn" if collate_fn else "collating two items",
+                      collate_fn or torch.utils.data.default_collate, [dataset[0], dataset[1]])
+    optimizer = _check_optimizer(file, module, model)
+    step = runtime.make_step(module, model, optimizer, {"precision": "fp32"}, torch.device("cpu"))
     what = "training_step(model, batch)" if has_training_step else "the model's forward and loss_fn"
-    loss = call(what, step, batch)
+    loss = file.call(what, step, batch)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ContractError(
-            f"{shown}: {what} gave {type(loss).__name__}"
+            f"{file.shown}: {what} gave {type(loss).__name__}"
             + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else "")
             + "; expected a scalar loss tensor."
         )
-    if getattr(module, "evaluate", None) is not None:
-        score = call("evaluate(model)", module.evaluate, model)
-        if isinstance(score, torch.Tensor) and score.numel() == 1:
-            score = score.item()
-        if isinstance(score, bool) or not isinstance(score, (int, float)):
-            raise ContractError(
-                f"{shown}: evaluate(model) returned {type(score).__name__}; expected a number "
-                "(higher is better)."
-            )
+
+
+def _check_evaluate(file: _UserFile, module: Any, model: Any) -> None:
+    """evaluate(model) runs and returns a number (a 1-element tensor counts as one)."""
+    import torch
+
+    score = file.call("evaluate(model)", module.evaluate, model)
+    if isinstance(score, torch.Tensor) and score.numel() == 1:
+        score = score.item()
+    if isinstance(score, bool) or not isinstance(score, (int, float)):
+        raise ContractError(
+            f"{file.shown}: evaluate(model) returned {type(score).__name__}; expected a number "
+            "(higher is better)."
+        )
+
+
+def _describe(module: Any, model: Any, item: Any, *, batch_size: int, dataset_len: int) -> dict[str, Any]:
+    """The Task fields of a file that passed every check (all but path and check_s)."""
+    import torch
+
+    from autotune import runtime
 
     inputs = item[0] if isinstance(item, (tuple, list)) and item else item
-    first = runtime._first_tensor(inputs)
+    first = runtime.first_tensor(inputs)
     return {
         "batch_size": batch_size,
-        "dataset_len": n,
+        "dataset_len": dataset_len,
+        # One item's 3-D float input is a 4-D batch: an image layout channels_last applies to.
         "image_inputs": bool(first is not None and first.dim() == 3 and first.is_floating_point()),
         "has_evaluate": getattr(module, "evaluate", None) is not None,
-        "has_training_step": has_training_step,
         "parameters": sum(p.numel() for p in model.parameters()),
         "batchnorm_layers": [name for name, m in model.named_modules()
                              if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)],
@@ -307,6 +394,7 @@ def _main(argv: list[str]) -> int:
     # and a tuner killed during the check takes the check with it.
     proctree.become_subreaper()
     proctree.die_with_parent()
+    result: dict[str, Any]
     try:
         try:
             result = {"task": _check(path)}

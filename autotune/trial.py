@@ -22,23 +22,9 @@ from typing import Any
 
 from autotune import launch, measure_lock, proctree
 from autotune.config import TrialConfig
-
-# Failure kinds, as shown to the user and stored on the Optuna trial.
-OUT_OF_MEMORY = "out_of_memory"
-TIMEOUT = "timeout"
-HANG = "hang"
-CRASH = "crash"
-FAILURE_HELP = {
-    "out_of_memory": "ran out of memory",
-    "timeout": "did not finish within the trial timeout",
-    "hang": "stopped making progress (no step finished within the hang timeout)",
-    "crash": "the trial process died",
-    "compile_error": "torch.compile failed",
-    "nan_loss": "the loss became NaN or infinite",
-    "user_error": "the model file raised an error",
-    "error": "the trial raised an error",
-}
-
+from autotune.probes import Machine, as_machine
+from autotune.protocol import PROGRESS_EVENTS, Event, Failure, Measurement, Mode, Status
+from autotune.task import with_package_on_path
 
 # The tuner stays all but idle while a trial measures: it reads the event file a few
 # times a second and the trial's memory (and its log's size) once a second.
@@ -77,21 +63,9 @@ def cap_log(path: Path, *, cap: int, keep: int) -> int:
     return removed
 
 
-@dataclasses.dataclass(frozen=True)
-class Measurement:
-    """How long a trial measures: warm-up steps, then windows of about window_s."""
-
-    warmup_steps: int = 3
-    window_s: float = 1.0
-    windows: int = 3
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 @dataclasses.dataclass
 class TrialResult:
-    status: str  # "ok", "pruned" or "failed"
+    status: Status
     value: float | None = None  # median window throughput, samples/s
     values: list[float] = dataclasses.field(default_factory=list)
     iqr: float | None = None
@@ -123,7 +97,7 @@ class TrialResult:
         return list(self.done.get("losses", []))
 
     def describe_failure(self) -> str:
-        text = FAILURE_HELP.get(self.failure or "", self.failure or "failed")
+        text = Failure.describe(self.failure)
         return f"{text}: {self.message}" if self.message else text
 
     def summary(self) -> dict[str, Any]:
@@ -252,7 +226,7 @@ class TrialRunner:
         self,
         *,
         model_file: str | os.PathLike[str],
-        machine: Mapping[str, Any],
+        machine: Machine | Mapping[str, Any],
         workdir: str | os.PathLike[str],
         measurement: Measurement = Measurement(),
         timeout_s: float = 180.0,
@@ -265,7 +239,7 @@ class TrialRunner:
         seed: int = 0,
     ) -> None:
         self.model_file = str(Path(model_file).resolve())
-        self.machine = machine
+        self.machine = as_machine(machine)
         self.workdir = Path(workdir).resolve()  # each trial's files: a folder of its own
         # Trials run where the user runs autotune (where the model file's check ran), so a
         # relative path in the model file means the same in every trial.
@@ -296,9 +270,9 @@ class TrialRunner:
         ``on_window(i, samples_per_s)`` returning True prunes the trial."""
         mode: dict[str, Any] = {}
         if trajectory_steps is not None:
-            mode = {"mode": "trajectory", "steps": trajectory_steps}
+            mode = {"mode": Mode.TRAJECTORY, "steps": trajectory_steps}
         elif quality_steps is not None:
-            mode = {"mode": "quality", "steps": quality_steps}
+            mode = {"mode": Mode.QUALITY, "steps": quality_steps}
         live = self.start(cfg, name=name, on_window=on_window, mode=mode, extra_env=extra_env)
         return live.wait()
 
@@ -333,7 +307,7 @@ class TrialRunner:
             **(mode or {}),
         }
         spec_path.write_text(json.dumps(spec, indent=1))
-        result = TrialResult(status="failed", log_path=str(folder / "log.txt"))
+        result = TrialResult(status=Status.FAILED, log_path=str(folder / "log.txt"))
         try:
             env_vars, result.warnings = launch.environment(cfg, machine=self.machine)
         except ValueError as exc:
@@ -351,11 +325,10 @@ class TrialRunner:
                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "TMPDIR": tmp,
                TRIAL_DIR_VARIABLE: str(folder)}
         # The worker runs from autotune's own source tree whether or not it is installed.
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        env = with_package_on_path(env)
         argv = launch.command(cfg, ["-m", "autotune.worker", str(spec_path)], python=self.python)
         return LiveTrial(self, folder=folder, argv=argv, env=env, result=result,
-                         on_window=on_window, serving=(mode or {}).get("mode") == "serve",
+                         on_window=on_window, serving=(mode or {}).get("mode") == Mode.SERVE,
                          tmpdir=tmp)
 
 
@@ -387,7 +360,8 @@ class LiveTrial:
         self.started_epoch = time.time()  # events carry wall-clock stamps
         log_path = folder / "log.txt"
         log_path.unlink(missing_ok=True)
-        self._log = open(log_path, "ab")  # O_APPEND: writes land at the end after a cut
+        # O_APPEND: writes land at the end after a cut. Held open for the trial's life.
+        self._log = open(log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, cwd=str(runner.cwd), start_new_session=True,
@@ -404,30 +378,34 @@ class LiveTrial:
     # --- watching -------------------------------------------------------------------
 
     def _handle(self, ev: dict[str, Any]) -> None:
-        kind, result = ev.get("e"), self.result
-        if kind in ("beat", "window", "warmup", "facts", "ready"):
+        try:
+            kind = Event(ev.get("e"))
+        except ValueError:
+            return  # a line from a newer worker: nothing here acts on it
+        result = self.result
+        if kind in PROGRESS_EVENTS:
             self.last_progress = time.monotonic()
-        if kind == "beat" and ev.get("step") == 1 and result.setup.get("t"):
-            self.step_s = max(0.0, float(ev["t"]) - float(result.setup["t"]))  # the first step
-        elif kind == "warmup":
-            self.step_s = float(ev.get("step_s") or 0.0)  # a steady step
-        if kind == "setup":
+        if kind is Event.SETUP:
             result.setup = ev
-        elif kind == "facts":
+        elif kind is Event.BEAT:
+            if ev.get("step") == 1 and result.setup.get("t"):  # the first step's time
+                self.step_s = max(0.0, float(ev["t"]) - float(result.setup["t"]))
+        elif kind is Event.FACTS:
             result.facts = ev
-        elif kind == "warmup":
+        elif kind is Event.WARMUP:
             result.warmup = ev
-        elif kind == "ready":
+            self.step_s = float(ev.get("step_s") or 0.0)  # a steady step
+        elif kind is Event.READY:
             self.ready = True
-        elif kind == "window":
+        elif kind is Event.WINDOW:
             self.pending_since = None
             result.window_seconds.append(float(ev.get("seconds", 0.0)))
             result.values.append(float(ev["samples_per_s"]))
             if self.killed_for is None and self.on_window and self.on_window(ev["i"], ev["samples_per_s"]):
-                self.killed_for = ("pruned", "")
-        elif kind == "done":
+                self.killed_for = (Status.PRUNED, "")
+        elif kind is Event.DONE:
             result.done = ev
-        elif kind == "error" and result.failure is None:
+        elif kind is Event.ERROR and result.failure is None:
             result.failure, result.message = ev["kind"], ev["message"]
 
     def poll(self) -> bool:
@@ -442,13 +420,13 @@ class LiveTrial:
             runner = self.runner
             idle = self.serving and self.ready and self.pending_since is None
             if not (self.serving and self.ready) and now - self.started > runner.timeout_s:
-                self.killed_for = (TIMEOUT, f"still running after {runner.timeout_s:.0f} s")
+                self.killed_for = (Failure.TIMEOUT, f"still running after {runner.timeout_s:.0f} s")
             elif not idle and self.last_progress is not None and now - self.last_progress > self.hang_limit:
-                self.killed_for = (HANG, f"no progress for {self.hang_limit:.0f} s while steps ran "
+                self.killed_for = (Failure.HANG, f"no progress for {self.hang_limit:.0f} s while steps ran "
                                          f"(a step took {self.step_s:.1f} s)")
             elif (not self.result.setup and runner.setup_hang_s is not None
                   and now - self.started > runner.setup_hang_s):
-                self.killed_for = (HANG, f"not set up after {runner.setup_hang_s:.0f} s: stuck in "
+                self.killed_for = (Failure.HANG, f"not set up after {runner.setup_hang_s:.0f} s: stuck in "
                                          "setup (importing the model file, build_dataset, "
                                          "build_model or the DataLoader's first batch)")
             elif now - self.memory_checked >= MEMORY_CHECK_S:
@@ -461,7 +439,7 @@ class LiveTrial:
                 self.result.peak_tree_rss_mb = max(self.result.peak_tree_rss_mb, rss / 2**20)
                 if runner.memory_limit_bytes and rss > runner.memory_limit_bytes:
                     self.killed_for = (
-                        OUT_OF_MEMORY,
+                        Failure.OUT_OF_MEMORY,
                         f"used {rss / 2**20:.0f} MiB, over the trial limit of "
                         f"{runner.memory_limit_bytes / 2**20:.0f} MiB",
                     )
@@ -583,11 +561,11 @@ class LiveTrial:
         result.log_tail = _tail(Path(result.log_path))
         result.phases = self._phases()
         if self.killed_for is not None:
-            result.status = "pruned" if self.killed_for[0] == "pruned" else "failed"
-            if result.status == "failed":
+            result.status = Status.PRUNED if self.killed_for[0] == Status.PRUNED else Status.FAILED
+            if result.status == Status.FAILED:
                 result.failure, result.message = self.killed_for
         elif result.done:
-            result.status = "ok"
+            result.status = Status.OK
             if self.proc.returncode != 0:
                 result.warnings.append(
                     f"the trial finished its measurement, then exited with code "
@@ -597,7 +575,7 @@ class LiveTrial:
                 result.iqr = result.done.get("iqr")
                 result.values = list(result.done.get("values", result.values))
         elif result.failure is None:
-            result.failure = CRASH
+            result.failure = Failure.CRASH
             code = self.proc.returncode
             sig = -code if code < 0 else None
             name_ = signal.Signals(sig).name if sig else _signal_from_log(result.log_tail)

@@ -12,6 +12,10 @@
              run alone on the machine, alternating, pair after pair: the speedup
              autotune prints is this one (``autotune.standalone``).
 
+Between 3 and 4 the fastest one's knobs are measured one by one (``autotune.ablation``);
+the knobs worth nothing measurable are dropped, and that simpler configuration, gated
+again, is run alone first.
+
 1-2 come first so that no speed measurement is spent on a candidate they reject.
 """
 from __future__ import annotations
@@ -24,10 +28,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune import standalone
-from autotune.stats import ratio_interval, rerun_interval, spread
+from autotune import ablation, standalone
 from autotune.config import TrialConfig
 from autotune.errors import NotVerified
+from autotune.protocol import Mode, Status
+from autotune.stats import ratio_interval, rerun_interval, spread
 from autotune.trial import LiveTrial, TrialResult, TrialRunner
 
 # The numerics check's bound on ``loss_divergence(...)["max_of_initial"]``: the worst
@@ -95,7 +100,9 @@ def hold_within_budget(live: list[LiveTrial | None], failures: list[str | None],
             f"side by side used {sum(sizes) / 2**20:,.0f} MiB together, over the budget of "
             f"{budget / 2**20:,.0f} MiB; this one, the largest ({sizes[largest] / 2**20:,.0f} "
             "MiB), was stopped")
-        live[largest].kill()
+        victim = live[largest]
+        if victim is not None:
+            victim.kill()
         live[largest] = None
 
 
@@ -118,12 +125,12 @@ def speed_check(
         for i, cfg in enumerate(configs):
             progress("step", {"text": f"starting {'baseline' if i == 0 else f'candidate {i}'}: "
                                       f"{cfg.short()}"})
-            trial = runner.start(cfg, name=f"verify-speed-{i}", mode={"mode": "serve"})
-            if not trial.wait_ready():
-                failures[i] = trial.result.describe_failure()
+            started = runner.start(cfg, name=f"verify-speed-{i}", mode={"mode": Mode.SERVE})
+            if not started.wait_ready():
+                failures[i] = started.result.describe_failure()
                 live.append(None)
                 continue
-            live.append(trial)
+            live.append(started)
             hold_within_budget(live, failures, budget)
         if live[0] is None:
             raise _baseline_failed(failures[0], runner.workdir / "verify-speed-0")
@@ -132,21 +139,21 @@ def speed_check(
             progress("speed", {"round": r + 1, "rounds": rounds})
             shift = r % len(configs)
             for i in list(range(len(configs)))[shift:] + list(range(len(configs)))[:shift]:
-                trial = live[i]
-                if trial is None:
+                held = live[i]
+                if held is None:
                     continue
-                value = trial.window()
+                value = held.window()
                 if value is None:
-                    failures[i] = trial.result.describe_failure()
+                    failures[i] = held.result.describe_failure()
                     live[i] = None
                     if i == 0:
                         raise _baseline_failed(failures[0], runner.workdir / "verify-speed-0")
                     continue
                 values[i].append(value)
     finally:
-        for trial in live:
-            if trial is not None:
-                trial.kill()
+        for held in live:
+            if held is not None:
+                held.kill()
     base_values = values[0][: len(values[0])]
     checks = []
     for i in range(1, len(configs)):
@@ -194,7 +201,7 @@ def compare_losses(reference: list[float], candidate: list[float], *, tolerance:
     if not candidate or any(not math.isfinite(v) for v in candidate):
         return Check(False, {"reason": "the loss became NaN or infinite"})
     stats = loss_divergence(reference, candidate)
-    n, worst = stats["steps"], stats["max_of_initial"]
+    n, worst = int(stats["steps"]), stats["max_of_initial"]
     detail = {"steps": n, "max_difference": worst, "max_step_relative": stats["max_step"],
               "tolerance": tolerance, "reference_losses": reference[:n],
               "candidate_losses": candidate[:n]}
@@ -232,7 +239,7 @@ def numerics_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig
         if key not in cache:
             cache[key] = runner.run(cfg, name=f"verify-numerics-{len(cache)}-{role}",
                                     trajectory_steps=steps)
-        if cache[key].status != "ok":
+        if cache[key].status != Status.OK:
             what = "the fp32 reference" if role == "reference" else "the candidate"
             return Check(False, {"reason": f"{what} failed: {cache[key].describe_failure()}"})
     return compare_losses(cache[_numerics_key(ref_cfg)].losses, cache[_numerics_key(cand)].losses,
@@ -270,7 +277,7 @@ def quality_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig,
         steps = max(1, samples // cfg.batch_size)
         res = runner.run(cfg, name=f"verify-quality-{role}-{cand.layout}-{cand.batch_size}"
                                    f"-{cand.precision}", quality_steps=steps)
-        if res.status != "ok" or res.done.get("metric") is None:
+        if res.status != Status.OK or res.done.get("metric") is None:
             return Check(False, {"reason": f"{role} training for the quality check failed: "
                                            f"{res.describe_failure()}"})
         scores[role] = float(res.done["metric"])
@@ -411,12 +418,14 @@ class Settings:
     max_quality_drop: float | None = None
     script_timeout_s: float = 300.0
     pairs: int = 6  # standalone pairs: each runs both scripts once
-    # Timed training per standalone run, after its warm-up. A configuration with
-    # DataLoader workers is still ramping up in its first seconds: on the README's
-    # example, runs of 4 s put the speedup at 2.87x where runs of 8 s measured 3.28x.
+    # Timed training per standalone run, after its warm-up: long enough that a
+    # configuration with DataLoader workers, still ramping up in its first seconds, is
+    # timed mostly at its steady speed (shorter runs undercount it by over 10%).
     pair_seconds: float = 8.0
     standalone_attempts: int = 2  # candidates whose scripts run alone, fastest first
     replacements: int = 2  # per kind (exact, reduced) for candidates the gates reject
+    ablation: bool = True  # measure each knob's worth and drop those worth nothing
+    pinned: frozenset[str] = frozenset()  # knobs the user fixed: never ablated or dropped
 
 
 @dataclasses.dataclass
@@ -424,6 +433,7 @@ class Verdict:
     config: TrialConfig
     checks: dict[str, Check]
     speed: dict[str, Any]
+    ablation: dict[str, Any] | None = None  # the knob-by-knob measurement that shaped it
 
     @property
     def passed(self) -> bool:
@@ -491,6 +501,34 @@ def screen(runner: TrialRunner, baseline: TrialConfig, candidates: list[TrialCon
     return passed, verdicts
 
 
+def ablate(runner: TrialRunner, top: Verdict, baseline: TrialConfig, *, settings: Settings,
+           has_evaluate: bool, speed_windows: int, progress: Progress) -> Verdict | None:
+    """Measure each of ``top``'s knobs against the baseline's value (``autotune.ablation``)
+    and record it on ``top``. Returns the verdict of the simplified configuration (the
+    knobs worth nothing measurable dropped, gated again) when there is one that passes:
+    it is run alone before ``top``."""
+    cfg = top.config
+    count = len(ablation.variants(cfg, baseline, pinned=settings.pinned))
+    rounds = ablation.rounds_for(count, speed_windows=speed_windows)
+    top.ablation = ablation.measure(runner, cfg, baseline, rounds=rounds, pinned=settings.pinned,
+                                    progress=progress)
+    simpler = ablation.simplified(cfg, baseline, top.ablation)
+    if simpler in (cfg, baseline):
+        return None
+    progress("step", {"text": f"numerics and quality of the simplified {simpler.short()}"})
+    verdict = gate(runner, baseline, simpler, settings=settings, has_evaluate=has_evaluate, cache={})
+    if not verdict.passed:
+        top.ablation["simplified"] = {"config": simpler.short(), "rejected": verdict.reason}
+        return None
+    # Its side-by-side speed: the variant's where one knob went, else the winner's (the
+    # ablation found the dropped knobs worth nothing measurable).
+    dropped = [k["knob"] for k in top.ablation["knobs"] if not k["kept"]]
+    verdict.speed = dict(top.speed)
+    verdict.ablation = {**top.ablation, "simplified": {"config": simpler.short(), "dropped": dropped,
+                                                       "from": cfg.short()}}
+    return verdict
+
+
 def verify_candidates(
     runner: TrialRunner, *, baseline: TrialConfig, candidates: list[TrialConfig],
     settings: Settings, has_evaluate: bool,
@@ -501,8 +539,9 @@ def verify_candidates(
     """Gate the candidates (numerics, quality; ``screen``), measure the survivors'
     speed side by side with the baseline, then run the scripts of the fastest first
     alone against the baseline's (at most ``settings.standalone_attempts``); the first
-    to pass all four checks wins. ``emit_candidate(cfg, folder)`` writes a
-    candidate's launch.sh and returns its path."""
+    to pass all four checks wins (the simplified one of ``ablate`` first, when there is
+    one). ``emit_candidate(cfg, folder)`` writes a candidate's launch.sh and returns its
+    path."""
     survivors, gated = screen(runner, baseline, candidates, list(reserve), settings=settings,
                               has_evaluate=has_evaluate, progress=progress)
     by_cfg = {v.config: v for v in gated}
@@ -515,14 +554,15 @@ def verify_candidates(
         by_cfg[cfg].checks["speed"] = check
         by_cfg[cfg].speed = check.detail
     verdicts = list(by_cfg.values())
+    ranked = [v for v in rank_by_rounds(verdicts) if v.passed]
+    if ranked and settings.ablation:
+        simpler = ablate(runner, ranked[0], baseline, settings=settings, has_evaluate=has_evaluate,
+                         speed_windows=settings.rounds * (len(survivors) + 1), progress=progress)
+        if simpler is not None:
+            verdicts.append(simpler)
+            ranked.insert(0, simpler)
     base_script: standalone.Script | None = None
-    attempts = 0
-    for i, verdict in enumerate(rank_by_rounds(verdicts)):
-        if not verdict.passed:
-            continue
-        if attempts == settings.standalone_attempts:
-            break
-        attempts += 1
+    for i, verdict in enumerate(ranked[:settings.standalone_attempts]):
         if base_script is None:
             base_script = standalone.Script(emit_candidate(baseline, workdir / "baseline"), baseline,
                                             base_speed["median_samples_per_s"])

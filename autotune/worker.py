@@ -1,7 +1,8 @@
 """What runs inside a trial process: apply the knobs, train, measure, report.
 
 Started by ``autotune.trial`` as ``python -m autotune.worker SPEC`` (one process) or
-as one of several ranks (``runtime.start_ranks``). It writes one JSON object per line to the events
+as one of several ranks (``runtime.start_ranks``). It writes one JSON object per line (an
+``autotune.protocol.Event``) to the events
 file named in the spec; the tuner reads them to follow progress, prune, and
 classify failures. Only rank 0 reports measurements; every rank reports errors.
 """
@@ -9,8 +10,6 @@ from __future__ import annotations
 
 # runtime pins this rank's cores at import: it must come before anything imports torch.
 from autotune import runtime  # isort: skip
-from autotune import proctree
-
 import json
 import os
 import resource
@@ -22,15 +21,18 @@ from typing import Any
 
 import torch
 
+from autotune import proctree
+from autotune.protocol import Event, Failure, Measurement, Mode
+
 
 class Events:
     def __init__(self, path: str, rank: int) -> None:
         self.path, self.rank = path, rank
 
-    def emit(self, event: str, *, all_ranks: bool = False, **fields: Any) -> None:
+    def emit(self, event: Event, *, all_ranks: bool = False, **fields: Any) -> None:
         if self.rank != 0 and not all_ranks:
             return
-        line = json.dumps({"e": event, "rank": self.rank, "t": time.time(), **fields})
+        line = json.dumps({"e": event.value, "rank": self.rank, "t": time.time(), **fields})
         # One write per line with O_APPEND keeps lines from several ranks whole.
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -47,55 +49,54 @@ def probe_step_facts(session: runtime.Session) -> dict[str, Any]:
     return facts
 
 
-def classify(exc: BaseException, model_file: str) -> str:
+def classify(exc: BaseException, model_file: str) -> Failure:
     text = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
     if isinstance(exc, runtime.NonFiniteLoss):
-        return "nan_loss"
+        return Failure.NAN_LOSS
     if isinstance(exc, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text:
-        return "out_of_memory"
+        return Failure.OUT_OF_MEMORY
     if "torch._dynamo" in text or "torch._inductor" in text or "BackendCompilerFailed" in text:
-        return "compile_error"
+        return Failure.COMPILE_ERROR
     path = os.path.abspath(model_file)
     frames = traceback.extract_tb(exc.__traceback__)
     if any(os.path.abspath(f.filename) == path for f in frames):
-        return "user_error"
+        return Failure.USER_ERROR
     if isinstance(exc, SyntaxError) and exc.filename and os.path.abspath(exc.filename) == path:
-        return "user_error"
+        return Failure.USER_ERROR
     obj = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
-    if getattr(obj, "__file__", None) and os.path.abspath(obj.__file__) == path:
-        return "user_error"  # a contract function missing from the user's module
+    source = getattr(obj, "__file__", None)
+    if source and os.path.abspath(source) == path:
+        return Failure.USER_ERROR  # a contract function missing from the user's module
     if f'File "{path}"' in str(exc):  # re-raised from a DataLoader worker, traceback as text
-        return "user_error"
-    return "error"
+        return Failure.USER_ERROR
+    return Failure.ERROR
 
 
-def calibrate(session: runtime.Session, measure_spec: dict, events: Events) -> int:
+def calibrate(session: runtime.Session, spec: Measurement, events: Events) -> int:
     """Warm-up steps (the first one carries compile and lazy init), then the number of
     steps that makes a window of about window_s, agreed by all ranks."""
     dist = session.dist
-    warmup = max(2, int(measure_spec.get("warmup_steps", 3)))
-    window_s = float(measure_spec.get("window_s", 1.0))
-    max_steps = int(measure_spec.get("max_window_steps", 10_000))
+    warmup = max(2, spec.warmup_steps)
     first_s, _ = session.run_steps(1)
-    events.emit("beat", phase="warmup", step=1)
-    events.emit("facts", **probe_step_facts(session))
+    events.emit(Event.BEAT, phase="warmup", step=1)
+    events.emit(Event.FACTS, **probe_step_facts(session))
     step_times = []
     for i in range(warmup - 1):
         dt, _ = session.run_steps(1)
         step_times.append(dt)
-        events.emit("beat", phase="warmup", step=i + 2)
+        events.emit(Event.BEAT, phase="warmup", step=i + 2)
     # Every rank must run the same number of steps per window, or one rank waits in
     # all-reduce for a step the others never take: agree on the slowest rank's estimate.
     step_s = dist.agree_max(statistics.median(step_times))
-    steps = int(min(max_steps, max(1, round(window_s / step_s))))
-    events.emit("warmup", first_step_s=first_s, step_s=step_s, steps_per_window=steps)
+    steps = int(min(spec.max_window_steps, max(1, round(spec.window_s / step_s))))
+    events.emit(Event.WARMUP, first_step_s=first_s, step_s=step_s, steps_per_window=steps)
     return steps
 
 
 def settle(timeout_s: float = 5.0) -> None:
     """Wait until this process's DataLoader workers stop working: after a window they
     go on filling their prefetch queue, and in verification that work would land in the
-    next configuration's window (it slowed a worker-less baseline by ~20% here)."""
+    next configuration's window and slow it, most of all a baseline without workers."""
     import psutil
 
     me = psutil.Process()
@@ -131,14 +132,14 @@ def window(session: runtime.Session, steps: int, index: int, events: Events, *,
     value = steps * session.global_batch / dt
     if settled:
         settle()
-    events.emit("window", i=index, samples_per_s=value, seconds=dt, steps=steps)
+    events.emit(Event.WINDOW, i=index, samples_per_s=value, seconds=dt, steps=steps)
     return value, losses
 
 
 def finish(session: runtime.Session, values: list[float], losses: list[float], events: Events) -> None:
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
     events.emit(
-        "done",
+        Event.DONE,
         value=statistics.median(values),
         values=values,
         iqr=q[2] - q[0],
@@ -149,25 +150,27 @@ def finish(session: runtime.Session, values: list[float], losses: list[float], e
     )
 
 
-def measure(session: runtime.Session, measure_spec: dict, events: Events) -> None:
-    steps = calibrate(session, measure_spec, events)
+def measure(session: runtime.Session, spec: Measurement, events: Events) -> None:
+    steps = calibrate(session, spec, events)
     values, losses = [], []
-    for w in range(int(measure_spec.get("windows", 3))):
+    for w in range(spec.windows):
         value, window_losses = window(session, steps, w, events)
         values.append(value)
         losses.extend(window_losses)
     finish(session, values, losses, events)
 
 
-def serve(session: runtime.Session, measure_spec: dict, control: str, events: Events) -> None:
+def serve(session: runtime.Session, spec: Measurement, control: str, events: Events) -> None:
     """Calibrate, then run one window per command appended to the control file, so the
     tuner can alternate windows of several live configurations (verification).
     Every rank reads the commands itself: no collective is left waiting while idle."""
-    steps = calibrate(session, measure_spec, events)
+    steps = calibrate(session, spec, events)
     if session.loader.num_workers > 0:
         settle()
-    events.emit("ready")
-    values, losses, offset = [], [], 0
+    events.emit(Event.READY)
+    values: list[float] = []
+    losses: list[float] = []
+    offset = 0
     while True:
         try:
             with open(control) as f:
@@ -201,7 +204,7 @@ def trajectory(session: runtime.Session, steps: int, events: Events) -> None:
             torch.distributed.all_reduce(loss)
             loss = loss / session.dist.world
         losses.append(float(loss))
-    events.emit("done", losses=losses)
+    events.emit(Event.DONE, losses=losses)
 
 
 def quality(session: runtime.Session, steps: int, events: Events) -> None:
@@ -210,10 +213,9 @@ def quality(session: runtime.Session, steps: int, events: Events) -> None:
     values = runtime.check_finite(losses)
     metric = None
     if session.dist.rank == 0:
-        model = getattr(session.model, "_orig_mod", session.model)
-        model = getattr(model, "module", model)
+        model = runtime.unwrap_model(session.model)
         metric = float(session.user.evaluate(model))
-    events.emit("done", metric=metric, losses=values)
+    events.emit(Event.DONE, metric=metric, losses=values)
 
 
 def main(argv: list[str]) -> int:
@@ -228,32 +230,34 @@ def main(argv: list[str]) -> int:
     try:
         session = runtime.Session(model_file, cfg, seed=int(spec.get("seed", 0)))
         events.emit(
-            "setup",
+            Event.SETUP,
             seconds=time.perf_counter() - started,
             world=session.dist.world,
             backend=torch.distributed.get_backend() if session.dist.enabled else None,
             pid=os.getpid(),
             **runtime.process_facts(),
         )
-        if spec.get("mode") == "trajectory":
+        mode = Mode(spec.get("mode", Mode.MEASURE))
+        measurement = Measurement.from_dict(spec.get("measure", {}))
+        if mode is Mode.TRAJECTORY:
             trajectory(session, int(spec["steps"]), events)
-        elif spec.get("mode") == "quality":
+        elif mode is Mode.QUALITY:
             quality(session, int(spec["steps"]), events)
-        elif spec.get("mode") == "serve":
-            serve(session, spec.get("measure", {}), spec["control"], events)
+        elif mode is Mode.SERVE:
+            serve(session, measurement, spec["control"], events)
         else:
-            measure(session, spec.get("measure", {}), events)
+            measure(session, measurement, events)
         # The result is written. Tearing down gloo and torch's threads adds nothing to a
         # trial and can abort ("terminate called without an active exception", seen in
         # CI on a 2-rank trial): leave without it.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    except BaseException as exc:  # noqa: BLE001  (everything is reported, then re-raised as exit 3)
+    except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
         events.emit(
-            "error",
+            Event.ERROR,
             all_ranks=True,
             kind=classify(exc, model_file),
             message=f"{type(exc).__name__}: {exc}"[:2000],

@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import emit  # noqa: E402
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.trial import run_launcher  # noqa: E402
-from autotune.stats import median_interval  # noqa: E402
+from autotune import emit
+from autotune.config import TrialConfig
+from autotune.stats import median_interval
+from autotune.trial import run_launcher
 
 
 def main() -> int:

@@ -19,11 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import verify  # noqa: E402
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.probes import probe_machine  # noqa: E402
-from autotune.task import load_task  # noqa: E402
-from autotune.trial import Measurement, TrialRunner  # noqa: E402
+from autotune import verify
+from autotune.config import TrialConfig
+from autotune.probes import probe_machine
+from autotune.task import load_task
+from autotune.trial import Measurement, TrialRunner
 
 WORKLOADS = [ROOT / "examples" / "fashion_cnn.py",
              *sorted((ROOT / "bench" / "workloads").glob("*.py"))]

@@ -35,13 +35,13 @@ from optuna.trial import TrialState
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import stats, verify  # noqa: E402
-from autotune.pipeline import RunOptions, build_task_space, heuristics  # noqa: E402
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.search import Tuner, open_study  # noqa: E402
-from autotune.task import load_task  # noqa: E402
-from autotune.trial import Measurement, TrialRunner  # noqa: E402
-from autotune.probes import probe_machine  # noqa: E402
+from autotune import stats, verify
+from autotune.config import TrialConfig
+from autotune.pipeline import RunOptions, build_task_space, heuristics
+from autotune.probes import probe_machine
+from autotune.search import Tuner, open_study
+from autotune.task import load_task
+from autotune.trial import Measurement, TrialRunner
 
 WORKLOADS = {
     "fashion_cnn": ROOT / "examples" / "fashion_cnn.py",
@@ -114,7 +114,7 @@ def held_out_share(rates: dict[str, list[float]], key: str) -> dict:
 
 
 def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int, top: int) -> dict:
-    machine = probe_machine().to_dict()
+    machine = probe_machine()
     task = load_task(path)
     out.mkdir(parents=True, exist_ok=True)
     space = build_task_space(task, machine, RunOptions())  # the space `autotune run` searches

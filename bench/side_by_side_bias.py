@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import emit, launch, stats, verify  # noqa: E402
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.trial import Measurement, TrialRunner, run_launcher  # noqa: E402
-from autotune.probes import probe_machine  # noqa: E402
+from autotune import emit, launch, stats
+from autotune.config import TrialConfig
+from autotune.probes import probe_machine
+from autotune.trial import Measurement, TrialRunner, run_launcher
 
 
 def steal_ticks() -> int:
@@ -45,7 +45,7 @@ def main() -> int:
     p.add_argument("--window", type=float, default=1.0, help="seconds of a served window")
     args = p.parse_args()
     doc = json.loads((args.out / "best_config.json").read_text())
-    machine = probe_machine().to_dict()
+    machine = probe_machine()
     cfgs = {"B": TrialConfig.from_dict(doc["baseline"]["config"]),
             "C": TrialConfig.from_dict(doc["config"])}
     model = Path(doc["model_file"])

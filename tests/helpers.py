@@ -68,6 +68,14 @@ def read_trials(journal: Path) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False)
 
 
+def read_stale(journal: Path) -> list[int]:
+    """The trials a resumed search found left running by a killed tuner (the study records
+    them: Optuna cannot annotate another process's trial)."""
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(journal)))
+    return list(optuna.load_study(study_name=None, storage=storage).user_attrs.get("stale", []))
+
+
 def kernel_oom_kills() -> int:
     """How many processes the kernel's OOM killer has killed since boot (/proc/vmstat's
     oom_kill, readable without privileges; Linux 4.13 and later). The kernel log's

@@ -4,20 +4,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import autotune
 from autotune.errors import UsageError
+
 from helpers import MODELS
 
 
 def test_load_reads_a_run_and_refuses_what_it_cannot_read(tmp_path):
+    from autotune.task import load_task
+
     from tests.test_machine_matrix import StandInRunner, machine
     from tests.test_standalone import _tune
-
-    from autotune.task import load_task
 
     doc = _tune(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(machine("avx2_epyc")))
     result = autotune.load(tmp_path / "out")
@@ -30,6 +30,9 @@ def test_load_reads_a_run_and_refuses_what_it_cannot_read(tmp_path):
     (tmp_path / "newer.json").write_text(json.dumps({**doc, "schema": 99}))
     with pytest.raises(UsageError, match="newer autotune"):
         autotune.load(tmp_path / "newer.json")
+    (tmp_path / "edited.json").write_text(json.dumps({**doc, "speedup": {**doc["speedup"], "median": "fast"}}))
+    with pytest.raises(UsageError, match="at speedup.median, 'fast' is not of type 'number'"):
+        autotune.load(tmp_path / "edited.json")
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(UsageError, match="not valid JSON"):
         autotune.load(tmp_path / "broken.json")

@@ -1,12 +1,13 @@
 """Which configurations verification re-measures (autotune/pipeline.py)."""
 from __future__ import annotations
 
-from autotune.pipeline import choose_candidates
 from autotune.config import TrialConfig
+from autotune.pipeline import choose_candidates
+from autotune.probes import as_machine
 from autotune.space import build_space
 
-MACHINE = {"cpu": {"usable_cores": 2, "usable_cpus": [0, 1], "isa": {}},
-           "backends": {"gloo": True}, "gpus": []}
+MACHINE = as_machine({"cpu": {"usable_cores": 2, "usable_cpus": [0, 1], "isa": {}},
+                      "backends": {"gloo": True}, "gpus": []})
 SPACE = build_space(MACHINE, baseline_batch=32)
 
 

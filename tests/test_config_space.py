@@ -232,8 +232,8 @@ def test_no_included_value_is_also_reported_as_excluded():
 def _gpu_machine(gpus: int, capability: str) -> dict:
     return {
         "cpu": {"usable_cores": 16, "usable_cpus": list(range(16)), "isa": {}},
-        "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "compute_capability": capability}
-                 for i in range(gpus)],
+        "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": None,
+                  "compute_capability": capability} for i in range(gpus)],
         "torch": {"cuda_available": True},
         "backends": {"gloo": True, "nccl": True},
         "compile": {"available": True},

@@ -8,7 +8,6 @@ measurements and small limits; the model files are in tests/models/faulty/.
 from __future__ import annotations
 
 import dataclasses
-
 import re
 import subprocess
 import sys
@@ -121,7 +120,7 @@ def test_the_setup_limit_scales_with_the_contract_check():
     from autotune.task import Task
 
     quick = Task(path=Path("m.py"), batch_size=8, dataset_len=8, image_inputs=False,
-                 has_evaluate=False, has_training_step=False, parameters=1, check_s=3.0)
+                 has_evaluate=False, parameters=1, check_s=3.0)
     assert setup_hang_limit(quick) == 60.0, "a blocked first batch is reported within a minute"
     assert setup_hang_limit(dataclasses.replace(quick, check_s=40.0)) == 200.0
 

@@ -6,6 +6,7 @@ import torch
 
 from autotune.config import TrialConfig
 from autotune.trial import Measurement, TrialRunner
+
 from helpers import MODELS
 
 pytestmark = [pytest.mark.gpu,

@@ -40,7 +40,7 @@ def start_run(tmp: Path, model: str = "good.py") -> tuple[subprocess.Popen, list
     out = tmp / "out"
     cmd = [sys.executable, "-m", "autotune", "run", str(FAULTY / model), "--out", str(out),
            *LONG_TRIALS]
-    log = open(tmp / "tuner.log", "w")
+    log = open(tmp / "tuner.log", "w")  # noqa: SIM115  (closed once the tuner holds it)
     # SIGINT as at a terminal: a test run started in the background (`cmd &` without job
     # control) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored.
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
@@ -168,8 +168,8 @@ def test_killed_tuner_leaves_no_orphan(tmp_path, sig):
 def test_memory_exhaustion_at_the_default_limit_spares_the_machine(tmp_path):
     """At the limit `autotune run` itself sets (most of the usable memory), a trial whose
     memory grows without bound is stopped by the tuner: the kernel OOM killer never fires."""
-    from autotune.pipeline import memory_limit, probe_doc
     from autotune.config import TrialConfig
+    from autotune.pipeline import memory_limit, probe_doc
     from autotune.trial import Measurement, TrialRunner
 
     limit = memory_limit(probe_doc())

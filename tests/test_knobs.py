@@ -10,8 +10,8 @@ import pytest
 
 from autotune import emit, launch
 from autotune.config import TrialConfig
-from autotune.trial import Measurement, TrialRunner
 from autotune.probes import probe_machine
+from autotune.trial import Measurement, TrialRunner
 
 MODEL = Path(__file__).parent / "models" / "knob_cnn.py"
 

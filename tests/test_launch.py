@@ -6,6 +6,7 @@ import pytest
 from autotune import launch
 from autotune.config import TrialConfig
 from autotune.trial import Measurement, TrialRunner
+
 from helpers import MODELS, machine_doc
 
 # What a Kubernetes PyTorchJob or torchrun exports into the job autotune is started from;

@@ -13,6 +13,7 @@ import pytest
 from autotune import emit, launch
 from autotune.config import TrialConfig
 from autotune.trial import Measurement, TrialRunner
+
 from helpers import MODELS, machine_doc
 
 TWO_RANKS = TrialConfig(nprocs=2, threads=1, batch_size=16)

@@ -19,16 +19,14 @@ def test_a_folder_where_the_lock_cannot_be_written_is_refused_with_a_message(tmp
         return real_open(path, flags, *args)
 
     monkeypatch.setattr(os, "open", read_only)
-    with pytest.raises(UsageError, match="cannot write in the output folder"):
-        with outdir.exclusive(tmp_path):
-            pass
+    with pytest.raises(UsageError, match="cannot write in the output folder"), outdir.exclusive(tmp_path):
+        pass
 
 
 def test_a_second_run_on_a_busy_folder_is_refused(tmp_path):
-    with outdir.exclusive(tmp_path):
-        with pytest.raises(UsageError, match="in use by another autotune run"):
-            with outdir.exclusive(tmp_path):
-                pass
+    with outdir.exclusive(tmp_path), pytest.raises(UsageError, match="in use by another autotune run"):
+        with outdir.exclusive(tmp_path):
+            pass
 
 
 def test_a_users_own_folder_is_refused_unless_forced(tmp_path):

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.search import BATCH, LATE, PRECISION, StudyDamaged, Tuner, open_study, repair_journal
+from autotune.protocol import Role
+from autotune.search import StudyDamaged, Tuner, open_study, repair_journal
 from autotune.space import build_space
 from autotune.trial import TrialResult
 
@@ -59,11 +60,11 @@ def test_best_is_tried_at_other_batch_sizes_then_with_compile(tmp_path):
     space, runner, roles = _search(tmp_path, trials=12, fixed={})
     assert len(runner.measured) == 12
     sizes = sorted(space.choices["batch_size"])
-    batch = [cfg for role, cfg in roles if role == BATCH]
-    late = [cfg for role, cfg in roles if role == LATE]
+    batch = [cfg for role, cfg in roles if role == Role.BATCH]
+    late = [cfg for role, cfg in roles if role == Role.LATE]
     assert batch and len(late) == len(space.choices["compile"]) - 1, roles
     assert any(cfg.to_dict() == batch[0] for cfg in runner.measured), "the batch stage measured nothing"
-    first_batch = roles.index((BATCH, batch[0]))
+    first_batch = roles.index((Role.BATCH, batch[0]))
     best_before = max((cfg for _, cfg in roles[:first_batch]), key=_value)
     # the same knobs, only the batch size moved: its neighbours and the largest one
     for cfg in batch:
@@ -74,7 +75,7 @@ def test_best_is_tried_at_other_batch_sizes_then_with_compile(tmp_path):
              if _but_batch(c) == _but_batch(best_before)}
     assert {c["batch_size"] for c in batch} == expected - known
     # compile comes last, on the best configuration after the batch stage
-    assert roles[-len(late):] == [(LATE, cfg) for cfg in late]
+    assert roles[-len(late):] == [(Role.LATE, cfg) for cfg in late]
     assert {c["compile"] for c in late} == set(space.choices["compile"]) - {"off"}
     assert all(c["batch_size"] == sizes[-1] for c in late), late
 
@@ -82,16 +83,16 @@ def test_best_is_tried_at_other_batch_sizes_then_with_compile(tmp_path):
 def test_a_pinned_batch_size_goes_straight_to_compile(tmp_path):
     _, runner, roles = _search(tmp_path, trials=8, fixed={"batch_size": 64})
     assert len(runner.measured) == 8
-    assert not [r for r, _ in roles if r == BATCH]
-    assert [r for r, _ in roles][-2:] == [LATE, LATE]
+    assert not [r for r, _ in roles if r == Role.BATCH]
+    assert [r for r, _ in roles][-2:] == [Role.LATE, Role.LATE]
 
 
 def test_the_best_of_the_other_process_kind_is_tried_at_larger_batches(tmp_path):
     space, runner, roles = _search(tmp_path, trials=16, fixed={}, one_process=False)
     assert len(runner.measured) == 16
     sizes = sorted(space.choices["batch_size"])
-    batch = [cfg for role, cfg in roles if role == BATCH]
-    before = [cfg for _, cfg in roles[:roles.index((BATCH, batch[0]))]]
+    batch = [cfg for role, cfg in roles if role == Role.BATCH]
+    before = [cfg for _, cfg in roles[:roles.index((Role.BATCH, batch[0]))]]
     best = max(before, key=_value)
     assert best["nprocs"] == 1, "the stand-in makes one process the best"
     best_ranks = max((c for c in before if c["nprocs"] > 1), key=_value)
@@ -105,7 +106,7 @@ def test_the_best_of_the_other_process_kind_is_tried_at_larger_batches(tmp_path)
     assert ranks and {c["batch_size"] for c in ranks} <= {sizes[i + 1], sizes[-1]}
     assert [c for c in batch if c["nprocs"] == 1], "the best itself was not tried at other batches"
     assert [r for r, _ in roles][-len(space.choices["compile"]) + 1:] == \
-           [LATE] * (len(space.choices["compile"]) - 1), "compile no longer fits after the stage"
+           [Role.LATE] * (len(space.choices["compile"]) - 1), "compile no longer fits after the stage"
 
 
 class Bf16Twice(ThroughputOfBatch):
@@ -133,14 +134,14 @@ def test_both_precision_kinds_are_measured_early_and_refined_at_the_end(tmp_path
     study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
     Tuner(study=study, space=space, runner=runner, trials=14, timeout_s=None).run()
     trials = [t for t in study.trials if "config" in t.user_attrs]
-    early = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == PRECISION]
+    early = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == Role.PRECISION]
     assert {c["precision"] for c in early} == {"bf16"} and len({c["batch_size"] for c in early}) == 2
     # fp32 trials are never pruned against the twice-as-fast bf16 ones
     fp32 = [t for t in trials if t.user_attrs["config"]["precision"] == "fp32"
             and t.user_attrs.get("duplicate_of") is None]
     assert fp32 and all(t.state.name == "COMPLETE" for t in fp32), [t.state for t in fp32]
-    batch = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == BATCH]
-    first_batch = next(i for i, t in enumerate(trials) if t.user_attrs.get("role") == BATCH)
+    batch = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == Role.BATCH]
+    first_batch = next(i for i, t in enumerate(trials) if t.user_attrs.get("role") == Role.BATCH)
     best_before = max((t.user_attrs["config"] for t in trials[:first_batch]
                        if t.state.name == "COMPLETE"),
                       key=lambda c: _value(c) * (2 if c["precision"] == "bf16" else 1))
@@ -148,7 +149,7 @@ def test_both_precision_kinds_are_measured_early_and_refined_at_the_end(tmp_path
     # the winner's knobs in fp32 are tried, and both kinds at other batch sizes
     assert {**best_before, "precision": "fp32"} in batch, batch
     assert {c["precision"] for c in batch} == {"fp32", "bf16"}
-    late = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == LATE]
+    late = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == Role.LATE]
     assert {c["precision"] for c in late} == {"fp32", "bf16"}
 
 

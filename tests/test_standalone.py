@@ -2,17 +2,17 @@
 against the baseline's script, each run alone, alternating."""
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
 from autotune import pipeline, standalone
-from autotune.commands import verify as verify_command
 from autotune.config import TrialConfig
 from autotune.errors import NotVerified
 from autotune.report import Reporter
+from autotune.reverify import reverify
+
 from tests.test_machine_matrix import StandInRunner, machine
 
 MODELS = Path(__file__).parent / "models"
@@ -150,15 +150,11 @@ def test_autotune_verify_says_when_today_lands_outside_the_printed_interval(
             slow = 0.8 if cfg == TrialConfig.from_dict(doc["config"]) else 1.0
             return super().throughput(cfg) * slow
 
-    monkeypatch.setattr(verify_command, "probe_doc", lambda: machine("avx2_epyc"))
-    monkeypatch.setattr(verify_command, "make_runner",
-                        lambda *a, **kw: SlowerNow(machine("avx2_epyc")))
-    args = argparse.Namespace(out=tmp_path / "out", window=1.0, windows=3, trial_timeout=60.0,
-                              hang_timeout=30.0, rounds=4, pairs=4, pair_seconds=1.0,
-                              max_quality_drop=None, json=False)
-    verify_command.main(args)
-    err = " ".join(capsys.readouterr().err.split())
-    assert "is below the interval printed when this configuration was tuned" in err
-    result = json.loads((tmp_path / "out" / "reverify.json").read_text())
+    result = reverify(tmp_path / "out", options=pipeline.RunOptions(rounds=4, pairs=4, pair_seconds=1.0),
+                      reporter=Reporter(), machine=machine("avx2_epyc"),
+                      runner=SlowerNow(machine("avx2_epyc")))
+    assert "is below the interval printed when this configuration was tuned" in result[
+        "outside_printed_interval"]
+    assert json.loads((tmp_path / "out" / "reverify.json").read_text()) == result
     assert result["speedup"]["median"] == pytest.approx(0.8 * doc["speedup"]["median"])
     assert result["outside_printed_interval"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ContractError
-from autotune.task import load_task
+from autotune.task import load_task, with_package_on_path
 
 from helpers import MODELS, REPO
 
@@ -212,12 +212,10 @@ def test_forward_shape_mismatch_is_named_as_the_models_forward(tmp_path):
 def test_valid_image_model_describes_the_task():
     task = load_task(MODELS / "tiny_cnn.py")
     assert task.path == (MODELS / "tiny_cnn.py").resolve()
-    assert task.name == "tiny_cnn"
     assert task.batch_size == 16
     assert task.dataset_len == 512
     assert task.image_inputs is True
     assert task.has_evaluate is True
-    assert task.has_training_step is False
     assert task.parameters == (3 * 8 * 9 + 8) + (8 * 16 * 4 + 4)
 
 
@@ -235,8 +233,36 @@ def test_valid_flat_model_with_training_step_and_defaults(tmp_path):
     assert task.dataset_len == 40
     assert task.image_inputs is False
     assert task.has_evaluate is False
-    assert task.has_training_step is True
     assert task.batchnorm_layers == ()
+
+
+def test_training_step_lifts_the_input_target_pair_rule(tmp_path):
+    # Items as dicts: the default step could not unpack them, the file's training_step can.
+    path = model_file(tmp_path, "dict_items.py", extra=textwrap.dedent('''
+        class Items(torch.utils.data.Dataset):
+            def __len__(self):
+                return 16
+
+            def __getitem__(self, i):
+                return {"x": torch.randn(12), "y": torch.tensor(i % 3)}
+
+        def build_dataset():
+            return Items()
+
+        def training_step(model, batch):
+            return torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+        '''))
+    assert load_task(path).dataset_len == 16
+
+
+def test_a_failing_training_step_is_named(tmp_path):
+    path = model_file(tmp_path, "bad_step.py", extra=textwrap.dedent('''
+        def training_step(model, batch):
+            raise ValueError("no loss here")
+        '''))
+    msg = contract_error(path)
+    assert "bad_step.py" in msg and "training_step(model, batch) raised an error" in msg
+    assert "ValueError: no loss here" in msg
 
 
 def test_batchnorm_layers_are_named(tmp_path):
@@ -249,6 +275,13 @@ def test_batchnorm_layers_are_named(tmp_path):
 
 
 # --- the check runs the user's code in a child process that leaves nothing behind --------
+
+
+def test_with_package_on_path_puts_autotune_first_and_keeps_the_users_path():
+    env = with_package_on_path({"PYTHONPATH": "/user/lib", "HOME": "/home/u"}, "/src/autotune-repo")
+    assert env == {"PYTHONPATH": os.pathsep.join(["/src/autotune-repo", "/user/lib"]), "HOME": "/home/u"}
+    assert with_package_on_path({}, "/src/autotune-repo") == {"PYTHONPATH": "/src/autotune-repo"}
+    assert with_package_on_path({"PYTHONPATH": ""}, "/r") == {"PYTHONPATH": "/r"}
 
 
 HELPER = textwrap.dedent('''

@@ -146,7 +146,8 @@ QUICK = {"nprocs": 1, "num_workers": 0, "precision": "fp32", "affinity": "none",
 def test_failing_trial_is_recorded_and_the_study_goes_on(tmp_path):
     from optuna.trial import TrialState
 
-    from autotune.search import BASELINE, Tuner, open_study
+    from autotune.protocol import Role
+    from autotune.search import Tuner, open_study
     from autotune.space import build_space
 
     machine = machine_doc()
@@ -180,7 +181,7 @@ def test_failing_trial_is_recorded_and_the_study_goes_on(tmp_path):
 
     others = [t for t in measured if t not in failed]
     assert others and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in others)
-    baseline = [t for t in measured if t.user_attrs.get("role") == BASELINE]
+    baseline = [t for t in measured if t.user_attrs.get("role") == Role.BASELINE]
     assert len(baseline) == 1 and baseline[0].state == TrialState.COMPLETE
     assert outcome.baseline is not None and outcome.baseline.value > 0
     assert {f["failure"] for f in outcome.failures} == {"user_error"}

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 

@@ -7,11 +7,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from . import _io, software as sw_mod
+from . import _io
+from . import software as sw_mod
 from .cpu import CpuInfo, read_cpu
 from .gpu import GpuInfo, GpuLink, GpuProbe, cross_check_torch, read_gpus
 from .memory import MemoryInfo, read_memory
@@ -65,7 +67,7 @@ class MachineProbe:
         }
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "MachineProbe":
+    def from_dict(cls, doc: Mapping[str, Any]) -> MachineProbe:
         """Rebuild from a saved document (e.g. a tuning record's machine)."""
         def build(klass: Any, data: Mapping[str, Any]) -> Any:
             return klass(**{k: v for k, v in data.items() if k in klass.__dataclass_fields__})
@@ -157,6 +159,16 @@ def probe_machine(
     )
 
 
+# What the rest of autotune calls the probe's result.
+Machine = MachineProbe
+
+
+def as_machine(machine: MachineProbe | Mapping[str, Any]) -> MachineProbe:
+    """The typed machine, from itself or from a saved probe document (a recorded probe
+    of another machine, a tuning record's machine)."""
+    return machine if isinstance(machine, MachineProbe) else MachineProbe.from_dict(machine)
+
+
 def _host_facts() -> dict[str, Any]:
     return {
         "hostname": socket.gethostname(),
@@ -167,4 +179,4 @@ def _host_facts() -> dict[str, Any]:
     }
 
 
-__all__ = ["MachineProbe", "probe_machine"]
+__all__ = ["Machine", "MachineProbe", "as_machine", "probe_machine"]

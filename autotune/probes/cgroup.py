@@ -11,8 +11,8 @@ import math
 import os
 import posixpath
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from . import _io
 

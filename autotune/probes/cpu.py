@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from . import _io, cgroup
 
@@ -100,12 +101,21 @@ class CpuInfo:
         return doc
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "CpuInfo":
+    def from_dict(cls, doc: Mapping[str, Any]) -> CpuInfo:
         data = dict(doc)
         for key in ("numa_nodes", "usable_numa_nodes"):
             data[key] = {int(k): list(v) for k, v in (data.get(key) or {}).items()}
+        # A partial document (a hand-written or older record) reads as a one-core machine
+        # that says nothing more about itself.
+        usable = int(data.get("usable_cores") or len(data.get("usable_cpus") or []) or 1)
+        defaults: dict[str, Any] = {
+            "vendor": None, "model": None, "arch": None, "sockets": 1, "physical_cores": usable,
+            "logical_cores": usable, "threads_per_core": 1, "usable_cores": usable,
+            "usable_cpus": [], "cgroup_cpu_limit": None, "caches": {}, "isa": {},
+        }
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{**{k: v for k, v in defaults.items() if k in known},
+                      **{k: v for k, v in data.items() if k in known and v is not None}})
 
 
 @dataclass(frozen=True)
@@ -146,7 +156,7 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     for cpu in ids:
         if start is None:
             start = prev = cpu
-        elif cpu == prev + 1:
+        elif prev is not None and cpu == prev + 1:
             prev = cpu
         else:
             ranges.append(f"{start}-{prev}" if start != prev else f"{start}")

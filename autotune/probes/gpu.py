@@ -32,8 +32,8 @@ TOPOLOGY_NAMES = {0: "internal", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50
 class GpuInfo:
     index: int
     name: str
-    memory_bytes: int | None
-    compute_capability: str | None
+    memory_bytes: int | None = None
+    compute_capability: str | None = None
     uuid: str | None = None
     pci_bus_id: str | None = None
 

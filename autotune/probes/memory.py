@@ -1,8 +1,9 @@
 """Host memory and the cgroup memory budget of this process."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from . import _io, cgroup
 
@@ -19,7 +20,7 @@ class MemoryInfo:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> "MemoryInfo":
+    def from_dict(cls, doc: Mapping[str, Any]) -> MemoryInfo:
         return cls(**{k: doc.get(k) for k in cls.__dataclass_fields__})
 
 
@@ -61,7 +62,10 @@ def cgroup_level(
     stat = cgroup.parse_flat_keyed(stat_text) if stat_text else {}
     # v1 has both a local and a hierarchical ("total_") figure; the latter
     # matches usage_in_bytes, which is hierarchical too.
-    inactive = stat.get("inactive_file", 0) if version == 2 else stat.get("total_inactive_file", stat.get("inactive_file", 0))
+    if version == 2:
+        inactive = stat.get("inactive_file", 0)
+    else:
+        inactive = stat.get("total_inactive_file", stat.get("inactive_file", 0))
     return CgroupMemoryLevel(limit=limit, usage=usage, inactive_file=inactive)
 
 
@@ -111,7 +115,8 @@ def read_cgroup_memory_levels(root: str = "/") -> list[CgroupMemoryLevel]:
             names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.stat")
         texts = [read(f"{d}/{n}") for n in names]
         try:
-            levels.append(cgroup_level(version=version or 2, limit_text=texts[0], usage_text=texts[1], stat_text=texts[2]))
+            levels.append(cgroup_level(version=version or 2, limit_text=texts[0],
+                                       usage_text=texts[1], stat_text=texts[2]))
         except ValueError:
             continue
     return levels

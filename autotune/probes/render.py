@@ -1,7 +1,8 @@
 """Plain-text report of a probe document (``autotune probe``)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .cpu import format_cpulist
 from .fingerprint import fingerprint_id
@@ -14,7 +15,7 @@ def format_bytes(value: int | None) -> str:
     if value is None:
         return "none"
     size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
+    for unit in ("B", "KiB", "MiB", "GiB"):  # noqa: B007  (the unit is read after the loop)
         if size < 1024:
             break
         size /= 1024
@@ -85,12 +86,17 @@ def _torch_lines(doc: Mapping[str, Any]) -> list[str]:
     torch = doc.get("torch") or {}
     if not torch.get("version"):
         return [f"not available ({torch.get('error') or 'unknown'})"]
-    build = f"CUDA {torch['cuda']}" if torch.get("cuda") else ("ROCm " + torch["hip"] if torch.get("hip") else "CPU-only build")
+    if torch.get("cuda"):
+        build = f"CUDA {torch['cuda']}"
+    else:
+        build = "ROCm " + torch["hip"] if torch.get("hip") else "CPU-only build"
     lines = [f"{torch['version']} ({build}; cuDNN {torch.get('cudnn') or '-'})"]
     if torch.get("cuda") or torch.get("cuda_available"):
-        lines.append(f"cuda available: {_yes_no(torch.get('cuda_available'))}, devices: {torch.get('cuda_device_count')}")
+        lines.append(f"cuda available: {_yes_no(torch.get('cuda_available'))}, "
+                     f"devices: {torch.get('cuda_device_count')}")
     lines.append(
-        f"threads {torch.get('num_threads')}, mkldnn {_yes_no(torch.get('mkldnn'))}, openmp {_yes_no(torch.get('openmp'))}"
+        f"threads {torch.get('num_threads')}, mkldnn {_yes_no(torch.get('mkldnn'))}, "
+        f"openmp {_yes_no(torch.get('openmp'))}"
     )
     return lines
 
@@ -125,7 +131,8 @@ def render_text(doc: Mapping[str, Any]) -> str:
         else f"unavailable ({comp.get('reason')})"
     ])
     if ipex.get("installed"):
-        ipex_line = f"{ipex.get('version')} " + ("(compatible)" if ipex.get("compatible") else f"(incompatible: {ipex.get('reason')})")
+        state = "(compatible)" if ipex.get("compatible") else f"(incompatible: {ipex.get('reason')})"
+        ipex_line = f"{ipex.get('version')} {state}"
     else:
         ipex_line = ipex.get("reason") or "not installed"
     lines += _section("IPEX", [ipex_line])

@@ -18,9 +18,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from . import _io
 
@@ -73,7 +74,8 @@ try:
     info["cuda_device_count"] = int(torch.cuda.device_count()) if info["cuda_available"] else 0
     for i in range(info["cuda_device_count"]):
         major, minor = torch.cuda.get_device_capability(i)
-        info["cuda_devices"].append({"name": torch.cuda.get_device_name(i), "compute_capability": "%d.%d" % (major, minor)})
+        info["cuda_devices"].append({"name": torch.cuda.get_device_name(i),
+                                     "compute_capability": "%d.%d" % (major, minor)})
 except BaseException as e:
     info["cuda_error"] = err(e)
 try:
@@ -166,6 +168,7 @@ extern "C" int probe_sum(int n) {
 
 
 def child_python_argv(script: str, *, python: str = sys.executable) -> list[str]:
+    """The command line that runs ``script`` in a fresh interpreter."""
     # -P keeps the current directory off sys.path, so a stray torch.py in
     # the user's cwd cannot shadow the real package.
     flags = ["-P"] if sys.version_info >= (3, 11) else []
@@ -182,6 +185,7 @@ class TorchFacts:
 
 
 def empty_torch(error: str | None = None) -> dict[str, Any]:
+    """The torch facts when nothing could be learnt, with ``error`` saying why."""
     doc: dict[str, Any] = {
         "version": None, "cuda": None, "hip": None, "cudnn": None,
         "cuda_available": False, "cuda_device_count": 0, "cuda_devices": [],
@@ -226,6 +230,8 @@ def parse_torch_probe_output(stdout: str, *, returncode: int | None, stderr: str
 
 
 def _child_failure(returncode: int | None, stderr: str) -> str | None:
+    """Why a probe child failed (its exit status and last stderr line), or None if it
+    exited with 0; a return code of None means it did not finish."""
     if returncode == 0:
         return None
     tail = _io.last_line(stderr)
@@ -234,6 +240,8 @@ def _child_failure(returncode: int | None, stderr: str) -> str | None:
 
 
 def probe_torch(*, run: _io.Runner = subprocess.run, timeout: float = TORCH_PROBE_TIMEOUT_S) -> TorchFacts:
+    """The torch build and which distributed backends form a 1-rank group, found by
+    TORCH_PROBE_SCRIPT in a child bound to loopback."""
     if importlib.util.find_spec("torch") is None:
         facts = parse_torch_probe_output("", returncode=0)
         facts.torch["error"] = "torch not installed"
@@ -296,11 +304,6 @@ def _safe_find_spec(find_spec: Callable[[str], Any], name: str) -> Any:
 
 
 # ---------------------------------------------------------------- compiler
-
-def compiler_candidates(env: Mapping[str, str]) -> list[str]:
-    names = [env["CXX"]] if env.get("CXX") else []
-    return names + ["g++", "c++", "clang++"]
-
 
 def choose_compiler(env: Mapping[str, str], which: Callable[[str], str | None]) -> tuple[str | None, str | None]:
     """(compiler path, reason it can't serve torch.compile or None).  Pure
@@ -455,6 +458,7 @@ def find_library(
 
 
 def read_ldconfig(*, run: _io.Runner = subprocess.run) -> list[LdconfigEntry]:
+    """The ld.so cache's entries (``ldconfig -p``), or none if ldconfig is missing or fails."""
     for exe in ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"):
         path = shutil.which(exe) or (exe if os.path.isabs(exe) and os.path.exists(exe) else None)
         if path:
@@ -486,6 +490,7 @@ def find_native_libraries(
 
 
 def find_tools(which: Callable[[str], str | None] = shutil.which) -> dict[str, str | None]:
+    """Paths of the pinning tools (numactl, taskset), None for each one not installed."""
     return {tool: which(tool) for tool in ("numactl", "taskset")}
 
 
@@ -505,6 +510,8 @@ class SoftwareInfo:
 
 
 def skipped_software(reason: str = "skipped") -> SoftwareInfo:
+    """SoftwareInfo with nothing available, each entry giving ``reason``: what a machine
+    probe reports when it does not probe software (a fake root of captured files)."""
     return SoftwareInfo(
         torch=empty_torch(reason),
         backends={b: False for b in BACKENDS},
@@ -554,6 +561,7 @@ def read_software(*, run: _io.Runner = subprocess.run, pool: ThreadPoolExecutor 
 
 
 def _timed(fn: Callable[..., Any], **kwargs: Any) -> tuple[Any, float]:
+    """``fn(**kwargs)`` and the seconds it took."""
     import time
 
     start = time.perf_counter()

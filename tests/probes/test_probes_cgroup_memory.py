@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from autotune.probes import cgroup, cpu, memory
 from autotune.probes.cgroup import CgroupMount
 

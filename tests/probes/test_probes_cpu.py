@@ -98,13 +98,13 @@ def test_lscpu_flat_and_tree_layouts_read_the_same() -> None:
 # ------------------------------------------------------------- ISA
 
 def test_isa_x86_flags() -> None:
-    isa = isa_from_flags("fpu sse avx2 avx512f avx512_bf16 amx_tile".split())
+    isa = isa_from_flags(["fpu", "sse", "avx2", "avx512f", "avx512_bf16", "amx_tile"])
     assert isa["avx2"] and isa["avx512f"] and isa["avx512_bf16"] and isa["amx_tile"]
     assert not isa["amx_int8"] and not isa["avx512_fp16"] and not isa["neon"]
 
 
 def test_isa_arm_features() -> None:
-    isa = isa_from_flags("fp asimd sve bf16 i8mm".split())
+    isa = isa_from_flags(["fp", "asimd", "sve", "bf16", "i8mm"])
     assert isa["neon"] and isa["sve"] and isa["bf16"] and isa["i8mm"]
     assert not isa["sve2"] and not isa["avx2"]
 
@@ -137,7 +137,7 @@ def test_intel_sapphire_rapids_two_sockets_with_ht() -> None:
     assert (info.sockets, info.physical_cores, info.logical_cores) == (2, 32, 64)
     assert info.threads_per_core == 2
     assert info.numa_nodes == {
-        0: list(range(0, 16)) + list(range(32, 48)),
+        0: list(range(16)) + list(range(32, 48)),
         1: list(range(16, 32)) + list(range(48, 64)),
     }
     for flag in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"):
@@ -149,7 +149,7 @@ def test_affinity_mask_smaller_than_the_machine() -> None:
     # The SPR fixture process was started with numactl --cpunodebind=0.
     info = summary_from_fixture("intel_spr_2s")
     assert info.usable_cores == 32
-    assert info.usable_cpus == list(range(0, 16)) + list(range(32, 48))
+    assert info.usable_cpus == list(range(16)) + list(range(32, 48))
     assert info.usable_numa_nodes == {0: info.numa_nodes[0]}
 
 

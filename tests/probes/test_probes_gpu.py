@@ -104,7 +104,7 @@ def test_fake_nvml_two_gpus() -> None:
     assert first.pci_bus_id == "00000000:18:00.0"
     assert result.driver == {"version": "550.54.15", "cuda_driver_version": "12.4"}
     # One pair; the unsupported topology query only blanks that field.
-    assert [(l.a, l.b, l.p2p, l.nvlink, l.topology) for l in result.links] == [(0, 1, "ok", True, None)]
+    assert [(k.a, k.b, k.p2p, k.nvlink, k.topology) for k in result.links] == [(0, 1, "ok", True, None)]
     assert fake.shutdown_called
 
 

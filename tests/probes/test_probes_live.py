@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from autotune.probes import MachineProbe, fingerprint_id, probe_machine, render_text
-from autotune.probes import software
+from autotune.probes import MachineProbe, fingerprint_id, probe_machine, render_text, software
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 

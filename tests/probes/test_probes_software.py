@@ -5,7 +5,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-
 from autotune.probes import software
 from autotune.probes.software import (
     choose_compiler,
@@ -109,7 +108,8 @@ def which_from(found: dict[str, str]):
 
 
 def test_compiler_prefers_cxx_env() -> None:
-    path, reason = choose_compiler({"CXX": "clang++"}, which_from({"clang++": "/usr/bin/clang++", "g++": "/usr/bin/g++"}))
+    which = which_from({"clang++": "/usr/bin/clang++", "g++": "/usr/bin/g++"})
+    path, reason = choose_compiler({"CXX": "clang++"}, which)
     assert (path, reason) == ("/usr/bin/clang++", None)
 
 
@@ -128,7 +128,8 @@ def test_no_compiler() -> None:
 
 
 def test_failed_test_compile_reports_first_error() -> None:
-    run = FakeRun(returncode=1, stderr="probe.cpp:2:10: fatal error: omp.h: No such file or directory\ncompilation terminated.\n")
+    run = FakeRun(returncode=1, stderr="probe.cpp:2:10: fatal error: omp.h: No such file or directory\n"
+                                       "compilation terminated.\n")
     result = software.check_compiler(run=run, env={}, which=which_from({"g++": "/usr/bin/g++"}))
     assert result["available"] is False and result["compiler"] == "/usr/bin/g++"
     assert "omp.h" in result["reason"]
@@ -221,7 +222,8 @@ def test_ipex_compatible() -> None:
 
 def test_ccl_absent_costs_no_subprocess() -> None:
     run = FakeRun()
-    assert software.probe_ccl(run=run, find_spec=lambda name: None) == (False, "oneccl_bindings_for_pytorch not installed")
+    assert software.probe_ccl(run=run, find_spec=lambda name: None) == (
+        False, "oneccl_bindings_for_pytorch not installed")
     assert run.calls == []
 
 
@@ -232,4 +234,5 @@ def test_ccl_import_failure() -> None:
 
 
 def test_tools_lookup() -> None:
-    assert software.find_tools(which_from({"taskset": "/usr/bin/taskset"})) == {"numactl": None, "taskset": "/usr/bin/taskset"}
+    found = software.find_tools(which_from({"taskset": "/usr/bin/taskset"}))
+    assert found == {"numactl": None, "taskset": "/usr/bin/taskset"}

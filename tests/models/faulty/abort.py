@@ -2,8 +2,7 @@
 import os
 
 import torch
-
-from _common import FEATURES, CLASSES, dataset
+from _common import CLASSES, FEATURES, dataset
 
 batch_size = 8
 

@@ -4,8 +4,7 @@ import os
 import time
 
 import torch
-
-from _common import FEATURES, CLASSES, dataset
+from _common import CLASSES, FEATURES, dataset
 
 batch_size = 8
 

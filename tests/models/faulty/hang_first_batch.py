@@ -4,7 +4,6 @@ any step, where no heartbeat can tell."""
 import time
 
 import torch
-
 from _common import mlp, tensors
 
 batch_size = 16

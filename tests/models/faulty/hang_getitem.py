@@ -3,7 +3,6 @@ DataLoader worker too): a hang after steps have started, for the heartbeat."""
 import time
 
 import torch
-
 from _common import mlp, tensors
 
 batch_size = 8

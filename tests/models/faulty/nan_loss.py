@@ -1,7 +1,6 @@
 """The loss becomes NaN after a few steps."""
 import torch
-
-from _common import FEATURES, CLASSES, dataset
+from _common import CLASSES, FEATURES, dataset
 
 batch_size = 8
 

@@ -2,8 +2,7 @@
 bound, faster than one step, until the tuner's memory limit (or, without one, the
 kernel) stops it."""
 import torch
-
-from _common import FEATURES, CLASSES, dataset
+from _common import CLASSES, FEATURES, dataset
 
 batch_size = 8
 CHUNK_BYTES = 200 * 2**20

@@ -1,6 +1,5 @@
 """A data set that prints a long line for every item it serves: the log floods."""
 import torch
-
 from _common import mlp, tensors
 
 batch_size = 16

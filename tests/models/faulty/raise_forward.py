@@ -1,7 +1,6 @@
 """forward raises on the third step: a user code error after training started."""
 import torch
-
-from _common import FEATURES, CLASSES, dataset
+from _common import CLASSES, FEATURES, dataset
 
 batch_size = 8
 

@@ -2,7 +2,6 @@
 import time
 
 import torch
-
 from _common import dataset, mlp
 
 batch_size = 16

@@ -2,8 +2,7 @@
 for larger batches (forward raises) and in every DataLoader worker (__getitem__
 raises), so a study meets failures among its good trials and must go on."""
 import torch
-
-from _common import FEATURES, CLASSES, tensors
+from _common import CLASSES, FEATURES, tensors
 
 batch_size = 16
 

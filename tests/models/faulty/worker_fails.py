@@ -1,7 +1,6 @@
 """Trains with num_workers=0; every DataLoader worker raises in __getitem__, so only
 the configurations with num_workers > 0 fail (a study must go on without them)."""
 import torch
-
 from _common import mlp, tensors
 
 batch_size = 16

@@ -1,0 +1,132 @@
+"""Why the winner won: each knob where it differs from the baseline, reverted to the
+baseline's value one at a time, measured side by side with the winner.
+
+The variants and the winner are held alive together and measured one window each in
+turn, round after round (``verify.speed_check``: the verification method), so a
+knob's worth is a paired ratio, winner over variant, with an interval. A knob whose
+removal costs nothing measurable (its interval reaches 1.0) is dropped from the emitted
+configuration: simpler is better when equal. The rounds are sized so the session
+measures no more windows than the speed check before it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Collection
+from typing import Any
+
+from autotune import stats
+from autotune.config import TrialConfig
+from autotune.errors import AutotuneError, UsageError
+from autotune.trial import TrialRunner
+
+# Knobs that only make sense together are reverted together.
+KNOB_GROUPS: dict[str, tuple[str, ...]] = {
+    "layout": ("nprocs", "threads", "backend"),
+    "batch_size": ("batch_size",),
+    "num_workers": ("num_workers", "persistent_workers", "prefetch_factor"),
+    "pin_memory": ("pin_memory",),
+    "interop_threads": ("interop_threads",),
+    "compile": ("compile",),
+    "precision": ("precision",),
+    "channels_last": ("channels_last",),
+    "prune_ratio": ("prune_ratio",),
+    "allocator": ("allocator",),
+    "affinity": ("affinity",),
+    "ipex": ("ipex",),
+}
+MIN_ROUNDS = 4
+MAX_ROUNDS = 10
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    knob: str
+    config: TrialConfig  # the winner with this knob at the baseline's value
+
+
+def _value(cfg: TrialConfig, knob: str) -> Any:
+    if knob == "layout":
+        return cfg.layout
+    if knob == "num_workers" and cfg.num_workers and cfg.persistent_workers:
+        return f"{cfg.num_workers} persistent"
+    return getattr(cfg, KNOB_GROUPS[knob][0])
+
+
+def variants(winner: TrialConfig, baseline: TrialConfig, *,
+             pinned: Collection[str] = ()) -> list[Variant]:
+    """One variant per knob group where the winner differs from the baseline. A knob the
+    user pinned (``--fix``; field names) is theirs, not measured or dropped; a revert
+    that makes no valid configuration (a batch the ranks cannot split) is left out."""
+    out = []
+    for knob, fields in KNOB_GROUPS.items():
+        if any(f in pinned for f in fields):
+            continue
+        changes = {f: getattr(baseline, f) for f in fields if getattr(winner, f) != getattr(baseline, f)}
+        if not changes:
+            continue
+        try:
+            out.append(Variant(knob, winner.replace(**changes)))
+        except UsageError:
+            continue
+    return out
+
+
+def rounds_for(variant_count: int, *, speed_windows: int) -> int:
+    """As many rounds as keep the session within the speed check's windows."""
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, speed_windows // (variant_count + 1)))
+
+
+def measure(runner: TrialRunner, winner: TrialConfig, baseline: TrialConfig, *, rounds: int,
+            pinned: Collection[str] = (),
+            progress: Progress = lambda kind, info: None) -> dict[str, Any]:
+    """The ablation document: per knob, the winner's speed over the variant's (ratio > 1:
+    the knob helps) with its interval, and whether it is kept. ``{"knobs": []}`` when the
+    winner differs from the baseline in no knob; ``{"skipped": reason}`` when the winner
+    could not be held for it."""
+    from autotune.verify import speed_check
+
+    found = variants(winner, baseline, pinned=pinned)
+    if not found:
+        return {"knobs": []}
+    progress("step", {"text": f"ablation: the winner against itself with each of "
+                              f"{', '.join(v.knob for v in found)} at the baseline's value, "
+                              f"{rounds} rounds side by side"})
+    try:
+        speed, checks = speed_check(runner, winner, [v.config for v in found], rounds=rounds,
+                                    progress=progress)
+    except AutotuneError as exc:
+        return {"knobs": [], "skipped": f"the winner could not be held for the ablation: {exc}"}
+    knobs = [_knob_effect(v, check.detail, winner, baseline) for v, check in zip(found, checks)]
+    kept = [k for k in knobs if k["kept"] and k.get("ratio")]
+    return {"knobs": knobs, "rounds": rounds, "winner_samples_per_s": speed["median_samples_per_s"],
+            "product": math.prod(k["ratio"] for k in kept) if kept else 1.0}
+
+
+def _knob_effect(variant: Variant, detail: dict[str, Any], winner: TrialConfig,
+                 baseline: TrialConfig) -> dict[str, Any]:
+    effect: dict[str, Any] = {"knob": variant.knob, "baseline": _value(baseline, variant.knob),
+                              "winner": _value(winner, variant.knob)}
+    ratios = detail.get("ratios")
+    if not ratios:  # the variant failed: the knob may be what makes the winner run at all
+        return {**effect, "kept": True, "note": f"could not be measured without it: "
+                                                f"{detail.get('reason', 'failed')}"}
+    interval = stats.ratio_interval([1 / r for r in ratios])
+    measurable = interval["ci_low"] > 1.0
+    return {**effect, "ratio": interval["median"], "ci_low": interval["ci_low"],
+            "ci_high": interval["ci_high"], "ci_level": interval["ci_level"], "kept": measurable,
+            "note": "" if measurable else "no measurable effect: removed from the emitted configuration"}
+
+
+def simplified(winner: TrialConfig, baseline: TrialConfig, ablation: dict[str, Any]) -> TrialConfig:
+    """The winner with every knob the ablation found no effect of at the baseline's value."""
+    changes: dict[str, Any] = {}
+    for knob in ablation.get("knobs", []):
+        if not knob["kept"]:
+            changes.update({f: getattr(baseline, f) for f in KNOB_GROUPS[knob["knob"]]})
+    try:
+        return winner.replace(**changes)
+    except UsageError:
+        return winner

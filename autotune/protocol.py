@@ -1,0 +1,136 @@
+"""The trial protocol: what the tuner and a trial's worker processes say to each other.
+
+The tuner writes a spec (``Spec``: the configuration, the mode, how to measure) into the
+trial's folder; the worker (``autotune.worker``) appends one JSON line per ``Event`` to
+the trial's event file, and the tuner (``autotune.trial``) reads them. A trial that
+fails ends with a ``Failure``; a trial of the search carries a ``Role``. Each vocabulary
+is defined once here, as enums that are also strings (they are stored as JSON in the
+events, the study and best_config.json).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+
+class Event(str, enum.Enum):
+    """The ``"e"`` field of a line in a trial's events.jsonl."""
+
+    SETUP = "setup"      # the process group, model and data are ready: seconds, world, pid
+    BEAT = "beat"        # a warm-up step finished (the hang watch's heartbeat)
+    FACTS = "facts"      # what the first step showed: threads, DataLoader workers
+    WARMUP = "warmup"    # warm-up done: first_step_s, step_s, steps_per_window
+    READY = "ready"      # a served trial waits for window commands
+    WINDOW = "window"    # one measured window: i, samples_per_s, seconds, steps
+    DONE = "done"        # the result of the mode: value/values/losses/metric
+    ERROR = "error"      # the trial failed: kind (a Failure), message, traceback
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Events that show a trial is alive and making progress.
+PROGRESS_EVENTS = frozenset({Event.BEAT, Event.WINDOW, Event.WARMUP, Event.FACTS, Event.READY})
+
+
+class Mode(str, enum.Enum):
+    """What a trial does once set up."""
+
+    MEASURE = "measure"        # warm up, then Measurement.windows windows
+    SERVE = "serve"            # warm up, then one window per command (verification)
+    TRAJECTORY = "trajectory"  # the losses of a fixed number of steps (numerics check)
+    QUALITY = "quality"        # train a fixed number of steps, then evaluate() (quality check)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Failure(str, enum.Enum):
+    """How a trial failed, as shown to the user and stored on the Optuna trial."""
+
+    OUT_OF_MEMORY = "out_of_memory"
+    TIMEOUT = "timeout"
+    HANG = "hang"
+    CRASH = "crash"
+    COMPILE_ERROR = "compile_error"
+    NAN_LOSS = "nan_loss"
+    USER_ERROR = "user_error"
+    ERROR = "error"
+    INTERRUPTED = "interrupted"  # the user stopped the run: the trial is retried, not counted
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def help(self) -> str:
+        return _FAILURE_HELP[self]
+
+    @classmethod
+    def describe(cls, kind: str | None) -> str:
+        """The help text of a failure kind, or the kind itself when it is not one of ours."""
+        try:
+            return cls(kind).help
+        except ValueError:
+            return kind or "failed"
+
+
+_FAILURE_HELP = {
+    Failure.OUT_OF_MEMORY: "ran out of memory",
+    Failure.TIMEOUT: "did not finish within the trial timeout",
+    Failure.HANG: "stopped making progress (no step finished within the hang timeout)",
+    Failure.CRASH: "the trial process died",
+    Failure.COMPILE_ERROR: "torch.compile failed",
+    Failure.NAN_LOSS: "the loss became NaN or infinite",
+    Failure.USER_ERROR: "the model file raised an error",
+    Failure.ERROR: "the trial raised an error",
+    Failure.INTERRUPTED: "interrupted by the user; run again to retry it",
+}
+
+
+class Status(str, enum.Enum):
+    """How a trial ended."""
+
+    OK = "ok"
+    PRUNED = "pruned"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Role(str, enum.Enum):
+    """Why the search ran a trial (stored as the Optuna trial's ``role`` attribute)."""
+
+    BASELINE = "baseline"    # the user's own configuration: what everything is compared with
+    HEURISTIC = "heuristic"  # a start point from the machine's shape
+    PRECISION = "precision"  # the best configuration with reduced precision
+    BATCH = "batch"          # the best configuration at neighbouring batch sizes
+    LATE = "late"            # the best configuration with the late knobs (torch.compile)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """How a trial measures: ``warmup_steps`` (at least 2: the first carries compilation
+    and lazy initialisation), then ``windows`` windows of about ``window_s`` seconds, at
+    most ``max_window_steps`` steps each."""
+
+    warmup_steps: int = 3
+    window_s: float = 1.0
+    windows: int = 3
+    max_window_steps: int = 10_000
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown measurement settings: {', '.join(sorted(unknown))}")
+        return cls(**data)

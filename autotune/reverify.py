@@ -1,0 +1,99 @@
+"""Verify a tuned configuration again, here and now: the same checks as a run's
+verification, the user's emitted launch.sh against the baseline's script written afresh.
+
+Useful later, or on another machine: it warns when this machine's fingerprint differs
+from the one the configuration was tuned on, and says plainly when the speedup measured
+now lies outside the interval printed when it was tuned. The result is also written to
+``OUTDIR/reverify.json``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune import measure_lock, outdir, proctree, verify
+from autotune.config import TrialConfig
+from autotune.pipeline import RunOptions, candidate_emitter, make_runner, probe_doc
+from autotune.probes import Machine, as_machine
+from autotune.report import Reporter
+from autotune.result import read_document
+from autotune.task import load_task
+from autotune.trial import TrialRunner
+
+
+def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Reporter,
+             machine: Machine | Mapping[str, Any] | None = None,
+             runner: TrialRunner | None = None) -> dict[str, Any]:
+    """Measure the configuration in ``out`` against its baseline again; returns the
+    reverify document. ``machine`` and ``runner`` default to this machine's probe and a
+    real trial runner (tests pass stand-ins)."""
+    from autotune.probes import fingerprint, fingerprint_diff
+
+    doc = read_document(out)
+    folder = Path(out)
+    folder = (folder if folder.is_dir() else folder.parent).absolute()
+    task = load_task(doc["model_file"])
+    cfg = TrialConfig.from_dict(doc["config"])
+    baseline = TrialConfig.from_dict(doc["baseline"]["config"])
+    machine = as_machine(machine) if machine is not None else probe_doc()
+    tuned_on = {k: v for k, v in doc.get("fingerprint", {}).items() if k != "id"}
+    differs = fingerprint_diff(tuned_on, fingerprint(machine.to_dict()))
+    for line in differs:
+        reporter.warn(f"this machine differs from the one the config was tuned on: {line}")
+    if cfg == baseline:
+        return {"verified": False, "reason": "the configuration is the baseline itself: nothing to verify"}
+    proctree.become_subreaper()
+    try:
+        with outdir.exclusive(folder), measure_lock.held(notice=reporter.warn):
+            runner = runner or make_runner(
+                task, machine, folder, window_s=options.window_s, windows=options.windows,
+                trial_timeout_s=options.trial_timeout_s, hang_timeout_s=options.hang_timeout_s)
+            emit_baseline = candidate_emitter(task, machine)
+            winner, verdicts, base_speed = verify.verify_candidates(
+                runner, baseline=baseline, candidates=[cfg],
+                settings=verify.Settings(rounds=options.rounds, pairs=options.pairs,
+                                         pair_seconds=options.pair_seconds,
+                                         max_quality_drop=options.max_quality_drop,
+                                         ablation=False),  # the configuration as emitted
+                has_evaluate=task.has_evaluate,
+                # the user's launch.sh as it is; the baseline's script written afresh
+                emit_candidate=lambda c, where: (Path(doc["outputs"]["launcher"]) if c == cfg
+                                                 else emit_baseline(c, where)),
+                workdir=folder / "reverify", progress=reporter.verify)
+    finally:
+        proctree.reap_orphans()
+    verdict = verdicts[0]
+    now = verdict.standalone
+    printed = doc.get("speedup") or {}
+    result: dict[str, Any] = {
+        "verified": winner is not None,
+        "baseline_samples_per_s": now.get("baseline_median_samples_per_s",
+                                          base_speed.get("median_samples_per_s")),
+        "speedup": {k: now.get(k) for k in ("median", "ci_low", "ci_high", "ci_level", "pairs")},
+        "printed_when_tuned": {k: printed.get(k) for k in ("median", "ci_low", "ci_high")},
+        "verification": verdict.to_dict(), "fingerprint_differs": bool(differs)}
+    if winner is None:
+        result["reason"] = verdict.reason
+    outside = outside_printed(now, printed)
+    if outside:
+        result["outside_printed_interval"] = outside
+    (folder / "reverify.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def outside_printed(now: Mapping[str, Any], printed: Mapping[str, Any]) -> str | None:
+    """A plain sentence when the speedup measured now lies outside the interval printed
+    when the configuration was tuned; None when inside (or nothing to compare)."""
+    if not now.get("median") or not printed.get("ci_low") or not printed.get("pairs"):
+        return None
+    low, high, median = printed["ci_low"], printed["ci_high"], now["median"]
+    if low <= median <= high:
+        return None
+    side = "below" if median < low else "above"
+    return (f"the speedup measured now, {median:.2f}x, is {side} the interval printed when this "
+            f"configuration was tuned ({low:.2f}-{high:.2f}x, median {printed['median']:.2f}x): "
+            "this machine runs the two scripts differently now (its load, its other tenants, or "
+            "what changed since) - trust today's figure, and tune again if it matters")

@@ -1,0 +1,92 @@
+"""Why the winner won: each knob reverted to the baseline's value, measured side by side
+with the winner; knobs worth nothing measurable are dropped from what is emitted."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune import ablation, pipeline
+from autotune.config import TrialConfig
+from autotune.report import Reporter
+from autotune.task import load_task
+
+from tests.test_machine_matrix import StandInRunner, machine
+
+MODELS = Path(__file__).parent / "models"
+BASELINE = TrialConfig(batch_size=32)
+
+
+def test_one_variant_per_knob_that_differs_with_companion_knobs_reverted_together():
+    winner = TrialConfig(nprocs=2, threads=1, batch_size=256, num_workers=1, persistent_workers=True,
+                         channels_last=True, allocator="tcmalloc")
+    found = {v.knob: v.config for v in ablation.variants(winner, BASELINE)}
+    assert set(found) == {"layout", "batch_size", "num_workers", "channels_last", "allocator"}
+    assert found["layout"] == winner.replace(nprocs=1, threads=None)
+    assert found["num_workers"] == winner.replace(num_workers=0, persistent_workers=False)
+    assert found["allocator"] == winner.replace(allocator="default")
+
+
+def test_a_revert_that_makes_no_valid_configuration_is_left_out():
+    winner = TrialConfig(nprocs=2, threads=1, batch_size=64)
+    odd = TrialConfig(batch_size=33)
+    assert [v.knob for v in ablation.variants(winner, odd)] == ["layout"]
+
+
+def test_rounds_stay_within_the_speed_checks_windows():
+    assert ablation.rounds_for(4, speed_windows=50) == 10
+    assert ablation.rounds_for(9, speed_windows=50) == 5
+    assert ablation.rounds_for(20, speed_windows=50) == ablation.MIN_ROUNDS
+
+
+def test_simplified_drops_only_the_knobs_worth_nothing():
+    winner = TrialConfig(nprocs=2, threads=1, batch_size=256, channels_last=True, allocator="tcmalloc")
+    doc = {"knobs": [{"knob": "layout", "kept": True}, {"knob": "channels_last", "kept": False},
+                     {"knob": "allocator", "kept": False}]}
+    assert ablation.simplified(winner, BASELINE, doc) == winner.replace(channels_last=False,
+                                                                         allocator="default")
+
+
+class Knobs(StandInRunner):
+    """Batch size and workers pay, as the stand-in's model says; the allocator, pinning,
+    channels_last and interop threads are worth nothing here."""
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(MODELS / "knob_cnn.py")
+
+
+def test_the_run_reports_each_knobs_worth_and_emits_the_winner_without_the_idle_ones(task, tmp_path):
+    runner = Knobs(machine("avx2_epyc"))
+    out = tmp_path / "out"
+    out.mkdir()
+    doc = pipeline.execute(task, out, pipeline.RunOptions(trials=10), machine=runner.doc,
+                           runner=runner, reporter=Reporter(quiet=True))
+    assert doc["verified"]
+    found = doc["ablation"]
+    baseline = TrialConfig.from_dict(doc["baseline"]["config"])
+    knobs = {k["knob"]: k for k in found["knobs"]}
+    assert knobs, "the winner differs from the baseline in some knob"
+    emitted = TrialConfig.from_dict(doc["config"])
+    for name, knob in knobs.items():
+        fields = ablation.KNOB_GROUPS[name]
+        if knob["kept"]:
+            assert knob["ratio"] > 1.0 and knob["ci_low"] > 1.0
+            assert any(getattr(emitted, f) != getattr(baseline, f) for f in fields), name
+        else:
+            assert all(getattr(emitted, f) == getattr(baseline, f) for f in fields), name
+    idle = {"allocator", "affinity", "channels_last", "interop_threads"} & set(knobs)
+    assert idle and all(not knobs[k]["kept"] for k in idle), knobs
+    if found.get("simplified"):
+        assert found["simplified"]["dropped"] == [k for k, v in knobs.items() if not v["kept"]]
+    # The kept knobs' ratios multiply to the winner's speedup when the knobs do not interact
+    # (the stand-in's speed is a product of per-knob factors).
+    assert found["product"] == pytest.approx(doc["speedup"]["median"], rel=0.05)
+
+
+
+def test_a_knob_the_user_pinned_is_neither_measured_nor_dropped():
+    winner = TrialConfig(nprocs=2, threads=1, batch_size=64, allocator="tcmalloc")
+    assert [v.knob for v in ablation.variants(winner, BASELINE, pinned={"nprocs", "threads"})] == [
+        "batch_size", "allocator"]
