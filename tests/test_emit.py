@@ -116,6 +116,7 @@ def test_launcher_keeps_the_users_variables_and_passes_arguments_through(tmp_pat
 # --- the script trains ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_script_trains_one_process_without_autotune(tmp_path, no_autotune_env):
     out = tmp_path / "out"
     cfg = TrialConfig(threads=1, batch_size=16)
@@ -152,6 +153,7 @@ def test_script_starts_and_trains_two_ranks(tmp_path, no_autotune_env):
     assert_learns(report["losses"])
 
 
+@pytest.mark.slow
 def test_two_ranks_leave_cleanly_with_their_checkpoint_and_report(tmp_path, no_autotune_env):
     """Ranks skip the interpreter teardown (a gloo abort there failed a finished job):
     what they wrote before leaving must be complete, and the launcher must exit 0."""
@@ -167,6 +169,7 @@ def test_two_ranks_leave_cleanly_with_their_checkpoint_and_report(tmp_path, no_a
     assert torch.load(work / "checkpoints" / "epoch-1.pt")["epoch"] == 1
 
 
+@pytest.mark.slow
 def test_one_epoch_saves_a_loadable_checkpoint(tmp_path, no_autotune_env):
     import torch
 
@@ -194,6 +197,7 @@ def test_one_epoch_saves_a_loadable_checkpoint(tmp_path, no_autotune_env):
     assert not torch.equal(trained, model.__class__().state_dict()["classifier.1.weight"])
 
 
+@pytest.mark.slow
 def test_paths_with_spaces_and_dollar_signs(tmp_path, no_autotune_env):
     odd = tmp_path / "my $HOME models" / "it's here"
     odd.mkdir(parents=True)

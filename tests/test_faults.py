@@ -213,6 +213,7 @@ def test_a_relative_data_path_means_in_trials_what_it_meant_in_the_check(tmp_pat
     assert result.status == "ok", describe(result)
 
 
+@pytest.mark.slow
 def test_abort_log_shows_where_the_trial_died(run_trial):
     result, _ = run_trial("abort.py", ONE)
     assert result.failure == "crash", describe(result)
@@ -247,6 +248,7 @@ def test_memory_exhaustion_is_stopped_by_the_tuner_not_the_kernel(run_trial):
 # --- errors in the user's code ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_raise_in_forward_is_a_user_error_shown_with_its_log(run_trial):
     result, _ = run_trial("raise_forward.py", ONE)
     assert result.status == "failed" and result.failure == "user_error", describe(result)
@@ -256,6 +258,7 @@ def test_raise_in_forward_is_a_user_error_shown_with_its_log(run_trial):
     assert "raise_forward.py" in result.log_tail
 
 
+@pytest.mark.slow
 def test_nan_loss_is_classified(run_trial):
     result, _ = run_trial("nan_loss.py", ONE)
     assert result.status == "failed" and result.failure == "nan_loss", describe(result)
@@ -268,6 +271,7 @@ def test_nan_loss_is_classified(run_trial):
      ("missing_dataset.py", ["build_dataset"])],
     ids=["syntax-error", "missing-function"],
 )
+@pytest.mark.slow
 def test_broken_model_file_is_a_user_error(run_trial, model, words):
     """The contract check refuses these before any trial (see the CLI test below); a
     trial that meets one anyway must still blame the model file, not the tuner."""
@@ -277,6 +281,7 @@ def test_broken_model_file_is_a_user_error(run_trial, model, words):
         assert word in result.message, describe(result)
 
 
+@pytest.mark.slow
 def test_raise_in_dataloader_worker_is_a_user_error(run_trial):
     result, seen = run_trial("worker_fails.py", TrialConfig(threads=1, batch_size=8, num_workers=1))
     assert result.status == "failed" and result.failure == "user_error", describe(result)
@@ -284,6 +289,7 @@ def test_raise_in_dataloader_worker_is_a_user_error(run_trial):
     assert "worker_fails.py" in result.log_tail
 
 
+@pytest.mark.slow
 def test_helper_process_in_its_own_session_ends_with_the_trial(run_trial, monkeypatch):
     """A process the model file starts in a session of its own (like the ranks of a job)
     is still part of the trial's tree and ends with it."""
@@ -297,6 +303,7 @@ def test_helper_process_in_its_own_session_ends_with_the_trial(run_trial, monkey
         survivors(token)
 
 
+@pytest.mark.slow
 def test_contract_check_leaves_no_process_behind(monkeypatch):
     from autotune.task import load_task
 
@@ -319,6 +326,7 @@ def test_contract_check_leaves_no_process_behind(monkeypatch):
      ("missing_dataset.py", r"missing_dataset\.py: no function build_dataset\(\)")],
     ids=["syntax-error", "missing-function"],
 )
+@pytest.mark.slow
 def test_cli_refuses_a_broken_model_file_before_any_trial(tmp_path, model, expected):
     out = tmp_path / "out"
     proc = subprocess.run(

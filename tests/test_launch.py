@@ -64,6 +64,7 @@ def test_a_trial_leaves_no_temporary_folders_even_from_a_long_output_path(tmp_pa
     assert _tmp_leftovers() <= before, _tmp_leftovers() - before
 
 
+@pytest.mark.slow
 def test_compile_cache_stays_where_torch_keeps_it_for_the_user():
     """Trials and script runs get a temporary folder of their own; torch.compile's cache
     must not follow it there (every run would compile from scratch)."""

@@ -6,6 +6,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from autotune import measure_lock
 
 HOLD_AND_REPORT = textwrap.dedent("""
@@ -17,6 +19,7 @@ HOLD_AND_REPORT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_second_process_waits_for_the_holder():
     measure_lock.acquire()
     try:
@@ -30,6 +33,7 @@ def test_second_process_waits_for_the_holder():
     assert got >= released, "the child measured while the lock was held"
 
 
+@pytest.mark.slow
 def test_a_waiting_process_is_not_starved_by_back_to_back_trials():
     """A process that re-takes the lock right after each release must let a waiter in."""
     measure_lock.acquire()

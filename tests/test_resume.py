@@ -124,6 +124,7 @@ def run_sim(tmp_path: Path, **opts) -> subprocess.CompletedProcess:
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kill_at",
     [

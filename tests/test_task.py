@@ -82,6 +82,7 @@ def test_syntax_error_names_the_line(tmp_path):
 # --- importing the file -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_import_error_shows_the_users_traceback_not_the_tuners(tmp_path):
     path = model_file(tmp_path, "imports_missing.py",
                       header="import torch\nfrom torch import nn\nimport autotune_test_missing_mod\n")
@@ -95,6 +96,7 @@ def test_import_error_shows_the_users_traceback_not_the_tuners(tmp_path):
     assert "importlib" not in msg
 
 
+@pytest.mark.slow
 def test_sys_exit_at_import_is_reported_not_a_crash(tmp_path):
     path = model_file(tmp_path, "exits.py",
                       header="import sys\nimport torch\nfrom torch import nn\nsys.exit('no GPU here')\n")
@@ -104,17 +106,20 @@ def test_sys_exit_at_import_is_reported_not_a_crash(tmp_path):
     assert "ended abruptly" not in msg
 
 
+@pytest.mark.slow
 def test_missing_build_model(tmp_path):
     msg = contract_error(model_file(tmp_path, "no_model.py", model=None))
     assert "no_model.py" in msg and "build_model" in msg and "def build_model()" in msg
     assert "build_dataset" not in msg
 
 
+@pytest.mark.slow
 def test_missing_build_dataset(tmp_path):
     msg = contract_error(model_file(tmp_path, "no_dataset.py", dataset=None))
     assert "no_dataset.py" in msg and "def build_dataset()" in msg
 
 
+@pytest.mark.slow
 def test_build_model_returns_a_non_module(tmp_path):
     path = model_file(tmp_path, "dict_model.py", extra="def build_model():\n    return {'w': 1}\n")
     msg = contract_error(path)
@@ -122,6 +127,7 @@ def test_build_model_returns_a_non_module(tmp_path):
     assert "returned dict" in msg and "torch.nn.Module" in msg
 
 
+@pytest.mark.slow
 def test_build_dataset_returns_a_list(tmp_path):
     path = model_file(tmp_path, "list_data.py", extra=textwrap.dedent('''
         def build_dataset():
@@ -132,6 +138,7 @@ def test_build_dataset_returns_a_list(tmp_path):
     assert "returned list" in msg and "map-style" in msg
 
 
+@pytest.mark.slow
 def test_build_dataset_returns_an_iterable_dataset(tmp_path):
     path = model_file(tmp_path, "stream_data.py", extra=textwrap.dedent('''
         class Stream(torch.utils.data.IterableDataset):
@@ -155,6 +162,7 @@ def test_build_dataset_returns_an_iterable_dataset(tmp_path):
     ("(torch.randn(12), torch.tensor(0), torch.tensor(1))", "of 3 elements"),
     ("(torch.randn(12), 'cat')", "expected tensors"),
 ], ids=["bare_tensor", "triple", "string_target"])
+@pytest.mark.slow
 def test_dataset_items_are_not_input_target_pairs(tmp_path, item, expected):
     path = model_file(tmp_path, "bad_items.py", extra=textwrap.dedent(f'''
         class Items(torch.utils.data.Dataset):
@@ -174,17 +182,20 @@ def test_dataset_items_are_not_input_target_pairs(tmp_path, item, expected):
 
 
 @pytest.mark.parametrize("value", ["0", "'32'", "True"])
+@pytest.mark.slow
 def test_batch_size_must_be_a_positive_int(tmp_path, value):
     msg = contract_error(model_file(tmp_path, "bad_batch.py", batch_size=f"batch_size = {value}\n"))
     assert "bad_batch.py" in msg and f"batch_size = {value}" in msg
     assert "positive integer" in msg
 
 
+@pytest.mark.slow
 def test_dataset_smaller_than_one_batch(tmp_path):
     msg = contract_error(model_file(tmp_path, "small_data.py", batch_size="batch_size = 64\n"))
     assert "small_data.py" in msg and "16 items" in msg and "batch_size = 64" in msg
 
 
+@pytest.mark.slow
 def test_evaluate_returning_a_string(tmp_path):
     path = model_file(tmp_path, "eval_str.py", extra="def evaluate(model):\n    return '92%'\n")
     msg = contract_error(path)
@@ -192,6 +203,7 @@ def test_evaluate_returning_a_string(tmp_path):
     assert "returned str" in msg and "expected a number" in msg
 
 
+@pytest.mark.slow
 def test_forward_shape_mismatch_is_named_as_the_models_forward(tmp_path):
     # 10 features into a Linear(12, 3): fails in the first forward pass.
     path = model_file(tmp_path, "bad_shape.py", extra=textwrap.dedent('''
@@ -209,6 +221,7 @@ def test_forward_shape_mismatch_is_named_as_the_models_forward(tmp_path):
 # --- valid files -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_valid_image_model_describes_the_task():
     task = load_task(MODELS / "tiny_cnn.py")
     assert task.path == (MODELS / "tiny_cnn.py").resolve()
@@ -219,6 +232,7 @@ def test_valid_image_model_describes_the_task():
     assert task.parameters == (3 * 8 * 9 + 8) + (8 * 16 * 4 + 4)
 
 
+@pytest.mark.slow
 def test_valid_flat_model_with_training_step_and_defaults(tmp_path):
     path = model_file(tmp_path, "flat.py", batch_size=None, extra=textwrap.dedent('''
         def build_dataset():
@@ -236,6 +250,7 @@ def test_valid_flat_model_with_training_step_and_defaults(tmp_path):
     assert task.batchnorm_layers == ()
 
 
+@pytest.mark.slow
 def test_training_step_lifts_the_input_target_pair_rule(tmp_path):
     # Items as dicts: the default step could not unpack them, the file's training_step can.
     path = model_file(tmp_path, "dict_items.py", extra=textwrap.dedent('''
@@ -255,6 +270,7 @@ def test_training_step_lifts_the_input_target_pair_rule(tmp_path):
     assert load_task(path).dataset_len == 16
 
 
+@pytest.mark.slow
 def test_a_failing_training_step_is_named(tmp_path):
     path = model_file(tmp_path, "bad_step.py", extra=textwrap.dedent('''
         def training_step(model, batch):
@@ -265,6 +281,7 @@ def test_a_failing_training_step_is_named(tmp_path):
     assert "ValueError: no loss here" in msg
 
 
+@pytest.mark.slow
 def test_batchnorm_layers_are_named(tmp_path):
     path = model_file(tmp_path, "bn.py", model=textwrap.dedent('''
         def build_model():
@@ -310,6 +327,7 @@ def _kill_all(token: str) -> None:
         proc.kill()
 
 
+@pytest.mark.slow
 def test_check_ends_processes_the_file_started(tmp_path):
     import time
     import uuid
@@ -333,6 +351,7 @@ def test_check_ends_processes_the_file_started(tmp_path):
         _kill_all(token)
 
 
+@pytest.mark.slow
 def test_check_that_hangs_is_stopped_with_everything_it_started(tmp_path):
     import time
     import uuid
@@ -370,6 +389,7 @@ def _autotune_run(model: Path, out: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cli_contract_violation_exits_2_with_one_paragraph_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
     proc = _autotune_run(MODELS / "bad_no_build_model.py", out)
@@ -383,6 +403,7 @@ def test_cli_contract_violation_exits_2_with_one_paragraph_and_writes_nothing(tm
     assert proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_cli_import_error_shows_only_the_users_frames(tmp_path):
     out = tmp_path / "out"
     proc = _autotune_run(MODELS / "bad_import.py", out)

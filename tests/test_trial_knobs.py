@@ -12,6 +12,9 @@ from autotune.trial import Measurement, TrialRunner
 
 from helpers import MODELS, machine_doc
 
+# Every test here measures real trials, each in its own process tree.
+pytestmark = pytest.mark.slow
+
 MEASURE = Measurement(warmup_steps=2, window_s=0.2, windows=2)
 
 # Two single-process trials whose knobs all differ, so every knob is seen at two values.
@@ -41,6 +44,7 @@ def trial(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_trial_runs_in_its_own_process_and_measures(trial):
     result = trial(A)
     assert result.setup["pid"] != os.getpid()
@@ -63,6 +67,7 @@ def test_trial_wall_time_is_split_into_phases(trial):
 
 
 @pytest.mark.parametrize("cfg", [A, B], ids=["threads=1", "threads=2"])
+@pytest.mark.slow
 def test_threads(trial, cfg):
     result = trial(cfg)
     assert result.setup["threads"] == cfg.threads  # torch.get_num_threads() in the trial

@@ -5,6 +5,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from autotune import emit
 from autotune.config import TrialConfig
 
@@ -18,6 +20,7 @@ def run_script(tmp_path, fingerprint):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
 
+@pytest.mark.slow
 def test_script_warns_on_a_different_machine(tmp_path):
     cores = len(os.sched_getaffinity(0))
     proc = run_script(tmp_path, {"usable_cores": cores + 14, "torch_version": "0.0.1"})
@@ -26,6 +29,7 @@ def test_script_warns_on_a_different_machine(tmp_path):
     assert "torch_version" in proc.stderr
 
 
+@pytest.mark.slow
 def test_script_is_quiet_on_the_same_machine(tmp_path):
     import torch
 

@@ -23,6 +23,7 @@ def live() -> tuple[MachineProbe, float]:
     return probe, time.perf_counter() - start
 
 
+@pytest.mark.slow
 def test_document_is_json_and_round_trips(live: tuple[MachineProbe, float]) -> None:
     doc = live[0].to_dict()
     assert json.loads(json.dumps(doc)) == doc
