@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except AutotuneError as exc:
+        if getattr(args, "json", False):  # a script reading stdout gets JSON either way
+            print(json.dumps({"error": str(exc), "exit_code": exc.exit_code, "command": args.command}))
         print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from autotune import schemas
 from autotune.config import TrialConfig
 from autotune.emit import CONFIG_NAME, SCHEMA
 from autotune.errors import UsageError
@@ -66,15 +67,10 @@ class Result:
             launcher=Path(outputs["launcher"]), document=doc)
 
 
-SCHEMA_FILE = Path(__file__).parent / "schemas" / "best_config.schema.json"
-
-
 def read_document(out: str | os.PathLike[str]) -> dict[str, Any]:
     """best_config.json of an output folder (or the file itself), checked before it is
     read: it exists, is JSON, comes from a schema version this autotune reads, and
     matches the JSON Schema shipped in the package (``autotune/schemas``)."""
-    import jsonschema
-
     out = Path(out)
     path = out / CONFIG_NAME if out.is_dir() else out
     if not path.exists():
@@ -89,11 +85,9 @@ def read_document(out: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(version, int) or version > SCHEMA:
         raise UsageError(f"{path}: written by a newer autotune (schema {version!r}, this "
                          f"version reads {SCHEMA}): upgrade autotune to read it.")
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
-    error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
-    if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path) or "the top level"
-        raise UsageError(f"{path}: not a valid autotune result: at {where}, {error.message}. "
+    broken = schemas.problem(doc, "best_config")
+    if broken is not None:
+        raise UsageError(f"{path}: not a valid autotune result: {broken}. "
                          "Was it edited by hand? Run `autotune run` again to write it afresh.")
     return doc
 
