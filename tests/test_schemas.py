@@ -8,6 +8,7 @@ import pytest
 from autotune import schemas
 from autotune.cli import main
 from autotune.task import load_task
+
 from helpers import MODELS
 
 
