@@ -85,3 +85,34 @@ def test_the_emitted_two_rank_launch_sh_listens_on_loopback_only(tmp_path):
     assert "step 150/150" in output
     assert seen, "no listening socket was seen at all: the poll did not observe the ranks"
     assert not beyond_loopback(seen), seen
+
+
+@pytest.mark.slow
+def test_the_dashboard_listens_on_loopback_only(tmp_path):
+    """`autotune dashboard` serves the study on 127.0.0.1 unless told otherwise."""
+    import socket
+    import sys
+    import urllib.request
+
+    pytest.importorskip("optuna_dashboard", reason="the dashboard extra is not installed")
+    from autotune.search import open_study
+
+    open_study(storage_path=tmp_path / "study.journal", study_name="s").optimize(
+        lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", str(tmp_path),
+                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not listening(proc.pid) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        seen = listening(proc.pid)
+        assert seen, proc.stdout.read().decode() if proc.poll() is not None else "not listening"
+        assert not beyond_loopback(seen), seen
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as r:
+            assert "study_name" in r.read().decode()
+    finally:
+        proc.kill()
+        proc.wait()
