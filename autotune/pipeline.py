@@ -396,6 +396,13 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
     for w in warnings:
         reporter.warn(w)
     doc["environment"] = env
-    return emit.write_outputs(out, cfg=chosen, model_file=task.path, env=env, document=doc,
+    doc = emit.write_outputs(out, cfg=chosen, model_file=task.path, env=env, document=doc,
                               description=f"Train {task.path.name} with the configuration "
                                           "autotune verified on this machine.")
+    try:
+        from autotune.report_files import write_report
+
+        write_report(out, doc=doc, study=study)
+    except Exception as exc:  # a finished run never fails over its report
+        reporter.warn(f"report.md/report.html not written: {exc}")
+    return doc

@@ -8,6 +8,7 @@ must not end the run.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -24,6 +25,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from autotune.advisor import ablation_lines
 from autotune.protocol import Status
 from autotune.trial import TrialResult
 
@@ -154,6 +156,8 @@ class Reporter:
                 f"({effect['ci_level']:.0%} interval {effect['ci_low']:.2f}-{effect['ci_high']:.2f}x, "
                 "other knobs equal, measured side by side)"
             )
+        for line in ablation_lines(doc.get("ablation"), doc):
+            self.out.print(line, markup=False)
         for item in doc.get("rejected", []):
             self.out.print(f"  rejected {item['config_short']}: {item['reason']}", markup=False)
         skipped = doc.get("space", {}).get("excluded", {})
@@ -164,6 +168,10 @@ class Reporter:
         self.out.print(f"wrote {doc['outputs']['config']}, {doc['outputs']['script']}, "
                        f"{doc['outputs']['launcher']}", markup=False)
         self.out.print(f"train with: {doc['launch']}", markup=False)
+        report = Path(doc["outputs"]["config"]).parent / "report.html"
+        if report.exists():
+            self.out.print(f"report: {report} (and report.md; `autotune show` repeats this)",
+                           markup=False)
 
 
 def _shown(value: Any) -> str:

@@ -1,6 +1,8 @@
 """What the user sees: user text is printed as text, never as rich markup."""
 from __future__ import annotations
 
+import pytest
+
 from autotune.report import Reporter
 from autotune.trial import TrialResult
 
@@ -30,3 +32,41 @@ def test_the_summary_prints_paths_and_reasons_as_text(capsys):
     Reporter().summary(doc)
     out = capsys.readouterr().out.replace("\n", "")
     assert out.count(MARKUP) >= 4, out
+
+
+@pytest.mark.slow
+def test_progress_through_a_pipe_is_one_line_per_event_however_long(tmp_path):
+    """`autotune run ... 2>&1 | cat`: rich wraps at 80 columns when stderr is not a
+    terminal; a CI log must keep each event on one line."""
+    import subprocess
+    import sys
+
+    long_path = "/data/" + "x" * 200
+    code = ("from autotune.report import Reporter\n"
+            "from autotune.trial import TrialResult\n"
+            "r = Reporter()\n"
+            f"r.info('resuming the study in {long_path}')\n"
+            f"r.warn('OMP_NUM_THREADS is set in your environment: {long_path}')\n"
+            "r.trial_end(TrialResult(status='ok', value=1234.5, iqr=1.0), 2000.0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "COLUMNS": "80", "TERM": "dumb"})
+    lines = out.stderr.splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].endswith(long_path) and lines[1].endswith(long_path)
+
+
+def test_optunas_own_info_lines_stay_out_of_the_progress(tmp_path, capsys):
+    import logging
+
+    import optuna
+
+    from autotune.search import open_study
+
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(logging.INFO)
+    try:
+        open_study(storage_path=tmp_path / "study.journal", study_name="s")
+        assert "A new study created" not in capsys.readouterr().err
+        assert optuna.logging.get_verbosity() == logging.INFO, "the user's verbosity is restored"
+    finally:
+        optuna.logging.set_verbosity(before)

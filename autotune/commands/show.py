@@ -1,11 +1,14 @@
-"""``autotune show OUTDIR``: the result of an earlier run."""
+"""``autotune show OUTDIR``: the result of an earlier run, and what it means."""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
+from autotune.advisor import advise
+from autotune.errors import UsageError
 from autotune.report import Reporter
+from autotune.report_files import load_study
 from autotune.result import read_document
 
 
@@ -20,6 +23,15 @@ def main(args: argparse.Namespace) -> int:
     doc = read_document(args.out)
     if args.json:
         print(json.dumps(doc, indent=2))
-    else:
-        Reporter().summary(doc)
+        return 0
+    reporter = Reporter()
+    reporter.summary(doc)
+    try:
+        study = load_study(args.out, doc)
+    except UsageError as exc:  # the summary stands without the search's trials
+        reporter.warn(str(exc))
+        study = None
+    print()
+    for line in advise(doc, study=study, in_summary=True):
+        print(line)
     return 0

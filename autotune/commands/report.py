@@ -1,0 +1,21 @@
+"""``autotune report OUTDIR``: (re)write report.md and report.html (plots under report/)
+in the output folder of an earlier run."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from autotune.report_files import write_report
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write report.md and report.html into an output folder",
+                       description=__doc__)
+    p.add_argument("out", type=Path, metavar="OUTDIR")
+    p.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    for path in write_report(args.out):
+        print(path)
+    return 0

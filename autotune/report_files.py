@@ -1,0 +1,471 @@
+"""The report of a finished run, as files in its output folder: ``report.md`` (plots in
+``report/`` beside it) and ``report.html``, one self-contained page (plots inlined, CSS
+inline, nothing fetched from anywhere) that opens offline and can be mailed or attached
+to a CI job.
+
+Both hold the summary (the chosen configuration against the baseline), the advice
+(``autotune.advisor``) and the tables behind it: every trial of the search, verification's
+per-round ratios, the ablation. Plots need matplotlib (``pip install 'autotune[report]'``);
+without it the tables are all there and the report says how to get the plots. The study
+is only read, never written: reading it with ``optuna.create_study(load_if_exists=True)``
+would append to the journal.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import os
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune import advisor
+from autotune.config import TrialConfig
+from autotune.errors import UsageError
+from autotune.protocol import Failure
+from autotune.result import read_document
+from autotune.search import quiet_optuna, storage_path, study_name
+
+MARKDOWN_NAME = "report.md"
+HTML_NAME = "report.html"
+PLOTS_DIR = "report"
+PLOT_NAMES = ("history.png", "knobs.png", "ablation.png", "verification.png")
+PLOTS_HINT = "pip install 'autotune[report]'"
+
+
+@dataclasses.dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    note: str = ""
+
+
+@dataclasses.dataclass
+class Plot:
+    title: str
+    path: Path
+
+
+def _folder(out: str | os.PathLike[str]) -> Path:
+    """The output folder, also when given its best_config.json."""
+    out = Path(out)
+    return out.parent if out.is_file() else out
+
+
+def load_study(out: str | os.PathLike[str], doc: dict[str, Any] | None = None) -> optuna.Study | None:
+    """The run's Optuna study, read from ``study.journal`` without writing to it; None when
+    the folder has none. The study named after the document's model file and machine
+    fingerprint (as ``autotune run`` names it) is preferred; else the journal's last one.
+    A journal that cannot be read raises UsageError naming the file."""
+    path = storage_path(_folder(out))
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    wanted = None
+    if doc and doc.get("model_file") and (doc.get("fingerprint") or {}).get("id"):
+        wanted = study_name(Path(doc["model_file"]), doc["fingerprint"]["id"])
+    try:
+        with quiet_optuna():
+            storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+            names = optuna.get_all_study_names(storage)
+            if not names:
+                return None
+            return optuna.load_study(study_name=wanted if wanted in names else names[-1], storage=storage)
+    except (ValueError, KeyError, OSError) as exc:  # a torn journal: JSONDecodeError is a ValueError
+        raise UsageError(f"{path}: the study could not be read ({exc}); the report leaves the search "
+                         "out. Running `autotune run` on the folder again repairs a torn journal.") from None
+
+
+def write_report(out: str | os.PathLike[str], *, doc: dict[str, Any] | None = None,
+                 study: optuna.Study | None = None) -> list[Path]:
+    """Write report.md, report.html and (with matplotlib) the plots under report/ into the
+    output folder ``out``; returns the files written, report.md and report.html first.
+    ``doc`` and ``study`` are read from the folder when not given."""
+    folder = _folder(out)
+    doc = doc if doc is not None else read_document(folder)
+    notes: list[str] = []
+    if study is None:
+        try:
+            study = load_study(folder, doc)
+        except UsageError as exc:
+            notes.append(str(exc))
+    if study is None and not notes:
+        notes.append("No study.journal in the folder: the search's trials are left out.")
+    lines = advisor.advise(doc, study=study)
+    tables = report_tables(doc, study)
+    plots = write_plots(folder / PLOTS_DIR, doc, study)
+    if plots is None:
+        notes.append(f"Plots need matplotlib: {PLOTS_HINT}, then `autotune report {folder}`.")
+    md, page = folder / MARKDOWN_NAME, folder / HTML_NAME
+    md.write_text(render_markdown(doc, lines, tables, plots or [], notes, base=folder))
+    page.write_text(render_html(doc, lines, tables, plots or [], notes))
+    return [md, page, *(p.path for p in plots or [])]
+
+
+# --- tables ---------------------------------------------------------------------------
+
+
+def _rate(value: Any) -> str:
+    return f"{value:,.0f}" if isinstance(value, (int, float)) else ""
+
+
+def _interval(item: dict[str, Any], low: str = "ci_low", high: str = "ci_high") -> str:
+    if item.get(low) is None or item.get(high) is None:
+        return ""
+    return f"{item[low]:.2f}-{item[high]:.2f}"
+
+
+def _facts(doc: dict[str, Any]) -> Table:
+    """The headline numbers: what was tuned, how fast before and after, how sure."""
+    sp, best = doc.get("speedup") or {}, doc.get("best") or {}
+    rows = [["model file", str(doc.get("model_file", ""))],
+            ["verified", "yes" if doc.get("verified") else "no: the baseline is recommended"],
+            ["baseline samples/s", _rate(doc["baseline"].get("samples_per_s"))]]
+    if doc.get("verified"):
+        level = f" ({sp['ci_level']:.0%})" if sp.get("ci_level") else ""
+        rows += [["tuned samples/s", _rate(best.get("samples_per_s"))],
+                 ["speedup", f"{sp['median']:.2f}x, interval {_interval(sp)}{level}, "
+                             f"{sp.get('pairs', 0)} standalone pairs"]]
+    if doc.get("launch"):
+        rows.append(["train with", str(doc["launch"])])
+    return Table("Result", ["", "value"], rows)
+
+
+def _config_table(doc: dict[str, Any]) -> Table:
+    base = doc["baseline"]["config"]
+    rows = [[key, advisor.shown(base.get(key)), advisor.shown(value) + (" ←" if base.get(key) != value else "")]
+            for key, value in doc["config"].items()]
+    return Table("Configuration", ["knob", "baseline", "chosen"], rows,
+                 "default: PyTorch's own default (autotune sets nothing); ← changed from the baseline")
+
+
+def _short(config: dict[str, Any] | None) -> str:
+    try:
+        return TrialConfig.from_dict(config).short() if config else ""
+    except (UsageError, TypeError):
+        return ", ".join(f"{k}={advisor.shown(v)}" for k, v in config.items()) if config else ""
+
+
+def _value(t: FrozenTrial) -> float | None:
+    """A trial's samples/s: for one stopped early, its last measured window."""
+    if t.value is not None:
+        return float(t.value)
+    windows = t.intermediate_values
+    return float(windows[max(windows)]) if t.state == TrialState.PRUNED and windows else None
+
+
+def _state(t: FrozenTrial) -> str:
+    """How a trial ended, in words."""
+    copy = t.user_attrs.get("duplicate_of")
+    if copy is not None:
+        return f"same configuration as #{copy}: not measured again"
+    if t.state == TrialState.COMPLETE:
+        return "measured"
+    if t.state == TrialState.PRUNED:
+        return "stopped early: clearly slower"
+    if t.state == TrialState.FAIL:
+        detail = t.user_attrs.get("skipped") or (t.user_attrs.get("result") or {}).get("message") or ""
+        detail = f" ({detail[:160]})" if detail else ""
+        return f"failed: {Failure.describe(t.user_attrs.get('failure'))}{detail}"
+    return t.state.name.lower()
+
+
+def _trials_table(study: optuna.Study) -> Table:
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        value = _rate(_value(t))
+        if value and t.state == TrialState.PRUNED:
+            value += " (partial)"
+        rows.append([str(t.number), str(t.user_attrs.get("role") or "sampled"),
+                     _short(t.user_attrs.get("config")), value, _state(t)])
+    return Table("Trials of the search", ["#", "role", "configuration", "samples/s", "outcome"], rows,
+                 "role: why the trial ran (sampled: chosen by Optuna's TPE sampler); samples/s: the median "
+                 "measurement window")
+
+
+def _verification_tables(doc: dict[str, Any]) -> list[Table]:
+    """Verification's per-round ratios of the emitted configuration over the baseline."""
+    ver = doc.get("verification") or {}
+    speed, alone = ver.get("speed") or {}, ver.get("standalone") or {}
+    out = []
+    if speed.get("ratios"):
+        rates = speed.get("samples_per_s") or []
+        rows = [[str(i + 1), f"{r:.2f}", _rate(rates[i]) if i < len(rates) else ""]
+                for i, r in enumerate(speed["ratios"])]
+        out.append(Table("Verification, side by side", ["round", "tuned / baseline", "tuned samples/s"], rows,
+                         f"median {speed.get('median', 0):.2f}x, interval {_interval(speed)}: ranks the candidates"))
+    if alone.get("ratios"):
+        tuned, base = alone.get("samples_per_s") or [], alone.get("baseline_samples_per_s") or []
+        rows = [[str(i + 1), f"{r:.2f}", _rate(tuned[i]) if i < len(tuned) else "",
+                 _rate(base[i]) if i < len(base) else ""] for i, r in enumerate(alone["ratios"])]
+        out.append(Table("Verification, standalone pairs", ["pair", "tuned / baseline", "tuned samples/s",
+                                                            "baseline samples/s"], rows,
+                         f"median {alone.get('median', 0):.2f}x, interval {_interval(alone)}: the printed speedup"))
+    return out
+
+
+def _ablation_table(ablation: dict[str, Any]) -> Table:
+    rows = [[str(k.get("knob")), advisor.shown(k.get("baseline")), advisor.shown(k.get("winner")),
+             f"{k['ratio']:.2f}x" if k.get("ratio") is not None else "", _interval(k),
+             "kept" if k.get("kept", True) else "removed", str(k.get("note") or "")]
+            for k in ablation.get("knobs") or []]
+    return Table("Ablation: the winner over itself with one knob at the baseline's value",
+                 ["knob", "baseline", "winner", "ratio", "interval", "", "note"], rows,
+                 "above 1.00x the knob helps; a knob whose interval reaches 1.00 is removed")
+
+
+def report_tables(doc: dict[str, Any], study: optuna.Study | None) -> list[Table]:
+    """Every table of the report, in order."""
+    tables = [_facts(doc), _config_table(doc)]
+    if (doc.get("ablation") or {}).get("knobs"):
+        tables.append(_ablation_table(doc["ablation"]))
+    tables += _verification_tables(doc)
+    if doc.get("candidates"):
+        tables.append(Table("Candidates in verification", ["configuration", "side by side", "interval", "outcome"],
+                            [[str(c.get("config_short", "")), f"{c['median']:.2f}x" if c.get("median") else "",
+                              _interval(c), str(c.get("outcome", ""))] for c in doc["candidates"]]))
+    if study is not None and study.get_trials(deepcopy=False):
+        tables.append(_trials_table(study))
+    excluded = (doc.get("space") or {}).get("excluded") or {}
+    if excluded:
+        tables.append(Table("Not searched on this machine", ["knob", "why"], [[k, v] for k, v in excluded.items()]))
+    return tables
+
+
+# --- plots ----------------------------------------------------------------------------
+
+Figure = Any  # matplotlib.figure.Figure: matplotlib is optional, so not imported at module level
+
+
+def _figure_factory() -> Callable[[float, float], Figure]:
+    """The one place matplotlib is imported (raises ImportError without it): figures drawn
+    on the Agg canvas directly, so pyplot's global backend, which a notebook calling the
+    API may have chosen, is left alone."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    def figure(width: float, height: float) -> Figure:
+        fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+        FigureCanvasAgg(fig)
+        return fig
+    return figure
+
+
+def write_plots(folder: Path, doc: dict[str, Any], study: optuna.Study | None) -> list[Plot] | None:
+    """Draw the plots the data allows into ``folder`` (old ones of ours removed first);
+    None when matplotlib is not installed."""
+    try:
+        figure = _figure_factory()
+    except ImportError:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in PLOT_NAMES:
+        (folder / name).unlink(missing_ok=True)
+    drawn = [("Search: throughput per trial", "history.png",
+              _draw_history(figure, study, doc) if study is not None else None),
+             ("Throughput per value of each searched knob", "knobs.png",
+              _draw_knobs(figure, study, doc) if study is not None else None),
+             ("Ablation: what each knob is worth", "ablation.png", _draw_ablation(figure, doc)),
+             ("Verification: tuned over baseline, per round", "verification.png", _draw_verification(figure, doc))]
+    plots = []
+    for title, name, fig in drawn:
+        if fig is None:
+            continue
+        fig.savefig(folder / name, format="png", metadata={"Software": None})
+        plots.append(Plot(title, folder / name))
+    return plots
+
+
+def _draw_history(figure: Callable[[float, float], Figure], study: optuna.Study,
+                  doc: dict[str, Any]) -> Figure | None:
+    """Each trial's throughput, the best so far, and the baseline's level."""
+    trials = study.get_trials(deepcopy=False)
+    if not trials:
+        return None
+    fig = figure(8, 4)
+    ax = fig.add_subplot()
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    pruned = [t for t in trials if t.state == TrialState.PRUNED and _value(t) is not None]
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    ax.scatter([t.number for t in done], [t.value for t in done], color="tab:blue", zorder=3, label="measured")
+    ax.scatter([t.number for t in pruned], [_value(t) for t in pruned], facecolors="none", edgecolors="tab:gray",
+               zorder=3, label="stopped early (partial)")
+    if failed:
+        ax.scatter([t.number for t in failed], [0] * len(failed), marker="x", color="tab:red", zorder=3,
+                   clip_on=False, label="failed")
+    best, steps = 0.0, []
+    for t in done:
+        best = max(best, float(t.value or 0.0))
+        steps.append((t.number, best))
+    if steps:
+        steps.append((trials[-1].number, best))  # the best stands to the last trial
+        ax.step([n for n, _ in steps], [b for _, b in steps], where="post", color="tab:green", label="best so far")
+    base, label = next((t.value for t in done if t.user_attrs.get("role") == "baseline"), None), "baseline"
+    if base is None:
+        base, label = doc["baseline"].get("samples_per_s"), "baseline (verification)"
+    if base:
+        ax.axhline(base, color="tab:orange", linestyle="--", label=label)
+    ax.set_xlabel("trial")
+    ax.set_ylabel("samples/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+    return fig
+
+
+def _draw_knobs(figure: Callable[[float, float], Figure], study: optuna.Study,
+                doc: dict[str, Any]) -> Figure | None:
+    """One small panel per searched knob: each completed trial's throughput at its value of
+    the knob, and the median per value."""
+    by_value = advisor.throughput_by_value(study, doc)
+    if not by_value:
+        return None
+    cols = min(3, len(by_value))
+    rows = -(-len(by_value) // cols)
+    fig = figure(3.6 * cols, 2.8 * rows)
+    for i, (knob, groups) in enumerate(by_value.items()):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        for x, values in enumerate(groups.values()):
+            spread = [x + 0.25 * ((j % 5) - 2) / 2 for j in range(len(values))]  # fixed jitter: no randomness
+            ax.scatter(spread, values, s=18, color="tab:blue", alpha=0.7)
+            ax.hlines(statistics.median(values), x - 0.3, x + 0.3, color="tab:red", linewidth=2)
+        ax.set_xticks(range(len(groups)), [advisor.shown(v) for v in groups], fontsize="small")
+        ax.set_title(knob, fontsize="medium")
+        ax.set_ylim(bottom=0)
+        ax.grid(axis="y", alpha=0.3)
+    fig.supylabel("samples/s (red: median)")
+    return fig
+
+
+def _draw_ablation(figure: Callable[[float, float], Figure], doc: dict[str, Any]) -> Figure | None:
+    """Each knob's ratio as a bar with its interval; kept knobs green, removed ones gray."""
+    knobs = [k for k in (doc.get("ablation") or {}).get("knobs") or [] if k.get("ratio") is not None]
+    if not knobs:
+        return None
+    fig = figure(8, 0.6 * len(knobs) + 1.5)
+    ax = fig.add_subplot()
+    ys = range(len(knobs))
+    ratios = [k["ratio"] for k in knobs]
+    errors = [[max(0.0, k["ratio"] - k.get("ci_low", k["ratio"])) for k in knobs],
+              [max(0.0, k.get("ci_high", k["ratio"]) - k["ratio"]) for k in knobs]]
+    colors = ["tab:green" if k.get("kept", True) else "tab:gray" for k in knobs]
+    # bars grow from 1.00 (no effect): right where the knob helps, left where it hurts
+    ax.barh(list(ys), [r - 1.0 for r in ratios], left=1.0, xerr=errors, color=colors, capsize=4)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_yticks(list(ys), [f"{k['knob']} {advisor.shown(k.get('baseline'))} -> {advisor.shown(k.get('winner'))}"
+                             for k in knobs])
+    ax.invert_yaxis()
+    ax.set_xlabel("winner's speed over the winner with the knob at the baseline's value (gray: removed)")
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def _draw_verification(figure: Callable[[float, float], Figure], doc: dict[str, Any]) -> Figure | None:
+    """Side-by-side rounds and standalone pairs, each ratio a point, the median a line, the
+    interval shaded (for the pairs: the speedup's printed interval)."""
+    ver = doc.get("verification") or {}
+    panels = [(title, unit, part, band) for title, unit, part, band in (
+        ("side by side (ranking)", "round", ver.get("speed") or {}, ver.get("speed") or {}),
+        ("standalone pairs (printed speedup)", "pair", ver.get("standalone") or {}, doc.get("speedup") or {}))
+        if part.get("ratios")]
+    if not panels:
+        return None
+    fig = figure(4.5 * len(panels), 3.6)
+    for i, (title, unit, part, band) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        ratios = part["ratios"]
+        xs = list(range(1, len(ratios) + 1))
+        if band.get("ci_low") is not None and band.get("ci_high") is not None:
+            ax.axhspan(band["ci_low"], band["ci_high"], color="tab:blue", alpha=0.15, label="interval")
+        ax.plot(xs, ratios, "o", color="tab:blue", label="tuned / baseline")
+        ax.axhline(band.get("median", statistics.median(ratios)), color="tab:blue", label="median")
+        ax.axhline(1.0, color="black", linewidth=1)
+        ax.set_title(title, fontsize="medium")
+        ax.set_xlabel(unit)
+        ax.set_xticks(xs)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    return fig
+
+
+# --- rendering --------------------------------------------------------------------------
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(table: Table) -> list[str]:
+    out = [f"## {table.title}", ""]
+    if table.note:
+        out += [table.note, ""]
+    out += ["| " + " | ".join(_md_cell(h) for h in table.headers) + " |",
+            "|" + "---|" * len(table.headers)]
+    out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows]
+    return [*out, ""]
+
+
+def _md_line(line: str) -> str:
+    return f"  - {line.strip()}" if line.startswith("  ") else f"- {line}"
+
+
+def render_markdown(doc: dict[str, Any], lines: list[str], tables: list[Table], plots: list[Plot],
+                    notes: list[str], *, base: Path) -> str:
+    """The report as Markdown; plots linked relative to ``base`` (the output folder)."""
+    out = [f"# autotune report: {Path(str(doc.get('model_file', ''))).name}", ""]
+    out += [f"> {note}" for note in notes] + ([""] if notes else [])
+    out += _md_table(tables[0]) + _md_table(tables[1])
+    out += ["## Advice", "", *(_md_line(line) for line in lines), ""]
+    if plots:
+        out += ["## Plots", ""]
+        out += [f"![{p.title}]({p.path.relative_to(base).as_posix()})\n" for p in plots]
+    for table in tables[2:]:
+        out += _md_table(table)
+    return "\n".join(out)
+
+
+_CSS = """
+body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; } tr:nth-child(even) td { background: #fafafa; }
+.note { color: #555; font-size: 0.9em; } .warn { background: #fff6d6; padding: 0.5em; }
+li.sub { margin-left: 1.5em; list-style: circle; } img { max-width: 100%; display: block; margin: 0.5em 0; }
+"""
+
+
+def _html_table(table: Table) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in table.headers)
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in table.rows)
+    note = f'<p class="note">{e(table.note)}</p>' if table.note else ""
+    return f"<h2>{e(table.title)}</h2>{note}<table><tr>{head}</tr>{body}</table>"
+
+
+def render_html(doc: dict[str, Any], lines: list[str], tables: list[Table], plots: list[Plot],
+                notes: list[str]) -> str:
+    """The report as one self-contained HTML page: plots inlined as data URIs, inline CSS,
+    no reference to anything outside the file."""
+    e = html.escape
+    title = f"autotune report: {Path(str(doc.get('model_file', ''))).name}"
+    parts = [f"<h1>{e(title)}</h1>", *(f'<p class="warn">{e(n)}</p>' for n in notes),
+             _html_table(tables[0]), _html_table(tables[1]), "<h2>Advice</h2><ul>"]
+    parts += [f'<li class="sub">{e(line.strip())}</li>' if line.startswith("  ") else f"<li>{e(line)}</li>"
+              for line in lines]
+    parts.append("</ul>")
+    if plots:
+        parts.append("<h2>Plots</h2>")
+    for p in plots:
+        data = base64.b64encode(p.path.read_bytes()).decode("ascii")
+        parts.append(f'<figure><img alt="{e(p.title)}" src="data:image/png;base64,{data}">'
+                     f"<figcaption>{e(p.title)}</figcaption></figure>")
+    parts += [_html_table(t) for t in tables[2:]]
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
+            f"<style>{_CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
