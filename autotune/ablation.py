@@ -5,8 +5,8 @@ The variants and the winner are held alive together and measured one window each
 turn, round after round (``verify.speed_check``: the verification method), so a
 knob's worth is a paired ratio, winner over variant, with an interval. A knob whose
 removal costs nothing measurable (its interval reaches 1.0) is dropped from the emitted
-configuration: simpler is better when equal. The rounds are sized so the session
-measures no more windows than the speed check before it.
+configuration: simpler is better when equal (``NEGLIGIBLE``). The rounds are sized so
+the session measures no more windows than the speed check before it.
 """
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ KNOB_GROUPS: dict[str, tuple[str, ...]] = {
 }
 MIN_ROUNDS = 4
 MAX_ROUNDS = 10
+# A knob is dropped when its interval reaches 1.0 and its median is under this: not
+# shown to help, and most likely worth little. One whose median is above it but whose
+# interval reaches 1.0 (a noisy machine) is kept: dropping it would bet on the noise.
+NEGLIGIBLE = 1.05
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -96,7 +100,7 @@ def measure(runner: TrialRunner, winner: TrialConfig, baseline: TrialConfig, *, 
                               f"{rounds} rounds side by side"})
     try:
         speed, checks = speed_check(runner, winner, [v.config for v in found], rounds=rounds,
-                                    progress=progress)
+                                    progress=progress, name="verify-ablation")
     except AutotuneError as exc:
         return {"knobs": [], "skipped": f"the winner could not be held for the ablation: {exc}"}
     knobs = [_knob_effect(v, check.detail, winner, baseline) for v, check in zip(found, checks)]
@@ -115,9 +119,12 @@ def _knob_effect(variant: Variant, detail: dict[str, Any], winner: TrialConfig,
                                                 f"{detail.get('reason', 'failed')}"}
     interval = stats.ratio_interval([1 / r for r in ratios])
     measurable = interval["ci_low"] > 1.0
+    kept = measurable or interval["median"] >= NEGLIGIBLE
+    note = ("" if measurable else "not measurably faster, but likely worth keeping: kept" if kept
+            else "no measurable effect: removed from the emitted configuration")
     return {**effect, "ratio": interval["median"], "ci_low": interval["ci_low"],
-            "ci_high": interval["ci_high"], "ci_level": interval["ci_level"], "kept": measurable,
-            "note": "" if measurable else "no measurable effect: removed from the emitted configuration"}
+            "ci_high": interval["ci_high"], "ci_level": interval["ci_level"], "kept": kept,
+            "note": note}
 
 
 def simplified(winner: TrialConfig, baseline: TrialConfig, ablation: dict[str, Any]) -> TrialConfig:

@@ -121,8 +121,9 @@ def ablation_lines(ablation: dict[str, Any] | None, doc: dict[str, Any] | None =
             lines.append(f"  {name}: no measurable effect ({k['ci_low']:.2f}-{k['ci_high']:.2f}): "
                          "removed from the emitted configuration")
         else:
+            note = f"; {k['note']}" if k.get("note") else ""
             lines.append(f"  {name} {before} -> {after}: {k['ratio']:.2f}x ({k['ci_low']:.2f}-"
-                         f"{k['ci_high']:.2f}) of the winner's speed")
+                         f"{k['ci_high']:.2f}) of the winner's speed{note}")
     speed = (doc or {}).get("speedup") or {}
     if ablation.get("product") and speed.get("pairs"):
         inside = speed["ci_low"] <= ablation["product"] <= speed["ci_high"]

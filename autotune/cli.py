@@ -7,10 +7,10 @@ import signal
 import sys
 
 from autotune import __version__
-from autotune.commands import dashboard, probe, report, run, show, verify
+from autotune.commands import dashboard, init, probe, report, run, show, verify
 from autotune.errors import AutotuneError
 
-COMMANDS = (run, probe, show, report, verify, dashboard)
+COMMANDS = (run, probe, show, report, verify, dashboard, init)
 
 
 def build_parser() -> argparse.ArgumentParser:

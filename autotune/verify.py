@@ -108,7 +108,7 @@ def hold_within_budget(live: list[LiveTrial | None], failures: list[str | None],
 
 def speed_check(
     runner: TrialRunner, baseline: TrialConfig, candidates: list[TrialConfig], *,
-    rounds: int, progress: Progress = lambda kind, info: None,
+    rounds: int, progress: Progress = lambda kind, info: None, name: str = "verify-speed",
 ) -> tuple[dict[str, Any], list[Check]]:
     """Baseline and candidates held alive, warmed up and idle, then measured one window
     each in turn (B C1 C2, C1 C2 B, ... rotating), round after round. A round's ratio
@@ -123,9 +123,10 @@ def speed_check(
     budget = runner.memory_limit_bytes
     try:
         for i, cfg in enumerate(configs):
-            progress("step", {"text": f"starting {'baseline' if i == 0 else f'candidate {i}'}: "
+            first = "baseline" if name == "verify-speed" else "reference"  # the ratios' denominator
+            progress("step", {"text": f"starting {first if i == 0 else f'candidate {i}'}: "
                                       f"{cfg.short()}"})
-            started = runner.start(cfg, name=f"verify-speed-{i}", mode={"mode": Mode.SERVE})
+            started = runner.start(cfg, name=f"{name}-{i}", mode={"mode": Mode.SERVE})
             if not started.wait_ready():
                 failures[i] = started.result.describe_failure()
                 live.append(None)
@@ -133,7 +134,7 @@ def speed_check(
             live.append(started)
             hold_within_budget(live, failures, budget)
         if live[0] is None:
-            raise _baseline_failed(failures[0], runner.workdir / "verify-speed-0")
+            raise _baseline_failed(failures[0], runner.workdir / f"{name}-0")
         for r in range(rounds):
             hold_within_budget(live, failures, budget)
             progress("speed", {"round": r + 1, "rounds": rounds})
@@ -147,7 +148,7 @@ def speed_check(
                     failures[i] = held.result.describe_failure()
                     live[i] = None
                     if i == 0:
-                        raise _baseline_failed(failures[0], runner.workdir / "verify-speed-0")
+                        raise _baseline_failed(failures[0], runner.workdir / f"{name}-0")
                     continue
                 values[i].append(value)
     finally:
