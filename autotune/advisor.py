@@ -117,6 +117,8 @@ def ablation_lines(ablation: dict[str, Any] | None, doc: dict[str, Any] | None =
         name, before, after = k["knob"], shown(k.get("baseline")), shown(k.get("winner"))
         if k.get("ratio") is None:
             lines.append(f"  {name} {before} -> {after}: {k.get('note') or 'not measured'}; kept")
+        elif not k.get("kept", True) and "but kept" in (k.get("note") or ""):
+            lines.append(f"  {name} ({k['ci_low']:.2f}-{k['ci_high']:.2f}): {k['note']}")
         elif not k.get("kept", True):
             lines.append(f"  {name}: no measurable effect ({k['ci_low']:.2f}-{k['ci_high']:.2f}): "
                          "removed from the emitted configuration")

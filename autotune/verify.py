@@ -556,6 +556,7 @@ def verify_candidates(
         by_cfg[cfg].speed = check.detail
     verdicts = list(by_cfg.values())
     ranked = [v for v in rank_by_rounds(verdicts) if v.passed]
+    simpler: Verdict | None = None
     if ranked and settings.ablation:
         simpler = ablate(runner, ranked[0], baseline, settings=settings, has_evaluate=has_evaluate,
                          speed_windows=settings.rounds * (len(survivors) + 1), progress=progress)
@@ -578,5 +579,19 @@ def verify_candidates(
             served_baseline=base_speed, settings=settings, workdir=folder / "standalone",
             progress=progress)
         if verdict.passed:
+            if simpler is not None and verdict is not simpler:
+                _simplified_failed(simpler, verdict)
             return verdict, verdicts, base_speed
     return None, verdicts, base_speed
+
+
+def _simplified_failed(simplified: Verdict, winner: Verdict) -> None:
+    """The simplified configuration did not pass alone and ``winner`` (with every knob)
+    did: its ablation goes with it, saying the knobs worth nothing measurable were kept."""
+    winner.ablation = dict(simplified.ablation or {})
+    winner.ablation["simplified"] = {**winner.ablation.get("simplified", {}),
+                                     "rejected": simplified.reason}
+    winner.ablation["knobs"] = [
+        k if k["kept"] else {**k, "note": "no measurable effect, but kept: the configuration "
+                                          "without it did not pass when run alone"}
+        for k in winner.ablation.get("knobs", [])]

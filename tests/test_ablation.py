@@ -105,3 +105,34 @@ def test_a_knob_likely_worth_something_is_kept_though_noise_hides_it():
     assert not idle["kept"] and "removed" in idle["note"]
     helps = effect("allocator", [1 / r for r in (1.2, 1.22, 1.19, 1.25, 1.21, 1.2)])
     assert helps["kept"] and helps["ci_low"] > 1.0 and helps["note"] == ""
+
+
+def test_when_the_simplified_configuration_fails_alone_the_full_winner_says_its_knobs_were_kept(
+        task, tmp_path):
+    """Alone, the simplified configuration (idle knobs dropped) runs slower than the
+    baseline: the full winner is emitted, and its report must not claim knobs were removed."""
+
+    class SimplerFailsAlone(Knobs):
+        def run_script(self, launcher, *, steps, workdir, timeout_s):
+            report = super().run_script(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s)
+            if "candidate-0" in str(launcher):  # the first run alone: the simplified one
+                report["samples_per_s"] = 1.0
+            return report
+
+    runner = SimplerFailsAlone(machine("avx2_epyc"))
+    out = tmp_path / "out"
+    out.mkdir()
+    doc = pipeline.execute(task, out, pipeline.RunOptions(trials=10), machine=runner.doc,
+                           runner=runner, reporter=Reporter(quiet=True))
+    assert doc["verified"]
+    found = doc["ablation"]
+    assert found["simplified"]["rejected"]
+    emitted = TrialConfig.from_dict(doc["config"])
+    assert emitted == TrialConfig.from_dict(next(
+        c["config"] for c in doc["candidates"] if c["config_short"] == found["simplified"]["from"]))
+    for knob in found["knobs"]:
+        if not knob["kept"]:
+            assert "but kept" in knob["note"]
+    from autotune.advisor import ablation_lines
+
+    assert not any("removed from the emitted" in line for line in ablation_lines(found, doc))
