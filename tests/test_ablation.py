@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune import ablation, pipeline
+from autotune import ablation
 from autotune.config import TrialConfig
-from autotune.report import Reporter
 from autotune.task import load_task
 
 from tests.test_machine_matrix import StandInRunner, machine
+from tests.test_standalone import _tune
 
 MODELS = Path(__file__).parent / "models"
 BASELINE = TrialConfig(batch_size=32)
@@ -58,11 +58,7 @@ def task():
 
 
 def test_the_run_reports_each_knobs_worth_and_emits_the_winner_without_the_idle_ones(task, tmp_path):
-    runner = Knobs(machine("avx2_epyc"))
-    out = tmp_path / "out"
-    out.mkdir()
-    doc = pipeline.execute(task, out, pipeline.RunOptions(trials=10), machine=runner.doc,
-                           runner=runner, reporter=Reporter(quiet=True))
+    doc = _tune(task, tmp_path, Knobs(machine("avx2_epyc")))
     assert doc["verified"]
     found = doc["ablation"]
     baseline = TrialConfig.from_dict(doc["baseline"]["config"])
@@ -119,11 +115,7 @@ def test_when_the_simplified_configuration_fails_alone_the_full_winner_says_its_
                 report["samples_per_s"] = 1.0
             return report
 
-    runner = SimplerFailsAlone(machine("avx2_epyc"))
-    out = tmp_path / "out"
-    out.mkdir()
-    doc = pipeline.execute(task, out, pipeline.RunOptions(trials=10), machine=runner.doc,
-                           runner=runner, reporter=Reporter(quiet=True))
+    doc = _tune(task, tmp_path, SimplerFailsAlone(machine("avx2_epyc")))
     assert doc["verified"]
     found = doc["ablation"]
     assert found["simplified"]["rejected"]
