@@ -1,5 +1,6 @@
 """Why the winner won: each knob where it differs from the baseline, reverted to the
-baseline's value one at a time, measured side by side with the winner.
+baseline's value one at a time, measured side by side with the winner; and the path
+from the baseline to the winner, one knob added at a time, measured in the same rounds.
 
 The variants and the winner are held alive together and measured one window each in
 turn, round after round (``verify.speed_check``: the verification method), so a
@@ -7,6 +8,13 @@ knob's worth is a paired ratio, winner over variant, with an interval. A knob wh
 removal costs nothing measurable (its interval reaches 1.0) is dropped from the emitted
 configuration: simpler is better when equal (``NEGLIGIBLE``). The rounds are sized so
 the session measures no more windows than the speed check before it.
+
+The two answer different questions. Leave-one-out says what each knob costs if it alone
+is removed; when knobs are complementary (reduced precision pays most at a large batch)
+each removal costs more than that knob's share, and these ratios multiply to more than
+the whole. The path's steps (geometric means over the same rounds) multiply to the
+winner's speed over the baseline's by construction; each step is the knob's worth given
+the knobs added before it, in ``KNOB_GROUPS`` order.
 """
 from __future__ import annotations
 
@@ -78,6 +86,44 @@ def variants(winner: TrialConfig, baseline: TrialConfig, *,
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Step:
+    knobs: tuple[str, ...]  # added at this step (several when one alone is no valid config)
+    config: TrialConfig  # the baseline with every knob up to this step at the winner's value
+
+
+def path(winner: TrialConfig, baseline: TrialConfig) -> list[Step]:
+    """From the baseline to the winner, one knob group at a time in ``KNOB_GROUPS``
+    order; the last step's configuration is the winner."""
+    steps: list[Step] = []
+    pending: list[str] = []
+    changes: dict[str, Any] = {}
+    for knob, fields in KNOB_GROUPS.items():
+        diff = {f: getattr(winner, f) for f in fields if getattr(winner, f) != getattr(baseline, f)}
+        if not diff:
+            continue
+        pending.append(knob)
+        changes.update(diff)
+        try:
+            cfg = baseline.replace(**changes)
+        except UsageError:  # e.g. a batch the ranks cannot split yet: goes with the next knob
+            continue
+        steps.append(Step(tuple(pending), cfg))
+        pending = []
+    if steps and (pending or steps[-1].config != winner):
+        steps[-1] = Step(steps[-1].knobs + tuple(pending), winner)
+    return steps
+
+
+def session_configs(winner: TrialConfig, baseline: TrialConfig, *,
+                    pinned: Collection[str] = ()) -> list[TrialConfig]:
+    """What the ablation holds beside the winner: the leave-one-out variants, the
+    baseline and the path's intermediate configurations, each once."""
+    configs = [v.config for v in variants(winner, baseline, pinned=pinned)]
+    configs += [baseline] + [s.config for s in path(winner, baseline)[:-1]]
+    return list(dict.fromkeys(c for c in configs if c != winner))
+
+
 def rounds_for(variant_count: int, *, speed_windows: int) -> int:
     """As many rounds as keep the session within the speed check's windows."""
     return max(MIN_ROUNDS, min(MAX_ROUNDS, speed_windows // (variant_count + 1)))
@@ -93,20 +139,60 @@ def measure(runner: TrialRunner, winner: TrialConfig, baseline: TrialConfig, *, 
     from autotune.verify import speed_check
 
     found = variants(winner, baseline, pinned=pinned)
-    if not found:
+    steps = path(winner, baseline)
+    if not found and len(steps) < 2:
         return {"knobs": []}
+    configs = session_configs(winner, baseline, pinned=pinned)
     progress("step", {"text": f"ablation: the winner against itself with each of "
-                              f"{', '.join(v.knob for v in found)} at the baseline's value, "
-                              f"{rounds} rounds side by side"})
+                              f"{', '.join(v.knob for v in found) or 'no knob'} at the baseline's "
+                              f"value, and the path from the baseline one knob at a time "
+                              f"({len(configs)} configurations), {rounds} rounds side by side"})
     try:
-        speed, checks = speed_check(runner, winner, [v.config for v in found], rounds=rounds,
+        speed, checks = speed_check(runner, winner, configs, rounds=rounds,
                                     progress=progress, name="verify-ablation")
     except AutotuneError as exc:
         return {"knobs": [], "skipped": f"the winner could not be held for the ablation: {exc}"}
-    knobs = [_knob_effect(v, check.detail, winner, baseline) for v, check in zip(found, checks)]
+    detail = {cfg: check.detail for cfg, check in zip(configs, checks)}
+    knobs = [_knob_effect(v, detail[v.config], winner, baseline) for v in found]
     kept = [k for k in knobs if k["kept"] and k.get("ratio")]
     return {"knobs": knobs, "rounds": rounds, "winner_samples_per_s": speed["median_samples_per_s"],
-            "product": math.prod(k["ratio"] for k in kept) if kept else 1.0}
+            "product": math.prod(k["ratio"] for k in kept) if kept else 1.0,
+            "path": _path_effects(steps, detail, winner, baseline,
+                                  removed={k["knob"] for k in knobs if not k["kept"]})}
+
+
+def _path_effects(steps: list[Step], detail: dict[TrialConfig, dict[str, Any]], winner: TrialConfig,
+                  baseline: TrialConfig, *, removed: Collection[str]) -> dict[str, Any]:
+    """Each step's speed over the previous step's, round by round; a configuration that
+    failed is skipped (its knobs go with the next step). The steps' ratios multiply to
+    ``total``, the winner's speed over the baseline's in the same rounds; ``kept_product``
+    leaves out the steps whose knobs the leave-one-out found worth nothing (``removed``)."""
+    base = detail.get(baseline, {}).get("ratios")
+    if not base:
+        return {"skipped": "the baseline could not be measured beside the winner: "
+                           f"{detail.get(baseline, {}).get('reason', 'failed')}"}
+    # per point on the path, its speed over the winner's, round by round
+    points: list[tuple[tuple[str, ...], list[float]]] = [((), base)]
+    carried: tuple[str, ...] = ()
+    for step in steps:
+        ratios = [1.0] * len(base) if step.config == winner else detail.get(step.config, {}).get("ratios")
+        if not ratios:
+            carried += step.knobs
+            continue
+        points.append((carried + step.knobs, ratios))
+        carried = ()
+    rounds = min(len(r) for _, r in points)
+    out = []
+    for (_, before), (knobs, after) in zip(points, points[1:]):
+        effect = stats.geometric_interval([a / b for a, b in zip(after[:rounds], before[:rounds])])
+        out.append({"knobs": list(knobs), "baseline": [_value(baseline, k) for k in knobs],
+                    "winner": [_value(winner, k) for k in knobs],
+                    "kept": not all(k in removed for k in knobs), **effect})
+    total = stats.geometric_interval([1 / r for r in base[:rounds]])
+    kept = [s["ratio"] for s in out if s["kept"]]
+    return {"steps": out, "total": total["ratio"], "ci_low": total["ci_low"],
+            "ci_high": total["ci_high"], "ci_level": total["ci_level"], "rounds": rounds,
+            "kept_product": math.prod(kept) if kept else 1.0}
 
 
 def _knob_effect(variant: Variant, detail: dict[str, Any], winner: TrialConfig,

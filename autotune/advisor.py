@@ -126,15 +126,43 @@ def ablation_lines(ablation: dict[str, Any] | None, doc: dict[str, Any] | None =
             note = f"; {k['note']}" if k.get("note") else ""
             lines.append(f"  {name} {before} -> {after}: {k['ratio']:.2f}x ({k['ci_low']:.2f}-"
                          f"{k['ci_high']:.2f}) of the winner's speed{note}")
+    return lines + path_lines(ablation, doc)
+
+
+def path_lines(ablation: dict[str, Any], doc: dict[str, Any] | None = None) -> list[str]:
+    """The path from the baseline to the winner, one knob added at a time: each step's
+    ratio is that knob's worth given the ones before it, and the steps multiply to the
+    whole; the kept steps' product is checked against the verified speedup."""
+    found = ablation.get("path") or {}
+    if found.get("skipped"):
+        return [f"  the path from the baseline was not measured: {found['skipped']}"]
+    if not found.get("steps"):
+        return []
+    lines = [f"Step by step from the baseline (each knob added to those before it, "
+             f"{found['rounds']} rounds side by side; the steps multiply to the whole):"]
+    for step in found["steps"]:
+        change = ", ".join(f"{k} {shown(b)} -> {shown(w)}"
+                           for k, b, w in zip(step["knobs"], step["baseline"], step["winner"]))
+        removed = "" if step["kept"] else " (removed: no measurable effect when left out)"
+        lines.append(f"  + {change}: {step['ratio']:.2f}x ({_span(step)}){removed}")
+    lines.append(f"  = {found['total']:.2f}x ({_span(found)}), the winner over the baseline side by side")
     speed = (doc or {}).get("speedup") or {}
-    if ablation.get("product") and speed.get("pairs"):
-        inside = speed["ci_low"] <= ablation["product"] <= speed["ci_high"]
-        lines.append(f"  together the kept knobs account for {ablation['product']:.2f}x, "
+    if speed.get("pairs"):
+        product = found["kept_product"]
+        inside = speed["ci_low"] <= product <= speed["ci_high"]
+        lines.append(f"  the kept knobs' steps multiply to {product:.2f}x, "
                      f"{'inside' if inside else 'outside'} the verified speedup's interval "
-                     f"({speed['ci_low']:.2f}-{speed['ci_high']:.2f}x)"
-                     + ("" if inside else ": the knobs interact (one's worth depends on another's "
-                                          "value), so their single effects do not multiply"))
+                     f"({speed['ci_low']:.2f}-{speed['ci_high']:.2f}x, scripts run alone)")
+    loo = ablation.get("product")
+    if loo and found["total"] and not 0.9 <= loo / found["total"] <= 1.1:
+        why = ("complement each other: each removal costs more than its share" if loo > found["total"]
+               else "overlap: each removal costs less than its share, the others make up for it")
+        lines.append(f"  the leave-one-out ratios above multiply to {loo:.2f}x instead: the knobs {why}")
     return lines
+
+
+def _span(effect: dict[str, Any]) -> str:
+    return f"{effect['ci_low']:.2f}-{effect['ci_high']:.2f}"
 
 
 def completed(study: optuna.Study) -> list[FrozenTrial]:

@@ -43,6 +43,8 @@ class Reporter:
         self.baseline: float | None = None
         self._bar: Progress | None = None
         self._task: TaskID | None = None
+        self._now = ""  # the configuration measured now, as the bar shows it
+        self._best: float | None = None
 
     def info(self, text: str) -> None:
         self.err.print(text, markup=False)
@@ -58,11 +60,14 @@ class Reporter:
                 f"[bold]trial {info['number']}/{info['of']}[/]{role}  {escape(info['config'].short())}"
                 f"  [dim]{info['elapsed']:.0f} s elapsed[/]"
             )
-        elif kind == "window" and self.verbose:
-            self.err.print(f"    window {info['i'] + 1}: {info['value']:,.0f} samples/s", style="dim")
+        elif kind == "window":
+            self._show_window(info["value"])
+            if self.verbose:
+                self.err.print(f"    window {info['i'] + 1}: {info['value']:,.0f} samples/s", style="dim")
         elif kind == "end":
             if info.get("role") == "baseline" and info["result"].value:
                 self.baseline = info["result"].value
+            self._best = info.get("best") or self._best
             self.trial_end(info["result"], info.get("best"))
         elif kind == "stale":
             self.warn(f"trial {info['number']} was left running by an interrupted run; "
@@ -76,12 +81,26 @@ class Reporter:
             return
         if self._bar is None:
             self._bar = Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TimeRemainingColumn(), console=self.err,
+                                 TimeElapsedColumn(), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[now]}", markup=False), console=self.err,
                                  transient=True)
             self._bar.start()
-            self._task = self._bar.add_task("search", total=info["of"])
+            self._task = self._bar.add_task("search", total=info["of"], now="")
         assert self._task is not None
-        self._bar.update(self._task, completed=info["number"] - 1, total=info["of"])
+        self._now = info["config"].short()
+        self._bar.update(self._task, completed=info["number"] - 1, total=info["of"], now=self._now)
+
+    def _show_window(self, value: float) -> None:
+        """Beside the bar: the configuration measured now, its last window against the
+        baseline and the best so far."""
+        if self._bar is None or self._task is None:
+            return
+        against = [f"{value:,.0f} samples/s"]
+        if self.baseline:
+            against.append(f"{value / self.baseline:.2f}x the baseline")
+        if self._best:
+            against.append(f"{value / self._best:.2f}x the best")
+        self._bar.update(self._task, now=f"{self._now}: {', '.join(against)}")
 
     def end_search(self) -> None:
         if self._bar is not None:

@@ -34,7 +34,7 @@ from autotune.search import quiet_optuna, storage_path, study_name
 MARKDOWN_NAME = "report.md"
 HTML_NAME = "report.html"
 PLOTS_DIR = "report"
-PLOT_NAMES = ("history.png", "knobs.png", "ablation.png", "verification.png")
+PLOT_NAMES = ("history.png", "knobs.png", "ablation.png", "path.png", "verification.png")
 PLOTS_HINT = "pip install 'autotune[report]'"
 
 
@@ -219,11 +219,27 @@ def _ablation_table(ablation: dict[str, Any]) -> Table:
                  "above 1.00x the knob helps; a knob whose interval reaches 1.00 is removed")
 
 
+def _path_table(found: dict[str, Any], doc: dict[str, Any]) -> Table:
+    rows = [["+ " + ", ".join(step["knobs"]),
+             ", ".join(f"{advisor.shown(b)} -> {advisor.shown(w)}" for b, w in zip(step["baseline"], step["winner"])),
+             f"{step['ratio']:.2f}x", _interval(step), "kept" if step["kept"] else "removed"]
+            for step in found["steps"]]
+    rows.append(["= the winner over the baseline", "", f"{found['total']:.2f}x", _interval(found), ""])
+    speed = doc.get("speedup") or {}
+    note = f"the kept steps multiply to {found['kept_product']:.2f}x"
+    if speed.get("pairs"):
+        note += f"; the verified speedup (scripts alone): {speed['median']:.2f}x, interval {_interval(speed)}"
+    return Table("The path from the baseline: each knob added to those before it",
+                 ["step", "change", "ratio", "interval", ""], rows, note)
+
+
 def report_tables(doc: dict[str, Any], study: optuna.Study | None) -> list[Table]:
     """Every table of the report, in order."""
     tables = [_facts(doc), _config_table(doc)]
     if (doc.get("ablation") or {}).get("knobs"):
         tables.append(_ablation_table(doc["ablation"]))
+    if ((doc.get("ablation") or {}).get("path") or {}).get("steps"):
+        tables.append(_path_table(doc["ablation"]["path"], doc))
     tables += _verification_tables(doc)
     if doc.get("candidates"):
         tables.append(Table("Candidates in verification", ["configuration", "side by side", "interval", "outcome"],
@@ -271,6 +287,7 @@ def write_plots(folder: Path, doc: dict[str, Any], study: optuna.Study | None) -
              ("Throughput per value of each searched knob", "knobs.png",
               _draw_knobs(figure, study, doc) if study is not None else None),
              ("Ablation: what each knob is worth", "ablation.png", _draw_ablation(figure, doc)),
+             ("The path from the baseline, one knob at a time", "path.png", _draw_path(figure, doc)),
              ("Verification: tuned over baseline, per round", "verification.png", _draw_verification(figure, doc))]
     plots = []
     for title, name, fig in drawn:
@@ -361,6 +378,35 @@ def _draw_ablation(figure: Callable[[float, float], Figure], doc: dict[str, Any]
                              for k in knobs])
     ax.invert_yaxis()
     ax.set_xlabel("winner's speed over the winner with the knob at the baseline's value (gray: removed)")
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def _draw_path(figure: Callable[[float, float], Figure], doc: dict[str, Any]) -> Figure | None:
+    """A waterfall on a log scale: each step's bar runs from the speed before the knob to
+    the speed after it (relative to the baseline), so the bars end at the whole."""
+    steps = (((doc.get("ablation") or {}).get("path")) or {}).get("steps") or []
+    if not steps:
+        return None
+    fig = figure(8, 0.6 * len(steps) + 1.8)
+    ax = fig.add_subplot()
+    level = 1.0
+    for i, step in enumerate(steps):
+        after = level * step["ratio"]
+        color = ("tab:green" if step["ratio"] >= 1 else "tab:red") if step["kept"] else "tab:gray"
+        ax.barh(i, after - level, left=level, color=color)
+        ax.text(max(level, after), i, f" {step['ratio']:.2f}x", va="center")
+        level = after
+    speed = doc.get("speedup") or {}
+    if speed.get("pairs"):
+        ax.axvspan(speed["ci_low"], speed["ci_high"], color="tab:blue", alpha=0.15,
+                   label="verified speedup's interval (scripts alone)")
+        ax.legend(loc="lower right")
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(steps)), ["+ " + ", ".join(s["knobs"]) for s in steps])
+    ax.invert_yaxis()
+    ax.set_xlabel("speed relative to the baseline (log scale; gray: removed)")
     ax.grid(axis="x", alpha=0.3)
     return fig
 

@@ -84,3 +84,16 @@ def rerun_interval(ratios: Sequence[float], *, level: float = 0.95,
     half = t_quantile(0.5 + level / 2, n - 1) * statistics.stdev(logs) * math.sqrt(1 / n + 1 / m)
     centre = statistics.fmean(logs)
     return math.exp(centre - half), math.exp(centre + half)
+
+
+def geometric_interval(ratios: Sequence[float], *, level: float = 0.95) -> dict[str, float]:
+    """Geometric mean of the ratios and a t interval for it (on the log ratios). Unlike
+    medians, geometric means of paired ratios telescope: the steps of a path measured in
+    the same rounds multiply exactly to the whole."""
+    logs = [math.log(r) for r in ratios]
+    centre = statistics.fmean(logs)
+    half = (t_quantile(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+            if len(logs) > 1 else math.inf)
+    return {"ratio": math.exp(centre), "ci_low": math.exp(centre - half),
+            "ci_high": math.exp(centre + half) if half != math.inf else math.inf,
+            "ci_level": level, "rounds": len(logs)}

@@ -509,7 +509,7 @@ def ablate(runner: TrialRunner, top: Verdict, baseline: TrialConfig, *, settings
     knobs worth nothing measurable dropped, gated again) when there is one that passes:
     it is run alone before ``top``."""
     cfg = top.config
-    count = len(ablation.variants(cfg, baseline, pinned=settings.pinned))
+    count = len(ablation.session_configs(cfg, baseline, pinned=settings.pinned))
     rounds = ablation.rounds_for(count, speed_windows=speed_windows)
     top.ablation = ablation.measure(runner, cfg, baseline, rounds=rounds, pinned=settings.pinned,
                                     progress=progress)

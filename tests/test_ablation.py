@@ -2,12 +2,14 @@
 with the winner; knobs worth nothing measurable are dropped from what is emitted."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
 from autotune import ablation
 from autotune.config import TrialConfig
+from autotune.space import parse_fixes
 from autotune.task import load_task
 
 from tests.test_machine_matrix import StandInRunner, machine
@@ -79,6 +81,68 @@ def test_the_run_reports_each_knobs_worth_and_emits_the_winner_without_the_idle_
     # The kept knobs' ratios multiply to the winner's speedup when the knobs do not interact
     # (the stand-in's speed is a product of per-knob factors).
     assert found["product"] == pytest.approx(doc["speedup"]["median"], rel=0.05)
+    # The path's steps multiply to the whole, each step the factor of the knobs it adds.
+    steps = found["path"]["steps"]
+    assert [k for s in steps for k in s["knobs"]] == [k for k in ablation.KNOB_GROUPS if k in knobs]
+    assert math.prod(s["ratio"] for s in steps) == pytest.approx(found["path"]["total"])
+    assert found["path"]["kept_product"] == pytest.approx(doc["speedup"]["median"], rel=0.05)
+    assert all(s["kept"] == any(knobs[k]["kept"] for k in s["knobs"]) for s in steps)
+
+
+class Complementary(Knobs):
+    """bf16 pays only at a large batch (and needs AMX to pay): neither alone is worth
+    what the two are together, as on real hardware."""
+
+    def throughput(self, cfg: TrialConfig) -> float:
+        value = 1000.0 * (1.5 if cfg.batch_size >= 128 else 1.0)
+        if cfg.precision == "bf16":
+            value *= 2.0 if cfg.batch_size >= 128 else 0.9
+        return value * (1.1 if cfg.num_workers else 1.0)
+
+
+def test_when_knobs_complement_each_other_the_path_still_multiplies_to_the_verified_speedup(
+        task, tmp_path):
+    doc = _tune(task, tmp_path, Complementary(machine("amx_spr")), trials=16,
+                fixed=parse_fixes(["layout=1x2", "compile=off", "allocator=default"]))
+    found = doc["ablation"]
+    knobs = {k["knob"]: k for k in found["knobs"]}
+    assert {"batch_size", "precision"} <= set(knobs), knobs
+    # leave-one-out: each removal costs more than its share
+    assert found["product"] > doc["speedup"]["ci_high"]
+    path = found["path"]
+    assert doc["speedup"]["ci_low"] <= path["kept_product"] <= doc["speedup"]["ci_high"]
+    by_knob = {s["knobs"][0]: s["ratio"] for s in path["steps"]}
+    assert by_knob["batch_size"] == pytest.approx(1.5, rel=0.02)  # batch first, as ordered
+    assert by_knob["precision"] == pytest.approx(2.0, rel=0.02)
+    from autotune.advisor import ablation_lines
+
+    lines = [line.strip() for line in ablation_lines(found, doc)]
+    assert any(line.startswith("the kept knobs' steps multiply to") and "inside" in line for line in lines)
+    assert any("the knobs complement each other" in line for line in lines), lines
+
+
+def test_the_path_adds_one_knob_group_at_a_time_and_ends_at_the_winner():
+    winner = TrialConfig(nprocs=2, threads=1, batch_size=256, num_workers=1, persistent_workers=True,
+                         precision="bf16", allocator="tcmalloc")
+    steps = ablation.path(winner, BASELINE)
+    assert [s.knobs for s in steps] == [("layout",), ("batch_size",), ("num_workers",), ("precision",),
+                                        ("allocator",)]
+    assert steps[0].config == BASELINE.replace(nprocs=2, threads=1)
+    assert steps[2].config == BASELINE.replace(nprocs=2, threads=1, batch_size=256, num_workers=1,
+                                               persistent_workers=True)
+    assert steps[-1].config == winner
+    # the intermediate configurations, the baseline and the leave-one-out variants, once each
+    held = ablation.session_configs(winner, BASELINE)
+    assert len(held) == len(set(held)) and winner not in held and BASELINE in held
+    assert len(held) == 5 + 1 + 4 - 1  # the last intermediate is the allocator's variant
+
+
+def test_a_step_that_makes_no_valid_configuration_goes_with_the_next_knob():
+    odd = TrialConfig(batch_size=33)  # two ranks cannot split it
+    winner = TrialConfig(nprocs=2, threads=1, batch_size=64, allocator="tcmalloc")
+    steps = ablation.path(winner, odd)
+    assert [s.knobs for s in steps] == [("layout", "batch_size"), ("allocator",)]
+    assert steps[-1].config == winner
 
 
 

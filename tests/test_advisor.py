@@ -36,6 +36,16 @@ ABLATION = {
     ],
     "rounds": 8,
     "product": 2.6,
+    "path": {
+        "steps": [
+            {"knobs": [k], "baseline": [b], "winner": [w], "ratio": r, "ci_low": r - 0.05, "ci_high": r + 0.06,
+             "ci_level": 0.95, "rounds": 8, "kept": k != "channels_last"}
+            for k, b, w, r in (("layout", "1xdefault", "2x1", 1.12), ("batch_size", 64, 512, 1.3),
+                               ("interop_threads", None, 1, 1.05), ("precision", "fp32", "bf16", 1.6),
+                               ("channels_last", False, True, 0.99), ("allocator", "default", "tcmalloc", 1.02))],
+        "total": 2.42, "ci_low": 2.3, "ci_high": 2.55, "ci_level": 0.95, "rounds": 8,
+        "kept_product": 2.45,
+    },
     "speedup_side_by_side": {"median": 2.79, "ci_low": 2.48, "ci_high": 4.94},
 }
 
@@ -122,9 +132,29 @@ def test_each_knob_of_the_ablation_gets_its_worth_and_a_removed_one_says_so(doc)
     assert ("channels_last: no measurable effect (0.97-1.06): removed from the emitted configuration"
             in lines), lines
     assert any(line.startswith("allocator default -> tcmalloc: could not be measured") for line in lines)
-    assert ("together the kept knobs account for 2.60x, inside the verified speedup's interval "
-            "(1.81-4.73x)") in lines
+    assert "+ batch_size 64 -> 512: 1.30x (1.25-1.36)" in lines
+    assert "+ interop_threads default -> 1: 1.05x (1.00-1.11)" in lines
+    assert ("+ channels_last off -> on: 0.99x (0.94-1.05) (removed: no measurable effect when "
+            "left out)") in lines
+    assert "= 2.42x (2.30-2.55), the winner over the baseline side by side" in lines
+    assert ("the kept knobs' steps multiply to 2.45x, inside the verified speedup's interval "
+            "(1.81-4.73x, scripts run alone)") in lines
+    assert not any("leave-one-out" in line for line in lines)  # 2.60 is within 10% of 2.42
     assert "None" not in "\n".join(lines)
+
+
+def test_when_single_effects_do_not_multiply_to_the_whole_the_advice_says_why(doc):
+    doc["ablation"] = {**ABLATION, "product": 4.1}
+    lines = [line.strip() for line in advise(doc)]
+    assert ("the leave-one-out ratios above multiply to 4.10x instead: the knobs complement each "
+            "other: each removal costs more than its share") in lines
+    doc["ablation"] = {**ABLATION, "path": {**ABLATION["path"], "kept_product": 6.0}}
+    assert any(line.strip().startswith("the kept knobs' steps multiply to 6.00x, outside")
+               for line in advise(doc))
+    doc["ablation"] = {**ABLATION, "path": {"skipped": "the baseline could not be measured beside "
+                                                       "the winner: crash"}}
+    assert any("the path from the baseline was not measured: the baseline could not" in line
+               for line in advise(doc))
 
 
 def test_a_document_without_an_ablation_or_with_a_skipped_one_is_advised_too(doc):

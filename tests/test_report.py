@@ -70,3 +70,29 @@ def test_optunas_own_info_lines_stay_out_of_the_progress(tmp_path, capsys):
         assert optuna.logging.get_verbosity() == logging.INFO, "the user's verbosity is restored"
     finally:
         optuna.logging.set_verbosity(before)
+
+
+def test_at_a_terminal_the_bar_shows_the_configuration_measured_now_against_baseline_and_best():
+    import io
+
+    from rich.console import Console
+
+    from autotune.config import TrialConfig
+    from autotune.trial import TrialResult
+
+    reporter = Reporter()
+    screen = io.StringIO()
+    reporter.err = Console(file=screen, force_terminal=True, width=200, highlight=False, soft_wrap=True)
+    baseline, candidate = TrialConfig(batch_size=32), TrialConfig(batch_size=128, precision="bf16")
+    reporter.search("start", {"number": 1, "of": 4, "config": baseline, "role": "baseline", "elapsed": 0.0})
+    reporter.search("end", {"result": TrialResult(status="ok", value=1000.0, iqr=1.0), "best": 1000.0,
+                            "role": "baseline"})
+    reporter.search("start", {"number": 2, "of": 4, "config": candidate, "elapsed": 5.0})
+    reporter.search("window", {"i": 0, "value": 2500.0})
+    assert reporter._bar is not None
+    now = reporter._bar.tasks[0].fields["now"]
+    assert now == f"{candidate.short()}: 2,500 samples/s, 2.50x the baseline, 2.50x the best", now
+    reporter._bar.refresh()
+    reporter.end_search()
+    assert "2.50x the baseline" in screen.getvalue()
+    assert "window 1" not in screen.getvalue()  # windows are lines only with -v

@@ -20,7 +20,7 @@ from autotune.commands import report as report_command
 from autotune.commands import show as show_command
 from autotune.report_files import PLOTS_HINT, load_study, write_report
 
-PLOTS = ("history.png", "knobs.png", "ablation.png", "verification.png")
+PLOTS = ("history.png", "knobs.png", "ablation.png", "path.png", "verification.png")
 
 
 def make_outdir(folder: Path, *, ablation: bool = True, study: bool = True) -> Path:
@@ -73,6 +73,9 @@ def test_report_md_holds_the_summary_advice_and_every_table(written):
     assert "same configuration as #3" in trials and "2,422 (partial)" in trials
     assert "| 1 | 2.48 | 10,011 |" in md  # the first side-by-side round
     assert "| channels_last | off | on | 1.01x | 0.97-1.06 | removed |" in md
+    assert "## The path from the baseline" in md
+    assert "| + precision | fp32 -> bf16 | 1.60x | 1.55-1.66 | kept |" in md
+    assert "| = the winner over the baseline |  | 2.42x | 2.30-2.55 |  |" in md
     for name in PLOTS:
         assert f"](report/{name})" in md
     assert PLOTS_HINT not in md

@@ -28,7 +28,7 @@ def task():
 def _tune(task, tmp_path: Path, runner: StandInRunner, **options) -> dict:
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    return pipeline.execute(task, out, pipeline.RunOptions(trials=8, **options),
+    return pipeline.execute(task, out, pipeline.RunOptions(**{"trials": 8, **options}),
                             machine=runner.doc, runner=runner, reporter=Reporter(quiet=True))
 
 
