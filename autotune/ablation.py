@@ -43,7 +43,7 @@ KNOB_GROUPS: dict[str, tuple[str, ...]] = {
     "affinity": ("affinity",),
     "ipex": ("ipex",),
 }
-MIN_ROUNDS = 4
+MIN_ROUNDS = 3  # with many knobs: the path and the leave-one-out in the speed check's windows
 MAX_ROUNDS = 10
 # A knob is dropped when its interval reaches 1.0 and its median is under this: not
 # shown to help, and most likely worth little. One whose median is above it but whose
@@ -206,8 +206,14 @@ def _knob_effect(variant: Variant, detail: dict[str, Any], winner: TrialConfig,
     interval = stats.ratio_interval([1 / r for r in ratios])
     measurable = interval["ci_low"] > 1.0
     kept = measurable or interval["median"] >= NEGLIGIBLE
-    note = ("" if measurable else "not measurably faster, but likely worth keeping: kept" if kept
-            else "no measurable effect: removed from the emitted configuration")
+    if measurable:
+        note = ""
+    elif kept:
+        note = "not measurably faster, but likely worth keeping: kept"
+    elif interval["ci_high"] < 1.0:  # the search's pick, by noise or for another knob's sake
+        note = "slows the winner down: removed from the emitted configuration"
+    else:
+        note = "no measurable effect: removed from the emitted configuration"
     return {**effect, "ratio": interval["median"], "ci_low": interval["ci_low"],
             "ci_high": interval["ci_high"], "ci_level": interval["ci_level"], "kept": kept,
             "note": note}

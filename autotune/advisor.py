@@ -120,8 +120,9 @@ def ablation_lines(ablation: dict[str, Any] | None, doc: dict[str, Any] | None =
         elif not k.get("kept", True) and "but kept" in (k.get("note") or ""):
             lines.append(f"  {name} ({k['ci_low']:.2f}-{k['ci_high']:.2f}): {k['note']}")
         elif not k.get("kept", True):
-            lines.append(f"  {name}: no measurable effect ({k['ci_low']:.2f}-{k['ci_high']:.2f}): "
-                         "removed from the emitted configuration")
+            effect = "slows the winner down" if k["ci_high"] < 1.0 else "no measurable effect"
+            lines.append(f"  {name} {before} -> {after}: {effect} ({k['ratio']:.2f}x, {k['ci_low']:.2f}-"
+                         f"{k['ci_high']:.2f}): removed from the emitted configuration")
         else:
             note = f"; {k['note']}" if k.get("note") else ""
             lines.append(f"  {name} {before} -> {after}: {k['ratio']:.2f}x ({k['ci_low']:.2f}-"
@@ -143,16 +144,27 @@ def path_lines(ablation: dict[str, Any], doc: dict[str, Any] | None = None) -> l
     for step in found["steps"]:
         change = ", ".join(f"{k} {shown(b)} -> {shown(w)}"
                            for k, b, w in zip(step["knobs"], step["baseline"], step["winner"]))
-        removed = "" if step["kept"] else " (removed: no measurable effect when left out)"
+        removed = "" if step["kept"] else " (removed from the emitted configuration)"
         lines.append(f"  + {change}: {step['ratio']:.2f}x ({_span(step)}){removed}")
-    lines.append(f"  = {found['total']:.2f}x ({_span(found)}), the winner over the baseline side by side")
     speed = (doc or {}).get("speedup") or {}
+    held = speed.get("side_by_side") or {}
+    total = f"  = {found['total']:.2f}x ({_span(found)}), the winner over the baseline side by side"
+    if held.get("ci_low"):
+        inside = held["ci_low"] <= found["total"] <= held["ci_high"]
+        total += (f"; the speed check measured it at {held['median']:.2f}x ({_span(held)}): "
+                  f"{'consistent' if inside else 'outside its interval'}")
+    lines.append(total)
     if speed.get("pairs"):
         product = found["kept_product"]
-        inside = speed["ci_low"] <= product <= speed["ci_high"]
-        lines.append(f"  the kept knobs' steps multiply to {product:.2f}x, "
-                     f"{'inside' if inside else 'outside'} the verified speedup's interval "
-                     f"({speed['ci_low']:.2f}-{speed['ci_high']:.2f}x, scripts run alone)")
+        alone = speed["ci_low"] <= product <= speed["ci_high"]
+        which = ("the kept knobs' steps multiply to" if any(not s["kept"] for s in found["steps"])
+                 else "the steps multiply to")
+        line = (f"  {which} {product:.2f}x; the emitted configuration's script run alone against the "
+                f"baseline's: {speed['median']:.2f}x ({_span(speed)}): {'inside' if alone else 'outside'}")
+        if not alone and held.get("median"):
+            line += (f" (on this machine the speedup measured side by side is {held['median'] / speed['median']:.2f}x "
+                     "the one measured alone, and the steps are measured side by side)")
+        lines.append(line)
     loo = ablation.get("product")
     if loo and found["total"] and not 0.9 <= loo / found["total"] <= 1.1:
         why = ("complement each other: each removal costs more than its share" if loo > found["total"]

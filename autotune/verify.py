@@ -592,6 +592,10 @@ def _simplified_failed(simplified: Verdict, winner: Verdict) -> None:
     winner.ablation["simplified"] = {**winner.ablation.get("simplified", {}),
                                      "rejected": simplified.reason}
     winner.ablation["knobs"] = [
-        k if k["kept"] else {**k, "note": "no measurable effect, but kept: the configuration "
+        k if k["kept"] else {**k, "note": "not shown to help, but kept: the configuration "
                                           "without it did not pass when run alone"}
         for k in winner.ablation.get("knobs", [])]
+    path = winner.ablation.get("path") or {}
+    if path.get("steps"):
+        winner.ablation["path"] = {**path, "steps": [{**s, "kept": True} for s in path["steps"]],
+                                   "kept_product": path["total"]}
