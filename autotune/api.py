@@ -31,7 +31,7 @@ def tune(
     ``autotune.ContractError`` for a model file that breaks the contract,
     ``autotune.UsageError`` for a bad argument, ``autotune.errors.NotVerified`` when the
     baseline itself cannot run."""
-    from autotune.pipeline import RunOptions
+    from autotune.pipeline import RunOptions, output_folder
     from autotune.pipeline import tune as run_pipeline
     from autotune.report import Reporter
     from autotune.space import parse_fixes
@@ -45,9 +45,10 @@ def tune(
                          f"{', '.join(sorted(known))}")
     options = RunOptions(trials=trials, timeout_s=timeout, fixed=parse_fixes(items), exact=exact,
                          max_quality_drop=max_quality_drop, **measurement)
-    doc = run_pipeline(Path(model_file), out=Path(out) if out is not None else None,
-                       options=options, reporter=Reporter(quiet=not progress), force=force)
-    return Result.from_document(doc)
+    folder = output_folder(Path(model_file), Path(out) if out is not None else None)
+    doc = run_pipeline(Path(model_file), out=folder, options=options, reporter=Reporter(quiet=not progress),
+                       force=force)
+    return Result.from_document(doc, folder)
 
 
 def probe() -> Machine:

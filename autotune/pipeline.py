@@ -191,7 +191,7 @@ def candidate_emitter(task: Task, machine: Machine) -> Callable[[TrialConfig, Pa
         doc = emit.write_outputs(folder, cfg=cfg, model_file=task.path, env=env,
                                  document={"candidate": cfg.to_dict()},
                                  description=f"Train {task.path.name} (candidate)")
-        return Path(doc["outputs"]["launcher"])
+        return emit.resolve(doc, folder, "launcher")
     return emit_candidate
 
 
@@ -274,12 +274,17 @@ def build_document(
     return doc
 
 
+def output_folder(model_file: Path, out: Path | None) -> Path:
+    """Where a run writes: ``out``, else ``autotune-out/<model name>``; absolute, since
+    trials and scripts run with other working directories."""
+    return (out or Path("autotune-out") / model_file.stem).absolute()
+
+
 def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: Reporter,
          force: bool = False) -> dict[str, Any]:
     """The run as the CLI starts it: the output folder held exclusively, the model file
     checked before anything is created, one measuring autotune per machine."""
-    # Absolute from here on: trials and scripts run with other working directories.
-    out = (out or Path("autotune-out") / model_file.stem).absolute()
+    out = output_folder(model_file, out)
     # Subreaper first: processes the model file starts during its check are ours to end.
     proctree.become_subreaper()
     try:

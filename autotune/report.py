@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.advisor import ablation_lines
+from autotune.emit import resolve
 from autotune.protocol import Status
 from autotune.trial import TrialResult
 
@@ -131,7 +132,7 @@ class Reporter:
         else:
             self.err.print(f"verify: {info.get('text', kind)}", markup=False)
 
-    def summary(self, doc: dict[str, Any]) -> None:
+    def summary(self, doc: dict[str, Any], folder: Path) -> None:
         base = doc["baseline"]
         best = doc.get("best") or {}
         speed = doc.get("speedup") or {}
@@ -184,10 +185,11 @@ class Reporter:
             self.out.print("not searched on this machine:")
             for knob, reason in skipped.items():
                 self.out.print(f"  {knob}: {reason}", markup=False)
-        self.out.print(f"wrote {doc['outputs']['config']}, {doc['outputs']['script']}, "
-                       f"{doc['outputs']['launcher']}", markup=False)
-        self.out.print(f"train with: {doc['launch']}", markup=False)
-        report = Path(doc["outputs"]["config"]).parent / "report.html"
+        self.out.print(f"wrote {', '.join(str(resolve(doc, folder, k)) for k in ('config', 'script', 'launcher'))}",
+                       markup=False)
+        self.out.print(f"train with: {resolve(doc, folder, 'launcher')}  # {doc['launch'].partition('# ')[2]}",
+                       markup=False)
+        report = folder / "report.html"
         if report.exists():
             self.out.print(f"report: {report} (and report.md; `autotune show` repeats this)",
                            markup=False)

@@ -10,7 +10,7 @@ from typing import Any
 
 from autotune import schemas
 from autotune.config import TrialConfig
-from autotune.emit import CONFIG_NAME, SCHEMA
+from autotune.emit import CONFIG_NAME, SCHEMA, resolve
 from autotune.errors import UsageError
 
 
@@ -49,13 +49,13 @@ class Result:
     document: dict[str, Any] = dataclasses.field(repr=False, compare=False)
 
     @classmethod
-    def from_document(cls, doc: dict[str, Any]) -> Result:
+    def from_document(cls, doc: dict[str, Any], folder: Path) -> Result:
+        """``doc`` as read from (or written to) ``folder``: its paths are relative to it."""
         sp = doc.get("speedup") or {}
         speedup = None
         if doc.get("verified") and sp.get("pairs"):
             speedup = Speedup(median=sp["median"], low=sp["ci_low"], high=sp["ci_high"],
                               level=sp.get("ci_level", 0.0), pairs=sp["pairs"])
-        outputs = doc["outputs"]
         return cls(
             verified=bool(doc.get("verified")),
             config=TrialConfig.from_dict(doc["config"]),
@@ -63,8 +63,8 @@ class Result:
             speedup=speedup,
             samples_per_s=(doc.get("best") or {}).get("samples_per_s"),
             baseline_samples_per_s=doc["baseline"]["samples_per_s"],
-            out=Path(outputs["config"]).parent, script=Path(outputs["script"]),
-            launcher=Path(outputs["launcher"]), document=doc)
+            out=folder.absolute(), script=resolve(doc, folder.absolute(), "script"),
+            launcher=resolve(doc, folder.absolute(), "launcher"), document=doc)
 
 
 def read_document(out: str | os.PathLike[str]) -> dict[str, Any]:
@@ -94,4 +94,5 @@ def read_document(out: str | os.PathLike[str]) -> dict[str, Any]:
 
 def load(out: str | os.PathLike[str]) -> Result:
     """The result of an earlier run, from its output folder."""
-    return Result.from_document(read_document(out))
+    out = Path(out)
+    return Result.from_document(read_document(out), out if out.is_dir() else out.parent)

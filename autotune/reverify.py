@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune import measure_lock, outdir, proctree, verify
+from autotune import emit, measure_lock, outdir, proctree, verify
 from autotune.config import TrialConfig
 from autotune.pipeline import RunOptions, candidate_emitter, make_runner, probe_doc
 from autotune.probes import Machine, as_machine
@@ -26,16 +26,19 @@ from autotune.trial import TrialRunner
 
 def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Reporter,
              machine: Machine | Mapping[str, Any] | None = None,
-             runner: TrialRunner | None = None) -> dict[str, Any]:
+             runner: TrialRunner | None = None,
+             model_file: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Measure the configuration in ``out`` against its baseline again; returns the
-    reverify document. ``machine`` and ``runner`` default to this machine's probe and a
-    real trial runner (tests pass stand-ins)."""
+    reverify document. The folder may have been copied or moved: its model file is found
+    relative to it, else where it was tuned, unless ``model_file`` names it; both scripts
+    train that file. ``machine`` and ``runner`` default to this machine's probe and a real
+    trial runner (tests pass stand-ins)."""
     from autotune.probes import fingerprint, fingerprint_diff
 
     doc = read_document(out)
     folder = Path(out)
     folder = (folder if folder.is_dir() else folder.parent).absolute()
-    task = load_task(doc["model_file"])
+    task = load_task(emit.model_file(doc, folder, override=model_file))
     cfg = TrialConfig.from_dict(doc["config"])
     baseline = TrialConfig.from_dict(doc["baseline"]["config"])
     machine = as_machine(machine) if machine is not None else probe_doc()
@@ -46,6 +49,8 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     if cfg == baseline:
         return {"verified": False, "reason": "the configuration is the baseline itself: nothing to verify"}
     proctree.become_subreaper()
+    previous = os.environ.get("MODEL_FILE")
+    os.environ["MODEL_FILE"] = str(task.path)  # what the user's launch.sh trains here
     try:
         with outdir.exclusive(folder), measure_lock.held(notice=reporter.warn):
             runner = runner or make_runner(
@@ -60,10 +65,14 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
                                          ablation=False),  # the configuration as emitted
                 has_evaluate=task.has_evaluate,
                 # the user's launch.sh as it is; the baseline's script written afresh
-                emit_candidate=lambda c, where: (Path(doc["outputs"]["launcher"]) if c == cfg
+                emit_candidate=lambda c, where: (emit.resolve(doc, folder, "launcher") if c == cfg
                                                  else emit_baseline(c, where)),
                 workdir=folder / "reverify", progress=reporter.verify)
     finally:
+        if previous is None:
+            os.environ.pop("MODEL_FILE", None)
+        else:
+            os.environ["MODEL_FILE"] = previous
         proctree.reap_orphans()
     verdict = verdicts[0]
     now = verdict.standalone

@@ -296,19 +296,22 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
         self.n, self.global_batch, self.world, self.rank = n, global_batch, world, rank
         self.seed, self.epoch = seed, 0
         self.per_rank = global_batch // world
+        self.batches_per_epoch = n // global_batch
+        self.skip = 0  # batches of the next epoch already trained on (a resumed run)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return (self.n // self.global_batch) * self.per_rank
+        return (self.batches_per_epoch - self.skip) * self.per_rank
 
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator()
         g.manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.n, generator=g).tolist()
         lo = self.rank * self.per_rank
-        for b in range(self.n // self.global_batch):
+        first, self.skip = self.skip, 0
+        for b in range(first, self.batches_per_epoch):
             start = b * self.global_batch + lo
             yield from order[start : start + self.per_rank]
 
@@ -343,11 +346,16 @@ def build_loader(user: Any, cfg: dict, dist: Distributed, *, seed: int) -> tuple
     return loader, sampler
 
 
-def batches(loader: Any, sampler: Any) -> Iterator[Any]:
-    """Endless batches, epoch after epoch, as a training loop would draw them."""
-    epoch = 0
+def batches(loader: Any, sampler: Any, *, start_epoch: int = 0) -> Iterator[Any]:
+    """Endless batches, epoch after epoch, as a training loop would draw them. Without a
+    sampler (an IterableDataset), a dataset with ``set_epoch`` is told the epoch."""
+    epoch = start_epoch
     while True:
-        sampler.set_epoch(epoch)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        set_epoch = getattr(loader.dataset, "set_epoch", None)
+        if sampler is None and callable(set_epoch):
+            set_epoch(epoch)
         yield from loader
         epoch += 1
 
@@ -394,13 +402,17 @@ def autocast(cfg: dict, device: torch.device) -> contextlib.AbstractContextManag
     return contextlib.nullcontext()
 
 
-def make_step(user: Any, model: Any, optimizer: Any, cfg: dict,
-              device: torch.device) -> Callable[[Any], torch.Tensor]:
+def make_scaler(cfg: dict, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16 needs its loss scaled; the other precisions do not."""
+    return torch.amp.GradScaler(device.type) if cfg.get("precision") == "fp16" else None
+
+
+def make_step(user: Any, model: Any, optimizer: Any, cfg: dict, device: torch.device, *,
+              scaler: torch.amp.GradScaler | None = None) -> Callable[[Any], torch.Tensor]:
     """A function doing one optimizer step on one batch (moved to ``device``); it returns
     the loss as a detached tensor so the caller decides when to synchronise with the device."""
     loss_fn = getattr(user, "loss_fn", None) or torch.nn.functional.cross_entropy
     training_step = getattr(user, "training_step", None)
-    scaler = torch.amp.GradScaler(device.type) if cfg.get("precision") == "fp16" else None
     channels_last = bool(cfg.get("channels_last"))
 
     def step(batch: Any) -> torch.Tensor:
@@ -422,6 +434,13 @@ def make_step(user: Any, model: Any, optimizer: Any, cfg: dict,
         return loss.detach()
 
     return step
+
+
+def _length(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def check_finite(losses: list[torch.Tensor]) -> list[float]:
@@ -525,21 +544,37 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
 class Session:
     """Everything one rank needs to train: model, optimizer, data, step."""
 
-    def __init__(self, model_file: str, cfg: dict, *, seed: int = 0) -> None:
+    def __init__(self, model_file: str, cfg: dict, *, seed: int = 0, start_step: int = 0) -> None:
         self.cfg = cfg
         apply_process_knobs(cfg)
         self.dist = Distributed(cfg)
         seed_everything(seed)
         self.user = load_user_module(model_file)
         self.loader, self.sampler = build_loader(self.user, cfg, self.dist, seed=seed)
-        self.batches = batches(self.loader, self.sampler)
+        # Batches per epoch; None for an IterableDataset without a length.
+        self.per_epoch: int | None = (self.sampler.batches_per_epoch if self.sampler is not None
+                                      else _length(self.loader))
+        self.batches = self._batches_from(start_step)
         first = next(self.batches)
         seed_everything(seed)  # identical initial weights whatever the loader consumed
         self.model, self.optimizer = build_model(self.user, cfg, self.dist, first)
+        self.scaler = make_scaler(cfg, self.dist.device)
         # One optimizer step on a given batch; step() takes the next batch of the loader.
-        self.train_step = make_step(self.user, self.model, self.optimizer, cfg, self.dist.device)
+        self.train_step = make_step(self.user, self.model, self.optimizer, cfg, self.dist.device,
+                                    scaler=self.scaler)
         self._pending = [first]
         self.global_batch = int(cfg["batch_size"])
+
+    def _batches_from(self, step: int) -> Iterator[Any]:
+        """The batches a run that already trained ``step`` steps draws next: the sampler
+        skips to them; a dataset without one is read through to them."""
+        if self.sampler is not None and self.per_epoch:
+            epoch, self.sampler.skip = divmod(step, self.per_epoch)
+            return batches(self.loader, self.sampler, start_epoch=epoch)
+        endless = batches(self.loader, self.sampler)
+        for _ in range(step):
+            next(endless)
+        return endless
 
     def next_batch(self) -> Any:
         """The next batch to train on: the one drawn to build the model comes first."""
@@ -559,3 +594,252 @@ class Session:
 
     def close(self) -> None:
         self.dist.close()
+
+
+# --- training: the loop of train_tuned.py --------------------------------------------
+
+CHECKPOINT_NAME = "step-{step:09d}.pt"
+STOP_SIGNALS = ("SIGTERM", "SIGINT")
+# With several ranks, a stop request is agreed on every this many steps: the ranks must
+# stop after the same step, and a collective every step would slow what was tuned.
+STOP_CHECK_EVERY = 10
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """Every random generator a training step may draw from, as saved in a checkpoint."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and "numpy" in state:
+        numpy.random.set_state(state["numpy"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def latest_checkpoint(folder: str) -> str | None:
+    """The checkpoint of the most steps in ``folder``; None when there is none."""
+    if not os.path.isdir(folder):
+        return None
+    names = sorted(n for n in os.listdir(folder) if n.startswith("step-") and n.endswith(".pt"))
+    return os.path.join(folder, names[-1]) if names else None
+
+
+def read_checkpoint(path: str) -> dict[str, Any]:
+    """A checkpoint this script wrote (it holds RNG states, so it is not weights-only)."""
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+class Checkpoints:
+    """Where and when rank 0 saves: every ``every`` steps (0: at each epoch's end), at the
+    last step, and when a stop signal arrives; the newest ``keep`` are kept (0: all).
+    Every rank takes part (their RNG states are gathered)."""
+
+    def __init__(self, folder: str | None, *, every: int, keep: int) -> None:
+        self.folder, self.every, self.keep = folder, every, keep
+
+    def due(self, step: int, *, per_epoch: int | None, last: bool) -> bool:
+        if self.folder is None:
+            return False
+        if last:
+            return True
+        if self.every:
+            return step % self.every == 0
+        return per_epoch is not None and step % per_epoch == 0
+
+    def save(self, session: Session, *, step: int, config: dict) -> str | None:
+        states: list[Any] = [rng_state(session.dist.device)]
+        if session.dist.enabled:
+            states = [None] * session.dist.world
+            torch.distributed.all_gather_object(states, rng_state(session.dist.device))
+        if session.dist.rank != 0 or self.folder is None:
+            return None
+        os.makedirs(self.folder, exist_ok=True)
+        path = os.path.join(self.folder, CHECKPOINT_NAME.format(step=step))
+        state = {"step": step, "model": unwrap_model(session.model).state_dict(),
+                 "optimizer": session.optimizer.state_dict(),
+                 "scaler": session.scaler.state_dict() if session.scaler is not None else None,
+                 "rng": states, "world": session.dist.world, "config": config}
+        tmp = f"{path}.{os.getpid()}.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # a kill mid-save leaves the previous checkpoint intact
+        if self.keep:
+            names = sorted(n for n in os.listdir(self.folder) if n.startswith("step-") and n.endswith(".pt"))
+            for old in names[: -self.keep]:
+                os.remove(os.path.join(self.folder, old))
+        return path
+
+
+def restore(session: Session, state: dict[str, Any]) -> list[str]:
+    """Load a checkpoint into a session built at its step; returns warnings."""
+    warnings = []
+    unwrap_model(session.model).load_state_dict(state["model"])
+    session.optimizer.load_state_dict(state["optimizer"])
+    if session.scaler is not None and state.get("scaler"):
+        session.scaler.load_state_dict(state["scaler"])
+    states = state["rng"]
+    if len(states) != session.dist.world:
+        warnings.append(f"the checkpoint was saved by {len(states)} rank(s), this run has "
+                        f"{session.dist.world}: random streams continue from rank 0's")
+    set_rng_state(states[session.dist.rank] if session.dist.rank < len(states) else states[0],
+                  session.dist.device)
+    return warnings
+
+
+class Metrics:
+    """Training metrics as JSON lines (appended: a resumed run continues the file), and
+    TensorBoard scalars where a log dir is given and tensorboard is installed."""
+
+    def __init__(self, path: str | None, *, tensorboard: str | None, enabled: bool) -> None:
+        import json
+
+        self._json = json
+        self.file = None
+        self.writer = None
+        if not enabled:
+            return
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self.file = open(path, "a")  # noqa: SIM115  (held for the run, closed in close())
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                print("warning: --tensorboard needs the tensorboard package (pip install tensorboard); "
+                      "metrics go to the JSON lines only", file=sys.stderr, flush=True)
+            else:
+                self.writer = SummaryWriter(tensorboard)
+
+    def write(self, step: int, **values: Any) -> None:
+        if self.file is not None:
+            self.file.write(self._json.dumps({"step": step, "time": time.time(), **values}) + "\n")
+            self.file.flush()
+        if self.writer is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+class StopRequest:
+    """SIGTERM or SIGINT (a preempted job, Ctrl-C) asks the loop to stop after the
+    current step and save; a second one is left to the default action."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self.signum = 0
+        for name in STOP_SIGNALS:
+            signal.signal(getattr(signal, name), self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        import signal
+
+        self.signum = signum
+        signal.signal(signum, signal.SIG_DFL)
+
+    def agreed(self, session: Session, step: int) -> int:
+        """The signal every rank stops for after ``step`` (0: go on)."""
+        if not session.dist.enabled:
+            return self.signum
+        if step % STOP_CHECK_EVERY:
+            return 0
+        return int(session.dist.agree_max(float(self.signum)))
+
+
+def evaluate(session: Session) -> float | None:
+    """The user's evaluate(model) on rank 0, the model back in training mode after it."""
+    user_evaluate = getattr(session.user, "evaluate", None)
+    if user_evaluate is None or session.dist.rank != 0:
+        return None
+    model = unwrap_model(session.model)
+    try:
+        return float(user_evaluate(model))
+    finally:
+        model.train()
+
+
+def train(session: Session, *, total: int, start: int, config: dict, checkpoints: Checkpoints,
+          metrics: Metrics, log_every: int, report: str | None) -> int:
+    """Train from step ``start`` (a resumed run) to ``total``; returns the exit code:
+    0, or 128 + the signal after a stop request was saved."""
+    rank0 = session.dist.rank == 0
+    per_epoch = session.per_epoch
+    stop = StopRequest()
+    warm = start + min(3, max(0, total - start - 1))  # steps before the clock starts (compile)
+    losses: list[float] = []
+    pending: list[torch.Tensor] = []
+    facts = None
+    clock = time.perf_counter()
+    stopped = 0
+    step = start
+    while step < total:
+        step += 1
+        if step == start + 1 and report:
+            # The first step, with hooks that record what each knob did here, the way
+            # autotune's trials record it.
+            loss, facts = step_facts(session)
+            facts.update(process_facts())
+            pending.append(loss)
+        else:
+            pending.append(session.step())
+        if step == warm:
+            session.dist.synchronize()
+            clock = time.perf_counter()
+        epoch = step // per_epoch if per_epoch else None
+        epoch_end = per_epoch is not None and step % per_epoch == 0
+        stopped = stop.agreed(session, step)
+        last = step == total or bool(stopped)
+        if step % log_every == 0 or last or epoch_end:
+            losses.extend(check_finite(pending))
+            pending = []
+            if rank0 and (step % log_every == 0 or last):
+                print(f"step {step}/{total}  loss {losses[-1]:.4f}", flush=True)
+                metrics.write(step, loss=losses[-1], epoch=step / per_epoch if per_epoch else None)
+        if epoch_end:
+            metric = evaluate(session)
+            if metric is not None:
+                print(f"epoch {epoch}  evaluate {metric:.4f}", flush=True)
+                metrics.write(step, evaluate=metric, epoch=epoch)
+        if checkpoints.due(step, per_epoch=per_epoch, last=last):
+            path = checkpoints.save(session, step=step, config=config)
+            if path:
+                print(f"saved {path}", flush=True)
+                metrics.write(step, checkpoint=path)
+        if stopped:
+            break
+    session.dist.synchronize()
+    elapsed = time.perf_counter() - clock
+    timed = step - warm
+    samples_per_s = timed * session.global_batch / elapsed if timed > 0 and elapsed > 0 and not stopped else None
+    if rank0:
+        if stopped:
+            import signal
+
+            where = f"; resume with --resume {checkpoints.folder}" if checkpoints.folder else ""
+            print(f"stopped by {signal.Signals(stopped).name} after step {step}{where}", flush=True)
+        elif samples_per_s:
+            print(f"{samples_per_s:.1f} samples/s over {timed} steps", flush=True)
+        if report:
+            import json
+
+            with open(report, "w") as f:
+                json.dump({"steps": step, "first_step": start + 1, "timed_steps": timed,
+                           "samples_per_s": samples_per_s, "losses": losses, "facts": facts,
+                           "stopped_by": stopped or None}, f)
+    metrics.close()
+    return 128 + stopped if stopped else 0

@@ -39,14 +39,14 @@ def main() -> int:
     folder = args.out[0] / "independent"
     base_cfg = TrialConfig.from_dict(docs[0]["baseline"]["config"])
     base_doc = emit.write_outputs(folder / "baseline", cfg=base_cfg,
-                                  model_file=Path(docs[0]["model_file"]), env={}, document={},
+                                  model_file=emit.model_file(docs[0], args.out[0]), env={}, document={},
                                   description="baseline")
     names = ["baseline"] + [f"tuned-{i}" for i in range(len(docs))]
-    launchers = {"baseline": Path(base_doc["outputs"]["launcher"])}
+    launchers = {"baseline": emit.resolve(base_doc, folder / "baseline", "launcher")}
     rates = {"baseline": docs[0]["baseline"]["samples_per_s"]}
     cfgs = {"baseline": base_cfg}
-    for name, doc in zip(names[1:], docs):
-        launchers[name] = Path(doc["outputs"]["launcher"])
+    for name, doc, out in zip(names[1:], docs, args.out):
+        launchers[name] = emit.resolve(doc, out, "launcher")
         rates[name] = (doc.get("best") or doc["baseline"])["samples_per_s"]
         cfgs[name] = TrialConfig.from_dict(doc["config"])
     values: dict[str, list[float]] = {name: [] for name in names}

@@ -48,7 +48,7 @@ def main() -> int:
     machine = probe_machine()
     cfgs = {"B": TrialConfig.from_dict(doc["baseline"]["config"]),
             "C": TrialConfig.from_dict(doc["config"])}
-    model = Path(doc["model_file"])
+    model = emit.model_file(doc, args.out)
     work = Path(tempfile.mkdtemp(prefix="bias-"))
     runner = TrialRunner(model_file=model, machine=machine, workdir=work / "trials",
                          measurement=Measurement(window_s=args.window))
@@ -57,7 +57,7 @@ def main() -> int:
         env, _ = launch.environment(cfg, machine=machine)
         written = emit.write_outputs(work / name, cfg=cfg, model_file=model, env=env, document={},
                                      description=name)
-        launchers[name] = Path(written["outputs"]["launcher"])
+        launchers[name] = emit.resolve(written, work / name, "launcher")
     rates = {"B": doc["baseline"]["samples_per_s"], "C": doc["best"]["samples_per_s"]}
     values: dict[str, list[float]] = {f"{k}-{n}": [] for k in ("script", "served") for n in cfgs}
     steal = {"script": [0, 0.0], "served": [0, 0.0]}  # ticks, seconds

@@ -87,8 +87,8 @@ def test_script_text_survives_odd_names():
     tree = ast.parse(emit.render_script(cfg=cfg, model_file=model, description=description))
     assigned = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id in ("MODEL_FILE", "CONFIG")}
-    assert assigned == {"MODEL_FILE": str(model), "CONFIG": cfg.to_dict()}
+                and node.targets[0].id in ("MODEL_FILE_TUNED", "CONFIG")}
+    assert assigned == {"MODEL_FILE_TUNED": str(model), "CONFIG": cfg.to_dict()}
     assert ast.get_docstring(tree).startswith(description)
 
 
@@ -164,9 +164,9 @@ def test_two_ranks_leave_cleanly_with_their_checkpoint_and_report(tmp_path, no_a
     work = tmp_path / "elsewhere"
     proc = run_launcher(out, work, no_autotune_env, "--epochs", "1", "--report", "r.json")
     assert proc.returncode == 0
-    assert "saved checkpoints/epoch-1.pt" in proc.stdout and "samples/s" in proc.stdout
+    assert "saved checkpoints/step-000000008.pt" in proc.stdout and "samples/s" in proc.stdout
     assert json.loads((work / "r.json").read_text())["steps"] == 512 // 64
-    assert torch.load(work / "checkpoints" / "epoch-1.pt")["epoch"] == 1
+    assert torch.load(work / "checkpoints" / "step-000000008.pt", weights_only=False)["step"] == 8
 
 
 @pytest.mark.slow
@@ -180,11 +180,11 @@ def test_one_epoch_saves_a_loadable_checkpoint(tmp_path, no_autotune_env):
     proc = run_launcher(out, work, no_autotune_env, "--epochs", "1", "--report", "r.json")
     report = json.loads((work / "r.json").read_text())
     assert report["steps"] == 512 // 64  # one pass over the tiny dataset
-    path = work / "checkpoints" / "epoch-1.pt"
+    path = work / "checkpoints" / "step-000000008.pt"
     assert path.is_file(), proc.stdout
-    assert not (work / "checkpoints" / "epoch-2.pt").exists()
-    checkpoint = torch.load(path)
-    assert checkpoint["epoch"] == 1
+    assert sorted(p.name for p in (work / "checkpoints").glob("*.pt")) == [path.name]
+    checkpoint = torch.load(path, weights_only=False)
+    assert checkpoint["step"] == 8
     assert checkpoint["config"] == cfg.to_dict()
     sys.path.insert(0, str(MODELS))
     try:

@@ -75,7 +75,7 @@ def test_knob_takes_effect_in_trial_and_in_generated_script(name, machine, tmp_p
     doc = emit.write_outputs(tmp_path / "out", cfg=cfg, model_file=MODEL, env=env, document={},
                              description=name)
     report = tmp_path / "report.json"
-    proc = subprocess.run(["bash", doc["outputs"]["launcher"], "--max-steps", "4", "--no-checkpoint",
+    proc = subprocess.run(["bash", emit.resolve(doc, tmp_path / "out", "launcher"), "--max-steps", "4", "--no-checkpoint",
                            "--report", str(report)], capture_output=True, text=True, timeout=240,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

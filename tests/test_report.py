@@ -1,6 +1,8 @@
 """What the user sees: user text is printed as text, never as rich markup."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from autotune.report import Reporter
@@ -27,9 +29,9 @@ def test_the_summary_prints_paths_and_reasons_as_text(capsys):
                                                        "samples_per_s": 10.0},
            "rejected": [{"config_short": "layout=1x2", "reason": MARKUP}],
            "precision": {"rejected": {"bf16": MARKUP}, "instead": "the baseline"},
-           "outputs": {"config": f"/out/{MARKUP}/best_config.json", "script": "s", "launcher": "l"},
-           "launch": f"/out/{MARKUP}/launch.sh"}
-    Reporter().summary(doc)
+           "outputs": {"config": "best_config.json", "script": "s", "launcher": "l"},
+           "launch": f"./launch.sh  # runs: {MARKUP}"}
+    Reporter().summary(doc, Path(f"/out/{MARKUP}"))
     out = capsys.readouterr().out.replace("\n", "")
     assert out.count(MARKUP) >= 4, out
 

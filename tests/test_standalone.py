@@ -3,6 +3,7 @@ against the baseline's script, each run alone, alternating."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,7 @@ def test_a_machine_that_changes_speed_while_measured_is_said_so(task, tmp_path, 
 
     doc = _tune(task, tmp_path, SteppedDown(machine("avx2_epyc")))
     assert "this machine's speed changed while it was measured" in doc["speedup"]["unsteady"]
-    Reporter().summary(doc)
+    Reporter().summary(doc, tmp_path / "out")
     assert "speed changed while it was measured" in " ".join(capsys.readouterr().err.split())
 
 
@@ -158,3 +159,33 @@ def test_autotune_verify_says_when_today_lands_outside_the_printed_interval(
     assert json.loads((tmp_path / "out" / "reverify.json").read_text()) == result
     assert result["speedup"]["median"] == pytest.approx(0.8 * doc["speedup"]["median"])
     assert result["outside_printed_interval"]
+
+
+def test_autotune_verify_runs_a_copied_folder_and_trains_the_model_file_it_is_given(
+        task, tmp_path, monkeypatch):
+    import shutil
+
+    doc = _tune(task, tmp_path, StandInRunner(machine("avx2_epyc")))
+    assert doc["verified"]
+    copy = tmp_path / "elsewhere" / "copied"
+    shutil.copytree(tmp_path / "out", copy)
+    shutil.rmtree(tmp_path / "out")  # nothing left where it was tuned
+    other_model = tmp_path / "mine.py"
+    shutil.copy(task.path, other_model)
+    monkeypatch.setenv("MODEL_FILE", "the user's own")
+    seen = {}
+
+    class Watching(StandInRunner):
+        def run_script(self, launcher, **kw):
+            seen.setdefault("launchers", []).append(Path(launcher))
+            seen.setdefault("model_file", os.environ.get("MODEL_FILE"))
+            return super().run_script(launcher, **kw)
+
+    result = reverify(copy, options=pipeline.RunOptions(rounds=4, pairs=4, pair_seconds=1.0),
+                      reporter=Reporter(), machine=machine("avx2_epyc"),
+                      runner=Watching(machine("avx2_epyc")), model_file=other_model)
+    assert result["verified"]
+    assert copy / "launch.sh" in seen["launchers"]  # the copy's own launch.sh
+    assert seen["model_file"] == str(other_model)  # what both scripts train
+    assert os.environ["MODEL_FILE"] == "the user's own"  # restored afterwards
+    assert (copy / "reverify.json").is_file()

@@ -16,7 +16,8 @@ MODEL = Path(__file__).parent / "models" / "knob_cnn.py"
 def run_script(tmp_path, fingerprint):
     doc = emit.write_outputs(tmp_path / "out", cfg=TrialConfig(threads=1), model_file=MODEL,
                              env={}, document={"fingerprint": fingerprint}, description="t")
-    return subprocess.run(["bash", doc["outputs"]["launcher"], "--max-steps", "2", "--no-checkpoint"],
+    return subprocess.run(["bash", emit.resolve(doc, tmp_path / "out", "launcher"), "--max-steps", "2",
+                           "--no-checkpoint"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
 

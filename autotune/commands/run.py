@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from autotune.commands import add_common, positive, run_options
-from autotune.pipeline import EXIT_NOT_VERIFIED, EXIT_VERIFIED, tune
+from autotune.pipeline import EXIT_NOT_VERIFIED, EXIT_VERIFIED, output_folder, tune
 from autotune.report import Reporter
 from autotune.space import parse_fixes
 
@@ -40,11 +40,11 @@ def main(args: argparse.Namespace) -> int:
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
     options = run_options(args, trials=args.trials, timeout_s=args.timeout,
                           fixed=parse_fixes(args.fix), exact=args.exact, top=args.top)
-    doc = tune(Path(args.model_file), out=args.out, options=options, reporter=reporter,
-               force=args.force)
+    out = output_folder(Path(args.model_file), args.out)
+    doc = tune(Path(args.model_file), out=out, options=options, reporter=reporter, force=args.force)
     if args.json:
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        reporter.summary(doc)
+        reporter.summary(doc, out)
     return EXIT_VERIFIED if doc["verified"] else EXIT_NOT_VERIFIED

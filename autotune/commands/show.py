@@ -25,7 +25,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     reporter = Reporter()
-    reporter.summary(doc)
+    reporter.summary(doc, args.out if args.out.is_dir() else args.out.parent)
     try:
         study = load_study(args.out, doc)
     except UsageError as exc:  # the summary stands without the search's trials

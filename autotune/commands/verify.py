@@ -19,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="re-check a tuned configuration on this machine",
                        description=__doc__)
     p.add_argument("out", type=Path, metavar="OUTDIR")
+    p.add_argument("--model-file", type=Path, default=None,
+                   help="the model file, where the folder no longer finds it (a copy on another "
+                        "machine): default, relative to OUTDIR as when tuned, else where it was tuned")
     add_common(p)
     p.set_defaults(handler=main)
 
@@ -27,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
     from autotune.reverify import reverify
 
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
-    result = reverify(args.out, options=run_options(args), reporter=reporter)
+    result = reverify(args.out, options=run_options(args), reporter=reporter, model_file=args.model_file)
     now = result.get("speedup") or {}
     if args.json:
         print(json.dumps(result, indent=2))
