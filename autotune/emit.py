@@ -263,13 +263,20 @@ def write_outputs(
                                             baseline_batch=baseline_batch))
     launcher = out_dir / LAUNCHER_NAME
     _write_atomically(launcher, render_launcher(cfg=cfg, env=env), mode=0o755)
+    outputs = {"config": CONFIG_NAME, "script": SCRIPT_NAME, "launcher": LAUNCHER_NAME}
+    baseline = (document.get("baseline") or {}).get("config")
+    if baseline:  # a run's result, not a candidate's: the same config for the user's own stack
+        from autotune import stack_configs
+
+        outputs.update(stack_configs.write_stack_files(out_dir, cfg=cfg, baseline=TrialConfig.from_dict(baseline),
+                                                       env=env))
     config_path = out_dir / CONFIG_NAME
     doc = {
         "schema": SCHEMA, **document,
         "model_file": os.path.relpath(Path(model_file).absolute(), out_dir.absolute()),
         "model_file_tuned": str(Path(model_file).absolute()),
         "launch": f"./{LAUNCHER_NAME}  # runs: {launch_line(cfg)}",
-        "outputs": {"config": CONFIG_NAME, "script": SCRIPT_NAME, "launcher": LAUNCHER_NAME},
+        "outputs": outputs,
     }
     _write_atomically(config_path, json.dumps(doc, indent=2, default=str) + "\n")
     return doc

@@ -1,0 +1,277 @@
+"""The tuned configuration for the user's own stack, written beside best_config.json:
+an Accelerate config file, the Lightning ``Trainer`` arguments, a torchrun script, and the
+lines to change in a hand-written training loop.
+
+Each tool expresses only some knobs; what one cannot (channels_last, interop threads,
+the DataLoader's arguments under Accelerate, structured pruning, core pinning) is named
+in that file and covered by the loop snippet, never dropped silently. The process
+environment (threads, the allocator's preload) goes with each, since no tool sets it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.config import TrialConfig
+
+ACCELERATE_NAME = "accelerate_config.yaml"
+LIGHTNING_NAME = "lightning_trainer.json"
+TORCHRUN_NAME = "torchrun.sh"
+SNIPPET_NAME = "apply_to_your_loop.md"
+
+# What autotune's own launcher sets that other launchers do not need: they start the
+# ranks themselves (TUNED_NPROCS) and set up their own rank group.
+_OWN_LAUNCHER_ONLY = ("TUNED_NPROCS",)
+# Read by train_tuned.py alone (its runtime pins each local rank to its cores).
+_SCRIPT_ONLY = ("TUNED_CPUS_PER_RANK",)
+
+_ACCELERATE_PRECISION = {"fp32": "no", "tf32": "no", "bf16": "bf16", "fp16": "fp16"}
+_LIGHTNING_PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+
+
+def process_environment(env: Mapping[str, str], *, for_train_tuned: bool) -> dict[str, str]:
+    """The variables another launcher needs from autotune's: threads, allocator, binding."""
+    drop = set(_OWN_LAUNCHER_ONLY) | (set() if for_train_tuned else set(_SCRIPT_ONLY))
+    return {k: v for k, v in env.items() if k not in drop}
+
+
+def _compile_mode(cfg: TrialConfig) -> str | None:
+    """torch.compile's mode, as Accelerate and Lightning users pass it; None when off.
+    CUDA graphs do not exist on a CPU, so there max-autotune is the same compilation."""
+    if cfg.compile == "off":
+        return None
+    if cfg.compile == "max-autotune-no-cudagraphs" and cfg.device == "cpu":
+        return "max-autotune"
+    return cfg.compile
+
+
+def _not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str) -> list[str]:
+    """The tuned knobs a tool's configuration cannot hold (see the loop snippet)."""
+    out = []
+    if cfg.channels_last != baseline.channels_last:
+        out.append("channels_last: model.to(memory_format=torch.channels_last), inputs likewise")
+    if cfg.interop_threads != baseline.interop_threads and cfg.interop_threads:
+        out.append(f"interop threads: torch.set_num_interop_threads({cfg.interop_threads}) first thing")
+    if cfg.precision == "tf32":
+        out.append("tf32: torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True")
+    if cfg.prune_ratio:
+        out.append(f"structured pruning ({cfg.prune_ratio:g}): train_tuned.py prunes; see its prune_model()")
+    if cfg.affinity != "none":
+        out.append("core pinning: train_tuned.py pins each rank (TUNED_CPUS_PER_RANK); elsewhere use taskset")
+    if cfg.ipex:
+        out.append("ipex: model, optimizer = intel_extension_for_pytorch.optimize(model, optimizer=optimizer)")
+    if tool == "accelerate":
+        out.append(f"DataLoader: {_loader_kwargs_text(cfg)} (Accelerate takes your DataLoader as it is)")
+    return out
+
+
+def loader_kwargs(cfg: TrialConfig) -> dict[str, Any]:
+    """The DataLoader arguments of one process (the batch is the global one split over ranks)."""
+    kwargs: dict[str, Any] = {"batch_size": cfg.batch_size // cfg.nprocs, "num_workers": cfg.num_workers,
+                              "pin_memory": cfg.pin_memory and cfg.device == "cuda", "drop_last": True}
+    if cfg.num_workers:
+        kwargs["persistent_workers"] = cfg.persistent_workers
+        if cfg.prefetch_factor:
+            kwargs["prefetch_factor"] = cfg.prefetch_factor
+    return kwargs
+
+
+def _loader_kwargs_text(cfg: TrialConfig) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in loader_kwargs(cfg).items())
+
+
+def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str]) -> str:
+    """``accelerate launch --config_file accelerate_config.yaml your_script.py``. Threads
+    per process are not a config-file key: Accelerate takes them from OMP_NUM_THREADS (or
+    ``--num_cpu_threads_per_process``), so the command in the header sets them."""
+    several = cfg.nprocs > 1
+    distributed = ("MULTI_GPU" if cfg.device == "cuda" else "MULTI_CPU") if several else "NO"
+    fields: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE", "debug": False, "distributed_type": distributed,
+        "mixed_precision": _ACCELERATE_PRECISION[cfg.precision], "use_cpu": cfg.device == "cpu",
+        "num_processes": cfg.nprocs, "num_machines": 1, "machine_rank": 0,
+        "main_process_ip": "127.0.0.1", "main_process_port": 0, "rdzv_backend": "static",
+        "same_network": True, "downcast_bf16": False, "enable_cpu_affinity": False,
+        "main_training_function": "main",
+    }
+    mode = _compile_mode(cfg)
+    if mode is not None:
+        fields["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_mode": mode}
+    if cfg.device == "cuda":
+        fields["gpu_ids"] = "all"
+    shown_env = process_environment(env, for_train_tuned=False)
+    threads = f" --num_cpu_threads_per_process {cfg.threads}" if cfg.threads and cfg.device == "cpu" else ""
+    command = f"accelerate launch --config_file {ACCELERATE_NAME}{threads} your_script.py"
+    lines = ["# Generated by autotune: the tuned configuration for Accelerate."]
+    if several and cfg.device == "cpu":
+        # accelerate launch starts several CPU processes only through mpirun; torchrun
+        # starts them as well, and Accelerator() reads this configuration from the
+        # variables accelerate launch would have set.
+        shown_env = {**shown_env, "ACCELERATE_USE_CPU": "true",
+                     "ACCELERATE_MIXED_PRECISION": fields["mixed_precision"]}
+        if mode is not None:
+            shown_env.update(ACCELERATE_DYNAMO_BACKEND="INDUCTOR", ACCELERATE_DYNAMO_MODE=mode)
+        command = (f"python -m torch.distributed.run --nnodes 1 --nproc-per-node {cfg.nprocs} "
+                   "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 your_script.py")
+        lines.append("# Several CPU processes: accelerate launch starts them only through mpirun (add an "
+                     "mpirun_config); without MPI, run the line below, which starts them with torchrun.")
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown_env.items())
+    lines += [f"# Run: {prefix + ' ' if prefix else ''}{command}",
+              "# The environment in front carries what no config key holds (threads, the allocator).",
+              f"# Per-process batch size: {cfg.batch_size // cfg.nprocs} (global {cfg.batch_size})."]
+    lines += [f"# Not expressible here, do it in your script: {item}"
+              for item in _not_expressible(cfg, baseline, tool="accelerate")]
+    if several:
+        lines.append("# Several processes meet through torchrun's store, which listens on every interface;"
+                     " autotune's launch.sh does not.")
+    lines += _yaml(fields)
+    return "\n".join(lines) + "\n"
+
+
+def _yaml(fields: Mapping[str, Any], indent: str = "") -> list[str]:
+    """Flat YAML of scalars and one level of mappings, in the style accelerate writes."""
+    out = []
+    for key in sorted(fields):
+        value = fields[key]
+        if isinstance(value, Mapping):
+            out.append(f"{indent}{key}:")
+            out += _yaml(value, indent + "  ")
+        else:
+            out.append(f"{indent}{key}: {json.dumps(value)}")
+    return out
+
+
+def lightning_arguments(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str]) -> dict[str, Any]:
+    """``Trainer(**doc["trainer"])`` with the strategy built as ``doc["strategy"]`` says (an
+    object JSON cannot hold), the DataLoader's arguments and the environment."""
+    several = cfg.nprocs > 1
+    trainer = {"accelerator": "gpu" if cfg.device == "cuda" else "cpu", "devices": cfg.nprocs,
+               "num_nodes": 1, "precision": _LIGHTNING_PRECISION[cfg.precision],
+               "strategy": "ddp" if several else "auto"}
+    doc: dict[str, Any] = {
+        "trainer": trainer,
+        "strategy": ({"class": "lightning.pytorch.strategies.DDPStrategy",
+                      "process_group_backend": cfg.backend,
+                      "note": "Trainer(strategy=DDPStrategy(process_group_backend=...)) to keep the tuned "
+                              "backend; the string \"ddp\" picks gloo on CPU and nccl on GPUs"}
+                     if several else None),
+        "dataloader": loader_kwargs(cfg),
+        "environment": process_environment(env, for_train_tuned=False),
+        "compile": ({"mode": _compile_mode(cfg), "how": "model = torch.compile(model, mode=...) in "
+                                                        "configure_model() or before fit()"}
+                    if cfg.compile != "off" else None),
+        "not_expressible": _not_expressible(cfg, baseline, tool="lightning"),
+    }
+    return doc
+
+
+def render_torchrun(cfg: TrialConfig, env: Mapping[str, str], *, python: str = sys.executable) -> str:
+    """torchrun.sh: train_tuned.py under torchrun, as many ranks as tuned, rendezvous on
+    127.0.0.1. torchrun's flags go before ``--``, train_tuned.py's after it (with no
+    ``--`` every argument is the script's)."""
+    py = shlex.quote(python)
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Generated by autotune: train_tuned.py under torchrun, with the tuned environment.",
+        "# Usage: torchrun.sh [TORCHRUN FLAGS --] [train_tuned.py ARGS], e.g.",
+        "#   torchrun.sh --max-restarts 3 -- --epochs 10 --resume",
+        "# torchrun's store listens on every interface (a torch limitation); launch.sh starts the",
+        "# ranks itself over loopback only.",
+        "set -euo pipefail",
+        'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        f'if [ -z "${{PYTHON:-}}" ]; then if [ -x {py} ]; then PYTHON={py}; else PYTHON=python3; fi; fi',
+    ]
+    for key, value in process_environment(env, for_train_tuned=True).items():
+        q = shlex.quote(value)
+        lines.append(f'if [ -n "${{{key}+x}}" ] && [ "${{{key}}}" != {q} ]; then '
+                     f'echo "torchrun.sh: keeping your {key}=${{{key}}} (tuned value: "{q}")" >&2; '
+                     f"else export {key}={q}; fi")
+    lines += [
+        "flags=()",
+        "if printf '%s\\n' \"$@\" | grep -qx -- '--'; then",
+        '  while [ "$1" != "--" ]; do flags+=("$1"); shift; done',
+        "  shift",
+        "fi",
+        f'exec "$PYTHON" -m torch.distributed.run --nnodes 1 --nproc-per-node {cfg.nprocs} '
+        '--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 ${flags[@]+"${flags[@]}"} "$here/train_tuned.py" "$@"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str]) -> str:
+    """The lines that differ from the user's baseline, for a hand-written loop."""
+    code: list[str] = []
+    shell: list[str] = []
+    if cfg.threads != baseline.threads and cfg.threads:
+        code.append(f"torch.set_num_threads({cfg.threads})  # per process; or OMP_NUM_THREADS={cfg.threads}")
+    if cfg.interop_threads != baseline.interop_threads and cfg.interop_threads:
+        code.append(f"torch.set_num_interop_threads({cfg.interop_threads})  # before any parallel work")
+    loader_changed = {k: v for k, v in loader_kwargs(cfg).items() if loader_kwargs(baseline).get(k) != v}
+    if loader_changed or cfg.nprocs != baseline.nprocs:
+        code.append(f"loader = torch.utils.data.DataLoader(dataset, shuffle=True, {_loader_kwargs_text(cfg)})")
+    if cfg.channels_last and not baseline.channels_last:
+        code.append("model = model.to(memory_format=torch.channels_last)")
+        code.append("# and each image batch: inputs = inputs.to(memory_format=torch.channels_last)")
+    if cfg.nprocs > 1 and baseline.nprocs == 1:
+        code.append(f'torch.distributed.init_process_group("{cfg.backend}")  # under torchrun.sh: '
+                    f"{cfg.nprocs} ranks")
+        code.append("model = torch.nn.parallel.DistributedDataParallel(model)")
+        code.append("# each rank reads its share: a DistributedSampler in the DataLoader")
+    mode = cfg.compile if cfg.compile != "off" else None
+    if mode and mode != baseline.compile:
+        code.append(f'model = torch.compile(model, mode="{mode}")' if mode != "default"
+                    else "model = torch.compile(model)")
+    if cfg.precision != baseline.precision:
+        if cfg.precision in ("bf16", "fp16"):
+            dtype = "bfloat16" if cfg.precision == "bf16" else "float16"
+            device = "cuda" if cfg.device == "cuda" else "cpu"
+            code.append(f'with torch.autocast("{device}", dtype=torch.{dtype}):  # the forward pass and the loss')
+            code.append("    loss = loss_fn(model(inputs), targets)")
+            if cfg.precision == "fp16":
+                code.append('scaler = torch.amp.GradScaler("cuda")  # scaler.scale(loss).backward(); '
+                            "scaler.step(optimizer); scaler.update()")
+        elif cfg.precision == "tf32":
+            code.append("torch.backends.cuda.matmul.allow_tf32 = True")
+            code.append("torch.backends.cudnn.allow_tf32 = True")
+    if cfg.allocator != baseline.allocator and "LD_PRELOAD" in env:
+        shell.append(f"export LD_PRELOAD={shlex.quote(env['LD_PRELOAD'])}  # the {cfg.allocator} allocator")
+        if "MALLOC_CONF" in env:
+            shell.append(f"export MALLOC_CONF={shlex.quote(env['MALLOC_CONF'])}")
+    if cfg.threads != baseline.threads and cfg.threads:
+        shell.append(f"export OMP_NUM_THREADS={cfg.threads}")
+    out = ["# Apply the tuned configuration to your own training loop", "",
+           f"Only the lines that differ from your configuration ({baseline.short()}) are here; "
+           f"autotune measured {cfg.short()}.", ""]
+    if not code and not shell:
+        return "\n".join(out + ["Nothing differs: your configuration is the fastest one verified.", ""])
+    if shell:
+        out += ["Before starting Python:", "", "```bash", *shell, "```", ""]
+    if code:
+        out += ["In the script:", "", "```python", "import torch", "", *code, "```", ""]
+    if cfg.prune_ratio:
+        out += [f"Structured pruning ({cfg.prune_ratio:g} of channels) changes the model: train_tuned.py "
+                "applies it (prune_model); copy that function to use it.", ""]
+    return "\n".join(out)
+
+
+def _write(path: Path, text: str, *, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
+def write_stack_files(out_dir: Path, *, cfg: TrialConfig, baseline: TrialConfig,
+                      env: Mapping[str, str]) -> dict[str, str]:
+    """Write the four files into ``out_dir``; returns their names (relative to it)."""
+    _write(out_dir / ACCELERATE_NAME, render_accelerate(cfg, baseline, env))
+    _write(out_dir / LIGHTNING_NAME, json.dumps(lightning_arguments(cfg, baseline, env), indent=2) + "\n")
+    _write(out_dir / TORCHRUN_NAME, render_torchrun(cfg, env), mode=0o755)
+    _write(out_dir / SNIPPET_NAME, render_snippet(cfg, baseline, env))
+    return {"accelerate": ACCELERATE_NAME, "lightning": LIGHTNING_NAME, "torchrun": TORCHRUN_NAME,
+            "snippet": SNIPPET_NAME}
