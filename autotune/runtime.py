@@ -316,6 +316,17 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
             yield from order[start : start + self.per_rank]
 
 
+def leave_stop_signals_to_the_trainer(worker_id: int) -> None:
+    """In a DataLoader worker: SIGTERM and SIGINT are for the training process. A scheduler
+    that signals every process of a job (Slurm does) or Ctrl-C at a terminal would
+    otherwise end the workers under the step the trainer finishes before it saves; a
+    worker still ends with its trainer (PyTorch's workers watch their parent)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def build_loader(user: Any, cfg: dict, dist: Distributed, *, seed: int) -> tuple[Any, Any]:
     """The real DataLoader the user would train with, sharded over ranks."""
     dataset = user.build_dataset()
@@ -330,6 +341,7 @@ def build_loader(user: Any, cfg: dict, dist: Distributed, *, seed: int) -> tuple
     workers = int(cfg.get("num_workers", 0))
     kwargs: dict[str, Any] = {}
     if workers > 0:
+        kwargs["worker_init_fn"] = leave_stop_signals_to_the_trainer
         kwargs["persistent_workers"] = bool(cfg.get("persistent_workers"))
         if cfg.get("prefetch_factor"):
             kwargs["prefetch_factor"] = int(cfg["prefetch_factor"])

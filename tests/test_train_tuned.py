@@ -208,3 +208,35 @@ def test_launch_sh_from_another_machine_falls_back_to_python3_and_skips_a_missin
     assert "/gone/venv/bin/python is not here; using python3" in proc.stderr
     assert "/nowhere/libtc.so is not on this machine: running without the tuned allocator" in proc.stderr
     assert "step 2/2" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_signal_to_the_whole_job_with_dataloader_workers_still_saves_and_resumes(
+        tmp_path, no_autotune_env):  # noqa: F811
+    """Slurm signals every process of the job step, DataLoader workers included: the
+    workers leave SIGTERM to the trainer, which finishes its step and saves."""
+    import os
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    write(out, TrialConfig(threads=1, batch_size=16, num_workers=1, persistent_workers=True))
+    # the reference: the same configuration uninterrupted (a DataLoader iterator draws from the
+    # random generator when it starts, once with persistent workers, every epoch without)
+    run_launcher(out, tmp_path / "whole", no_autotune_env, "--max-steps", "40", "--log-every", "1",
+                 "--no-checkpoint", "--report", "r.json")
+    uninterrupted = json.loads((tmp_path / "whole" / "r.json").read_text())["losses"]
+    work.mkdir()
+    proc = subprocess.Popen(["bash", str(out / "launch.sh"), "--max-steps", "40", "--log-every", "1",
+                             "--report", "a.json"], cwd=work, env=no_autotune_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("step 9/40"):
+            os.killpg(proc.pid, signal.SIGTERM)  # every process of the job, as a scheduler does
+            break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    stopped_at = json.loads((work / "a.json").read_text())["steps"]
+    assert (work / "checkpoints" / f"step-{stopped_at:09d}.pt").is_file()
+    run_launcher(out, work, no_autotune_env, "--resume", "--max-steps", "40", "--log-every", "1",
+                 "--report", "b.json")
+    assert json.loads((work / "b.json").read_text())["losses"] == uninterrupted[stopped_at:]
