@@ -17,7 +17,7 @@ EXAMPLES = REPO / "examples"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fashion_cnn.py", "tiny_gpt.py"])
+@pytest.mark.parametrize("name", ["fashion_cnn.py", "tiny_gpt.py", "augmented_images.py"])
 def test_an_example_passes_the_contract_and_its_loss_falls(name):
     if name == "tiny_gpt.py":
         pytest.importorskip("transformers", reason="examples/tiny_gpt.py needs pip install 'autotune[examples]'")
