@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import emit, launch, stack_configs  # noqa: E402
-from autotune.config import TrialConfig  # noqa: E402
-from autotune.probes import probe_machine  # noqa: E402
+from autotune import emit, launch, stack_configs
+from autotune.config import TrialConfig
+from autotune.probes import probe_machine
 
 COMMON = '''
 import importlib.util, json, os, sys, time
