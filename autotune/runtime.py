@@ -316,15 +316,22 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
             yield from order[start : start + self.per_rank]
 
 
+WORKER_GRACE_S = 5
+
+
 def leave_stop_signals_to_the_trainer(worker_id: int) -> None:
-    """In a DataLoader worker: SIGTERM and SIGINT are for the training process. A scheduler
-    that signals every process of a job (Slurm does) or Ctrl-C at a terminal would
-    otherwise end the workers under the step the trainer finishes before it saves; a
-    worker still ends with its trainer (PyTorch's workers watch their parent)."""
+    """In a DataLoader worker: SIGTERM or SIGINT ends it only ``WORKER_GRACE_S`` later. A
+    scheduler that signals every process of a job (Slurm does) or Ctrl-C at a terminal
+    would otherwise end the workers under the step the trainer finishes before it saves.
+    Ignoring the signals outright would not do: the DataLoader and multiprocessing end
+    their workers with SIGTERM too, and wait for them."""
     import signal
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    def later(signum: int, frame: object) -> None:
+        signal.alarm(WORKER_GRACE_S)  # SIGALRM's default action ends the worker
+
+    signal.signal(signal.SIGTERM, later)
+    signal.signal(signal.SIGINT, later)
 
 
 def build_loader(user: Any, cfg: dict, dist: Distributed, *, seed: int) -> tuple[Any, Any]:
