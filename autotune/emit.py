@@ -220,14 +220,19 @@ def render_launcher(
             export = (f"if [ -e {q} ]; then {export}; else echo \"launch.sh: \"{q}\" is not on this "
                       f"machine: running without the tuned allocator (install it to get the tuned "
                       f"speed)\" >&2; fi")
-        # A value the user already set is kept, with a warning: never overridden silently.
-        lines.append(
-            f'if [ -n "${{{key}+x}}" ] && [ "${{{key}}}" != {q} ]; then '
-            f'echo "launch.sh: keeping your {key}=${{{key}}} (tuned value: "{q}")" >&2; '
-            f"else {export}; fi"
-        )
+        lines.append(keep_or_export(key, value, script="launch.sh", export=export))
     lines.append(f"exec {quoted} \"$@\"")
     return "\n".join(lines) + "\n"
+
+
+def keep_or_export(key: str, value: str, *, script: str, export: str | None = None) -> str:
+    """A shell line: a value the user already set is kept, with a warning (never overridden
+    silently); else ``export`` (by default ``export KEY=value``) runs."""
+    q = shlex.quote(value)
+    export = export or f"export {key}={q}"
+    return (f'if [ -n "${{{key}+x}}" ] && [ "${{{key}}}" != {q} ]; then '
+            f'echo "{script}: keeping your {key}=${{{key}}} (tuned value: "{q}")" >&2; '
+            f"else {export}; fi")
 
 
 def launch_line(cfg: TrialConfig) -> str:
@@ -237,7 +242,7 @@ def launch_line(cfg: TrialConfig) -> str:
     return f"python {SCRIPT_NAME} as {cfg.nprocs} ranks, started by the script over loopback"
 
 
-def _write_atomically(path: Path, text: str, *, mode: int = 0o644) -> None:
+def write_atomically(path: Path, text: str, *, mode: int = 0o644) -> None:
     """A crash mid-write leaves the previous file, never half of the new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
@@ -258,11 +263,11 @@ def write_outputs(
     tuned_for = {k: fp.get(k) for k in ("usable_cores", "cpu_model", "torch_version", "gpu_count")
                  if fp.get(k) is not None}
     baseline_batch = ((document.get("baseline") or {}).get("config") or {}).get("batch_size")
-    _write_atomically(script, render_script(cfg=cfg, model_file=model_file, description=description,
+    write_atomically(script, render_script(cfg=cfg, model_file=model_file, description=description,
                                             tuned_for=tuned_for, folder=out_dir,
                                             baseline_batch=baseline_batch))
     launcher = out_dir / LAUNCHER_NAME
-    _write_atomically(launcher, render_launcher(cfg=cfg, env=env), mode=0o755)
+    write_atomically(launcher, render_launcher(cfg=cfg, env=env), mode=0o755)
     outputs = {"config": CONFIG_NAME, "script": SCRIPT_NAME, "launcher": LAUNCHER_NAME}
     baseline = (document.get("baseline") or {}).get("config")
     if baseline:  # a run's result, not a candidate's: the same config for the user's own stack
@@ -278,7 +283,7 @@ def write_outputs(
         "launch": f"./{LAUNCHER_NAME}  # runs: {launch_line(cfg)}",
         "outputs": outputs,
     }
-    _write_atomically(config_path, json.dumps(doc, indent=2, default=str) + "\n")
+    write_atomically(config_path, json.dumps(doc, indent=2, default=str) + "\n")
     return doc
 
 

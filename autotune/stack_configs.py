@@ -10,7 +10,6 @@ environment (threads, the allocator's preload) goes with each, since no tool set
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.emit import keep_or_export, write_atomically
 
 ACCELERATE_NAME = "accelerate_config.yaml"
 LIGHTNING_NAME = "lightning_trainer.json"
@@ -186,11 +186,8 @@ def render_torchrun(cfg: TrialConfig, env: Mapping[str, str], *, python: str = s
         'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
         f'if [ -z "${{PYTHON:-}}" ]; then if [ -x {py} ]; then PYTHON={py}; else PYTHON=python3; fi; fi',
     ]
-    for key, value in process_environment(env, for_train_tuned=True).items():
-        q = shlex.quote(value)
-        lines.append(f'if [ -n "${{{key}+x}}" ] && [ "${{{key}}}" != {q} ]; then '
-                     f'echo "torchrun.sh: keeping your {key}=${{{key}}} (tuned value: "{q}")" >&2; '
-                     f"else export {key}={q}; fi")
+    lines += [keep_or_export(key, value, script=TORCHRUN_NAME)
+              for key, value in process_environment(env, for_train_tuned=True).items()]
     lines += [
         "flags=()",
         "if printf '%s\\n' \"$@\" | grep -qx -- '--'; then",
@@ -259,19 +256,12 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
     return "\n".join(out)
 
 
-def _write(path: Path, text: str, *, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
-
-
 def write_stack_files(out_dir: Path, *, cfg: TrialConfig, baseline: TrialConfig,
                       env: Mapping[str, str]) -> dict[str, str]:
     """Write the four files into ``out_dir``; returns their names (relative to it)."""
-    _write(out_dir / ACCELERATE_NAME, render_accelerate(cfg, baseline, env))
-    _write(out_dir / LIGHTNING_NAME, json.dumps(lightning_arguments(cfg, baseline, env), indent=2) + "\n")
-    _write(out_dir / TORCHRUN_NAME, render_torchrun(cfg, env), mode=0o755)
-    _write(out_dir / SNIPPET_NAME, render_snippet(cfg, baseline, env))
+    write_atomically(out_dir / ACCELERATE_NAME, render_accelerate(cfg, baseline, env))
+    write_atomically(out_dir / LIGHTNING_NAME, json.dumps(lightning_arguments(cfg, baseline, env), indent=2) + "\n")
+    write_atomically(out_dir / TORCHRUN_NAME, render_torchrun(cfg, env), mode=0o755)
+    write_atomically(out_dir / SNIPPET_NAME, render_snippet(cfg, baseline, env))
     return {"accelerate": ACCELERATE_NAME, "lightning": LIGHTNING_NAME, "torchrun": TORCHRUN_NAME,
             "snippet": SNIPPET_NAME}
