@@ -94,7 +94,8 @@ def make_runner(task: Task, machine: Machine, out: Path, *, window_s: float,
 def build_task_space(task: Task, machine: Machine, options: RunOptions) -> Space:
     return build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
                        image_inputs=task.image_inputs, batchnorm_layers=task.batchnorm_layers,
-                       has_evaluate=task.has_evaluate, max_quality_drop=options.max_quality_drop,
+                       has_evaluate=task.has_evaluate, has_training_step=task.has_training_step,
+                       max_quality_drop=options.max_quality_drop,
                        exact=options.exact, fixed=options.fixed)
 
 

@@ -334,17 +334,108 @@ def leave_stop_signals_to_the_trainer(worker_id: int) -> None:
     signal.signal(signal.SIGINT, later)
 
 
+class IterableShard(torch.utils.data.IterableDataset):
+    """One DataLoader worker's share of one rank's share of the user's IterableDataset,
+    so that the user's dataset need not shard itself.
+
+    The stream is cut into global batches, as the GlobalBatchSampler cuts a map-style
+    dataset: rank r takes the r-th contiguous chunk of each, and of a rank's batches
+    worker w makes every w-th (the DataLoader takes batches from its workers in turn).
+    So every layout and worker count trains on the global batches of one process, in
+    its order. Each (rank, worker) slot reads the whole stream and keeps its part: the
+    stream must yield the same items in the same order in every process. Inside the
+    user's code get_worker_info() answers None, as in one process: a dataset that
+    splits itself among workers (PyTorch's docs show one; Hugging Face streaming
+    datasets do) would otherwise hand each slot a part of which it kept a part.
+    A trailing partial global batch is dropped on every rank alike: ranks that made
+    different numbers of steps would wait for each other in DDP for ever."""
+
+    def __init__(self, dataset: Any, *, global_batch: int, world: int, rank: int) -> None:
+        self.dataset = dataset
+        self.global_batch, self.world, self.rank = global_batch, world, rank
+        self.per_rank = global_batch // world
+        self.epoch = 0
+        # A persistent worker's copy never hears set_epoch: an iteration it was not
+        # told about is the next epoch.
+        self._told = True
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self._told = epoch, True
+
+    def __len__(self) -> int:
+        # Items this rank's loader yields; a TypeError where the user's dataset has no length.
+        return len(self.dataset) // self.global_batch * self.per_rank
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        if not self._told:
+            self.epoch += 1
+        self._told = False
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(self.epoch)
+        first = worker * self.global_batch + self.rank * self.per_rank  # within a cycle of workers
+        cycle = self.global_batch * workers
+        kept: list[Any] = []
+        seen = 0
+        for i, item in enumerate(self._whole_stream()):
+            seen = i + 1
+            if first <= i % cycle < first + self.per_rank:
+                kept.append(item)
+            if seen % self.global_batch == 0:  # a global batch is complete: its part goes out
+                yield from kept
+                kept = []
+        if seen < self.global_batch:
+            raise ValueError(f"the dataset yielded {seen} items: too few for one batch of "
+                             f"{self.global_batch}")
+
+    def _whole_stream(self) -> Iterator[Any]:
+        """The user's items as one process reads them (see the class's note)."""
+        end = object()
+        with self._as_one_process():
+            iterator = iter(self.dataset)
+        while True:
+            with self._as_one_process():
+                item = next(iterator, end)
+            if item is end:
+                return
+            yield item
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _as_one_process() -> Iterator[None]:
+        """get_worker_info() answers None within: the user's code sees one process."""
+        from torch.utils.data._utils import worker as state
+
+        if not hasattr(state, "_worker_info"):  # a torch that keeps it elsewhere: nothing hidden
+            yield
+            return
+        saved, state._worker_info = state._worker_info, None
+        try:
+            yield
+        finally:
+            state._worker_info = saved
+
+
 def build_loader(user: Any, cfg: dict, dist: Distributed, *, seed: int) -> tuple[Any, Any]:
-    """The real DataLoader the user would train with, sharded over ranks."""
+    """The real DataLoader the user would train with, sharded over ranks; and its
+    sampler, None for an IterableDataset (sharded by IterableShard instead)."""
     dataset = user.build_dataset()
     global_batch = int(cfg["batch_size"])
-    sampler = GlobalBatchSampler(
-        len(dataset), global_batch=global_batch, world=dist.world, rank=dist.rank, seed=seed
-    )
-    if len(sampler) == 0:
-        raise ValueError(
-            f"the dataset has {len(dataset)} items: too few for one batch of {global_batch}"
+    sampler: GlobalBatchSampler | None = None
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        dataset = IterableShard(dataset, global_batch=global_batch, world=dist.world, rank=dist.rank)
+        per_rank = dataset.per_rank
+        items = _length(dataset.dataset)  # None: a stream of unknown length
+    else:
+        sampler = GlobalBatchSampler(
+            len(dataset), global_batch=global_batch, world=dist.world, rank=dist.rank, seed=seed
         )
+        per_rank = sampler.per_rank
+        items = len(dataset)
+    if items is not None and items < global_batch:
+        raise ValueError(f"the dataset has {items} items: too few for one batch of {global_batch}")
     workers = int(cfg.get("num_workers", 0))
     kwargs: dict[str, Any] = {}
     if workers > 0:
@@ -354,7 +445,7 @@ def build_loader(user: Any, cfg: dict, dist: Distributed, *, seed: int) -> tuple
             kwargs["prefetch_factor"] = int(cfg["prefetch_factor"])
     loader = torch.utils.data.DataLoader(
         dataset,
-        batch_size=sampler.per_rank,
+        batch_size=per_rank,
         sampler=sampler,
         num_workers=workers,
         pin_memory=bool(cfg.get("pin_memory")) and dist.device.type == "cuda",

@@ -375,12 +375,15 @@ def _channels_last_choice(image_inputs: bool) -> KnobChoice:
     return KnobChoice([], {"channels_last": "the model's inputs are not 4-D image batches"})
 
 
-def _prune_ratio_choice(*, exact: bool, has_evaluate: bool, max_quality_drop: float | None,
-                        pruning_installed: bool) -> KnobChoice:
+def _prune_ratio_choice(*, exact: bool, has_evaluate: bool, has_training_step: bool,
+                        max_quality_drop: float | None, pruning_installed: bool) -> KnobChoice:
     """Structured pruning trades quality for speed: it is searched only when the model
     file can measure quality (evaluate), the user bounds the loss, and torch-pruning is
-    installed; every missing condition is named."""
+    installed; every missing condition is named. Pruning traces model(inputs), the call
+    a file with its own training_step does not promise works."""
     reasons = ["--exact keeps the model unpruned"] if exact else []
+    if has_training_step:
+        reasons.append("the model file calls its model in training_step, which pruning cannot trace")
     if not has_evaluate:
         reasons.append("the model file has no evaluate(model)")
     if max_quality_drop is None:
@@ -421,6 +424,7 @@ def build_space(
     image_inputs: bool = False,
     batchnorm_layers: Sequence[str] = (),
     has_evaluate: bool = False,
+    has_training_step: bool = False,
     max_quality_drop: float | None = None,
     exact: bool = False,
     fixed: Mapping[str, Any] | None = None,
@@ -457,6 +461,7 @@ def build_space(
         "precision": _precision_choice(device, gpus, probe.cpu.isa or {}, exact=exact),
         "channels_last": _channels_last_choice(image_inputs),
         "prune_ratio": _prune_ratio_choice(exact=exact, has_evaluate=has_evaluate,
+                                           has_training_step=has_training_step,
                                            max_quality_drop=max_quality_drop,
                                            pruning_installed=_has_module("torch_pruning")),
         "allocator": _allocator_choice(device, probe.allocators),

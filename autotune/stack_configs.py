@@ -218,7 +218,8 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
         code.append(f'torch.distributed.init_process_group("{cfg.backend}")  # under torchrun.sh: '
                     f"{cfg.nprocs} ranks")
         code.append("model = torch.nn.parallel.DistributedDataParallel(model)")
-        code.append("# each rank reads its share: a DistributedSampler in the DataLoader")
+        code.append("# each rank reads its share: a DistributedSampler in the DataLoader (a stream,")
+        code.append("# an IterableDataset, shards itself by rank: see IterableShard in train_tuned.py)")
     mode = cfg.compile if cfg.compile != "off" else None
     if mode and mode != baseline.compile:
         code.append(f'model = torch.compile(model, mode="{mode}")' if mode != "default"

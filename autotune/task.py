@@ -8,6 +8,7 @@ ContractError naming the file, the function and the fix.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -27,6 +28,10 @@ OPTIONAL_FUNCTIONS = (
     "loss_fn", "build_optimizer", "training_step", "collate_fn", "evaluate",
 )
 CHECK_TIMEOUT_S = 300
+# An IterableDataset without a length is read this many of the user's batches far: past
+# the largest batch size the search tries (8x the user's, rounded to a power of two),
+# so a shorter stream caps the batch sizes and a longer one (or an endless one) needs no cap.
+STREAM_LOOKAHEAD_BATCHES = 16
 # The folder that holds the autotune package, whether or not it is installed.
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -37,13 +42,18 @@ class Task:
 
     path: Path
     batch_size: int
-    dataset_len: int
+    # Items per epoch; None for an IterableDataset without a length whose stream runs past
+    # STREAM_LOOKAHEAD_BATCHES batches (endless, or too long to count in the check).
+    dataset_len: int | None
     image_inputs: bool  # 4-D float inputs: channels_last can apply
     has_evaluate: bool
     parameters: int
     # Names of BatchNorm layers: several ranks would each normalize over their own share
     # of the batch, so a multi-rank layout trains a different model (see space.py).
     batchnorm_layers: tuple[str, ...] = ()
+    # The file calls the model its own way (training_step): the tuner cannot call it on a
+    # batch's inputs, which tracing the model for pruning needs.
+    has_training_step: bool = False
     check_s: float = 0.0  # how long the check took: import, build_dataset, build_model, a step
 
 
@@ -190,15 +200,18 @@ def _check(path: str) -> dict[str, Any]:
     batch_size = _check_batch_size(file, module)
     model = _check_model(file, module)
     dataset = _check_dataset(file, module)
-    n = _check_dataset_len(file, dataset, batch_size)
-    item = file.call("build_dataset()[0]", dataset.__getitem__, 0)
+    if _is_stream(dataset):
+        items, n = _check_stream(file, dataset, batch_size)
+    else:
+        n = _check_dataset_len(file, file.call("len(build_dataset())", len, dataset), batch_size)
+        items = [file.call(f"build_dataset()[{i}]", dataset.__getitem__, i) for i in (0, 1)]
     has_training_step = getattr(module, "training_step", None) is not None
     if not has_training_step:
-        _check_item_is_pair(file, item)
-    _check_training_step(file, module, model, dataset, has_training_step)
+        _check_item_is_pair(file, items[0])
+    _check_training_step(file, module, model, items, has_training_step)
     if getattr(module, "evaluate", None) is not None:
         _check_evaluate(file, module, model)
-    return _describe(module, model, item, batch_size=batch_size, dataset_len=n)
+    return _describe(module, model, items[0], batch_size=batch_size, dataset_len=n)
 
 
 def _import(file: _UserFile) -> Any:
@@ -255,29 +268,49 @@ def _check_model(file: _UserFile, module: Any) -> Any:
     return model
 
 
-def _check_dataset(file: _UserFile, module: Any) -> Any:
-    """build_dataset() runs and returns a map-style dataset."""
+def _is_stream(dataset: Any) -> bool:
     import torch
 
+    return isinstance(dataset, torch.utils.data.IterableDataset)
+
+
+def _check_dataset(file: _UserFile, module: Any) -> Any:
+    """build_dataset() runs and returns a map-style dataset or an IterableDataset."""
     dataset = file.call("build_dataset()", module.build_dataset)
     # A plain list/tuple/dict is not a Dataset (the contract asks for one; a dict "works"
-    # only by accident of its keys), and an IterableDataset cannot be sharded by index.
-    kind = type(dataset).__name__
-    if isinstance(dataset, torch.utils.data.IterableDataset):
-        kind += " (an IterableDataset)"
-    if isinstance(dataset, (list, tuple, dict, torch.utils.data.IterableDataset)) or not (
+    # only by accident of its keys); nor is a generator, which one epoch would use up.
+    if _is_stream(dataset):
+        return dataset
+    if isinstance(dataset, (list, tuple, dict)) or not (
         hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
     ):
         raise ContractError(
-            f"{file.shown}: build_dataset() returned {kind}; expected a map-style "
-            "torch.utils.data.Dataset (with __len__ and __getitem__), e.g. a TensorDataset."
+            f"{file.shown}: build_dataset() returned {type(dataset).__name__}; expected a map-style "
+            "torch.utils.data.Dataset (with __len__ and __getitem__), e.g. a TensorDataset, or a "
+            "torch.utils.data.IterableDataset."
         )
     return dataset
 
 
-def _check_dataset_len(file: _UserFile, dataset: Any, batch_size: int) -> int:
+def _check_stream(file: _UserFile, dataset: Any, batch_size: int) -> tuple[list[Any], int | None]:
+    """An IterableDataset's first two items and its length: len() where it has one, else
+    the items counted up to STREAM_LOOKAHEAD_BATCHES batches (None: the stream is longer)."""
+    sized = hasattr(type(dataset), "__len__")
+    n = _check_dataset_len(file, file.call("len(build_dataset())", len, dataset), batch_size) if sized else None
+    limit = 2 if sized else batch_size * STREAM_LOOKAHEAD_BATCHES
+    items = file.call("iterating over build_dataset()",
+                      lambda: list(itertools.islice(iter(dataset), limit)))
+    if len(items) < 2:
+        raise ContractError(
+            f"{file.shown}: iterating over build_dataset() gave {len(items)} item(s); need at least 2."
+        )
+    if not sized and len(items) < limit:
+        n = _check_dataset_len(file, len(items), batch_size)
+    return items[:2], n
+
+
+def _check_dataset_len(file: _UserFile, n: int, batch_size: int) -> int:
     """The dataset's length: at least 2 items (the check's batch) and one full batch."""
-    n = file.call("len(build_dataset())", len, dataset)
     if n < 2:
         raise ContractError(f"{file.shown}: build_dataset() returned a dataset of {n} items; need at least 2.")
     if n < batch_size:
@@ -322,17 +355,17 @@ def _check_optimizer(file: _UserFile, module: Any, model: Any) -> Any:
     return optimizer
 
 
-def _check_training_step(file: _UserFile, module: Any, model: Any, dataset: Any,
+def _check_training_step(file: _UserFile, module: Any, model: Any, items: list[Any],
                          has_training_step: bool) -> None:
-    """One real training step on two items, on the CPU in fp32: a shape or dtype mistake
-    shows here, named, instead of failing every trial. The loss must be a scalar tensor."""
+    """One real training step on the first two items, on the CPU in fp32: a shape or dtype
+    mistake shows here, named, instead of failing every trial. The loss must be a scalar tensor."""
     import torch
 
     from autotune import runtime
 
     collate_fn = getattr(module, "collate_fn", None)
     batch = file.call("collate_fn" if collate_fn else "collating two items",
-                      collate_fn or torch.utils.data.default_collate, [dataset[0], dataset[1]])
+                      collate_fn or torch.utils.data.default_collate, items)
     optimizer = _check_optimizer(file, module, model)
     step = runtime.make_step(module, model, optimizer, {"precision": "fp32"}, torch.device("cpu"))
     what = "training_step(model, batch)" if has_training_step else "the model's forward and loss_fn"
@@ -359,20 +392,34 @@ def _check_evaluate(file: _UserFile, module: Any, model: Any) -> None:
         )
 
 
-def _describe(module: Any, model: Any, item: Any, *, batch_size: int, dataset_len: int) -> dict[str, Any]:
+def _tensors(obj: Any) -> list[Any]:
+    """Every tensor in an item: a tensor, or lists, tuples and dicts of them."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [t for value in obj for t in _tensors(value)]
+    return []
+
+
+def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
+              dataset_len: int | None) -> dict[str, Any]:
     """The Task fields of a file that passed every check (all but path and check_s)."""
     import torch
 
-    from autotune import runtime
-
-    inputs = item[0] if isinstance(item, (tuple, list)) and item else item
-    first = runtime.first_tensor(inputs)
+    # An (inputs, targets) pair's inputs; any other item (a dict for training_step) whole:
+    # its image need not come first, e.g. {"labels": ..., "pixel_values": ...}.
+    inputs = item[0] if isinstance(item, (tuple, list)) and len(item) == 2 else item
     return {
         "batch_size": batch_size,
         "dataset_len": dataset_len,
         # One item's 3-D float input is a 4-D batch: an image layout channels_last applies to.
-        "image_inputs": bool(first is not None and first.dim() == 3 and first.is_floating_point()),
+        "image_inputs": any(t.dim() == 3 and t.is_floating_point() for t in _tensors(inputs)),
         "has_evaluate": getattr(module, "evaluate", None) is not None,
+        "has_training_step": getattr(module, "training_step", None) is not None,
         "parameters": sum(p.numel() for p in model.parameters()),
         "batchnorm_layers": [name for name, m in model.named_modules()
                              if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)],

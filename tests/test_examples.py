@@ -1,6 +1,7 @@
 """The bundled examples pass the contract check and train; the transformers one (dict
 batches, a model computing its own loss) skips with the reason where transformers is not
-installed."""
+installed. A library-style model file (dict items, keyword arguments, an output with a
+.loss, training_step as a lambda) gets the knobs that apply to it."""
 from __future__ import annotations
 
 import subprocess
@@ -8,10 +9,11 @@ import sys
 
 import pytest
 
+import autotune
 from autotune import runtime
 from autotune.task import load_task
 
-from helpers import REPO
+from helpers import MODELS, REPO
 
 EXAMPLES = REPO / "examples"
 
@@ -36,3 +38,34 @@ def test_the_transformers_example_says_how_to_install_what_it_needs(tmp_path):
                           capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert proc.returncode != 0
     assert "needs the transformers package: pip install 'autotune[examples]'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_dict_batches_find_their_image_and_train_channels_last():
+    path = MODELS / "dict_batches.py"
+    task = load_task(path)
+    assert task.image_inputs, "the image counts though it is not the item's first entry"
+    assert task.has_training_step, "the tuner must know it cannot call the model itself"
+    session = runtime.Session(str(path), {"batch_size": 8, "threads": 2, "channels_last": True})
+    _, facts = runtime.step_facts(session)
+    assert facts["conv_inputs_channels_last"] == [True]
+    assert facts["per_rank_batch"] == 8
+    _, losses = session.run_steps(30)
+    assert sum(losses[-5:]) < sum(losses[:5]), losses
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # 190 s on 2 busy cores: the verification runs the scripts alone
+def test_tuning_the_transformers_example_end_to_end(tmp_path):
+    pytest.importorskip("transformers", reason="examples/tiny_gpt.py needs pip install 'autotune[examples]'")
+    out = tmp_path / "tiny_gpt"
+    # The knobs that only lengthen the verification (compile, several ranks, allocators,
+    # pinning) are fixed: this is about a dict-batch model going through every stage.
+    result = autotune.tune(
+        EXAMPLES / "tiny_gpt.py", trials=3, out=out, progress=False,
+        fix={"nprocs": 1, "compile": "off", "allocator": "default", "affinity": "none"},
+        window_s=0.3, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
+    assert result == autotune.load(out)
+    assert {p.name for p in out.iterdir()} >= {"best_config.json", "train_tuned.py", "launch.sh"}
+    assert (result.speedup is not None) == result.verified
+    assert result.config.compile == "off"

@@ -141,13 +141,15 @@ def test_exact_names_the_precisions_it_leaves_out():
 
 
 def test_pruning_is_searched_only_when_quality_can_be_bounded_and_names_each_missing_part():
-    ready = dict(exact=False, has_evaluate=True, max_quality_drop=0.01, pruning_installed=True)
+    ready = dict(exact=False, has_evaluate=True, has_training_step=False, max_quality_drop=0.01,
+                 pruning_installed=True)
     assert _prune_ratio_choice(**ready).values == [0.0, 0.1, 0.25, 0.5]
-    choice = _prune_ratio_choice(exact=True, has_evaluate=False, max_quality_drop=None,
-                                 pruning_installed=False)
+    choice = _prune_ratio_choice(exact=True, has_evaluate=False, has_training_step=True,
+                                 max_quality_drop=None, pruning_installed=False)
     assert choice.values == []
     reason = choice.excluded["prune_ratio"]
-    for part in ("--exact", "evaluate(model)", "--max-quality-drop", "torch-pruning is not installed"):
+    for part in ("--exact", "evaluate(model)", "--max-quality-drop", "torch-pruning is not installed",
+                 "training_step"):
         assert part in reason
     assert "--max-quality-drop" not in _prune_ratio_choice(
         **{**ready, "has_evaluate": False}).excluded["prune_ratio"]

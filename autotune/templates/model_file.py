@@ -17,8 +17,10 @@ def build_model() -> nn.Module:
 
 
 def build_dataset() -> torch.utils.data.Dataset:
-    """The training set: map-style, items are (inputs, targets). Load from local files
-    (paths relative to where you run autotune); nothing may be downloaded in a trial."""
+    """The training set: map-style, items are (inputs, targets); or an IterableDataset
+    that yields the same items in the same order in every process (autotune shards it;
+    see the README). Load from local files (paths relative to where you run autotune);
+    nothing may be downloaded in a trial."""
     # Replace with your own, e.g. `return MyDataset("data/train")`.
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(2048, 3, 32, 32, generator=generator)
