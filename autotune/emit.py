@@ -252,7 +252,7 @@ def write_atomically(path: Path, text: str, *, mode: int = 0o644) -> None:
 
 def write_outputs(
     out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
-    document: dict[str, Any], description: str,
+    document: dict[str, Any], description: str, default_threads: int | None = None,
 ) -> dict[str, Any]:
     """Write the three files; returns the document as written to best_config.json. Its
     paths are relative to ``out_dir`` (``resolve`` reads them back), so a copied or moved
@@ -274,7 +274,7 @@ def write_outputs(
         from autotune import stack_configs
 
         outputs.update(stack_configs.write_stack_files(out_dir, cfg=cfg, baseline=TrialConfig.from_dict(baseline),
-                                                       env=env))
+                                                       env=env, default_threads=default_threads))
     config_path = out_dir / CONFIG_NAME
     doc = {
         "schema": SCHEMA, **document,

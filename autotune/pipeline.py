@@ -404,7 +404,8 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
     doc["environment"] = env
     doc = emit.write_outputs(out, cfg=chosen, model_file=task.path, env=env, document=doc,
                               description=f"Train {task.path.name} with the configuration "
-                                          "autotune verified on this machine.")
+                                          "autotune verified on this machine.",
+                              default_threads=machine.torch.get("num_threads"))
     try:
         from autotune.report_files import write_report
 

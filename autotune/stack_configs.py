@@ -258,8 +258,16 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
 
 
 def write_stack_files(out_dir: Path, *, cfg: TrialConfig, baseline: TrialConfig,
-                      env: Mapping[str, str]) -> dict[str, str]:
-    """Write the four files into ``out_dir``; returns their names (relative to it)."""
+                      env: Mapping[str, str], default_threads: int | None = None) -> dict[str, str]:
+    """Write the four files into ``out_dir``; returns their names (relative to it).
+
+    A configuration that leaves the threads to PyTorch ran with ``default_threads``, the
+    count PyTorch chose on this machine; the files name it, because the other launchers
+    choose their own where none is given (accelerate launch all physical cores, whatever
+    the affinity mask; torchrun one per rank)."""
+    if default_threads:
+        cfg, baseline = (c if c.threads else c.replace(threads=default_threads) for c in (cfg, baseline))
+        env = {"OMP_NUM_THREADS": str(default_threads), **env}
     write_atomically(out_dir / ACCELERATE_NAME, render_accelerate(cfg, baseline, env))
     write_atomically(out_dir / LIGHTNING_NAME, json.dumps(lightning_arguments(cfg, baseline, env), indent=2) + "\n")
     write_atomically(out_dir / TORCHRUN_NAME, render_torchrun(cfg, env), mode=0o755)

@@ -9,8 +9,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from autotune import emit, launch, stack_configs
@@ -71,6 +73,23 @@ def test_the_lightning_arguments_hold_devices_strategy_precision_and_the_loader(
     assert gpu["trainer"]["precision"] == "16-mixed" and gpu["dataloader"]["batch_size"] == 64
 
 
+def test_knobs_a_stack_cannot_hold_are_named_in_each_file():
+    cfg = TrialConfig(threads=2, prune_ratio=0.25, affinity="compact", precision="tf32", ipex=True,
+                      interop_threads=1)
+    env = launch.environment(cfg, machine=machine_doc(), base_env={})[0]
+    assert "TUNED_CPUS_PER_RANK" in env
+    header = "\n".join(line for line in stack_configs.render_accelerate(cfg, BASELINE, env).splitlines()
+                       if line.startswith("# Not expressible"))
+    notes = " ".join(stack_configs.lightning_arguments(cfg, BASELINE, env)["not_expressible"])
+    for text in (header, notes):
+        for word in ("structured pruning (0.25)", "core pinning", "tf32", "ipex", "interop threads"):
+            assert word in text, (word, text)
+    snippet = stack_configs.render_snippet(cfg, BASELINE, env)
+    assert "Structured pruning (0.25" in snippet and "allow_tf32 = True" in snippet
+    # taskset pinning is train_tuned.py's own: other launchers do not read the variable
+    assert "TUNED_CPUS_PER_RANK" not in stack_configs.lightning_arguments(cfg, BASELINE, env)["environment"]
+
+
 def test_the_snippet_has_exactly_the_lines_that_differ_and_is_valid_python():
     text = stack_configs.render_snippet(TUNED, BASELINE, ENV)
     (code,) = _python_blocks(text)
@@ -101,6 +120,18 @@ def test_a_run_writes_them_beside_best_config_and_names_them_in_outputs(tmp_path
     candidate = emit.write_outputs(tmp_path / "candidate", cfg=TUNED, model_file=TINY, env=env,
                                    document={"candidate": TUNED.to_dict()}, description="t")
     assert "accelerate" not in candidate["outputs"]  # a verification candidate needs none
+
+
+def test_threads_left_to_pytorch_are_named_with_the_count_it_chose(tmp_path):
+    # accelerate launch would choose all physical cores and torchrun 1 per rank: the
+    # files name the count the tuned configuration ran with, and the snippet, which
+    # the user's loop runs as the baseline did, stays empty.
+    stack_configs.write_stack_files(tmp_path, cfg=BASELINE, baseline=BASELINE, env={}, default_threads=3)
+    accelerate = (tmp_path / "accelerate_config.yaml").read_text()
+    assert "OMP_NUM_THREADS=3 accelerate launch" in accelerate and "--num_cpu_threads_per_process 3" in accelerate
+    assert json.loads((tmp_path / "lightning_trainer.json").read_text())["environment"]["OMP_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" in (tmp_path / "torchrun.sh").read_text()
+    assert "Nothing differs" in (tmp_path / "apply_to_your_loop.md").read_text()
 
 
 def test_accelerates_own_loader_reads_the_file(tmp_path):
@@ -147,12 +178,15 @@ accelerator.end_training()  # the process group ends before the interpreter (glo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cfg", [TrialConfig(threads=1, batch_size=16, precision="bf16"),
-                                 TrialConfig(nprocs=2, threads=1, batch_size=32, precision="bf16")],
-                         ids=["one-process", "two-processes"])
+                                 TrialConfig(nprocs=2, threads=1, batch_size=32, precision="bf16"),
+                                 TrialConfig(batch_size=16, precision="bf16")],
+                         ids=["one-process", "two-processes", "pytorchs-threads"])
 def test_the_accelerate_config_runs_under_accelerate_launch(tmp_path, cfg):
     pytest.importorskip("accelerate")
-    env, _ = launch.environment(cfg, machine=machine_doc())
-    (tmp_path / "accelerate_config.yaml").write_text(stack_configs.render_accelerate(cfg, BASELINE, env))
+    env, _ = launch.environment(cfg, machine=machine_doc(), base_env={})
+    # Where the tuned configuration left the threads to PyTorch, PyTorch chose 1 on the
+    # tuning machine (say): accelerate launch must not choose its own (2 cores here).
+    stack_configs.write_stack_files(tmp_path, cfg=cfg, baseline=BASELINE, env=env, default_threads=1)
     (tmp_path / "train.py").write_text(ACCELERATE_SCRIPT)
     run = next(line for line in (tmp_path / "accelerate_config.yaml").read_text().splitlines()
                if line.startswith("# Run: "))[len("# Run: "):].replace("your_script.py", f"train.py {TINY} {tmp_path}")
@@ -259,3 +293,81 @@ def test_torchrun_sh_starts_the_ranks_and_passes_torchrun_flags_before_the_doubl
     facts = json.loads((work / "r.json").read_text())["facts"]
     assert facts["world"] == 2 and facts["ddp"] is True and facts["threads"] == 1
     assert facts["env"]["OMP_NUM_THREADS"] == "1"
+
+
+STAND_IN = '''
+import json, os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+out = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
+    json.dump({"rank": os.environ["RANK"], "world": os.environ["WORLD_SIZE"],
+               "omp": os.environ.get("OMP_NUM_THREADS"), "threads": torch.get_num_threads(),
+               "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "argv": sys.argv[1:], "pid": os.getpid()}, f)
+deadline = time.time() + 60
+while not os.path.exists(os.path.join(out, "release")) and time.time() < deadline:
+    time.sleep(0.1)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+LOOPBACK = ("127.0.0.1", "::1")
+
+
+def _listeners(root: psutil.Process) -> dict[int, set[str]]:
+    pids = {root.pid} | {c.pid for c in root.children(recursive=True)}
+    found: dict[int, set[str]] = {}
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.pid in pids and conn.status == psutil.CONN_LISTEN:
+            found.setdefault(conn.pid, set()).add(conn.laddr.ip)
+    return found
+
+
+@pytest.mark.slow
+def test_torchrun_sh_ranks_listen_on_loopback_and_a_users_variable_is_kept(tmp_path):
+    user_omp = "2"  # the tuned 1 is train_tuned.py's test above
+    cfg = TrialConfig(nprocs=2, threads=1, batch_size=32)
+    text = stack_configs.render_torchrun(cfg, launch.environment(cfg, machine=machine_doc(), base_env={})[0])
+    assert "--rdzv-endpoint 127.0.0.1:0" in text and "--standalone" not in text
+    script = tmp_path / stack_configs.TORCHRUN_NAME
+    script.write_text(text)
+    script.chmod(0o755)
+    (tmp_path / "train_tuned.py").write_text(STAND_IN)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if user_omp:
+        env["OMP_NUM_THREADS"] = user_omp
+    proc = subprocess.Popen([str(script), "--max-restarts", "0", "--", "--epochs", "1"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((tmp_path / f"rank{r}.json").exists() for r in range(2)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(0.5)  # both ranks are past init_process_group: every socket is open
+        try:
+            listening = _listeners(psutil.Process(proc.pid))
+        except psutil.AccessDenied:
+            listening = None
+    finally:
+        (tmp_path / "release").touch()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert sorted(r["rank"] for r in ranks) == ["0", "1"] and {r["world"] for r in ranks} == {"2"}
+    want = user_omp or "1"
+    assert {r["omp"] for r in ranks} == {want} and {r["threads"] for r in ranks} == {int(want)}
+    assert {tuple(r["argv"]) for r in ranks} == {("--epochs", "1")}  # torchrun's flags stayed before --
+    # where the hostname resolves beyond loopback, gloo would listen there without it
+    assert {r["gloo_ifname"] for r in ranks} == {launch.loopback_interface()}
+    if user_omp:
+        assert f"keeping your OMP_NUM_THREADS={user_omp}" in err
+    if listening is not None:
+        rank_pids = {r["pid"] for r in ranks}
+        for pid in rank_pids:  # gloo, bound by GLOO_SOCKET_IFNAME
+            assert listening.get(pid) and listening[pid] <= set(LOOPBACK), listening
+        beyond = {pid: ips - set(LOOPBACK) for pid, ips in listening.items() if ips - set(LOOPBACK)}
+        # Only torchrun's own store may (torch binds it to every interface, whatever the
+        # rendezvous address), and then the script says so in its header.
+        assert set(beyond) <= {proc.pid}, listening
+        if beyond:
+            assert "torchrun's store listens on every interface" in text
