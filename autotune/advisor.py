@@ -150,9 +150,12 @@ def path_lines(ablation: dict[str, Any], doc: dict[str, Any] | None = None) -> l
     held = speed.get("side_by_side") or {}
     total = f"  = {found['total']:.2f}x ({_span(found)}), the winner over the baseline side by side"
     if held.get("ci_low"):
-        inside = held["ci_low"] <= found["total"] <= held["ci_high"]
+        # Two measurements of one ratio, each with its noise: they agree where their
+        # intervals meet, not only where one's point falls in the other's interval.
+        overlap = found["ci_low"] <= held["ci_high"] and held["ci_low"] <= found["ci_high"]
         total += (f"; the speed check measured it at {held['median']:.2f}x ({_span(held)}): "
-                  f"{'consistent' if inside else 'outside its interval'}")
+                  + ("consistent, the intervals overlap" if overlap
+                     else "the intervals do not overlap (the machine's speed changed between the two?)"))
     lines.append(total)
     if speed.get("pairs"):
         product = found["kept_product"]

@@ -185,8 +185,11 @@ class Reporter:
             self.out.print("not searched on this machine:")
             for knob, reason in skipped.items():
                 self.out.print(f"  {knob}: {reason}", markup=False)
-        self.out.print(f"wrote {', '.join(str(resolve(doc, folder, k)) for k in ('config', 'script', 'launcher'))}",
-                       markup=False)
+        # best_config.json, train_tuned.py and launch.sh first, then the same configuration
+        # for accelerate, Lightning, torchrun and the user's own loop
+        keys = ["config", "script", "launcher"]
+        keys += [k for k in doc.get("outputs") or {} if k not in keys]
+        self.out.print(f"wrote {', '.join(str(resolve(doc, folder, k)) for k in keys)}", markup=False)
         self.out.print(f"train with: {resolve(doc, folder, 'launcher')}  # {doc['launch'].partition('# ')[2]}",
                        markup=False)
         report = folder / "report.html"

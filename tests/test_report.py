@@ -36,6 +36,18 @@ def test_the_summary_prints_paths_and_reasons_as_text(capsys):
     assert out.count(MARKUP) >= 4, out
 
 
+def test_the_summary_names_every_file_written_stack_files_included(capsys):
+    outputs = {"config": "best_config.json", "script": "train_tuned.py", "launcher": "launch.sh",
+               "accelerate": "accelerate_config.yaml", "lightning": "lightning_trainer.json",
+               "torchrun": "torchrun.sh", "snippet": "apply_to_your_loop.md"}
+    doc = {"model_file": "m.py", "verified": False, "config": {"precision": "fp32"},
+           "baseline": {"config": {"precision": "fp32"}, "samples_per_s": 10.0},
+           "outputs": outputs, "launch": "./launch.sh  # runs: python train_tuned.py"}
+    Reporter().summary(doc, Path("/out"))
+    wrote = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote "))
+    assert wrote == "wrote " + ", ".join(f"/out/{name}" for name in outputs.values())
+
+
 @pytest.mark.slow
 def test_progress_through_a_pipe_is_one_line_per_event_however_long(tmp_path):
     """`autotune run ... 2>&1 | cat`: rich wraps at 80 columns when stderr is not a
