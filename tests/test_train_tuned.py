@@ -115,7 +115,7 @@ def test_checkpoints_every_n_steps_and_at_the_end_keeping_the_newest(tmp_path, n
     out, work = tmp_path / "out", tmp_path / "work"
     write(out, TrialConfig(threads=1, batch_size=16))
     run_launcher(out, work, no_autotune_env, "--max-steps", "23", "--checkpoint-every", "5",
-                 "--keep-checkpoints", "2")
+                 "--keep-checkpoints", "2", "--tensorboard", "tb")
     kept = sorted(p.name for p in (work / "checkpoints").glob("step-*.pt"))
     assert kept == [f"step-{20:09d}.pt", f"step-{23:09d}.pt"]
     state = torch.load(work / "checkpoints" / kept[-1], weights_only=False)
@@ -125,7 +125,14 @@ def test_checkpoints_every_n_steps_and_at_the_end_keeping_the_newest(tmp_path, n
     assert [line["step"] for line in evaluated] == [STEPS_PER_EPOCH]  # after each epoch
     assert 0 <= evaluated[0]["evaluate"] <= 1
     assert [line["step"] for line in lines if "checkpoint" in line] == [5, 10, 15, 20, 23]
-    assert any(line.get("loss") for line in lines)
+    losses = {line["step"]: line["loss"] for line in lines if "loss" in line}
+    assert losses
+
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    events = accumulator.EventAccumulator(str(work / "tb"))
+    events.Reload()
+    assert {e.step: e.value for e in events.Scalars("loss")} == pytest.approx(losses)
+    assert [e.step for e in events.Scalars("evaluate")] == [STEPS_PER_EPOCH]
 
 
 @pytest.mark.slow
