@@ -217,19 +217,19 @@ class Distributed:
             torch.distributed.destroy_process_group()
 
 
-def first_tensor(obj: Any) -> torch.Tensor | None:
-    """The first tensor in a batch or item (a tensor, or lists, tuples and dicts of
-    them, depth first), or None if it holds none."""
+def tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a batch or item (a tensor, or lists, tuples and dicts of them),
+    depth first."""
     if isinstance(obj, torch.Tensor):
-        return obj
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        for item in obj:
-            found = first_tensor(item)
-            if found is not None:
-                return found
-    return None
+        yield obj
+    elif isinstance(obj, (dict, list, tuple)):
+        for item in obj.values() if isinstance(obj, dict) else obj:
+            yield from tensors(item)
+
+
+def first_tensor(obj: Any) -> torch.Tensor | None:
+    """The first tensor in a batch or item, or None if it holds none."""
+    return next(tensors(obj), None)
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:

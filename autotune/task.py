@@ -392,23 +392,12 @@ def _check_evaluate(file: _UserFile, module: Any, model: Any) -> None:
         )
 
 
-def _tensors(obj: Any) -> list[Any]:
-    """Every tensor in an item: a tensor, or lists, tuples and dicts of them."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        return [t for value in obj for t in _tensors(value)]
-    return []
-
-
 def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
               dataset_len: int | None) -> dict[str, Any]:
     """The Task fields of a file that passed every check (all but path and check_s)."""
     import torch
+
+    from autotune import runtime
 
     # An (inputs, targets) pair's inputs; any other item (a dict for training_step) whole:
     # its image need not come first, e.g. {"labels": ..., "pixel_values": ...}.
@@ -417,7 +406,7 @@ def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
         "batch_size": batch_size,
         "dataset_len": dataset_len,
         # One item's 3-D float input is a 4-D batch: an image layout channels_last applies to.
-        "image_inputs": any(t.dim() == 3 and t.is_floating_point() for t in _tensors(inputs)),
+        "image_inputs": any(t.dim() == 3 and t.is_floating_point() for t in runtime.tensors(inputs)),
         "has_evaluate": getattr(module, "evaluate", None) is not None,
         "has_training_step": getattr(module, "training_step", None) is not None,
         "parameters": sum(p.numel() for p in model.parameters()),
