@@ -254,7 +254,9 @@ def write_outputs(
     out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
     document: dict[str, Any], description: str, default_threads: int | None = None,
 ) -> dict[str, Any]:
-    """Write the three files; returns the document as written to best_config.json. Its
+    """Write the three files, and for a run's result (a document with a baseline) the
+    stack files (threads left to PyTorch named as ``default_threads``, see
+    stack_configs.write_stack_files); returns the document as written to best_config.json. Its
     paths are relative to ``out_dir`` (``resolve`` reads them back), so a copied or moved
     folder still describes itself; where the model file was when tuned is kept beside."""
     out_dir.mkdir(parents=True, exist_ok=True)
