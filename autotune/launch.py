@@ -14,6 +14,11 @@ from autotune.probes import Machine, as_machine
 
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
 
+# autotune's own protocol between a launcher and runtime.start_ranks: a value inherited
+# from whoever started autotune (a launch.sh, a trial) describes another configuration,
+# so it is never kept, whatever the "keep the user's value" rule says for the others.
+PROTOCOL_VARIABLES = ("TUNED_NPROCS", "TUNED_CPUS_PER_RANK", "TUNED_STORE")
+
 
 def rank_cpus(cfg: TrialConfig, usable_cpus: list[int]) -> list[list[int]]:
     """Disjoint, compact core sets, one per rank: rank r gets the r-th block of the
@@ -31,12 +36,17 @@ def environment(
     cfg: TrialConfig, *, machine: Machine | Mapping[str, Any], base_env: Mapping[str, str] | None = None
 ) -> tuple[dict[str, str], list[str]]:
     """Variables this configuration sets, and a warning for each one the user had
-    already set: theirs is kept, never overridden silently."""
+    already set: theirs is kept, never overridden silently (autotune's own
+    PROTOCOL_VARIABLES excepted: those are always this configuration's)."""
     machine = as_machine(machine)
     base_env = os.environ if base_env is None else base_env
     wanted: dict[str, str] = {}
     if cfg.threads is not None:
         wanted["OMP_NUM_THREADS"] = str(cfg.threads)
+    if cfg.device == "cuda":
+        # CUDA's default order is fastest first; PCI order is NVML's and nvidia-smi's, so
+        # a device index means the same GPU to CUDA_VISIBLE_DEVICES, the probe and the user.
+        wanted["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if cfg.nprocs > 1:
         # The script starts its own ranks (runtime.start_ranks), which talk over loopback.
         wanted["TUNED_NPROCS"] = str(cfg.nprocs)
@@ -44,6 +54,11 @@ def environment(
         wanted["GLOO_SOCKET_IFNAME"] = lo
         if cfg.device == "cuda":
             wanted["NCCL_SOCKET_IFNAME"] = lo
+            if cfg.compile != "off":
+                # Each rank's inductor starts its own pool of compile workers, sized for
+                # the whole machine; several ranks would oversubscribe the cores.
+                cores = int(machine.cpu.usable_cores or 1)
+                wanted["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, cores // cfg.nprocs))
     if cfg.allocator != "default":
         path = machine.allocators.get(cfg.allocator)
         if not path:
@@ -61,7 +76,7 @@ def environment(
         wanted["OMP_PLACES"] = "cores"
     chosen, warnings = {}, []
     for key, value in wanted.items():
-        if key in base_env and base_env[key] != value:
+        if key in base_env and base_env[key] != value and key not in PROTOCOL_VARIABLES:
             warnings.append(
                 f"{key} is set to {base_env[key]!r} in your environment; autotune would set "
                 f"{value!r} for this configuration and keeps yours instead"
@@ -85,8 +100,10 @@ def inherited_distributed(env: Mapping[str, str]) -> list[str]:
 
 
 def without_distributed(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` less the rank-group variables: trials start their own rank groups."""
-    drop = set(inherited_distributed(env))
+    """``env`` less the rank-group variables and autotune's protocol variables: trials
+    start their own rank groups, and a configuration sets its own TUNED_* (a one-process
+    configuration none)."""
+    drop = set(inherited_distributed(env)) | set(PROTOCOL_VARIABLES)
     return {k: v for k, v in env.items() if k not in drop}
 
 

@@ -268,9 +268,9 @@ def test_cuda_config_starts_one_rank_per_gpu_over_loopback():
     env, _ = launch.environment(cfg, machine=_gpu_machine(2, "9.0"), base_env={})
     lo = launch.loopback_interface()
     # the script starts 2 ranks, whose gloo and NCCL sockets bind the loopback interface;
-    # no CPU pinning of GPU ranks
+    # no CPU pinning of GPU ranks; device indices in NVML's (PCI) order
     assert env == {"OMP_NUM_THREADS": "8", "TUNED_NPROCS": "2", "GLOO_SOCKET_IFNAME": lo,
-                   "NCCL_SOCKET_IFNAME": lo}
+                   "NCCL_SOCKET_IFNAME": lo, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def test_a_layout_is_written_and_read_as_ranks_x_threads():

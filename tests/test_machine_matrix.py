@@ -260,7 +260,7 @@ def test_a_baseline_that_fails_in_verification_ends_the_run_with_a_message(task,
 
 
 @pytest.mark.parametrize(("visible", "ranks", "device"), [
-    (None, 4, "cuda"), ("2,3", 2, "cuda"), ("GPU-0000-5", 1, "cuda"), ("", 0, "cpu"),
+    (None, 4, "cuda"), ("2,3", 2, "cuda"), ("GPU-aed09b82", 1, "cuda"), ("", 0, "cpu"),
     ("1,7,-1,2", 2, "cuda"),  # CUDA stops reading at the first entry that names no GPU
 ])
 def test_cuda_visible_devices_narrows_the_gpus(task, monkeypatch, visible, ranks, device):

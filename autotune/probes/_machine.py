@@ -15,7 +15,7 @@ from typing import Any
 from . import _io
 from . import software as sw_mod
 from .cpu import CpuInfo, read_cpu
-from .gpu import GpuInfo, GpuLink, GpuProbe, cross_check_torch, read_gpus
+from .gpu import GpuInfo, GpuLink, GpuProbe, cross_check_torch, read_gpu_processes, read_gpus
 from .memory import MemoryInfo, read_memory
 
 SCHEMA_VERSION = 1
@@ -128,6 +128,11 @@ def probe_machine(
             gpus = read_gpus(nvml)
         t_gpu = time.perf_counter() - t0
         sw = sw_future.result() if sw_future is not None else sw_mod.skipped_software()
+    if gpus.gpus:
+        # After the torch child has exited: its CUDA context is not someone else's work.
+        counts = read_gpu_processes(nvml, own_pids=(os.getpid(),))
+        for g in gpus.gpus:
+            g.processes = counts.get(g.index) if counts is not None else None
 
     warnings = cross_check_torch(
         gpus.gpus,
@@ -135,7 +140,7 @@ def probe_machine(
         torch_cuda_available=sw.torch.get("cuda_available") if want_software else None,
         torch_device_count=sw.torch.get("cuda_device_count") if want_software else None,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-    )
+    ) + resource_warnings(memory, gpus.gpus)
     timings = {"cpu_memory_s": round(t_cpu_mem, 3), "gpu_s": round(t_gpu, 3), **sw.timings}
     return MachineProbe(
         cpu=cpu,
@@ -157,6 +162,26 @@ def probe_machine(
         probe_seconds=round(time.perf_counter() - start, 3),
         timings=timings,
     )
+
+
+SHM_WARN_BYTES = 1 << 30
+
+
+def resource_warnings(memory: MemoryInfo, gpus: list[GpuInfo]) -> list[str]:
+    """Warnings about this machine's state that make timings or trials unreliable:
+    a small /dev/shm (Docker's default is 64 MiB) and GPUs other processes compute on."""
+    from .render import format_bytes
+
+    warnings = []
+    if memory.shm_bytes is not None and memory.shm_bytes < SHM_WARN_BYTES:
+        warnings.append(
+            f"/dev/shm is {format_bytes(memory.shm_bytes)}: DataLoader workers and NCCL's "
+            "shared-memory transport need it; docker run --shm-size=16g (or more) raises it")
+    busy = [g for g in gpus if g.processes]
+    if busy:
+        listed = ", ".join(f"GPU {g.index} ({g.processes})" for g in busy)
+        warnings.append(f"other processes compute on {listed}: timings there are shared with them")
+    return warnings
 
 
 # What the rest of autotune calls the probe's result.

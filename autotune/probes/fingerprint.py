@@ -14,10 +14,23 @@ from typing import Any
 FINGERPRINT_VERSION = 1
 
 
-def fingerprint(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """Probe document (MachineProbe.to_dict()) -> fingerprint dict."""
+_FROM_ENVIRONMENT: Any = object()
+
+
+def fingerprint(doc: Mapping[str, Any], *, cuda_visible_devices: str | None = _FROM_ENVIRONMENT) -> dict[str, Any]:
+    """Probe document (MachineProbe.to_dict()) -> fingerprint dict.
+
+    The GPUs are those a trial started from here sees (``cuda_visible_devices``, by
+    default this process's CUDA_VISIBLE_DEVICES): a study tuned on eight GPUs is not
+    the study of the same machine narrowed to four.
+    """
+    from ._machine import as_machine
+    from .gpu import current_visible_devices, usable_gpus
+
+    if cuda_visible_devices is _FROM_ENVIRONMENT:
+        cuda_visible_devices = current_visible_devices()
     cpu = doc.get("cpu") or {}
-    gpus = doc.get("gpus") or []
+    gpus, _ = usable_gpus(as_machine(doc), cuda_visible_devices)
     torch = doc.get("torch") or {}
     allocators = doc.get("allocators") or {}
     return {
@@ -29,7 +42,7 @@ def fingerprint(doc: Mapping[str, Any]) -> dict[str, Any]:
         "numa_nodes": len(cpu.get("usable_numa_nodes") or cpu.get("numa_nodes") or {}) or None,
         "isa": sorted(flag for flag, present in (cpu.get("isa") or {}).items() if present),
         "gpu_count": len(gpus),
-        "gpu_names": [g.get("name") for g in gpus],
+        "gpu_names": [g.name for g in gpus],
         "torch_version": torch.get("version"),
         "torch_cuda": torch.get("cuda"),
         "allocators": sorted(name for name, path in allocators.items() if path),

@@ -1,6 +1,7 @@
 """Host memory and the cgroup memory budget of this process."""
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -15,6 +16,8 @@ class MemoryInfo:
     cgroup_limit_bytes: int | None
     cgroup_usage_bytes: int | None
     usable_bytes: int | None
+    # Size of /dev/shm: DataLoader workers pass batches through it, NCCL's SHM transport too.
+    shm_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,7 +105,24 @@ def summarize_memory(
     )
 
 
+def statvfs_size(stat: Any) -> int | None:
+    """A file system's size from os.statvfs: fragment size x blocks."""
+    try:
+        return int(stat.f_frsize) * int(stat.f_blocks)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 # ---------------------------------------------------------------- readers
+
+def read_shm_bytes(root: str = "/", *, statvfs: Any = os.statvfs) -> int | None:
+    """The size of ``root``'s /dev/shm, None where there is none."""
+    path = os.path.join(root, "dev", "shm")
+    try:
+        return statvfs_size(statvfs(path)) if os.path.isdir(path) else None
+    except OSError:
+        return None
+
 
 def read_cgroup_memory_levels(root: str = "/") -> list[CgroupMemoryLevel]:
     read = lambda p: _io.read_text(root, p)  # noqa: E731
@@ -139,4 +159,6 @@ def read_host_memory(root: str = "/") -> tuple[int | None, int | None]:
 
 def read_memory(root: str = "/") -> MemoryInfo:
     total, available = read_host_memory(root)
-    return summarize_memory(total=total, available=available, levels=read_cgroup_memory_levels(root))
+    info = summarize_memory(total=total, available=available, levels=read_cgroup_memory_levels(root))
+    info.shm_bytes = read_shm_bytes(root)
+    return info

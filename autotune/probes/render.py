@@ -69,10 +69,19 @@ def _gpu_lines(doc: Mapping[str, Any]) -> list[str]:
     gpus = doc.get("gpus") or []
     if not gpus:
         return [f"none ({doc.get('gpu_error')})" if doc.get("gpu_error") else "none"]
-    lines = [
-        f"{g['index']}: {g.get('name')}, {format_bytes(g.get('memory_bytes'))}, sm {g.get('compute_capability') or '?'}"
-        for g in gpus
-    ]
+    lines = []
+    for g in gpus:
+        line = (f"{g['index']}: {g.get('name')}, {format_bytes(g.get('memory_bytes'))}, "
+                f"sm {g.get('compute_capability') or '?'}")
+        if g.get("compute_mode"):
+            line += f", compute mode {g['compute_mode']}"
+        if g.get("mig"):
+            line += f", MIG on ({len(g.get('mig_devices') or [])} instance(s))"
+        if g.get("processes"):
+            line += f", {g['processes']} other process(es)"
+        lines.append(line)
+        lines += [f"   MIG {m.get('index')}: {m.get('name')}, {format_bytes(m.get('memory_bytes'))}, {m.get('uuid')}"
+                  for m in g.get("mig_devices") or []]
     for link in doc.get("gpu_links") or []:
         kind = "NVLink" if link.get("nvlink") else f"p2p {link.get('p2p') or '?'}"
         lines.append(f"{link['a']}<->{link['b']}: {kind}, topology {link.get('topology') or '?'}")
@@ -92,8 +101,12 @@ def _torch_lines(doc: Mapping[str, Any]) -> list[str]:
         build = "ROCm " + torch["hip"] if torch.get("hip") else "CPU-only build"
     lines = [f"{torch['version']} ({build}; cuDNN {torch.get('cudnn') or '-'})"]
     if torch.get("cuda") or torch.get("cuda_available"):
+        visible = torch.get("cuda_visible_devices")
         lines.append(f"cuda available: {_yes_no(torch.get('cuda_available'))}, "
-                     f"devices: {torch.get('cuda_device_count')}")
+                     f"devices: {torch.get('cuda_device_count')}"
+                     + (f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""))
+        lines += [f"cuda:{i} {d.get('name')}, {format_bytes(d.get('memory_bytes'))}, {d.get('uuid') or '?'}"
+                  for i, d in enumerate(torch.get("cuda_devices") or [])]
     lines.append(
         f"threads {torch.get('num_threads')}, mkldnn {_yes_no(torch.get('mkldnn'))}, "
         f"openmp {_yes_no(torch.get('openmp'))}"
@@ -122,6 +135,7 @@ def render_text(doc: Mapping[str, Any]) -> str:
     lines += _section("Memory", [
         f"total {format_bytes(mem.get('total_bytes'))}, available {format_bytes(mem.get('available_bytes'))}",
         f"cgroup limit {format_bytes(mem.get('cgroup_limit_bytes'))}, usable {format_bytes(mem.get('usable_bytes'))}",
+        f"/dev/shm {format_bytes(mem.get('shm_bytes'))}",
     ])
     lines += _section("GPUs", _gpu_lines(doc))
     lines += _section("Torch", _torch_lines(doc))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _io
+from .gpu import torch_device
 
 BACKENDS = ("gloo", "nccl", "mpi", "ccl")
 
@@ -56,10 +57,12 @@ try:
 except BaseException as e:
     emit("torch", error=err(e))
     raise SystemExit(0)
+import os
 info = {"version": torch.__version__, "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None), "cudnn": None,
         "cuda_available": False, "cuda_device_count": 0, "cuda_devices": [],
-        "mkldnn": None, "openmp": None, "num_threads": None}
+        "mkldnn": None, "openmp": None, "num_threads": None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 try:
     if torch.backends.cudnn.is_available():
         v = torch.backends.cudnn.version()
@@ -74,8 +77,27 @@ try:
     info["cuda_device_count"] = int(torch.cuda.device_count()) if info["cuda_available"] else 0
     for i in range(info["cuda_device_count"]):
         major, minor = torch.cuda.get_device_capability(i)
+        props = torch.cuda.get_device_properties(i)
+        uuid = getattr(props, "uuid", None)
+        pci = [getattr(props, k, None) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+        bus_id = None
+        if None in pci:
+            # Builds whose device properties lack the PCI numbers: ask the CUDA runtime
+            # torch has loaded.
+            try:
+                import ctypes
+                rt = ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0])
+                buf = ctypes.create_string_buffer(32)
+                if rt.cudaDeviceGetPCIBusId(buf, 32, i) == 0:
+                    bus_id = buf.value.decode()
+            except BaseException:
+                pass
         info["cuda_devices"].append({"name": torch.cuda.get_device_name(i),
-                                     "compute_capability": "%d.%d" % (major, minor)})
+                                     "compute_capability": "%d.%d" % (major, minor),
+                                     "memory_bytes": int(props.total_memory),
+                                     "uuid": str(uuid) if uuid is not None else None,
+                                     "pci": pci if None not in pci else None,
+                                     "pci_bus_id": bus_id})
 except BaseException as e:
     info["cuda_error"] = err(e)
 try:
@@ -189,7 +211,7 @@ def empty_torch(error: str | None = None) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "version": None, "cuda": None, "hip": None, "cudnn": None,
         "cuda_available": False, "cuda_device_count": 0, "cuda_devices": [],
-        "mkldnn": None, "openmp": None, "num_threads": None,
+        "mkldnn": None, "openmp": None, "num_threads": None, "cuda_visible_devices": None,
     }
     if error:
         doc["error"] = error
@@ -215,6 +237,8 @@ def parse_torch_probe_output(stdout: str, *, returncode: int | None, stderr: str
         kind = record.pop("kind", None)
         if kind == "torch":
             torch_doc = {**empty_torch(), **record}
+            torch_doc["cuda_devices"] = [torch_device(d) for d in torch_doc.get("cuda_devices") or []
+                                         if isinstance(d, dict)]
         elif kind == "backend" and record.get("name") in BACKENDS:
             backends[record["name"]] = bool(record.get("ok"))
             if not record.get("ok"):
@@ -248,6 +272,8 @@ def probe_torch(*, run: _io.Runner = subprocess.run, timeout: float = TORCH_PROB
         facts.backend_errors.update({b: "torch not installed" for b in ("gloo", "nccl", "mpi")})
         return facts
     env = {**os.environ, **LOOPBACK_ENV}
+    # The order trials see (launch.environment sets it), unless the user chose one.
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     rc, out, err = _io.run_text(child_python_argv(TORCH_PROBE_SCRIPT), run=run, timeout=timeout, env=env)
     return parse_torch_probe_output(out, returncode=rc, stderr=err)
 
