@@ -42,6 +42,7 @@ KNOB_GROUPS: dict[str, tuple[str, ...]] = {
     "allocator": ("allocator",),
     "affinity": ("affinity",),
     "ipex": ("ipex",),
+    "cudnn_benchmark": ("cudnn_benchmark",),
 }
 MIN_ROUNDS = 3  # with many knobs: the path and the leave-one-out in the speed check's windows
 MAX_ROUNDS = 10

@@ -62,6 +62,8 @@ class TrialConfig:
     affinity: str = "none"
     ipex: bool = False
     device: str = "cpu"
+    # cuDNN's per-shape algorithm search: PyTorch leaves it off, and so does the baseline.
+    cudnn_benchmark: bool = False
 
     def __post_init__(self) -> None:
         problems = []

@@ -27,7 +27,7 @@ from optuna.trial import TrialState
 from autotune.config import Layout, TrialConfig
 from autotune.errors import AutotuneError
 from autotune.protocol import Failure, Role, Status
-from autotune.space import Space
+from autotune.space import Space, Unsplittable
 from autotune.trial import TrialResult, TrialRunner
 
 
@@ -169,6 +169,11 @@ class SearchOutcome:
 Progress = Callable[[str, dict[str, Any]], None]
 
 
+# The share of a GPU's memory a predicted peak may take: allocator fragmentation and
+# cuDNN workspaces come on top of what the linear model counts.
+MEMORY_HEADROOM = 0.95
+
+
 def _config_of(t: optuna.trial.FrozenTrial) -> TrialConfig | None:
     data = t.user_attrs.get("config")
     return TrialConfig.from_dict(data) if data else None
@@ -233,7 +238,8 @@ class Tuner:
         from both."""
         start = self.heuristics[0] if self.heuristics else self.space.baseline
         sizes = sorted(self.space.choices.get("batch_size", []))
-        larger = [b for b in sizes if start.batch_size < b <= 4 * start.batch_size]
+        larger = [b for b in sizes if start.batch_size < b <= 4 * start.batch_size
+                  and b % start.nprocs == 0]
         batches = [start.batch_size, *larger[-1:]]
         return [start.replace(precision=p, batch_size=b)
                 for p in self.space.choices.get("precision", [])[1:] for b in batches]
@@ -370,6 +376,34 @@ class Tuner:
                 bound = other.batch_size if bound is None else min(bound, other.batch_size)
         return bound
 
+    def _memory_bound(self, cfg: TrialConfig) -> str | None:
+        """Why ``cfg`` would not fit in GPU memory, predicted from two measured batch sizes
+        of the same kind of configuration: a rank's peak grows linearly with its share of
+        the batch (weights and optimizer state fixed, activations per sample), so two
+        points give both parts. None when it fits, or when there is not enough to tell."""
+        if cfg.device != "cuda":
+            return None
+        kind = (cfg.nprocs, cfg.precision, cfg.compile, cfg.channels_last, cfg.prune_ratio)
+        points: dict[int, tuple[float, float]] = {}
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            other, result = _config_of(t), t.user_attrs.get("result", {})
+            peak, total = result.get("cuda_peak_mb"), result.get("cuda_total_mb")
+            if (other is None or not peak or not total or (other.nprocs, other.precision, other.compile,
+                                                           other.channels_last, other.prune_ratio) != kind):
+                continue
+            points[other.per_rank_batch] = (float(peak), float(total))
+        if len(points) < 2:
+            return None
+        (b1, (p1, _)), (b2, (p2, total)) = sorted(points.items())[-2:]
+        slope = (p2 - p1) / (b2 - b1)
+        if slope <= 0 or cfg.per_rank_batch <= b2:
+            return None
+        predicted = p2 + slope * (cfg.per_rank_batch - b2)
+        if predicted <= MEMORY_HEADROOM * total:
+            return None
+        return (f"batch {cfg.batch_size} would need about {predicted:,.0f} MiB per GPU of "
+                f"{total:,.0f} MiB (from batches {b1 * cfg.nprocs} and {b2 * cfg.nprocs})")
+
     # --- the loop ------------------------------------------------------------------
 
     def run(self) -> SearchOutcome:
@@ -397,8 +431,13 @@ class Tuner:
     def _one_trial(self, started: float) -> None:
         trial = self.study.ask()
         role = trial.user_attrs.get("role")
-        cfg = (self.space.baseline if role == Role.BASELINE
-               else self.space.suggest(trial, late=role == Role.LATE))
+        try:
+            cfg = (self.space.baseline if role == Role.BASELINE
+                   else self.space.suggest(trial, late=role == Role.LATE))
+        except Unsplittable as exc:  # costs no measurement, like a duplicate
+            trial.set_user_attr("skipped", str(exc))
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
         trial.set_user_attr("config", cfg.to_dict())
 
         previous = self._previous(cfg)
@@ -411,8 +450,10 @@ class Tuner:
                 self.study.tell(trial, state=TrialState.FAIL)
             return
         bound = self._oom_bound(cfg)
-        if bound is not None and cfg.batch_size >= bound:
-            trial.set_user_attr("skipped", f"batch {bound} ran out of memory with layout {cfg.layout}")
+        too_big = (f"batch {bound} ran out of memory with layout {cfg.layout}"
+                   if bound is not None and cfg.batch_size >= bound else self._memory_bound(cfg))
+        if too_big is not None:
+            trial.set_user_attr("skipped", too_big)
             trial.set_user_attr("failure", Failure.OUT_OF_MEMORY)
             self.study.tell(trial, state=TrialState.FAIL)
             return

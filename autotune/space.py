@@ -16,7 +16,7 @@ from typing import Any
 from autotune.config import Layout, TrialConfig
 from autotune.errors import UsageError
 from autotune.probes import Machine, as_machine
-from autotune.probes.gpu import GpuInfo
+from autotune.probes.gpu import GpuInfo, usable_gpus
 
 # Knobs whose every trial carries a long one-time cost (torch.compile takes tens of
 # seconds even for a small model on a few cores). Sampling them throughout would spend
@@ -78,6 +78,11 @@ def _powers_of_two_around(base: int, *, below: int = 2, above: int = 3) -> list[
     return sorted(v for v in values if v >= 1)
 
 
+class Unsplittable(UsageError):
+    """A sampled global batch that the sampled ranks cannot split evenly: the pair is
+    skipped, its knobs are kept."""
+
+
 @dataclasses.dataclass
 class Space:
     """Values per knob on this machine; ``excluded`` holds "knob[=value]" -> reason."""
@@ -89,8 +94,12 @@ class Space:
 
     @property
     def grid_size(self) -> int:
-        """How many configurations the space holds: what an exhaustive grid would measure."""
-        return math.prod(len(values) for values in self.choices.values())
+        """How many configurations the space holds: what an exhaustive grid would measure
+        (the (layout, batch) pairs whose ranks split the batch)."""
+        others = math.prod(len(v) for k, v in self.choices.items() if k not in ("layout", "batch_size"))
+        batches = self.choices.get("batch_size") or [self.fixed.get("batch_size", self.baseline.batch_size)]
+        pairs = sum(1 for layout in self.layouts for b in batches if b % layout.nprocs == 0)
+        return others * max(1, pairs)
 
     @property
     def layouts(self) -> list[Layout]:
@@ -106,6 +115,10 @@ class Space:
                 params[name] = values[0]
             else:
                 params[name] = values[0] if len(values) == 1 else trial.suggest_categorical(name, values)
+        ranks = Layout.parse(params["layout"]).nprocs
+        batch = self.fixed.get("batch_size", params.get("batch_size", self.baseline.batch_size))
+        if batch % ranks:
+            raise Unsplittable(f"batch {batch} does not split evenly over {ranks} ranks")
         return self.config_from_params(params)
 
     def late_variants(self, cfg: TrialConfig) -> list[dict[str, Any]]:
@@ -183,36 +196,19 @@ def _ranks(layout: str) -> int:
     return Layout.parse(layout).nprocs
 
 
-def visible_gpus(gpus: Sequence[GpuInfo],
-                 cuda_visible_devices: str | None) -> tuple[list[GpuInfo], list[str]]:
-    """The GPUs torch will see, in its order, and the indices of those it will not.
-    NVML lists every GPU of the machine; CUDA_VISIBLE_DEVICES (indices or UUIDs, comma
-    separated; the list ends at the first entry that names no GPU, as CUDA reads it)
-    narrows them, and an empty value hides all."""
-    if cuda_visible_devices is None:
-        return list(gpus), []
-    visible: list[GpuInfo] = []
-    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
-        by_uuid = entry.startswith(("GPU-", "MIG-"))
-        match = next((g for g in gpus if entry and (
-            (g.uuid or "").startswith(entry) if by_uuid else str(g.index) == entry)), None)
-        if match is None or match in visible:
-            break
-        visible.append(match)
-    hidden = [str(g.index) for g in gpus if g not in visible]
-    return visible, hidden
-
-
 def _device_choice(gpus: Sequence[GpuInfo], hidden: Sequence[str], *, cuda_available: bool,
-                   pinned: str | None) -> KnobChoice:
-    """The one device to tune on: a GPU machine tunes on its GPUs, anything else on CPU."""
+                   pinned: str | None, present: int = 0) -> KnobChoice:
+    """The one device to tune on: a GPU machine tunes on the GPUs torch sees, anything
+    else on CPU. ``present``: the GPUs NVML found, to say why torch's are missing."""
     cuda = bool(gpus) and cuda_available
     if pinned == "cuda" and not cuda:
         raise UsageError("--fix device=cuda: no CUDA GPU usable by torch on this machine")
     excluded: dict[str, str] = {}
     if hidden:
         excluded[f"gpus={','.join(hidden)}"] = "hidden by CUDA_VISIBLE_DEVICES"
-    if not gpus:
+    if present and not cuda_available:
+        excluded["device=cuda"] = "GPUs present but this torch build cannot use them"
+    elif not gpus:
         excluded["device=cuda"] = "no NVIDIA GPU found" + (" visible" if hidden else "")
     elif not cuda:
         excluded["device=cuda"] = "GPUs present but this torch build cannot use them"
@@ -243,21 +239,21 @@ def _batchnorm_reason(batchnorm_layers: Sequence[str]) -> str:
     more = ", ..." if len(batchnorm_layers) > 3 else ""
     return (f"the model has BatchNorm layers ({shown}{more}): with several ranks each normalizes "
             "over its own share of the batch, which changes training, so the numerics check "
-            "would reject it")
+            "would reject it (on CPU; on GPUs SyncBatchNorm keeps it)")
 
 
 def _layout_choice(device: str, cores: int, gpu_count: int, backends: Mapping[str, bool], *,
                    batchnorm_layers: Sequence[str], nprocs: int | None, threads: int | None) -> KnobChoice:
-    """The machine's layouts, narrowed to one rank for a BatchNorm model and to the
-    pinned ranks (``nprocs``) and threads, when given."""
+    """The machine's layouts, narrowed to one rank for a BatchNorm model on CPU and to
+    the pinned ranks (``nprocs``) and threads, when given."""
     machine = _machine_layouts(device, cores, gpu_count, backends)
     layouts, excluded = list(machine.values), dict(machine.excluded)
-    if batchnorm_layers and any(_ranks(s) > 1 for s in layouts):
-        # DDP normalizes each rank's share of the batch on its own (SyncBatchNorm runs
-        # on GPUs only and is not applied): the loss no longer matches one process, and
-        # verification's numerics check rejects every such candidate (step losses up to
-        # 34% apart on bench/workloads/cifar_cnn.py). Searching them would only spend the
-        # budget on configurations that cannot be emitted.
+    if batchnorm_layers and device == "cpu" and any(_ranks(s) > 1 for s in layouts):
+        # DDP normalizes each rank's share of the batch on its own: the loss no longer
+        # matches one process, and verification's numerics check rejects every such
+        # candidate. On GPUs the runtime converts BatchNorm to SyncBatchNorm, which
+        # normalizes over the global batch as one process does; on CPU (gloo) that costs
+        # an all-gather of statistics per layer per step, so several ranks are not searched.
         reason = _batchnorm_reason(batchnorm_layers)
         if (nprocs or 1) > 1:
             raise UsageError(f"--fix nprocs={nprocs}: {reason}. Remove the --fix, or "
@@ -289,13 +285,15 @@ def _batch_size_choice(baseline_batch: int, dataset_len: int | None, pinned: int
     return KnobChoice([b for b in batches if b <= dataset_len] or [baseline_batch], excluded)
 
 
-def _split_evenly(layouts: Sequence[str], batches: Sequence[int]) -> KnobChoice:
-    """The layouts whose ranks split every batch size evenly. The sampler may combine
-    any layout with any batch, so a rank count that does not divide the batch sizes
-    (3 ranks, powers of two) goes, not the batches; the first layout stays if none do."""
-    even = [s for s in layouts if all(b % _ranks(s) == 0 for b in batches)]
+def _pairable(layouts: Sequence[str], batches: Sequence[int]) -> KnobChoice:
+    """The layouts whose ranks split at least one batch size evenly. Each sampled
+    (layout, batch) pair that does not split is skipped by the search (``Space.splits``),
+    so a rank count is never dropped because some other batch size does not suit it
+    (8 GPUs at the user's batch 50 still meet batch 16, 32, 64...); the first layout
+    stays if none splits any."""
+    even = [s for s in layouts if any(b % _ranks(s) == 0 for b in batches)]
     dropped = [s for s in layouts if s not in even]
-    excluded = {"layout=" + ",".join(dropped): "its ranks do not split the batch sizes evenly"} if dropped else {}
+    excluded = {"layout=" + ",".join(dropped): "its ranks split none of the batch sizes evenly"} if dropped else {}
     return KnobChoice(even or list(layouts[:1]), excluded)
 
 
@@ -314,8 +312,13 @@ def _backend_choice(device: str, backends: Mapping[str, bool], max_ranks: int) -
     return KnobChoice(values, excluded)
 
 
-def _num_workers_choice(cores: int) -> KnobChoice:
-    """DataLoader workers: none up to one per core, at most 4."""
+def _num_workers_choice(device: str, cores: int, gpu_count: int) -> KnobChoice:
+    """DataLoader workers: on CPU none up to one per core, at most 4 (they take cores from
+    the training threads); on GPUs, where the host cores only feed the devices, up to 8
+    per rank within each rank's share of the cores."""
+    if device == "cuda":
+        per_rank = max(1, cores // max(1, gpu_count))
+        return KnobChoice([n for n in (0, 1, 2, 4, 8) if n <= max(1, per_rank)])
     return KnobChoice(list(range(min(cores, 4) + 1)))
 
 
@@ -331,15 +334,23 @@ def _interop_threads_choice() -> KnobChoice:
 
 
 def _compile_choice(device: str, compiler: Mapping[str, Any]) -> KnobChoice:
-    """torch.compile modes. On CPU inductor builds C++, so it needs a working compiler;
-    CUDA graphs (reduce-overhead) exist only on GPUs."""
-    if device == "cpu" and not compiler.get("available", False):
-        reason = f"torch.compile needs a working C++ compiler: {compiler.get('reason') or 'none found'}"
+    """torch.compile modes. Inductor builds C++ on CPU and Triton builds its launchers
+    with the host C compiler on GPUs, so both need a working compiler; CUDA graphs
+    (reduce-overhead) exist only on GPUs."""
+    if not compiler.get("available", False):
+        what = "a working C++ compiler" if device == "cpu" else "a C compiler for Triton's launchers"
+        reason = f"torch.compile needs {what}: {compiler.get('reason') or 'none found'}"
         return KnobChoice(["off"], {"compile": reason})
     modes = ["off", "default", "max-autotune-no-cudagraphs"]
     if device == "cuda":
         return KnobChoice([*modes, "reduce-overhead"])
     return KnobChoice(modes, {"compile=reduce-overhead": "CUDA graphs: a no-op on CPU"})
+
+
+def _cudnn_benchmark_choice(device: str) -> KnobChoice:
+    """cuDNN's per-shape algorithm search: off by PyTorch's default (and the baseline's),
+    searched on GPUs, where it pays for fixed-shape convolutions and costs at each new shape."""
+    return KnobChoice([False, True] if device == "cuda" else [])
 
 
 def _precision_choice(device: str, gpus: Sequence[GpuInfo], isa: Mapping[str, bool], *,
@@ -440,21 +451,21 @@ def build_space(
         pins.update(precision="fp32", prune_ratio=0.0)
     cores = int(probe.cpu.usable_cores or 1)
     backends = probe.backends or {"gloo": True}
-    gpus, hidden = visible_gpus(probe.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    gpus, hidden = usable_gpus(probe, os.environ.get("CUDA_VISIBLE_DEVICES"))
     device_choice = _device_choice(gpus, hidden, cuda_available=bool(probe.torch.get("cuda_available")),
-                                   pinned=pins.pop("device", None))
+                                   pinned=pins.pop("device", None), present=len(probe.gpus))
     device = device_choice.values[0]
     layout = _layout_choice(device, cores, len(gpus), backends, batchnorm_layers=batchnorm_layers,
                             nprocs=pins.pop("nprocs", None), threads=pins.pop("threads", None))
     batch = _batch_size_choice(baseline_batch, dataset_len, pins.pop("batch_size", None))
-    split = _split_evenly(layout.values, batch.values)
+    split = _pairable(layout.values, batch.values)
     max_ranks = max(_ranks(s) for s in split.values)
     # Layout and batch size are pinned by their builders; the other knobs below.
     choices: dict[str, list[Any]] = {"layout": split.values, "batch_size": batch.values}
     excluded = {**device_choice.excluded, **layout.excluded, **batch.excluded, **split.excluded}
     knobs = {
         "backend": _backend_choice(device, backends, max_ranks),
-        "num_workers": _num_workers_choice(cores),
+        "num_workers": _num_workers_choice(device, cores, len(gpus)),
         "pin_memory": _pin_memory_choice(device),
         "interop_threads": _interop_threads_choice(),
         "compile": _compile_choice(device, probe.compile),
@@ -467,6 +478,7 @@ def build_space(
         "allocator": _allocator_choice(device, probe.allocators),
         "affinity": _affinity_choice(device),
         "ipex": _ipex_choice(device, probe.ipex),
+        "cudnn_benchmark": _cudnn_benchmark_choice(device),
     }
     for name, choice in knobs.items():
         excluded.update(choice.excluded)

@@ -211,3 +211,30 @@ def test_a_line_damaged_beyond_repair_is_refused_naming_the_file(tmp_path):
     with pytest.raises(StudyDamaged, match=str(path)) as err:
         repair_journal(path)
     assert "mv" in str(err.value) and err.value.exit_code == 2
+
+
+def test_a_batch_predicted_not_to_fit_in_gpu_memory_is_skipped_unmeasured(tmp_path):
+    """Two measured batch sizes of one kind of configuration give a rank's fixed memory and
+    its memory per sample; a batch whose predicted peak passes the GPU's memory is skipped."""
+    import json
+
+    import optuna
+
+    from autotune.config import TrialConfig
+
+    doc = json.loads((Path(__file__).parent / "fixtures" / "machines" / "h100x1.json").read_text())
+    space = build_space(doc, baseline_batch=16)
+    study = open_study(storage_path=tmp_path / "s.journal", study_name="s")
+    base = TrialConfig(device="cuda", backend="nccl", batch_size=16, precision="bf16")
+    total = 81_559.0
+    for batch, peak in ((8, 32_000.0), (16, 40_000.0)):  # 24,000 MiB fixed, 1,000 per sample
+        study.add_trial(optuna.trial.create_trial(
+            value=1.0, params={}, distributions={},
+            user_attrs={"config": base.replace(batch_size=batch).to_dict(),
+                        "result": {"cuda_peak_mb": peak, "cuda_total_mb": total}}))
+    tuner = Tuner(study=study, space=space, runner=ThroughputOfBatch(), trials=1, timeout_s=None)
+    assert tuner._memory_bound(base.replace(batch_size=32)) is None  # 56,000 MiB: fits
+    assert "MiB per GPU" in tuner._memory_bound(base.replace(batch_size=64))  # 88,000 MiB
+    # another kind of configuration (fp32 activations, other ranks): nothing to predict from
+    assert tuner._memory_bound(base.replace(batch_size=64, precision="fp32")) is None
+    assert tuner._memory_bound(TrialConfig(batch_size=4096)) is None  # CPU: not a GPU's memory

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.errors import UsageError
 from autotune.probes import MachineProbe
-from autotune.probes.gpu import GpuInfo
+from autotune.probes.gpu import GpuInfo, visible_gpus
 from autotune.space import (
     _allocator_choice,
     _batch_size_choice,
@@ -15,9 +15,8 @@ from autotune.space import (
     _layout_choice,
     _precision_choice,
     _prune_ratio_choice,
-    _split_evenly,
+    _pairable,
     build_space,
-    visible_gpus,
 )
 
 
@@ -89,11 +88,13 @@ def test_batch_sizes_stay_within_the_dataset_and_a_pin_replaces_them():
     assert _batch_size_choice(32, 100, 48).values == [48]
 
 
-def test_layouts_whose_ranks_do_not_split_the_batches_go():
-    choice = _split_evenly(["1x3", "2x1", "3x1"], [16, 32])
-    assert choice.values == ["1x3", "2x1"]
-    assert choice.excluded == {"layout=3x1": "its ranks do not split the batch sizes evenly"}
-    assert _split_evenly(["3x1"], [16]).values == ["3x1"]  # the first stays if none splits
+def test_layouts_whose_ranks_split_no_batch_go():
+    choice = _pairable(["1x3", "2x1", "3x1", "8x1"], [16, 32])
+    assert choice.values == ["1x3", "2x1", "8x1"]
+    assert choice.excluded == {"layout=3x1": "its ranks split none of the batch sizes evenly"}
+    assert _pairable(["3x1"], [16]).values == ["3x1"]  # the first stays if none splits
+    # a rank count that splits only some batch sizes stays: the search skips the other pairs
+    assert _pairable(["1x4", "8x4"], [4, 8, 16, 50]).values == ["1x4", "8x4"]
 
 
 # --- compile and precision ------------------------------------------------------------------
@@ -110,8 +111,11 @@ def test_cuda_graphs_are_searched_on_gpus_only():
     cpu = _compile_choice("cpu", {"available": True})
     assert cpu.values == ["off", "default", "max-autotune-no-cudagraphs"]
     assert "compile=reduce-overhead" in cpu.excluded
-    cuda = _compile_choice("cuda", {})  # the CPU compiler does not matter on a GPU
+    cuda = _compile_choice("cuda", {"available": True})
     assert cuda.values[-1] == "reduce-overhead" and cuda.excluded == {}
+    # Triton builds its kernel launchers with the host's C compiler: none, no compile
+    bare = _compile_choice("cuda", {"available": False, "reason": "no cc"})
+    assert bare.values == ["off"] and "Triton" in bare.excluded["compile"]
 
 
 def test_precision_builder_excludes_emulated_bf16_on_cpu_with_the_reason():
