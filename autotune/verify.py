@@ -31,7 +31,7 @@ from typing import Any
 from autotune import ablation, standalone
 from autotune.config import TrialConfig
 from autotune.errors import NotVerified
-from autotune.protocol import Mode, Status
+from autotune.protocol import Failure, Mode, Status
 from autotune.stats import ratio_interval, rerun_interval, spread
 from autotune.trial import LiveTrial, TrialResult, TrialRunner
 
@@ -106,26 +106,32 @@ def hold_within_budget(live: list[LiveTrial | None], failures: list[str | None],
         live[largest] = None
 
 
-def speed_check(
-    runner: TrialRunner, baseline: TrialConfig, candidates: list[TrialConfig], *,
-    rounds: int, progress: Progress = lambda kind, info: None, name: str = "verify-speed",
-) -> tuple[dict[str, Any], list[Check]]:
-    """Baseline and candidates held alive, warmed up and idle, then measured one window
-    each in turn (B C1 C2, C1 C2 B, ... rotating), round after round. A round's ratio
-    compares windows taken seconds apart, so drift on a shared machine cancels out.
+# On GPUs each configuration is measured alone, in a fresh process per visit: a held
+# process keeps its CUDA context, workspaces and cached allocations, so the ones started
+# later would run out of device memory or settle on other cuDNN algorithms, and a GPU in
+# EXCLUSIVE_PROCESS compute mode admits one process at a time. Each visit pays a start
+# and a warm-up, so it measures several windows.
+WINDOWS_PER_VISIT = 3
+MIN_VISITS = 3
 
-    They start one at a time: setting one up never overlaps measuring another. Together
-    they keep within one memory budget (``hold_within_budget``)."""
-    configs = [baseline, *candidates]
+
+def one_at_a_time(configs: Sequence[TrialConfig]) -> bool:
+    """Whether these configurations must never run side by side: any of them on a GPU."""
+    return any(cfg.device == "cuda" for cfg in configs)
+
+
+def _measure_held(runner: TrialRunner, configs: list[TrialConfig], *, rounds: int,
+                  progress: Progress, name: str) -> tuple[list[list[float]], list[str | None]]:
+    """All held alive, warmed up and idle, then one window each in turn, rotating, round
+    after round. They start one at a time: setting one up never overlaps measuring another.
+    Together they keep within one memory budget (``hold_within_budget``)."""
     live: list[LiveTrial | None] = []
     failures: list[str | None] = [None] * len(configs)
     values: list[list[float]] = [[] for _ in configs]
     budget = runner.memory_limit_bytes
     try:
         for i, cfg in enumerate(configs):
-            first = "baseline" if name == "verify-speed" else "reference"  # the ratios' denominator
-            progress("step", {"text": f"starting {first if i == 0 else f'candidate {i}'}: "
-                                      f"{cfg.short()}"})
+            progress("step", {"text": f"starting {_role(i, name)}: {cfg.short()}"})
             started = runner.start(cfg, name=f"{name}-{i}", mode={"mode": Mode.SERVE})
             if not started.wait_ready():
                 failures[i] = started.result.describe_failure()
@@ -138,8 +144,7 @@ def speed_check(
         for r in range(rounds):
             hold_within_budget(live, failures, budget)
             progress("speed", {"round": r + 1, "rounds": rounds})
-            shift = r % len(configs)
-            for i in list(range(len(configs)))[shift:] + list(range(len(configs)))[:shift]:
+            for i in _rotation(len(configs), r):
                 held = live[i]
                 if held is None:
                     continue
@@ -155,7 +160,68 @@ def speed_check(
         for held in live:
             if held is not None:
                 held.kill()
-    base_values = values[0][: len(values[0])]
+    return values, failures
+
+
+def _measure_in_turn(runner: TrialRunner, configs: list[TrialConfig], *, rounds: int,
+                     progress: Progress, name: str) -> tuple[list[list[float]], list[str | None]]:
+    """Each configuration alone: started fresh, warmed up, measured for WINDOWS_PER_VISIT
+    windows (their median is its value for the round) and ended before the next starts,
+    in rotating order, round after round, as the standalone pairs alternate. Nothing else
+    of autotune's is alive on the GPUs while one measures."""
+    visits = max(MIN_VISITS, math.ceil(rounds / WINDOWS_PER_VISIT))
+    failures: list[str | None] = [None] * len(configs)
+    values: list[list[float]] = [[] for _ in configs]
+    for r in range(visits):
+        progress("speed", {"round": r + 1, "rounds": visits})
+        for i in _rotation(len(configs), r):
+            if failures[i]:
+                continue
+            if r == 0:
+                progress("step", {"text": f"measuring {_role(i, name)} alone: {configs[i].short()}"})
+            started = runner.start(configs[i], name=f"{name}-{i}-{r}", mode={"mode": Mode.SERVE})
+            windows: list[float] = []
+            try:
+                if started.wait_ready():
+                    for _ in range(WINDOWS_PER_VISIT):
+                        value = started.window()
+                        if value is None:
+                            break
+                        windows.append(value)
+            finally:
+                started.kill()
+            if len(windows) < WINDOWS_PER_VISIT:
+                failures[i] = started.result.describe_failure()
+                if i == 0:
+                    raise _baseline_failed(failures[0], runner.workdir / f"{name}-0-{r}")
+                continue
+            values[i].append(statistics.median(windows))
+    return values, failures
+
+
+def _role(i: int, name: str) -> str:
+    first = "baseline" if name == "verify-speed" else "reference"  # the ratios' denominator
+    return first if i == 0 else f"candidate {i}"
+
+
+def _rotation(n: int, r: int) -> list[int]:
+    """Round ``r``'s order: B C1 C2, C1 C2 B, ... so no configuration is always first."""
+    shift = r % n
+    return list(range(n))[shift:] + list(range(n))[:shift]
+
+
+def speed_check(
+    runner: TrialRunner, baseline: TrialConfig, candidates: list[TrialConfig], *,
+    rounds: int, progress: Progress = lambda kind, info: None, name: str = "verify-speed",
+) -> tuple[dict[str, Any], list[Check]]:
+    """Baseline and candidates measured in turn, round after round (B C1 C2, C1 C2 B, ...
+    rotating): a round's ratio compares measurements taken seconds apart, so drift on a
+    shared machine cancels out. On CPU they are held alive side by side between windows
+    (``_measure_held``); on GPUs each is started alone for each round (``_measure_in_turn``)."""
+    configs = [baseline, *candidates]
+    measure = _measure_in_turn if one_at_a_time(configs) else _measure_held
+    values, failures = measure(runner, configs, rounds=rounds, progress=progress, name=name)
+    base_values = values[0]
     checks = []
     for i in range(1, len(configs)):
         if failures[i]:
@@ -177,9 +243,24 @@ def speed_check(
 
 
 def numerics_reference(baseline: TrialConfig, cand: TrialConfig) -> TrialConfig:
-    """fp32, one process, eager, default threads, at the candidate's batch size and
-    pruning: what the candidate must compute the same as."""
-    return baseline.replace(batch_size=cand.batch_size, prune_ratio=cand.prune_ratio)
+    """fp32, eager, default threads, at the candidate's batch size and pruning: what the
+    candidate must compute the same as. On CPU one process; on GPUs the candidate's own
+    ranks, since one GPU may not hold the global batch that eight hold (fp32 ranks and
+    one process agree to rounding: the global batches are the same)."""
+    ref = baseline.replace(batch_size=cand.batch_size, prune_ratio=cand.prune_ratio)
+    if cand.device == "cuda" and cand.nprocs > 1:
+        ref = ref.replace(nprocs=cand.nprocs, threads=cand.threads)
+    return ref
+
+
+def smaller_batch(cfg: TrialConfig) -> int | None:
+    """Half ``cfg``'s global batch, when its ranks still split it; None when it cannot shrink."""
+    half = cfg.batch_size // 2
+    return half if half >= cfg.nprocs and half % cfg.nprocs == 0 else None
+
+
+def _out_of_memory(result: TrialResult) -> bool:
+    return result.status != Status.OK and result.failure == Failure.OUT_OF_MEMORY
 
 
 def loss_divergence(reference: list[float], candidate: list[float], *, window: int = 5) -> dict[str, float]:
@@ -198,14 +279,24 @@ def loss_divergence(reference: list[float], candidate: list[float], *, window: i
     return {"steps": n, "max_step": step, "max_running_mean": smoothed, "max_of_initial": scaled}
 
 
-def compare_losses(reference: list[float], candidate: list[float], *, tolerance: float) -> Check:
+def compare_losses(reference: list[float], candidate: list[float], *, tolerance: float,
+                   max_lag: int = 0) -> Check:
+    """The candidate's losses against the reference's. ``max_lag``: steps the candidate
+    may trail by (fp16's GradScaler skips the optimizer steps whose gradients overflow at
+    its first scales, so the trajectory is shifted, not wrong): the best alignment counts."""
     if not candidate or any(not math.isfinite(v) for v in candidate):
         return Check(False, {"reason": "the loss became NaN or infinite"})
+    lag = min(range(min(max_lag, len(candidate) - 1, len(reference) - 1) + 1),
+              key=lambda k: loss_divergence(reference[:len(reference) - k] if k else reference,
+                                            candidate[k:])["max_of_initial"])
+    reference, candidate = (reference[:len(reference) - lag] if lag else reference), candidate[lag:]
     stats = loss_divergence(reference, candidate)
     n, worst = int(stats["steps"]), stats["max_of_initial"]
     detail = {"steps": n, "max_difference": worst, "max_step_relative": stats["max_step"],
               "tolerance": tolerance, "reference_losses": reference[:n],
               "candidate_losses": candidate[:n]}
+    if lag:
+        detail["lag_steps"] = lag
     if worst > tolerance:
         scale = max(abs(reference[0]), 1e-3)
         diffs = [abs(a - b) / scale for a, b in zip(reference[:n], candidate[:n])]
@@ -217,6 +308,11 @@ def compare_losses(reference: list[float], candidate: list[float], *, tolerance:
         )
         return Check(False, detail)
     return Check(True, detail)
+
+
+# Steps an fp16 trajectory may trail the reference by: the skipped steps of GradScaler's
+# first scales (2**16 halves per overflow; a few halvings reach most models' range).
+FP16_MAX_LAG = 3
 
 
 # Knobs that only place or feed the work (threads, allocator, pinning, DataLoader
@@ -233,25 +329,52 @@ def _numerics_key(cfg: TrialConfig) -> str:
 
 def numerics_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig, *, steps: int,
                    cache: dict[str, TrialResult]) -> Check:
-    """``cache`` holds the trajectories already run, by what determines their losses."""
-    ref_cfg = numerics_reference(baseline, cand)
-    for cfg, role in ((ref_cfg, "reference"), (cand, "candidate")):
-        key = _numerics_key(cfg)
-        if key not in cache:
-            cache[key] = runner.run(cfg, name=f"verify-numerics-{len(cache)}-{role}",
-                                    trajectory_steps=steps)
-        if cache[key].status != Status.OK:
+    """``cache`` holds the trajectories already run, by what determines their losses.
+    Where the fp32 reference runs out of memory at the candidate's batch (reduced
+    precision holds larger batches), both run again at half the batch, until it fits:
+    the precision's effect on the arithmetic is what is checked, at the largest batch fp32 holds."""
+    ref_cfg, cand_cfg = numerics_reference(baseline, cand), cand
+    notes: list[str] = []
+    while True:
+        results: dict[str, TrialResult] = {}
+        for cfg, role in ((ref_cfg, "reference"), (cand_cfg, "candidate")):
+            key = _numerics_key(cfg)
+            if key not in cache:
+                cache[key] = runner.run(cfg, name=f"verify-numerics-{len(cache)}-{role}",
+                                        trajectory_steps=steps)
+            results[role] = cache[key]
+            if results[role].status != Status.OK:
+                break
+        half = smaller_batch(cand_cfg)
+        if _out_of_memory(results["reference"]) and half is not None:
+            notes.append(f"the fp32 reference ran out of memory at batch {cand_cfg.batch_size}")
+            ref_cfg, cand_cfg = ref_cfg.replace(batch_size=half), cand_cfg.replace(batch_size=half)
+            continue
+        break
+    for role, result in results.items():
+        if result.status != Status.OK:
             what = "the fp32 reference" if role == "reference" else "the candidate"
-            return Check(False, {"reason": f"{what} failed: {cache[key].describe_failure()}"})
-    return compare_losses(cache[_numerics_key(ref_cfg)].losses, cache[_numerics_key(cand)].losses,
-                          tolerance=NUMERICS_TOLERANCE[cand.precision])
+            return Check(False, {"reason": f"{what} failed: {result.describe_failure()}",
+                                 **({"notes": notes} if notes else {})})
+    check = compare_losses(results["reference"].losses, results["candidate"].losses,
+                           tolerance=NUMERICS_TOLERANCE[cand.precision],
+                           max_lag=FP16_MAX_LAG if cand.precision == "fp16" else 0)
+    check.detail["reference"] = {"layout": ref_cfg.layout, "batch_size": ref_cfg.batch_size}
+    if notes:
+        check.detail["checked_at_batch"] = cand_cfg.batch_size
+        check.detail["notes"] = notes
+    return check
 
 
 def quality_reference(baseline: TrialConfig, cand: TrialConfig) -> TrialConfig:
-    """What the quality check compares against: the same batch size, fp32, unpruned.
-    Only the knobs that trade quality differ; a larger batch is not judged here (it
-    changes training dynamics, not what a step computes)."""
-    return baseline.replace(batch_size=cand.batch_size)
+    """What the quality check compares against: the same batch size, fp32, unpruned (on
+    GPUs in the candidate's own ranks, as ``numerics_reference``). Only the knobs that
+    trade quality differ; a larger batch is not judged here (it changes training
+    dynamics, not what a step computes)."""
+    ref = baseline.replace(batch_size=cand.batch_size)
+    if cand.device == "cuda" and cand.nprocs > 1:
+        ref = ref.replace(nprocs=cand.nprocs, threads=cand.threads)
+    return ref
 
 
 def quality_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig, *,
@@ -273,15 +396,23 @@ def quality_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig,
     if not has_evaluate:
         return Check(None, {"reason": f"{cand.precision}: the model file has no evaluate(); "
                                       "the numerics check is the gate"})
-    scores = {}
-    for role, cfg in (("reference", quality_reference(baseline, cand)), ("candidate", cand)):
-        steps = max(1, samples // cfg.batch_size)
-        res = runner.run(cfg, name=f"verify-quality-{role}-{cand.layout}-{cand.batch_size}"
-                                   f"-{cand.precision}", quality_steps=steps)
-        if res.status != Status.OK or res.done.get("metric") is None:
-            return Check(False, {"reason": f"{role} training for the quality check failed: "
-                                           f"{res.describe_failure()}"})
-        scores[role] = float(res.done["metric"])
+    scores: dict[str, float] = {}
+    ref_cfg, cand_cfg = quality_reference(baseline, cand), cand
+    while len(scores) < 2:
+        scores = {}
+        for role, cfg in (("reference", ref_cfg), ("candidate", cand_cfg)):
+            steps = max(1, samples // cfg.batch_size)
+            res = runner.run(cfg, name=f"verify-quality-{role}-{cfg.layout}-{cfg.batch_size}"
+                                       f"-{cand.precision}", quality_steps=steps)
+            half = smaller_batch(cand_cfg)
+            if role == "reference" and _out_of_memory(res) and half is not None:
+                # as the numerics check: where fp32 holds the batch
+                ref_cfg, cand_cfg = ref_cfg.replace(batch_size=half), cand_cfg.replace(batch_size=half)
+                break
+            if res.status != Status.OK or res.done.get("metric") is None:
+                return Check(False, {"reason": f"{role} training for the quality check failed: "
+                                               f"{res.describe_failure()}"})
+            scores[role] = float(res.done["metric"])
     allowed = max_drop if max_drop is not None else PRECISION_QUALITY_DROP * abs(scores["reference"])
     drop = scores["reference"] - scores["candidate"]
     detail = {"reference_metric": scores["reference"], "candidate_metric": scores["candidate"],
@@ -306,8 +437,13 @@ def describe_checks(verdict: Verdict) -> str:
     numerics = verdict.checks.get("numerics")
     if numerics is not None and numerics.passed:
         d = numerics.detail
-        parts.append(f"losses tracked the fp32 one-process reference within "
-                     f"{d['max_difference']:.1%} over {d['steps']} steps")
+        ref = d.get("reference") or {}
+        where = ("one-process" if ref.get("layout", "1x").startswith("1x")
+                 else f"{ref['layout'].split('x')[0]}-rank")
+        parts.append(f"losses tracked the fp32 {where} reference within "
+                     f"{d['max_difference']:.1%} over {d['steps']} steps"
+                     + (f" (at batch {d['checked_at_batch']}, where fp32 fits)"
+                        if d.get("checked_at_batch") else ""))
     quality = verdict.checks.get("quality")
     if quality is not None and quality.passed:
         d = quality.detail

@@ -240,3 +240,72 @@ def test_numerics_reject_a_model_that_bf16_breaks_and_pass_one_it_does_not(tmp_p
     check = verify.numerics_check(healthy, TrialConfig(batch_size=16),
                                   TrialConfig(batch_size=16, precision="bf16"), steps=40, cache={})
     assert check.passed, check.detail
+
+
+def test_an_fp16_trajectory_trailing_by_skipped_scaler_steps_is_not_divergence():
+    """GradScaler skips the optimizer steps whose gradients overflow at its first scales:
+    the fp16 losses trail fp32's by those steps while they fall fastest."""
+    reference = [2.3 * 0.9 ** i for i in range(40)]
+    trailing = [reference[0]] * 2 + reference[:38]  # two steps skipped
+    assert not verify.compare_losses(reference, trailing, tolerance=0.10).passed
+    lagged = verify.compare_losses(reference, trailing, tolerance=0.10, max_lag=verify.FP16_MAX_LAG)
+    assert lagged.passed and lagged.detail["lag_steps"] == 2
+    # a lag does not excuse divergence
+    diverging = [2.3 * 1.03 ** i for i in range(40)]
+    assert not verify.compare_losses(reference, diverging, tolerance=0.10, max_lag=3).passed
+
+
+class _OneAtATime:
+    """Serves configurations and counts how many are alive at once."""
+
+    def __init__(self) -> None:
+        self.alive, self.most, self.memory_limit_bytes, self.workdir = 0, 0, None, Path("t")
+        self.started: list[str] = []
+
+    def start(self, cfg, *, name, mode=None):
+        runner = self
+        runner.alive += 1
+        runner.most = max(runner.most, runner.alive)
+        runner.started.append(name)
+
+        class Served:
+            result = None
+
+            def wait_ready(self):
+                return True
+
+            def window(self):
+                return 100.0 * cfg.batch_size
+
+            def kill(self):
+                runner.alive -= 1
+
+        return Served()
+
+
+def test_gpu_configurations_are_measured_alone_in_turn_and_cpu_ones_side_by_side():
+    runner = _OneAtATime()
+    base = TrialConfig(device="cuda", backend="nccl", batch_size=16)
+    cands = [base.replace(batch_size=32), base.replace(batch_size=64)]
+    speed, checks = verify.speed_check(runner, base, cands, rounds=9)
+    assert runner.most == 1  # never two processes on a GPU
+    visits = max(verify.MIN_VISITS, 9 // verify.WINDOWS_PER_VISIT)
+    assert len(runner.started) == 3 * visits and len(speed["samples_per_s"]) == visits
+    assert [c.detail["median"] for c in checks] == pytest.approx([2.0, 4.0])
+    # the rounds rotate: the baseline is not always measured first
+    assert runner.started[:3] == ["verify-speed-0-0", "verify-speed-1-0", "verify-speed-2-0"]
+    assert runner.started[3] == "verify-speed-1-1"
+    cpu = _OneAtATime()
+    verify.speed_check(cpu, TrialConfig(batch_size=16), [TrialConfig(batch_size=32)],
+                       rounds=3)
+    assert cpu.most == 2 and len(cpu.started) == 2  # held side by side
+
+
+def test_the_numerics_reference_runs_where_fp32_fits():
+    base = TrialConfig(device="cuda", backend="nccl", batch_size=16)
+    eight = base.replace(nprocs=8, threads=4, batch_size=1024, precision="bf16")
+    ref = verify.numerics_reference(base, eight)
+    assert (ref.nprocs, ref.batch_size, ref.precision, ref.compile) == (8, 1024, "fp32", "off")
+    cpu = TrialConfig(nprocs=2, threads=1, batch_size=64, precision="bf16")
+    assert verify.numerics_reference(TrialConfig(), cpu).nprocs == 1  # on CPU one process
+    assert verify.smaller_batch(eight) == 512 and verify.smaller_batch(base.replace(nprocs=8, batch_size=8)) is None
