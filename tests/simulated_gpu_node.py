@@ -1,0 +1,223 @@
+"""A simulated GPU node: a stand-in trial runner that models what the CUDA paths meet on
+a real node, so the whole `autotune run` pipeline can be driven on recorded probes of
+1x H100, 8x H100, a MIG slice and an exclusive-compute node on a machine without a GPU.
+
+What it models, read from the machine document alone (never through autotune's own
+reading of it, so a wrong reading shows up as a wrong run):
+- the devices CUDA enumerates (``torch.cuda_devices``; under MIG one slice per process),
+  each with its memory and its compute mode (from the NVML entry of the same PCI bus id);
+- processes per device: a process of N ranks holds devices 0..N-1, one rank each, from
+  its start until it ends; a rank beyond the devices fails as CUDA does ("invalid device
+  ordinal");
+- device memory: each rank holds a CUDA context plus the model's fixed memory (weights,
+  gradients, optimizer state) plus activations per sample of its share of the batch,
+  halved under autocast; a process that does not fit beside the ones already resident
+  runs out of memory;
+- compute modes: under EXCLUSIVE_PROCESS a second process on a device fails to create its
+  context ("all CUDA-capable devices are busy or unavailable").
+
+Throughput grows with the per-GPU batch and the number of GPUs, reduced precision is
+faster on Ampere or later; losses track fp32 in every precision unless ``diverge``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.trial import TrialResult
+
+GiB = 2**30
+CONTEXT_BYTES = GiB // 2
+
+
+@dataclasses.dataclass(frozen=True)
+class SimModel:
+    """A model as device memory sees it."""
+
+    fixed_bytes: int = 40 * GiB  # weights, gradients, Adam's two moments
+    sample_bytes: int = 2 * GiB  # fp32 activations per sample; autocast halves them
+
+
+@dataclasses.dataclass
+class Device:
+    ordinal: int
+    memory_bytes: int
+    exclusive: bool
+    resident: list[int] = dataclasses.field(default_factory=list)  # process ids
+    used: dict[int, int] = dataclasses.field(default_factory=dict)  # process id -> bytes
+
+
+def devices_of(doc: dict[str, Any]) -> list[Device]:
+    """What CUDA enumerates on this node, with each device's memory and compute mode."""
+    nvml = {g.get("pci_bus_id"): g for g in doc.get("gpus", [])}
+    out = []
+    for i, dev in enumerate(doc["torch"]["cuda_devices"]):
+        parent = nvml.get(dev.get("pci_bus_id"), {})
+        mode = dev.get("compute_mode") or parent.get("compute_mode") or "default"
+        out.append(Device(i, int(dev["memory_bytes"]), mode == "exclusive_process"))
+    return out
+
+
+class _Process:
+    """A live (served) configuration: holds its devices until killed."""
+
+    def __init__(self, node: SimulatedGpuNode, pid: int | None, cfg: TrialConfig,
+                 failure: TrialResult | None) -> None:
+        self.node, self.pid, self.cfg = node, pid, cfg
+        self.result = failure or TrialResult(status="ok")
+        self.rounds = 0
+
+    def wait_ready(self) -> bool:
+        return self.pid is not None
+
+    def window(self) -> float | None:
+        if self.pid is None:
+            return None
+        self.rounds += 1
+        return self.node.throughput(self.cfg) * (1 + 0.01 * (self.rounds % 3))
+
+    def kill(self) -> None:
+        if self.pid is not None:
+            self.node.release(self.pid)
+            self.pid = None
+
+    def rss(self) -> int:
+        return GiB  # host memory: not what binds on a GPU node
+
+
+class SimulatedGpuNode:
+    """A trial runner (``run``, ``start``, ``run_script``) for a GPU node's machine document."""
+
+    def __init__(self, doc: dict[str, Any], model: SimModel = SimModel(), *,
+                 diverge: bool = False) -> None:
+        self.doc, self.model, self.diverge = doc, model, diverge
+        self.devices = devices_of(doc)
+        self.memory_limit_bytes: int | None = None
+        self.workdir = Path("trials")
+        self.next_pid = 1
+        self.max_per_device = 0  # most processes ever resident on one device at once
+        self.failures: list[tuple[str, str]] = []  # (stage name, what happened)
+        self.measured: list[TrialConfig] = []
+        self.gated: list[TrialConfig] = []
+        self.scripts: list[Path] = []
+        self.ran: list[tuple[str, TrialConfig]] = []  # every process started, by stage name
+
+    # --- what a configuration needs and gets ---------------------------------------
+
+    def rank_bytes(self, cfg: TrialConfig) -> int:
+        share = 0.5 if cfg.precision in ("bf16", "fp16") else 1.0
+        return CONTEXT_BYTES + self.model.fixed_bytes + int(self.model.sample_bytes * share
+                                                            * cfg.per_rank_batch)
+
+    def fraction_of_device(self, cfg: TrialConfig) -> float:
+        return self.rank_bytes(cfg) / min(d.memory_bytes for d in self.devices)
+
+    def throughput(self, cfg: TrialConfig) -> float:
+        fast = {"bf16": 2.0, "fp16": 1.9, "tf32": 1.4}.get(cfg.precision, 1.0)
+        per_gpu = 1000.0 * fast * (1 + 0.15 * math.log2(cfg.per_rank_batch))
+        value = per_gpu * cfg.nprocs * 0.95 ** (cfg.nprocs - 1)
+        value *= 1.1 if cfg.num_workers else 1.0
+        value *= 1.03 if cfg.pin_memory else 1.0
+        return value * (1.05 if cfg.compile != "off" else 1.0)
+
+    def losses(self, cfg: TrialConfig, steps: int) -> list[float]:
+        if self.diverge and not cfg.exact:
+            return [2.3 * 1.03 ** i for i in range(steps)]
+        wobble = 0.0 if cfg.exact else 0.01
+        return [2.3 * 0.97 ** i * (1 + wobble * (-1) ** i) for i in range(steps)]
+
+    # --- processes on devices ------------------------------------------------------
+
+    def admit(self, cfg: TrialConfig, name: str) -> tuple[int | None, TrialResult | None]:
+        """Start ``cfg``'s process: its ranks take devices 0..N-1. Returns its id, or the
+        failure CUDA would give it."""
+        self.ran.append((name, cfg))
+        if cfg.device != "cuda":
+            return self._fail(name, "error", "this node's stand-in runs CUDA configurations only")
+        if cfg.nprocs > len(self.devices):
+            return self._fail(name, "error", f"CUDA error: invalid device ordinal (rank "
+                                             f"{len(self.devices)} of {cfg.nprocs})")
+        need = self.rank_bytes(cfg)
+        for dev in self.devices[:cfg.nprocs]:
+            if dev.exclusive and dev.resident:
+                return self._fail(name, "error", "CUDA error: all CUDA-capable devices are busy "
+                                                 "or unavailable")
+            if sum(dev.used.values()) + need > dev.memory_bytes:
+                return self._fail(name, "out_of_memory",
+                                  f"CUDA out of memory on cuda:{dev.ordinal}: {need / GiB:.1f} GiB "
+                                  f"wanted, {(dev.memory_bytes - sum(dev.used.values())) / GiB:.1f} "
+                                  "GiB free")
+        pid, self.next_pid = self.next_pid, self.next_pid + 1
+        for dev in self.devices[:cfg.nprocs]:
+            dev.resident.append(pid)
+            dev.used[pid] = need
+            self.max_per_device = max(self.max_per_device, len(dev.resident))
+        return pid, None
+
+    def release(self, pid: int) -> None:
+        for dev in self.devices:
+            if pid in dev.resident:
+                dev.resident.remove(pid)
+                del dev.used[pid]
+
+    def _fail(self, name: str, failure: str, message: str) -> tuple[None, TrialResult]:
+        self.failures.append((name, message))
+        return None, TrialResult(status="failed", failure=failure, message=message)
+
+    # --- the runner's interface -------------------------------------------------------
+
+    def run(self, cfg: TrialConfig, *, name: str, on_window: Any = None,
+            trajectory_steps: int | None = None, quality_steps: int | None = None,
+            **kw: Any) -> TrialResult:
+        pid, failure = self.admit(cfg, name)
+        if failure is not None:
+            return failure
+        assert pid is not None
+        try:
+            if trajectory_steps is not None:
+                self.gated.append(cfg)
+                return TrialResult(status="ok", done={"losses": self.losses(cfg, trajectory_steps)})
+            if quality_steps is not None:
+                metric = 0.5 if self.diverge and not cfg.exact else 0.9
+                return TrialResult(status="ok", done={"metric": metric, "losses": [1.0]})
+            self.measured.append(cfg)
+            value = self.throughput(cfg)
+            for i in range(3):
+                if on_window is not None and on_window(i, value):
+                    return TrialResult(status="pruned")
+            return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
+                               setup={"threads": cfg.threads or 1},
+                               done={"cuda_peak_mb": self.rank_bytes(cfg) / 2**20,
+                                     "cuda_total_mb": self.devices[0].memory_bytes / 2**20})
+        finally:
+            self.release(pid)
+
+    def start(self, cfg: TrialConfig, *, name: str, mode: Any = None, **kw: Any) -> _Process:
+        pid, failure = self.admit(cfg, name)
+        return _Process(self, pid, cfg, failure)
+
+    def run_script(self, launcher: str | Path, *, steps: int, workdir: Path,
+                   timeout_s: float) -> dict[str, Any]:
+        """The emitted launch.sh, alone: its configuration read back from what was
+        written beside it."""
+        self.scripts.append(Path(launcher))
+        written = json.loads((Path(launcher).parent / "best_config.json").read_text())
+        cfg = TrialConfig.from_dict(written.get("candidate") or written["config"])
+        pid, failure = self.admit(cfg, f"script:{launcher}")
+        if failure is not None:
+            raise RuntimeError(f"launch.sh failed: {failure.message}")
+        assert pid is not None
+        self.release(pid)
+        return {"samples_per_s": self.throughput(cfg)}
+
+    def resident_anywhere(self) -> dict[int, list[int]]:
+        """Processes still holding a device (none once a stage has ended)."""
+        held: dict[int, list[int]] = defaultdict(list)
+        for dev in self.devices:
+            held[dev.ordinal] += dev.resident
+        return {k: v for k, v in held.items() if v}

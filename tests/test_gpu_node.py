@@ -1,0 +1,153 @@
+"""The whole `autotune run` pipeline on simulated GPU nodes (tests/simulated_gpu_node.py):
+1x H100, 8x H100, an 8-GPU node under MIG and one in EXCLUSIVE_PROCESS compute mode.
+The simulated node models devices, device memory and processes per device, so it sees
+what the CUDA paths do to a real node: configurations held side by side on one GPU, an
+fp32 reference that cannot hold the batch that eight GPUs hold, rank counts that never
+reach all the GPUs, a second process refused by an exclusive GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from simulated_gpu_node import GiB, SimModel, SimulatedGpuNode
+
+from autotune import pipeline
+from autotune.config import TrialConfig
+from autotune.report import Reporter
+from autotune.task import load_task
+
+FIXTURES = Path(__file__).parent / "fixtures" / "machines"
+MODELS = Path(__file__).parent / "models"
+
+
+def machine(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+@pytest.fixture(autouse=True)
+def _all_gpus_visible(monkeypatch):
+    """The recorded machines' GPUs, whatever this machine's CUDA_VISIBLE_DEVICES says."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(MODELS / "knob_cnn.py")  # batch_size 16, image inputs, evaluate()
+
+
+def tune(task, name: str, tmp_path: Path, *, model: SimModel = SimModel(), diverge: bool = False,
+         **options):
+    node = SimulatedGpuNode(machine(name), model, diverge=diverge)
+    out = tmp_path / name
+    out.mkdir()
+    doc = pipeline.execute(task, out, pipeline.RunOptions(trials=12, **options), machine=machine(name),
+                           runner=node, reporter=Reporter(quiet=True))
+    return doc, node
+
+
+def ranks_offered(task, name: str) -> set[int]:
+    space = pipeline.build_task_space(task, machine(name), pipeline.RunOptions())
+    return {int(s.split("x")[0]) for s in space.choices["layout"]}
+
+
+# The default SimModel: 40 GiB of weights and optimizer state, 2 GiB of fp32 activations
+# per sample. The user's batch 16 takes 72.5 of an H100's 79.6 GiB in fp32: the largest
+# batch one GPU holds in fp32, as users pick it; bf16 holds 32. Any configuration of it
+# takes over half of each GPU it runs on.
+
+
+@pytest.mark.parametrize("name", ["h100x1", "h100x8"])
+def test_a_model_that_fills_a_gpu_is_verified_with_one_process_per_device(task, name, tmp_path):
+    doc, node = tune(task, name, tmp_path)
+    assert doc["verified"], [c["outcome"] for c in doc["candidates"]]
+    chosen = TrialConfig.from_dict(doc["config"])
+    assert chosen.device == "cuda"
+    assert node.fraction_of_device(chosen) > 0.5, "the winner uses most of a GPU's memory"
+    # no stage (search, numerics, quality, speed, ablation, scripts) ever shared a device
+    assert node.max_per_device == 1, node.failures
+    assert not node.resident_anywhere()
+    assert not [f for f in node.failures if "busy" in f[1]]
+    # the numerics gate ran where fp32 fits: no candidate rejected for its reference
+    for c in doc["candidates"]:
+        assert "reference failed" not in c["outcome"], c["outcome"]
+    if name == "h100x8":
+        assert chosen.nprocs == 8, "eight GPUs beat one for a model that fills one"
+
+
+def test_the_fp32_reference_of_an_eight_gpu_candidate_runs_on_its_eight_gpus(task, tmp_path):
+    doc, node = tune(task, "h100x8", tmp_path)
+    chosen = TrialConfig.from_dict(doc["config"])
+    references = [cfg for stage, cfg in node.ran if "numerics" in stage and "reference" in stage]
+    assert any(r.nprocs == chosen.nprocs and r.precision == "fp32" for r in references)
+    # one GPU never held a batch only eight can (it would run out of memory)
+    assert not [f for f in node.failures if "numerics" in f[0] or "quality" in f[0]], node.failures
+
+
+def test_a_reduced_precision_candidate_is_checked_where_fp32_fits_on_one_gpu(task, tmp_path):
+    """bf16 holds batch 32 on one H100, fp32 only 16: the numerics check runs both at 16."""
+    doc, node = tune(task, "h100x1", tmp_path)
+    chosen = TrialConfig.from_dict(doc["config"])
+    assert chosen.precision == "bf16" and chosen.batch_size == 32, doc["config"]
+    numerics = doc["verification"]["numerics"]
+    assert numerics["passed"] and numerics["checked_at_batch"] == 16
+    assert "fp32 fits" in doc["precision"]["checked"]
+
+
+@pytest.mark.parametrize("batch", [16, 50])
+def test_eight_gpus_are_searched_at_the_users_batch(task, batch, tmp_path):
+    """A rank count is kept where it splits some batch size: 8 GPUs at batch 16 and 50."""
+    small = dataclasses.replace(task, batch_size=batch)
+    assert 8 in ranks_offered(small, "h100x8")
+    doc, node = tune(small, "h100x8", tmp_path, model=SimModel(fixed_bytes=GiB, sample_bytes=GiB // 8))
+    assert any(cfg.nprocs == 8 for cfg in node.measured), [c.layout for c in node.measured]
+    assert all(cfg.batch_size % cfg.nprocs == 0 for _, cfg in node.ran)
+
+
+def test_a_batchnorm_model_is_searched_on_all_gpus(task, tmp_path):
+    """On GPUs BatchNorm becomes SyncBatchNorm (statistics over the global batch, as one
+    process): several ranks are searched; on CPU they are not."""
+    bn = dataclasses.replace(task, batchnorm_layers=("1",))
+    assert max(ranks_offered(bn, "h100x8")) == 8
+    assert ranks_offered(bn, "avx2_epyc") == {1}
+    doc, node = tune(bn, "h100x8", tmp_path, model=SimModel(fixed_bytes=GiB, sample_bytes=GiB // 8))
+    assert any(cfg.nprocs == 8 for cfg in node.measured)
+
+
+def test_the_search_starts_on_all_gpus_in_bf16(task, tmp_path):
+    doc, node = tune(task, "h100x8", tmp_path, model=SimModel(fixed_bytes=GiB, sample_bytes=GiB // 8))
+    first = node.measured[:3]
+    assert first[0] == TrialConfig.from_dict(doc["baseline"]["config"])
+    start = first[1]
+    assert (start.nprocs, start.backend, start.precision, start.pin_memory) == (8, "nccl", "bf16", True)
+    assert start.num_workers > 0
+
+
+def test_a_node_in_exclusive_compute_mode_verifies(task, tmp_path):
+    doc, node = tune(task, "h100x8_exclusive", tmp_path)
+    assert doc["verified"], [c["outcome"] for c in doc["candidates"]]
+    assert not [f for f in node.failures if "busy" in f[1]], node.failures
+
+
+def test_a_mig_node_tunes_on_its_mig_device(task, tmp_path):
+    """CUDA enumerates one MIG slice per process: one rank, the slice's memory, never the
+    eight parent GPUs NVML lists."""
+    doc_in = machine("h100x8_mig")
+    assert len(doc_in["gpus"]) == 8
+    assert ranks_offered(task, "h100x8_mig") == {1}
+    half = SimModel(fixed_bytes=6 * GiB, sample_bytes=2 * GiB)  # a model sized for the slice
+    doc, node = tune(task, "h100x8_mig", tmp_path, model=half)
+    assert doc["verified"], [c["outcome"] for c in doc["candidates"]]
+    assert TrialConfig.from_dict(doc["config"]).device == "cuda"
+    assert all(cfg.nprocs == 1 for _, cfg in node.ran)
+    assert not [f for f in node.failures if "ordinal" in f[1]]
+
+
+def test_a_diverging_reduced_precision_falls_back_to_fp32_on_eight_gpus(task, tmp_path):
+    doc, node = tune(task, "h100x8", tmp_path, diverge=True)
+    assert doc["verified"]
+    chosen = TrialConfig.from_dict(doc["config"])
+    assert chosen.exact and chosen.nprocs == 8
+    assert node.max_per_device == 1
