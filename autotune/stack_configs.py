@@ -3,8 +3,9 @@ an Accelerate config file, the Lightning ``Trainer`` arguments, a torchrun scrip
 lines to change in a hand-written training loop.
 
 Each tool expresses only some knobs; what one cannot (channels_last, interop threads,
-the DataLoader's arguments under Accelerate, structured pruning, core pinning) is named
-in that file and covered by the loop snippet, never dropped silently. The process
+TF32, cuDNN's benchmark mode outside Lightning, the DataLoader's arguments under
+Accelerate, structured pruning, core pinning) is named in that file and covered by the
+loop snippet, never dropped silently. The process
 environment (threads, the allocator's preload) goes with each, since no tool sets it.
 """
 from __future__ import annotations
@@ -32,6 +33,14 @@ _SCRIPT_ONLY = ("TUNED_CPUS_PER_RANK",)
 
 _ACCELERATE_PRECISION = {"fp32": "no", "tf32": "no", "bf16": "bf16", "fp16": "fp16"}
 _LIGHTNING_PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+# TF32 for matrix products only, in the API that replaced allow_tf32 (deprecated since
+# torch 2.9), with the legacy flag kept in step: in torch 2.9-2.13 a reader of the legacy
+# one (torch.compile's inductor, torch.get_float32_matmul_precision()) raises when only the
+# new one was set. cuDNN's convolutions already use TF32 by default: forcing them either way
+# would move the user off the defaults the baseline ran with.
+TF32_LINES = ('torch.backends.cuda.matmul.fp32_precision = "tf32"',
+              "torch.backends.cuda.matmul.allow_tf32 = True")
+CUDNN_BENCHMARK_LINE = "torch.backends.cudnn.benchmark = True"
 
 
 def process_environment(env: Mapping[str, str], *, for_train_tuned: bool) -> dict[str, str]:
@@ -58,7 +67,9 @@ def _not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str) -> l
     if cfg.interop_threads != baseline.interop_threads and cfg.interop_threads:
         out.append(f"interop threads: torch.set_num_interop_threads({cfg.interop_threads}) first thing")
     if cfg.precision == "tf32":
-        out.append("tf32: torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True")
+        out.append(f"tf32: {'; '.join(TF32_LINES)} (the second for torch.compile, which reads it)")
+    if cfg.cudnn_benchmark and tool != "lightning":  # Lightning's Trainer(benchmark=True) holds it
+        out.append(f"cuDNN benchmark mode: {CUDNN_BENCHMARK_LINE}")
     if cfg.prune_ratio:
         out.append(f"structured pruning ({cfg.prune_ratio:g}): train_tuned.py prunes; see its prune_model()")
     if cfg.affinity != "none":
@@ -153,6 +164,8 @@ def lightning_arguments(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[st
     trainer = {"accelerator": "gpu" if cfg.device == "cuda" else "cpu", "devices": cfg.nprocs,
                "num_nodes": 1, "precision": _LIGHTNING_PRECISION[cfg.precision],
                "strategy": "ddp" if several else "auto"}
+    if cfg.cudnn_benchmark:
+        trainer["benchmark"] = True
     doc: dict[str, Any] = {
         "trainer": trainer,
         "strategy": ({"class": "lightning.pytorch.strategies.DDPStrategy",
@@ -204,22 +217,45 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
     """The lines that differ from the user's baseline, for a hand-written loop."""
     code: list[str] = []
     shell: list[str] = []
+    cuda = cfg.device == "cuda"
+    several = cfg.nprocs > 1
+    becomes_ddp = several and baseline.nprocs == 1
     if cfg.threads != baseline.threads and cfg.threads:
         code.append(f"torch.set_num_threads({cfg.threads})  # per process; or OMP_NUM_THREADS={cfg.threads}")
     if cfg.interop_threads != baseline.interop_threads and cfg.interop_threads:
         code.append(f"torch.set_num_interop_threads({cfg.interop_threads})  # before any parallel work")
+    if cfg.cudnn_benchmark and not baseline.cudnn_benchmark:
+        code.append(f"{CUDNN_BENCHMARK_LINE}  # cuDNN times its algorithms per input shape, keeps the fastest")
+    if becomes_ddp:
+        code.append(f'torch.distributed.init_process_group("{cfg.backend}")  # under torchrun.sh: '
+                    f"{cfg.nprocs} ranks")
+        if cuda:
+            # Without it every rank would use cuda:0, which NCCL refuses ("Duplicate GPU detected").
+            code.append('local_rank = int(os.environ["LOCAL_RANK"])  # set by torchrun')
+            code.append("torch.cuda.set_device(local_rank)  # before any CUDA work: one GPU per rank")
     loader_changed = {k: v for k, v in loader_kwargs(cfg).items() if loader_kwargs(baseline).get(k) != v}
-    if loader_changed or cfg.nprocs != baseline.nprocs:
-        code.append(f"loader = torch.utils.data.DataLoader(dataset, shuffle=True, {_loader_kwargs_text(cfg)})")
+    pinned = bool(loader_kwargs(cfg)["pin_memory"])
+    new_loader = bool(loader_changed) or cfg.nprocs != baseline.nprocs
+    if new_loader:
+        if several:
+            # DataLoader refuses shuffle=True beside a sampler: the sampler shuffles.
+            code.append("sampler = torch.utils.data.distributed.DistributedSampler(dataset, shuffle=True)"
+                        "  # each rank reads its share")
+            code.append(f"loader = torch.utils.data.DataLoader(dataset, sampler=sampler, shuffle=False, "
+                        f"{_loader_kwargs_text(cfg)})")
+            code.append("# a stream (an IterableDataset) takes no sampler: it shards itself by rank, "
+                        "see IterableShard in train_tuned.py")
+        else:
+            code.append(f"loader = torch.utils.data.DataLoader(dataset, shuffle=True, {_loader_kwargs_text(cfg)})")
     if cfg.channels_last and not baseline.channels_last:
         code.append("model = model.to(memory_format=torch.channels_last)")
         code.append("# and each image batch: inputs = inputs.to(memory_format=torch.channels_last)")
-    if cfg.nprocs > 1 and baseline.nprocs == 1:
-        code.append(f'torch.distributed.init_process_group("{cfg.backend}")  # under torchrun.sh: '
-                    f"{cfg.nprocs} ranks")
-        code.append("model = torch.nn.parallel.DistributedDataParallel(model)")
-        code.append("# each rank reads its share: a DistributedSampler in the DataLoader (a stream,")
-        code.append("# an IterableDataset, shards itself by rank: see IterableShard in train_tuned.py)")
+    if becomes_ddp:
+        if cuda:
+            code.append("model = model.to(local_rank)")
+            code.append("model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])")
+        else:
+            code.append("model = torch.nn.parallel.DistributedDataParallel(model)")
     mode = cfg.compile if cfg.compile != "off" else None
     if mode and mode != baseline.compile:
         code.append(f'model = torch.compile(model, mode="{mode}")' if mode != "default"
@@ -227,15 +263,19 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
     if cfg.precision != baseline.precision:
         if cfg.precision in ("bf16", "fp16"):
             dtype = "bfloat16" if cfg.precision == "bf16" else "float16"
-            device = "cuda" if cfg.device == "cuda" else "cpu"
+            device = "cuda" if cuda else "cpu"
             code.append(f'with torch.autocast("{device}", dtype=torch.{dtype}):  # the forward pass and the loss')
             code.append("    loss = loss_fn(model(inputs), targets)")
             if cfg.precision == "fp16":
                 code.append('scaler = torch.amp.GradScaler("cuda")  # scaler.scale(loss).backward(); '
                             "scaler.step(optimizer); scaler.update()")
+                code.append("# with gradient clipping: scaler.unscale_(optimizer) first, then "
+                            "torch.nn.utils.clip_grad_norm_(...), then scaler.step(optimizer)")
         elif cfg.precision == "tf32":
-            code.append("torch.backends.cuda.matmul.allow_tf32 = True")
-            code.append("torch.backends.cudnn.allow_tf32 = True")
+            code.append(f"{TF32_LINES[0]}  # TF32 matrix products; cuDNN convolutions use TF32 by default")
+            code.append(f"{TF32_LINES[1]}  # the legacy flag, in step: torch.compile still reads it")
+    if new_loader and (several or (pinned and "pin_memory" in loader_changed)):
+        code += _loop_lines(several=several, pinned=pinned, ddp_on_cuda=becomes_ddp and cuda)
     if cfg.allocator != baseline.allocator and "LD_PRELOAD" in env:
         shell.append(f"export LD_PRELOAD={shlex.quote(env['LD_PRELOAD'])}  # the {cfg.allocator} allocator")
         if "MALLOC_CONF" in env:
@@ -250,11 +290,31 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
     if shell:
         out += ["Before starting Python:", "", "```bash", *shell, "```", ""]
     if code:
-        out += ["In the script:", "", "```python", "import torch", "", *code, "```", ""]
+        imports = ["import os"] if any("os.environ" in line for line in code) else []
+        out += ["In the script:", "", "```python", *imports, "import torch", "", *code, "```", ""]
     if cfg.prune_ratio:
         out += [f"Structured pruning ({cfg.prune_ratio:g} of channels) changes the model: train_tuned.py "
                 "applies it (prune_model); copy that function to use it.", ""]
     return "\n".join(out)
+
+
+def _loop_lines(*, several: bool, pinned: bool, ddp_on_cuda: bool) -> list[str]:
+    """The training loop's own lines: the sampler's epoch, and the copies pinned memory
+    makes asynchronous (pin_memory=True gains nothing with blocking copies)."""
+    lines = []
+    if pinned:
+        lines.append("device = torch.device(\"cuda\", local_rank)" if ddp_on_cuda
+                     else "device = torch.device(\"cuda\")")
+    lines.append("for epoch in range(epochs):")
+    if several:
+        lines.append("    sampler.set_epoch(epoch)  # a new order each epoch, the same on every rank")
+    lines.append("    for inputs, targets in loader:")
+    if pinned:
+        lines.append("        inputs = inputs.to(device, non_blocking=True)  # from pinned memory: "
+                     "the copy overlaps the GPU's work")
+        lines.append("        targets = targets.to(device, non_blocking=True)")
+    lines.append("        ...  # your step")
+    return lines
 
 
 def write_stack_files(out_dir: Path, *, cfg: TrialConfig, baseline: TrialConfig,

@@ -4,6 +4,11 @@ The file is checked before any trial starts. Importing it runs the user's code, 
 that happens in a child process (``python -m autotune.task FILE OUT``): a file that
 crashes, hangs or exits cannot take the tuner with it. Every violation becomes one
 ContractError naming the file, the function and the fix.
+
+The check's step and evaluate() run with the model where the trials put it: cuda:0 when
+the checking process sees a GPU. evaluate(model) gets the model on its training device, so
+a file whose evaluate() builds its inputs on the CPU fails here, named, and not at the end
+of the first epoch of a GPU run.
 """
 from __future__ import annotations
 
@@ -64,12 +69,14 @@ def with_package_on_path(env: Mapping[str, str], package_root: str = PACKAGE_ROO
     return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))}
 
 
-def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_S) -> Task:
-    """Check the model file and describe it, or raise ContractError."""
+def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_S,
+              device: str | None = None) -> Task:
+    """Check the model file and describe it, or raise ContractError. ``device`` is where
+    the check puts the model; None: where the trials would (see check_device)."""
     path = Path(path)
     _check_source(path)
     started = time.monotonic()
-    result = _run_check(path, timeout_s)
+    result = _run_check(path, timeout_s, device)
     if result.get("error"):
         raise ContractError(result["error"])
     described = result["task"]
@@ -96,7 +103,7 @@ def _check_source(path: Path) -> None:
         ) from None
 
 
-def _run_check(path: Path, timeout_s: float) -> dict[str, Any]:
+def _run_check(path: Path, timeout_s: float, device: str | None = None) -> dict[str, Any]:
     """Run the check in a child process; returns what it wrote: {"task": fields} or
     {"error": message}. Raises ContractError if it times out or dies without writing."""
     with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
@@ -106,7 +113,8 @@ def _run_check(path: Path, timeout_s: float) -> dict[str, Any]:
         # hold a pipe open and keep us waiting for its end instead of the check's.
         with open(log, "wb") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "autotune.task", str(path.resolve()), str(out)],
+                [sys.executable, "-m", "autotune.task", str(path.resolve()), str(out),
+                 *([device] if device else [])],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 env=with_package_on_path(os.environ), start_new_session=True,
             )
@@ -192,13 +200,28 @@ class _UserFile:
             ) from None
 
 
-def _check(path: str) -> dict[str, Any]:
-    """The contract, checked in order; returns the Task fields or raises ContractError."""
+def check_device() -> str:
+    """Where the trials put the model, so where the check does: the first GPU when this
+    process sees one (a trial's single rank, and rank 0 of several, use cuda:0)."""
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def _place(model: Any, device: str) -> Any:
+    """The model on ``device``, as a trial moves it before building the optimizer."""
+    return model.to(device)
+
+
+def _check(path: str, device: str | None = None) -> dict[str, Any]:
+    """The contract, checked in order, with the model on ``device`` (None: check_device());
+    returns the Task fields or raises ContractError."""
     file = _UserFile(path=path, shown=os.path.relpath(path))
+    device = device or check_device()
     module = _import(file)
     _check_functions(file, module)
     batch_size = _check_batch_size(file, module)
-    model = _check_model(file, module)
+    model = _place(_check_model(file, module), device)
     dataset = _check_dataset(file, module)
     if _is_stream(dataset):
         items, n = _check_stream(file, dataset, batch_size)
@@ -208,9 +231,9 @@ def _check(path: str) -> dict[str, Any]:
     has_training_step = getattr(module, "training_step", None) is not None
     if not has_training_step:
         _check_item_is_pair(file, items[0])
-    _check_training_step(file, module, model, items, has_training_step)
+    _check_training_step(file, module, model, items, has_training_step, device)
     if getattr(module, "evaluate", None) is not None:
-        _check_evaluate(file, module, model)
+        _check_evaluate(file, module, model, device)
     return _describe(module, model, items[0], batch_size=batch_size, dataset_len=n)
 
 
@@ -356,8 +379,8 @@ def _check_optimizer(file: _UserFile, module: Any, model: Any) -> Any:
 
 
 def _check_training_step(file: _UserFile, module: Any, model: Any, items: list[Any],
-                         has_training_step: bool) -> None:
-    """One real training step on the first two items, on the CPU in fp32: a shape or dtype
+                         has_training_step: bool, device: str = "cpu") -> None:
+    """One real training step on the first two items, on ``device`` in fp32: a shape or dtype
     mistake shows here, named, instead of failing every trial. The loss must be a scalar tensor."""
     import torch
 
@@ -367,7 +390,7 @@ def _check_training_step(file: _UserFile, module: Any, model: Any, items: list[A
     batch = file.call("collate_fn" if collate_fn else "collating two items",
                       collate_fn or torch.utils.data.default_collate, items)
     optimizer = _check_optimizer(file, module, model)
-    step = runtime.make_step(module, model, optimizer, {"precision": "fp32"}, torch.device("cpu"))
+    step = runtime.make_step(module, model, optimizer, {"precision": "fp32"}, torch.device(device))
     what = "training_step(model, batch)" if has_training_step else "the model's forward and loss_fn"
     loss = file.call(what, step, batch)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -378,11 +401,21 @@ def _check_training_step(file: _UserFile, module: Any, model: Any, items: list[A
         )
 
 
-def _check_evaluate(file: _UserFile, module: Any, model: Any) -> None:
-    """evaluate(model) runs and returns a number (a 1-element tensor counts as one)."""
+def _check_evaluate(file: _UserFile, module: Any, model: Any, device: str = "cpu") -> None:
+    """evaluate(model) runs, with the model on ``device``, and returns a number (a 1-element
+    tensor counts as one)."""
     import torch
 
-    score = file.call("evaluate(model)", module.evaluate, model)
+    try:
+        score = file.call("evaluate(model)", module.evaluate, model)
+    except ContractError as exc:
+        if device == "cpu" or not _names_a_device(str(exc)):
+            raise
+        raise ContractError(
+            f"{exc}\nevaluate(model) gets the model on its training device ({device} here), as in "
+            "the trials and train_tuned.py: move your inputs to next(model.parameters()).device, "
+            "e.g. `x = x.to(next(model.parameters()).device)`."
+        ) from None
     if isinstance(score, torch.Tensor) and score.numel() == 1:
         score = score.item()
     if isinstance(score, bool) or not isinstance(score, (int, float)):
@@ -390,6 +423,15 @@ def _check_evaluate(file: _UserFile, module: Any, model: Any) -> None:
             f"{file.shown}: evaluate(model) returned {type(score).__name__}; expected a number "
             "(higher is better)."
         )
+
+
+def _names_a_device(message: str) -> bool:
+    """Whether torch's error is about tensors on different devices ("Expected all tensors
+    to be on the same device", "Input type (torch.FloatTensor) and weight type
+    (torch.cuda.FloatTensor)", "Tensor on device meta is not on the expected device cpu")."""
+    if "out of memory" in message:  # CUDA's own message names the device too
+        return False
+    return "device" in message or "weight type" in message
 
 
 def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
@@ -425,7 +467,7 @@ def _end_descendants() -> None:
 
 
 def _main(argv: list[str]) -> int:
-    path, out = argv
+    path, out, *device = argv
     # Orphans of the user's processes re-parent to us, so _end_descendants finds them;
     # and a tuner killed during the check takes the check with it.
     proctree.become_subreaper()
@@ -433,7 +475,7 @@ def _main(argv: list[str]) -> int:
     result: dict[str, Any]
     try:
         try:
-            result = {"task": _check(path)}
+            result = {"task": _check(path, device[0] if device else None)}
         except ContractError as exc:
             result = {"error": str(exc)}
         Path(out).write_text(json.dumps(result))

@@ -70,10 +70,13 @@ def build_optimizer(params) -> torch.optim.Optimizer:
 
 def evaluate(model: nn.Module) -> float:
     """Accuracy on held-out items, center-cropped and not augmented."""
+    # The model comes on its training device (a GPU in a CUDA run): the data goes there too.
+    device = next(model.parameters()).device
     data = Augmented(n=256, seed=1)
-    images = data.images[:, :, 4:36, 4:36]
+    images = data.images[:, :, 4:36, 4:36].to(device)
+    labels = data.labels.to(device)
     model.eval()
     with torch.no_grad():
-        accuracy = (model(images).argmax(1) == data.labels).float().mean().item()
+        accuracy = (model(images).argmax(1) == labels).float().mean().item()
     model.train()
     return accuracy

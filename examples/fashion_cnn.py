@@ -59,11 +59,14 @@ def build_dataset() -> torch.utils.data.Dataset:
 
 def evaluate(model: nn.Module) -> float:
     """Accuracy on 2,000 held-out items: same classes, fresh noise."""
+    # The model comes on its training device (a GPU in a CUDA run): the data goes there too.
+    device = next(model.parameters()).device
     data = FashionLike(n=2_000, seed=12345)
-    x = torch.stack([data[i][0] for i in range(len(data))])
+    x = torch.stack([data[i][0] for i in range(len(data))]).to(device)
+    labels = data.labels.to(device)
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        accuracy = (model(x).argmax(1) == data.labels).float().mean().item()
+        accuracy = (model(x).argmax(1) == labels).float().mean().item()
     model.train(was_training)
     return accuracy

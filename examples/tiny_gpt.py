@@ -60,7 +60,8 @@ def training_step(model: torch.nn.Module, batch: dict) -> torch.Tensor:
 
 def evaluate(model: torch.nn.Module) -> float:
     """Next-token accuracy on held-out sequences (higher is better)."""
-    held_out = Sequences(n=256, seed=1).tokens
+    # The model comes on its training device (a GPU in a CUDA run): the tokens go there too.
+    held_out = Sequences(n=256, seed=1).tokens.to(next(model.parameters()).device)
     model.eval()
     with torch.no_grad():
         logits = model(input_ids=held_out).logits

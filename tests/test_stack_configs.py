@@ -68,7 +68,9 @@ def test_the_lightning_arguments_hold_devices_strategy_precision_and_the_loader(
                                   "LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4"}
     assert doc["compile"]["mode"] == "max-autotune"
     gpu = stack_configs.lightning_arguments(
-        TrialConfig(device="cuda", nprocs=8, batch_size=512, precision="fp16", backend="nccl"), BASELINE, {})
+        TrialConfig(device="cuda", nprocs=8, batch_size=512, precision="fp16", backend="nccl",
+                    cudnn_benchmark=True), BASELINE, {})
+    assert gpu["trainer"]["benchmark"] is True
     assert gpu["trainer"]["accelerator"] == "gpu" and gpu["trainer"]["devices"] == 8
     assert gpu["trainer"]["precision"] == "16-mixed" and gpu["dataloader"]["batch_size"] == 64
 
@@ -85,9 +87,72 @@ def test_knobs_a_stack_cannot_hold_are_named_in_each_file():
         for word in ("structured pruning (0.25)", "core pinning", "tf32", "ipex", "interop threads"):
             assert word in text, (word, text)
     snippet = stack_configs.render_snippet(cfg, BASELINE, env)
-    assert "Structured pruning (0.25" in snippet and "allow_tf32 = True" in snippet
+    assert "Structured pruning (0.25" in snippet
+    assert 'torch.backends.cuda.matmul.fp32_precision = "tf32"' in snippet
     # taskset pinning is train_tuned.py's own: other launchers do not read the variable
     assert "TUNED_CPUS_PER_RANK" not in stack_configs.lightning_arguments(cfg, BASELINE, env)["environment"]
+
+
+def test_tf32_is_matmul_only_in_the_new_api_with_the_legacy_flag_in_step():
+    cfg, baseline = TrialConfig(device="cuda", precision="tf32"), TrialConfig(device="cuda")
+    files = [stack_configs.render_accelerate(cfg, baseline, {}), stack_configs.render_snippet(cfg, baseline, {}),
+             " ".join(stack_configs.lightning_arguments(cfg, baseline, {})["not_expressible"])]
+    for text in files:
+        assert 'torch.backends.cuda.matmul.fp32_precision = "tf32"' in text
+        # torch 2.9-2.13: setting only the new API makes torch.compile's reads of the legacy flag raise
+        assert "torch.backends.cuda.matmul.allow_tf32 = True" in text
+        assert "cudnn" not in text  # cuDNN's TF32 is on by default: left alone
+
+
+def test_the_snippets_tf32_lines_leave_torch_compiles_reads_working():
+    code = [line.split("  #")[0] for line in _python_blocks(stack_configs.render_snippet(
+        TrialConfig(device="cuda", precision="tf32"), TrialConfig(device="cuda"), {}))[0].splitlines()
+        if "fp32_precision" in line or "allow_tf32" in line]
+    check = "\n".join(["import torch", *code, "print(torch.get_float32_matmul_precision(),",
+                       "      torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.conv.fp32_precision)"])
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["high", "True", "tf32"]  # cuDNN's own default, untouched
+
+
+def test_cudnn_benchmark_is_lightnings_benchmark_and_a_line_elsewhere():
+    cfg = TrialConfig(device="cuda", cudnn_benchmark=True)
+    baseline = TrialConfig(device="cuda")
+    assert stack_configs.lightning_arguments(cfg, baseline, {})["trainer"]["benchmark"] is True
+    assert not any("benchmark" in note for note in stack_configs.lightning_arguments(cfg, baseline, {})
+                   ["not_expressible"])
+    assert "benchmark" not in stack_configs.lightning_arguments(baseline, baseline, {})["trainer"]
+    accelerate = stack_configs.render_accelerate(cfg, baseline, {})
+    assert any(line.startswith("# Not expressible") and "torch.backends.cudnn.benchmark = True" in line
+               for line in accelerate.splitlines())
+    (code,) = _python_blocks(stack_configs.render_snippet(cfg, baseline, {}))
+    assert "torch.backends.cudnn.benchmark = True" in code
+    assert "cudnn.benchmark" not in stack_configs.render_accelerate(baseline, baseline, {})
+    assert "Nothing differs" in stack_configs.render_snippet(baseline, baseline, {})
+
+
+def test_the_snippet_for_eight_gpus_sets_each_ranks_device_sampler_and_copies():
+    cfg = TrialConfig(device="cuda", backend="nccl", nprocs=8, batch_size=512, num_workers=4,
+                      persistent_workers=True, pin_memory=True, precision="fp16")
+    text = stack_configs.render_snippet(cfg, TrialConfig(device="cuda", batch_size=64), {})
+    (code,) = _python_blocks(text)
+    compile(code, "snippet", "exec")
+    lines = [line.split("  #")[0].strip() for line in code.splitlines()]
+    for line in ('torch.distributed.init_process_group("nccl")', "torch.cuda.set_device(local_rank)",
+                 "model = model.to(local_rank)",
+                 "model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])",
+                 "sampler = torch.utils.data.distributed.DistributedSampler(dataset, shuffle=True)",
+                 "sampler.set_epoch(epoch)", "inputs = inputs.to(device, non_blocking=True)",
+                 "targets = targets.to(device, non_blocking=True)", "import os"):
+        assert line in lines, line
+    # set_device before the model or any batch touches a GPU
+    assert lines.index("torch.cuda.set_device(local_rank)") < lines.index("model = model.to(local_rank)")
+    (loader,) = [line for line in lines if line.startswith("loader = ")]
+    assert "sampler=sampler" in loader and "shuffle=False" in loader and "shuffle=True" not in loader
+    assert "pin_memory=True" in loader and "batch_size=64" in loader
+    assert "scaler.unscale_(optimizer)" in code and "clip_grad_norm_" in code
+    # the unscale comes before the clipping in the advice
+    assert code.index("scaler.unscale_(optimizer)") < code.index("clip_grad_norm_")
 
 
 def test_the_snippet_has_exactly_the_lines_that_differ_and_is_valid_python():

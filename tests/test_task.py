@@ -408,3 +408,85 @@ def test_cli_import_error_shows_only_the_users_frames(tmp_path):
     assert err.count("Traceback (most recent call last)") == 1
     assert AUTOTUNE_DIR + "/" not in err  # ... and none of autotune's frames
     assert not out.exists()
+
+
+# --- the check puts the model where the trials do ----------------------------------------
+
+
+def test_the_check_uses_the_first_gpu_when_cuda_is_available(monkeypatch):
+    import torch
+
+    from autotune import task
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert task.check_device() == "cuda:0"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert task.check_device() == "cpu"
+
+
+RECORDS_ITS_MODEL = textwrap.dedent('''
+    SEEN = []
+
+    def evaluate(model):
+        SEEN.append(getattr(model, "placed_on", None))
+        return 1.0
+    ''')
+
+
+def test_the_checks_step_and_evaluate_run_on_cuda_0_when_cuda_is_available(tmp_path, monkeypatch):
+    # No GPU here: the availability check and the moves are stand-ins that record the
+    # device asked for; on a GPU machine they are torch's own.
+    import torch
+
+    from autotune import runtime, task
+
+    placed, moved = [], []
+
+    def place(model, device):
+        placed.append(device)
+        model.placed_on = device
+        return model
+
+    def move(obj, device, **_):
+        moved.append(device)
+        return obj
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(task, "_place", place)
+    monkeypatch.setattr(runtime, "move", move)
+    path = model_file(tmp_path, "placed_check.py", extra=RECORDS_ITS_MODEL)
+    described = task._check(str(path))
+    assert described["has_evaluate"] is True
+    assert placed == ["cuda:0"]                # the model, before the optimizer is built
+    assert moved == [torch.device("cuda:0")]   # the step's batch
+    assert sys.modules["user_model_placed_check"].SEEN == ["cuda:0"]  # evaluate's model
+
+
+# A device the model can be put on without a GPU: a layer whose weight is on "meta"
+# refuses a CPU input, as a CUDA one does.
+EVALUATE_ON_CPU = textwrap.dedent('''
+    def evaluate(model):
+        x = torch.randn(4, 12)
+        return float(model(x).shape[0])
+    ''')
+EVALUATE_ON_THE_MODELS_DEVICE = textwrap.dedent('''
+    def evaluate(model):
+        x = torch.randn(4, 12).to(next(model.parameters()).device)
+        return float(model(x).shape[0])
+    ''')
+
+
+@pytest.mark.slow
+def test_an_evaluate_that_builds_cpu_inputs_fails_the_check_on_another_device(tmp_path):
+    msg = contract_error_with(model_file(tmp_path, "eval_on_cpu.py", extra=EVALUATE_ON_CPU), device="meta")
+    assert "eval_on_cpu.py" in msg and "evaluate(model) raised an error" in msg
+    assert "not on the expected device" in msg  # torch's own words
+    assert "training device (meta here)" in msg
+    assert "move your inputs to next(model.parameters()).device" in msg
+
+
+@pytest.mark.slow
+def test_an_evaluate_that_follows_the_model_passes_the_check_on_another_device(tmp_path):
+    task = load_task(model_file(tmp_path, "eval_follows.py", extra=EVALUATE_ON_THE_MODELS_DEVICE),
+                     device="meta")
+    assert task.has_evaluate and task.parameters == 12 * 3 + 3

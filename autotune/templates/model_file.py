@@ -52,10 +52,13 @@ def build_optimizer(params) -> torch.optim.Optimizer:
 
 def evaluate(model: nn.Module) -> float:
     """A quality metric, higher is better (here: accuracy on held-out data). With it,
-    autotune checks that reduced precision keeps quality, and can offer pruning."""
+    autotune checks that reduced precision keeps quality, and can offer pruning.
+    It gets the model on its training device (a GPU when training runs on one):
+    move your inputs there."""
+    device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(1)
-    images = torch.randn(256, 3, 32, 32, generator=generator)
-    labels = torch.randint(0, 10, (256,), generator=generator)
+    images = torch.randn(256, 3, 32, 32, generator=generator).to(device)
+    labels = torch.randint(0, 10, (256,), generator=generator).to(device)
     was_training = model.training
     model.eval()
     with torch.no_grad():

@@ -35,10 +35,11 @@ def build_dataset():
 
 
 def evaluate(model: nn.Module) -> float:
+    device = next(model.parameters()).device  # the model's training device: a GPU in a CUDA run
     data = CifarLike(n=1_000, seed=99)
-    x = torch.stack([data[i][0] for i in range(len(data))])
+    x = torch.stack([data[i][0] for i in range(len(data))]).to(device)
     model.eval()
     with torch.no_grad():
-        acc = (model(x).argmax(1) == data.labels).float().mean().item()
+        acc = (model(x).argmax(1) == data.labels.to(device)).float().mean().item()
     model.train()
     return acc

@@ -34,6 +34,7 @@ def build_optimizer(params):
 
 
 def evaluate(model: nn.Module) -> float:
-    x, y = build_dataset().tensors
+    device = next(model.parameters()).device  # the model's training device: a GPU in a CUDA run
+    x, y = (t.to(device) for t in build_dataset().tensors)
     with torch.no_grad():
         return (model(x).argmax(1) == y).float().mean().item()

@@ -36,7 +36,9 @@ def build_optimizer(params) -> torch.optim.Optimizer:
 
 
 def evaluate(model: nn.Module) -> float:
+    device = next(model.parameters()).device  # the model's training device: a GPU in a CUDA run
     data = Blobs(n=128, seed=99)
+    images, labels = data.images.to(device), data.labels.to(device)
     model.eval()
     with torch.no_grad():
-        return (model(data.images).argmax(1) == data.labels).float().mean().item()
+        return (model(images).argmax(1) == labels).float().mean().item()

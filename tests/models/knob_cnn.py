@@ -21,7 +21,8 @@ def build_dataset():
 
 
 def evaluate(model):
-    x, y = build_dataset().tensors
+    device = next(model.parameters()).device  # the model's training device: a GPU in a CUDA run
+    x, y = (t.to(device) for t in build_dataset().tensors)
     model.eval()
     with torch.no_grad():
         acc = (model(x).argmax(1) == y).float().mean().item()

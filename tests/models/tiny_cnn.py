@@ -51,10 +51,12 @@ def build_optimizer(params) -> torch.optim.Optimizer:
 
 
 def evaluate(model: nn.Module) -> float:
+    device = next(model.parameters()).device  # the model's training device: a GPU in a CUDA run
     data = Blobs(n=256, seed=99)
+    images, labels = data.images.to(device), data.labels.to(device)
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        accuracy = (model(data.images).argmax(1) == data.labels).float().mean().item()
+        accuracy = (model(images).argmax(1) == labels).float().mean().item()
     model.train(was_training)
     return accuracy

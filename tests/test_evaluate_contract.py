@@ -1,0 +1,78 @@
+"""evaluate(model) gets the model on its training device (cuda:N in a GPU run), so every
+evaluate() autotune ships (the examples, the `autotune init` template, the test models)
+moves its inputs to the model's device. Without a GPU, the model is put on the "meta"
+device and its forward pass records where its inputs are."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from autotune import runtime
+
+from helpers import MODELS, REPO
+
+IDIOM = "next(model.parameters()).device"
+
+
+def _files_with_evaluate() -> list[Path]:
+    candidates = [*sorted((REPO / "examples").glob("*.py")), REPO / "autotune" / "templates" / "model_file.py",
+                  *sorted(MODELS.rglob("*.py"))]
+    return [p for p in candidates if _evaluate_source(p) is not None]
+
+
+def _evaluate_source(path: Path) -> str | None:
+    source = path.read_text()
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # tests/models/faulty/syntax_error.py, on purpose
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "evaluate":
+            return ast.get_source_segment(source, node)
+    return None
+
+
+FILES = _files_with_evaluate()
+IDS = [str(p.relative_to(REPO)) for p in FILES]
+
+
+def test_every_bundled_model_file_with_evaluate_is_found():
+    assert {"examples/fashion_cnn.py", "examples/tiny_gpt.py", "examples/augmented_images.py",
+            "autotune/templates/model_file.py", "tests/models/knob_cnn.py",
+            "tests/models/tiny_cnn.py"} <= set(IDS)
+
+
+@pytest.mark.parametrize("path", FILES, ids=IDS)
+def test_evaluate_uses_the_models_device(path):
+    assert IDIOM in _evaluate_source(path), f"{path.name}: evaluate() must move its inputs to {IDIOM}"
+
+
+class _Reached(Exception):
+    """The model's forward was called: evaluate need not go further."""
+
+
+def _devices(obj) -> set[str]:
+    return {t.device.type for t in runtime.tensors(obj)}
+
+
+@pytest.mark.parametrize("path", FILES, ids=IDS)
+def test_evaluate_calls_the_model_with_inputs_on_its_device(path):
+    if path.name == "tiny_gpt.py" and importlib.util.find_spec("transformers") is None:
+        pytest.skip("examples/tiny_gpt.py needs transformers")
+    module = runtime.load_user_module(str(path))
+    # On "meta" the model holds no data: a forward with inputs elsewhere is what a CUDA
+    # model given CPU inputs would refuse.
+    model = module.build_model().to("meta")
+    seen: list[set[str]] = []
+
+    def record(_module, args, kwargs):
+        seen.append(_devices((args, kwargs)))
+        raise _Reached
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    with pytest.raises(_Reached):
+        module.evaluate(model)
+    assert seen == [{"meta"}], f"{path.name}: evaluate() called the model on inputs on {seen}"
