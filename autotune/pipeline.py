@@ -321,7 +321,8 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             outdir.check_ours(out, force=force)
             if out.is_dir():  # a busy folder is refused before the model file is even checked
                 stack.enter_context(outdir.exclusive(out))
-            task = load_task(model_file)  # before creating anything: bad input loses nothing
+            # before creating anything: bad input loses nothing; the model where trials put it
+            task = load_task(model_file, device="cpu" if options.fixed.get("device") == "cpu" else None)
             proctree.reap_orphans()
             if not out.is_dir():
                 stack.enter_context(outdir.exclusive(outdir.prepare(out)))

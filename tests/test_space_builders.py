@@ -13,9 +13,9 @@ from autotune.space import (
     _compile_choice,
     _device_choice,
     _layout_choice,
+    _pairable,
     _precision_choice,
     _prune_ratio_choice,
-    _pairable,
     build_space,
 )
 
