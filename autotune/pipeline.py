@@ -276,10 +276,13 @@ def build_document(
         "verified": winner is not None,
     }
     if winner is not None:
-        result = search.get("results", {}).get(str(chosen), {})
+        result = (search.get("results", {}).get(str(chosen))
+                  or search.get("results_by_work", {}).get(verify.work_key(chosen), {}))
         doc["best"] = {"samples_per_s": claim["median_samples_per_s"],
                        "peak_mem_mb": result.get("peak_rss_mb"),
                        "one_time_s": result.get("one_time_s")}
+        if result.get("cuda_peak_mb") is not None:  # host memory says nothing of the GPU's
+            doc["best"].update(cuda_peak_mb=result["cuda_peak_mb"], cuda_total_mb=result.get("cuda_total_mb"))
         doc["speedup"] = {**{k: claim[k] for k in ("median", "ci_low", "ci_high", "ci_level",
                                                     "pairs", "seconds_per_run", "wall_s")},
                           "covers": claim["covers"], "median_interval": claim["median_interval"],
@@ -298,7 +301,7 @@ def build_document(
         for v in verdicts if v is not winner and not v.passed
     ]
     doc["candidates"] = verify.outcomes(verdicts, winner)
-    doc["search"] = {k: v for k, v in search.items() if k != "results"}
+    doc["search"] = {k: v for k, v in search.items() if k not in ("results", "results_by_work")}
     doc["space"] = space.describe()
     return doc
 
@@ -402,6 +405,9 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
         "failures": outcome.failures,
         "ranking": [{"config": c.config.short(), "samples_per_s": c.value} for c in outcome.ranked[:10]],
         "results": {str(c.config): c.result for c in outcome.ranked},
+        # by what the configuration computes: where ablation dropped a placement knob
+        # (threads, workers), what was measured of the same work still tells its memory
+        "results_by_work": {verify.work_key(c.config): c.result for c in reversed(outcome.ranked)},
     }
     settings = verify.Settings(rounds=options.rounds, pairs=options.pairs,
                                pair_seconds=options.pair_seconds,

@@ -322,9 +322,11 @@ PLACEMENT_KNOBS = ("threads", "interop_threads", "num_workers", "persistent_work
                    "prefetch_factor", "pin_memory", "allocator", "affinity")
 
 
-def _numerics_key(cfg: TrialConfig) -> str:
+def work_key(cfg: TrialConfig) -> str:
+    """``cfg`` less its placement knobs: configurations with one key compute the same."""
     return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in PLACEMENT_KNOBS},
                       sort_keys=True)
+
 
 
 def numerics_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig, *, steps: int,
@@ -338,7 +340,7 @@ def numerics_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig
     while True:
         results: dict[str, TrialResult] = {}
         for cfg, role in ((ref_cfg, "reference"), (cand_cfg, "candidate")):
-            key = _numerics_key(cfg)
+            key = work_key(cfg)
             if key not in cache:
                 cache[key] = runner.run(cfg, name=f"verify-numerics-{len(cache)}-{role}",
                                         trajectory_steps=steps)

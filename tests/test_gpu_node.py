@@ -66,6 +66,8 @@ def test_a_model_that_fills_a_gpu_is_verified_with_one_process_per_device(task, 
     chosen = TrialConfig.from_dict(doc["config"])
     assert chosen.device == "cuda"
     assert node.fraction_of_device(chosen) > 0.5, "the winner uses most of a GPU's memory"
+    # the document reports the GPU's memory, not only the host's
+    assert doc["best"]["cuda_peak_mb"] / doc["best"]["cuda_total_mb"] > 0.5
     # no stage (search, numerics, quality, speed, ablation, scripts) ever shared a device
     assert node.max_per_device == 1, node.failures
     assert not node.resident_anywhere()
