@@ -71,6 +71,11 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50, help="print the loss every N steps")
     parser.add_argument("--report", default=None, help="write a JSON summary (throughput, losses) here")
+    parser.add_argument("--no-evaluate", action="store_true",
+                        help="skip evaluate() at the end of each epoch")
+    parser.add_argument("--dist-timeout-min", type=float, default=DIST_TIMEOUT_MIN, metavar="MIN",
+                        help="with several ranks: how long a rank waits for the others (while rank 0 "
+                             "evaluates, say) before the job is ended (default %(default)g)")
     return parser.parse_args(argv)
 
 
@@ -96,7 +101,8 @@ def main(argv=None):
             return 2
         state = read_checkpoint(path)
         start = int(state["step"])
-    session = Session(model_file, CONFIG, seed=args.seed, start_step=start)
+    session = Session(model_file, CONFIG, seed=args.seed, start_step=start,
+                      dist_timeout_min=args.dist_timeout_min)
     rank0 = session.dist.rank == 0
     if rank0:
         for line in machine_differences(TUNED_FOR):
@@ -125,7 +131,7 @@ def main(argv=None):
     code = train(session, total=total, start=start, config=CONFIG,
                  checkpoints=Checkpoints(folder, every=args.checkpoint_every, keep=args.keep_checkpoints),
                  metrics=Metrics(metrics_path, tensorboard=args.tensorboard, enabled=rank0),
-                 log_every=args.log_every, report=args.report)
+                 log_every=args.log_every, report=args.report, evaluate_each_epoch=not args.no_evaluate)
     if session.dist.enabled:
         torch.distributed.barrier()  # no rank leaves while another still needs it
         # Everything is written. gloo's threads can abort a rank at interpreter teardown

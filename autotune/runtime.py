@@ -160,53 +160,116 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def apply_process_knobs(cfg: dict) -> None:
-    """Knobs that must be set before any parallel work in this process."""
+def set_tf32(*, matmul: bool | None = None, cudnn: bool | None = None) -> None:
+    """Allow or forbid TF32 in CUDA matmuls and in cuDNN (convolutions and RNNs); None
+    leaves one as it is. Through the ``fp32_precision`` API where torch has it, and the
+    legacy ``allow_tf32`` flags as well: in torch 2.9-2.13, setting only the new API makes
+    every reader of the legacy one raise "mix of the legacy and new APIs", and torch's own
+    inductor is such a reader (``torch.get_float32_matmul_precision()`` in its autotune
+    cache, ``cudnn.allow_tf32`` in its convolution lowering)."""
+    if matmul is not None:
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            torch.backends.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+    if cudnn is not None:
+        for op in ("conv", "rnn"):
+            flags = getattr(torch.backends.cudnn, op, None)
+            if flags is not None and hasattr(flags, "fp32_precision"):
+                flags.fp32_precision = "tf32" if cudnn else "ieee"
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
+def apply_process_knobs(cfg: dict, *, strict_fp32: bool = False) -> None:
+    """Knobs that must be set before any parallel work in this process.
+
+    On CUDA, PyTorch's defaults stay unless a knob says otherwise: they are what the
+    user's own script runs with (cuDNN TF32 on, matmul TF32 off, no cuDNN benchmark), so
+    the baseline and every fp32 configuration must keep them or the speedups are measured
+    against a slower baseline. "tf32" adds matmul TF32 to them. ``strict_fp32`` forces
+    IEEE fp32 everywhere: the numerics check compares trajectories with true fp32
+    arithmetic, not with cuDNN's TF32 convolutions."""
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg["threads"]))
     if cfg.get("interop_threads"):
         torch.set_num_interop_threads(int(cfg["interop_threads"]))
     if cfg.get("device") == "cuda":
-        torch.backends.cudnn.benchmark = True
-        tf32 = cfg.get("precision") == "tf32"
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
+        if cfg.get("cudnn_benchmark"):
+            torch.backends.cudnn.benchmark = True
+        if strict_fp32:
+            set_tf32(matmul=False, cudnn=False)
+        elif cfg.get("precision") == "tf32":
+            set_tf32(matmul=True)
+
+
+DIST_TIMEOUT_MIN = 60.0
 
 
 class Distributed:
-    """This process's place in the job: rank, world size, device."""
+    """This process's place in the job: rank, world size, device.
 
-    def __init__(self, cfg: dict) -> None:
+    ``timeout_min`` bounds every collective: a rank waits that long for the others (in a
+    barrier while rank 0 evaluates, say) before the job is torn down. NCCL's own default,
+    10 minutes, is shorter than many a validation pass."""
+
+    def __init__(self, cfg: dict, *, timeout_min: float = DIST_TIMEOUT_MIN) -> None:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self._host_group: Any = None
         if cfg.get("device") == "cuda":
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
+            self.device = torch.device("cuda", self._cuda_index())
+            torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
         self.enabled = self.world > 1
         if self.enabled:
+            import datetime
+
+            timeout = datetime.timedelta(minutes=timeout_min)
             backend = cfg.get("backend", "gloo")
             if backend == "ccl":
                 import oneccl_bindings_for_pytorch  # noqa: F401  (registers the backend)
             store = os.environ.get("TUNED_STORE")
             if store:  # ranks started by start_ranks: a file store, nothing listening
                 torch.distributed.init_process_group(backend=backend, init_method=f"file://{store}",
-                                                     rank=self.rank, world_size=self.world)
+                                                     rank=self.rank, world_size=self.world,
+                                                     timeout=timeout)
             else:  # under the user's own launcher (torchrun, a cluster job)
-                torch.distributed.init_process_group(backend=backend)
+                torch.distributed.init_process_group(backend=backend, timeout=timeout)
+            if backend == "nccl":
+                # Agreement on host values (a stop request, a window's start) over gloo
+                # on CPU tensors: through NCCL each one would wait for the GPU's queue
+                # to drain (all-reduce on the device, then .item()). Every rank creates
+                # it here, at the same point: new_group is collective.
+                self._host_group = torch.distributed.new_group(backend="gloo", timeout=timeout)
+
+    def _cuda_index(self) -> int:
+        """This rank's GPU: the local rank modulo the visible GPUs. Under a per-task GPU
+        binding (Slurm's --gpus-per-task) each rank sees its own GPU as cuda:0 while its
+        local rank goes up to the ranks per node. Ranks that start_ranks started
+        (``TUNED_STORE``) all see every GPU of this machine, and two of them on one GPU
+        would stop in NCCL's "duplicate GPU": refused here, saying what to change."""
+        count = torch.cuda.device_count()
+        if os.environ.get("TUNED_STORE") and self.world > count:
+            raise RuntimeError(
+                f"this configuration runs {self.world} ranks, one GPU each, but {count} GPU(s) "
+                f"are visible here: run at most {count} ranks (TUNED_NPROCS={count}, e.g. "
+                f"TUNED_NPROCS={count} ./launch.sh) or make more GPUs visible (CUDA_VISIBLE_DEVICES)")
+        return self.local_rank % count if count else self.local_rank
 
     def agree_max(self, value: float) -> float:
-        """The largest of the ranks' values, so every rank takes the same decision."""
+        """The largest of the ranks' values, so every rank takes the same decision. On the
+        host: the value is a host value, and no GPU work has to finish for it."""
         if not self.enabled:
             return value
-        t = torch.tensor([value], dtype=torch.float64, device=self._collective_device())
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        t = torch.tensor([value], dtype=torch.float64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self._host_group)
         return float(t.item())
 
-    def _collective_device(self) -> torch.device:
-        return self.device if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+    def barrier(self) -> None:
+        """Every rank gets here before any goes on; on the host, as agree_max."""
+        if self.enabled:
+            torch.distributed.barrier(group=self._host_group)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -470,9 +533,19 @@ def batches(loader: Any, sampler: Any, *, start_epoch: int = 0) -> Iterator[Any]
         epoch += 1
 
 
+def sync_batchnorm(model: torch.nn.Module, device: torch.device, world: int) -> torch.nn.Module:
+    """BatchNorm layers as SyncBatchNorm on several CUDA ranks: their statistics then cover
+    the global batch, as in one process, so a layout of several GPUs trains the same model
+    as one. SyncBatchNorm runs on CUDA only: elsewhere the model is left as it is."""
+    if device.type != "cuda" or world <= 1:
+        return model
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
 def build_model(user: Any, cfg: dict, dist: Distributed, example_batch: Any) -> tuple[Any, Any]:
     """Model and optimizer with every in-process knob applied, in the order that works:
-    prune, then memory format and device, then optimizer, IPEX, DDP and compile."""
+    prune, then memory format, SyncBatchNorm and device, then optimizer, IPEX, DDP and
+    compile."""
     model = user.build_model()
     prune_ratio = float(cfg.get("prune_ratio") or 0.0)
     if prune_ratio > 0:
@@ -480,6 +553,7 @@ def build_model(user: Any, cfg: dict, dist: Distributed, example_batch: Any) -> 
         prune_model(model, prune_ratio, inputs)
     if cfg.get("channels_last"):
         model = model.to(memory_format=torch.channels_last)
+    model = sync_batchnorm(model, dist.device, dist.world)
     model = model.to(dist.device)
     model.train()
     make_optimizer = getattr(user, "build_optimizer", None)
@@ -494,7 +568,7 @@ def build_model(user: Any, cfg: dict, dist: Distributed, example_batch: Any) -> 
         dtype = torch.bfloat16 if cfg.get("precision") == "bf16" else None
         model, optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype)
     if dist.enabled:
-        ids = [dist.local_rank] if dist.device.type == "cuda" else None
+        ids = [dist.device.index] if dist.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
     mode = cfg.get("compile", "off")
     if mode != "off":
@@ -520,12 +594,21 @@ def make_scaler(cfg: dict, device: torch.device) -> torch.amp.GradScaler | None:
 def make_step(user: Any, model: Any, optimizer: Any, cfg: dict, device: torch.device, *,
               scaler: torch.amp.GradScaler | None = None) -> Callable[[Any], torch.Tensor]:
     """A function doing one optimizer step on one batch (moved to ``device``); it returns
-    the loss as a detached tensor so the caller decides when to synchronise with the device."""
+    the loss as a detached tensor so the caller decides when to synchronise with the device.
+
+    The callers keep losses across steps and read them later (a window's, a log
+    interval's). So the loss returned is a copy: under compile=reduce-overhead a loss
+    computed inside the compiled model (``training_step = model(**batch).loss``) is an
+    output of a CUDA graph, whose memory the next replay overwrites, and reading it then
+    raises. Each step also tells the CUDA graph trees that a new iteration begins."""
     loss_fn = getattr(user, "loss_fn", None) or torch.nn.functional.cross_entropy
     training_step = getattr(user, "training_step", None)
     channels_last = bool(cfg.get("channels_last"))
+    graphs = cfg.get("compile") == "reduce-overhead"
 
     def step(batch: Any) -> torch.Tensor:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         batch = move(batch, device, channels_last=channels_last)
         optimizer.zero_grad(set_to_none=True)
         with autocast(cfg, device):
@@ -541,7 +624,7 @@ def make_step(user: Any, model: Any, optimizer: Any, cfg: dict, device: torch.de
         else:
             loss.backward()
             optimizer.step()
-        return loss.detach()
+        return loss.detach().clone()
 
     return step
 
@@ -554,9 +637,12 @@ def _length(loader: Any) -> int | None:
 
 
 def check_finite(losses: list[torch.Tensor]) -> list[float]:
-    """The losses as floats (this synchronises with the device); raises NonFiniteLoss
-    at the first NaN or infinite one."""
-    values = [float(v) for v in losses]
+    """The losses as floats (this synchronises with the device, once: a float() per
+    loss would wait for the device once per loss); raises NonFiniteLoss at the first NaN
+    or infinite one."""
+    if not losses:
+        return []
+    values = [float(v) for v in torch.stack([v.reshape(()) for v in losses]).tolist()]
     for i, v in enumerate(values):
         if not math.isfinite(v):
             raise NonFiniteLoss(f"loss became {v} at step {i} of the window")
@@ -654,10 +740,11 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
 class Session:
     """Everything one rank needs to train: model, optimizer, data, step."""
 
-    def __init__(self, model_file: str, cfg: dict, *, seed: int = 0, start_step: int = 0) -> None:
+    def __init__(self, model_file: str, cfg: dict, *, seed: int = 0, start_step: int = 0,
+                 strict_fp32: bool = False, dist_timeout_min: float = DIST_TIMEOUT_MIN) -> None:
         self.cfg = cfg
-        apply_process_knobs(cfg)
-        self.dist = Distributed(cfg)
+        apply_process_knobs(cfg, strict_fp32=strict_fp32)
+        self.dist = Distributed(cfg, timeout_min=dist_timeout_min)
         seed_everything(seed)
         self.user = load_user_module(model_file)
         self.loader, self.sampler = build_loader(self.user, cfg, self.dist, seed=seed)
@@ -872,21 +959,63 @@ class StopRequest:
 
 
 def evaluate(session: Session) -> float | None:
-    """The user's evaluate(model) on rank 0, the model back in training mode after it."""
+    """The user's evaluate(model) on rank 0: the model unwrapped, on its training device,
+    back in training mode after it. The other ranks wait for it in a barrier, on the
+    host: waiting in the next step's all-reduce instead, they would be torn down by
+    NCCL's watchdog during an evaluation longer than its timeout, and rank 0's next
+    step would be timed against ranks that had already taken it."""
     user_evaluate = getattr(session.user, "evaluate", None)
-    if user_evaluate is None or session.dist.rank != 0:
+    if user_evaluate is None:
         return None
-    model = unwrap_model(session.model)
-    try:
-        return float(user_evaluate(model))
-    finally:
-        model.train()
+    metric = None
+    if session.dist.rank == 0:
+        model = unwrap_model(session.model)
+        try:
+            metric = float(user_evaluate(model))
+        finally:
+            model.train()
+    session.dist.barrier()
+    return metric
+
+
+class TrainClock:
+    """The clock of train()'s samples/s: from the end of the warm-up steps to the last
+    step, less what ``paused()`` kept out of it (evaluate(), checkpoint saves), so the
+    rate is that of training alone, whatever the number of epoch ends a run crosses.
+    Each edge waits for the device: work queued before a pause is training's, work
+    queued inside it is not."""
+
+    def __init__(self, dist: Distributed) -> None:
+        self.dist = dist
+        self.start = time.perf_counter()
+        self.excluded = 0.0
+
+    def restart(self) -> None:
+        self.dist.synchronize()
+        self.start = time.perf_counter()
+        self.excluded = 0.0
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self.dist.synchronize()
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.dist.synchronize()
+            self.excluded += time.perf_counter() - began
+
+    def elapsed(self) -> float:
+        self.dist.synchronize()
+        return time.perf_counter() - self.start - self.excluded
 
 
 def train(session: Session, *, total: int, start: int, config: dict, checkpoints: Checkpoints,
-          metrics: Metrics, log_every: int, report: str | None) -> int:
+          metrics: Metrics, log_every: int, report: str | None,
+          evaluate_each_epoch: bool = True) -> int:
     """Train from step ``start`` (a resumed run) to ``total``; returns the exit code:
-    0, or 128 + the signal after a stop request was saved."""
+    0, or 128 + the signal after a stop request was saved. ``evaluate_each_epoch`` False
+    skips evaluate() at epoch ends (a timed comparison of scripts does not need it)."""
     rank0 = session.dist.rank == 0
     per_epoch = session.per_epoch
     stop = StopRequest()
@@ -894,7 +1023,7 @@ def train(session: Session, *, total: int, start: int, config: dict, checkpoints
     losses: list[float] = []
     pending: list[torch.Tensor] = []
     facts = None
-    clock = time.perf_counter()
+    clock = TrainClock(session.dist)
     stopped = 0
     step = start
     while step < total:
@@ -908,8 +1037,7 @@ def train(session: Session, *, total: int, start: int, config: dict, checkpoints
         else:
             pending.append(session.step())
         if step == warm:
-            session.dist.synchronize()
-            clock = time.perf_counter()
+            clock.restart()
         epoch = step // per_epoch if per_epoch else None
         epoch_end = per_epoch is not None and step % per_epoch == 0
         stopped = stop.agreed(session, step)
@@ -920,20 +1048,21 @@ def train(session: Session, *, total: int, start: int, config: dict, checkpoints
             if rank0 and (step % log_every == 0 or last):
                 print(f"step {step}/{total}  loss {losses[-1]:.4f}", flush=True)
                 metrics.write(step, loss=losses[-1], epoch=step / per_epoch if per_epoch else None)
-        if epoch_end:
-            metric = evaluate(session)
+        if epoch_end and evaluate_each_epoch:
+            with clock.paused():
+                metric = evaluate(session)
             if metric is not None:
                 print(f"epoch {epoch}  evaluate {metric:.4f}", flush=True)
                 metrics.write(step, evaluate=metric, epoch=epoch)
         if checkpoints.due(step, per_epoch=per_epoch, last=last):
-            path = checkpoints.save(session, step=step, config=config)
+            with clock.paused():
+                path = checkpoints.save(session, step=step, config=config)
             if path:
                 print(f"saved {path}", flush=True)
                 metrics.write(step, checkpoint=path)
         if stopped:
             break
-    session.dist.synchronize()
-    elapsed = time.perf_counter() - clock
+    elapsed = clock.elapsed()
     timed = step - warm
     samples_per_s = timed * session.global_batch / elapsed if timed > 0 and elapsed > 0 and not stopped else None
     if rank0:

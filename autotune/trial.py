@@ -118,6 +118,10 @@ class TrialResult:
             "facts": {k: v for k, v in self.facts.items() if k != "layer_widths"},
             "threads_seen": self.setup.get("threads"),
             "world": self.setup.get("world"),
+            # On CUDA: rank 0's GPU memory at its peak and the GPU's size, which bound the
+            # batch sizes worth trying.
+            **{k: self.done[k] for k in ("cuda_peak_mb", "cuda_total_mb")
+               if self.done.get(k) is not None},
         }
 
 
@@ -189,7 +193,8 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
                  cwd: Path | None = None) -> dict[str, Any]:
     """Run an emitted launch.sh for a few steps, from ``cwd`` (default: this process's
     working directory, where the user runs it from); returns its JSON report, written
-    with its log into ``workdir``."""
+    with its log into ``workdir``. Without evaluate(): the runs compared are timed, and
+    two configurations cross different numbers of epoch ends in the same time."""
     workdir = workdir.absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     report = workdir / "script-report.json"
@@ -197,7 +202,7 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
     log = workdir / "script-log.txt"
     tmp = tempfile.mkdtemp(prefix="autotune-script-")  # as a trial's (TrialRunner.start)
     argv = ["bash", str(launcher.absolute()), "--max-steps", str(steps), "--no-checkpoint",
-            "--log-every", str(max(1, steps)), "--report", str(report)]
+            "--no-evaluate", "--log-every", str(max(1, steps)), "--report", str(report)]
     with open(log, "wb") as out, measure_lock.held():
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=str(cwd or Path.cwd()), stdin=subprocess.DEVNULL,
@@ -562,7 +567,11 @@ class LiveTrial:
         result.phases = self._phases()
         if self.killed_for is not None:
             result.status = Status.PRUNED if self.killed_for[0] == Status.PRUNED else Status.FAILED
-            if result.status == Status.FAILED:
+            # A rank that reported its error (a CUDA OOM) can leave its peers waiting in a
+            # collective: the kill for the hang or timeout that follows is a consequence,
+            # and the error its cause.
+            reported = result.failure is not None and self.killed_for[0] in (Failure.HANG, Failure.TIMEOUT)
+            if result.status == Status.FAILED and not reported:
                 result.failure, result.message = self.killed_for
         elif result.done:
             result.status = Status.OK

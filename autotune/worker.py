@@ -128,6 +128,9 @@ def window(session: runtime.Session, steps: int, index: int, events: Events, *,
         # the steady state.
         loader = session.loader
         session.run_steps((loader.prefetch_factor or 2) * loader.num_workers)
+    # Each rank reads a served window's command on its own: without meeting first, rank
+    # 0's clock would include waiting in the first all-reduce for the last rank to read it.
+    session.dist.barrier()
     dt, losses = session.run_steps(steps)
     value = steps * session.global_batch / dt
     if settled:
@@ -144,10 +147,19 @@ def finish(session: runtime.Session, values: list[float], losses: list[float], e
         values=values,
         iqr=q[2] - q[0],
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        cuda_peak_mb=(torch.cuda.max_memory_allocated() / 2**20)
-        if session.dist.device.type == "cuda" else None,
+        **cuda_memory(session.dist.device),
         losses=losses,
     )
+
+
+def cuda_memory(device: torch.device) -> dict[str, Any]:
+    """This rank's GPU memory at its peak and the GPU's size, in MiB (None off CUDA).
+    Reserved, not allocated: the caching allocator's reservation is what another batch
+    size or process on the GPU would find taken."""
+    if device.type != "cuda":
+        return {"cuda_peak_mb": None, "cuda_total_mb": None}
+    return {"cuda_peak_mb": torch.cuda.max_memory_reserved(device) / 2**20,
+            "cuda_total_mb": torch.cuda.get_device_properties(device).total_memory / 2**20}
 
 
 def measure(session: runtime.Session, spec: Measurement, events: Events) -> None:
@@ -228,7 +240,12 @@ def main(argv: list[str]) -> int:
     model_file = spec["model_file"]
     started = time.perf_counter()
     try:
-        session = runtime.Session(model_file, cfg, seed=int(spec.get("seed", 0)))
+        mode = Mode(spec.get("mode", Mode.MEASURE))
+        # The numerics check compares fp32 trajectories in true IEEE fp32 (the reference's
+        # and an fp32 candidate's alike), not with the TF32 convolutions PyTorch allows.
+        strict_fp32 = mode is Mode.TRAJECTORY and cfg.get("precision", "fp32") == "fp32"
+        session = runtime.Session(model_file, cfg, seed=int(spec.get("seed", 0)),
+                                  strict_fp32=strict_fp32)
         events.emit(
             Event.SETUP,
             seconds=time.perf_counter() - started,
@@ -237,7 +254,6 @@ def main(argv: list[str]) -> int:
             pid=os.getpid(),
             **runtime.process_facts(),
         )
-        mode = Mode(spec.get("mode", Mode.MEASURE))
         measurement = Measurement.from_dict(spec.get("measure", {}))
         if mode is Mode.TRAJECTORY:
             trajectory(session, int(spec["steps"]), events)
@@ -264,8 +280,15 @@ def main(argv: list[str]) -> int:
             traceback=traceback.format_exc()[-8000:],
         )
         traceback.print_exc()
-        return 3
-    return 0
+        # As on success, and more so here: interpreter teardown with a live process group
+        # can stall (NCCL, while peers wait in a collective), and a rank that never exits
+        # leaves its error to be reported as the hang that follows. Teardown would have
+        # ended this process's DataLoader workers; without it they are ended here: one
+        # that failed at the first batch was gone before the tuner could record it.
+        proctree.reap_orphans()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
 
 
 if __name__ == "__main__":
