@@ -218,10 +218,16 @@ def render_launcher(
         # and a $(...) in the path would run.
         f'if [ -z "${{PYTHON:-}}" ]; then if [ -x {py} ]; then PYTHON={py}; else PYTHON=python3; '
         f'echo "launch.sh: "{py}" is not here; using python3 (set PYTHON=... to choose)" >&2; fi; fi',
+        # autotune's own protocol: a value left in the shell (by another launch.sh) would
+        # start another configuration's ranks
+        f"unset {' '.join(launch.PROTOCOL_VARIABLES)}",
     ]
     for key, value in env.items():
         q = shlex.quote(value)
         export = f"export {key}={q}"
+        if key in launch.PROTOCOL_VARIABLES:
+            lines.append(export)
+            continue
         if key == "LD_PRELOAD":  # a library of the tuning machine: this one may lack it
             export = (f"if [ -e {q} ]; then {export}; else echo \"launch.sh: \"{q}\" is not on this "
                       f"machine: running without the tuned allocator (install it to get the tuned "

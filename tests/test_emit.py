@@ -113,6 +113,22 @@ def test_launcher_keeps_the_users_variables_and_passes_arguments_through(tmp_pat
     assert "keeping your OMP_NUM_THREADS=7" in proc.stderr  # ... and said so
 
 
+def test_launch_sh_sets_autotunes_own_variables_whatever_the_shell_holds(tmp_path):
+    """TUNED_* are autotune's protocol, not the user's settings: one left in the shell (by
+    another configuration's launch.sh) is never kept."""
+    fake = tmp_path / "fake-python"
+    fake.write_text('#!/bin/sh\necho "NPROCS=${TUNED_NPROCS-unset} CPUS=${TUNED_CPUS_PER_RANK-unset}"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "TUNED_NPROCS": "4", "TUNED_CPUS_PER_RANK": "0;1"}
+    one, two = tmp_path / "one", tmp_path / "two"
+    write(one, TrialConfig(threads=1, batch_size=16))
+    write(two, TrialConfig(nprocs=2, threads=1, batch_size=16))
+    for out, expected in ((one, "NPROCS=unset CPUS=unset"), (two, "NPROCS=2 CPUS=unset")):
+        proc = subprocess.run(["bash", str(out / "launch.sh")], env=env,
+                              capture_output=True, text=True, check=True)
+        assert proc.stdout.strip() == expected and "TUNED" not in proc.stderr
+
+
 # --- the script trains ----------------------------------------------------------------------
 
 
