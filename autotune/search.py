@@ -383,13 +383,14 @@ class Tuner:
         points give both parts. None when it fits, or when there is not enough to tell."""
         if cfg.device != "cuda":
             return None
-        kind = (cfg.nprocs, cfg.precision, cfg.compile, cfg.channels_last, cfg.prune_ratio)
+        def kind(c: TrialConfig) -> tuple[Any, ...]:  # what sets a rank's memory, but the batch
+            return c.nprocs, c.precision, c.compile, c.channels_last, c.prune_ratio
+
         points: dict[int, tuple[float, float]] = {}
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             other, result = _config_of(t), t.user_attrs.get("result", {})
             peak, total = result.get("cuda_peak_mb"), result.get("cuda_total_mb")
-            if (other is None or not peak or not total or (other.nprocs, other.precision, other.compile,
-                                                           other.channels_last, other.prune_ratio) != kind):
+            if other is None or not peak or not total or kind(other) != kind(cfg):
                 continue
             points[other.per_rank_batch] = (float(peak), float(total))
         if len(points) < 2:

@@ -206,12 +206,10 @@ def _device_choice(gpus: Sequence[GpuInfo], hidden: Sequence[str], *, cuda_avail
     excluded: dict[str, str] = {}
     if hidden:
         excluded[f"gpus={','.join(hidden)}"] = "hidden by CUDA_VISIBLE_DEVICES"
-    if present and not cuda_available:
+    if (present or gpus) and not cuda_available:
         excluded["device=cuda"] = "GPUs present but this torch build cannot use them"
     elif not gpus:
         excluded["device=cuda"] = "no NVIDIA GPU found" + (" visible" if hidden else "")
-    elif not cuda:
-        excluded["device=cuda"] = "GPUs present but this torch build cannot use them"
     return KnobChoice([pinned or ("cuda" if cuda else "cpu")], excluded)
 
 

@@ -329,54 +329,56 @@ def work_key(cfg: TrialConfig) -> str:
 
 
 
+def _where_fp32_fits(run: Callable[[TrialConfig, str], TrialResult], ref: TrialConfig,
+                     cand: TrialConfig) -> tuple[dict[str, TrialResult], TrialConfig, list[str]]:
+    """Run the fp32 reference, then the candidate (``run(cfg, role)``). Where the reference
+    runs out of memory at the candidate's batch (reduced precision holds larger batches),
+    both go to half the batch, until fp32 fits: what a reference checks is the knob's
+    effect on the arithmetic, at the largest batch fp32 holds. Returns the results (no
+    candidate's when the reference failed), the candidate as run, and why it shrank."""
+    notes: list[str] = []
+    while True:
+        results = {"reference": run(ref, "reference")}
+        half = smaller_batch(cand)
+        if _out_of_memory(results["reference"]) and half is not None:
+            notes.append(f"the fp32 reference ran out of memory at batch {cand.batch_size}")
+            ref, cand = ref.replace(batch_size=half), cand.replace(batch_size=half)
+            continue
+        if results["reference"].status == Status.OK:
+            results["candidate"] = run(cand, "candidate")
+        return results, cand, notes
+
+
 def numerics_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig, *, steps: int,
                    cache: dict[str, TrialResult]) -> Check:
     """``cache`` holds the trajectories already run, by what determines their losses.
-    Where the fp32 reference runs out of memory at the candidate's batch (reduced
-    precision holds larger batches), both run again at half the batch, until it fits:
-    the precision's effect on the arithmetic is what is checked, at the largest batch fp32 holds."""
-    ref_cfg, cand_cfg = numerics_reference(baseline, cand), cand
-    notes: list[str] = []
-    while True:
-        results: dict[str, TrialResult] = {}
-        for cfg, role in ((ref_cfg, "reference"), (cand_cfg, "candidate")):
-            key = work_key(cfg)
-            if key not in cache:
-                cache[key] = runner.run(cfg, name=f"verify-numerics-{len(cache)}-{role}",
-                                        trajectory_steps=steps)
-            results[role] = cache[key]
-            if results[role].status != Status.OK:
-                break
-        half = smaller_batch(cand_cfg)
-        if _out_of_memory(results["reference"]) and half is not None:
-            notes.append(f"the fp32 reference ran out of memory at batch {cand_cfg.batch_size}")
-            ref_cfg, cand_cfg = ref_cfg.replace(batch_size=half), cand_cfg.replace(batch_size=half)
-            continue
-        break
+    The reference runs where fp32 fits (``_where_fp32_fits``)."""
+    def trajectory(cfg: TrialConfig, role: str) -> TrialResult:
+        key = work_key(cfg)
+        if key not in cache:
+            cache[key] = runner.run(cfg, name=f"verify-numerics-{len(cache)}-{role}",
+                                    trajectory_steps=steps)
+        return cache[key]
+
+    results, ran, notes = _where_fp32_fits(trajectory, numerics_reference(baseline, cand), cand)
+    shrunk = {"checked_at_batch": ran.batch_size, "notes": notes} if notes else {}
     for role, result in results.items():
         if result.status != Status.OK:
             what = "the fp32 reference" if role == "reference" else "the candidate"
-            return Check(False, {"reason": f"{what} failed: {result.describe_failure()}",
-                                 **({"notes": notes} if notes else {})})
+            return Check(False, {"reason": f"{what} failed: {result.describe_failure()}", **shrunk})
     check = compare_losses(results["reference"].losses, results["candidate"].losses,
                            tolerance=NUMERICS_TOLERANCE[cand.precision],
                            max_lag=FP16_MAX_LAG if cand.precision == "fp16" else 0)
-    check.detail["reference"] = {"layout": ref_cfg.layout, "batch_size": ref_cfg.batch_size}
-    if notes:
-        check.detail["checked_at_batch"] = cand_cfg.batch_size
-        check.detail["notes"] = notes
+    reference = numerics_reference(baseline, ran)
+    check.detail.update(reference={"layout": reference.layout, "batch_size": ran.batch_size}, **shrunk)
     return check
 
 
 def quality_reference(baseline: TrialConfig, cand: TrialConfig) -> TrialConfig:
-    """What the quality check compares against: the same batch size, fp32, unpruned (on
-    GPUs in the candidate's own ranks, as ``numerics_reference``). Only the knobs that
-    trade quality differ; a larger batch is not judged here (it changes training
-    dynamics, not what a step computes)."""
-    ref = baseline.replace(batch_size=cand.batch_size)
-    if cand.device == "cuda" and cand.nprocs > 1:
-        ref = ref.replace(nprocs=cand.nprocs, threads=cand.threads)
-    return ref
+    """What the quality check compares against: the numerics check's reference, unpruned.
+    Only the knobs that trade quality differ; a larger batch is not judged here (it
+    changes training dynamics, not what a step computes)."""
+    return numerics_reference(baseline, cand).replace(prune_ratio=0.0)
 
 
 def quality_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig, *,
@@ -398,29 +400,24 @@ def quality_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig,
     if not has_evaluate:
         return Check(None, {"reason": f"{cand.precision}: the model file has no evaluate(); "
                                       "the numerics check is the gate"})
+    def trained(cfg: TrialConfig, role: str) -> TrialResult:
+        return runner.run(cfg, name=f"verify-quality-{role}-{cfg.layout}-{cfg.batch_size}"
+                                    f"-{cand.precision}", quality_steps=max(1, samples // cfg.batch_size))
+
+    results, ran, notes = _where_fp32_fits(trained, quality_reference(baseline, cand), cand)
     scores: dict[str, float] = {}
-    ref_cfg, cand_cfg = quality_reference(baseline, cand), cand
-    while len(scores) < 2:
-        scores = {}
-        for role, cfg in (("reference", ref_cfg), ("candidate", cand_cfg)):
-            steps = max(1, samples // cfg.batch_size)
-            res = runner.run(cfg, name=f"verify-quality-{role}-{cfg.layout}-{cfg.batch_size}"
-                                       f"-{cand.precision}", quality_steps=steps)
-            half = smaller_batch(cand_cfg)
-            if role == "reference" and _out_of_memory(res) and half is not None:
-                # as the numerics check: where fp32 holds the batch
-                ref_cfg, cand_cfg = ref_cfg.replace(batch_size=half), cand_cfg.replace(batch_size=half)
-                break
-            if res.status != Status.OK or res.done.get("metric") is None:
-                return Check(False, {"reason": f"{role} training for the quality check failed: "
-                                               f"{res.describe_failure()}"})
-            scores[role] = float(res.done["metric"])
+    for role, res in results.items():
+        if res.status != Status.OK or res.done.get("metric") is None:
+            return Check(False, {"reason": f"{role} training for the quality check failed: "
+                                           f"{res.describe_failure()}"})
+        scores[role] = float(res.done["metric"])
     allowed = max_drop if max_drop is not None else PRECISION_QUALITY_DROP * abs(scores["reference"])
     drop = scores["reference"] - scores["candidate"]
     detail = {"reference_metric": scores["reference"], "candidate_metric": scores["candidate"],
               "drop": drop, "max_drop": allowed, "training_samples": samples,
               "allowance": "--max-quality-drop" if max_drop is not None
-              else f"default: {PRECISION_QUALITY_DROP:.0%} of the fp32 metric"}
+              else f"default: {PRECISION_QUALITY_DROP:.0%} of the fp32 metric",
+              **({"checked_at_batch": ran.batch_size, "notes": notes} if notes else {})}
     if drop > allowed:
         detail["reason"] = (f"quality dropped by {drop:.4g}: evaluate() {scores['candidate']:.4g} "
                             f"against {scores['reference']:.4g} in fp32 (allowed {allowed:.4g})")

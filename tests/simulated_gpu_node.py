@@ -17,7 +17,7 @@ reading of it, so a wrong reading shows up as a wrong run):
   context ("all CUDA-capable devices are busy or unavailable").
 
 Throughput grows with the per-GPU batch and the number of GPUs, reduced precision is
-faster on Ampere or later; losses track fp32 in every precision unless ``diverge``.
+faster on Ampere or later; losses and evaluate() as every stand-in's (``stand_in.StandIn``).
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+from stand_in import StandIn
 
 from autotune.config import TrialConfig
 from autotune.trial import TrialResult
@@ -90,11 +92,12 @@ class _Process:
         return GiB  # host memory: not what binds on a GPU node
 
 
-class SimulatedGpuNode:
+class SimulatedGpuNode(StandIn):
     """A trial runner (``run``, ``start``, ``run_script``) for a GPU node's machine document."""
 
     def __init__(self, doc: dict[str, Any], model: SimModel = SimModel(), *,
                  diverge: bool = False) -> None:
+        super().__init__()
         self.doc, self.model, self.diverge = doc, model, diverge
         self.devices = devices_of(doc)
         self.memory_limit_bytes: int | None = None
@@ -102,8 +105,6 @@ class SimulatedGpuNode:
         self.next_pid = 1
         self.max_per_device = 0  # most processes ever resident on one device at once
         self.failures: list[tuple[str, str]] = []  # (stage name, what happened)
-        self.measured: list[TrialConfig] = []
-        self.gated: list[TrialConfig] = []
         self.scripts: list[Path] = []
         self.ran: list[tuple[str, TrialConfig]] = []  # every process started, by stage name
 
@@ -125,11 +126,9 @@ class SimulatedGpuNode:
         value *= 1.03 if cfg.pin_memory else 1.0
         return value * (1.05 if cfg.compile != "off" else 1.0)
 
-    def losses(self, cfg: TrialConfig, steps: int) -> list[float]:
-        if self.diverge and not cfg.exact:
-            return [2.3 * 1.03 ** i for i in range(steps)]
-        wobble = 0.0 if cfg.exact else 0.01
-        return [2.3 * 0.97 ** i * (1 + wobble * (-1) ** i) for i in range(steps)]
+    def measured_done(self, cfg: TrialConfig) -> dict[str, Any]:
+        return {"cuda_peak_mb": self.rank_bytes(cfg) / 2**20,
+                "cuda_total_mb": self.devices[0].memory_bytes / 2**20}
 
     # --- processes on devices ------------------------------------------------------
 
@@ -179,21 +178,8 @@ class SimulatedGpuNode:
             return failure
         assert pid is not None
         try:
-            if trajectory_steps is not None:
-                self.gated.append(cfg)
-                return TrialResult(status="ok", done={"losses": self.losses(cfg, trajectory_steps)})
-            if quality_steps is not None:
-                metric = 0.5 if self.diverge and not cfg.exact else 0.9
-                return TrialResult(status="ok", done={"metric": metric, "losses": [1.0]})
-            self.measured.append(cfg)
-            value = self.throughput(cfg)
-            for i in range(3):
-                if on_window is not None and on_window(i, value):
-                    return TrialResult(status="pruned")
-            return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
-                               setup={"threads": cfg.threads or 1},
-                               done={"cuda_peak_mb": self.rank_bytes(cfg) / 2**20,
-                                     "cuda_total_mb": self.devices[0].memory_bytes / 2**20})
+            return self.result(cfg, on_window=on_window, trajectory_steps=trajectory_steps,
+                               quality_steps=quality_steps)
         finally:
             self.release(pid)
 

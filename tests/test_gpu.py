@@ -158,25 +158,13 @@ STEPS = ["--max-steps", "20", "--no-checkpoint", "--report", "r.json"]
 
 @pytest.mark.slow
 @needs_eight
-def test_launch_sh_runs_eight_ranks_on_eight_gpus(tmp_path):
+@pytest.mark.parametrize(("script", "flags"), [("launch.sh", []), ("torchrun.sh", ["--max-restarts", "0", "--"])])
+def test_the_emitted_scripts_run_eight_ranks_on_eight_gpus(tmp_path, script, flags):
     out, _ = _emit_eight(tmp_path)
     work = tmp_path / "work"
     work.mkdir()
-    proc = subprocess.run(["bash", str(out / "launch.sh"), *STEPS], cwd=work, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    facts = _report(work)["facts"]
-    assert facts["world"] == 8 and facts["ddp"] is True and facts["backend"] == "nccl"
-
-
-@pytest.mark.slow
-@needs_eight
-def test_torchrun_sh_runs_eight_ranks_on_eight_gpus(tmp_path):
-    out, _ = _emit_eight(tmp_path)
-    work = tmp_path / "work"
-    work.mkdir()
-    proc = subprocess.run(["bash", str(out / "torchrun.sh"), "--max-restarts", "0", "--", *STEPS], cwd=work,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(["bash", str(out / script), *flags, *STEPS], cwd=work, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     facts = _report(work)["facts"]
     assert facts["world"] == 8 and facts["ddp"] is True and facts["backend"] == "nccl"

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from stand_in import StandIn
 
 from autotune import pipeline
 from autotune.config import TrialConfig
@@ -32,19 +33,17 @@ def machine(name: str) -> dict:
     return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
-class StandInRunner:
-    """Measures nothing. Reduced precision is fast where the hardware has it (bf16 2x
-    on AMX; fp16 2.2x, bf16 2x, tf32 1.4x on an H100), and its losses either track fp32
-    or, with ``diverge``, grow from the first step (evaluate() falls with them)."""
+class StandInRunner(StandIn):
+    """Measures nothing (``stand_in.StandIn``). Reduced precision is fast where the
+    hardware has it (bf16 2x on AMX; fp16 2.2x, bf16 2x, tf32 1.4x on an H100)."""
 
     def __init__(self, doc: dict, *, diverge: bool = False,
                  served: Callable[[TrialConfig], float] = lambda cfg: 1.0) -> None:
+        super().__init__()
         self.doc, self.diverge = doc, diverge
         self.served = served  # held side by side, a configuration runs this much faster
         self.memory_limit_bytes = None  # verification's shared budget: not measured here
         self.workdir = Path("trials")
-        self.gated: list[TrialConfig] = []
-        self.measured: list[TrialConfig] = []
         self.scripts: list[Path] = []
 
     def throughput(self, cfg: TrialConfig) -> float:
@@ -55,26 +54,12 @@ class StandInRunner:
         value *= 0.95 ** cfg.nprocs * cfg.nprocs if cfg.device == "cuda" else 1 + 0.05 * (cfg.threads or 1)
         return value * (1.1 if cfg.num_workers else 1.0) * (1.05 if cfg.compile != "off" else 1.0)
 
-    def losses(self, cfg: TrialConfig, steps: int) -> list[float]:
-        if self.diverge and not cfg.exact:
-            return [2.3 * 1.03 ** i for i in range(steps)]
-        wobble = 0.0 if cfg.exact else 0.01
-        return [2.3 * 0.97 ** i * (1 + wobble * (-1) ** i) for i in range(steps)]
+    def threads_seen(self, cfg: TrialConfig) -> int:
+        return cfg.threads or self.doc["cpu"]["usable_cores"]
 
     def run(self, cfg, *, name, on_window=None, trajectory_steps=None, quality_steps=None, **kw):
-        if trajectory_steps is not None:
-            self.gated.append(cfg)
-            return TrialResult(status="ok", done={"losses": self.losses(cfg, trajectory_steps)})
-        if quality_steps is not None:
-            metric = 0.5 if self.diverge and not cfg.exact else 0.9
-            return TrialResult(status="ok", done={"metric": metric, "losses": [1.0]})
-        self.measured.append(cfg)
-        value = self.throughput(cfg)
-        for i in range(3):
-            if on_window is not None and on_window(i, value):
-                return TrialResult(status="pruned")
-        return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
-                           setup={"threads": cfg.threads or self.doc["cpu"]["usable_cores"]})
+        return self.result(cfg, on_window=on_window, trajectory_steps=trajectory_steps,
+                           quality_steps=quality_steps)
 
     def start(self, cfg, *, name, mode=None, **kw):
         return _Serving(self.throughput(cfg) * self.served(cfg))
