@@ -5,11 +5,13 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from autotune.errors import UsageError
+from autotune.runtime.knobs import Allocator, Backend, CompileMode, Precision
 
-COMPILE_MODES = ("off", "default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead")
-PRECISIONS = ("fp32", "bf16", "fp16", "tf32")
-ALLOCATORS = ("default", "jemalloc", "tcmalloc")
-BACKENDS = ("gloo", "nccl", "ccl", "mpi")
+# The values, as the search space and the checks below list them.
+COMPILE_MODES = tuple(m.value for m in CompileMode)
+PRECISIONS = tuple(p.value for p in Precision)
+ALLOCATORS = tuple(a.value for a in Allocator)
+BACKENDS = tuple(b.value for b in Backend)
 
 
 class Layout(NamedTuple):
@@ -47,18 +49,18 @@ class TrialConfig:
 
     nprocs: int = 1
     threads: int | None = None
-    backend: str = "gloo"
+    backend: str = Backend.GLOO.value
     interop_threads: int | None = None
     batch_size: int = 32
     num_workers: int = 0
     pin_memory: bool = False
     persistent_workers: bool = False
     prefetch_factor: int | None = None
-    compile: str = "off"
-    precision: str = "fp32"
+    compile: str = CompileMode.OFF.value
+    precision: str = Precision.FP32.value
     channels_last: bool = False
     prune_ratio: float = 0.0
-    allocator: str = "default"
+    allocator: str = Allocator.DEFAULT.value
     affinity: str = "none"
     ipex: bool = False
     device: str = "cpu"
@@ -103,7 +105,7 @@ class TrialConfig:
     def exact(self) -> bool:
         """fp32 throughout and the model as the user wrote it: nothing that could change
         what training computes beyond rounding order."""
-        return self.precision == "fp32" and self.prune_ratio == 0.0
+        return self.precision == Precision.FP32 and self.prune_ratio == 0.0
 
     @property
     def layout(self) -> str:

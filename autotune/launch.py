@@ -6,6 +6,7 @@ script is started exactly as the trial was measured.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ from autotune.probes import Machine, as_machine
 
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
 
-# autotune's own protocol between a launcher and runtime.start_ranks: a value inherited
+# autotune's own protocol between a launcher and runtime.ranks.start_ranks: a value inherited
 # from whoever started autotune (a launch.sh, a trial) describes another configuration,
 # so it is never kept, whatever the "keep the user's value" rule says for the others.
 PROTOCOL_VARIABLES = ("TUNED_NPROCS", "TUNED_CPUS_PER_RANK", "TUNED_STORE")
@@ -48,7 +49,7 @@ def environment(
         # a device index means the same GPU to CUDA_VISIBLE_DEVICES, the probe and the user.
         wanted["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if cfg.nprocs > 1:
-        # The script starts its own ranks (runtime.start_ranks), which talk over loopback.
+        # The script starts its own ranks (runtime.ranks.start_ranks), which talk over loopback.
         wanted["TUNED_NPROCS"] = str(cfg.nprocs)
         lo = loopback_interface()
         wanted["GLOO_SOCKET_IFNAME"] = lo
@@ -121,3 +122,14 @@ def command(cfg: TrialConfig, entry: list[str], *, python: str) -> list[str]:
     """The process command: plain python, for one process or several (with
     TUNED_NPROCS in the environment it starts the ranks itself)."""
     return [python, *entry]
+
+
+def keep_or_export(key: str, value: str, *, script: str, export: str | None = None) -> str:
+    """A shell line for a launcher script: a value the user already set is kept, with a
+    warning (never overridden silently); else ``export`` (by default ``export KEY=value``)
+    runs."""
+    q = shlex.quote(value)
+    export = export or f"export {key}={q}"
+    return (f'if [ -n "${{{key}+x}}" ] && [ "${{{key}}}" != {q} ]; then '
+            f'echo "{script}: keeping your {key}=${{{key}}} (tuned value: "{q}")" >&2; '
+            f"else {export}; fi")

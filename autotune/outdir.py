@@ -1,4 +1,5 @@
-"""The output folder: created, checked writable, and held by one run at a time."""
+"""The output folder: created, checked writable, held by one run at a time, and its
+files written whole."""
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,20 @@ def check_ours(path: Path, *, force: bool) -> None:
         return
     if any(path.iterdir()):
         raise UsageError(f"--out {path}: the folder exists and was not made by autotune; its "
-                         "launch.sh, train_tuned.py and best_config.json would be replaced. Give "
-                         "a new folder, or --force to write into this one.")
+                         "launch.sh, train_tuned.py (with train_tuned.json and tuned_runtime/) and "
+                         "best_config.json would be replaced. Give a new folder, or --force to write "
+                         "into this one.")
+
+
+def write_atomically(path: Path, content: str | bytes, *, mode: int = 0o644) -> None:
+    """A crash mid-write leaves the previous file, never half of the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if isinstance(content, bytes):
+        tmp.write_bytes(content)
+    else:
+        tmp.write_text(content)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
 
 
 def prepare(path: Path) -> Path:

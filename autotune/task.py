@@ -27,6 +27,7 @@ from typing import Any
 
 from autotune import proctree
 from autotune.errors import ContractError
+from autotune.runtime.knobs import Precision
 
 REQUIRED = ("build_model", "build_dataset")
 OPTIONAL_FUNCTIONS = (
@@ -239,10 +240,10 @@ def _check(path: str, device: str | None = None) -> dict[str, Any]:
 
 def _import(file: _UserFile) -> Any:
     """Import the model file; an error or sys.exit() at import becomes a ContractError."""
-    from autotune import runtime
+    from autotune.runtime.session import load_user_module
 
     try:
-        return runtime.load_user_module(file.path)
+        return load_user_module(file.path)
     except (Exception, SystemExit):  # sys.exit() at import, too
         raise ContractError(
             f"{file.shown}: importing the file raised an error:\n"
@@ -384,13 +385,13 @@ def _check_training_step(file: _UserFile, module: Any, model: Any, items: list[A
     mistake shows here, named, instead of failing every trial. The loss must be a scalar tensor."""
     import torch
 
-    from autotune import runtime
+    from autotune.runtime.model import make_step
 
     collate_fn = getattr(module, "collate_fn", None)
     batch = file.call("collate_fn" if collate_fn else "collating two items",
                       collate_fn or torch.utils.data.default_collate, items)
     optimizer = _check_optimizer(file, module, model)
-    step = runtime.make_step(module, model, optimizer, {"precision": "fp32"}, torch.device(device))
+    step = make_step(module, model, optimizer, {"precision": Precision.FP32}, torch.device(device))
     what = "training_step(model, batch)" if has_training_step else "the model's forward and loss_fn"
     loss = file.call(what, step, batch)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -439,7 +440,7 @@ def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
     """The Task fields of a file that passed every check (all but path and check_s)."""
     import torch
 
-    from autotune import runtime
+    from autotune.runtime.data import tensors
 
     # An (inputs, targets) pair's inputs; any other item (a dict for training_step) whole:
     # its image need not come first, e.g. {"labels": ..., "pixel_values": ...}.
@@ -448,7 +449,7 @@ def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
         "batch_size": batch_size,
         "dataset_len": dataset_len,
         # One item's 3-D float input is a 4-D batch: an image layout channels_last applies to.
-        "image_inputs": any(t.dim() == 3 and t.is_floating_point() for t in runtime.tensors(inputs)),
+        "image_inputs": any(t.dim() == 3 and t.is_floating_point() for t in tensors(inputs)),
         "has_evaluate": getattr(module, "evaluate", None) is not None,
         "has_training_step": getattr(module, "training_step", None) is not None,
         "parameters": sum(p.numel() for p in model.parameters()),

@@ -1,15 +1,18 @@
 """What runs inside a trial process: apply the knobs, train, measure, report.
 
 Started by ``autotune.trial`` as ``python -m autotune.worker SPEC`` (one process) or
-as one of several ranks (``runtime.start_ranks``). It writes one JSON object per line (an
-``autotune.protocol.Event``) to the events
-file named in the spec; the tuner reads them to follow progress, prune, and
-classify failures. Only rank 0 reports measurements; every rank reports errors.
+as one of several ranks (``autotune.runtime.ranks.start_ranks``). It writes one JSON
+object per line (an ``autotune.protocol.Event``) to the events file named in the spec;
+the tuner reads them to follow progress, prune, and classify failures. Only rank 0
+reports measurements; every rank reports errors.
+
+``main`` calls ``ranks.bootstrap()`` before anything imports torch: this process may be
+the ranks' launcher, which never needs torch, and a rank's cores must be pinned before
+torch's OpenMP runtime reads them. Hence nothing at this module's top imports torch, and
+the runtime's modules (which do) are imported in the functions, all called after it.
 """
 from __future__ import annotations
 
-# runtime pins this rank's cores at import: it must come before anything imports torch.
-from autotune import runtime  # isort: skip
 import json
 import os
 import resource
@@ -17,12 +20,17 @@ import statistics
 import sys
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import psutil
 
 from autotune import proctree
 from autotune.protocol import Event, Failure, Measurement, Mode
+from autotune.runtime import ranks
+from autotune.runtime.knobs import Precision
+
+if TYPE_CHECKING:
+    from autotune.runtime.session import Session
 
 
 class Events:
@@ -41,17 +49,19 @@ class Events:
             os.close(fd)
 
 
-def probe_step_facts(session: runtime.Session) -> dict[str, Any]:
-    import psutil  # only here: the generated script must not need it
+def probe_step_facts(session: Session) -> dict[str, Any]:
+    from autotune.runtime.facts import step_facts
 
-    _, facts = runtime.step_facts(session)
+    _, facts = step_facts(session)
     facts["loader_worker_pids"] = [c.pid for c in psutil.Process().children()]
     return facts
 
 
 def classify(exc: BaseException, model_file: str) -> Failure:
+    from autotune.runtime.model import NonFiniteLoss
+
     text = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
-    if isinstance(exc, runtime.NonFiniteLoss):
+    if isinstance(exc, NonFiniteLoss):
         return Failure.NAN_LOSS
     if isinstance(exc, MemoryError) or "out of memory" in text.lower() or "can't allocate memory" in text:
         return Failure.OUT_OF_MEMORY
@@ -72,7 +82,7 @@ def classify(exc: BaseException, model_file: str) -> Failure:
     return Failure.ERROR
 
 
-def calibrate(session: runtime.Session, spec: Measurement, events: Events) -> int:
+def calibrate(session: Session, spec: Measurement, events: Events) -> int:
     """Warm-up steps (the first one carries compile and lazy init), then the number of
     steps that makes a window of about window_s, agreed by all ranks."""
     dist = session.dist
@@ -97,8 +107,6 @@ def settle(timeout_s: float = 5.0) -> None:
     """Wait until this process's DataLoader workers stop working: after a window they
     go on filling their prefetch queue, and in verification that work would land in the
     next configuration's window and slow it, most of all a baseline without workers."""
-    import psutil
-
     me = psutil.Process()
 
     def cpu() -> float:
@@ -120,7 +128,7 @@ def settle(timeout_s: float = 5.0) -> None:
         last = now
 
 
-def window(session: runtime.Session, steps: int, index: int, events: Events, *,
+def window(session: Session, steps: int, index: int, events: Events, *,
            settled: bool = False) -> tuple[float, list[float]]:
     if settled:
         # A settled process starts with a full prefetch queue: batches loaded for free
@@ -139,7 +147,9 @@ def window(session: runtime.Session, steps: int, index: int, events: Events, *,
     return value, losses
 
 
-def finish(session: runtime.Session, values: list[float], losses: list[float], events: Events) -> None:
+def finish(session: Session, values: list[float], losses: list[float], events: Events) -> None:
+    from autotune.runtime.facts import cuda_memory
+
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
     events.emit(
         Event.DONE,
@@ -152,17 +162,7 @@ def finish(session: runtime.Session, values: list[float], losses: list[float], e
     )
 
 
-def cuda_memory(device: torch.device) -> dict[str, Any]:
-    """This rank's GPU memory at its peak and the GPU's size, in MiB (None off CUDA).
-    Reserved, not allocated: the caching allocator's reservation is what another batch
-    size or process on the GPU would find taken."""
-    if device.type != "cuda":
-        return {"cuda_peak_mb": None, "cuda_total_mb": None}
-    return {"cuda_peak_mb": torch.cuda.max_memory_reserved(device) / 2**20,
-            "cuda_total_mb": torch.cuda.get_device_properties(device).total_memory / 2**20}
-
-
-def measure(session: runtime.Session, spec: Measurement, events: Events) -> None:
+def measure(session: Session, spec: Measurement, events: Events) -> None:
     steps = calibrate(session, spec, events)
     values, losses = [], []
     for w in range(spec.windows):
@@ -172,7 +172,7 @@ def measure(session: runtime.Session, spec: Measurement, events: Events) -> None
     finish(session, values, losses, events)
 
 
-def serve(session: runtime.Session, spec: Measurement, control: str, events: Events) -> None:
+def serve(session: Session, spec: Measurement, control: str, events: Events) -> None:
     """Calibrate, then run one window per command appended to the control file, so the
     tuner can alternate windows of several live configurations (verification).
     Every rank reads the commands itself: no collective is left waiting while idle."""
@@ -196,41 +196,39 @@ def serve(session: runtime.Session, spec: Measurement, control: str, events: Eve
         if not commands:
             time.sleep(0.02)  # idle between windows: a cheap poll, not a spin
             continue
-        for command in commands:
-            if command == "stop":
-                finish(session, values or [0.0], losses, events)
-                return
+        for _ in commands:
             value, window_losses = window(session, steps, len(values), events,
                                           settled=session.loader.num_workers > 0)
             values.append(value)
             losses.extend(window_losses)
 
 
-def trajectory(session: runtime.Session, steps: int, events: Events) -> None:
+def trajectory(session: Session, steps: int, events: Events) -> None:
     """Losses of a fixed number of steps, averaged over ranks: the numerics check."""
     losses = []
     for _ in range(steps):
-        loss = session.step()
-        if session.dist.enabled:
-            loss = loss.float().clone()
-            torch.distributed.all_reduce(loss)
-            loss = loss / session.dist.world
-        losses.append(float(loss))
+        losses.append(float(session.dist.mean(session.step())))
     events.emit(Event.DONE, losses=losses)
 
 
-def quality(session: runtime.Session, steps: int, events: Events) -> None:
+def quality(session: Session, steps: int, events: Events) -> None:
     """Train a fixed number of steps, then score with the user's evaluate (rank 0)."""
+    from autotune.runtime.model import check_finite, unwrap_model
+
     losses = [session.step() for _ in range(steps)]
-    values = runtime.check_finite(losses)
+    values = check_finite(losses)
     metric = None
     if session.dist.rank == 0:
-        model = runtime.unwrap_model(session.model)
+        model = unwrap_model(session.model)
         metric = float(session.user.evaluate(model))
     events.emit(Event.DONE, metric=metric, losses=values)
 
 
 def main(argv: list[str]) -> int:
+    ranks.bootstrap()
+    from autotune.runtime.facts import process_facts
+    from autotune.runtime.session import Session
+
     proctree.die_with_parent()  # a rank must not outlive its launcher (start_ranks or the tuner)
     with open(argv[0]) as f:
         spec = json.load(f)
@@ -243,16 +241,15 @@ def main(argv: list[str]) -> int:
         mode = Mode(spec.get("mode", Mode.MEASURE))
         # The numerics check compares fp32 trajectories in true IEEE fp32 (the reference's
         # and an fp32 candidate's alike), not with the TF32 convolutions PyTorch allows.
-        strict_fp32 = mode is Mode.TRAJECTORY and cfg.get("precision", "fp32") == "fp32"
-        session = runtime.Session(model_file, cfg, seed=int(spec.get("seed", 0)),
-                                  strict_fp32=strict_fp32)
+        strict_fp32 = mode is Mode.TRAJECTORY and cfg.get("precision", Precision.FP32) == Precision.FP32
+        session = Session(model_file, cfg, seed=int(spec.get("seed", 0)), strict_fp32=strict_fp32)
         events.emit(
             Event.SETUP,
             seconds=time.perf_counter() - started,
             world=session.dist.world,
-            backend=torch.distributed.get_backend() if session.dist.enabled else None,
+            backend=session.dist.backend,
             pid=os.getpid(),
-            **runtime.process_facts(),
+            **process_facts(),
         )
         measurement = Measurement.from_dict(spec.get("measure", {}))
         if mode is Mode.TRAJECTORY:

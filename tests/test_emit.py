@@ -77,19 +77,40 @@ def test_outputs_are_written(tmp_path):
     assert "export TUNED_NPROCS=2" in launcher and "torch.distributed.run" not in launcher
 
 
-def test_script_text_survives_odd_names():
-    """Placeholders are substituted once, and the description cannot break the docstring."""
-    import ast
+ODD = '__CONFIG__ "q" $(touch PWNED) back\\slash'
 
-    model = Path("/data/__CONFIG__ and __DESCRIPTION__/model.py")
+
+def test_odd_names_reach_the_script_as_data(tmp_path):
+    """The configuration is data (train_tuned.json), never code: quotes, a $(...),
+    backslashes or a placeholder's name in the model path or the description are kept as
+    they are, and the script is the template whatever they hold."""
+    model = tmp_path / ODD / "model.py"
+    description = f'Train q""""\\N{{oops}} {ODD}'
+    emit.write_script(tmp_path / "out", cfg=TrialConfig(threads=1, batch_size=16), model_file=model,
+                      description=description)
+    settings = json.loads((tmp_path / "out" / emit.SETTINGS_NAME).read_text())
+    assert settings["model_file_tuned"] == str(model) and settings["description"] == description
+    assert settings["model_file"] == os.path.join("..", ODD, "model.py")
+    assert (tmp_path / "out" / emit.SCRIPT_NAME).read_bytes() == emit.SCRIPT_TEMPLATE.read_bytes()
+
+
+@pytest.mark.slow
+def test_a_script_for_odd_names_runs(tmp_path, no_autotune_env):
+    odd = tmp_path / ODD
+    odd.mkdir()
+    shutil.copy(TINY, odd / "model.py")
+    description = f'Train q""""\\N{{oops}} {ODD}'
     cfg = TrialConfig(threads=1, batch_size=16)
-    description = 'Train q""""\\N{oops}.py'
-    tree = ast.parse(emit.render_script(cfg=cfg, model_file=model, description=description))
-    assigned = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
-                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id in ("MODEL_FILE_TUNED", "CONFIG")}
-    assert assigned == {"MODEL_FILE_TUNED": str(model), "CONFIG": cfg.to_dict()}
-    assert ast.get_docstring(tree).startswith(description)
+    env, _ = launch.environment(cfg, machine=machine_doc())
+    out = tmp_path / "out"
+    emit.write_outputs(out, cfg=cfg, model_file=odd / "model.py", env=env, document={"config": cfg.to_dict()},
+                       description=description)
+    work = tmp_path / "work"
+    shown = run_launcher(out, work, no_autotune_env, "--help").stdout
+    assert description in " ".join(shown.split())  # argparse rewraps the description
+    run_launcher(out, work, no_autotune_env, "--max-steps", "2", "--no-checkpoint", "--report", "r.json")
+    assert json.loads((work / "r.json").read_text())["steps"] == 2
+    assert not list(tmp_path.rglob("PWNED"))
 
 
 def test_launcher_keeps_the_users_variables_and_passes_arguments_through(tmp_path):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune import runtime
+from autotune.runtime.data import tensors
+from autotune.runtime.session import load_user_module
 
 from helpers import MODELS, REPO
 
@@ -55,14 +56,14 @@ class _Reached(Exception):
 
 
 def _devices(obj) -> set[str]:
-    return {t.device.type for t in runtime.tensors(obj)}
+    return {t.device.type for t in tensors(obj)}
 
 
 @pytest.mark.parametrize("path", FILES, ids=IDS)
 def test_evaluate_calls_the_model_with_inputs_on_its_device(path):
     if path.name == "tiny_gpt.py" and importlib.util.find_spec("transformers") is None:
         pytest.skip("examples/tiny_gpt.py needs transformers")
-    module = runtime.load_user_module(str(path))
+    module = load_user_module(str(path))
     # On "meta" the model holds no data: a forward with inputs elsewhere is what a CUDA
     # model given CPU inputs would refuse.
     model = module.build_model().to("meta")

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 import autotune
-from autotune import runtime
+from autotune.runtime.facts import step_facts
+from autotune.runtime.session import Session
 from autotune.task import load_task
 
 from helpers import MODELS, REPO
@@ -25,7 +26,7 @@ def test_an_example_passes_the_contract_and_its_loss_falls(name):
         pytest.importorskip("transformers", reason="examples/tiny_gpt.py needs pip install 'autotune[examples]'")
     task = load_task(EXAMPLES / name)
     assert task.has_evaluate
-    session = runtime.Session(str(EXAMPLES / name), {"batch_size": task.batch_size, "threads": 2})
+    session = Session(str(EXAMPLES / name), {"batch_size": task.batch_size, "threads": 2})
     _, losses = session.run_steps(30)
     assert sum(losses[-5:]) < sum(losses[:5]), losses
 
@@ -46,8 +47,8 @@ def test_dict_batches_find_their_image_and_train_channels_last():
     task = load_task(path)
     assert task.image_inputs, "the image counts though it is not the item's first entry"
     assert task.has_training_step, "the tuner must know it cannot call the model itself"
-    session = runtime.Session(str(path), {"batch_size": 8, "threads": 2, "channels_last": True})
-    _, facts = runtime.step_facts(session)
+    session = Session(str(path), {"batch_size": 8, "threads": 2, "channels_last": True})
+    _, facts = step_facts(session)
     assert facts["conv_inputs_channels_last"] == [True]
     assert facts["per_rank_batch"] == 8
     _, losses = session.run_steps(30)

@@ -15,9 +15,10 @@ from test_emit import no_autotune_env, run_launcher  # noqa: F401  (a fixture, u
 from test_train_tuned import interrupt_after, start, write
 from torch.utils.data._utils import worker as worker_state
 
-from autotune import runtime
 from autotune.config import TrialConfig
 from autotune.errors import ContractError
+from autotune.runtime.data import IterableShard, build_loader
+from autotune.runtime.session import Session, load_user_module
 from autotune.task import load_task
 
 from helpers import MODELS
@@ -38,7 +39,7 @@ class Numbers(torch.utils.data.IterableDataset):
 def slot_items(dataset, *, global_batch: int, world: int, rank: int, workers: int, worker: int,
                monkeypatch) -> list[int]:
     """What one (rank, worker) slot yields, run in this process as that worker."""
-    shard = runtime.IterableShard(dataset, global_batch=global_batch, world=world, rank=rank)
+    shard = IterableShard(dataset, global_batch=global_batch, world=world, rank=rank)
     info = torch.utils.data._utils.worker.WorkerInfo(id=worker, num_workers=workers, seed=0, dataset=shard)
     monkeypatch.setattr(worker_state, "_worker_info", info)
     return list(shard)
@@ -68,12 +69,12 @@ def test_a_stream_shorter_than_a_global_batch_is_an_error_not_an_empty_epoch(mon
 def batches_of(path: Path, *, world: int, workers: int, batch_size: int = 8,
                epochs: int = 1, persistent: bool = False) -> list[list[int]]:
     """Each global batch, as item indices, that ``world`` ranks train on, in order."""
-    user = runtime.load_user_module(str(path))
+    user = load_user_module(str(path))
     per_rank = []
     for rank in range(world):
         dist = types.SimpleNamespace(world=world, rank=rank, device=torch.device("cpu"))
         cfg = {"batch_size": batch_size, "num_workers": workers, "persistent_workers": persistent}
-        loader, sampler = runtime.build_loader(user, cfg, dist, seed=0)
+        loader, sampler = build_loader(user, cfg, dist, seed=0)
         assert sampler is None
         drawn = []
         for epoch in range(epochs):
@@ -124,7 +125,7 @@ def test_a_stream_with_a_length_reports_it(tmp_path):
 
 
 def session_losses(path: Path, steps: int, **cfg) -> list[float]:
-    session = runtime.Session(str(path), {"batch_size": 8, "threads": 1, **cfg})
+    session = Session(str(path), {"batch_size": 8, "threads": 1, **cfg})
     try:
         return session.run_steps(steps)[1]
     finally:
@@ -142,7 +143,7 @@ def test_a_session_trains_on_a_stream_alike_with_and_without_workers():
 
 def test_a_batch_larger_than_the_stream_fails_the_session_clearly(tmp_path):
     with pytest.raises(ValueError, match="yielded 40 items: too few for one batch of 64"):
-        runtime.Session(str(stream_of(tmp_path, 40)), {"batch_size": 64})
+        Session(str(stream_of(tmp_path, 40)), {"batch_size": 64})
 
 
 @pytest.mark.slow
@@ -152,8 +153,8 @@ def test_a_resumed_session_on_a_stream_draws_the_batches_an_uninterrupted_one_wo
     def inputs(session, n):
         return [session.next_batch()[0][:, 0].long().tolist() for _ in range(n)]
 
-    whole = runtime.Session(str(STREAM), {"batch_size": 8, "num_workers": 2})
-    resumed = runtime.Session(str(STREAM), {"batch_size": 8, "num_workers": 2}, start_step=30)
+    whole = Session(str(STREAM), {"batch_size": 8, "num_workers": 2})
+    resumed = Session(str(STREAM), {"batch_size": 8, "num_workers": 2}, start_step=30)
     try:
         assert inputs(whole, 36)[30:] == inputs(resumed, 6)
     finally:

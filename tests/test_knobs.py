@@ -1,5 +1,5 @@
 """Every knob takes effect inside the trial process, and the generated script
-reproduces it: both are read the same way (runtime.process_facts / step_facts)."""
+reproduces it: both are read the same way (autotune.runtime.facts: process_facts, step_facts)."""
 from __future__ import annotations
 
 import json

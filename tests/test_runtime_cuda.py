@@ -17,9 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import emit, runtime, worker
+from autotune import emit, worker
 from autotune.config import TrialConfig
 from autotune.protocol import Failure, Measurement, Mode, Status
+from autotune.runtime.distributed import Distributed
+from autotune.runtime.loop import Checkpoints, Metrics, evaluate, train
+from autotune.runtime.model import NonFiniteLoss, build_model, check_finite, make_step, sync_batchnorm
+from autotune.runtime.session import Session, apply_process_knobs
 from autotune.trial import TrialResult, TrialRunner, run_launcher
 
 TINY_MODEL = '''
@@ -102,7 +106,7 @@ class Recorder:
 
 def test_fp32_on_cuda_leaves_pytorchs_defaults(cuda_flags):
     """W1: no forced cudnn.benchmark, and cuDNN's TF32 stays on as PyTorch has it."""
-    runtime.apply_process_knobs({"device": "cuda", "precision": "fp32"})
+    apply_process_knobs({"device": "cuda", "precision": "fp32"})
     assert torch.backends.cudnn.benchmark is False
     assert torch.backends.cudnn.allow_tf32 is True
     assert torch.backends.cuda.matmul.allow_tf32 is False
@@ -111,7 +115,7 @@ def test_fp32_on_cuda_leaves_pytorchs_defaults(cuda_flags):
 def test_tf32_is_matmul_tf32_on_top_of_the_defaults_and_stays_readable(cuda_flags):
     """W1: "tf32" turns matmul TF32 on and leaves cuDNN alone; the flag reads the same
     through the new and the legacy API (inductor reads the legacy one)."""
-    runtime.apply_process_knobs({"device": "cuda", "precision": "tf32"})
+    apply_process_knobs({"device": "cuda", "precision": "tf32"})
     assert torch.backends.cuda.matmul.fp32_precision == "tf32"
     assert torch.backends.cuda.matmul.allow_tf32 is True
     assert torch.get_float32_matmul_precision() == "high"
@@ -120,15 +124,15 @@ def test_tf32_is_matmul_tf32_on_top_of_the_defaults_and_stays_readable(cuda_flag
 
 
 def test_cudnn_benchmark_is_a_knob_of_cuda_configurations(cuda_flags):
-    runtime.apply_process_knobs({"device": "cpu", "cudnn_benchmark": True})
+    apply_process_knobs({"device": "cpu", "cudnn_benchmark": True})
     assert torch.backends.cudnn.benchmark is False
-    runtime.apply_process_knobs({"device": "cuda", "cudnn_benchmark": True})
+    apply_process_knobs({"device": "cuda", "cudnn_benchmark": True})
     assert torch.backends.cudnn.benchmark is True
 
 
 def test_strict_fp32_forces_ieee_matmuls_and_convolutions(cuda_flags):
     """W1: the numerics reference (and an fp32 candidate beside it) in true fp32."""
-    runtime.apply_process_knobs({"device": "cuda", "precision": "fp32"}, strict_fp32=True)
+    apply_process_knobs({"device": "cuda", "precision": "fp32"}, strict_fp32=True)
     assert torch.backends.cuda.matmul.allow_tf32 is False
     assert torch.backends.cudnn.allow_tf32 is False
     assert torch.backends.cuda.matmul.fp32_precision != "tf32"
@@ -147,7 +151,7 @@ def test_the_worker_asks_for_strict_fp32_in_fp32_trajectories_only(tmp_path, mon
         seen.update(kwargs)
         raise RuntimeError("no session in this test")
 
-    monkeypatch.setattr(worker.runtime, "Session", session)
+    monkeypatch.setattr("autotune.runtime.session.Session", session)
     monkeypatch.setattr(worker.proctree, "die_with_parent", lambda: None)
     monkeypatch.setattr(worker.proctree, "reap_orphans", lambda: None)  # this process's children
     monkeypatch.setattr(os, "_exit", exit_raises)
@@ -278,7 +282,7 @@ def test_a_kept_loss_survives_the_next_step_that_reuses_its_memory():
     """C2: under reduce-overhead the loss may be a CUDA graph's output, overwritten by the
     next replay; the step returns a loss of its own."""
     user, model, optimizer = static_output_step()
-    step = runtime.make_step(user, model, optimizer, {}, torch.device("cpu"))
+    step = make_step(user, model, optimizer, {}, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)) for _ in range(2)]
     first = step(batches[0])
@@ -286,7 +290,7 @@ def test_a_kept_loss_survives_the_next_step_that_reuses_its_memory():
     second = step(batches[1])
     assert float(second) != value
     assert float(first) == value
-    assert runtime.check_finite([first, second]) == [value, float(second)]
+    assert check_finite([first, second]) == [value, float(second)]
 
 
 def test_reduce_overhead_marks_each_step_as_a_new_cuda_graph_iteration(monkeypatch):
@@ -294,9 +298,9 @@ def test_reduce_overhead_marks_each_step_as_a_new_cuda_graph_iteration(monkeypat
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", marks)
     user, model, optimizer = static_output_step()
     batch = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
-    runtime.make_step(user, model, optimizer, {}, torch.device("cpu"))(batch)
+    make_step(user, model, optimizer, {}, torch.device("cpu"))(batch)
     assert not marks.calls
-    step = runtime.make_step(user, model, optimizer, {"compile": "reduce-overhead"}, torch.device("cpu"))
+    step = make_step(user, model, optimizer, {"compile": "reduce-overhead"}, torch.device("cpu"))
     step(batch)
     step(batch)
     assert len(marks.calls) == 2
@@ -313,11 +317,11 @@ def test_check_finite_reads_all_losses_in_one_transfer(monkeypatch):
         return original(self)
 
     monkeypatch.setattr(torch.Tensor, "__float__", counted)
-    assert runtime.check_finite(losses) == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert check_finite(losses) == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert not floats.calls
-    assert runtime.check_finite([]) == []
-    with pytest.raises(runtime.NonFiniteLoss, match="at step 2"):
-        runtime.check_finite([torch.tensor(1.0), torch.tensor(2.0), torch.tensor(float("nan"))])
+    assert check_finite([]) == []
+    with pytest.raises(NonFiniteLoss, match="at step 2"):
+        check_finite([torch.tensor(1.0), torch.tensor(2.0), torch.tensor(float("nan"))])
 
 
 # --- C5, S2: devices of the ranks, SyncBatchNorm --------------------------------------------
@@ -337,7 +341,7 @@ def test_a_rank_whose_task_sees_one_gpu_uses_cuda_0(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "3")
-    dist = runtime.Distributed({"device": "cuda"})
+    dist = Distributed({"device": "cuda"})
     assert dist.device == torch.device("cuda", 0)
     assert [torch.device("cuda", a) if isinstance(a, int) else a
             for (a,), _ in set_device.calls] == [torch.device("cuda", 0)]
@@ -354,7 +358,7 @@ def test_more_ranks_than_visible_gpus_is_refused_naming_both_and_the_fix(monkeyp
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     with pytest.raises(RuntimeError, match=r"4 ranks.* 2 GPU\(s\).*TUNED_NPROCS=2.*CUDA_VISIBLE_DEVICES"):
-        runtime.Distributed({"device": "cuda", "backend": "nccl"})
+        Distributed({"device": "cuda", "backend": "nccl"})
 
 
 class OnFakeDevice(torch.nn.Sequential):
@@ -377,7 +381,7 @@ def test_several_cuda_ranks_get_syncbatchnorm_and_ddp_on_their_own_device(monkey
     user = types.SimpleNamespace(build_model=lambda: OnFakeDevice(torch.nn.Conv2d(3, 4, 3),
                                                                   torch.nn.BatchNorm2d(4)))
     dist = types.SimpleNamespace(device=torch.device("cuda", 0), local_rank=5, world=2, enabled=True)
-    model, optimizer = runtime.build_model(user, {}, dist, None)  # type: ignore[arg-type]
+    model, optimizer = build_model(user, {}, dist, None)  # type: ignore[arg-type]
     assert isinstance(model, FakeDDP) and model.device_ids == [0]
     assert isinstance(model.module[1], torch.nn.SyncBatchNorm)
     assert {id(p) for p in model.parameters()} == {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -385,7 +389,7 @@ def test_several_cuda_ranks_get_syncbatchnorm_and_ddp_on_their_own_device(monkey
 
 def test_batchnorm_is_kept_on_cpu_and_in_one_process():
     for device, world in ((torch.device("cpu"), 2), (torch.device("cuda", 0), 1)):
-        model = runtime.sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm2d(4)), device, world)
+        model = sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm2d(4)), device, world)
         assert type(model[0]) is torch.nn.BatchNorm2d
 
 
@@ -405,7 +409,7 @@ def test_several_cuda_ranks_get_a_long_timeout_and_agree_on_the_host(monkeypatch
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    dist = runtime.Distributed({"device": "cuda", "backend": "nccl"})
+    dist = Distributed({"device": "cuda", "backend": "nccl"})
     assert init.calls[0][1]["timeout"] == datetime.timedelta(minutes=60)
     assert new_group.calls == [((), {"backend": "gloo", "timeout": datetime.timedelta(minutes=60)})]
     assert dist.agree_max(3.0) == 3.0
@@ -413,7 +417,7 @@ def test_several_cuda_ranks_get_a_long_timeout_and_agree_on_the_host(monkeypatch
     assert tensor.device.type == "cpu" and kwargs["group"] == "host group"
     dist.barrier()
     assert barrier.calls == [((), {"group": "host group"})]
-    runtime.Distributed({"device": "cuda", "backend": "nccl"}, timeout_min=5)
+    Distributed({"device": "cuda", "backend": "nccl"}, timeout_min=5)
     assert init.calls[1][1]["timeout"] == datetime.timedelta(minutes=5)
 
 
@@ -441,7 +445,7 @@ def test_every_rank_meets_after_rank_0s_evaluate(rank):
 
     session = types.SimpleNamespace(user=types.SimpleNamespace(evaluate=user_evaluate),
                                     model=torch.nn.Linear(2, 2), dist=FakeDist(rank, log))
-    metric = runtime.evaluate(session)  # type: ignore[arg-type]
+    metric = evaluate(session)  # type: ignore[arg-type]
     assert log == (["evaluate", "barrier 0"] if rank == 0 else ["barrier 1"])
     assert metric == (0.25 if rank == 0 else None)
 
@@ -464,7 +468,7 @@ def test_a_window_starts_its_clock_after_every_rank_is_there(tmp_path):
 # --- W2, C1: the timed clock of train_tuned.py ---------------------------------------------------
 
 
-class SlowCheckpoints(runtime.Checkpoints):
+class SlowCheckpoints(Checkpoints):
     """A save at step 10 that takes ``seconds``."""
 
     def __init__(self, seconds: float) -> None:
@@ -474,7 +478,7 @@ class SlowCheckpoints(runtime.Checkpoints):
     def due(self, step: int, *, per_epoch: int | None, last: bool) -> bool:
         return step == 10
 
-    def save(self, session: runtime.Session, *, step: int, config: dict) -> str | None:
+    def save(self, session: Session, *, step: int, config: dict) -> str | None:
         import time
 
         time.sleep(self.seconds)
@@ -484,11 +488,11 @@ class SlowCheckpoints(runtime.Checkpoints):
 def test_the_timed_rate_leaves_out_evaluate_and_checkpoint_saves(tmp_path, in_process):
     """W2: 20 steps cross two epoch ends, each with an evaluate() of 0.5 s, and a checkpoint
     save of 0.5 s: the samples/s is that of the steps alone, whatever the epoch ends crossed."""
-    session = runtime.Session(str(tiny_model(tmp_path, EVALUATE_S=0.5)), {"batch_size": 4})
+    session = Session(str(tiny_model(tmp_path, EVALUATE_S=0.5)), {"batch_size": 4})
     report = tmp_path / "report.json"
-    code = runtime.train(session, total=20, start=0, config={}, checkpoints=SlowCheckpoints(0.5),
-                         metrics=runtime.Metrics(None, tensorboard=None, enabled=False),
-                         log_every=100, report=str(report))
+    code = train(session, total=20, start=0, config={}, checkpoints=SlowCheckpoints(0.5),
+                 metrics=Metrics(None, tensorboard=None, enabled=False),
+                 log_every=100, report=str(report))
     assert code == 0
     done = json.loads(report.read_text())
     elapsed = done["timed_steps"] * 4 / done["samples_per_s"]
@@ -496,10 +500,10 @@ def test_the_timed_rate_leaves_out_evaluate_and_checkpoint_saves(tmp_path, in_pr
 
 
 def test_train_can_skip_evaluate(tmp_path, in_process):
-    session = runtime.Session(str(tiny_model(tmp_path, EVALUATE_RAISES=True)), {"batch_size": 4})
-    code = runtime.train(session, total=10, start=0, config={}, checkpoints=runtime.Checkpoints(None, every=0, keep=0),
-                         metrics=runtime.Metrics(None, tensorboard=None, enabled=False),
-                         log_every=100, report=None, evaluate_each_epoch=False)
+    session = Session(str(tiny_model(tmp_path, EVALUATE_RAISES=True)), {"batch_size": 4})
+    code = train(session, total=10, start=0, config={}, checkpoints=Checkpoints(None, every=0, keep=0),
+                 metrics=Metrics(None, tensorboard=None, enabled=False),
+                 log_every=100, report=None, evaluate_each_epoch=False)
     assert code == 0
 
 
@@ -507,9 +511,8 @@ def test_train_can_skip_evaluate(tmp_path, in_process):
 def test_train_tuned_takes_no_evaluate_and_a_timeout(tmp_path):
     """W2, C7: the flags of the generated script (evaluate() here would raise)."""
     model = tiny_model(tmp_path, EVALUATE_RAISES=True)
-    script = tmp_path / "train_tuned.py"
-    script.write_text(emit.render_script(cfg=TrialConfig(threads=1, batch_size=4), model_file=model,
-                                         description="tiny", folder=tmp_path))
+    emit.write_script(tmp_path, cfg=TrialConfig(threads=1, batch_size=4), model_file=model, description="tiny")
+    script = tmp_path / emit.SCRIPT_NAME
     env = {k: v for k, v in os.environ.items()
            if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TUNED_NPROCS", "TUNED_STORE")}
     proc = subprocess.run([sys.executable, str(script), "--max-steps", "10", "--no-evaluate",

@@ -438,7 +438,8 @@ def test_the_checks_step_and_evaluate_run_on_cuda_0_when_cuda_is_available(tmp_p
     # device asked for; on a GPU machine they are torch's own.
     import torch
 
-    from autotune import runtime, task
+    from autotune import task
+    from autotune.runtime import model as runtime_model
 
     placed, moved = [], []
 
@@ -453,7 +454,7 @@ def test_the_checks_step_and_evaluate_run_on_cuda_0_when_cuda_is_available(tmp_p
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(task, "_place", place)
-    monkeypatch.setattr(runtime, "move", move)
+    monkeypatch.setattr(runtime_model, "move", move)
     path = model_file(tmp_path, "placed_check.py", extra=RECORDS_ITS_MODEL)
     described = task._check(str(path))
     assert described["has_evaluate"] is True

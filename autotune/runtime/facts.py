@@ -1,0 +1,112 @@
+"""What the knobs did, read from this process and from a training step: the trials
+report these facts, and train_tuned.py --report writes the same ones, so a knob is
+checked the same way in both. And what differs from the machine a configuration was
+tuned on."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .data import first_tensor
+from .model import unwrap_model
+from .session import Session
+
+
+def machine_differences(tuned_for: dict[str, Any]) -> list[str]:
+    """Cheap checks that this machine is the kind the configuration was tuned on: a
+    config tuned for 16 cores and run on 4 is no longer the fastest."""
+    here = {"usable_cores": len(os.sched_getaffinity(0)),
+            "torch_version": torch.__version__,
+            "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    try:
+        with open("/proc/cpuinfo") as f:
+            models = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        here["cpu_model"] = models[0] if models else None
+    except OSError:
+        pass
+    return [f"{key}: tuned on {tuned_for[key]!r}, here {value!r}" for key, value in here.items()
+            if key in tuned_for and tuned_for[key] is not None and value is not None
+            and tuned_for[key] != value]
+
+
+def mapped_libraries() -> list[str]:
+    """Shared objects mapped into this process: shows which allocator is loaded."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if ".so" in line}
+    except OSError:
+        return []
+    return sorted(os.path.basename(p) for p in paths if p.startswith("/"))
+
+
+def process_facts() -> dict[str, Any]:
+    """What the process-level knobs did to this process."""
+    return {
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "libraries": mapped_libraries(),
+        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_CONF",
+                                                "OMP_PROC_BIND", "OMP_PLACES", "TUNED_CPUS_PER_RANK")},
+    }
+
+
+def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Run one training step (its loss is returned) with hooks that record what the
+    in-process knobs did:
+    activation dtypes (precision), memory format of conv inputs (channels_last), the
+    per-rank batch, layer widths (pruning), compiled and DDP wrappers."""
+    dtypes: set[str] = set()
+    conv_inputs_channels_last: list[bool] = []
+    hooks = []
+
+    def record(module: torch.nn.Module, args: tuple, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            dtypes.add(str(output.dtype).replace("torch.", ""))
+        # A 1-channel input is trivially channels_last: only wider inputs tell.
+        if (isinstance(module, torch.nn.Conv2d) and module.in_channels > 1
+                and args and isinstance(args[0], torch.Tensor)):
+            conv_inputs_channels_last.append(args[0].is_contiguous(memory_format=torch.channels_last))
+
+    compiled = type(session.model).__name__ == "OptimizedModule"
+    uncompiled = getattr(session.model, "_orig_mod", session.model)
+    base = unwrap_model(session.model)
+    # Hooks on a compiled model would make dynamo recompile twice (on adding and on
+    # removing them), inside the warm-up that calibrates the windows: not for them.
+    for module in base.modules() if not compiled else ():
+        if not list(module.children()):
+            hooks.append(module.register_forward_hook(record))
+    batch = session.next_batch()
+    first = first_tensor(batch)
+    try:
+        loss = session.train_step(batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    return loss, {
+        "activation_dtypes": sorted(dtypes),
+        "conv_inputs_channels_last": conv_inputs_channels_last[:1],
+        "per_rank_batch": int(first.shape[0]) if first is not None and first.dim() > 0 else None,
+        "layer_widths": {
+            name: (m.out_channels if hasattr(m, "out_channels") else m.out_features)
+            for name, m in base.named_modules()
+            if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear))
+        },
+        "parameters": sum(p.numel() for p in base.parameters()),
+        "compiled": compiled,
+        "ddp": isinstance(uncompiled, torch.nn.parallel.DistributedDataParallel),
+        "world": session.dist.world,
+        "backend": session.dist.backend,
+    }
+
+
+def cuda_memory(device: torch.device) -> dict[str, Any]:
+    """This rank's GPU memory at its peak and the GPU's size, in MiB (None off CUDA).
+    Reserved, not allocated: the caching allocator's reservation is what another batch
+    size or process on the GPU would find taken."""
+    if device.type != "cuda":
+        return {"cuda_peak_mb": None, "cuda_total_mb": None}
+    return {"cuda_peak_mb": torch.cuda.max_memory_reserved(device) / 2**20,
+            "cuda_total_mb": torch.cuda.get_device_properties(device).total_memory / 2**20}

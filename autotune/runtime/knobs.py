@@ -1,0 +1,110 @@
+"""The vocabulary of a configuration, and the settings train_tuned.py reads.
+
+Stdlib only: ``autotune.config`` takes its vocabularies from here, and a trial process
+imports it before torch. Each vocabulary is an enum that is also a string: the
+configuration travels as JSON (a trial's spec, train_tuned.json), where a knob is its
+value, and ``"bf16" == Precision.BF16``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from typing import Any, TypedDict
+
+
+class Precision(str, enum.Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    TF32 = "tf32"  # fp32 with TF32 matrix products on CUDA
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class CompileMode(str, enum.Enum):
+    """torch.compile's mode; OFF does not compile."""
+
+    OFF = "off"
+    DEFAULT = "default"
+    MAX_AUTOTUNE = "max-autotune"
+    MAX_AUTOTUNE_NO_CUDAGRAPHS = "max-autotune-no-cudagraphs"
+    REDUCE_OVERHEAD = "reduce-overhead"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Allocator(str, enum.Enum):
+    """The memory allocator preloaded into the process (DEFAULT: glibc's)."""
+
+    DEFAULT = "default"
+    JEMALLOC = "jemalloc"
+    TCMALLOC = "tcmalloc"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Backend(str, enum.Enum):
+    """torch.distributed's backend between several ranks."""
+
+    GLOO = "gloo"
+    NCCL = "nccl"
+    CCL = "ccl"
+    MPI = "mpi"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ConfigDict(TypedDict, total=False):
+    """A configuration as the runtime reads it: ``autotune.config.TrialConfig.to_dict()``,
+    from a trial's spec or train_tuned.json. A knob left out reads as its default."""
+
+    nprocs: int
+    threads: int | None
+    backend: str
+    interop_threads: int | None
+    batch_size: int
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    compile: str
+    precision: str
+    channels_last: bool
+    prune_ratio: float
+    allocator: str
+    affinity: str
+    ipex: bool
+    device: str
+    cudnn_benchmark: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptSettings:
+    """What train_tuned.json holds: the data train_tuned.py runs with.
+
+    ``model_file`` is relative to the file's folder (a folder moved together with the
+    project), ``model_file_tuned`` where the model file was when tuned; ``tuned_for``, the
+    machine facts the script warns about when they differ where it runs;
+    ``baseline_batch``, the user's batch size, for the learning-rate note when the tuned
+    one differs; ``description``, the script's --help text."""
+
+    config: ConfigDict
+    description: str
+    model_file: str
+    model_file_tuned: str
+    tuned_for: dict[str, Any]
+    baseline_batch: int | None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def read(cls, path: str) -> ScriptSettings:
+        with open(path) as f:
+            data = json.load(f)
+        return cls(**{field.name: data[field.name] for field in dataclasses.fields(cls)})

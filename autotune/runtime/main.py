@@ -1,0 +1,136 @@
+"""train_tuned.py's command line: train the model with the settings of train_tuned.json.
+
+The script itself only starts the ranks (``ranks.bootstrap``) and calls ``main``; its
+configuration is data, in the JSON file beside it (``knobs.ScriptSettings``).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import torch
+
+from .distributed import DIST_TIMEOUT_MIN
+from .facts import machine_differences
+from .knobs import ScriptSettings
+from .loop import Checkpoints, Metrics, latest_checkpoint, read_checkpoint, restore, train
+from .session import Session
+
+
+def default_model_file(settings: ScriptSettings, *, folder: str) -> str:
+    """The model file without --model-file: $MODEL_FILE, else the settings' path relative
+    to ``folder`` (the output folder moved together with the project), else where it was
+    tuned."""
+    if os.environ.get("MODEL_FILE"):
+        return os.environ["MODEL_FILE"]
+    relative = os.path.normpath(os.path.join(folder, settings.model_file))
+    tuned = settings.model_file_tuned
+    return relative if os.path.exists(relative) or not os.path.exists(tuned) else tuned
+
+
+def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="passes over the dataset (default 1, or as many as --max-steps needs)")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="stop after this many steps in all (with --epochs: whichever comes first)")
+    parser.add_argument("--model-file", default=None,
+                        help="the model file (default: $MODEL_FILE, else the tuned one)")
+    parser.add_argument("--checkpoint-dir", default="checkpoints", help="where rank 0 saves checkpoints")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                        help="save every N steps (default: at each epoch's end); also saved at the "
+                             "last step and on SIGTERM/SIGINT")
+    parser.add_argument("--keep-checkpoints", type=int, default=3, metavar="K",
+                        help="keep the newest K checkpoints (0: all)")
+    parser.add_argument("--no-checkpoint", action="store_true", help="save no checkpoints")
+    parser.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
+                        help="continue from a checkpoint (default: the newest in --checkpoint-dir): "
+                             "model, optimizer, loss scaler, random states and the data position")
+    parser.add_argument("--metrics", default=None, metavar="FILE",
+                        help="JSON lines of loss, evaluate() and checkpoints (default: "
+                             "CHECKPOINT_DIR/metrics.jsonl; none with --no-checkpoint)")
+    parser.add_argument("--tensorboard", default=None, metavar="DIR",
+                        help="also log scalars for TensorBoard (needs the tensorboard package)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-every", type=int, default=50, help="print the loss every N steps")
+    parser.add_argument("--report", default=None, help="write a JSON summary (throughput, losses) here")
+    parser.add_argument("--no-evaluate", action="store_true",
+                        help="skip evaluate() at the end of each epoch")
+    parser.add_argument("--dist-timeout-min", type=float, default=DIST_TIMEOUT_MIN, metavar="MIN",
+                        help="with several ranks: how long a rank waits for the others (while rank 0 "
+                             "evaluates, say) before the job is ended (default %(default)g)")
+    return parser.parse_args(argv)
+
+
+def batch_note(batch: int, *, baseline_batch: int | None) -> str | None:
+    """What a tuned batch size unlike the user's means for the learning rate; None when
+    they are the same (or the user's is unknown)."""
+    if not baseline_batch or batch == baseline_batch:
+        return None
+    factor = batch / baseline_batch
+    return (f"note: the tuned batch size {batch} is {factor:g}x your {baseline_batch}, and the "
+            f"learning rate is unchanged. The linear scaling rule suggests multiplying it by "
+            f"{factor:g} (with a warm-up); autotune checked the loss and evaluate() at the tuned "
+            "batch for a short run only, so watch them in a long one.")
+
+
+def main(argv: list[str] | None = None, *, config_path: str) -> int:
+    """Train as the command line ``argv`` says, with the settings in ``config_path``;
+    returns the exit code."""
+    settings = ScriptSettings.read(config_path)
+    args = parse_args(argv, description=settings.description)
+    model_file = args.model_file or default_model_file(
+        settings, folder=os.path.dirname(os.path.abspath(config_path)))
+    state, start = None, 0
+    if args.resume:
+        path = latest_checkpoint(args.checkpoint_dir) if args.resume == "latest" else args.resume
+        if path is None or not os.path.exists(path):
+            print(f"error: --resume: no checkpoint {'in ' + args.checkpoint_dir if path is None else path}",
+                  file=sys.stderr)
+            return 2
+        state = read_checkpoint(path)
+        start = int(state["step"])
+    session = Session(model_file, settings.config, seed=args.seed, start_step=start,
+                      dist_timeout_min=args.dist_timeout_min)
+    rank0 = session.dist.rank == 0
+    if rank0:
+        for line in machine_differences(settings.tuned_for):
+            print(f"warning: this machine differs from the one this config was tuned on: {line}",
+                  file=sys.stderr, flush=True)
+        note = batch_note(session.global_batch, baseline_batch=settings.baseline_batch)
+        if note and not args.resume:
+            print(note, file=sys.stderr, flush=True)
+    if state is not None:
+        for line in restore(session, state):
+            if rank0:
+                print(f"warning: {line}", file=sys.stderr, flush=True)
+        if rank0:
+            print(f"resumed from {path} at step {start}", flush=True)
+    per_epoch = session.per_epoch
+    if args.max_steps is not None:
+        # --max-steps alone trains that many steps, over as many epochs as it takes.
+        total = args.max_steps if args.epochs is None or not per_epoch else min(args.max_steps, per_epoch * args.epochs)
+    elif per_epoch:
+        total = per_epoch * (1 if args.epochs is None else args.epochs)
+    else:
+        print("error: the dataset has no length: give --max-steps", file=sys.stderr)
+        return 2
+    folder = None if args.no_checkpoint else args.checkpoint_dir
+    metrics_path = args.metrics or (os.path.join(folder, "metrics.jsonl") if folder else None)
+    code = train(session, total=total, start=start, config=settings.config,
+                 checkpoints=Checkpoints(folder, every=args.checkpoint_every, keep=args.keep_checkpoints),
+                 metrics=Metrics(metrics_path, tensorboard=args.tensorboard, enabled=rank0),
+                 log_every=args.log_every, report=args.report, evaluate_each_epoch=not args.no_evaluate)
+    if session.dist.enabled:
+        torch.distributed.barrier()  # no rank leaves while another still needs it
+        # Everything is written. gloo's threads can abort a rank at interpreter teardown
+        # ("terminate called without an active exception"), which fails the whole job
+        # after training has finished. Leave without the teardown.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    session.close()
+    return code

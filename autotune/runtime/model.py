@@ -1,0 +1,170 @@
+"""The model as trained: the user's model with the in-process knobs applied, and one
+optimizer step on it."""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .data import move
+from .distributed import Distributed
+from .knobs import CompileMode, ConfigDict, Precision
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's own model inside the wrappers build_model adds: torch.compile's
+    OptimizedModule (its ``_orig_mod``) and DistributedDataParallel (its ``.module``).
+    Its state_dict has the user's parameter names, without the wrappers' prefixes, and
+    calling it runs no DDP gradient synchronisation."""
+    model = getattr(model, "_orig_mod", model)
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        model = model.module
+    return model
+
+
+def call_model(model: torch.nn.Module, inputs: Any) -> Any:
+    """Call the model on a batch's inputs: a dict as keyword arguments, a list or tuple
+    as positional arguments, anything else as the one argument."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (list, tuple)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def prune_model(model: torch.nn.Module, ratio: float, example_inputs: Any) -> None:
+    """Remove channels physically with Torch-Pruning; the output layer is kept."""
+    import torch_pruning as tp
+
+    ignored = []
+    for module in reversed(list(model.modules())):
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv1d)):
+            ignored.append(module)  # the last layer maps to the task's outputs
+            break
+    pruner = tp.pruner.BasePruner(
+        model,
+        example_inputs,
+        importance=tp.importance.GroupMagnitudeImportance(p=2),
+        pruning_ratio=ratio,
+        ignored_layers=ignored,
+    )
+    with torch.enable_grad():
+        pruner.step()
+
+
+def sync_batchnorm(model: torch.nn.Module, device: torch.device, world: int) -> torch.nn.Module:
+    """BatchNorm layers as SyncBatchNorm on several CUDA ranks: their statistics then cover
+    the global batch, as in one process, so a layout of several GPUs trains the same model
+    as one. SyncBatchNorm runs on CUDA only: elsewhere the model is left as it is."""
+    if device.type != "cuda" or world <= 1:
+        return model
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
+def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: Any) -> tuple[Any, Any]:
+    """Model and optimizer with every in-process knob applied, in the order that works:
+    prune, then memory format, SyncBatchNorm and device, then optimizer, IPEX, DDP and
+    compile."""
+    model = user.build_model()
+    prune_ratio = float(cfg.get("prune_ratio") or 0.0)
+    if prune_ratio > 0:
+        inputs = example_batch[0] if isinstance(example_batch, (list, tuple)) else example_batch
+        prune_model(model, prune_ratio, inputs)
+    if cfg.get("channels_last"):
+        model = model.to(memory_format=torch.channels_last)
+    model = sync_batchnorm(model, dist.device, dist.world)
+    model = model.to(dist.device)
+    model.train()
+    make_optimizer = getattr(user, "build_optimizer", None)
+    optimizer = (
+        make_optimizer(model.parameters())
+        if make_optimizer
+        else torch.optim.AdamW(model.parameters(), lr=1e-3)
+    )
+    if cfg.get("ipex"):
+        import intel_extension_for_pytorch as ipex
+
+        dtype = torch.bfloat16 if cfg.get("precision") == Precision.BF16 else None
+        model, optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype)
+    if dist.enabled:
+        ids = [dist.device.index] if dist.device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    mode = str(cfg.get("compile", CompileMode.OFF))
+    if mode != CompileMode.OFF:
+        model = torch.compile(model, mode=None if mode == CompileMode.DEFAULT else mode)
+    return model, optimizer
+
+
+def autocast(cfg: ConfigDict, device: torch.device) -> contextlib.AbstractContextManager:
+    """The autocast context of the configuration's precision (none for fp32 and tf32)."""
+    precision = cfg.get("precision", Precision.FP32)
+    if precision == Precision.BF16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision == Precision.FP16:
+        return torch.autocast(device.type, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def make_scaler(cfg: ConfigDict, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16 needs its loss scaled; the other precisions do not."""
+    return torch.amp.GradScaler(device.type) if cfg.get("precision") == Precision.FP16 else None
+
+
+def make_step(user: Any, model: Any, optimizer: Any, cfg: ConfigDict, device: torch.device, *,
+              scaler: torch.amp.GradScaler | None = None) -> Callable[[Any], torch.Tensor]:
+    """A function doing one optimizer step on one batch (moved to ``device``); it returns
+    the loss as a detached tensor so the caller decides when to synchronise with the device.
+
+    The callers keep losses across steps and read them later (a window's, a log
+    interval's). So the loss returned is a copy: under compile=reduce-overhead a loss
+    computed inside the compiled model (``training_step = model(**batch).loss``) is an
+    output of a CUDA graph, whose memory the next replay overwrites, and reading it then
+    raises. Each step also tells the CUDA graph trees that a new iteration begins."""
+    loss_fn = getattr(user, "loss_fn", None) or torch.nn.functional.cross_entropy
+    training_step = getattr(user, "training_step", None)
+    channels_last = bool(cfg.get("channels_last"))
+    graphs = cfg.get("compile") == CompileMode.REDUCE_OVERHEAD
+
+    def step(batch: Any) -> torch.Tensor:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        batch = move(batch, device, channels_last=channels_last)
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(cfg, device):
+            if training_step is not None:
+                loss = training_step(model, batch)
+            else:
+                inputs, targets = batch
+                loss = loss_fn(call_model(model, inputs), targets)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        return loss.detach().clone()
+
+    return step
+
+
+def check_finite(losses: list[torch.Tensor]) -> list[float]:
+    """The losses as floats (this synchronises with the device, once: a float() per
+    loss would wait for the device once per loss); raises NonFiniteLoss at the first NaN
+    or infinite one."""
+    if not losses:
+        return []
+    values = [float(v) for v in torch.stack([v.reshape(()) for v in losses]).tolist()]
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise NonFiniteLoss(f"loss became {v} at step {i} of the window")
+    return values
+
+

@@ -1,0 +1,140 @@
+"""Everything one rank needs to train: the process's knobs, the user's model file, the
+data, the model and its optimizer step, put together by ``Session``."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .data import batches, build_loader, length
+from .distributed import DIST_TIMEOUT_MIN, Distributed
+from .knobs import ConfigDict, Precision
+from .model import build_model, check_finite, make_scaler, make_step
+
+
+def load_user_module(path: str) -> Any:
+    """Import the user's model file by path; it never needs to be a package."""
+    path = os.path.abspath(path)
+    name = "user_model_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    # The file's own folder first, so it can import its neighbours as it would when run.
+    sys.path.insert(0, os.path.dirname(path))
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    # DataLoader workers started with spawn/forkserver unpickle the dataset by module name.
+    return module
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's and torch's generators, so runs with one seed start alike."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def set_tf32(*, matmul: bool | None = None, cudnn: bool | None = None) -> None:
+    """Allow or forbid TF32 in CUDA matmuls and in cuDNN (convolutions and RNNs); None
+    leaves one as it is. Through the ``fp32_precision`` API where torch has it, and the
+    legacy ``allow_tf32`` flags as well: in torch 2.9-2.13, setting only the new API makes
+    every reader of the legacy one raise "mix of the legacy and new APIs", and torch's own
+    inductor is such a reader (``torch.get_float32_matmul_precision()`` in its autotune
+    cache, ``cudnn.allow_tf32`` in its convolution lowering)."""
+    if matmul is not None:
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+            torch.backends.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+    if cudnn is not None:
+        for op in ("conv", "rnn"):
+            flags = getattr(torch.backends.cudnn, op, None)
+            if flags is not None and hasattr(flags, "fp32_precision"):
+                flags.fp32_precision = "tf32" if cudnn else "ieee"
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
+def apply_process_knobs(cfg: ConfigDict, *, strict_fp32: bool = False) -> None:
+    """Knobs that must be set before any parallel work in this process.
+
+    On CUDA, PyTorch's defaults stay unless a knob says otherwise: they are what the
+    user's own script runs with (cuDNN TF32 on, matmul TF32 off, no cuDNN benchmark), so
+    the baseline and every fp32 configuration must keep them or the speedups are measured
+    against a slower baseline. "tf32" adds matmul TF32 to them. ``strict_fp32`` forces
+    IEEE fp32 everywhere: the numerics check compares trajectories with true fp32
+    arithmetic, not with cuDNN's TF32 convolutions."""
+    threads, interop_threads = cfg.get("threads"), cfg.get("interop_threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+    if interop_threads:
+        torch.set_num_interop_threads(int(interop_threads))
+    if cfg.get("device") == "cuda":
+        if cfg.get("cudnn_benchmark"):
+            torch.backends.cudnn.benchmark = True
+        if strict_fp32:
+            set_tf32(matmul=False, cudnn=False)
+        elif cfg.get("precision") == Precision.TF32:
+            set_tf32(matmul=True)
+
+
+class Session:
+    """Everything one rank needs to train: model, optimizer, data, step."""
+
+    def __init__(self, model_file: str, cfg: ConfigDict, *, seed: int = 0, start_step: int = 0,
+                 strict_fp32: bool = False, dist_timeout_min: float = DIST_TIMEOUT_MIN) -> None:
+        self.cfg = cfg
+        apply_process_knobs(cfg, strict_fp32=strict_fp32)
+        self.dist = Distributed(cfg, timeout_min=dist_timeout_min)
+        seed_everything(seed)
+        self.user = load_user_module(model_file)
+        self.loader, self.sampler = build_loader(self.user, cfg, self.dist, seed=seed)
+        # Batches per epoch; None for an IterableDataset without a length.
+        self.per_epoch: int | None = (self.sampler.batches_per_epoch if self.sampler is not None
+                                      else length(self.loader))
+        self.batches = self._batches_from(start_step)
+        first = next(self.batches)
+        seed_everything(seed)  # identical initial weights whatever the loader consumed
+        self.model, self.optimizer = build_model(self.user, cfg, self.dist, first)
+        self.scaler = make_scaler(cfg, self.dist.device)
+        # One optimizer step on a given batch; step() takes the next batch of the loader.
+        self.train_step = make_step(self.user, self.model, self.optimizer, cfg, self.dist.device,
+                                    scaler=self.scaler)
+        self._pending = [first]
+        self.global_batch = int(cfg["batch_size"])
+
+    def _batches_from(self, step: int) -> Iterator[Any]:
+        """The batches a run that already trained ``step`` steps draws next: the sampler
+        skips to them; a dataset without one is read through to them."""
+        if self.sampler is not None and self.per_epoch:
+            epoch, self.sampler.skip = divmod(step, self.per_epoch)
+            return batches(self.loader, self.sampler, start_epoch=epoch)
+        endless = batches(self.loader, self.sampler)
+        for _ in range(step):
+            next(endless)
+        return endless
+
+    def next_batch(self) -> Any:
+        """The next batch to train on: the one drawn to build the model comes first."""
+        return self._pending.pop() if self._pending else next(self.batches)
+
+    def step(self) -> torch.Tensor:
+        """One optimizer step on the next batch; returns its loss, not synchronised."""
+        return self.train_step(self.next_batch())
+
+    def run_steps(self, n: int) -> tuple[float, list[float]]:
+        """n steps, then a device synchronize; returns (wall seconds, losses)."""
+        start = time.perf_counter()
+        losses = [self.step() for _ in range(n)]
+        self.dist.synchronize()
+        elapsed = time.perf_counter() - start
+        return elapsed, check_finite(losses)
+
+    def close(self) -> None:
+        self.dist.close()
+
+
