@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import UsageError
+from autotune.options import RunOptions
 from autotune.result import Result
 
 if TYPE_CHECKING:
@@ -17,9 +18,10 @@ if TYPE_CHECKING:
 
 
 def tune(
-    model_file: str | os.PathLike[str], *, trials: int = 20, timeout: float | None = None,
-    out: str | os.PathLike[str] | None = None, fix: Mapping[str, Any] | Iterable[str] = (),
-    exact: bool = False, max_quality_drop: float | None = None, force: bool = False,
+    model_file: str | os.PathLike[str], *, trials: int = RunOptions.trials,
+    timeout: float | None = RunOptions.timeout_s, out: str | os.PathLike[str] | None = None,
+    fix: Mapping[str, Any] | Iterable[str] = (), exact: bool = RunOptions.exact,
+    max_quality_drop: float | None = RunOptions.max_quality_drop, force: bool = False,
     progress: bool = True, **measurement: Any,
 ) -> Result:
     """Tune ``model_file`` on this machine and write the same outputs as ``autotune run``
@@ -31,7 +33,7 @@ def tune(
     ``autotune.ContractError`` for a model file that breaks the contract,
     ``autotune.UsageError`` for a bad argument, ``autotune.errors.NotVerified`` when the
     baseline itself cannot run."""
-    from autotune.pipeline import RunOptions, output_folder
+    from autotune.pipeline import output_folder
     from autotune.pipeline import tune as run_pipeline
     from autotune.report import Reporter
     from autotune.space import parse_fixes

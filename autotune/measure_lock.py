@@ -1,9 +1,9 @@
 """One measuring process per machine: two tuners measuring at once disturb each
-other's numbers (a 2-thread trial on a contended 2-core machine ran at a sixth of
-its speed here). The lock is an abstract Unix socket name: machine-wide (per
-network namespace), released by the kernel when its holder dies, and no file is
-written. It is re-entrant within a process, so one tuner can hold several live
-trials (verification) at once."""
+other's numbers (on a machine with few cores, a trial that shares them with another
+measures a fraction of its own speed, and the search would rank noise). The lock is an
+abstract Unix socket name: machine-wide (per network namespace), released by the kernel
+when its holder dies, and no file is written. It is re-entrant within a process, so one
+tuner can hold several live trials (verification) at once."""
 from __future__ import annotations
 
 import contextlib

@@ -5,14 +5,18 @@ trial's folder; the worker (``autotune.worker``) appends one JSON line per ``Eve
 the trial's event file, and the tuner (``autotune.trial``) reads them. A trial that
 fails ends with a ``Failure``; a trial of the search carries a ``Role``. Each vocabulary
 is defined once here, as enums that are also strings (they are stored as JSON in the
-events, the study and best_config.json).
+events, the study and best_config.json). ``ProgressEvent`` names what the search and the
+verification tell whoever shows progress (``autotune.report.Reporter``); ``StudyAttr``
+names the attributes stored on the Optuna study and its trials.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from autotune.options import RunOptions
 
 
 class Event(str, enum.Enum):
@@ -101,13 +105,55 @@ class Status(str, enum.Enum):
 
 
 class Role(str, enum.Enum):
-    """Why the search ran a trial (stored as the Optuna trial's ``role`` attribute)."""
+    """Why the search ran a trial (stored as the Optuna trial's ``StudyAttr.ROLE``)."""
 
     BASELINE = "baseline"    # the user's own configuration: what everything is compared with
     HEURISTIC = "heuristic"  # a start point from the machine's shape
     PRECISION = "precision"  # the best configuration with reduced precision
     BATCH = "batch"          # the best configuration at neighbouring batch sizes
     LATE = "late"            # the best configuration with the late knobs (torch.compile)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ProgressEvent(str, enum.Enum):
+    """The first argument of a ``Progress`` callback; the dict beside it carries the rest."""
+
+    # the search (autotune.search)
+    START = "start"    # a trial starts: number, of, config, role, elapsed
+    WINDOW = "window"  # a trial measured one window: i, value
+    END = "end"        # a trial ended: result, config, role, best
+    STALE = "stale"    # a trial left running by an interrupted run was marked failed: number
+    BUDGET = "budget"  # the search stopped before its trial count: reason
+    # the verification (autotune.verify, autotune.ablation)
+    STEP = "step"      # a stage of the verification begins or ends: text
+    SPEED = "speed"    # a round of the paired speed measurement: round, rounds
+
+    def __str__(self) -> str:
+        return self.value
+
+
+Progress = Callable[[ProgressEvent, dict[str, Any]], None]
+
+
+class StudyAttr(str, enum.Enum):
+    """The names of the user attributes autotune stores on the Optuna study and its trials.
+
+    The values are what studies already on disk hold: changing one makes them unreadable."""
+
+    # on a trial
+    ROLE = "role"                  # a Role; absent on a sampled trial
+    CONFIG = "config"              # the TrialConfig measured, as a dict
+    RESULT = "result"              # TrialResult.summary()
+    FAILURE = "failure"            # a Failure, when the trial failed
+    DUPLICATE_OF = "duplicate_of"  # the number of the earlier trial of the same configuration
+    SKIPPED = "skipped"            # why the trial was not run (a message)
+    RETRY = "retry"                # the trial measures again an interrupted or stale one
+    # on the study
+    STALE = "stale"                    # numbers of trials an interrupted run left running
+    BATCH_ENQUEUED = "batch_enqueued"  # the batch-size neighbours of the best were queued
+    LATE_ENQUEUED = "late_enqueued"    # the late knobs on the best were queued
 
     def __str__(self) -> str:
         return self.value
@@ -120,8 +166,8 @@ class Measurement:
     most ``max_window_steps`` steps each."""
 
     warmup_steps: int = 3
-    window_s: float = 1.0
-    windows: int = 3
+    window_s: float = RunOptions.window_s
+    windows: int = RunOptions.windows
     max_window_steps: int = 10_000
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,38 +1,30 @@
-"""The Optuna study: storage, sampler, pruner, budget, resume.
+"""The search policy: which configurations to measure, in which order, within the budget.
 
-One study per (model file, machine fingerprint), stored in the output folder as an
-Optuna journal file, so running the same command again resumes it. Trials are run
-with Optuna's ask-and-tell interface: each one is measured in its own process tree
-by ``autotune.trial``.
+The study is stored by ``autotune.study`` (one per model file and machine, resumed by
+running the same command again). Trials are run with Optuna's ask-and-tell interface:
+each one is measured in its own process tree by ``autotune.trial``. The start (the
+baseline, heuristic starts, each reduced precision), TPE's samples and the refinements
+at the end (``Tuner._enqueue_refinements``) are told apart by the trial's
+``StudyAttr.ROLE``.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
-import json
-import os
-import shutil
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import optuna
-import optuna.storages.journal
 from optuna.trial import TrialState
 
 from autotune.config import Layout, TrialConfig
-from autotune.errors import AutotuneError
-from autotune.protocol import Failure, Role, Status
+from autotune.protocol import Failure, Progress, ProgressEvent, Role, Status, StudyAttr
 from autotune.space import Space, Unsplittable
+from autotune.study import create_or_resume, quiet_optuna
 from autotune.trial import TrialResult, TrialRunner
-
-
-class StudyDamaged(AutotuneError):
-    """The study journal cannot be read and cannot be repaired."""
 
 
 class ClearlySlowerPruner(optuna.pruners.BasePruner):
@@ -49,7 +41,7 @@ class ClearlySlowerPruner(optuna.pruners.BasePruner):
         self.ratio, self.min_windows = ratio, min_windows
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        if trial.user_attrs.get("role") == Role.BASELINE:
+        if trial.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE:
             return False
         values = list(trial.intermediate_values.values())
         if len(values) < self.min_windows:
@@ -62,91 +54,17 @@ class ClearlySlowerPruner(optuna.pruners.BasePruner):
         return best is not None and statistics.median(values) < self.ratio * best
 
 
-# Every operation Optuna's journal writes is one JSON object on one line, beginning so.
-_JOURNAL_OP = b'{"op_code":'
-
-
-def _recovered_line(line: bytes) -> bytes | None:
-    """``line`` if it decodes; else the whole operation at its end, if one is there (a
-    torn write that a later append joined onto); else None."""
-    for candidate in (line, line[line.rfind(_JOURNAL_OP):] if _JOURNAL_OP in line else b""):
-        try:
-            json.loads(candidate)
-            return candidate
-        except ValueError:
-            continue
-    return None
-
-
-def repair_journal(path: Path) -> str | None:
-    """Make a study journal readable again after a write was cut short (the tuner killed
-    mid-write, a full disk), under the journal's own lock; returns what was done, or None
-    when the file was sound. The damaged file is kept beside it as ``<name>.damaged``.
-
-    Optuna's reader skips a torn last line, and the next append joins onto it: from then
-    on every read fails to decode. Here the torn tail is cut off, and a joined line keeps
-    the whole operation at its end. Only the torn, never-finished operation is lost: a
-    trial it would have finished stays RUNNING and is measured again (``_recover_stale``).
-    A line that cannot be recovered is refused, naming the file and the way out."""
-    if not path.exists() or path.stat().st_size == 0:
-        return None
-    lock = optuna.storages.journal.JournalFileSymlinkLock(str(path))
-    lock.acquire()
-    try:
-        data = path.read_bytes()
-        *lines, tail = data.split(b"\n")
-        kept, fixed = [], 0
-        for number, line in enumerate(lines, start=1):
-            good = _recovered_line(line)
-            if good is None:
-                raise StudyDamaged(
-                    f"{path}: line {number} of the study journal is damaged beyond repair. Move "
-                    f"it aside to start a new study (mv '{path}' '{path}.bad'), or restore a "
-                    "copy; the trial logs stay in the trials/ folder.")
-            fixed += good is not line
-            kept.append(good)
-        if not tail and not fixed:
-            return None
-        shutil.copyfile(path, path.with_name(path.name + ".damaged"))
-        tmp = path.with_name(path.name + ".repair")
-        tmp.write_bytes(b"".join(line + b"\n" for line in kept))
-        os.replace(tmp, path)
-        damage = (["a torn last write"] if tail else []) + ([f"{fixed} joined line(s)"] if fixed else [])
-        return (f"{path} had {' and '.join(damage)} (the tuner was stopped mid-write): "
-                f"repaired, the damaged file kept as {path.name}.damaged")
-    finally:
-        lock.release()
-
-
 def open_study(*, storage_path: Path, study_name: str, seed: int = 0,
                sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
-    storage = optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(storage_path))
-    )
-    # Samplers are not stored: a resumed study gets a fresh one, seeded the same.
+    """The search's study (``autotune.study`` stores it), with the search's sampler and
+    pruner: a resumed study gets a fresh sampler, seeded the same."""
     # group=True: late knobs make the sampled parameter set differ between trials.
     with warnings.catch_warnings():  # group is "experimental" in Optuna 5, and what we need
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = sampler or optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
                                                         n_startup_trials=6)
-    with quiet_optuna():
-        return optuna.create_study(
-            storage=storage, study_name=study_name, direction="maximize",
-            sampler=sampler, pruner=ClearlySlowerPruner(), load_if_exists=True,
-        )
-
-
-@contextlib.contextmanager
-def quiet_optuna() -> Iterator[None]:
-    """Optuna's INFO lines ("A new study created ...", "Trial 3 finished ...") would
-    interleave with autotune's own progress: warnings only while autotune drives it, the
-    user's own verbosity restored after (the API may run inside their Optuna work)."""
-    before = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        yield
-    finally:
-        optuna.logging.set_verbosity(before)
+    return create_or_resume(storage_path=storage_path, study_name=study_name, sampler=sampler,
+                            pruner=ClearlySlowerPruner())
 
 
 @dataclasses.dataclass
@@ -166,16 +84,13 @@ class SearchOutcome:
     measured: int = 0  # trials that cost a measurement
 
 
-Progress = Callable[[str, dict[str, Any]], None]
-
-
 # The share of a GPU's memory a predicted peak may take: allocator fragmentation and
 # cuDNN workspaces come on top of what the linear model counts.
 MEMORY_HEADROOM = 0.95
 
 
 def _config_of(t: optuna.trial.FrozenTrial) -> TrialConfig | None:
-    data = t.user_attrs.get("config")
+    data = t.user_attrs.get(StudyAttr.CONFIG)
     return TrialConfig.from_dict(data) if data else None
 
 
@@ -203,37 +118,37 @@ class Tuner:
         return [
             t for t in self.study.get_trials(deepcopy=False)
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-            and t.user_attrs.get("duplicate_of") is None
-            and not t.user_attrs.get("skipped")
+            and t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None
+            and not t.user_attrs.get(StudyAttr.SKIPPED)
             and not self._interrupted(t)  # retried: costs no budget
         ]
 
     def _interrupted(self, t: optuna.trial.FrozenTrial) -> bool:
-        return (t.user_attrs.get("failure") == Failure.INTERRUPTED
-                or t.number in self.study.user_attrs.get("stale", []))
+        return (t.user_attrs.get(StudyAttr.FAILURE) == Failure.INTERRUPTED
+                or t.number in self.study.user_attrs.get(StudyAttr.STALE, []))
 
     def _recover_stale(self) -> None:
         """A trial left RUNNING by a killed tuner is marked failed and retried once."""
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             # Optuna's public API cannot annotate another process's trial: the study
             # records which trials were left behind.
-            stale = self.study.user_attrs.get("stale", [])
-            self.study.set_user_attr("stale", [*stale, t.number])
+            stale = self.study.user_attrs.get(StudyAttr.STALE, [])
+            self.study.set_user_attr(StudyAttr.STALE, [*stale, t.number])
             self.study.tell(t.number, state=TrialState.FAIL)
-            if not t.user_attrs.get("retry"):
+            if not t.user_attrs.get(StudyAttr.RETRY):
                 self.study.enqueue_trial(
-                    t.params, user_attrs={"role": t.user_attrs.get("role"), "retry": True},
+                    t.params, user_attrs={StudyAttr.ROLE: t.user_attrs.get(StudyAttr.ROLE), StudyAttr.RETRY: True},
                     skip_if_exists=False,
                 )
-            self.progress("stale", {"number": t.number})
+            self.progress(ProgressEvent.STALE, {"number": t.number})
 
     def _precision_starts(self) -> list[TrialConfig]:
         """Each reduced precision the space offers, at the user's batch size and at the
         largest one up to four times it, on the launcher defaults (or the baseline).
 
-        Left to the sampler, a precision can be tried once at a batch size where it loses
-        and never again (a small GPT-2, 12 trials: bf16 once, at batch 2, slower; at batch
-        64 it verified at 1.46x against the fp32 pick's 1.16x): its cost per step falls
+        Left to the sampler, a precision can be tried once at a small batch size, where
+        its fixed cost per step (casts, scaling) outweighs what it saves, lose, and never
+        be tried again, though at a larger batch it would win: its cost per step falls
         with the batch, so each is measured early at two sizes and the sampler learns
         from both."""
         start = self.heuristics[0] if self.heuristics else self.space.baseline
@@ -260,7 +175,7 @@ class Tuner:
                     value = getattr(cfg, name)
                 if value in values:
                     params[name] = value
-            self.study.enqueue_trial(params, user_attrs={"role": role})
+            self.study.enqueue_trial(params, user_attrs={StudyAttr.ROLE: role})
 
     def _best_config(self, *, several_ranks: bool | None = None,
                      exact: bool | None = None) -> TrialConfig | None:
@@ -269,7 +184,7 @@ class Tuner:
         can select it."""
         done = sorted(
             (t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-             if t.user_attrs.get("duplicate_of") is None and t.value is not None),
+             if t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and t.value is not None),
             key=lambda t: t.value or 0.0, reverse=True)
         for best in done:
             cfg = _config_of(best)
@@ -280,7 +195,7 @@ class Tuner:
             if exact is not None and cfg.exact != exact:
                 continue
             for candidate in (cfg, cfg.replace(threads=int(
-                    best.user_attrs.get("result", {}).get("threads_seen") or 1))):
+                    best.user_attrs.get(StudyAttr.RESULT, {}).get("threads_seen") or 1))):
                 try:  # the baseline's default threads are outside the sampled space
                     self.space.params_of(candidate)
                     return candidate
@@ -335,7 +250,7 @@ class Tuner:
         the rest), then, on the best after those, each late knob (``_late_stage``). Each
         stage is queued once per study, when nothing else is queued (a retry, the start)
         and the budget left equals what the stages still to come need."""
-        if (self.study.user_attrs.get("late_enqueued")
+        if (self.study.user_attrs.get(StudyAttr.LATE_ENQUEUED)
                 or self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
             return
         cfg = self._best_config()
@@ -343,26 +258,26 @@ class Tuner:
             return
         left = self.trials - len(self._measured())
         late = self._late_stage(cfg)
-        if not self.study.user_attrs.get("batch_enqueued"):
+        if not self.study.user_attrs.get(StudyAttr.BATCH_ENQUEUED):
             batch = self._batch_stage(cfg)[:max(3, self.trials // 3)]
             if left > len(batch) + len(late):
                 return
             # the best may have changed since the last trial: the late stage must still fit
             batch = batch[:max(0, left - len(late))]
             for params in batch:
-                self.study.enqueue_trial(params, user_attrs={"role": Role.BATCH})
-            self.study.set_user_attr("batch_enqueued", True)
+                self.study.enqueue_trial(params, user_attrs={StudyAttr.ROLE: Role.BATCH})
+            self.study.set_user_attr(StudyAttr.BATCH_ENQUEUED, True)
             if batch:
                 return
         if not late or left > len(late):  # late_enqueued: returned above
             return
         for params in late:
-            self.study.enqueue_trial(params, user_attrs={"role": Role.LATE})
-        self.study.set_user_attr("late_enqueued", True)
+            self.study.enqueue_trial(params, user_attrs={StudyAttr.ROLE: Role.LATE})
+        self.study.set_user_attr(StudyAttr.LATE_ENQUEUED, True)
 
     def _previous(self, cfg: TrialConfig) -> optuna.trial.FrozenTrial | None:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-            if (t.user_attrs.get("duplicate_of") is None and _config_of(t) == cfg
+            if (t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and _config_of(t) == cfg
                     and not self._interrupted(t)):
                 return t
         return None
@@ -372,7 +287,7 @@ class Tuner:
         bound = None
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
             other = _config_of(t)
-            if other and t.user_attrs.get("failure") == Failure.OUT_OF_MEMORY and other.layout == cfg.layout:
+            if other and t.user_attrs.get(StudyAttr.FAILURE) == Failure.OUT_OF_MEMORY and other.layout == cfg.layout:
                 bound = other.batch_size if bound is None else min(bound, other.batch_size)
         return bound
 
@@ -388,7 +303,7 @@ class Tuner:
 
         points: dict[int, tuple[float, float]] = {}
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            other, result = _config_of(t), t.user_attrs.get("result", {})
+            other, result = _config_of(t), t.user_attrs.get(StudyAttr.RESULT, {})
             peak, total = result.get("cuda_peak_mb"), result.get("cuda_total_mb")
             if other is None or not peak or not total or kind(other) != kind(cfg):
                 continue
@@ -418,11 +333,11 @@ class Tuner:
         asks_left = 5 * self.trials + 10  # duplicates and skips cost no measurement
         while len(self._measured()) < self.trials and asks_left > 0:
             if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
-                self.progress("budget", {"reason": f"--timeout {self.timeout_s:.0f} s reached"})
+                self.progress(ProgressEvent.BUDGET, {"reason": f"--timeout {self.timeout_s:.0f} s reached"})
                 break
             distinct = {str(_config_of(t)) for t in self._measured()}
             if len(distinct) >= self.space.grid_size:
-                self.progress("budget", {"reason": "every configuration of the space was measured"})
+                self.progress(ProgressEvent.BUDGET, {"reason": "every configuration of the space was measured"})
                 break
             asks_left -= 1
             self._enqueue_refinements()
@@ -431,63 +346,63 @@ class Tuner:
 
     def _one_trial(self, started: float) -> None:
         trial = self.study.ask()
-        role = trial.user_attrs.get("role")
+        role = trial.user_attrs.get(StudyAttr.ROLE)
         try:
             cfg = (self.space.baseline if role == Role.BASELINE
                    else self.space.suggest(trial, late=role == Role.LATE))
         except Unsplittable as exc:  # costs no measurement, like a duplicate
-            trial.set_user_attr("skipped", str(exc))
+            trial.set_user_attr(StudyAttr.SKIPPED, str(exc))
             self.study.tell(trial, state=TrialState.FAIL)
             return
-        trial.set_user_attr("config", cfg.to_dict())
+        trial.set_user_attr(StudyAttr.CONFIG, cfg.to_dict())
 
         previous = self._previous(cfg)
-        if previous is not None and role != Role.BASELINE and not trial.user_attrs.get("retry"):
-            trial.set_user_attr("duplicate_of", previous.number)
+        if previous is not None and role != Role.BASELINE and not trial.user_attrs.get(StudyAttr.RETRY):
+            trial.set_user_attr(StudyAttr.DUPLICATE_OF, previous.number)
             if previous.state == TrialState.COMPLETE:
                 self.study.tell(trial, previous.value)
             else:
-                trial.set_user_attr("failure", previous.user_attrs.get("failure"))
+                trial.set_user_attr(StudyAttr.FAILURE, previous.user_attrs.get(StudyAttr.FAILURE))
                 self.study.tell(trial, state=TrialState.FAIL)
             return
         bound = self._oom_bound(cfg)
         too_big = (f"batch {bound} ran out of memory with layout {cfg.layout}"
                    if bound is not None and cfg.batch_size >= bound else self._memory_bound(cfg))
         if too_big is not None:
-            trial.set_user_attr("skipped", too_big)
-            trial.set_user_attr("failure", Failure.OUT_OF_MEMORY)
+            trial.set_user_attr(StudyAttr.SKIPPED, too_big)
+            trial.set_user_attr(StudyAttr.FAILURE, Failure.OUT_OF_MEMORY)
             self.study.tell(trial, state=TrialState.FAIL)
             return
 
         number = len(self._measured()) + 1
-        self.progress("start", {"number": number, "of": self.trials, "config": cfg, "role": role,
+        self.progress(ProgressEvent.START, {"number": number, "of": self.trials, "config": cfg, "role": role,
                                 "elapsed": time.monotonic() - started})
 
         def on_window(i: int, value: float) -> bool:
             trial.report(value, step=i)
-            self.progress("window", {"i": i, "value": value})
+            self.progress(ProgressEvent.WINDOW, {"i": i, "value": value})
             return trial.should_prune()
 
         try:
             result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window)
         except BaseException:
             # Interrupted (Ctrl-C): this trial is measured again when the run resumes.
-            trial.set_user_attr("failure", Failure.INTERRUPTED)
+            trial.set_user_attr(StudyAttr.FAILURE, Failure.INTERRUPTED)
             self.study.tell(trial, state=TrialState.FAIL)
-            if not trial.user_attrs.get("retry"):
-                self.study.enqueue_trial(trial.params, user_attrs={"role": role, "retry": True})
+            if not trial.user_attrs.get(StudyAttr.RETRY):
+                self.study.enqueue_trial(trial.params, user_attrs={StudyAttr.ROLE: role, StudyAttr.RETRY: True})
             raise
         self._tell(trial, cfg, result)
-        self.progress("end", {"result": result, "config": cfg, "role": role, "best": self._best_value()})
+        self.progress(ProgressEvent.END, {"result": result, "config": cfg, "role": role, "best": self._best_value()})
 
     def _tell(self, trial: optuna.Trial, cfg: TrialConfig, result: TrialResult) -> None:
-        trial.set_user_attr("result", result.summary())
+        trial.set_user_attr(StudyAttr.RESULT, result.summary())
         if result.status == Status.OK and result.value is not None:
             self.study.tell(trial, result.value)
         elif result.status == Status.PRUNED:
             self.study.tell(trial, state=TrialState.PRUNED)
         else:
-            trial.set_user_attr("failure", result.failure)
+            trial.set_user_attr(StudyAttr.FAILURE, result.failure)
             self.study.tell(trial, state=TrialState.FAIL)
 
     def _best_value(self) -> float | None:
@@ -503,21 +418,21 @@ class Tuner:
         failures = []
         for t in trials:
             cfg = _config_of(t)
-            if cfg is None or t.user_attrs.get("duplicate_of") is not None:
+            if cfg is None or t.user_attrs.get(StudyAttr.DUPLICATE_OF) is not None:
                 continue
             if t.state == TrialState.COMPLETE:
-                cand = Candidate(t.number, cfg, float(t.value or 0.0), t.user_attrs.get("result", {}))
-                if t.user_attrs.get("role") == Role.BASELINE:
+                cand = Candidate(t.number, cfg, float(t.value or 0.0), t.user_attrs.get(StudyAttr.RESULT, {}))
+                if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE:
                     baseline = cand
                 key = str(cfg)
                 if key not in ranked or ranked[key].value < cand.value:
                     ranked[key] = cand
             elif t.state == TrialState.FAIL:
-                result = t.user_attrs.get("result", {})
+                result = t.user_attrs.get(StudyAttr.RESULT, {})
                 failures.append({
                     "number": t.number, "config": cfg.to_dict(),
-                    "failure": Failure.INTERRUPTED if self._interrupted(t) else t.user_attrs.get("failure"),
-                    "message": t.user_attrs.get("skipped") or result.get("message", ""),
+                    "failure": Failure.INTERRUPTED if self._interrupted(t) else t.user_attrs.get(StudyAttr.FAILURE),
+                    "message": t.user_attrs.get(StudyAttr.SKIPPED) or result.get("message", ""),
                     "log_tail": result.get("log_tail", ""),
                 })
         order = sorted(ranked.values(), key=lambda c: c.value, reverse=True)
@@ -525,9 +440,3 @@ class Tuner:
                              measured=len(self._measured()))
 
 
-def study_name(model_file: Path, fingerprint_id: str) -> str:
-    return f"{model_file.stem}-{fingerprint_id}"
-
-
-def storage_path(out_dir: Path) -> Path:
-    return Path(os.fspath(out_dir)) / "study.journal"

@@ -1,6 +1,6 @@
 """The search space: which knobs exist on this machine, and why the others do not.
 
-Built from the machine probe (``autotune.probes.MachineProbe``) and the model file
+Built from the machine probe (``autotune.probes.Machine``) and the model file
 (``Task``). Each knob has a small builder that returns its candidate values and a
 reason for every value it leaves out; ``build_space`` composes them and applies the
 user's ``--fix`` pins. The reasons are shown by ``autotune probe`` and ``run``.

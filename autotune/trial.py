@@ -22,8 +22,10 @@ from typing import Any
 
 from autotune import launch, measure_lock, proctree
 from autotune.config import TrialConfig
+from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine
 from autotune.protocol import PROGRESS_EVENTS, Event, Failure, Measurement, Mode, Status
+from autotune.runtime.ranks import RANKS_PREFIX
 from autotune.task import with_package_on_path
 
 # The tuner stays all but idle while a trial measures: it reads the event file a few
@@ -69,7 +71,7 @@ class TrialResult:
     value: float | None = None  # median window throughput, samples/s
     values: list[float] = dataclasses.field(default_factory=list)
     iqr: float | None = None
-    failure: str | None = None
+    failure: Failure | None = None
     message: str = ""
     log_tail: str = ""
     setup: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -160,8 +162,8 @@ def _tail(path: Path, lines: int = 30, *, max_bytes: int = 65536) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-# What runtime.start_ranks prints when a rank dies of a signal.
-_RANK_SIGNAL = re.compile(r"tuned ranks: rank \d+ was killed by (SIG\w+)")
+# What the runtime's start_ranks prints when a rank dies of a signal.
+_RANK_SIGNAL = re.compile(re.escape(RANKS_PREFIX) + r"rank \d+ was killed by (SIG\w+)")
 
 
 def _signal_from_log(log: str) -> str | None:
@@ -234,8 +236,8 @@ class TrialRunner:
         machine: Machine | Mapping[str, Any],
         workdir: str | os.PathLike[str],
         measurement: Measurement = Measurement(),
-        timeout_s: float = 180.0,
-        hang_s: float = 30.0,
+        timeout_s: float = RunOptions.trial_timeout_s,
+        hang_s: float = RunOptions.hang_timeout_s,
         setup_hang_s: float | None = None,
         memory_limit_bytes: int | None = None,
         log_cap_bytes: int = LOG_CAP_BYTES,
@@ -316,7 +318,7 @@ class TrialRunner:
         try:
             env_vars, result.warnings = launch.environment(cfg, machine=self.machine)
         except ValueError as exc:
-            result.failure, result.message = "error", str(exc)
+            result.failure, result.message = Failure.ERROR, str(exc)
             return LiveTrial.failed_to_start(result)
         result.env = env_vars
         # faulthandler: a trial killed by a signal still says where, in its own log.
@@ -349,7 +351,7 @@ class LiveTrial:
         self.runner, self.folder, self.result = runner, folder, result
         self.tmpdir = tmpdir
         self.on_window, self.serving = on_window, serving
-        self.killed_for: tuple[str, str] | None = None
+        self.killed_for: tuple[Status | Failure, str] | None = None  # PRUNED, or the failure
         self.ready = False
         self.pending_since: float | None = None  # a requested window not yet reported
         self.last_progress: float | None = None  # set once steps run: only then is a stall a hang
@@ -411,7 +413,7 @@ class LiveTrial:
         elif kind is Event.DONE:
             result.done = ev
         elif kind is Event.ERROR and result.failure is None:
-            result.failure, result.message = ev["kind"], ev["message"]
+            result.failure, result.message = Failure(ev["kind"]), ev["message"]
 
     def poll(self) -> bool:
         """Read new events and enforce the limits; True once the trial has ended."""
@@ -509,12 +511,6 @@ class LiveTrial:
             return 0
         return proctree.tree_rss(self.proc.pid)
 
-    def stop(self) -> TrialResult:
-        if not self.finished and self.folder is not None:
-            with open(self.folder / "control", "a") as f:
-                f.write("stop\n")
-        return self.wait()
-
     def kill(self) -> None:
         if self.proc is not None:
             proctree.kill_tree(self.proc.pid)
@@ -561,7 +557,7 @@ class LiveTrial:
         result = self.result
         result.wall_s = time.monotonic() - self.started
         for ev in self.reader.read():  # lines written just before the end
-            if ev.get("e") in ("done", "error"):
+            if ev.get("e") in (Event.DONE, Event.ERROR):
                 self._handle(ev)
         result.log_tail = _tail(Path(result.log_path))
         result.phases = self._phases()
@@ -572,7 +568,8 @@ class LiveTrial:
             # and the error its cause.
             reported = result.failure is not None and self.killed_for[0] in (Failure.HANG, Failure.TIMEOUT)
             if result.status == Status.FAILED and not reported:
-                result.failure, result.message = self.killed_for
+                kind, result.message = self.killed_for
+                result.failure = Failure(kind)
         elif result.done:
             result.status = Status.OK
             if self.proc.returncode != 0:

@@ -116,7 +116,7 @@ def test_a_hang_in_setup_is_named_as_one_within_the_setup_limit(run_trial, model
 
 
 def test_the_setup_limit_scales_with_the_contract_check():
-    from autotune.pipeline import setup_hang_limit
+    from autotune.harness import setup_hang_limit
     from autotune.task import Task
 
     quick = Task(path=Path("m.py"), batch_size=8, dataset_len=8, image_inputs=False,

@@ -169,7 +169,7 @@ def test_memory_exhaustion_at_the_default_limit_spares_the_machine(tmp_path):
     """At the limit `autotune run` itself sets (most of the usable memory), a trial whose
     memory grows without bound is stopped by the tuner: the kernel OOM killer never fires."""
     from autotune.config import TrialConfig
-    from autotune.pipeline import memory_limit, probe_doc
+    from autotune.harness import memory_limit, probe_doc
     from autotune.trial import Measurement, TrialRunner
 
     limit = memory_limit(probe_doc())

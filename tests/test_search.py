@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from autotune.protocol import Role
-from autotune.search import StudyDamaged, Tuner, open_study, repair_journal
+from autotune.search import Tuner, open_study
 from autotune.space import build_space
+from autotune.study import StudyDamaged, repair_journal
 from autotune.trial import TrialResult
 
 MACHINE = {"cpu": {"usable_cores": 2, "usable_cpus": [0, 1], "isa": {}},

@@ -1,11 +1,11 @@
 """The per-knob builders of autotune/space.py, each on its own inputs, and build_space on
-a typed MachineProbe (fast: no subprocesses)."""
+a typed Machine (fast: no subprocesses)."""
 from __future__ import annotations
 
 import pytest
 
 from autotune.errors import UsageError
-from autotune.probes import MachineProbe
+from autotune.probes import Machine
 from autotune.probes.gpu import GpuInfo, visible_gpus
 from autotune.space import (
     _allocator_choice,
@@ -176,8 +176,8 @@ DOC = {"cpu": {"usable_cores": 4, "usable_cpus": [0, 1, 2, 3], "isa": {"amx_bf16
 
 
 def test_a_probe_and_its_document_give_the_same_space():
-    probe = MachineProbe.from_dict(DOC)
-    assert isinstance(probe, MachineProbe)
+    probe = Machine.from_dict(DOC)
+    assert isinstance(probe, Machine)
     kw = dict(baseline_batch=16, dataset_len=1000, image_inputs=True, batchnorm_layers=("bn",))
     typed, doc = build_space(probe, **kw), build_space(DOC, **kw)
     assert typed.describe() == doc.describe() and typed.baseline == doc.baseline

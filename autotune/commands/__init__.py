@@ -5,7 +5,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from autotune.pipeline import RunOptions
+from autotune.options import RunOptions
 
 
 def positive(kind: type, name: str) -> Callable[[str], Any]:
@@ -23,27 +23,27 @@ def positive(kind: type, name: str) -> Callable[[str], Any]:
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """Options shared by run and verify: how trials are measured and verified."""
-    p.add_argument("--window", type=positive(float, "--window"), default=1.0,
-                   help="seconds per measurement window (default 1.0)")
-    p.add_argument("--windows", type=positive(int, "--windows"), default=3,
-                   help="measurement windows per trial (default 3)")
-    p.add_argument("--trial-timeout", type=positive(float, "--trial-timeout"), default=300.0,
-                   help="seconds before a trial is killed (default 300)")
-    p.add_argument("--hang-timeout", type=positive(float, "--hang-timeout"), default=30.0,
+    p.add_argument("--window", type=positive(float, "--window"), default=RunOptions.window_s,
+                   help=f"seconds per measurement window (default {RunOptions.window_s})")
+    p.add_argument("--windows", type=positive(int, "--windows"), default=RunOptions.windows,
+                   help=f"measurement windows per trial (default {RunOptions.windows})")
+    p.add_argument("--trial-timeout", type=positive(float, "--trial-timeout"), default=RunOptions.trial_timeout_s,
+                   help=f"seconds before a trial is killed (default {RunOptions.trial_timeout_s:.0f})")
+    p.add_argument("--hang-timeout", type=positive(float, "--hang-timeout"), default=RunOptions.hang_timeout_s,
                    metavar="SECONDS",
                    help="seconds without a finished step before a trial counts as hung (default "
-                        "30; five of the trial's own steps where a step takes longer); setup "
-                        "may take 5x the model file's check, at least 60 s")
-    p.add_argument("--rounds", type=positive(int, "--rounds"), default=10,
+                        f"{RunOptions.hang_timeout_s:.0f}; five of the trial's own steps where a step "
+                        "takes longer); setup may take 5x the model file's check, at least 60 s")
+    p.add_argument("--rounds", type=positive(int, "--rounds"), default=RunOptions.rounds,
                    help="rounds of side-by-side windows that rank the candidates in "
-                        "verification (default 10)")
-    p.add_argument("--pairs", type=positive(int, "--pairs"), default=6,
+                        f"verification (default {RunOptions.rounds})")
+    p.add_argument("--pairs", type=positive(int, "--pairs"), default=RunOptions.pairs,
                    help="pairs of standalone runs (the emitted launch.sh and the baseline's "
-                        "script, each alone) that give the printed speedup (default 6)")
-    p.add_argument("--pair-seconds", type=positive(float, "--pair-seconds"), default=8.0,
+                        f"script, each alone) that give the printed speedup (default {RunOptions.pairs})")
+    p.add_argument("--pair-seconds", type=positive(float, "--pair-seconds"), default=RunOptions.pair_seconds,
                    metavar="SECONDS",
-                   help="timed training per standalone run, after its warm-up (default 8)")
-    p.add_argument("--max-quality-drop", type=float, default=None, metavar="X",
+                   help=f"timed training per standalone run, after its warm-up (default {RunOptions.pair_seconds:.0f})")
+    p.add_argument("--max-quality-drop", type=float, default=RunOptions.max_quality_drop, metavar="X",
                    help="how far the evaluate() metric may drop: allows structured pruning, and "
                         "replaces the default allowance for reduced precision (2%% of the metric)")
     p.add_argument("--json", action="store_true", help="print the result document as JSON")

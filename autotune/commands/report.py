@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from autotune.report_files import write_report
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write report.md and report.html into an output folder",
@@ -16,6 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from autotune.report_files import write_report
+
     for path in write_report(args.out):
         print(path)
     return 0

@@ -7,18 +7,17 @@ import sys
 from pathlib import Path
 
 from autotune.commands import add_common, positive, run_options
-from autotune.pipeline import EXIT_NOT_VERIFIED, EXIT_VERIFIED, output_folder, tune
-from autotune.report import Reporter
-from autotune.space import parse_fixes
+from autotune.options import RunOptions
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="tune a model file and emit the fastest verified config",
                        description=__doc__)
     p.add_argument("model_file", metavar="FILE", help="your model file (see the README's contract)")
-    p.add_argument("--trials", type=positive(int, "--trials"), default=20,
-                   help="measured trials in the search (default 20)")
-    p.add_argument("--timeout", type=positive(float, "--timeout"), default=None, metavar="SECONDS",
+    p.add_argument("--trials", type=positive(int, "--trials"), default=RunOptions.trials,
+                   help=f"measured trials in the search (default {RunOptions.trials})")
+    p.add_argument("--timeout", type=positive(float, "--timeout"), default=RunOptions.timeout_s,
+                   metavar="SECONDS",
                    help="stop starting new trials after this many seconds")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default autotune-out/<model name>)")
@@ -28,15 +27,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="pin a knob, e.g. --fix batch_size=64 (repeatable)")
     p.add_argument("--exact", action="store_true",
                    help="keep everything in fp32 and unpruned (no reduced precision)")
-    p.add_argument("--top", type=positive(int, "--top"), default=2,
+    p.add_argument("--top", type=positive(int, "--top"), default=RunOptions.top,
                    help="best-ranked candidates re-measured in verification, besides the first one's "
                         "layout contrast, the best of the other process layout and the best exact "
-                        "and reduced-precision ones (default 2)")
+                        f"and reduced-precision ones (default {RunOptions.top})")
     add_common(p)
     p.set_defaults(handler=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    from autotune.pipeline import EXIT_NOT_VERIFIED, EXIT_VERIFIED, output_folder, tune
+    from autotune.report import Reporter
+    from autotune.space import parse_fixes
+
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
     options = run_options(args, trials=args.trials, timeout_s=args.timeout,
                           fixed=parse_fixes(args.fix), exact=args.exact, top=args.top)

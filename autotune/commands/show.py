@@ -5,11 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from autotune.advisor import advise
 from autotune.errors import UsageError
-from autotune.report import Reporter
-from autotune.report_files import load_study
-from autotune.result import read_document
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +16,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from autotune.advisor import advise
+    from autotune.report import Reporter
+    from autotune.result import read_document
+    from autotune.study import load_study
+
     doc = read_document(args.out)
     if args.json:
         print(json.dumps(doc, indent=2))

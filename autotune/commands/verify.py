@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 
 from autotune.commands import add_common, run_options
-from autotune.pipeline import EXIT_NOT_VERIFIED, EXIT_VERIFIED
-from autotune.report import Reporter
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from autotune.pipeline import EXIT_NOT_VERIFIED, EXIT_VERIFIED
+    from autotune.report import Reporter
     from autotune.reverify import reverify
 
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)

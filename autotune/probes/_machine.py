@@ -1,4 +1,4 @@
-"""MachineProbe: every probe's result in one JSON-able document."""
+"""Machine: every probe's result in one JSON-able document."""
 from __future__ import annotations
 
 import os
@@ -17,12 +17,13 @@ from . import software as sw_mod
 from .cpu import CpuInfo, read_cpu
 from .gpu import GpuInfo, GpuLink, GpuProbe, cross_check_torch, read_gpu_processes, read_gpus
 from .memory import MemoryInfo, read_memory
+from .units import format_bytes
 
 SCHEMA_VERSION = 1
 
 
 @dataclass
-class MachineProbe:
+class Machine:
     cpu: CpuInfo
     memory: MemoryInfo
     gpus: list[GpuInfo] = field(default_factory=list)
@@ -67,7 +68,7 @@ class MachineProbe:
         }
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> MachineProbe:
+    def from_dict(cls, doc: Mapping[str, Any]) -> Machine:
         """Rebuild from a saved document (e.g. a tuning record's machine)."""
         def build(klass: Any, data: Mapping[str, Any]) -> Any:
             return klass(**{k: v for k, v in data.items() if k in klass.__dataclass_fields__})
@@ -101,7 +102,7 @@ def probe_machine(
     run: _io.Runner = subprocess.run,
     nvml: Any = None,
     software: bool | None = None,
-) -> MachineProbe:
+) -> Machine:
     """Probe this machine (``root="/"``) or a fake root of captured files.
 
     ``run`` replaces subprocess.run for every command, ``nvml`` replaces the
@@ -142,7 +143,7 @@ def probe_machine(
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
     ) + resource_warnings(memory, gpus.gpus)
     timings = {"cpu_memory_s": round(t_cpu_mem, 3), "gpu_s": round(t_gpu, 3), **sw.timings}
-    return MachineProbe(
+    return Machine(
         cpu=cpu,
         memory=memory,
         gpus=gpus.gpus,
@@ -170,8 +171,6 @@ SHM_WARN_BYTES = 1 << 30
 def resource_warnings(memory: MemoryInfo, gpus: list[GpuInfo]) -> list[str]:
     """Warnings about this machine's state that make timings or trials unreliable:
     a small /dev/shm (Docker's default is 64 MiB) and GPUs other processes compute on."""
-    from .render import format_bytes
-
     warnings = []
     if memory.shm_bytes is not None and memory.shm_bytes < SHM_WARN_BYTES:
         warnings.append(
@@ -184,14 +183,10 @@ def resource_warnings(memory: MemoryInfo, gpus: list[GpuInfo]) -> list[str]:
     return warnings
 
 
-# What the rest of autotune calls the probe's result.
-Machine = MachineProbe
-
-
-def as_machine(machine: MachineProbe | Mapping[str, Any]) -> MachineProbe:
+def as_machine(machine: Machine | Mapping[str, Any]) -> Machine:
     """The typed machine, from itself or from a saved probe document (a recorded probe
     of another machine, a tuning record's machine)."""
-    return machine if isinstance(machine, MachineProbe) else MachineProbe.from_dict(machine)
+    return machine if isinstance(machine, Machine) else Machine.from_dict(machine)
 
 
 def _host_facts() -> dict[str, Any]:
@@ -204,4 +199,5 @@ def _host_facts() -> dict[str, Any]:
     }
 
 
-__all__ = ["Machine", "MachineProbe", "as_machine", "probe_machine"]
+
+__all__ = ["Machine", "as_machine", "probe_machine"]

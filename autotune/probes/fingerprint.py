@@ -11,6 +11,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ._machine import as_machine
+from .gpu import current_visible_devices, usable_gpus
+
 FINGERPRINT_VERSION = 1
 
 
@@ -18,15 +21,12 @@ _FROM_ENVIRONMENT: Any = object()
 
 
 def fingerprint(doc: Mapping[str, Any], *, cuda_visible_devices: str | None = _FROM_ENVIRONMENT) -> dict[str, Any]:
-    """Probe document (MachineProbe.to_dict()) -> fingerprint dict.
+    """Probe document (Machine.to_dict()) -> fingerprint dict.
 
     The GPUs are those a trial started from here sees (``cuda_visible_devices``, by
     default this process's CUDA_VISIBLE_DEVICES): a study tuned on eight GPUs is not
     the study of the same machine narrowed to four.
     """
-    from ._machine import as_machine
-    from .gpu import current_visible_devices, usable_gpus
-
     if cuda_visible_devices is _FROM_ENVIRONMENT:
         cuda_visible_devices = current_visible_devices()
     cpu = doc.get("cpu") or {}

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._machine import MachineProbe
+    from ._machine import Machine
 
 # Local copies of NVML enum values: some nvidia-ml-py releases export
 # NVML_P2P_CAPS_INDEX_READ as a 1-tuple, which ctypes then rejects.
@@ -462,7 +462,7 @@ def _narrowed(listed: list[tuple[GpuInfo, int | None]], gpus: Sequence[GpuInfo],
     return _one_mig(picked)
 
 
-def usable_gpus(machine: MachineProbe, cuda_visible_devices: str | None) -> tuple[list[GpuInfo], list[str]]:
+def usable_gpus(machine: Machine, cuda_visible_devices: str | None) -> tuple[list[GpuInfo], list[str]]:
     """The CUDA devices a trial will see, in torch's order (GpuInfo.index = the cuda:N
     ordinal), NVML's details merged in; and the NVML indices hidden (for the 'hidden by
     CUDA_VISIBLE_DEVICES' reason).

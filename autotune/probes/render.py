@@ -6,23 +6,9 @@ from typing import Any
 
 from .cpu import format_cpulist
 from .fingerprint import fingerprint_id
+from .units import format_bytes
 
 LABEL_WIDTH = 11
-
-
-def format_bytes(value: int | None) -> str:
-    """Binary units with at most one decimal: 1536 -> "1.5 KiB"."""
-    if value is None:
-        return "none"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):  # noqa: B007  (the unit is read after the loop)
-        if size < 1024:
-            break
-        size /= 1024
-    else:
-        unit = "TiB"
-    number = f"{size:.1f}".rstrip("0").rstrip(".")
-    return f"{number} {unit}"
 
 
 def _yes_no(value: Any) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.probes import MachineProbe, fingerprint, fingerprint_diff, fingerprint_id, probe_machine, render_text
+from autotune.probes import Machine, fingerprint, fingerprint_diff, fingerprint_id, probe_machine, render_text
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -43,7 +43,7 @@ def test_fingerprint_id_is_stable(docs: dict[str, dict]) -> None:
     assert fingerprint_id(copy.deepcopy(doc)) == fid
     assert fingerprint_id(fingerprint(doc)) == fid  # docs and fingerprints hash alike
     assert fingerprint_id(json.loads(json.dumps(doc))) == fid
-    assert fingerprint_id(MachineProbe.from_dict(doc).to_dict()) == fid
+    assert fingerprint_id(Machine.from_dict(doc).to_dict()) == fid
     # Volatile readings are not part of the identity.
     noisy = copy.deepcopy(doc)
     noisy["memory"]["available_bytes"] = 1

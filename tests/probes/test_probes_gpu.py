@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from autotune.probes import MachineProbe, fingerprint, gpu, probe_machine
+from autotune.probes import Machine, fingerprint, gpu, probe_machine
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GiB = 1 << 30
@@ -132,7 +132,7 @@ def test_fake_root_with_fake_nvml_in_document() -> None:
     assert doc["gpu_links"][0]["nvlink"] is True
     fp = fingerprint(doc)
     assert fp["gpu_count"] == 2 and fp["gpu_names"] == ["NVIDIA H100 80GB HBM3"] * 2
-    assert MachineProbe.from_dict(doc).to_dict() == doc
+    assert Machine.from_dict(doc).to_dict() == doc
 
 
 def test_fake_root_without_nvml_does_not_probe_host_gpus() -> None:
@@ -242,7 +242,7 @@ def test_the_probe_counts_processes_and_warns_when_gpus_are_busy() -> None:
     doc = probe_machine(root=str(FIXTURES / "intel_spr_2s"), nvml=FakeMigNVML(2)).to_dict()
     assert [g["processes"] for g in doc["gpus"]] == [0, 1]
     assert any("other processes compute on GPU 1 (1)" in w for w in doc["warnings"])
-    assert MachineProbe.from_dict(doc).to_dict() == doc
+    assert Machine.from_dict(doc).to_dict() == doc
 
 
 # ---------------------------------------------------------------- torch's devices
@@ -281,10 +281,10 @@ def test_the_torch_probes_devices_are_written_as_the_document_keeps_them() -> No
 
 # ---------------------------------------------------------------- usable_gpus
 
-def machine_fixture(name: str) -> MachineProbe:
+def machine_fixture(name: str) -> Machine:
     import json
 
-    return MachineProbe.from_dict(json.loads((MACHINES / f"{name}.json").read_text()))
+    return Machine.from_dict(json.loads((MACHINES / f"{name}.json").read_text()))
 
 
 def test_the_h100_fixtures_agree_with_themselves() -> None:

@@ -11,23 +11,23 @@ import time
 
 import pytest
 
-from autotune.probes import MachineProbe, fingerprint_id, probe_machine, render_text, software
+from autotune.probes import Machine, fingerprint_id, probe_machine, render_text, software
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 @pytest.fixture(scope="module")
-def live() -> tuple[MachineProbe, float]:
+def live() -> tuple[Machine, float]:
     start = time.perf_counter()
     probe = probe_machine()
     return probe, time.perf_counter() - start
 
 
 @pytest.mark.slow
-def test_document_is_json_and_round_trips(live: tuple[MachineProbe, float]) -> None:
+def test_document_is_json_and_round_trips(live: tuple[Machine, float]) -> None:
     doc = live[0].to_dict()
     assert json.loads(json.dumps(doc)) == doc
-    assert MachineProbe.from_dict(doc).to_dict() == doc
+    assert Machine.from_dict(doc).to_dict() == doc
     for key in ("cpu", "memory", "gpus", "gpu_error", "driver", "torch", "backends", "backend_errors",
                 "compile", "allocators", "openmp", "ipex", "tools"):
         assert key in doc, key
@@ -36,7 +36,7 @@ def test_document_is_json_and_round_trips(live: tuple[MachineProbe, float]) -> N
     assert len(fingerprint_id(doc)) == 12
 
 
-def test_usable_cores_match_affinity(live: tuple[MachineProbe, float]) -> None:
+def test_usable_cores_match_affinity(live: tuple[Machine, float]) -> None:
     cpu = live[0].cpu
     affinity = sorted(os.sched_getaffinity(0))
     assert cpu.usable_cpus == affinity
@@ -48,14 +48,14 @@ def test_usable_cores_match_affinity(live: tuple[MachineProbe, float]) -> None:
     assert cpu.physical_cores <= cpu.logical_cores
 
 
-def test_memory_is_sane(live: tuple[MachineProbe, float]) -> None:
+def test_memory_is_sane(live: tuple[Machine, float]) -> None:
     mem = live[0].memory
     assert mem.total_bytes and mem.available_bytes and mem.usable_bytes
     assert 0 < mem.usable_bytes <= mem.available_bytes <= mem.total_bytes
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
-def test_torch_and_gloo(live: tuple[MachineProbe, float]) -> None:
+def test_torch_and_gloo(live: tuple[Machine, float]) -> None:
     probe = live[0]
     assert probe.torch["version"] == importlib.metadata.version("torch")
     assert probe.backends["gloo"] is True, probe.backend_errors.get("gloo")
@@ -63,7 +63,7 @@ def test_torch_and_gloo(live: tuple[MachineProbe, float]) -> None:
         assert probe.backends["nccl"] is False and probe.backend_errors["nccl"]
 
 
-def test_allocators_match_disk(live: tuple[MachineProbe, float]) -> None:
+def test_allocators_match_disk(live: tuple[Machine, float]) -> None:
     probe = live[0]
     ldconfig = software.read_ldconfig()
     tag = software.ldconfig_arch_tag(platform.machine())
@@ -79,7 +79,7 @@ def test_allocators_match_disk(live: tuple[MachineProbe, float]) -> None:
             assert path in on_disk + in_cache
 
 
-def test_compile_and_tools_consistent(live: tuple[MachineProbe, float]) -> None:
+def test_compile_and_tools_consistent(live: tuple[Machine, float]) -> None:
     probe = live[0]
     comp = probe.compile
     if comp["available"]:
@@ -91,7 +91,7 @@ def test_compile_and_tools_consistent(live: tuple[MachineProbe, float]) -> None:
     assert probe.ipex["installed"] == (importlib.util.find_spec("intel_extension_for_pytorch") is not None)
 
 
-def test_gpu_section_is_clean(live: tuple[MachineProbe, float]) -> None:
+def test_gpu_section_is_clean(live: tuple[Machine, float]) -> None:
     probe = live[0]
     if not probe.gpus:
         assert probe.gpu_error  # always a reason when there are no GPUs
@@ -99,7 +99,7 @@ def test_gpu_section_is_clean(live: tuple[MachineProbe, float]) -> None:
         assert probe.gpu_error is None
 
 
-def test_probe_is_fast(live: tuple[MachineProbe, float]) -> None:
+def test_probe_is_fast(live: tuple[Machine, float]) -> None:
     probe, elapsed = live
     print(f"\nprobe_machine() took {elapsed:.2f} s; timings {probe.timings}")
     # Target is < 5 s on 2 cores; leave headroom for a loaded CI box.

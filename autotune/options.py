@@ -1,0 +1,42 @@
+"""What a run is asked to do, and every default of it, defined once.
+
+The CLI (``autotune.commands``), the Python API (``autotune.api``), the trial runner and
+the measurement read their defaults from ``RunOptions``' fields, so a default changed here
+changes everywhere, help texts included. Cheap to import: the commands parse their
+options without loading the run's machinery.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What a run is asked to do; the CLI's options, by name."""
+
+    trials: int = 20
+    timeout_s: float | None = None
+    fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    exact: bool = False
+    top: int = 2
+    window_s: float = 1.0
+    windows: int = 3
+    trial_timeout_s: float = 300.0
+    hang_timeout_s: float = 30.0
+    rounds: int = 10
+    pairs: int = 6
+    pair_seconds: float = 8.0
+    max_quality_drop: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_quality_drop is not None and self.max_quality_drop < 0:
+            raise UsageError("--max-quality-drop must be 0 or more")
+        if self.exact:
+            for knob, exact_value in (("precision", "fp32"), ("prune_ratio", 0.0)):
+                if self.fixed.get(knob, exact_value) != exact_value:
+                    raise UsageError(f"--exact keeps {knob}={exact_value}, but --fix "
+                                     f"{knob}={self.fixed[knob]} asks otherwise: drop one of them")
