@@ -3,7 +3,7 @@ baseline's value one at a time, measured side by side with the winner; and the p
 from the baseline to the winner, one knob added at a time, measured in the same rounds.
 
 The variants and the winner are held alive together and measured one window each in
-turn, round after round (``verify.speed_check``: the verification method), so a
+turn, round after round (``side_by_side.speed_check``: the verification method), so a
 knob's worth is a paired ratio, winner over variant, with an interval. A knob whose
 removal costs nothing measurable (its interval reaches 1.0) is dropped from the emitted
 configuration: simpler is better when equal (``NEGLIGIBLE``). The rounds are sized so
@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 from autotune import stats
 from autotune.config import TrialConfig
+from autotune.document import Ablation, AblationPath, Effect, KnobEffect, PathStep
 from autotune.errors import AutotuneError, UsageError
+from autotune.protocol import Progress, ProgressEvent
+from autotune.side_by_side import speed_check
 from autotune.trial import TrialRunner
 
 # Knobs that only make sense together are reverted together.
@@ -50,8 +53,6 @@ MAX_ROUNDS = 10
 # shown to help, and most likely worth little. One whose median is above it but whose
 # interval reaches 1.0 (a noisy machine) is kept: dropping it would bet on the noise.
 NEGLIGIBLE = 1.05
-
-Progress = Callable[[str, dict[str, Any]], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,46 +133,45 @@ def rounds_for(variant_count: int, *, speed_windows: int) -> int:
 
 def measure(runner: TrialRunner, winner: TrialConfig, baseline: TrialConfig, *, rounds: int,
             pinned: Collection[str] = (),
-            progress: Progress = lambda kind, info: None) -> dict[str, Any]:
-    """The ablation document: per knob, the winner's speed over the variant's (ratio > 1:
-    the knob helps) with its interval, and whether it is kept. ``{"knobs": []}`` when the
-    winner differs from the baseline in no knob; ``{"skipped": reason}`` when the winner
-    could not be held for it."""
-    from autotune.verify import speed_check
-
+            progress: Progress = lambda kind, info: None) -> Ablation:
+    """Per knob, the winner's speed over the variant's (ratio > 1: the knob helps) with
+    its interval, and whether it is kept; and the path from the baseline. No knobs when
+    the winner differs from the baseline in none; ``skipped`` when the winner could not
+    be held for it."""
     found = variants(winner, baseline, pinned=pinned)
     steps = path(winner, baseline)
     if not found and len(steps) < 2:
-        return {"knobs": []}
+        return Ablation()
     configs = session_configs(winner, baseline, pinned=pinned)
-    progress("step", {"text": f"ablation: the winner against itself with each of "
-                              f"{', '.join(v.knob for v in found) or 'no knob'} at the baseline's "
-                              f"value, and the path from the baseline one knob at a time "
-                              f"({len(configs)} configurations), {rounds} rounds side by side"})
+    progress(ProgressEvent.STEP,
+             {"text": f"ablation: the winner against itself with each of "
+                      f"{', '.join(v.knob for v in found) or 'no knob'} at the baseline's "
+                      f"value, and the path from the baseline one knob at a time "
+                      f"({len(configs)} configurations), {rounds} rounds side by side"})
     try:
-        speed, checks = speed_check(runner, winner, configs, rounds=rounds,
-                                    progress=progress, name="verify-ablation")
+        speed, checks = speed_check(runner, winner, configs, rounds=rounds, progress=progress,
+                                    name="verify-ablation", reference_label="reference")
     except AutotuneError as exc:
-        return {"knobs": [], "skipped": f"the winner could not be held for the ablation: {exc}"}
+        return Ablation(skipped=f"the winner could not be held for the ablation: {exc}")
     detail = {cfg: check.detail for cfg, check in zip(configs, checks)}
-    knobs = [_knob_effect(v, detail[v.config], winner, baseline) for v in found]
-    kept = [k for k in knobs if k["kept"] and k.get("ratio")]
-    return {"knobs": knobs, "rounds": rounds, "winner_samples_per_s": speed["median_samples_per_s"],
-            "product": math.prod(k["ratio"] for k in kept) if kept else 1.0,
-            "path": _path_effects(steps, detail, winner, baseline,
-                                  removed={k["knob"] for k in knobs if not k["kept"]})}
+    knobs = tuple(_knob_effect(v, detail[v.config], winner, baseline) for v in found)
+    kept = [k.effect.ratio for k in knobs if k.kept and k.effect is not None]
+    return Ablation(knobs=knobs, rounds=rounds, winner_samples_per_s=speed["median_samples_per_s"],
+                    product=math.prod(kept) if kept else 1.0,
+                    path=_path_effects(steps, detail, winner, baseline,
+                                       removed={k.knob for k in knobs if not k.kept}))
 
 
-def _path_effects(steps: list[Step], detail: dict[TrialConfig, dict[str, Any]], winner: TrialConfig,
-                  baseline: TrialConfig, *, removed: Collection[str]) -> dict[str, Any]:
+def _path_effects(steps: list[Step], detail: dict[TrialConfig, Any], winner: TrialConfig,
+                  baseline: TrialConfig, *, removed: Collection[str]) -> AblationPath:
     """Each step's speed over the previous step's, round by round; a configuration that
     failed is skipped (its knobs go with the next step). The steps' ratios multiply to
     ``total``, the winner's speed over the baseline's in the same rounds; ``kept_product``
     leaves out the steps whose knobs the leave-one-out found worth nothing (``removed``)."""
     base = detail.get(baseline, {}).get("ratios")
     if not base:
-        return {"skipped": "the baseline could not be measured beside the winner: "
-                           f"{detail.get(baseline, {}).get('reason', 'failed')}"}
+        return AblationPath(skipped="the baseline could not be measured beside the winner: "
+                                    f"{detail.get(baseline, {}).get('reason', 'failed')}")
     # per point on the path, its speed over the winner's, round by round
     points: list[tuple[tuple[str, ...], list[float]]] = [((), base)]
     carried: tuple[str, ...] = ()
@@ -186,24 +186,24 @@ def _path_effects(steps: list[Step], detail: dict[TrialConfig, dict[str, Any]], 
     out = []
     for (_, before), (knobs, after) in zip(points, points[1:]):
         effect = stats.geometric_interval([a / b for a, b in zip(after[:rounds], before[:rounds])])
-        out.append({"knobs": list(knobs), "baseline": [_value(baseline, k) for k in knobs],
-                    "winner": [_value(winner, k) for k in knobs],
-                    "kept": not all(k in removed for k in knobs), **effect})
+        out.append(PathStep(knobs=knobs, baseline=tuple(_value(baseline, k) for k in knobs),
+                            winner=tuple(_value(winner, k) for k in knobs),
+                            kept=not all(k in removed for k in knobs),
+                            effect=Effect.from_json(effect), rounds=int(effect["rounds"])))
     total = stats.geometric_interval([1 / r for r in base[:rounds]])
-    kept = [s["ratio"] for s in out if s["kept"]]
-    return {"steps": out, "total": total["ratio"], "ci_low": total["ci_low"],
-            "ci_high": total["ci_high"], "ci_level": total["ci_level"], "rounds": rounds,
-            "kept_product": math.prod(kept) if kept else 1.0}
+    kept = [s.effect.ratio for s in out if s.kept]
+    return AblationPath(steps=tuple(out), total=Effect.from_json(total), rounds=rounds,
+                        kept_product=math.prod(kept) if kept else 1.0)
 
 
-def _knob_effect(variant: Variant, detail: dict[str, Any], winner: TrialConfig,
-                 baseline: TrialConfig) -> dict[str, Any]:
-    effect: dict[str, Any] = {"knob": variant.knob, "baseline": _value(baseline, variant.knob),
-                              "winner": _value(winner, variant.knob)}
+def _knob_effect(variant: Variant, detail: Any, winner: TrialConfig,
+                 baseline: TrialConfig) -> KnobEffect:
+    named = {"knob": variant.knob, "baseline": _value(baseline, variant.knob),
+             "winner": _value(winner, variant.knob)}
     ratios = detail.get("ratios")
     if not ratios:  # the variant failed: the knob may be what makes the winner run at all
-        return {**effect, "kept": True, "note": f"could not be measured without it: "
-                                                f"{detail.get('reason', 'failed')}"}
+        return KnobEffect(**named, kept=True, note=f"could not be measured without it: "
+                                                   f"{detail.get('reason', 'failed')}")
     interval = stats.ratio_interval([1 / r for r in ratios])
     measurable = interval["ci_low"] > 1.0
     kept = measurable or interval["median"] >= NEGLIGIBLE
@@ -215,17 +215,17 @@ def _knob_effect(variant: Variant, detail: dict[str, Any], winner: TrialConfig,
         note = "slows the winner down: removed from the emitted configuration"
     else:
         note = "no measurable effect: removed from the emitted configuration"
-    return {**effect, "ratio": interval["median"], "ci_low": interval["ci_low"],
-            "ci_high": interval["ci_high"], "ci_level": interval["ci_level"], "kept": kept,
-            "note": note}
+    effect = Effect(ratio=interval["median"], ci_low=interval["ci_low"],
+                    ci_high=interval["ci_high"], ci_level=interval["ci_level"])
+    return KnobEffect(**named, kept=kept, note=note, effect=effect)
 
 
-def simplified(winner: TrialConfig, baseline: TrialConfig, ablation: dict[str, Any]) -> TrialConfig:
+def simplified(winner: TrialConfig, baseline: TrialConfig, ablation: Ablation) -> TrialConfig:
     """The winner with every knob the ablation found no effect of at the baseline's value."""
     changes: dict[str, Any] = {}
-    for knob in ablation.get("knobs", []):
-        if not knob["kept"]:
-            changes.update({f: getattr(baseline, f) for f in KNOB_GROUPS[knob["knob"]]})
+    for knob in ablation.knobs:
+        if not knob.kept:
+            changes.update({f: getattr(baseline, f) for f in KNOB_GROUPS[knob.knob]})
     try:
         return winner.replace(**changes)
     except UsageError:

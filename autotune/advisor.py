@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Layout
-from autotune.search import quiet_optuna
+from autotune.study import quiet_optuna
 
 # What other hardware or software would add to the search, keyed by the space's
 # "knob[=value]" exclusion and a fragment of its reason (so "--exact keeps fp32", a choice

@@ -8,20 +8,32 @@ probes of other machines by a stand-in runner (tests/test_machine_matrix.py).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import __version__, emit, launch, measure_lock, outdir, proctree, stats, verify
 from autotune.config import TrialConfig
-from autotune.errors import NotVerified, UsageError
-from autotune.probes import Machine, as_machine
-from autotune.protocol import Failure, Measurement
+from autotune.document import (
+    Baseline,
+    Best,
+    Interval,
+    LayoutEffect,
+    PrecisionNote,
+    Rejection,
+    RunDocument,
+)
+from autotune.errors import NotVerified
+from autotune.harness import candidate_emitter, make_runner, probe_doc
+from autotune.options import RunOptions
+from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id
+from autotune.protocol import Failure
 from autotune.report import Reporter
-from autotune.search import SearchOutcome, Tuner, open_study, repair_journal, storage_path, study_name
+from autotune.report_files import write_report
+from autotune.search import SearchOutcome, Tuner, open_study
 from autotune.space import Space, build_space
+from autotune.study import repair_journal, storage_path, study_name
 from autotune.task import Task, load_task
 from autotune.trial import TrialRunner
 
@@ -31,64 +43,6 @@ if TYPE_CHECKING:
 EXIT_VERIFIED = 0
 EXIT_NOT_VERIFIED = 3
 
-
-@dataclasses.dataclass(frozen=True)
-class RunOptions:
-    """What a run is asked to do; the CLI's options, by name."""
-
-    trials: int = 20
-    timeout_s: float | None = None
-    fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    exact: bool = False
-    top: int = 2
-    window_s: float = 1.0
-    windows: int = 3
-    trial_timeout_s: float = 300.0
-    hang_timeout_s: float = 30.0
-    rounds: int = 10
-    pairs: int = 6
-    pair_seconds: float = 8.0
-    max_quality_drop: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_quality_drop is not None and self.max_quality_drop < 0:
-            raise UsageError("--max-quality-drop must be 0 or more")
-        if self.exact:
-            for knob, exact_value in (("precision", "fp32"), ("prune_ratio", 0.0)):
-                if self.fixed.get(knob, exact_value) != exact_value:
-                    raise UsageError(f"--exact keeps {knob}={exact_value}, but --fix "
-                                     f"{knob}={self.fixed[knob]} asks otherwise: drop one of them")
-
-
-def probe_doc() -> Machine:
-    from autotune.probes import probe_machine
-
-    return probe_machine()
-
-
-def memory_limit(machine: Machine) -> int | None:
-    """A trial may use most of what is free, never all: the kernel's OOM killer must
-    never have to choose (it might choose the tuner or the user's desktop)."""
-    usable = machine.memory.usable_bytes
-    return int(usable * 0.8) if usable else None
-
-
-def setup_hang_limit(task: Task) -> float:
-    """How long a trial may take to set up before it counts as hung: the contract check
-    did the same work (import, build_dataset, build_model) and one step on two items, so
-    several times its time, and at least a minute (starting ranks, DataLoader workers, a full
-    first batch come on top)."""
-    return max(60.0, 5 * task.check_s)
-
-
-def make_runner(task: Task, machine: Machine, out: Path, *, window_s: float,
-                windows: int, trial_timeout_s: float, hang_timeout_s: float) -> TrialRunner:
-    return TrialRunner(
-        model_file=task.path, machine=machine, workdir=out / "trials",
-        measurement=Measurement(window_s=window_s, windows=windows),
-        timeout_s=trial_timeout_s, hang_s=hang_timeout_s, setup_hang_s=setup_hang_limit(task),
-        memory_limit_bytes=memory_limit(machine),
-    )
 
 
 def build_task_space(task: Task, machine: Machine, options: RunOptions) -> Space:
@@ -194,7 +148,7 @@ def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space,
 
 
 def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig, space: Space,
-                  machine: Machine) -> dict[str, Any] | None:
+                  machine: Machine) -> LayoutEffect | None:
     """The first candidate against its layout contrast, window against window, where
     verification measured both."""
     contrast = layout_contrast(top, space, machine)
@@ -206,32 +160,16 @@ def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig, space: Space
         return None
     multi, single = (a, b) if top.nprocs > 1 else (b, a)
     multi_cfg, single_cfg = (top, contrast) if top.nprocs > 1 else (contrast, top)
-    ratio = stats.paired_ratio(multi, single)
-    return {"multi_rank": multi_cfg.layout, "single_process": single_cfg.layout,
-            "other_knobs": {k: v for k, v in top.to_dict().items()
-                            if k not in ("nprocs", "threads")},
-            "ratio": ratio["median"], "ci_low": ratio["ci_low"], "ci_high": ratio["ci_high"],
-            "ci_level": ratio["ci_level"]}
-
-
-def candidate_emitter(task: Task, machine: Machine) -> Callable[[TrialConfig, Path], Path]:
-    def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
-        env, _ = launch.environment(cfg, machine=machine)
-        doc = emit.write_outputs(folder, cfg=cfg, model_file=task.path, env=env,
-                                 document={"candidate": cfg.to_dict()},
-                                 description=f"Train {task.path.name} (candidate)")
-        return emit.resolve(doc, folder, "launcher")
-    return emit_candidate
+    return LayoutEffect(multi_rank=multi_cfg.layout, single_process=single_cfg.layout,
+                        other_knobs={k: v for k, v in top.to_dict().items()
+                                     if k not in ("nprocs", "threads")},
+                        effect=Interval.from_json(stats.paired_ratio(multi, single)))
 
 
 def precision_note(chosen: TrialConfig, winner: verify.Verdict | None,
-                   verdicts: list[verify.Verdict], space: Space, *, exact: bool) -> dict[str, Any]:
+                   verdicts: list[verify.Verdict], space: Space, *, exact: bool) -> PrecisionNote:
     """Which precision was chosen, how it was checked, why the others were not, and how
     to opt out: what the summary and best_config.json say about precision."""
-    note: dict[str, Any] = {"chosen": chosen.precision}
-    if winner is not None:
-        note["checked"] = verify.describe_checks(winner)
-
     def label(cfg: TrialConfig) -> str:
         return cfg.precision + (f" pruned {cfg.prune_ratio:g}" if cfg.prune_ratio else "")
 
@@ -243,67 +181,60 @@ def precision_note(chosen: TrialConfig, winner: verify.Verdict | None,
         if set(failed) & {"numerics", "quality"}:  # the knob's own fault, not speed or script
             rejected.setdefault(label(v.config), "; ".join(
                 f"{name}: {c.detail.get('reason', 'failed')}" for name, c in failed.items()))
-    note["rejected"] = rejected
-    note["instead"] = (f"the fastest verified configuration ({label(chosen)})" if winner is not None
-                       else "the baseline")
+    opt_out = None
     if exact:
-        note["opt_out"] = "--exact was given: fp32 and no pruning throughout"
+        opt_out = "--exact was given: fp32 and no pruning throughout"
     elif not chosen.exact:
-        note["opt_out"] = "run with --exact (or --fix precision=fp32) to keep everything in fp32"
-    note["skipped"] = {k: r for k, r in space.excluded.items()
-                       if k.startswith(("precision", "prune"))}
-    return note
+        opt_out = "run with --exact (or --fix precision=fp32) to keep everything in fp32"
+    return PrecisionNote(
+        chosen=chosen.precision,
+        checked=verify.describe_checks(winner) if winner is not None else None,
+        rejected=rejected,
+        instead=(f"the fastest verified configuration ({label(chosen)})" if winner is not None
+                 else "the baseline"),
+        opt_out=opt_out,
+        skipped={k: r for k, r in space.excluded.items() if k.startswith(("precision", "prune"))})
 
 
 def build_document(
     *, task: Task, machine: Machine, space: Space, chosen: TrialConfig,
     baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: verify.Verdict | None,
     verdicts: list[verify.Verdict], search: dict[str, Any], exact: bool,
-) -> dict[str, Any]:
-    from autotune.probes import fingerprint, fingerprint_id
-
-    claim = winner.standalone if winner is not None else {}
-    # With a winner, the rates and the speedup are those of the standalone pairs (what the
-    # user will measure); without one, the baseline's side-by-side (or search) rate.
-    base_value = claim.get("baseline_median_samples_per_s", base_speed["median_samples_per_s"])
-    doc: dict[str, Any] = {
-        "model_file": str(task.path),
-        "autotune_version": __version__,
-        "fingerprint": {**fingerprint(machine.to_dict()), "id": fingerprint_id(machine.to_dict())},
-        "config": chosen.to_dict(),
-        "baseline": {"config": baseline_cfg.to_dict(), "samples_per_s": base_value,
-                     "runs": claim.get("baseline_samples_per_s", base_speed["samples_per_s"])},
-        "verified": winner is not None,
-    }
-    if winner is not None:
+    layout: LayoutEffect | None, environment: Mapping[str, str],
+) -> RunDocument:
+    """The run's document, assembled once from what each stage built."""
+    claim = winner.standalone if winner is not None else None
+    if winner is not None and claim is None:
+        raise AssertionError("a winner passed its standalone check, which has figures")
+    best = None
+    if winner is not None and claim is not None:
         result = (search.get("results", {}).get(str(chosen))
                   or search.get("results_by_work", {}).get(verify.work_key(chosen), {}))
-        doc["best"] = {"samples_per_s": claim["median_samples_per_s"],
-                       "peak_mem_mb": result.get("peak_rss_mb"),
-                       "one_time_s": result.get("one_time_s")}
-        if result.get("cuda_peak_mb") is not None:  # host memory says nothing of the GPU's
-            doc["best"].update(cuda_peak_mb=result["cuda_peak_mb"], cuda_total_mb=result.get("cuda_total_mb"))
-        doc["speedup"] = {**{k: claim[k] for k in ("median", "ci_low", "ci_high", "ci_level",
-                                                    "pairs", "seconds_per_run", "wall_s")},
-                          "covers": claim["covers"], "median_interval": claim["median_interval"],
-                          "side_by_side": claim["side_by_side"]}
-        if claim.get("unsteady"):
-            doc["speedup"]["unsteady"] = claim["unsteady"]
-        doc["verification"] = winner.to_dict()
-    else:
-        doc["best"] = None
-        doc["speedup"] = {"median": 1.0, "ci_low": 1.0, "ci_high": 1.0, "pairs": 0}
-        doc["verification"] = {}
-    doc["precision"] = precision_note(chosen, winner, verdicts, space, exact=exact)
-    doc["rejected"] = [
-        {"config": v.config.to_dict(), "config_short": v.config.short(), "reason": v.reason,
-         "checks": v.to_dict()}
-        for v in verdicts if v is not winner and not v.passed
-    ]
-    doc["candidates"] = verify.outcomes(verdicts, winner)
-    doc["search"] = {k: v for k, v in search.items() if k not in ("results", "results_by_work")}
-    doc["space"] = space.describe()
-    return doc
+        best = Best(samples_per_s=claim.median_samples_per_s,
+                    peak_mem_mb=result.get("peak_rss_mb"), one_time_s=result.get("one_time_s"),
+                    cuda_peak_mb=result.get("cuda_peak_mb"),
+                    cuda_total_mb=result.get("cuda_total_mb"))
+    # With a winner, the rates and the speedup are those of the standalone pairs (what the
+    # user will measure); without one, the baseline's side-by-side (or search) rate.
+    baseline = Baseline(
+        config=baseline_cfg,
+        samples_per_s=(claim.baseline_median_samples_per_s if claim is not None
+                       else base_speed["median_samples_per_s"]),
+        runs=tuple(claim.baseline_samples_per_s if claim is not None
+                   else base_speed["samples_per_s"]))
+    return RunDocument(
+        model_file=str(task.path), autotune_version=__version__,
+        fingerprint={**fingerprint(machine.to_dict()), "id": fingerprint_id(machine.to_dict())},
+        config=chosen, baseline=baseline, best=best,
+        speedup=claim.speedup if claim is not None else None,
+        verification=dict(winner.checks) if winner is not None else {},
+        precision=precision_note(chosen, winner, verdicts, space, exact=exact),
+        rejected=tuple(Rejection(config=v.config, reason=v.reason, checks=dict(v.checks))
+                       for v in verdicts if v is not winner and not v.passed),
+        candidates=tuple(verify.outcomes(verdicts, winner)),
+        search={k: v for k, v in search.items() if k not in ("results", "results_by_work")},
+        space=space.describe(), layout_effect=layout, environment=environment,
+        ablation=winner.ablation if winner is not None else None)
 
 
 def output_folder(model_file: Path, out: Path | None) -> Path:
@@ -343,8 +274,6 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
            runner: TrialRunner, reporter: Reporter) -> tuple[optuna.Study, SearchOutcome]:
     """The search, resumed from the study in ``out`` when there is one. Raises NotVerified
     when the baseline could not be measured: nothing could be compared with it."""
-    from autotune.probes import fingerprint_id
-
     repaired = repair_journal(storage_path(out))
     if repaired:
         reporter.warn(repaired)
@@ -426,24 +355,20 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
         base_speed = {"samples_per_s": [outcome.baseline.value],
                       "median_samples_per_s": outcome.baseline.value}
     chosen = winner.config if winner else baseline_cfg
-    doc = build_document(task=task, machine=machine, space=space, chosen=chosen,
-                         baseline_cfg=baseline_cfg, base_speed=base_speed, winner=winner,
-                         verdicts=verdicts, search=search_info, exact=options.exact)
-    if candidates:
-        doc["layout_effect"] = layout_effect(verdicts, candidates[0], space, machine)
-    if winner is not None and winner.ablation is not None:
-        doc["ablation"] = winner.ablation
     env, warnings = launch.environment(chosen, machine=machine)
     for w in warnings:
         reporter.warn(w)
-    doc["environment"] = env
-    doc = emit.write_outputs(out, cfg=chosen, model_file=task.path, env=env, document=doc,
-                              description=f"Train {task.path.name} with the configuration "
-                                          "autotune verified on this machine.",
-                              default_threads=machine.torch.get("num_threads"))
+    document = build_document(
+        task=task, machine=machine, space=space, chosen=chosen, baseline_cfg=baseline_cfg,
+        base_speed=base_speed, winner=winner, verdicts=verdicts, search=search_info,
+        exact=options.exact, environment=env,
+        layout=layout_effect(verdicts, candidates[0], space, machine) if candidates else None)
+    doc = emit.write_outputs(out, cfg=chosen, model_file=task.path, env=env,
+                             document=document.to_json(),
+                             description=f"Train {task.path.name} with the configuration "
+                                         "autotune verified on this machine.",
+                             default_threads=machine.torch.get("num_threads"))
     try:
-        from autotune.report_files import write_report
-
         write_report(out, doc=doc, study=study)
     except Exception as exc:  # a finished run never fails over its report
         reporter.warn(f"report.md/report.html not written: {exc}")

@@ -27,7 +27,7 @@ from rich.text import Text
 
 from autotune.advisor import ablation_lines
 from autotune.emit import resolve
-from autotune.protocol import Status
+from autotune.protocol import ProgressEvent, Status
 from autotune.trial import TrialResult
 
 
@@ -53,27 +53,27 @@ class Reporter:
     def warn(self, text: str) -> None:
         self.err.print(Text.assemble(("warning:", "yellow"), " ", text))
 
-    def search(self, kind: str, info: dict[str, Any]) -> None:
-        if kind == "start":
+    def search(self, kind: ProgressEvent, info: dict[str, Any]) -> None:
+        if kind == ProgressEvent.START:
             self._advance(info)
             role = f" ({info['role']})" if info.get("role") else ""
             self.err.print(
                 f"[bold]trial {info['number']}/{info['of']}[/]{role}  {escape(info['config'].short())}"
                 f"  [dim]{info['elapsed']:.0f} s elapsed[/]"
             )
-        elif kind == "window":
+        elif kind == ProgressEvent.WINDOW:
             self._show_window(info["value"])
             if self.verbose:
                 self.err.print(f"    window {info['i'] + 1}: {info['value']:,.0f} samples/s", style="dim")
-        elif kind == "end":
+        elif kind == ProgressEvent.END:
             if info.get("role") == "baseline" and info["result"].value:
                 self.baseline = info["result"].value
             self._best = info.get("best") or self._best
             self.trial_end(info["result"], info.get("best"))
-        elif kind == "stale":
+        elif kind == ProgressEvent.STALE:
             self.warn(f"trial {info['number']} was left running by an interrupted run; "
                       "marked failed, measuring it again")
-        elif kind == "budget":
+        elif kind == ProgressEvent.BUDGET:
             self.err.print(f"search stopped: {info['reason']}")
 
     def _advance(self, info: dict[str, Any]) -> None:
@@ -125,9 +125,9 @@ class Reporter:
             for line in result.log_tail.strip().splitlines()[-12:]:
                 self.err.print(f"      | {line}", style="dim", markup=False)
 
-    def verify(self, kind: str, info: dict[str, Any]) -> None:
+    def verify(self, kind: ProgressEvent, info: dict[str, Any]) -> None:
         self.end_search()
-        if kind == "speed":
+        if kind == ProgressEvent.SPEED:
             self.err.print(f"verify speed: round {info['round']}/{info['rounds']}", style="dim")
         else:
             self.err.print(f"verify: {info.get('text', kind)}", markup=False)

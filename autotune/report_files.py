@@ -5,7 +5,7 @@ to a CI job.
 
 Both hold the summary (the chosen configuration against the baseline), the advice
 (``autotune.advisor``) and the tables behind it: every trial of the search, verification's
-per-round ratios, the ablation. Plots need matplotlib (``pip install 'autotune[report]'``);
+per-round ratios, the ablation. Plots need matplotlib (a dependency of autotune);
 without it the tables are all there and the report says how to get the plots. The study
 is only read, never written: reading it with ``optuna.create_study(load_if_exists=True)``
 would append to the journal.
@@ -29,13 +29,13 @@ from autotune.config import TrialConfig
 from autotune.errors import UsageError
 from autotune.protocol import Failure
 from autotune.result import read_document
-from autotune.search import quiet_optuna, storage_path, study_name
+from autotune.study import folder_of, load_study
 
 MARKDOWN_NAME = "report.md"
 HTML_NAME = "report.html"
 PLOTS_DIR = "report"
 PLOT_NAMES = ("history.png", "knobs.png", "ablation.png", "path.png", "verification.png")
-PLOTS_HINT = "pip install 'autotune[report]'"
+PLOTS_HINT = "pip install matplotlib"
 
 
 @dataclasses.dataclass
@@ -52,41 +52,12 @@ class Plot:
     path: Path
 
 
-def _folder(out: str | os.PathLike[str]) -> Path:
-    """The output folder, also when given its best_config.json."""
-    out = Path(out)
-    return out.parent if out.is_file() else out
-
-
-def load_study(out: str | os.PathLike[str], doc: dict[str, Any] | None = None) -> optuna.Study | None:
-    """The run's Optuna study, read from ``study.journal`` without writing to it; None when
-    the folder has none. The study named after the document's model file and machine
-    fingerprint (as ``autotune run`` names it) is preferred; else the journal's last one.
-    A journal that cannot be read raises UsageError naming the file."""
-    path = storage_path(_folder(out))
-    if not path.is_file() or path.stat().st_size == 0:
-        return None
-    wanted = None
-    if doc and doc.get("model_file") and (doc.get("fingerprint") or {}).get("id"):
-        wanted = study_name(Path(doc["model_file"]), doc["fingerprint"]["id"])
-    try:
-        with quiet_optuna():
-            storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
-            names = optuna.get_all_study_names(storage)
-            if not names:
-                return None
-            return optuna.load_study(study_name=wanted if wanted in names else names[-1], storage=storage)
-    except (ValueError, KeyError, OSError) as exc:  # a torn journal: JSONDecodeError is a ValueError
-        raise UsageError(f"{path}: the study could not be read ({exc}); the report leaves the search "
-                         "out. Running `autotune run` on the folder again repairs a torn journal.") from None
-
-
 def write_report(out: str | os.PathLike[str], *, doc: dict[str, Any] | None = None,
                  study: optuna.Study | None = None) -> list[Path]:
     """Write report.md, report.html and (with matplotlib) the plots under report/ into the
     output folder ``out``; returns the files written, report.md and report.html first.
     ``doc`` and ``study`` are read from the folder when not given."""
-    folder = _folder(out)
+    folder = folder_of(out)
     doc = doc if doc is not None else read_document(folder)
     notes: list[str] = []
     if study is None:

@@ -16,8 +16,10 @@ from typing import Any
 
 from autotune import emit, measure_lock, outdir, proctree, verify
 from autotune.config import TrialConfig
-from autotune.pipeline import RunOptions, candidate_emitter, make_runner, probe_doc
-from autotune.probes import Machine, as_machine
+from autotune.document import Speedup
+from autotune.harness import candidate_emitter, make_runner, probe_doc
+from autotune.options import RunOptions
+from autotune.probes import Machine, as_machine, fingerprint, fingerprint_diff
 from autotune.report import Reporter
 from autotune.result import read_document
 from autotune.task import load_task
@@ -33,8 +35,6 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     relative to it, else where it was tuned, unless ``model_file`` names it; both scripts
     train that file. ``machine`` and ``runner`` default to this machine's probe and a real
     trial runner (tests pass stand-ins)."""
-    from autotune.probes import fingerprint, fingerprint_diff
-
     doc = read_document(out)
     folder = Path(out)
     folder = (folder if folder.is_dir() else folder.parent).absolute()
@@ -75,15 +75,17 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
             os.environ["MODEL_FILE"] = previous
         proctree.reap_orphans()
     verdict = verdicts[0]
-    now = verdict.standalone
-    printed = doc.get("speedup") or {}
+    alone = verdict.standalone
+    now = alone.speedup if alone is not None else None
+    printed = Speedup.from_json(doc["speedup"]) if doc.get("verified") and doc.get("speedup") else None
     result: dict[str, Any] = {
         "verified": winner is not None,
-        "baseline_samples_per_s": now.get("baseline_median_samples_per_s",
-                                          base_speed.get("median_samples_per_s")),
-        "speedup": {k: now.get(k) for k in ("median", "ci_low", "ci_high", "ci_level", "pairs")},
-        "printed_when_tuned": {k: printed.get(k) for k in ("median", "ci_low", "ci_high")},
-        "verification": verdict.to_dict(), "fingerprint_differs": bool(differs)}
+        "baseline_samples_per_s": (alone.baseline_median_samples_per_s if alone is not None
+                                   else base_speed.get("median_samples_per_s")),
+        "speedup": now.headline() if now is not None else None,
+        "printed_when_tuned": printed.headline() if printed is not None else None,
+        "verification": {name: c.to_json() for name, c in verdict.checks.items()},
+        "fingerprint_differs": bool(differs)}
     if winner is None:
         result["reason"] = verdict.reason
     outside = outside_printed(now, printed)
@@ -93,16 +95,16 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     return result
 
 
-def outside_printed(now: Mapping[str, Any], printed: Mapping[str, Any]) -> str | None:
+def outside_printed(now: Speedup | None, printed: Speedup | None) -> str | None:
     """A plain sentence when the speedup measured now lies outside the interval printed
     when the configuration was tuned; None when inside (or nothing to compare)."""
-    if not now.get("median") or not printed.get("ci_low") or not printed.get("pairs"):
+    if now is None or printed is None:
         return None
-    low, high, median = printed["ci_low"], printed["ci_high"], now["median"]
+    low, high, median = printed.interval.ci_low, printed.interval.ci_high, now.interval.median
     if low <= median <= high:
         return None
     side = "below" if median < low else "above"
     return (f"the speedup measured now, {median:.2f}x, is {side} the interval printed when this "
-            f"configuration was tuned ({low:.2f}-{high:.2f}x, median {printed['median']:.2f}x): "
+            f"configuration was tuned ({low:.2f}-{high:.2f}x, median {printed.interval.median:.2f}x): "
             "this machine runs the two scripts differently now (its load, its other tenants, or "
             "what changed since) - trust today's figure, and tune again if it matters")

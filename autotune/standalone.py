@@ -1,7 +1,7 @@
 """The speedup a user measures: the emitted launch.sh against the baseline's script, each
 run alone on the machine, alternating (B C, C B, ...), pair after pair.
 
-Verification's side-by-side windows (``verify.speed_check``) rank candidates cheaply, a
+Verification's side-by-side windows (``side_by_side.speed_check``) rank candidates cheaply, a
 second apart; but processes held alive and measured in one-second windows are not what a
 user runs, and an interval over those windows covers the noise of one set of processes,
 not the spread from one run of a script to the next. The number autotune prints comes

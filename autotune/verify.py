@@ -30,20 +30,30 @@ from typing import Any
 
 from autotune import ablation, standalone
 from autotune.config import TrialConfig
+from autotune.document import (
+    Ablation,
+    CandidateOutcome,
+    Check,
+    Interval,
+    Simplified,
+    Speedup,
+    Standalone,
+)
 from autotune.errors import NotVerified
-from autotune.protocol import Failure, Mode, Status
+from autotune.options import RunOptions
+from autotune.protocol import Failure, Progress, ProgressEvent, Status
+from autotune.side_by_side import relative_to_level, speed_check
 from autotune.stats import ratio_interval, rerun_interval, spread
-from autotune.trial import LiveTrial, TrialResult, TrialRunner
+from autotune.trial import TrialResult, TrialRunner
 
 # The numerics check's bound on ``loss_divergence(...)["max_of_initial"]``: the worst
 # step's loss difference from the fp32 reference, relative to the reference's first
-# loss (the task's loss scale). Relative to each step's own loss instead, healthy bf16
-# runs reach 14-32% by step 40 as the losses fall (bench/precision_tolerance.py, 2-core
-# Zen 5 with avx512_bf16: fashion_cnn, cifar_cnn, wide_mlp, tiny_lm, pipeline_bound at
-# their batch and 4x it), while against the loss scale they stay within 3.3%. bf16 and
-# fp16 are allowed 10%, three times the worst healthy run: a run that diverges (NaN,
-# a loss that stops falling or grows) leaves it by tens of percent. Several fp32 ranks
-# against one process differ by under 0.01%.
+# loss (the task's loss scale). Relative to each step's own loss, healthy bf16 runs
+# stray far as the losses fall toward zero, while against the loss scale they stay
+# within a few percent (bench/precision_tolerance.py; the figures are in BENCHMARKS.md).
+# bf16 and fp16 are allowed about three times the worst healthy run: a run that
+# diverges (NaN, a loss that stops falling or grows) leaves it by tens of percent.
+# Several fp32 ranks against one process differ only by rounding.
 NUMERICS_TOLERANCE = {"fp32": 0.02, "tf32": 0.05, "bf16": 0.10, "fp16": 0.10}
 # What evaluate() may lose to reduced precision when --max-quality-drop is not given:
 # this share of the fp32 reference's metric (higher is better).
@@ -55,191 +65,10 @@ STANDALONE_CONFIDENCE = 0.9
 # The printed interval: where a re-measurement of as many pairs lands (stats.rerun_interval).
 RERUN_LEVEL = 0.95
 # Pairs whose highest ratio passes their lowest by more than this: the machine changed
-# speed while it was measured (on a shared 2-core VM a configuration's speed stepped by
-# 30% within a minute and stayed there; the same pairs otherwise span 1.1-1.25x).
+# speed while it was measured. On a shared machine a configuration's speed can step
+# (other tenants, power or thermal limits) and stay there for minutes, which stretches
+# the pairs far beyond their usual run-to-run spread (BENCHMARKS.md).
 UNSTEADY_SPREAD = 1.3
-STANDALONE_COVERS = ("where a re-measurement of as many pairs of the emitted launch.sh against "
-                     "the baseline's script, each run alone on this machine, alternating, is "
-                     "expected to land, from the run-to-run spread seen while verifying")
-
-
-@dataclasses.dataclass
-class Check:
-    passed: bool | None  # None: not applicable
-    detail: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, **self.detail}
-
-
-Progress = Callable[[str, dict[str, Any]], None]
-
-
-def _baseline_failed(failure: str | None, folder: Path) -> NotVerified:
-    return NotVerified(
-        f"the baseline failed while verification re-measured it ({failure}), after it ran in "
-        f"the search: nothing can be compared with it. Its log: {folder / 'log.txt'}. Run the "
-        "same command again to verify (the search is kept).")
-
-
-def hold_within_budget(live: list[LiveTrial | None], failures: list[str | None],
-                       budget: int | None) -> None:
-    """The processes held side by side share one memory budget (what one trial may
-    use): while together they use more, the largest candidate is stopped, never the
-    baseline. Each trial's own limit applies only while it measures."""
-    if not budget:
-        return
-    while True:
-        sizes = [t.rss() if t is not None else 0 for t in live]
-        held = [i for i in range(1, len(live)) if live[i] is not None]
-        if sum(sizes) <= budget or not held:
-            return
-        largest = max(held, key=sizes.__getitem__)
-        failures[largest] = (
-            f"ran out of memory: the {sum(t is not None for t in live)} configurations held "
-            f"side by side used {sum(sizes) / 2**20:,.0f} MiB together, over the budget of "
-            f"{budget / 2**20:,.0f} MiB; this one, the largest ({sizes[largest] / 2**20:,.0f} "
-            "MiB), was stopped")
-        victim = live[largest]
-        if victim is not None:
-            victim.kill()
-        live[largest] = None
-
-
-# On GPUs each configuration is measured alone, in a fresh process per visit: a held
-# process keeps its CUDA context, workspaces and cached allocations, so the ones started
-# later would run out of device memory or settle on other cuDNN algorithms, and a GPU in
-# EXCLUSIVE_PROCESS compute mode admits one process at a time. Each visit pays a start
-# and a warm-up, so it measures several windows.
-WINDOWS_PER_VISIT = 3
-MIN_VISITS = 3
-
-
-def one_at_a_time(configs: Sequence[TrialConfig]) -> bool:
-    """Whether these configurations must never run side by side: any of them on a GPU."""
-    return any(cfg.device == "cuda" for cfg in configs)
-
-
-def _measure_held(runner: TrialRunner, configs: list[TrialConfig], *, rounds: int,
-                  progress: Progress, name: str) -> tuple[list[list[float]], list[str | None]]:
-    """All held alive, warmed up and idle, then one window each in turn, rotating, round
-    after round. They start one at a time: setting one up never overlaps measuring another.
-    Together they keep within one memory budget (``hold_within_budget``)."""
-    live: list[LiveTrial | None] = []
-    failures: list[str | None] = [None] * len(configs)
-    values: list[list[float]] = [[] for _ in configs]
-    budget = runner.memory_limit_bytes
-    try:
-        for i, cfg in enumerate(configs):
-            progress("step", {"text": f"starting {_role(i, name)}: {cfg.short()}"})
-            started = runner.start(cfg, name=f"{name}-{i}", mode={"mode": Mode.SERVE})
-            if not started.wait_ready():
-                failures[i] = started.result.describe_failure()
-                live.append(None)
-                continue
-            live.append(started)
-            hold_within_budget(live, failures, budget)
-        if live[0] is None:
-            raise _baseline_failed(failures[0], runner.workdir / f"{name}-0")
-        for r in range(rounds):
-            hold_within_budget(live, failures, budget)
-            progress("speed", {"round": r + 1, "rounds": rounds})
-            for i in _rotation(len(configs), r):
-                held = live[i]
-                if held is None:
-                    continue
-                value = held.window()
-                if value is None:
-                    failures[i] = held.result.describe_failure()
-                    live[i] = None
-                    if i == 0:
-                        raise _baseline_failed(failures[0], runner.workdir / f"{name}-0")
-                    continue
-                values[i].append(value)
-    finally:
-        for held in live:
-            if held is not None:
-                held.kill()
-    return values, failures
-
-
-def _measure_in_turn(runner: TrialRunner, configs: list[TrialConfig], *, rounds: int,
-                     progress: Progress, name: str) -> tuple[list[list[float]], list[str | None]]:
-    """Each configuration alone: started fresh, warmed up, measured for WINDOWS_PER_VISIT
-    windows (their median is its value for the round) and ended before the next starts,
-    in rotating order, round after round, as the standalone pairs alternate. Nothing else
-    of autotune's is alive on the GPUs while one measures."""
-    visits = max(MIN_VISITS, math.ceil(rounds / WINDOWS_PER_VISIT))
-    failures: list[str | None] = [None] * len(configs)
-    values: list[list[float]] = [[] for _ in configs]
-    for r in range(visits):
-        progress("speed", {"round": r + 1, "rounds": visits})
-        for i in _rotation(len(configs), r):
-            if failures[i]:
-                continue
-            if r == 0:
-                progress("step", {"text": f"measuring {_role(i, name)} alone: {configs[i].short()}"})
-            started = runner.start(configs[i], name=f"{name}-{i}-{r}", mode={"mode": Mode.SERVE})
-            windows: list[float] = []
-            try:
-                if started.wait_ready():
-                    for _ in range(WINDOWS_PER_VISIT):
-                        value = started.window()
-                        if value is None:
-                            break
-                        windows.append(value)
-            finally:
-                started.kill()
-            if len(windows) < WINDOWS_PER_VISIT:
-                failures[i] = started.result.describe_failure()
-                if i == 0:
-                    raise _baseline_failed(failures[0], runner.workdir / f"{name}-0-{r}")
-                continue
-            values[i].append(statistics.median(windows))
-    return values, failures
-
-
-def _role(i: int, name: str) -> str:
-    first = "baseline" if name == "verify-speed" else "reference"  # the ratios' denominator
-    return first if i == 0 else f"candidate {i}"
-
-
-def _rotation(n: int, r: int) -> list[int]:
-    """Round ``r``'s order: B C1 C2, C1 C2 B, ... so no configuration is always first."""
-    shift = r % n
-    return list(range(n))[shift:] + list(range(n))[:shift]
-
-
-def speed_check(
-    runner: TrialRunner, baseline: TrialConfig, candidates: list[TrialConfig], *,
-    rounds: int, progress: Progress = lambda kind, info: None, name: str = "verify-speed",
-) -> tuple[dict[str, Any], list[Check]]:
-    """Baseline and candidates measured in turn, round after round (B C1 C2, C1 C2 B, ...
-    rotating): a round's ratio compares measurements taken seconds apart, so drift on a
-    shared machine cancels out. On CPU they are held alive side by side between windows
-    (``_measure_held``); on GPUs each is started alone for each round (``_measure_in_turn``)."""
-    configs = [baseline, *candidates]
-    measure = _measure_in_turn if one_at_a_time(configs) else _measure_held
-    values, failures = measure(runner, configs, rounds=rounds, progress=progress, name=name)
-    base_values = values[0]
-    checks = []
-    for i in range(1, len(configs)):
-        if failures[i]:
-            checks.append(Check(False, {"reason": f"failed when re-measured: {failures[i]}"}))
-            continue
-        ratios = [v / b for v, b in zip(values[i], base_values)]
-        stats = ratio_interval(ratios)
-        passed = stats["ci_low"] > 1.0
-        detail = {**stats, "ratios": ratios, "samples_per_s": values[i],
-                  "median_samples_per_s": statistics.median(values[i])}
-        if not passed:
-            detail["reason"] = (
-                f"not faster than the baseline: speedup {stats['median']:.2f}x, "
-                f"{stats['ci_level']:.0%} interval {stats['ci_low']:.2f}-{stats['ci_high']:.2f}x "
-                "includes 1.0"
-            )
-        checks.append(Check(passed, detail))
-    return {"samples_per_s": base_values, "median_samples_per_s": statistics.median(base_values)}, checks
 
 
 def numerics_reference(baseline: TrialConfig, cand: TrialConfig) -> TrialConfig:
@@ -370,8 +199,9 @@ def numerics_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig
                            tolerance=NUMERICS_TOLERANCE[cand.precision],
                            max_lag=FP16_MAX_LAG if cand.precision == "fp16" else 0)
     reference = numerics_reference(baseline, ran)
-    check.detail.update(reference={"layout": reference.layout, "batch_size": ran.batch_size}, **shrunk)
-    return check
+    return dataclasses.replace(check, detail={
+        **check.detail, "reference": {"layout": reference.layout, "batch_size": ran.batch_size},
+        **shrunk})
 
 
 def quality_reference(baseline: TrialConfig, cand: TrialConfig) -> TrialConfig:
@@ -465,7 +295,7 @@ def standalone_check(runner: standalone.ScriptRunner, *, baseline: standalone.Sc
         pairs = standalone.alternate(
             runner, baseline=baseline, candidate=candidate, pairs=settings.pairs,
             seconds=settings.pair_seconds, workdir=workdir, timeout_s=settings.script_timeout_s,
-            progress=lambda text: progress("step", {"text": text}))
+            progress=lambda text: progress(ProgressEvent.STEP, {"text": text}))
     except standalone.ScriptFailed as exc:
         if exc.role == "baseline":
             raise NotVerified(
@@ -478,25 +308,24 @@ def standalone_check(runner: standalone.ScriptRunner, *, baseline: standalone.Sc
     median = of_median["median"]
     low, high = rerun_interval(ratios, level=RERUN_LEVEL)
     alone, base_alone = statistics.median(pairs.candidate), statistics.median(pairs.baseline)
-    detail = {
-        "median": median, "ci_low": min(low, median), "ci_high": max(high, median),
-        "ci_level": RERUN_LEVEL, "interval": "rerun",
-        "median_interval": {"low": of_median["ci_low"], "high": of_median["ci_high"],
-                            "level": of_median["ci_level"]},
-        "pairs": len(ratios), "ratios": ratios,
-        "samples_per_s": pairs.candidate, "median_samples_per_s": alone,
-        "baseline_samples_per_s": pairs.baseline, "baseline_median_samples_per_s": base_alone,
-        "seconds_per_run": pairs.seconds_per_run, "wall_s": round(pairs.wall_s, 1),
-        "side_by_side": {k: served.get(k) for k in ("median", "ci_low", "ci_high", "ci_level")},
-        "served_over_alone": {"candidate": served["median_samples_per_s"] / alone,
-                              "baseline": served_baseline["median_samples_per_s"] / base_alone},
-        "covers": STANDALONE_COVERS,
-    }
+    unsteady = None
     if spread(ratios) > UNSTEADY_SPREAD:
-        detail["unsteady"] = (
+        unsteady = (
             f"the pairs ranged from {min(ratios):.2f}x to {max(ratios):.2f}x: this machine's speed "
             "changed while it was measured (other tenants, power or thermal limits); the figure "
             "may not hold - run `autotune verify` on the output folder later to measure it again")
+    figures = Standalone(
+        speedup=Speedup(
+            interval=Interval(median=median, ci_low=min(low, median), ci_high=max(high, median),
+                              ci_level=RERUN_LEVEL),
+            median_interval=Interval.from_json(of_median), pairs=len(ratios),
+            seconds_per_run=pairs.seconds_per_run, wall_s=round(pairs.wall_s, 1),
+            side_by_side=Interval.from_json(served), unsteady=unsteady),
+        ratios=tuple(ratios), samples_per_s=tuple(pairs.candidate), median_samples_per_s=alone,
+        baseline_samples_per_s=tuple(pairs.baseline), baseline_median_samples_per_s=base_alone,
+        served_over_alone={"candidate": served["median_samples_per_s"] / alone,
+                           "baseline": served_baseline["median_samples_per_s"] / base_alone})
+    detail = figures.to_json()
     if of_median["ci_low"] <= 1.0:
         detail["reason"] = (
             f"not faster when run alone: the generated script against the baseline's, "
@@ -507,24 +336,18 @@ def standalone_check(runner: standalone.ScriptRunner, *, baseline: standalone.Sc
 
 
 def rank_by_rounds(verdicts: list[Verdict]) -> list[Verdict]:
-    """Fastest first, judged round by round against the candidates' own level (the
-    geometric mean of their windows in that round), not against the baseline's window:
-    candidates close to each other are told apart by windows taken seconds apart, and
-    one noisy baseline window no longer moves them all. Candidates whose re-measurement
-    failed come last."""
+    """Fastest first, judged round by round against the candidates' own level
+    (``side_by_side.relative_to_level``), not against the baseline's window. Candidates
+    whose re-measurement failed come last."""
     measured = [v for v in verdicts if v.speed.get("samples_per_s")]
     if not measured:
         return list(verdicts)
-    rounds = min(len(v.speed["samples_per_s"]) for v in measured)
-    level = [math.exp(statistics.fmean(math.log(max(v.speed["samples_per_s"][t], 1e-9)) for v in measured))
-             for t in range(rounds)]
-    for v in measured:
-        v.speed["relative_to_candidates"] = statistics.median(
-            v.speed["samples_per_s"][t] / level[t] for t in range(rounds))
+    for v, relative in zip(measured, relative_to_level([v.speed["samples_per_s"] for v in measured])):
+        v.speed["relative_to_candidates"] = relative
     return sorted(verdicts, key=lambda v: v.speed.get("relative_to_candidates", 0.0), reverse=True)
 
 
-def outcomes(verdicts: list[Verdict], winner: Verdict | None) -> list[dict[str, Any]]:
+def outcomes(verdicts: list[Verdict], winner: Verdict | None) -> list[CandidateOutcome]:
     """Every candidate's re-measured speed and what became of it, in the order they were
     tried: with the passed-but-not-chosen ones kept, the verification order can be
     audited afterwards (which candidate a different order would have emitted)."""
@@ -539,25 +362,24 @@ def outcomes(verdicts: list[Verdict], winner: Verdict | None) -> list[dict[str, 
         else:
             outcome = ("faster side by side; its script was not run alone (verification runs "
                        "the scripts of the fastest few only)")
-        out.append({"config_short": v.config.short(), "config": v.config.to_dict(),
-                    **{k: v.speed.get(k) for k in ("median", "ci_low", "ci_high",
-                                                   "relative_to_candidates")},
-                    "checks": sorted(v.checks), "outcome": outcome})
+        out.append(CandidateOutcome(
+            config=v.config, speed={k: v.speed.get(k) for k in CandidateOutcome.SPEED_KEYS},
+            checks=tuple(sorted(v.checks)), outcome=outcome))
     return out
 
 
 @dataclasses.dataclass
 class Settings:
-    rounds: int = 10
+    rounds: int = RunOptions.rounds
     numerics_steps: int = 40
     quality_samples: int = 6400
-    max_quality_drop: float | None = None
-    script_timeout_s: float = 300.0
-    pairs: int = 6  # standalone pairs: each runs both scripts once
+    max_quality_drop: float | None = RunOptions.max_quality_drop
+    script_timeout_s: float = 300.0  # one standalone run of a script, warm-up included
+    pairs: int = RunOptions.pairs  # standalone pairs: each runs both scripts once
     # Timed training per standalone run, after its warm-up: long enough that a
     # configuration with DataLoader workers, still ramping up in its first seconds, is
     # timed mostly at its steady speed (shorter runs undercount it by over 10%).
-    pair_seconds: float = 8.0
+    pair_seconds: float = RunOptions.pair_seconds
     standalone_attempts: int = 2  # candidates whose scripts run alone, fastest first
     replacements: int = 2  # per kind (exact, reduced) for candidates the gates reject
     ablation: bool = True  # measure each knob's worth and drop those worth nothing
@@ -569,7 +391,7 @@ class Verdict:
     config: TrialConfig
     checks: dict[str, Check]
     speed: dict[str, Any]
-    ablation: dict[str, Any] | None = None  # the knob-by-knob measurement that shaped it
+    ablation: Ablation | None = None  # the knob-by-knob measurement that shaped it
 
     @property
     def passed(self) -> bool:
@@ -581,13 +403,9 @@ class Verdict:
                          for name, c in self.checks.items() if c.passed is False)
 
     @property
-    def standalone(self) -> dict[str, Any]:
+    def standalone(self) -> Standalone | None:
         """The standalone pairs' figures (what is printed), once they ran."""
-        check = self.checks.get("standalone")
-        return check.detail if check is not None else {}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {name: c.to_dict() for name, c in self.checks.items()}
+        return Standalone.from_check(self.checks.get("standalone"))
 
 
 def gate(runner: TrialRunner, baseline: TrialConfig, cfg: TrialConfig, *, settings: Settings,
@@ -619,14 +437,14 @@ def screen(runner: TrialRunner, baseline: TrialConfig, candidates: list[TrialCon
     queue = list(candidates)
     while queue:
         cfg = queue.pop(0)
-        progress("step", {"text": f"numerics and quality of {cfg.short()}"})
+        progress(ProgressEvent.STEP, {"text": f"numerics and quality of {cfg.short()}"})
         verdict = gate(runner, baseline, cfg, settings=settings, has_evaluate=has_evaluate,
                        cache=cache)
         verdicts.append(verdict)
         if verdict.passed:
             passed.append(cfg)
             continue
-        progress("step", {"text": f"rejected {cfg.short()}: {verdict.reason}"})
+        progress(ProgressEvent.STEP, {"text": f"rejected {cfg.short()}: {verdict.reason}"})
         if spent[cfg.exact] >= settings.replacements:
             continue
         nxt = next((c for c in reserve if c.exact == cfg.exact and c not in tried), None)
@@ -651,17 +469,18 @@ def ablate(runner: TrialRunner, top: Verdict, baseline: TrialConfig, *, settings
     simpler = ablation.simplified(cfg, baseline, top.ablation)
     if simpler in (cfg, baseline):
         return None
-    progress("step", {"text": f"numerics and quality of the simplified {simpler.short()}"})
+    progress(ProgressEvent.STEP, {"text": f"numerics and quality of the simplified {simpler.short()}"})
     verdict = gate(runner, baseline, simpler, settings=settings, has_evaluate=has_evaluate, cache={})
     if not verdict.passed:
-        top.ablation["simplified"] = {"config": simpler.short(), "rejected": verdict.reason}
+        top.ablation = dataclasses.replace(
+            top.ablation, simplified=Simplified(config=simpler.short(), rejected=verdict.reason))
         return None
     # Its side-by-side speed: the variant's where one knob went, else the winner's (the
     # ablation found the dropped knobs worth nothing measurable).
-    dropped = [k["knob"] for k in top.ablation["knobs"] if not k["kept"]]
+    dropped = tuple(k.knob for k in top.ablation.knobs if not k.kept)
     verdict.speed = dict(top.speed)
-    verdict.ablation = {**top.ablation, "simplified": {"config": simpler.short(), "dropped": dropped,
-                                                       "from": cfg.short()}}
+    verdict.ablation = dataclasses.replace(
+        top.ablation, simplified=Simplified(config=simpler.short(), dropped=dropped, from_=cfg.short()))
     return verdict
 
 
@@ -687,8 +506,9 @@ def verify_candidates(
     else:  # nothing left to measure: the baseline is emitted, at its search value
         base_speed, speed_checks = {}, []
     for cfg, check in zip(survivors, speed_checks):
-        by_cfg[cfg].checks["speed"] = check
-        by_cfg[cfg].speed = check.detail
+        # one dict: the ranking's relative speed is recorded in the speed check too
+        by_cfg[cfg].speed = dict(check.detail)
+        by_cfg[cfg].checks["speed"] = Check(check.passed, by_cfg[cfg].speed)
     verdicts = list(by_cfg.values())
     ranked = [v for v in rank_by_rounds(verdicts) if v.passed]
     simpler: Verdict | None = None
@@ -704,7 +524,7 @@ def verify_candidates(
             base_script = standalone.Script(emit_candidate(baseline, workdir / "baseline"), baseline,
                                             base_speed["median_samples_per_s"])
         cfg = verdict.config
-        progress("step", {"text": f"the generated script of {cfg.short()}, run alone against "
+        progress(ProgressEvent.STEP, {"text": f"the generated script of {cfg.short()}, run alone against "
                                   "the baseline's"})
         folder = workdir / f"candidate-{i}"
         script = standalone.Script(emit_candidate(cfg, folder), cfg,
@@ -715,22 +535,24 @@ def verify_candidates(
             progress=progress)
         if verdict.passed:
             if simpler is not None and verdict is not simpler:
-                _simplified_failed(simpler, verdict)
+                verdict.ablation = _simplified_failed(simpler)
             return verdict, verdicts, base_speed
     return None, verdicts, base_speed
 
 
-def _simplified_failed(simplified: Verdict, winner: Verdict) -> None:
-    """The simplified configuration did not pass alone and ``winner`` (with every knob)
-    did: its ablation goes with it, saying the knobs worth nothing measurable were kept."""
-    winner.ablation = dict(simplified.ablation or {})
-    winner.ablation["simplified"] = {**winner.ablation.get("simplified", {}),
-                                     "rejected": simplified.reason}
-    winner.ablation["knobs"] = [
-        k if k["kept"] else {**k, "note": "not shown to help, but kept: the configuration "
-                                          "without it did not pass when run alone"}
-        for k in winner.ablation.get("knobs", [])]
-    path = winner.ablation.get("path") or {}
-    if path.get("steps"):
-        winner.ablation["path"] = {**path, "steps": [{**s, "kept": True} for s in path["steps"]],
-                                   "kept_product": path["total"]}
+def _simplified_failed(simplified: Verdict) -> Ablation | None:
+    """The ablation that goes with the winner (with every knob) when the simplified
+    configuration did not pass alone: the knobs worth nothing measurable were kept."""
+    found = simplified.ablation
+    if found is None:
+        return None
+    kept_anyway = ("not shown to help, but kept: the configuration without it did not pass "
+                   "when run alone")
+    knobs = tuple(k if k.kept else dataclasses.replace(k, note=kept_anyway) for k in found.knobs)
+    path = found.path
+    if path is not None and path.steps and path.total is not None:
+        path = dataclasses.replace(path, steps=tuple(dataclasses.replace(s, kept=True) for s in path.steps),
+                                   kept_product=path.total.ratio)
+    marked = dataclasses.replace(found.simplified or Simplified(config=simplified.config.short()),
+                                 rejected=simplified.reason)
+    return dataclasses.replace(found, knobs=knobs, path=path, simplified=marked)

@@ -35,9 +35,10 @@ from optuna.trial import TrialState
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import stats, verify
+from autotune import side_by_side, stats
 from autotune.config import TrialConfig
-from autotune.pipeline import RunOptions, build_task_space, heuristics
+from autotune.options import RunOptions
+from autotune.pipeline import build_task_space, heuristics
 from autotune.probes import probe_machine
 from autotune.search import Tuner, open_study
 from autotune.task import load_task
@@ -161,7 +162,7 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
             extra += 1
     runner = TrialRunner(model_file=task.path, machine=machine, workdir=out / "final",
                          measurement=Measurement())
-    base, checks = verify.speed_check(runner, space.baseline, unique, rounds=rounds)
+    base, checks = side_by_side.speed_check(runner, space.baseline, unique, rounds=rounds)
     by_config = {str(c): ch.detail for c, ch in zip(unique, checks)}
     best_key = max(by_config, key=lambda k: by_config[k].get("median") or 0.0)
     optimum = by_config[best_key]

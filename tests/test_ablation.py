@@ -9,6 +9,7 @@ import pytest
 
 from autotune import ablation
 from autotune.config import TrialConfig
+from autotune.document import Ablation
 from autotune.space import parse_fixes
 from autotune.task import load_task
 
@@ -43,9 +44,9 @@ def test_rounds_stay_within_the_speed_checks_windows():
 
 def test_simplified_drops_only_the_knobs_worth_nothing():
     winner = TrialConfig(nprocs=2, threads=1, batch_size=256, channels_last=True, allocator="tcmalloc")
-    doc = {"knobs": [{"knob": "layout", "kept": True}, {"knob": "channels_last", "kept": False},
-                     {"knob": "allocator", "kept": False}]}
-    assert ablation.simplified(winner, BASELINE, doc) == winner.replace(channels_last=False,
+    doc = {"knobs": [{"knob": k, "baseline": None, "winner": None, "kept": kept, "note": ""}
+                     for k, kept in (("layout", True), ("channels_last", False), ("allocator", False))]}
+    assert ablation.simplified(winner, BASELINE, Ablation.from_json(doc)) == winner.replace(channels_last=False,
                                                                          allocator="default")
 
 
@@ -157,7 +158,7 @@ def test_a_knob_likely_worth_something_is_kept_though_noise_hides_it():
 
     def effect(knob, ratios):
         variant = next(v for v in ablation.variants(winner, BASELINE) if v.knob == knob)
-        return ablation._knob_effect(variant, {"ratios": ratios}, winner, BASELINE)
+        return ablation._knob_effect(variant, {"ratios": ratios}, winner, BASELINE).to_json()
 
     noisy = effect("batch_size", [1 / r for r in (1.14, 0.96, 1.26, 1.2, 1.1, 1.15)])
     assert noisy["ci_low"] <= 1.0 and noisy["kept"] and "likely worth keeping" in noisy["note"]

@@ -12,7 +12,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from autotune.advisor import advise, param_importances, throughput_by_value
-from autotune.search import study_name
+from autotune.study import study_name
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report" / "best_config.json"
 
@@ -46,7 +46,6 @@ ABLATION = {
         "total": 2.42, "ci_low": 2.3, "ci_high": 2.55, "ci_level": 0.95, "rounds": 8,
         "kept_product": 2.45,
     },
-    "speedup_side_by_side": {"median": 2.79, "ci_low": 2.48, "ci_high": 4.94},
 }
 
 

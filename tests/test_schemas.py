@@ -7,6 +7,8 @@ import pytest
 
 from autotune import schemas
 from autotune.cli import main
+from autotune.config import TrialConfig
+from autotune.document import RunDocument
 from autotune.task import load_task
 
 from helpers import MODELS
@@ -33,6 +35,62 @@ def test_a_run_document_and_show_json_conform(tmp_path, capsys):
     assert schemas.problem(json.loads(json.dumps(doc, default=str)), "best_config") is None
     assert main(["show", str(tmp_path / "out"), "--json"]) == 0
     assert schemas.problem(json.loads(capsys.readouterr().out), "best_config") is None
+
+
+@pytest.fixture(scope="module")
+def stand_in_document(tmp_path_factory) -> dict:
+    """A whole best_config.json of a stand-in run (ablation, path, layout effect and all)."""
+    from tests.test_machine_matrix import StandInRunner, machine
+    from tests.test_standalone import _tune
+
+    doc = _tune(load_task(MODELS / "knob_cnn.py"), tmp_path_factory.mktemp("run"),
+                StandInRunner(machine("avx2_epyc")))
+    return json.loads(json.dumps(doc, default=str))
+
+
+def test_the_schema_rejects_an_ablation_missing_a_key_or_with_a_mistyped_field(stand_in_document):
+    doc = stand_in_document
+    assert doc["ablation"]["knobs"] and schemas.problem(doc, "best_config") is None
+    missing = {**doc, "ablation": {k: v for k, v in doc["ablation"].items() if k != "knobs"}}
+    assert "'knobs' is a required property" in schemas.problem(missing, "best_config")
+    knob = {**doc["ablation"]["knobs"][0], "kept": "yes"}
+    mistyped = {**doc, "ablation": {**doc["ablation"], "knobs": [knob]}}
+    assert "ablation.knobs.0.kept" in schemas.problem(mistyped, "best_config")
+    extra = {**doc, "ablation": {**doc["ablation"], "speedup": 2.0}}
+    assert schemas.problem(extra, "best_config") is not None
+
+
+def test_a_run_document_reads_back_as_itself(stand_in_document):
+    doc = RunDocument.from_json(stand_in_document)
+    assert RunDocument.from_json(doc.to_json()) == doc
+    assert doc.to_json() == stand_in_document
+
+
+def test_an_unverified_run_has_no_speedup(tmp_path):
+    from tests.test_machine_matrix import StandInRunner, machine
+    from tests.test_standalone import _tune
+
+    class NothingPays(StandInRunner):
+        def throughput(self, cfg: TrialConfig) -> float:
+            return 1000.0
+
+    doc = _tune(load_task(MODELS / "knob_cnn.py"), tmp_path, NothingPays(machine("avx2_epyc")))
+    assert not doc["verified"] and doc["speedup"] is None and doc["best"] is None
+    assert schemas.problem(json.loads(json.dumps(doc, default=str)), "best_config") is None
+    assert RunDocument.from_json(doc).to_json() == doc
+    assert main(["show", str(tmp_path / "out")]) == 0
+
+
+@pytest.mark.slow
+def test_a_real_runs_whole_document_conforms_and_reads_back(tmp_path):
+    import autotune
+
+    autotune.tune(MODELS / "tiny_cnn.py", trials=3, out=tmp_path / "out", progress=False,
+                  fix={"nprocs": 1, "compile": "off", "allocator": "default", "affinity": "none"},
+                  window_s=0.2, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
+    doc = json.loads((tmp_path / "out" / "best_config.json").read_text())
+    assert schemas.problem(doc, "best_config") is None
+    assert RunDocument.from_json(doc).to_json() == doc
 
 
 def test_an_error_under_json_is_json_on_stdout_and_named_on_stderr(tmp_path, capsys):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune import stats, verify
+from autotune import side_by_side, stats, verify
 from autotune.config import TrialConfig
 from autotune.trial import Measurement, TrialRunner
 
@@ -43,7 +43,7 @@ def test_every_candidate_is_recorded_in_the_order_it_was_tried():
     unchecked = _verdict("ccc", [1.5, 1.4, 1.5, 1.4, 1.5], baseline=baseline)
     crashed = _verdict("dddd", None, baseline=baseline)
     first.checks["numerics"] = verify.Check(False, {"reason": "losses diverge"})
-    rows = verify.outcomes([unchecked, crashed, emitted, first], emitted)
+    rows = [r.to_json() for r in verify.outcomes([unchecked, crashed, emitted, first], emitted)]
     assert [r["config_short"] for r in rows] == \
            [v.config.short() for v in (first, emitted, unchecked, crashed)]
     assert [r["outcome"].split(":")[0].split(";")[0] for r in rows] == \
@@ -66,7 +66,7 @@ class _Held:
 def test_configurations_held_side_by_side_share_one_memory_budget():
     held = [_Held(300), _Held(500), _Held(400), _Held(200)]  # the baseline first
     live, failures = list(held), [None] * 4
-    verify.hold_within_budget(live, failures, 1000 * 2**20)
+    side_by_side.hold_within_budget(live, failures, 1000 * 2**20)
     # 1,400 MiB held: the largest candidate goes; the 900 MiB left fit
     assert live == [held[0], None, held[2], held[3]] and held[1].killed
     assert "over the budget of 1,000 MiB" in failures[1] and "500 MiB" in failures[1]
@@ -74,7 +74,7 @@ def test_configurations_held_side_by_side_share_one_memory_budget():
     # a baseline larger than the rest is never the one stopped
     held = [_Held(900), _Held(300), _Held(200)]
     live, failures = list(held), [None] * 3
-    verify.hold_within_budget(live, failures, 1000 * 2**20)
+    side_by_side.hold_within_budget(live, failures, 1000 * 2**20)
     assert live == [held[0], None, None]
 
 
@@ -100,7 +100,7 @@ def test_a_candidate_made_slower_after_the_search_is_caught(tmp_path, monkeypatc
     assert searched[64] > searched[16], "the candidate must look faster in the search"
 
     marker.touch()  # from now on the candidate sleeps in every step
-    _, (check,) = verify.speed_check(runner, baseline, [candidate], rounds=5)
+    _, (check,) = side_by_side.speed_check(runner, baseline, [candidate], rounds=5)
     assert check.passed is False
     assert check.detail["median"] < 1.0
     assert "not faster" in check.detail["reason"]
@@ -287,16 +287,16 @@ def test_gpu_configurations_are_measured_alone_in_turn_and_cpu_ones_side_by_side
     runner = _OneAtATime()
     base = TrialConfig(device="cuda", backend="nccl", batch_size=16)
     cands = [base.replace(batch_size=32), base.replace(batch_size=64)]
-    speed, checks = verify.speed_check(runner, base, cands, rounds=9)
+    speed, checks = side_by_side.speed_check(runner, base, cands, rounds=9)
     assert runner.most == 1  # never two processes on a GPU
-    visits = max(verify.MIN_VISITS, 9 // verify.WINDOWS_PER_VISIT)
+    visits = max(side_by_side.MIN_VISITS, 9 // side_by_side.WINDOWS_PER_VISIT)
     assert len(runner.started) == 3 * visits and len(speed["samples_per_s"]) == visits
     assert [c.detail["median"] for c in checks] == pytest.approx([2.0, 4.0])
     # the rounds rotate: the baseline is not always measured first
     assert runner.started[:3] == ["verify-speed-0-0", "verify-speed-1-0", "verify-speed-2-0"]
     assert runner.started[3] == "verify-speed-1-1"
     cpu = _OneAtATime()
-    verify.speed_check(cpu, TrialConfig(batch_size=16), [TrialConfig(batch_size=32)],
+    side_by_side.speed_check(cpu, TrialConfig(batch_size=16), [TrialConfig(batch_size=32)],
                        rounds=3)
     assert cpu.most == 2 and len(cpu.started) == 2  # held side by side
 

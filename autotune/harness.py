@@ -1,0 +1,56 @@
+"""The measuring harness that a run (``autotune.pipeline``) and a re-verification
+(``autotune.reverify``) both set up: this machine's probe, the trial runner for a task
+on it, and the emitted scripts of a configuration under test."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from autotune import emit, launch
+from autotune.config import TrialConfig
+from autotune.probes import Machine, probe_machine
+from autotune.protocol import Measurement
+from autotune.task import Task
+from autotune.trial import TrialRunner
+
+
+def probe_doc() -> Machine:
+    return probe_machine()
+
+
+def memory_limit(machine: Machine) -> int | None:
+    """A trial may use most of what is free, never all: the kernel's OOM killer must
+    never have to choose (it might choose the tuner or the user's desktop)."""
+    usable = machine.memory.usable_bytes
+    return int(usable * 0.8) if usable else None
+
+
+def setup_hang_limit(task: Task) -> float:
+    """How long a trial may take to set up before it counts as hung: the contract check
+    did the same work (import, build_dataset, build_model) and one step on two items, so
+    several times its time, and at least a minute (starting ranks, DataLoader workers, a full
+    first batch come on top)."""
+    return max(60.0, 5 * task.check_s)
+
+
+def make_runner(task: Task, machine: Machine, out: Path, *, window_s: float,
+                windows: int, trial_timeout_s: float, hang_timeout_s: float) -> TrialRunner:
+    return TrialRunner(
+        model_file=task.path, machine=machine, workdir=out / "trials",
+        measurement=Measurement(window_s=window_s, windows=windows),
+        timeout_s=trial_timeout_s, hang_s=hang_timeout_s, setup_hang_s=setup_hang_limit(task),
+        memory_limit_bytes=memory_limit(machine),
+    )
+
+
+def candidate_emitter(task: Task, machine: Machine) -> Callable[[TrialConfig, Path], Path]:
+    """``emit_candidate(cfg, folder)``: writes ``cfg``'s train_tuned.py (with its
+    train_tuned.json and tuned_runtime/) and launch.sh into ``folder`` and returns the
+    launcher's path."""
+    def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
+        env, _ = launch.environment(cfg, machine=machine)
+        doc = emit.write_outputs(folder, cfg=cfg, model_file=task.path, env=env,
+                                 document={"candidate": cfg.to_dict()},
+                                 description=f"Train {task.path.name} (candidate)")
+        return emit.resolve(doc, folder, "launcher")
+    return emit_candidate

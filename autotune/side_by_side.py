@@ -1,0 +1,211 @@
+"""The side-by-side measurement: a reference configuration and others measured in turn,
+round after round (R C1 C2, C1 C2 R, ... rotating), each round's ratio over the reference
+taken seconds apart, so that drift on a shared machine cancels out.
+
+The verification's speed check measures its candidates against the baseline this way
+(``autotune.verify``), and the ablation the winner's variants against the winner
+(``autotune.ablation``). On CPU the configurations are held alive side by side between
+windows (``_measure_held``); on GPUs each is started alone for each round
+(``_measure_in_turn``).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.document import Check
+from autotune.errors import NotVerified
+from autotune.protocol import Mode, Progress, ProgressEvent
+from autotune.stats import ratio_interval
+from autotune.trial import LiveTrial, TrialRunner
+
+# On GPUs each configuration is measured alone, in a fresh process per visit: a held
+# process keeps its CUDA context, workspaces and cached allocations, so the ones started
+# later would run out of device memory or settle on other cuDNN algorithms, and a GPU in
+# EXCLUSIVE_PROCESS compute mode admits one process at a time. Each visit pays a start
+# and a warm-up, so it measures several windows.
+WINDOWS_PER_VISIT = 3
+MIN_VISITS = 3
+
+
+def _no_progress(kind: ProgressEvent, info: dict[str, Any]) -> None:
+    return None
+
+
+def _reference_failed(failure: str | None, folder: Path) -> NotVerified:
+    return NotVerified(
+        f"the baseline failed while verification re-measured it ({failure}), after it ran in "
+        f"the search: nothing can be compared with it. Its log: {folder / 'log.txt'}. Run the "
+        "same command again to verify (the search is kept).")
+
+
+def hold_within_budget(live: list[LiveTrial | None], failures: list[str | None],
+                       budget: int | None) -> None:
+    """The processes held side by side share one memory budget (what one trial may
+    use): while together they use more, the largest candidate is stopped, never the
+    reference. Each trial's own limit applies only while it measures."""
+    if not budget:
+        return
+    while True:
+        sizes = [t.rss() if t is not None else 0 for t in live]
+        held = [i for i in range(1, len(live)) if live[i] is not None]
+        if sum(sizes) <= budget or not held:
+            return
+        largest = max(held, key=sizes.__getitem__)
+        failures[largest] = (
+            f"ran out of memory: the {sum(t is not None for t in live)} configurations held "
+            f"side by side used {sum(sizes) / 2**20:,.0f} MiB together, over the budget of "
+            f"{budget / 2**20:,.0f} MiB; this one, the largest ({sizes[largest] / 2**20:,.0f} "
+            "MiB), was stopped")
+        victim = live[largest]
+        if victim is not None:
+            victim.kill()
+        live[largest] = None
+
+
+def one_at_a_time(configs: Sequence[TrialConfig]) -> bool:
+    """Whether these configurations must never run side by side: any of them on a GPU."""
+    return any(cfg.device == "cuda" for cfg in configs)
+
+
+def _measure_held(runner: TrialRunner, configs: list[TrialConfig], *, rounds: int,
+                  progress: Progress, name: str,
+                  reference_label: str) -> tuple[list[list[float]], list[str | None]]:
+    """All held alive, warmed up and idle, then one window each in turn, rotating, round
+    after round. They start one at a time: setting one up never overlaps measuring another.
+    Together they keep within one memory budget (``hold_within_budget``)."""
+    live: list[LiveTrial | None] = []
+    failures: list[str | None] = [None] * len(configs)
+    values: list[list[float]] = [[] for _ in configs]
+    budget = runner.memory_limit_bytes
+    try:
+        for i, cfg in enumerate(configs):
+            progress(ProgressEvent.STEP,
+                     {"text": f"starting {_role(i, reference_label)}: {cfg.short()}"})
+            started = runner.start(cfg, name=f"{name}-{i}", mode={"mode": Mode.SERVE})
+            if not started.wait_ready():
+                failures[i] = started.result.describe_failure()
+                live.append(None)
+                continue
+            live.append(started)
+            hold_within_budget(live, failures, budget)
+        if live[0] is None:
+            raise _reference_failed(failures[0], runner.workdir / f"{name}-0")
+        for r in range(rounds):
+            hold_within_budget(live, failures, budget)
+            progress(ProgressEvent.SPEED, {"round": r + 1, "rounds": rounds})
+            for i in _rotation(len(configs), r):
+                held = live[i]
+                if held is None:
+                    continue
+                value = held.window()
+                if value is None:
+                    failures[i] = held.result.describe_failure()
+                    live[i] = None
+                    if i == 0:
+                        raise _reference_failed(failures[0], runner.workdir / f"{name}-0")
+                    continue
+                values[i].append(value)
+    finally:
+        for held in live:
+            if held is not None:
+                held.kill()
+    return values, failures
+
+
+def _measure_in_turn(runner: TrialRunner, configs: list[TrialConfig], *, rounds: int,
+                     progress: Progress, name: str,
+                     reference_label: str) -> tuple[list[list[float]], list[str | None]]:
+    """Each configuration alone: started fresh, warmed up, measured for WINDOWS_PER_VISIT
+    windows (their median is its value for the round) and ended before the next starts,
+    in rotating order, round after round, as the standalone pairs alternate. Nothing else
+    of autotune's is alive on the GPUs while one measures."""
+    visits = max(MIN_VISITS, math.ceil(rounds / WINDOWS_PER_VISIT))
+    failures: list[str | None] = [None] * len(configs)
+    values: list[list[float]] = [[] for _ in configs]
+    for r in range(visits):
+        progress(ProgressEvent.SPEED, {"round": r + 1, "rounds": visits})
+        for i in _rotation(len(configs), r):
+            if failures[i]:
+                continue
+            if r == 0:
+                progress(ProgressEvent.STEP, {"text": f"measuring {_role(i, reference_label)} "
+                                                      f"alone: {configs[i].short()}"})
+            started = runner.start(configs[i], name=f"{name}-{i}-{r}", mode={"mode": Mode.SERVE})
+            windows: list[float] = []
+            try:
+                if started.wait_ready():
+                    for _ in range(WINDOWS_PER_VISIT):
+                        value = started.window()
+                        if value is None:
+                            break
+                        windows.append(value)
+            finally:
+                started.kill()
+            if len(windows) < WINDOWS_PER_VISIT:
+                failures[i] = started.result.describe_failure()
+                if i == 0:
+                    raise _reference_failed(failures[0], runner.workdir / f"{name}-0-{r}")
+                continue
+            values[i].append(statistics.median(windows))
+    return values, failures
+
+
+def _role(i: int, reference_label: str) -> str:
+    return reference_label if i == 0 else f"candidate {i}"
+
+
+def _rotation(n: int, r: int) -> list[int]:
+    """Round ``r``'s order: R C1 C2, C1 C2 R, ... so no configuration is always first."""
+    shift = r % n
+    return list(range(n))[shift:] + list(range(n))[:shift]
+
+
+def speed_check(
+    runner: TrialRunner, reference: TrialConfig, others: list[TrialConfig], *,
+    rounds: int, progress: Progress = _no_progress, name: str = "verify-speed",
+    reference_label: str = "baseline",
+) -> tuple[dict[str, Any], list[Check]]:
+    """``reference`` and ``others`` measured in turn, round after round; per other, a
+    check that passes when its ratios over the reference's windows show it faster.
+    Returns the reference's rates and the checks. ``name`` names the trials' folders;
+    ``reference_label`` is what progress calls the reference (the ratios' denominator).
+    Raises NotVerified when the reference fails: nothing can be compared with it."""
+    configs = [reference, *others]
+    measure = _measure_in_turn if one_at_a_time(configs) else _measure_held
+    values, failures = measure(runner, configs, rounds=rounds, progress=progress, name=name,
+                               reference_label=reference_label)
+    base_values = values[0]
+    checks = []
+    for i in range(1, len(configs)):
+        if failures[i]:
+            checks.append(Check(False, {"reason": f"failed when re-measured: {failures[i]}"}))
+            continue
+        ratios = [v / b for v, b in zip(values[i], base_values)]
+        stats = ratio_interval(ratios)
+        passed = stats["ci_low"] > 1.0
+        detail = {**stats, "ratios": ratios, "samples_per_s": values[i],
+                  "median_samples_per_s": statistics.median(values[i])}
+        if not passed:
+            detail["reason"] = (
+                f"not faster than the baseline: speedup {stats['median']:.2f}x, "
+                f"{stats['ci_level']:.0%} interval {stats['ci_low']:.2f}-{stats['ci_high']:.2f}x "
+                "includes 1.0"
+            )
+        checks.append(Check(passed, detail))
+    return {"samples_per_s": base_values, "median_samples_per_s": statistics.median(base_values)}, checks
+
+
+def relative_to_level(rates: Sequence[Sequence[float]]) -> list[float]:
+    """Per configuration, the median over rounds of its rate over the round's level (the
+    geometric mean of all their rates in that round): configurations close to each other
+    are told apart by windows taken seconds apart, and one noisy reference window no
+    longer moves them all."""
+    rounds = min(len(r) for r in rates)
+    level = [math.exp(statistics.fmean(math.log(max(r[t], 1e-9)) for r in rates))
+             for t in range(rounds)]
+    return [statistics.median(r[t] / level[t] for t in range(rounds)) for r in rates]

@@ -1,0 +1,117 @@
+"""The package's shape: every module small enough to read, no import circle.
+
+A function-local import counts: it hides a circle, it does not remove it. Imports under
+``if TYPE_CHECKING:`` do not run, so they do not count."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "autotune"
+MAX_LINES = 600
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The autotune modules ``name`` imports, anywhere in its text."""
+    tree = ast.parse(path.read_text())
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if _type_checking_only(node, parents):
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        out.update(t for t in targets if t in known and t != name)
+    return out
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_is_longer_than_a_reader_can_hold():
+    long = {name: n for name, path in modules().items()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_no_import_circle():
+    found = modules()
+    # a package's __init__ is imported with each of its modules: that edge is not a circle
+    graph = {name: {m for m in imports(name, path, set(found)) if not name.startswith(m + ".")}
+             for name, path in found.items()}
+    assert circles(graph) == []
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("a->b b->a", [["a", "b"]]),
+    ("a->b b->c", []),
+    ("a->b b->c c->a d->a", [["a", "b", "c"]]),
+])
+def test_circles_finds_what_it_should(text, expected):
+    graph: dict[str, set[str]] = {}
+    for edge in text.split():
+        src, dst = edge.split("->")
+        graph.setdefault(src, set()).add(dst)
+        graph.setdefault(dst, set())
+    assert circles(graph) == expected
