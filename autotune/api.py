@@ -35,7 +35,7 @@ def tune(
     baseline itself cannot run."""
     from autotune.pipeline import output_folder
     from autotune.pipeline import tune as run_pipeline
-    from autotune.report import Reporter
+    from autotune.report.console import Reporter
     from autotune.space import parse_fixes
 
     items = [f"{k}={v}" for k, v in fix.items()] if isinstance(fix, Mapping) else list(fix)

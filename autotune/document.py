@@ -42,14 +42,14 @@ class Interval:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Interval:
-        """Also reads ``autotune.stats.ratio_interval``'s result, which has these keys."""
+        """Also reads ``autotune.verify.stats.ratio_interval``'s result, which has these keys."""
         return cls(median=data["median"], ci_low=data["ci_low"], ci_high=data["ci_high"],
                    ci_level=data["ci_level"])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Effect:
-    """A geometric-mean ratio (``autotune.stats.geometric_interval``) and its interval."""
+    """A geometric-mean ratio (``autotune.verify.stats.geometric_interval``) and its interval."""
 
     ratio: float
     ci_low: float
@@ -265,7 +265,7 @@ class Simplified:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Ablation:
-    """Why the winner won (``autotune.ablation``): each knob's worth, the path from the
+    """Why the winner won (``autotune.verify.ablation``): each knob's worth, the path from the
     baseline, and the simplified configuration; ``skipped`` when it could not be measured."""
 
     knobs: tuple[KnobEffect, ...] = ()
@@ -428,7 +428,7 @@ def _list(items: Sequence[Any]) -> list[dict[str, Any]]:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunDocument:
     """best_config.json. ``schema``, ``model_file_tuned``, ``launch`` and ``outputs`` are
-    added where the files are written (``autotune.emit.write_outputs``); a document read
+    added where the files are written (``autotune.emit.outputs.write_outputs``); a document read
     back from the folder carries them."""
 
     model_file: str

@@ -1,17 +1,17 @@
 """The measuring harness that a run (``autotune.pipeline``) and a re-verification
-(``autotune.reverify``) both set up: this machine's probe, the trial runner for a task
+(``autotune.verify.again``) both set up: this machine's probe, the trial runner for a task
 on it, and the emitted scripts of a configuration under test."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune import emit, launch
 from autotune.config import TrialConfig
+from autotune.emit import launch, outputs
 from autotune.probes import Machine, probe_machine
-from autotune.protocol import Measurement
 from autotune.task import Task
-from autotune.trial import TrialRunner
+from autotune.trials.protocol import Measurement
+from autotune.trials.runner import TrialRunner
 
 
 def probe_doc() -> Machine:
@@ -49,8 +49,8 @@ def candidate_emitter(task: Task, machine: Machine) -> Callable[[TrialConfig, Pa
     launcher's path."""
     def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
         env, _ = launch.environment(cfg, machine=machine)
-        doc = emit.write_outputs(folder, cfg=cfg, model_file=task.path, env=env,
+        doc = outputs.write_outputs(folder, cfg=cfg, model_file=task.path, env=env,
                                  document={"candidate": cfg.to_dict()},
                                  description=f"Train {task.path.name} (candidate)")
-        return emit.resolve(doc, folder, "launcher")
+        return outputs.resolve(doc, folder, "launcher")
     return emit_candidate

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune import __version__, emit, launch, measure_lock, outdir, proctree, stats, verify
+from autotune import __version__
 from autotune.config import TrialConfig
 from autotune.document import (
     Baseline,
@@ -24,18 +24,21 @@ from autotune.document import (
     Rejection,
     RunDocument,
 )
+from autotune.emit import launch, outdir, outputs
 from autotune.errors import NotVerified
 from autotune.harness import candidate_emitter, make_runner, probe_doc
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id
-from autotune.protocol import Failure
-from autotune.report import Reporter
-from autotune.report_files import write_report
-from autotune.search import SearchOutcome, Tuner, open_study
+from autotune.report.console import Reporter
+from autotune.report.files import write_report
+from autotune.search.study import repair_journal, storage_path, study_name
+from autotune.search.tuner import SearchOutcome, Tuner, open_study
 from autotune.space import Space, build_space
-from autotune.study import repair_journal, storage_path, study_name
 from autotune.task import Task, load_task
-from autotune.trial import TrialRunner
+from autotune.trials import measure_lock, proctree
+from autotune.trials.protocol import Failure
+from autotune.trials.runner import TrialRunner
+from autotune.verify import gates, stats
 
 if TYPE_CHECKING:
     import optuna
@@ -147,7 +150,7 @@ def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space,
     return candidates
 
 
-def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig, space: Space,
+def layout_effect(verdicts: list[gates.Verdict], top: TrialConfig, space: Space,
                   machine: Machine) -> LayoutEffect | None:
     """The first candidate against its layout contrast, window against window, where
     verification measured both."""
@@ -166,8 +169,8 @@ def layout_effect(verdicts: list[verify.Verdict], top: TrialConfig, space: Space
                         effect=Interval.from_json(stats.paired_ratio(multi, single)))
 
 
-def precision_note(chosen: TrialConfig, winner: verify.Verdict | None,
-                   verdicts: list[verify.Verdict], space: Space, *, exact: bool) -> PrecisionNote:
+def precision_note(chosen: TrialConfig, winner: gates.Verdict | None,
+                   verdicts: list[gates.Verdict], space: Space, *, exact: bool) -> PrecisionNote:
     """Which precision was chosen, how it was checked, why the others were not, and how
     to opt out: what the summary and best_config.json say about precision."""
     def label(cfg: TrialConfig) -> str:
@@ -188,7 +191,7 @@ def precision_note(chosen: TrialConfig, winner: verify.Verdict | None,
         opt_out = "run with --exact (or --fix precision=fp32) to keep everything in fp32"
     return PrecisionNote(
         chosen=chosen.precision,
-        checked=verify.describe_checks(winner) if winner is not None else None,
+        checked=gates.describe_checks(winner) if winner is not None else None,
         rejected=rejected,
         instead=(f"the fastest verified configuration ({label(chosen)})" if winner is not None
                  else "the baseline"),
@@ -198,8 +201,8 @@ def precision_note(chosen: TrialConfig, winner: verify.Verdict | None,
 
 def build_document(
     *, task: Task, machine: Machine, space: Space, chosen: TrialConfig,
-    baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: verify.Verdict | None,
-    verdicts: list[verify.Verdict], search: dict[str, Any], exact: bool,
+    baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: gates.Verdict | None,
+    verdicts: list[gates.Verdict], search: dict[str, Any], exact: bool,
     layout: LayoutEffect | None, environment: Mapping[str, str],
 ) -> RunDocument:
     """The run's document, assembled once from what each stage built."""
@@ -209,7 +212,7 @@ def build_document(
     best = None
     if winner is not None and claim is not None:
         result = (search.get("results", {}).get(str(chosen))
-                  or search.get("results_by_work", {}).get(verify.work_key(chosen), {}))
+                  or search.get("results_by_work", {}).get(gates.work_key(chosen), {}))
         best = Best(samples_per_s=claim.median_samples_per_s,
                     peak_mem_mb=result.get("peak_rss_mb"), one_time_s=result.get("one_time_s"),
                     cuda_peak_mb=result.get("cuda_peak_mb"),
@@ -231,7 +234,7 @@ def build_document(
         precision=precision_note(chosen, winner, verdicts, space, exact=exact),
         rejected=tuple(Rejection(config=v.config, reason=v.reason, checks=dict(v.checks))
                        for v in verdicts if v is not winner and not v.passed),
-        candidates=tuple(verify.outcomes(verdicts, winner)),
+        candidates=tuple(gates.outcomes(verdicts, winner)),
         search={k: v for k, v in search.items() if k not in ("results", "results_by_work")},
         space=space.describe(), layout_effect=layout, environment=environment,
         ablation=winner.ablation if winner is not None else None)
@@ -336,15 +339,15 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
         "results": {str(c.config): c.result for c in outcome.ranked},
         # by what the configuration computes: where ablation dropped a placement knob
         # (threads, workers), what was measured of the same work still tells its memory
-        "results_by_work": {verify.work_key(c.config): c.result for c in reversed(outcome.ranked)},
+        "results_by_work": {gates.work_key(c.config): c.result for c in reversed(outcome.ranked)},
     }
-    settings = verify.Settings(rounds=options.rounds, pairs=options.pairs,
+    settings = gates.Settings(rounds=options.rounds, pairs=options.pairs,
                                pair_seconds=options.pair_seconds,
                                max_quality_drop=options.max_quality_drop,
                                pinned=frozenset(options.fixed))
     if candidates:
         reporter.info(f"verifying {len(candidates)} candidates against the baseline ...")
-        winner, verdicts, base_speed = verify.verify_candidates(
+        winner, verdicts, base_speed = gates.verify_candidates(
             runner, baseline=baseline_cfg, candidates=candidates, reserve=ranked,
             settings=settings, has_evaluate=task.has_evaluate,
             emit_candidate=candidate_emitter(task, machine),
@@ -363,7 +366,7 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
         base_speed=base_speed, winner=winner, verdicts=verdicts, search=search_info,
         exact=options.exact, environment=env,
         layout=layout_effect(verdicts, candidates[0], space, machine) if candidates else None)
-    doc = emit.write_outputs(out, cfg=chosen, model_file=task.path, env=env,
+    doc = outputs.write_outputs(out, cfg=chosen, model_file=task.path, env=env,
                              document=document.to_json(),
                              description=f"Train {task.path.name} with the configuration "
                                          "autotune verified on this machine.",

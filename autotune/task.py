@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune import proctree
 from autotune.errors import ContractError
 from autotune.runtime.knobs import Precision
+from autotune.trials import proctree
 
 REQUIRED = ("build_model", "build_dataset")
 OPTIONAL_FUNCTIONS = (

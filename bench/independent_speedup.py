@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import emit
 from autotune.config import TrialConfig
-from autotune.stats import median_interval
-from autotune.trial import run_launcher
+from autotune.emit import outputs as emit
+from autotune.trials.runner import run_launcher
+from autotune.verify.stats import median_interval
 
 
 def main() -> int:

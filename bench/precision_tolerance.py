@@ -19,11 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import verify
 from autotune.config import TrialConfig
 from autotune.probes import probe_machine
 from autotune.task import load_task
-from autotune.trial import Measurement, TrialRunner
+from autotune.trials.runner import Measurement, TrialRunner
+from autotune.verify import gates as verify
 
 WORKLOADS = [ROOT / "examples" / "fashion_cnn.py",
              *sorted((ROOT / "bench" / "workloads").glob("*.py"))]

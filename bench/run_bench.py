@@ -35,14 +35,14 @@ from optuna.trial import TrialState
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import side_by_side, stats
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.pipeline import build_task_space, heuristics
 from autotune.probes import probe_machine
-from autotune.search import Tuner, open_study
+from autotune.search.tuner import Tuner, open_study
 from autotune.task import load_task
-from autotune.trial import Measurement, TrialRunner
+from autotune.trials.runner import Measurement, TrialRunner
+from autotune.verify import side_by_side, stats
 
 WORKLOADS = {
     "fashion_cnn": ROOT / "examples" / "fashion_cnn.py",

@@ -26,10 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import emit, launch, stats
 from autotune.config import TrialConfig
+from autotune.emit import launch
+from autotune.emit import outputs as emit
 from autotune.probes import probe_machine
-from autotune.trial import Measurement, TrialRunner, run_launcher
+from autotune.trials.runner import Measurement, TrialRunner, run_launcher
+from autotune.verify import stats
 
 
 def steal_ticks() -> int:

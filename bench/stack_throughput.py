@@ -25,8 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import emit, launch, stack_configs
 from autotune.config import TrialConfig
+from autotune.emit import launch
+from autotune.emit import outputs as emit
+from autotune.emit import stacks as stack_configs
 from autotune.probes import probe_machine
 
 COMMON = '''

@@ -28,7 +28,7 @@ def machine_doc() -> dict:
 def processes_of(marker: str) -> list[psutil.Process]:
     """Live processes whose command line, working directory or trial folder (the
     variable every trial's processes inherit) mentions ``marker``."""
-    from autotune.trial import TRIAL_DIR_VARIABLE
+    from autotune.trials.runner import TRIAL_DIR_VARIABLE
 
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "cwd", "status"], ad_value=None):

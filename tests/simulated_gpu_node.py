@@ -31,7 +31,7 @@ from typing import Any
 from stand_in import StandIn
 
 from autotune.config import TrialConfig
-from autotune.trial import TrialResult
+from autotune.trials.runner import TrialResult
 
 GiB = 2**30
 CONTEXT_BYTES = GiB // 2

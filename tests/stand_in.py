@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.trial import TrialResult
+from autotune.trials.runner import TrialResult
 
 
 class StandIn:

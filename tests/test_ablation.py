@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune import ablation
 from autotune.config import TrialConfig
 from autotune.document import Ablation
 from autotune.space import parse_fixes
 from autotune.task import load_task
+from autotune.verify import ablation
 
 from tests.test_machine_matrix import StandInRunner, machine
 from tests.test_standalone import _tune
@@ -115,7 +115,7 @@ def test_when_knobs_complement_each_other_the_path_still_multiplies_to_the_verif
     by_knob = {s["knobs"][0]: s["ratio"] for s in path["steps"]}
     assert by_knob["batch_size"] == pytest.approx(1.5, rel=0.02)  # batch first, as ordered
     assert by_knob["precision"] == pytest.approx(2.0, rel=0.02)
-    from autotune.advisor import ablation_lines
+    from autotune.report.advice import ablation_lines
 
     lines = [line.strip() for line in ablation_lines(found, doc)]
     assert any("steps multiply to" in line and line.endswith(": inside") for line in lines), lines
@@ -190,6 +190,6 @@ def test_when_the_simplified_configuration_fails_alone_the_full_winner_says_its_
     for knob in found["knobs"]:
         if not knob["kept"]:
             assert "but kept" in knob["note"]
-    from autotune.advisor import ablation_lines
+    from autotune.report.advice import ablation_lines
 
     assert not any("removed from the emitted" in line for line in ablation_lines(found, doc))

@@ -11,12 +11,12 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.advisor import advise, param_importances, throughput_by_value
-from autotune.study import study_name
+from autotune.report.advice import advise, param_importances, throughput_by_value
+from autotune.search.study import study_name
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report" / "best_config.json"
 
-# The ablation as the pipeline records it (autotune.ablation.measure), for the winner of
+# The ablation as the pipeline records it (autotune.verify.ablation.measure), for the winner of
 # the fixture run.
 ABLATION = {
     "knobs": [

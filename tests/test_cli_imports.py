@@ -21,7 +21,7 @@ try:
 except SystemExit as exc:  # --version and --help exit from argparse
     code = exc.code
 print(json.dumps({"code": code, "loaded": sorted(
-    m for m in ("optuna", "autotune.pipeline", "autotune.search", "autotune.study") if m in sys.modules)}))
+    m for m in ("optuna", "autotune.pipeline", "autotune.search.tuner", "autotune.search.study") if m in sys.modules)}))
 """
 
 

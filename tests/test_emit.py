@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune import emit, launch
 from autotune.config import TrialConfig
+from autotune.emit import launch
+from autotune.emit import outputs as emit
 
 from helpers import MODELS, REPO, machine_doc
 

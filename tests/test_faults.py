@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.trial import Measurement, TrialRunner
+from autotune.trials.runner import Measurement, TrialRunner
 
 from helpers import kernel_oom_kills, processes_of, survivors
 
@@ -96,7 +96,7 @@ def test_hang_before_first_step_is_a_timeout(run_trial, nprocs):
                              timeout_s=timeout_s, hang_s=3)
     assert result.status == "failed" and result.failure == "timeout", describe(result)
     assert timeout_s <= result.wall_s < timeout_s + 10, describe(result)
-    workers = [c for c in seen.values() if "autotune.worker" in c]
+    workers = [c for c in seen.values() if "autotune.trials.worker" in c]
     assert len(workers) >= nprocs + (1 if nprocs > 1 else 0), seen  # launcher + ranks
 
 

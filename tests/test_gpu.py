@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import emit, launch
 from autotune.config import TrialConfig
-from autotune.trial import Measurement, TrialRunner
+from autotune.emit import launch
+from autotune.emit import outputs as emit
+from autotune.trials.runner import Measurement, TrialRunner
 
 from helpers import MODELS, REPO
 

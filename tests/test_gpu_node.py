@@ -16,7 +16,7 @@ from simulated_gpu_node import GiB, SimModel, SimulatedGpuNode
 
 from autotune import pipeline
 from autotune.config import TrialConfig
-from autotune.report import Reporter
+from autotune.report.console import Reporter
 from autotune.task import load_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "machines"

@@ -170,7 +170,7 @@ def test_memory_exhaustion_at_the_default_limit_spares_the_machine(tmp_path):
     memory grows without bound is stopped by the tuner: the kernel OOM killer never fires."""
     from autotune.config import TrialConfig
     from autotune.harness import memory_limit, probe_doc
-    from autotune.trial import Measurement, TrialRunner
+    from autotune.trials.runner import Measurement, TrialRunner
 
     limit = memory_limit(probe_doc())
     if not limit:

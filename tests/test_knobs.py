@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune import emit, launch
 from autotune.config import TrialConfig
+from autotune.emit import launch
+from autotune.emit import outputs as emit
 from autotune.probes import probe_machine
-from autotune.trial import Measurement, TrialRunner
+from autotune.trials.runner import Measurement, TrialRunner
 
 MODEL = Path(__file__).parent / "models" / "knob_cnn.py"
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune import launch
 from autotune.config import TrialConfig
-from autotune.trial import Measurement, TrialRunner
+from autotune.emit import launch
+from autotune.trials.runner import Measurement, TrialRunner
 
 from helpers import MODELS, machine_doc
 
@@ -131,7 +131,7 @@ def test_compile_cache_stays_where_torch_keeps_it_for_the_user():
     must not follow it there (every run would compile from scratch)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from autotune.trial import compile_cache_env
+    from autotune.trials.runner import compile_cache_env
 
     assert compile_cache_env({}) == {"TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}
     assert compile_cache_env({"TORCHINDUCTOR_CACHE_DIR": "/mine"}) == {}

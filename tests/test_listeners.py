@@ -10,9 +10,10 @@ import time
 import psutil
 import pytest
 
-from autotune import emit, launch
 from autotune.config import TrialConfig
-from autotune.trial import Measurement, TrialRunner
+from autotune.emit import launch
+from autotune.emit import outputs as emit
+from autotune.trials.runner import Measurement, TrialRunner
 
 from helpers import MODELS, machine_doc
 
@@ -95,7 +96,7 @@ def test_the_dashboard_listens_on_loopback_only(tmp_path):
     import urllib.request
 
     pytest.importorskip("optuna_dashboard", reason="the dashboard extra is not installed")
-    from autotune.search import open_study
+    from autotune.search.tuner import open_study
 
     open_study(storage_path=tmp_path / "study.journal", study_name="s").optimize(
         lambda t: t.suggest_float("x", 0, 1), n_trials=2)

@@ -20,9 +20,9 @@ from stand_in import StandIn
 
 from autotune import pipeline
 from autotune.config import TrialConfig
-from autotune.report import Reporter
+from autotune.report.console import Reporter
 from autotune.task import load_task
-from autotune.trial import TrialResult
+from autotune.trials.runner import TrialResult
 
 FIXTURES = Path(__file__).parent / "fixtures" / "machines"
 MODELS = Path(__file__).parent / "models"

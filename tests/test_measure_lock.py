@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from autotune import measure_lock
+from autotune.trials import measure_lock
 
 HOLD_AND_REPORT = textwrap.dedent("""
     import sys, time
-    from autotune import measure_lock
+    from autotune.trials import measure_lock
     measure_lock.acquire(poll_s=0.02, notice=lambda text: None)
     print(time.time(), flush=True)
     measure_lock.release()

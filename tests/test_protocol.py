@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from autotune.protocol import Event, Failure, Measurement, Mode, Role, Status
-from autotune.trial import LiveTrial, TrialResult
-from autotune.worker import Events
+from autotune.trials.protocol import Event, Failure, Measurement, Mode, Role, Status
+from autotune.trials.runner import LiveTrial, TrialResult
+from autotune.trials.worker import Events
 
 
 def test_vocabularies_are_strings_in_json():

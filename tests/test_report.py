@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.report import Reporter
-from autotune.trial import TrialResult
+from autotune.report.console import Reporter
+from autotune.trials.runner import TrialResult
 
 MARKUP = "[/data/train] and [bold]x[/]"
 
@@ -56,8 +56,8 @@ def test_progress_through_a_pipe_is_one_line_per_event_however_long(tmp_path):
     import sys
 
     long_path = "/data/" + "x" * 200
-    code = ("from autotune.report import Reporter\n"
-            "from autotune.trial import TrialResult\n"
+    code = ("from autotune.report.console import Reporter\n"
+            "from autotune.trials.runner import TrialResult\n"
             "r = Reporter()\n"
             f"r.info('resuming the study in {long_path}')\n"
             f"r.warn('OMP_NUM_THREADS is set in your environment: {long_path}')\n"
@@ -74,7 +74,7 @@ def test_optunas_own_info_lines_stay_out_of_the_progress(tmp_path, capsys):
 
     import optuna
 
-    from autotune.search import open_study
+    from autotune.search.tuner import open_study
 
     before = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(logging.INFO)
@@ -92,7 +92,7 @@ def test_at_a_terminal_the_bar_shows_the_configuration_measured_now_against_base
     from rich.console import Console
 
     from autotune.config import TrialConfig
-    from autotune.trial import TrialResult
+    from autotune.trials.runner import TrialResult
 
     reporter = Reporter()
     screen = io.StringIO()

@@ -18,8 +18,8 @@ from test_advisor import ABLATION, build_study, load_doc
 
 from autotune.commands import report as report_command
 from autotune.commands import show as show_command
-from autotune.report_files import PLOTS_HINT, write_report
-from autotune.study import load_study
+from autotune.report.files import PLOTS_HINT, write_report
+from autotune.search.study import load_study
 
 PLOTS = ("history.png", "knobs.png", "ablation.png", "path.png", "verification.png")
 

@@ -77,9 +77,9 @@ from pathlib import Path
 
 from autotune.pipeline import heuristics
 from autotune.probes import as_machine
-from autotune.search import Tuner, open_study
+from autotune.search.tuner import Tuner, open_study
 from autotune.space import build_space
-from autotune.trial import TrialResult
+from autotune.trials.runner import TrialResult
 
 
 journal, opts = Path(sys.argv[1]), json.loads(sys.argv[2])

@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune import emit, worker
 from autotune.config import TrialConfig
-from autotune.protocol import Failure, Measurement, Mode, Status
+from autotune.emit import outputs as emit
 from autotune.runtime.distributed import Distributed
 from autotune.runtime.loop import Checkpoints, Metrics, evaluate, train
 from autotune.runtime.model import NonFiniteLoss, build_model, check_finite, make_step, sync_batchnorm
 from autotune.runtime.session import Session, apply_process_knobs
-from autotune.trial import TrialResult, TrialRunner, run_launcher
+from autotune.trials import worker
+from autotune.trials.protocol import Failure, Measurement, Mode, Status
+from autotune.trials.runner import TrialResult, TrialRunner, run_launcher
 
 TINY_MODEL = '''
 import time

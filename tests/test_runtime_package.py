@@ -12,8 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autotune import emit, launch
 from autotune.config import TrialConfig
+from autotune.emit import launch
+from autotune.emit import outputs as emit
 
 from helpers import MODELS, REPO, machine_doc
 
@@ -66,7 +67,7 @@ def test_importing_the_runtime_starts_no_rank_pins_nothing_and_prints_nothing(tm
 def test_the_rank_start_up_and_the_workers_top_import_no_torch():
     """ranks.bootstrap() must run before torch is imported, so neither ranks nor the
     worker's own module may import it."""
-    for module in ("autotune.runtime.ranks", "autotune.runtime.knobs", "autotune.config", "autotune.worker"):
+    for module in ("autotune.runtime.ranks", "autotune.runtime.knobs", "autotune.config", "autotune.trials.worker"):
         proc = fresh_python(f"import sys, {module}; print('torch' in sys.modules)")
         assert proc.returncode == 0 and proc.stdout.strip() == "False", (module, proc.stderr[-2000:])
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.protocol import Role
-from autotune.search import Tuner, open_study
+from autotune.search.study import StudyDamaged, repair_journal
+from autotune.search.tuner import Tuner, open_study
 from autotune.space import build_space
-from autotune.study import StudyDamaged, repair_journal
-from autotune.trial import TrialResult
+from autotune.trials.protocol import Role
+from autotune.trials.runner import TrialResult
 
 MACHINE = {"cpu": {"usable_cores": 2, "usable_cpus": [0, 1], "isa": {}},
            "backends": {"gloo": True}, "allocators": {}, "gpus": [],

@@ -15,8 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune import emit, launch, stack_configs
 from autotune.config import TrialConfig
+from autotune.emit import launch
+from autotune.emit import outputs as emit
+from autotune.emit import stacks as stack_configs
 
 from helpers import MODELS, machine_doc
 

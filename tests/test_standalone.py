@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune import pipeline, standalone
+from autotune import pipeline
 from autotune.config import TrialConfig
 from autotune.errors import NotVerified
-from autotune.report import Reporter
-from autotune.reverify import reverify
+from autotune.report.console import Reporter
+from autotune.verify import standalone
+from autotune.verify.again import reverify
 
 from tests.test_machine_matrix import StandInRunner, machine
 

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from autotune import stats
+from autotune.verify import stats
 
 
 def test_median_interval_uses_order_statistics_with_sign_test_coverage():

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from test_emit import no_autotune_env, run_launcher  # noqa: F401  (a fixture, used by name)
 
-from autotune import emit, launch
 from autotune.config import TrialConfig
+from autotune.emit import launch
+from autotune.emit import outputs as emit
 
 from helpers import MODELS, machine_doc
 

@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.trial import Measurement, TrialRunner
+from autotune.trials.runner import Measurement, TrialRunner
 
 from helpers import MODELS, machine_doc
 
@@ -154,9 +154,9 @@ QUICK = {"nprocs": 1, "num_workers": 0, "precision": "fp32", "affinity": "none",
 def test_failing_trial_is_recorded_and_the_study_goes_on(tmp_path):
     from optuna.trial import TrialState
 
-    from autotune.protocol import Role
-    from autotune.search import Tuner, open_study
+    from autotune.search.tuner import Tuner, open_study
     from autotune.space import build_space
+    from autotune.trials.protocol import Role
 
     machine = machine_doc()
     # One process and few other knobs: the search is mostly over batch sizes.
@@ -204,7 +204,7 @@ class _StubRunner:
         self.configs: list[TrialConfig] = []
 
     def run(self, cfg, *, name, on_window=None, **_):
-        from autotune.trial import TrialResult
+        from autotune.trials.runner import TrialResult
 
         self.configs.append(cfg)
         value = 100.0 if cfg.threads is None else 50.0
@@ -215,7 +215,7 @@ class _StubRunner:
 # Regression guard: the best trial is the baseline (threads=None) and the layout of the
 # threads it ran with (1x2) is not in the space (threads pinned to 1).
 def test_study_with_pinned_threads_survives_a_fastest_baseline(tmp_path):
-    from autotune.search import Tuner, open_study
+    from autotune.search.tuner import Tuner, open_study
     from autotune.space import build_space
 
     space = build_space(machine_doc(), baseline_batch=16, dataset_len=512,

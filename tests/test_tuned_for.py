@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune import emit
 from autotune.config import TrialConfig
+from autotune.emit import outputs as emit
 
 MODEL = Path(__file__).parent / "models" / "knob_cnn.py"
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune import side_by_side, stats, verify
 from autotune.config import TrialConfig
-from autotune.trial import Measurement, TrialRunner
+from autotune.trials.runner import Measurement, TrialRunner
+from autotune.verify import gates as verify
+from autotune.verify import side_by_side, stats
 
 MODELS = Path(__file__).parent / "models"
 SHORT = Measurement(warmup_steps=2, window_s=0.3, windows=2)
@@ -172,7 +173,7 @@ class _Scripted:
         self.losses, self.metric, self.runs = losses, metric, []
 
     def run(self, cfg, *, name, trajectory_steps=None, quality_steps=None, **kwargs):
-        from autotune.trial import TrialResult
+        from autotune.trials.runner import TrialResult
 
         self.runs.append(cfg)
         if trajectory_steps is not None:

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from autotune.study import storage_path
+    from autotune.search.study import storage_path
 
     journal = storage_path(args.out)
     if not journal.exists():

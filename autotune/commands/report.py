@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from autotune.report_files import write_report
+    from autotune.report.files import write_report
 
     for path in write_report(args.out):
         print(path)

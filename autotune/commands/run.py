@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from autotune.pipeline import EXIT_NOT_VERIFIED, EXIT_VERIFIED, output_folder, tune
-    from autotune.report import Reporter
+    from autotune.report.console import Reporter
     from autotune.space import parse_fixes
 
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)

@@ -16,10 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from autotune.advisor import advise
-    from autotune.report import Reporter
+    from autotune.report.advice import advise
+    from autotune.report.console import Reporter
     from autotune.result import read_document
-    from autotune.study import load_study
+    from autotune.search.study import load_study
 
     doc = read_document(args.out)
     if args.json:

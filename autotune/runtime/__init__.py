@@ -1,7 +1,7 @@
 """The training runtime: apply a configuration's in-process knobs and train.
 
 Shared by the trial worker (which measures) and the generated ``train_tuned.py`` (which
-trains): ``autotune.emit`` copies these files, unchanged, beside the script as the
+trains): ``autotune.emit.outputs`` copies these files, unchanged, beside the script as the
 package ``tuned_runtime``, so the script runs the very code that was measured. Hence
 every import in here is relative and nothing imports autotune; the configuration comes
 as plain data (``knobs.ConfigDict``).

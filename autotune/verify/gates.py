@@ -10,9 +10,9 @@
              them and drops those not faster.
 4. standalone  the fastest one's emitted launch.sh against the baseline's script, each
              run alone on the machine, alternating, pair after pair: the speedup
-             autotune prints is this one (``autotune.standalone``).
+             autotune prints is this one (``autotune.verify.standalone``).
 
-Between 3 and 4 the fastest one's knobs are measured one by one (``autotune.ablation``);
+Between 3 and 4 the fastest one's knobs are measured one by one (``autotune.verify.ablation``);
 the knobs worth nothing measurable are dropped, and that simpler configuration, gated
 again, is run alone first.
 
@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune import ablation, standalone
 from autotune.config import TrialConfig
 from autotune.document import (
     Ablation,
@@ -41,10 +40,11 @@ from autotune.document import (
 )
 from autotune.errors import NotVerified
 from autotune.options import RunOptions
-from autotune.protocol import Failure, Progress, ProgressEvent, Status
-from autotune.side_by_side import relative_to_level, speed_check
-from autotune.stats import ratio_interval, rerun_interval, spread
-from autotune.trial import TrialResult, TrialRunner
+from autotune.trials.protocol import Failure, Progress, ProgressEvent, Status
+from autotune.trials.runner import TrialResult, TrialRunner
+from autotune.verify import ablation, standalone
+from autotune.verify.side_by_side import relative_to_level, speed_check
+from autotune.verify.stats import ratio_interval, rerun_interval, spread
 
 # The numerics check's bound on ``loss_divergence(...)["max_of_initial"]``: the worst
 # step's loss difference from the fp32 reference, relative to the reference's first
@@ -457,7 +457,7 @@ def screen(runner: TrialRunner, baseline: TrialConfig, candidates: list[TrialCon
 
 def ablate(runner: TrialRunner, top: Verdict, baseline: TrialConfig, *, settings: Settings,
            has_evaluate: bool, speed_windows: int, progress: Progress) -> Verdict | None:
-    """Measure each of ``top``'s knobs against the baseline's value (``autotune.ablation``)
+    """Measure each of ``top``'s knobs against the baseline's value (``autotune.verify.ablation``)
     and record it on ``top``. Returns the verdict of the simplified configuration (the
     knobs worth nothing measurable dropped, gated again) when there is one that passes:
     it is run alone before ``top``."""

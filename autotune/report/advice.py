@@ -4,7 +4,7 @@ hardware would open up.
 
 Every line is derived from measurements in best_config.json and the Optuna study; none is
 a rule of thumb. ``autotune show`` prints the lines after the summary and the report
-(``autotune.report_files``) lists them, so both say the same thing.
+(``autotune.report.files``) lists them, so both say the same thing.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Layout
-from autotune.study import quiet_optuna
+from autotune.search.study import quiet_optuna
 
 # What other hardware or software would add to the search, keyed by the space's
 # "knob[=value]" exclusion and a fragment of its reason (so "--exact keeps fp32", a choice

@@ -4,7 +4,7 @@ inline, nothing fetched from anywhere) that opens offline and can be mailed or a
 to a CI job.
 
 Both hold the summary (the chosen configuration against the baseline), the advice
-(``autotune.advisor``) and the tables behind it: every trial of the search, verification's
+(``autotune.report.advice``) and the tables behind it: every trial of the search, verification's
 per-round ratios, the ablation. Plots need matplotlib (a dependency of autotune);
 without it the tables are all there and the report says how to get the plots. The study
 is only read, never written: reading it with ``optuna.create_study(load_if_exists=True)``
@@ -24,12 +24,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune import advisor
 from autotune.config import TrialConfig
 from autotune.errors import UsageError
-from autotune.protocol import Failure
+from autotune.report import advice
 from autotune.result import read_document
-from autotune.study import folder_of, load_study
+from autotune.search.study import folder_of, load_study
+from autotune.trials.protocol import Failure
 
 MARKDOWN_NAME = "report.md"
 HTML_NAME = "report.html"
@@ -67,7 +67,7 @@ def write_report(out: str | os.PathLike[str], *, doc: dict[str, Any] | None = No
             notes.append(str(exc))
     if study is None and not notes:
         notes.append("No study.journal in the folder: the search's trials are left out.")
-    lines = advisor.advise(doc, study=study)
+    lines = advice.advise(doc, study=study)
     tables = report_tables(doc, study)
     plots = write_plots(folder / PLOTS_DIR, doc, study)
     if plots is None:
@@ -109,7 +109,7 @@ def _facts(doc: dict[str, Any]) -> Table:
 
 def _config_table(doc: dict[str, Any]) -> Table:
     base = doc["baseline"]["config"]
-    rows = [[key, advisor.shown(base.get(key)), advisor.shown(value) + (" ←" if base.get(key) != value else "")]
+    rows = [[key, advice.shown(base.get(key)), advice.shown(value) + (" ←" if base.get(key) != value else "")]
             for key, value in doc["config"].items()]
     return Table("Configuration", ["knob", "baseline", "chosen"], rows,
                  "default: PyTorch's own default (autotune sets nothing); ← changed from the baseline")
@@ -119,7 +119,7 @@ def _short(config: dict[str, Any] | None) -> str:
     try:
         return TrialConfig.from_dict(config).short() if config else ""
     except (UsageError, TypeError):
-        return ", ".join(f"{k}={advisor.shown(v)}" for k, v in config.items()) if config else ""
+        return ", ".join(f"{k}={advice.shown(v)}" for k, v in config.items()) if config else ""
 
 
 def _value(t: FrozenTrial) -> float | None:
@@ -181,7 +181,7 @@ def _verification_tables(doc: dict[str, Any]) -> list[Table]:
 
 
 def _ablation_table(ablation: dict[str, Any]) -> Table:
-    rows = [[str(k.get("knob")), advisor.shown(k.get("baseline")), advisor.shown(k.get("winner")),
+    rows = [[str(k.get("knob")), advice.shown(k.get("baseline")), advice.shown(k.get("winner")),
              f"{k['ratio']:.2f}x" if k.get("ratio") is not None else "", _interval(k),
              "kept" if k.get("kept", True) else "removed", str(k.get("note") or "")]
             for k in ablation.get("knobs") or []]
@@ -192,7 +192,7 @@ def _ablation_table(ablation: dict[str, Any]) -> Table:
 
 def _path_table(found: dict[str, Any], doc: dict[str, Any]) -> Table:
     rows = [["+ " + ", ".join(step["knobs"]),
-             ", ".join(f"{advisor.shown(b)} -> {advisor.shown(w)}" for b, w in zip(step["baseline"], step["winner"])),
+             ", ".join(f"{advice.shown(b)} -> {advice.shown(w)}" for b, w in zip(step["baseline"], step["winner"])),
              f"{step['ratio']:.2f}x", _interval(step), "kept" if step["kept"] else "removed"]
             for step in found["steps"]]
     rows.append(["= the winner over the baseline", "", f"{found['total']:.2f}x", _interval(found), ""])
@@ -312,7 +312,7 @@ def _draw_knobs(figure: Callable[[float, float], Figure], study: optuna.Study,
                 doc: dict[str, Any]) -> Figure | None:
     """One small panel per searched knob: each completed trial's throughput at its value of
     the knob, and the median per value."""
-    by_value = advisor.throughput_by_value(study, doc)
+    by_value = advice.throughput_by_value(study, doc)
     if not by_value:
         return None
     cols = min(3, len(by_value))
@@ -324,7 +324,7 @@ def _draw_knobs(figure: Callable[[float, float], Figure], study: optuna.Study,
             spread = [x + 0.25 * ((j % 5) - 2) / 2 for j in range(len(values))]  # fixed jitter: no randomness
             ax.scatter(spread, values, s=18, color="tab:blue", alpha=0.7)
             ax.hlines(statistics.median(values), x - 0.3, x + 0.3, color="tab:red", linewidth=2)
-        ax.set_xticks(range(len(groups)), [advisor.shown(v) for v in groups], fontsize="small")
+        ax.set_xticks(range(len(groups)), [advice.shown(v) for v in groups], fontsize="small")
         ax.set_title(knob, fontsize="medium")
         ax.set_ylim(bottom=0)
         ax.grid(axis="y", alpha=0.3)
@@ -347,7 +347,7 @@ def _draw_ablation(figure: Callable[[float, float], Figure], doc: dict[str, Any]
     # bars grow from 1.00 (no effect): right where the knob helps, left where it hurts
     ax.barh(list(ys), [r - 1.0 for r in ratios], left=1.0, xerr=errors, color=colors, capsize=4)
     ax.axvline(1.0, color="black", linewidth=1)
-    ax.set_yticks(list(ys), [f"{k['knob']} {advisor.shown(k.get('baseline'))} -> {advisor.shown(k.get('winner'))}"
+    ax.set_yticks(list(ys), [f"{k['knob']} {advice.shown(k.get('baseline'))} -> {advice.shown(k.get('winner'))}"
                              for k in knobs])
     ax.invert_yaxis()
     ax.set_xlabel("winner's speed over the winner with the knob at the baseline's value (gray: removed)")

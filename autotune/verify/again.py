@@ -14,16 +14,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune import emit, measure_lock, outdir, proctree, verify
 from autotune.config import TrialConfig
 from autotune.document import Speedup
+from autotune.emit import outdir, outputs
 from autotune.harness import candidate_emitter, make_runner, probe_doc
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, fingerprint, fingerprint_diff
-from autotune.report import Reporter
+from autotune.report.console import Reporter
 from autotune.result import read_document
 from autotune.task import load_task
-from autotune.trial import TrialRunner
+from autotune.trials import measure_lock, proctree
+from autotune.trials.runner import TrialRunner
+from autotune.verify import gates
 
 
 def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Reporter,
@@ -38,7 +40,7 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     doc = read_document(out)
     folder = Path(out)
     folder = (folder if folder.is_dir() else folder.parent).absolute()
-    task = load_task(emit.model_file(doc, folder, override=model_file))
+    task = load_task(outputs.model_file(doc, folder, override=model_file))
     cfg = TrialConfig.from_dict(doc["config"])
     baseline = TrialConfig.from_dict(doc["baseline"]["config"])
     machine = as_machine(machine) if machine is not None else probe_doc()
@@ -57,15 +59,15 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
                 task, machine, folder, window_s=options.window_s, windows=options.windows,
                 trial_timeout_s=options.trial_timeout_s, hang_timeout_s=options.hang_timeout_s)
             emit_baseline = candidate_emitter(task, machine)
-            winner, verdicts, base_speed = verify.verify_candidates(
+            winner, verdicts, base_speed = gates.verify_candidates(
                 runner, baseline=baseline, candidates=[cfg],
-                settings=verify.Settings(rounds=options.rounds, pairs=options.pairs,
+                settings=gates.Settings(rounds=options.rounds, pairs=options.pairs,
                                          pair_seconds=options.pair_seconds,
                                          max_quality_drop=options.max_quality_drop,
                                          ablation=False),  # the configuration as emitted
                 has_evaluate=task.has_evaluate,
                 # the user's launch.sh as it is; the baseline's script written afresh
-                emit_candidate=lambda c, where: (emit.resolve(doc, folder, "launcher") if c == cfg
+                emit_candidate=lambda c, where: (outputs.resolve(doc, folder, "launcher") if c == cfg
                                                  else emit_baseline(c, where)),
                 workdir=folder / "reverify", progress=reporter.verify)
     finally:

@@ -3,7 +3,7 @@ reading it to report, repairing it after a cut-short write.
 
 One study per (model file, machine fingerprint), stored in the output folder as an Optuna
 journal file (``study.journal``), so running the same command again resumes it. How the
-search samples and prunes is ``autotune.search``'s business; this module only stores.
+search samples and prunes is ``autotune.search.tuner``'s business; this module only stores.
 """
 from __future__ import annotations
 

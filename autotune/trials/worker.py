@@ -1,8 +1,8 @@
 """What runs inside a trial process: apply the knobs, train, measure, report.
 
-Started by ``autotune.trial`` as ``python -m autotune.worker SPEC`` (one process) or
+Started by ``autotune.trials.runner`` as ``python -m autotune.trials.worker SPEC`` (one process) or
 as one of several ranks (``autotune.runtime.ranks.start_ranks``). It writes one JSON
-object per line (an ``autotune.protocol.Event``) to the events file named in the spec;
+object per line (an ``autotune.trials.protocol.Event``) to the events file named in the spec;
 the tuner reads them to follow progress, prune, and classify failures. Only rank 0
 reports measurements; every rank reports errors.
 
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from autotune import proctree
-from autotune.protocol import Event, Failure, Measurement, Mode
 from autotune.runtime import ranks
 from autotune.runtime.knobs import Precision
+from autotune.trials import proctree
+from autotune.trials.protocol import Event, Failure, Measurement, Mode
 
 if TYPE_CHECKING:
     from autotune.runtime.session import Session

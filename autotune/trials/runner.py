@@ -20,13 +20,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune import launch, measure_lock, proctree
 from autotune.config import TrialConfig
+from autotune.emit import launch
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine
-from autotune.protocol import PROGRESS_EVENTS, Event, Failure, Measurement, Mode, Status
 from autotune.runtime.ranks import RANKS_PREFIX
 from autotune.task import with_package_on_path
+from autotune.trials import measure_lock, proctree
+from autotune.trials.protocol import PROGRESS_EVENTS, Event, Failure, Measurement, Mode, Status
 
 # The tuner stays all but idle while a trial measures: it reads the event file a few
 # times a second and the trial's memory (and its log's size) once a second.
@@ -333,7 +334,7 @@ class TrialRunner:
                TRIAL_DIR_VARIABLE: str(folder)}
         # The worker runs from autotune's own source tree whether or not it is installed.
         env = with_package_on_path(env)
-        argv = launch.command(cfg, ["-m", "autotune.worker", str(spec_path)], python=self.python)
+        argv = launch.command(cfg, ["-m", "autotune.trials.worker", str(spec_path)], python=self.python)
         return LiveTrial(self, folder=folder, argv=argv, env=env, result=result,
                          on_window=on_window, serving=(mode or {}).get("mode") == Mode.SERVE,
                          tmpdir=tmp)

@@ -3,8 +3,8 @@ round after round (R C1 C2, C1 C2 R, ... rotating), each round's ratio over the 
 taken seconds apart, so that drift on a shared machine cancels out.
 
 The verification's speed check measures its candidates against the baseline this way
-(``autotune.verify``), and the ablation the winner's variants against the winner
-(``autotune.ablation``). On CPU the configurations are held alive side by side between
+(``autotune.verify.gates``), and the ablation the winner's variants against the winner
+(``autotune.verify.ablation``). On CPU the configurations are held alive side by side between
 windows (``_measure_held``); on GPUs each is started alone for each round
 (``_measure_in_turn``).
 """
@@ -19,9 +19,9 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.document import Check
 from autotune.errors import NotVerified
-from autotune.protocol import Mode, Progress, ProgressEvent
-from autotune.stats import ratio_interval
-from autotune.trial import LiveTrial, TrialRunner
+from autotune.trials.protocol import Mode, Progress, ProgressEvent
+from autotune.trials.runner import LiveTrial, TrialRunner
+from autotune.verify.stats import ratio_interval
 
 # On GPUs each configuration is measured alone, in a fresh process per visit: a held
 # process keeps its CUDA context, workspaces and cached allocations, so the ones started

@@ -1,8 +1,8 @@
 """The search policy: which configurations to measure, in which order, within the budget.
 
-The study is stored by ``autotune.study`` (one per model file and machine, resumed by
+The study is stored by ``autotune.search.study`` (one per model file and machine, resumed by
 running the same command again). Trials are run with Optuna's ask-and-tell interface:
-each one is measured in its own process tree by ``autotune.trial``. The start (the
+each one is measured in its own process tree by ``autotune.trials.runner``. The start (the
 baseline, heuristic starts, each reduced precision), TPE's samples and the refinements
 at the end (``Tuner._enqueue_refinements``) are told apart by the trial's
 ``StudyAttr.ROLE``.
@@ -21,10 +21,10 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import Layout, TrialConfig
-from autotune.protocol import Failure, Progress, ProgressEvent, Role, Status, StudyAttr
+from autotune.search.study import create_or_resume, quiet_optuna
 from autotune.space import Space, Unsplittable
-from autotune.study import create_or_resume, quiet_optuna
-from autotune.trial import TrialResult, TrialRunner
+from autotune.trials.protocol import Failure, Progress, ProgressEvent, Role, Status, StudyAttr
+from autotune.trials.runner import TrialResult, TrialRunner
 
 
 class ClearlySlowerPruner(optuna.pruners.BasePruner):
@@ -56,7 +56,7 @@ class ClearlySlowerPruner(optuna.pruners.BasePruner):
 
 def open_study(*, storage_path: Path, study_name: str, seed: int = 0,
                sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
-    """The search's study (``autotune.study`` stores it), with the search's sampler and
+    """The search's study (``autotune.search.study`` stores it), with the search's sampler and
     pruner: a resumed study gets a fresh sampler, seeded the same."""
     # group=True: late knobs make the sampled parameter set differ between trials.
     with warnings.catch_warnings():  # group is "experimental" in Optuna 5, and what we need

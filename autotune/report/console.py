@@ -25,10 +25,10 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from autotune.advisor import ablation_lines
-from autotune.emit import resolve
-from autotune.protocol import ProgressEvent, Status
-from autotune.trial import TrialResult
+from autotune.emit.outputs import resolve
+from autotune.report.advice import ablation_lines
+from autotune.trials.protocol import ProgressEvent, Status
+from autotune.trials.runner import TrialResult
 
 
 class Reporter:

@@ -23,13 +23,13 @@ import math
 from collections.abc import Collection
 from typing import Any
 
-from autotune import stats
 from autotune.config import TrialConfig
 from autotune.document import Ablation, AblationPath, Effect, KnobEffect, PathStep
 from autotune.errors import AutotuneError, UsageError
-from autotune.protocol import Progress, ProgressEvent
-from autotune.side_by_side import speed_check
-from autotune.trial import TrialRunner
+from autotune.trials.protocol import Progress, ProgressEvent
+from autotune.trials.runner import TrialRunner
+from autotune.verify import stats
+from autotune.verify.side_by_side import speed_check
 
 # Knobs that only make sense together are reverted together.
 KNOB_GROUPS: dict[str, tuple[str, ...]] = {

@@ -1,12 +1,12 @@
 """The trial protocol: what the tuner and a trial's worker processes say to each other.
 
 The tuner writes a spec (``Spec``: the configuration, the mode, how to measure) into the
-trial's folder; the worker (``autotune.worker``) appends one JSON line per ``Event`` to
-the trial's event file, and the tuner (``autotune.trial``) reads them. A trial that
+trial's folder; the worker (``autotune.trials.worker``) appends one JSON line per ``Event`` to
+the trial's event file, and the tuner (``autotune.trials.runner``) reads them. A trial that
 fails ends with a ``Failure``; a trial of the search carries a ``Role``. Each vocabulary
 is defined once here, as enums that are also strings (they are stored as JSON in the
 events, the study and best_config.json). ``ProgressEvent`` names what the search and the
-verification tell whoever shows progress (``autotune.report.Reporter``); ``StudyAttr``
+verification tell whoever shows progress (``autotune.report.console.Reporter``); ``StudyAttr``
 names the attributes stored on the Optuna study and its trials.
 """
 from __future__ import annotations
@@ -120,13 +120,13 @@ class Role(str, enum.Enum):
 class ProgressEvent(str, enum.Enum):
     """The first argument of a ``Progress`` callback; the dict beside it carries the rest."""
 
-    # the search (autotune.search)
+    # the search (autotune.search.tuner)
     START = "start"    # a trial starts: number, of, config, role, elapsed
     WINDOW = "window"  # a trial measured one window: i, value
     END = "end"        # a trial ended: result, config, role, best
     STALE = "stale"    # a trial left running by an interrupted run was marked failed: number
     BUDGET = "budget"  # the search stopped before its trial count: reason
-    # the verification (autotune.verify, autotune.ablation)
+    # the verification (autotune.verify.gates, autotune.verify.ablation)
     STEP = "step"      # a stage of the verification begins or ends: text
     SPEED = "speed"    # a round of the paired speed measurement: round, rounds
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.launch import keep_or_export
-from autotune.outdir import write_atomically
+from autotune.emit.launch import keep_or_export
+from autotune.emit.outdir import write_atomically
 
 ACCELERATE_NAME = "accelerate_config.yaml"
 LIGHTNING_NAME = "lightning_trainer.json"

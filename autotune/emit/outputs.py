@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
-from autotune import launch, stack_configs
 from autotune.config import TrialConfig
+from autotune.emit import launch, stacks
+from autotune.emit.outdir import write_atomically
 from autotune.errors import UsageError
-from autotune.outdir import write_atomically
 from autotune.runtime.knobs import ConfigDict, ScriptSettings
 
 SCHEMA = 1
@@ -27,8 +27,9 @@ RUNTIME_NAME = "tuned_runtime"  # the package the script's template imports
 LAUNCHER_NAME = "launch.sh"
 CONFIG_NAME = "best_config.json"
 
-SCRIPT_TEMPLATE = Path(__file__).parent / "templates" / SCRIPT_NAME
-RUNTIME_SOURCE = Path(__file__).parent / "runtime"
+PACKAGE = Path(__file__).resolve().parent.parent
+SCRIPT_TEMPLATE = PACKAGE / "templates" / SCRIPT_NAME
+RUNTIME_SOURCE = PACKAGE / "runtime"
 
 
 def write_script(out_dir: Path, *, cfg: TrialConfig, model_file: Path, description: str,
@@ -111,7 +112,7 @@ def write_outputs(
 ) -> dict[str, Any]:
     """Write best_config.json, launch.sh and the script (see write_script), and for a
     run's result (a document with a baseline) the stack files (threads left to PyTorch
-    named as ``default_threads``, see stack_configs.write_stack_files); returns the
+    named as ``default_threads``, see stacks.write_stack_files); returns the
     document as written to best_config.json. Its paths are relative to ``out_dir``
     (``resolve`` reads them back), so a copied or moved folder still describes itself;
     where the model file was when tuned is kept beside."""
@@ -127,7 +128,7 @@ def write_outputs(
     outputs = {"config": CONFIG_NAME, "script": SCRIPT_NAME, "launcher": LAUNCHER_NAME}
     baseline = (document.get("baseline") or {}).get("config")
     if baseline:  # a run's result, not a candidate's: the same config for the user's own stack
-        outputs.update(stack_configs.write_stack_files(out_dir, cfg=cfg, baseline=TrialConfig.from_dict(baseline),
+        outputs.update(stacks.write_stack_files(out_dir, cfg=cfg, baseline=TrialConfig.from_dict(baseline),
                                                        env=env, default_threads=default_threads))
     config_path = out_dir / CONFIG_NAME
     doc = {
