@@ -17,6 +17,7 @@ from autotune.config import Layout, TrialConfig
 from autotune.errors import UsageError
 from autotune.probes import Machine, as_machine
 from autotune.probes.gpu import GpuInfo, usable_gpus
+from autotune.runtime.knobs import Allocator, Backend, CompileMode, Precision
 
 # Knobs whose every trial carries a long one-time cost (torch.compile takes tens of
 # seconds even for a small model on a few cores). Sampling them throughout would spend
@@ -219,12 +220,12 @@ def _machine_layouts(device: str, cores: int, gpu_count: int, backends: Mapping[
     with an equal share of the cores. Several ranks need a working backend."""
     if device == "cuda":
         layouts = [f"{n}x{max(1, cores // n)}" for n in range(1, gpu_count + 1)]
-        if gpu_count > 1 and not backends.get("nccl"):
+        if gpu_count > 1 and not backends.get(Backend.NCCL):
             return KnobChoice(layouts[:1], {"nprocs>1": "NCCL did not initialise on this machine"})
         return KnobChoice(layouts)
     layouts = [f"{n}x{t}" for n in range(1, cores + 1) for t in range(1, cores // n + 1)]
     excluded: dict[str, str] = {}
-    if not backends.get("gloo"):
+    if not backends.get(Backend.GLOO):
         layouts = [s for s in layouts if _ranks(s) == 1]
         excluded["nprocs>1"] = "the gloo backend did not initialise on this machine"
     if cores == 1:
@@ -300,11 +301,11 @@ def _backend_choice(device: str, backends: Mapping[str, bool], max_ranks: int) -
     installed and a layout has several ranks for it to matter."""
     excluded: dict[str, str] = {}
     if device == "cuda":
-        values = ["nccl"]
+        values = [Backend.NCCL]
         excluded["backend=gloo"] = "on GPUs NCCL is the backend that helps"
     else:
-        values = ["gloo"] + (["ccl"] if backends.get("ccl") and max_ranks > 1 else [])
-        if not backends.get("ccl"):
+        values = [Backend.GLOO] + ([Backend.CCL] if backends.get(Backend.CCL) and max_ranks > 1 else [])
+        if not backends.get(Backend.CCL):
             excluded["backend=ccl"] = "oneccl_bindings_for_pytorch is not installed"
     excluded["backend=mpi"] = "needs an MPI launcher (mpirun); autotune starts its ranks itself, on one machine"
     return KnobChoice(values, excluded)
@@ -338,10 +339,10 @@ def _compile_choice(device: str, compiler: Mapping[str, Any]) -> KnobChoice:
     if not compiler.get("available", False):
         what = "a working C++ compiler" if device == "cpu" else "a C compiler for Triton's launchers"
         reason = f"torch.compile needs {what}: {compiler.get('reason') or 'none found'}"
-        return KnobChoice(["off"], {"compile": reason})
-    modes = ["off", "default", "max-autotune-no-cudagraphs"]
+        return KnobChoice([CompileMode.OFF], {"compile": reason})
+    modes = [CompileMode.OFF, CompileMode.DEFAULT, CompileMode.MAX_AUTOTUNE_NO_CUDAGRAPHS]
     if device == "cuda":
-        return KnobChoice([*modes, "reduce-overhead"])
+        return KnobChoice([*modes, CompileMode.REDUCE_OVERHEAD])
     return KnobChoice(modes, {"compile=reduce-overhead": "CUDA graphs: a no-op on CPU"})
 
 
@@ -355,18 +356,18 @@ def _precision_choice(device: str, gpus: Sequence[GpuInfo], isa: Mapping[str, bo
                       exact: bool) -> KnobChoice:
     """Autocast precisions the hardware runs natively: fp16 on any GPU, bf16 and tf32 on
     Ampere or later; on CPU bf16 only with avx512_bf16 or AMX (emulated it is slower)."""
-    values = ["fp32"]
+    values = [Precision.FP32]
     excluded: dict[str, str] = {}
     if device == "cuda":
-        values.append("fp16")
+        values.append(Precision.FP16)
         capability = max((float(g.compute_capability or 0) for g in gpus), default=0.0)
         if capability >= 8.0:
-            values += ["bf16", "tf32"]
+            values += [Precision.BF16, Precision.TF32]
         else:
             excluded["precision=bf16,tf32"] = "needs an Ampere or later GPU (compute capability 8.0)"
     else:
         if isa.get("avx512_bf16") or isa.get("amx_bf16"):
-            values.append("bf16")
+            values.append(Precision.BF16)
         else:
             excluded["precision=bf16"] = (
                 "CPU has no avx512_bf16/AMX: bf16 autocast would be emulated and about 2x slower"
@@ -408,9 +409,9 @@ def _allocator_choice(device: str, allocators: Mapping[str, str | None]) -> Knob
     """Host allocators to preload on CPU: the default plus each one found on the machine."""
     if device != "cpu":
         return KnobChoice([], {"allocator": "host allocators matter little when the GPU does the work"})
-    values = ["default"] + [name for name, path in allocators.items() if path]
+    values = [Allocator.DEFAULT] + [name for name, path in allocators.items() if path]
     excluded = {f"allocator={name}": f"lib{name} was not found on this machine"
-                for name in ("jemalloc", "tcmalloc") if name not in values}
+                for name in (Allocator.JEMALLOC, Allocator.TCMALLOC) if name not in values}
     return KnobChoice(values, excluded)
 
 
@@ -446,9 +447,9 @@ def build_space(
     probe = as_machine(machine)
     pins = dict(fixed or {})
     if exact:
-        pins.update(precision="fp32", prune_ratio=0.0)
+        pins.update(precision=Precision.FP32, prune_ratio=0.0)
     cores = int(probe.cpu.usable_cores or 1)
-    backends = probe.backends or {"gloo": True}
+    backends = probe.backends or {Backend.GLOO: True}
     gpus, hidden = usable_gpus(probe, os.environ.get("CUDA_VISIBLE_DEVICES"))
     device_choice = _device_choice(gpus, hidden, cuda_available=bool(probe.torch.get("cuda_available")),
                                    pinned=pins.pop("device", None), present=len(probe.gpus))
@@ -483,5 +484,5 @@ def build_space(
         if choice.values:
             choices[name] = [pins.pop(name)] if name in pins else choice.values
     baseline = TrialConfig(batch_size=baseline_batch, device=device,
-                           backend="nccl" if device == "cuda" else "gloo")
+                           backend=Backend.NCCL if device == "cuda" else Backend.GLOO)
     return Space(choices=choices, excluded=excluded, baseline=baseline, fixed=pins)

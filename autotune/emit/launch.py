@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.probes import Machine, as_machine
+from autotune.runtime.knobs import Allocator, CompileMode
 
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
 
@@ -55,17 +56,17 @@ def environment(
         wanted["GLOO_SOCKET_IFNAME"] = lo
         if cfg.device == "cuda":
             wanted["NCCL_SOCKET_IFNAME"] = lo
-            if cfg.compile != "off":
+            if cfg.compile != CompileMode.OFF:
                 # Each rank's inductor starts its own pool of compile workers, sized for
                 # the whole machine; several ranks would oversubscribe the cores.
                 cores = int(machine.cpu.usable_cores or 1)
                 wanted["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, cores // cfg.nprocs))
-    if cfg.allocator != "default":
+    if cfg.allocator != Allocator.DEFAULT:
         path = machine.allocators.get(cfg.allocator)
         if not path:
             raise ValueError(f"allocator {cfg.allocator} was not found on this machine")
         wanted["LD_PRELOAD"] = path
-        if cfg.allocator == "jemalloc":
+        if cfg.allocator == Allocator.JEMALLOC:
             wanted["MALLOC_CONF"] = JEMALLOC_CONF
     if cfg.affinity == "compact" and cfg.device == "cpu":
         cpus = machine.cpu.usable_cpus or sorted(os.sched_getaffinity(0))

@@ -20,6 +20,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.emit.launch import keep_or_export
 from autotune.emit.outdir import write_atomically
+from autotune.runtime.knobs import CompileMode, Precision
 
 ACCELERATE_NAME = "accelerate_config.yaml"
 LIGHTNING_NAME = "lightning_trainer.json"
@@ -32,8 +33,10 @@ _OWN_LAUNCHER_ONLY = ("TUNED_NPROCS",)
 # Read by train_tuned.py alone (its runtime pins each local rank to its cores).
 _SCRIPT_ONLY = ("TUNED_CPUS_PER_RANK",)
 
-_ACCELERATE_PRECISION = {"fp32": "no", "tf32": "no", "bf16": "bf16", "fp16": "fp16"}
-_LIGHTNING_PRECISION = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+_ACCELERATE_PRECISION: dict[str, str] = {
+    Precision.FP32: "no", Precision.TF32: "no", Precision.BF16: "bf16", Precision.FP16: "fp16"}
+_LIGHTNING_PRECISION: dict[str, str] = {
+    Precision.FP32: "32-true", Precision.TF32: "32-true", Precision.BF16: "bf16-mixed", Precision.FP16: "16-mixed"}
 # TF32 for matrix products only, in the API that replaced allow_tf32 (deprecated since
 # torch 2.9), with the legacy flag kept in step: in torch 2.9-2.13 a reader of the legacy
 # one (torch.compile's inductor, torch.get_float32_matmul_precision()) raises when only the
@@ -53,10 +56,10 @@ def process_environment(env: Mapping[str, str], *, for_train_tuned: bool) -> dic
 def _compile_mode(cfg: TrialConfig) -> str | None:
     """torch.compile's mode, as Accelerate and Lightning users pass it; None when off.
     CUDA graphs do not exist on a CPU, so there max-autotune is the same compilation."""
-    if cfg.compile == "off":
+    if cfg.compile == CompileMode.OFF:
         return None
-    if cfg.compile == "max-autotune-no-cudagraphs" and cfg.device == "cpu":
-        return "max-autotune"
+    if cfg.compile == CompileMode.MAX_AUTOTUNE_NO_CUDAGRAPHS and cfg.device == "cpu":
+        return CompileMode.MAX_AUTOTUNE.value
     return cfg.compile
 
 
@@ -67,7 +70,7 @@ def _not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str) -> l
         out.append("channels_last: model.to(memory_format=torch.channels_last), inputs likewise")
     if cfg.interop_threads != baseline.interop_threads and cfg.interop_threads:
         out.append(f"interop threads: torch.set_num_interop_threads({cfg.interop_threads}) first thing")
-    if cfg.precision == "tf32":
+    if cfg.precision == Precision.TF32:
         out.append(f"tf32: {'; '.join(TF32_LINES)} (the second for torch.compile, which reads it)")
     if cfg.cudnn_benchmark and tool != "lightning":  # Lightning's Trainer(benchmark=True) holds it
         out.append(f"cuDNN benchmark mode: {CUDNN_BENCHMARK_LINE}")
@@ -178,7 +181,7 @@ def lightning_arguments(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[st
         "environment": process_environment(env, for_train_tuned=False),
         "compile": ({"mode": _compile_mode(cfg), "how": "model = torch.compile(model, mode=...) in "
                                                         "configure_model() or before fit()"}
-                    if cfg.compile != "off" else None),
+                    if cfg.compile != CompileMode.OFF else None),
         "not_expressible": _not_expressible(cfg, baseline, tool="lightning"),
     }
     return doc
@@ -257,22 +260,22 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
             code.append("model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])")
         else:
             code.append("model = torch.nn.parallel.DistributedDataParallel(model)")
-    mode = cfg.compile if cfg.compile != "off" else None
+    mode = cfg.compile if cfg.compile != CompileMode.OFF else None
     if mode and mode != baseline.compile:
-        code.append(f'model = torch.compile(model, mode="{mode}")' if mode != "default"
+        code.append(f'model = torch.compile(model, mode="{mode}")' if mode != CompileMode.DEFAULT
                     else "model = torch.compile(model)")
     if cfg.precision != baseline.precision:
-        if cfg.precision in ("bf16", "fp16"):
-            dtype = "bfloat16" if cfg.precision == "bf16" else "float16"
+        if cfg.precision in (Precision.BF16, Precision.FP16):
+            dtype = "bfloat16" if cfg.precision == Precision.BF16 else "float16"
             device = "cuda" if cuda else "cpu"
             code.append(f'with torch.autocast("{device}", dtype=torch.{dtype}):  # the forward pass and the loss')
             code.append("    loss = loss_fn(model(inputs), targets)")
-            if cfg.precision == "fp16":
+            if cfg.precision == Precision.FP16:
                 code.append('scaler = torch.amp.GradScaler("cuda")  # scaler.scale(loss).backward(); '
                             "scaler.step(optimizer); scaler.update()")
                 code.append("# with gradient clipping: scaler.unscale_(optimizer) first, then "
                             "torch.nn.utils.clip_grad_norm_(...), then scaler.step(optimizer)")
-        elif cfg.precision == "tf32":
+        elif cfg.precision == Precision.TF32:
             code.append(f"{TF32_LINES[0]}  # TF32 matrix products; cuDNN convolutions use TF32 by default")
             code.append(f"{TF32_LINES[1]}  # the legacy flag, in step: torch.compile still reads it")
     if new_loader and (several or (pinned and "pin_memory" in loader_changed)):
