@@ -240,6 +240,11 @@ with open(os.path.join(sys.argv[2], f"rank{accelerator.process_index}.json"), "w
                "compiled": type(model).__name__, "losses": losses}, f)
 accelerator.wait_for_everyone()
 accelerator.end_training()  # the process group ends before the interpreter (gloo aborts otherwise)
+# Even so, gloo's threads can abort a rank at interpreter teardown ("terminate called
+# without an active exception"): everything is written, leave without the teardown, as
+# train_tuned.py does.
+sys.stdout.flush()
+os._exit(0)
 '''
 
 
