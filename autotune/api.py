@@ -24,15 +24,38 @@ def tune(
     max_quality_drop: float | None = RunOptions.max_quality_drop, force: bool = False,
     progress: bool = True, **measurement: Any,
 ) -> Result:
-    """Tune ``model_file`` on this machine and write the same outputs as ``autotune run``
-    (``out`` defaults to ``autotune-out/<model name>``). ``fix`` pins knobs
-    (``{"batch_size": 64}`` or ``["batch_size=64"]``); ``measurement`` takes the other
-    options of a run by their ``RunOptions`` names (``window_s``, ``windows``, ``top``,
-    ``rounds``, ``pairs``, ``pair_seconds``, ``trial_timeout_s``, ``hang_timeout_s``).
-    ``progress=False`` prints nothing. Returns the Result, verified or not; raises
-    ``autotune.ContractError`` for a model file that breaks the contract,
-    ``autotune.UsageError`` for a bad argument, ``autotune.errors.NotVerified`` when the
-    baseline itself cannot run."""
+    """Tune ``model_file`` on this machine: the run ``autotune run`` makes, with the same
+    outputs (best_config.json, train_tuned.py, launch.sh, the report) written to ``out``.
+
+    Args:
+        model_file: The model file (its ``build_model`` and ``build_dataset``, and
+            optionally ``evaluate`` and the rest of the contract).
+        trials: How many configurations the search measures.
+        timeout: The search's limit in seconds; None for none.
+        out: The output folder; default ``autotune-out/<model file's name>``.
+        fix: Knobs pinned to one value, as a mapping (``{"batch_size": 64}``) or spelled
+            as on the command line (``["batch_size=64"]``).
+        exact: Search only configurations that compute what the baseline computes: fp32,
+            nothing pruned.
+        max_quality_drop: How far ``evaluate()``'s metric may drop; allows structured
+            pruning and replaces the default allowance for reduced precision.
+        force: Write into an existing folder that autotune did not make.
+        progress: Print progress and the summary; False prints nothing.
+        **measurement: The other options of a run by their ``RunOptions`` names:
+            ``window_s``, ``windows``, ``top``, ``rounds``, ``pairs``, ``pair_seconds``,
+            ``trial_timeout_s``, ``hang_timeout_s``.
+
+    Returns:
+        The run's ``Result``, verified or not: not verified when no candidate passed
+        verification, and then the baseline's configuration was emitted.
+
+    Raises:
+        autotune.ContractError: The model file breaks the contract.
+        autotune.UsageError: An unknown option or knob, options that contradict each
+            other, or an ``out`` folder that cannot be used.
+        autotune.errors.NotVerified: The baseline itself failed: nothing could be
+            compared with it.
+    """
     from autotune.pipeline import output_folder
     from autotune.pipeline import tune as run_pipeline
     from autotune.report.console import Reporter

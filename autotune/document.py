@@ -164,6 +164,30 @@ class Standalone:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Rounds:
+    """A check's per-round ratios of the emitted configuration over the baseline (side by
+    side, or the standalone pairs), the emitted configuration's rate in each, and the
+    median and interval the check recorded (None where it recorded none)."""
+
+    ratios: tuple[float, ...]
+    samples_per_s: tuple[float, ...]
+    baseline_samples_per_s: tuple[float, ...]
+    median: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+    @classmethod
+    def from_check(cls, check: Check | None) -> Rounds | None:
+        """None where the check did not run or measured no round."""
+        if check is None or not check.detail.get("ratios"):
+            return None
+        d = check.detail
+        return cls(ratios=tuple(d["ratios"]), samples_per_s=tuple(d.get("samples_per_s") or ()),
+                   baseline_samples_per_s=tuple(d.get("baseline_samples_per_s") or ()),
+                   median=d.get("median"), ci_low=d.get("ci_low"), ci_high=d.get("ci_high"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class KnobEffect:
     """One knob's worth to the winner: the winner's speed over the winner with that knob at
     the baseline's value (``effect``; None where that variant could not be measured)."""
@@ -306,6 +330,18 @@ class CandidateOutcome:
     outcome: str
 
     SPEED_KEYS = ("median", "ci_low", "ci_high", "relative_to_candidates")
+
+    @property
+    def median(self) -> float | None:
+        return self.speed.get("median")
+
+    @property
+    def ci_low(self) -> float | None:
+        return self.speed.get("ci_low")
+
+    @property
+    def ci_high(self) -> float | None:
+        return self.speed.get("ci_high")
 
     def to_json(self) -> dict[str, Any]:
         return {"config_short": self.config.short(), "config": self.config.to_dict(),
@@ -456,6 +492,26 @@ class RunDocument:
     def verified(self) -> bool:
         return self.speedup is not None
 
+    @property
+    def included(self) -> Mapping[str, Sequence[Any]]:
+        """The search space: each knob's values (one value: not searched)."""
+        return self.space.get("included") or {}
+
+    @property
+    def excluded(self) -> Mapping[str, str]:
+        """What the search left out on this machine ("knob" or "knob=value"), and why."""
+        return self.space.get("excluded") or {}
+
+    @property
+    def side_by_side_rounds(self) -> Rounds | None:
+        """The speed check's rounds, the emitted configuration and the baseline side by side."""
+        return Rounds.from_check(self.verification.get("speed"))
+
+    @property
+    def standalone_pairs(self) -> Rounds | None:
+        """The standalone pairs the printed speedup comes from."""
+        return Rounds.from_check(self.verification.get("standalone"))
+
     def to_json(self) -> dict[str, Any]:
         return {
             **_optional(schema=self.schema),
@@ -495,3 +551,28 @@ class RunDocument:
             ablation=Ablation.from_json(ablation) if ablation else None,
             schema=data.get("schema"), model_file_tuned=data.get("model_file_tuned"),
             launch=data.get("launch"), outputs=data.get("outputs"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CandidateDocument:
+    """best_config.json beside the scripts of a configuration that a verification runs (not
+    a run's result): which configuration they train, and where the files are, as
+    ``autotune.emit.outputs.write_candidate`` wrote them."""
+
+    config: TrialConfig
+    model_file: str
+    model_file_tuned: str
+    launch: str
+    outputs: Mapping[str, str]
+    schema: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": self.schema, "candidate": self.config.to_dict(), "model_file": self.model_file,
+                "model_file_tuned": self.model_file_tuned, "launch": self.launch,
+                "outputs": dict(self.outputs)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CandidateDocument:
+        return cls(config=TrialConfig.from_dict(data["candidate"]), model_file=data["model_file"],
+                   model_file_tuned=data["model_file_tuned"], launch=data["launch"],
+                   outputs=data["outputs"], schema=data["schema"])

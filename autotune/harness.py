@@ -49,8 +49,7 @@ def candidate_emitter(task: Task, machine: Machine) -> Callable[[TrialConfig, Pa
     launcher's path."""
     def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
         env, _ = launch.environment(cfg, machine=machine)
-        doc = outputs.write_outputs(folder, cfg=cfg, model_file=task.path, env=env,
-                                 document={"candidate": cfg.to_dict()},
-                                 description=f"Train {task.path.name} (candidate)")
+        doc = outputs.write_candidate(folder, cfg=cfg, model_file=task.path, env=env,
+                                      description=f"Train {task.path.name} (candidate)")
         return outputs.resolve(doc, folder, "launcher")
     return emit_candidate

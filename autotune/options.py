@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import UsageError
+from autotune.runtime.knobs import Precision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,7 @@ class RunOptions:
         if self.max_quality_drop is not None and self.max_quality_drop < 0:
             raise UsageError("--max-quality-drop must be 0 or more")
         if self.exact:
-            for knob, exact_value in (("precision", "fp32"), ("prune_ratio", 0.0)):
+            for knob, exact_value in (("precision", Precision.FP32), ("prune_ratio", 0.0)):
                 if self.fixed.get(knob, exact_value) != exact_value:
                     raise UsageError(f"--exact keeps {knob}={exact_value}, but --fix "
                                      f"{knob}={self.fixed[knob]} asks otherwise: drop one of them")

@@ -31,13 +31,14 @@ from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
+from autotune.runtime.knobs import Allocator, Precision
 from autotune.search.study import repair_journal, storage_path, study_name
 from autotune.search.tuner import SearchOutcome, Tuner, open_study
 from autotune.space import Space, build_space
 from autotune.task import Task, load_task
 from autotune.trials import measure_lock, proctree
 from autotune.trials.protocol import Failure
-from autotune.trials.runner import TrialRunner
+from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import gates, stats
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def gpu_start(space: Space, machine: Machine) -> list[TrialConfig]:
     if not split:
         return []
     params["batch_size"] = next((b for b in split if b >= space.baseline.batch_size), split[-1])
-    for knob, wanted in (("precision", "bf16"), ("pin_memory", True)):
+    for knob, wanted in (("precision", Precision.BF16), ("pin_memory", True)):
         if wanted in space.choices.get(knob, []):
             params[knob] = wanted
     workers = [n for n in space.choices.get("num_workers", []) if n <= 4]
@@ -77,7 +78,7 @@ def gpu_start(space: Space, machine: Machine) -> list[TrialConfig]:
     start = space.config_from_params(params)
     # its fp32 twin: the exact configuration verification falls back on when bf16's
     # numerics fail, measured early on all GPUs too
-    twin = space.config_from_params({**params, "precision": "fp32"})
+    twin = space.config_from_params({**params, "precision": Precision.FP32})
     return list(dict.fromkeys([start, twin]))
 
 
@@ -95,7 +96,7 @@ def heuristics(space: Space, machine: Machine) -> list[TrialConfig]:
     if params["layout"] not in space.choices["layout"]:
         return []
     allocators = space.choices.get("allocator", [])
-    for name in ("tcmalloc", "jemalloc"):
+    for name in (Allocator.TCMALLOC, Allocator.JEMALLOC):
         if name in allocators:
             params["allocator"] = name
             break
@@ -247,7 +248,7 @@ def output_folder(model_file: Path, out: Path | None) -> Path:
 
 
 def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: Reporter,
-         force: bool = False) -> dict[str, Any]:
+         force: bool = False) -> RunDocument:
     """The run as the CLI starts it: the output folder held exclusively, the model file
     checked before anything is created, one measuring autotune per machine."""
     out = output_folder(model_file, out)
@@ -274,7 +275,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
 
 
 def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
-           runner: TrialRunner, reporter: Reporter) -> tuple[optuna.Study, SearchOutcome]:
+           runner: TrialRunnerLike, reporter: Reporter) -> tuple[optuna.Study, SearchOutcome]:
     """The search, resumed from the study in ``out`` when there is one. Raises NotVerified
     when the baseline could not be measured: nothing could be compared with it."""
     repaired = repair_journal(storage_path(out))
@@ -306,9 +307,9 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
 
 
 def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Mapping[str, Any],
-            runner: TrialRunner, reporter: Reporter) -> dict[str, Any]:
+            runner: TrialRunnerLike, reporter: Reporter) -> RunDocument:
     """Search, verify and emit for ``task`` on ``machine`` (or a recorded probe document of
-    it), measuring with ``runner``; returns the result document (also written to ``out``)."""
+    it), measuring with ``runner``; returns the result document as written to ``out``."""
     machine = as_machine(machine)
     for w in machine.warnings:
         reporter.warn(w)
@@ -367,7 +368,7 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
         exact=options.exact, environment=env,
         layout=layout_effect(verdicts, candidates[0], space, machine) if candidates else None)
     doc = outputs.write_outputs(out, cfg=chosen, model_file=task.path, env=env,
-                             document=document.to_json(),
+                             document=document,
                              description=f"Train {task.path.name} with the configuration "
                                          "autotune verified on this machine.",
                              default_threads=machine.torch.get("num_threads"))

@@ -10,6 +10,7 @@ from typing import Any
 
 from autotune import schemas
 from autotune.config import TrialConfig
+from autotune.document import RunDocument
 from autotune.emit.outputs import CONFIG_NAME, SCHEMA, resolve
 from autotune.errors import UsageError
 
@@ -35,7 +36,7 @@ class Speedup:
 class Result:
     """What a run emitted. ``verified`` is False when nothing beat the baseline (then
     ``config`` is the baseline and ``speedup`` is None); ``document`` is the whole of
-    best_config.json."""
+    best_config.json, as JSON (``autotune.result.read_document`` reads it typed)."""
 
     verified: bool
     config: TrialConfig
@@ -49,25 +50,25 @@ class Result:
     document: dict[str, Any] = dataclasses.field(repr=False, compare=False)
 
     @classmethod
-    def from_document(cls, doc: dict[str, Any], folder: Path) -> Result:
+    def from_document(cls, doc: RunDocument, folder: Path) -> Result:
         """``doc`` as read from (or written to) ``folder``: its paths are relative to it."""
-        sp = doc.get("speedup") or {}
+        sp = doc.speedup
         speedup = None
-        if doc.get("verified") and sp.get("pairs"):
-            speedup = Speedup(median=sp["median"], low=sp["ci_low"], high=sp["ci_high"],
-                              level=sp.get("ci_level", 0.0), pairs=sp["pairs"])
+        if sp is not None and sp.pairs:
+            speedup = Speedup(median=sp.interval.median, low=sp.interval.ci_low, high=sp.interval.ci_high,
+                              level=sp.interval.ci_level, pairs=sp.pairs)
         return cls(
-            verified=bool(doc.get("verified")),
-            config=TrialConfig.from_dict(doc["config"]),
-            baseline=TrialConfig.from_dict(doc["baseline"]["config"]),
+            verified=doc.verified,
+            config=doc.config,
+            baseline=doc.baseline.config,
             speedup=speedup,
-            samples_per_s=(doc.get("best") or {}).get("samples_per_s"),
-            baseline_samples_per_s=doc["baseline"]["samples_per_s"],
+            samples_per_s=doc.best.samples_per_s if doc.best is not None else None,
+            baseline_samples_per_s=doc.baseline.samples_per_s,
             out=folder.absolute(), script=resolve(doc, folder.absolute(), "script"),
-            launcher=resolve(doc, folder.absolute(), "launcher"), document=doc)
+            launcher=resolve(doc, folder.absolute(), "launcher"), document=doc.to_json())
 
 
-def read_document(out: str | os.PathLike[str]) -> dict[str, Any]:
+def read_document(out: str | os.PathLike[str]) -> RunDocument:
     """best_config.json of an output folder (or the file itself), checked before it is
     read: it exists, is JSON, comes from a schema version this autotune reads, and
     matches the JSON Schema shipped in the package (``autotune/schemas``)."""
@@ -86,13 +87,30 @@ def read_document(out: str | os.PathLike[str]) -> dict[str, Any]:
         raise UsageError(f"{path}: written by a newer autotune (schema {version!r}, this "
                          f"version reads {SCHEMA}): upgrade autotune to read it.")
     broken = schemas.problem(doc, "best_config")
-    if broken is not None:
-        raise UsageError(f"{path}: not a valid autotune result: {broken}. "
-                         "Was it edited by hand? Run `autotune run` again to write it afresh.")
-    return doc
+    if broken is None:
+        try:
+            return RunDocument.from_json(doc)
+        except KeyError as exc:  # a part the schema leaves optional (older documents lack it)
+            broken = f"{exc} is missing"
+        except (TypeError, ValueError, UsageError) as exc:
+            broken = str(exc)
+    raise UsageError(f"{path}: not a valid autotune result: {broken}. "
+                     "Was it edited by hand? Run `autotune run` again to write it afresh.")
 
 
 def load(out: str | os.PathLike[str]) -> Result:
-    """The result of an earlier run, from its output folder."""
+    """The result of an earlier run, read back from its outputs.
+
+    Args:
+        out: The run's output folder, or its best_config.json.
+
+    Returns:
+        The ``Result`` that ``autotune.tune`` returned for that run.
+
+    Raises:
+        autotune.UsageError: There is no best_config.json there, or it is not a result
+            autotune can read (not JSON, not a run's result, from a newer autotune, or
+            not matching the JSON Schema).
+    """
     out = Path(out)
     return Result.from_document(read_document(out), out if out.is_dir() else out.parent)

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.config import TrialConfig
+from autotune.document import RunDocument
 from autotune.emit import outputs as emit
 from autotune.trials.runner import run_launcher
 from autotune.verify.stats import median_interval
@@ -35,20 +35,20 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=6)
     p.add_argument("--seconds", type=float, default=8.0)
     args = p.parse_args()
-    docs = [json.loads((out / "best_config.json").read_text()) for out in args.out]
+    docs = [RunDocument.from_json(json.loads((out / "best_config.json").read_text())) for out in args.out]
     folder = args.out[0] / "independent"
-    base_cfg = TrialConfig.from_dict(docs[0]["baseline"]["config"])
-    base_doc = emit.write_outputs(folder / "baseline", cfg=base_cfg,
-                                  model_file=emit.model_file(docs[0], args.out[0]), env={}, document={},
-                                  description="baseline")
+    base_cfg = docs[0].baseline.config
+    base_doc = emit.write_candidate(folder / "baseline", cfg=base_cfg,
+                                    model_file=emit.model_file(docs[0], args.out[0]), env={},
+                                    description="baseline")
     names = ["baseline"] + [f"tuned-{i}" for i in range(len(docs))]
     launchers = {"baseline": emit.resolve(base_doc, folder / "baseline", "launcher")}
-    rates = {"baseline": docs[0]["baseline"]["samples_per_s"]}
+    rates = {"baseline": docs[0].baseline.samples_per_s}
     cfgs = {"baseline": base_cfg}
     for name, doc, out in zip(names[1:], docs, args.out):
         launchers[name] = emit.resolve(doc, out, "launcher")
-        rates[name] = (doc.get("best") or doc["baseline"])["samples_per_s"]
-        cfgs[name] = TrialConfig.from_dict(doc["config"])
+        rates[name] = (doc.best or doc.baseline).samples_per_s
+        cfgs[name] = doc.config
     values: dict[str, list[float]] = {name: [] for name in names}
     for i in range(args.pairs):
         # every run alone on the machine; the order rotates so none always follows another
@@ -67,9 +67,9 @@ def main() -> int:
             "out": str(out), "config": cfgs[name].short(),
             "ratios": ratios, "median": statistics.median(ratios), "min": min(ratios),
             "max": max(ratios), "interval": [low, high], "interval_level": level,
-            "reported": doc["speedup"],
-            "median_inside_reported_interval": doc["speedup"]["ci_low"] <= statistics.median(ratios)
-            <= doc["speedup"]["ci_high"],
+            "reported": doc.speedup.to_json() if doc.speedup else None,
+            "median_inside_reported_interval": None if doc.speedup is None
+            else doc.speedup.interval.ci_low <= statistics.median(ratios) <= doc.speedup.interval.ci_high,
         })
     if len(docs) > 1:  # each further run against the first, round by round
         for name, result in zip(names[2:], results[1:]):

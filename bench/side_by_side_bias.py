@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.config import TrialConfig
+from autotune.document import RunDocument
 from autotune.emit import launch
 from autotune.emit import outputs as emit
 from autotune.probes import probe_machine
@@ -46,10 +46,9 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=4.0, help="timed seconds of a script run")
     p.add_argument("--window", type=float, default=1.0, help="seconds of a served window")
     args = p.parse_args()
-    doc = json.loads((args.out / "best_config.json").read_text())
+    doc = RunDocument.from_json(json.loads((args.out / "best_config.json").read_text()))
     machine = probe_machine()
-    cfgs = {"B": TrialConfig.from_dict(doc["baseline"]["config"]),
-            "C": TrialConfig.from_dict(doc["config"])}
+    cfgs = {"B": doc.baseline.config, "C": doc.config}
     model = emit.model_file(doc, args.out)
     work = Path(tempfile.mkdtemp(prefix="bias-"))
     runner = TrialRunner(model_file=model, machine=machine, workdir=work / "trials",
@@ -57,10 +56,9 @@ def main() -> int:
     launchers, served = {}, {}
     for name, cfg in cfgs.items():
         env, _ = launch.environment(cfg, machine=machine)
-        written = emit.write_outputs(work / name, cfg=cfg, model_file=model, env=env, document={},
-                                     description=name)
+        written = emit.write_candidate(work / name, cfg=cfg, model_file=model, env=env, description=name)
         launchers[name] = emit.resolve(written, work / name, "launcher")
-    rates = {"B": doc["baseline"]["samples_per_s"], "C": doc["best"]["samples_per_s"]}
+    rates = {"B": doc.baseline.samples_per_s, "C": (doc.best or doc.baseline).samples_per_s}
     values: dict[str, list[float]] = {f"{k}-{n}": [] for k in ("script", "served") for n in cfgs}
     steal = {"script": [0, 0.0], "served": [0, 0.0]}  # ticks, seconds
     try:

@@ -148,7 +148,7 @@ def main() -> int:
     model = emit.model_file(doc, args.out)
     env, _ = launch.environment(cfg, machine=probe_machine())
     work = Path(tempfile.mkdtemp(prefix="stacks-"))
-    emit.write_outputs(work / "tuned", cfg=cfg, model_file=model, env=env, document={}, description="tuned")
+    emit.write_candidate(work / "tuned", cfg=cfg, model_file=model, env=env, description="tuned")
     lightning_doc = stack_configs.lightning_arguments(cfg, baseline, env)
     settings = {**cfg.to_dict(), "dataloader": lightning_doc["dataloader"], "lightning": lightning_doc}
     (work / "cfg.json").write_text(json.dumps(settings))

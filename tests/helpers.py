@@ -2,16 +2,31 @@
 so `from conftest import` would be ambiguous)."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import optuna
 import psutil
 
+from autotune.config import TrialConfig
+from autotune.document import CandidateDocument, RunDocument
+from autotune.emit import launch
+from autotune.emit import outputs as emit
+
+from recorded_run import load_doc
+
 REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(__file__).resolve().parent / "models"
+
+
+def written_document(out: Path) -> dict:
+    """best_config.json as a run wrote it into ``out``."""
+    return json.loads((out / "best_config.json").read_text())
 
 
 def machine_doc() -> dict:
@@ -97,3 +112,68 @@ def kernel_oom_kills() -> int:
                              "/proc/vmstat and the kernel log cannot be read")
     return sum(1 for line in out.stdout.splitlines()
                if re.search(r"oom-kill|Out of memory|Killed process|invoked oom-killer", line))
+
+
+# --- the emitted launch.sh, run as a user runs it ----------------------------------------------
+
+
+def run_document(cfg: TrialConfig, *, baseline: TrialConfig | None = None,
+                 fingerprint: dict | None = None) -> RunDocument:
+    """A whole run document for ``cfg`` to emit: the recorded run's, with ``cfg`` as the
+    tuned configuration, ``baseline`` (default ``cfg``) as the user's, and ``fingerprint``
+    (default: none, so the script warns about no machine difference)."""
+    recorded = load_doc()
+    base = baseline or cfg
+    return dataclasses.replace(recorded, config=cfg, fingerprint=fingerprint or {},
+                               baseline=dataclasses.replace(recorded.baseline, config=base))
+
+
+def emit_outputs(out: Path, cfg: TrialConfig, model_file: Path = MODELS / "dropout_cnn.py", *,
+                 baseline_batch: int | None = None,
+                 python: str = sys.executable) -> RunDocument | CandidateDocument:
+    """The files autotune emits for ``cfg`` (train_tuned.py, launch.sh, best_config.json),
+    written into ``out`` for this machine: a run's result whose user trained at
+    ``baseline_batch``, else a configuration's files alone; with ``python``, launch.sh runs
+    that interpreter."""
+    env, _ = launch.environment(cfg, machine=machine_doc())
+    doc: RunDocument | CandidateDocument
+    if baseline_batch:
+        doc = emit.write_outputs(out, cfg=cfg, model_file=model_file, env=env, description="Train dropout_cnn",
+                                 document=run_document(cfg, baseline=cfg.replace(batch_size=baseline_batch)))
+    else:
+        doc = emit.write_candidate(out, cfg=cfg, model_file=model_file, env=env, description="Train dropout_cnn")
+    if python != sys.executable:
+        (out / "launch.sh").write_text(emit.render_launcher(cfg=cfg, env=env, python=python))
+    return doc
+
+
+def run_launch_sh(out_dir: Path, cwd: Path, env: dict[str, str], *args: str,
+                  timeout: float = 150) -> subprocess.CompletedProcess:
+    """``bash out_dir/launch.sh *args`` from ``cwd`` (outside the repository, so that only
+    what the script itself finds is used); it must succeed."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    assert REPO not in cwd.resolve().parents
+    proc = subprocess.run(["bash", str(out_dir / "launch.sh"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def start_launch_sh(out: Path, cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
+    """``bash out/launch.sh *args`` started from ``cwd``, its output piped (``interrupt_after``)."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(["bash", str(out / "launch.sh"), *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def interrupt_after(proc: subprocess.Popen, line_start: str, signum: int) -> tuple[str, str]:
+    """Send ``signum`` once the script printed a line starting with ``line_start``."""
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(line_start):
+            proc.send_signal(signum)
+            break
+    out, err = proc.communicate(timeout=120)
+    return "".join(seen) + out, err

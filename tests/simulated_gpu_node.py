@@ -17,7 +17,7 @@ reading of it, so a wrong reading shows up as a wrong run):
   context ("all CUDA-capable devices are busy or unavailable").
 
 Throughput grows with the per-GPU batch and the number of GPUs, reduced precision is
-faster on Ampere or later; losses and evaluate() as every stand-in's (``stand_in.StandIn``).
+faster on Ampere or later; losses and evaluate() as every stand-in's (``doubles.StandIn``).
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from stand_in import StandIn
-
 from autotune.config import TrialConfig
 from autotune.trials.runner import TrialResult
+
+from doubles import StandIn
 
 GiB = 2**30
 CONTEXT_BYTES = GiB // 2
@@ -66,7 +66,7 @@ def devices_of(doc: dict[str, Any]) -> list[Device]:
 
 
 class _Process:
-    """A live (served) configuration: holds its devices until killed."""
+    """A live (served) configuration, a ``LiveTrialLike``: holds its devices until killed."""
 
     def __init__(self, node: SimulatedGpuNode, pid: int | None, cfg: TrialConfig,
                  failure: TrialResult | None) -> None:
@@ -93,15 +93,14 @@ class _Process:
 
 
 class SimulatedGpuNode(StandIn):
-    """A trial runner (``run``, ``start``, ``run_script``) for a GPU node's machine document."""
+    """A ``TrialRunnerLike`` (``run``, ``start``, ``run_script``) for a GPU node's machine
+    document."""
 
     def __init__(self, doc: dict[str, Any], model: SimModel = SimModel(), *,
                  diverge: bool = False) -> None:
         super().__init__()
         self.doc, self.model, self.diverge = doc, model, diverge
         self.devices = devices_of(doc)
-        self.memory_limit_bytes: int | None = None
-        self.workdir = Path("trials")
         self.next_pid = 1
         self.max_per_device = 0  # most processes ever resident on one device at once
         self.failures: list[tuple[str, str]] = []  # (stage name, what happened)

@@ -3,20 +3,18 @@ with the winner; knobs worth nothing measurable are dropped from what is emitted
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.document import Ablation
+from autotune.document import Ablation, RunDocument
 from autotune.space import parse_fixes
 from autotune.task import load_task
 from autotune.verify import ablation
 
-from tests.test_machine_matrix import StandInRunner, machine
-from tests.test_standalone import _tune
+from doubles import StandInRunner, recorded_machine, tune_stand_in
+from helpers import MODELS
 
-MODELS = Path(__file__).parent / "models"
 BASELINE = TrialConfig(batch_size=32)
 
 
@@ -61,7 +59,7 @@ def task():
 
 
 def test_the_run_reports_each_knobs_worth_and_emits_the_winner_without_the_idle_ones(task, tmp_path):
-    doc = _tune(task, tmp_path, Knobs(machine("avx2_epyc")))
+    doc = tune_stand_in(task, tmp_path, Knobs(recorded_machine("avx2_epyc")))
     assert doc["verified"]
     found = doc["ablation"]
     baseline = TrialConfig.from_dict(doc["baseline"]["config"])
@@ -103,7 +101,7 @@ class Complementary(Knobs):
 
 def test_when_knobs_complement_each_other_the_path_still_multiplies_to_the_verified_speedup(
         task, tmp_path):
-    doc = _tune(task, tmp_path, Complementary(machine("amx_spr")), trials=16,
+    doc = tune_stand_in(task, tmp_path, Complementary(recorded_machine("amx_spr")), trials=16,
                 fixed=parse_fixes(["layout=1x2", "compile=off", "allocator=default"]))
     found = doc["ablation"]
     knobs = {k["knob"]: k for k in found["knobs"]}
@@ -117,7 +115,7 @@ def test_when_knobs_complement_each_other_the_path_still_multiplies_to_the_verif
     assert by_knob["precision"] == pytest.approx(2.0, rel=0.02)
     from autotune.report.advice import ablation_lines
 
-    lines = [line.strip() for line in ablation_lines(found, doc)]
+    lines = [line.strip() for line in ablation_lines(RunDocument.from_json(doc))]
     assert any("steps multiply to" in line and line.endswith(": inside") for line in lines), lines
     assert any("the knobs complement each other" in line for line in lines), lines
 
@@ -180,7 +178,7 @@ def test_when_the_simplified_configuration_fails_alone_the_full_winner_says_its_
                 report["samples_per_s"] = 1.0
             return report
 
-    doc = _tune(task, tmp_path, SimplerFailsAlone(machine("avx2_epyc")))
+    doc = tune_stand_in(task, tmp_path, SimplerFailsAlone(recorded_machine("avx2_epyc")))
     assert doc["verified"]
     found = doc["ablation"]
     assert found["simplified"]["rejected"]
@@ -192,4 +190,4 @@ def test_when_the_simplified_configuration_fails_alone_the_full_winner_says_its_
             assert "but kept" in knob["note"]
     from autotune.report.advice import ablation_lines
 
-    assert not any("removed from the emitted" in line for line in ablation_lines(found, doc))
+    assert not any("removed from the emitted" in line for line in ablation_lines(RunDocument.from_json(doc)))

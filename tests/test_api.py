@@ -16,10 +16,10 @@ from helpers import MODELS
 def test_load_reads_a_run_and_refuses_what_it_cannot_read(tmp_path):
     from autotune.task import load_task
 
-    from tests.test_machine_matrix import StandInRunner, machine
-    from tests.test_standalone import _tune
+    from doubles import StandInRunner, recorded_machine, tune_stand_in
 
-    doc = _tune(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(machine("avx2_epyc")))
+    tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
+    doc = json.loads((tmp_path / "out" / "best_config.json").read_text())
     result = autotune.load(tmp_path / "out")
     assert result.verified and result.config == autotune.TrialConfig.from_dict(doc["config"])
     assert result.speedup.median == pytest.approx(doc["speedup"]["median"])

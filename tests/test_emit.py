@@ -13,45 +13,20 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.document import RunDocument
 from autotune.emit import launch
 from autotune.emit import outputs as emit
 
-from helpers import MODELS, REPO, machine_doc
+from helpers import MODELS, machine_doc, run_document, run_launch_sh
 
 TINY = MODELS / "tiny_cnn.py"
 
 
-def write(out_dir: Path, cfg: TrialConfig, model_file: Path = TINY) -> dict:
+def write(out_dir: Path, cfg: TrialConfig, model_file: Path = TINY) -> RunDocument:
     env, warnings = launch.environment(cfg, machine=machine_doc())
     assert warnings == []
     return emit.write_outputs(out_dir, cfg=cfg, model_file=model_file, env=env,
-                              document={"config": cfg.to_dict()}, description="Train tiny_cnn")
-
-
-@pytest.fixture(scope="module")
-def no_autotune_env(tmp_path_factory) -> dict[str, str]:
-    """An environment in which `import autotune` fails: PYTHONPATH holds only a poisoned
-    autotune package (ahead of the editable install), never the repository."""
-    poison = tmp_path_factory.mktemp("poison")
-    (poison / "autotune").mkdir()
-    (poison / "autotune" / "__init__.py").write_text(
-        "raise ImportError('the generated script imported autotune')\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(poison)
-    probe = subprocess.run([sys.executable, "-c", "import autotune"], env=env,
-                           cwd=tmp_path_factory.mktemp("elsewhere"), capture_output=True, text=True)
-    assert probe.returncode != 0 and "imported autotune" in probe.stderr
-    return env
-
-
-def run_launcher(out_dir: Path, cwd: Path, env: dict[str, str], *args: str,
-                 timeout: float = 150) -> subprocess.CompletedProcess:
-    cwd.mkdir(parents=True, exist_ok=True)
-    assert REPO not in cwd.resolve().parents
-    proc = subprocess.run(["bash", str(out_dir / "launch.sh"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+                              document=run_document(cfg), description="Train tiny_cnn")
 
 
 def assert_learns(losses: list[float]) -> None:
@@ -67,7 +42,7 @@ def test_outputs_are_written(tmp_path):
     doc = write(tmp_path / "out", cfg)
     out = tmp_path / "out"
     stored = json.loads((out / "best_config.json").read_text())
-    assert stored == json.loads(json.dumps(doc))
+    assert stored == json.loads(json.dumps(doc.to_json()))
     assert stored["schema"] == 1 and stored["config"] == cfg.to_dict()
     assert "2 ranks" in stored["launch"]
     assert os.access(out / "launch.sh", os.X_OK)
@@ -104,12 +79,12 @@ def test_a_script_for_odd_names_runs(tmp_path, no_autotune_env):
     cfg = TrialConfig(threads=1, batch_size=16)
     env, _ = launch.environment(cfg, machine=machine_doc())
     out = tmp_path / "out"
-    emit.write_outputs(out, cfg=cfg, model_file=odd / "model.py", env=env, document={"config": cfg.to_dict()},
+    emit.write_outputs(out, cfg=cfg, model_file=odd / "model.py", env=env, document=run_document(cfg),
                        description=description)
     work = tmp_path / "work"
-    shown = run_launcher(out, work, no_autotune_env, "--help").stdout
+    shown = run_launch_sh(out, work, no_autotune_env, "--help").stdout
     assert description in " ".join(shown.split())  # argparse rewraps the description
-    run_launcher(out, work, no_autotune_env, "--max-steps", "2", "--no-checkpoint", "--report", "r.json")
+    run_launch_sh(out, work, no_autotune_env, "--max-steps", "2", "--no-checkpoint", "--report", "r.json")
     assert json.loads((work / "r.json").read_text())["steps"] == 2
     assert not list(tmp_path.rglob("PWNED"))
 
@@ -162,8 +137,8 @@ def test_script_trains_one_process_without_autotune(tmp_path, no_autotune_env):
     script = (out / "train_tuned.py").read_text()
     assert "import autotune" not in script and "from autotune" not in script
     work = tmp_path / "elsewhere"
-    run_launcher(out, work, no_autotune_env, "--max-steps", "40", "--no-checkpoint",
-                 "--report", "r.json")
+    run_launch_sh(out, work, no_autotune_env, "--max-steps", "40", "--no-checkpoint",
+                  "--report", "r.json")
     report = json.loads((work / "r.json").read_text())
     facts = report["facts"]  # what the knobs did inside the script's own process
     assert facts["world"] == 1 and facts["ddp"] is False
@@ -180,8 +155,8 @@ def test_script_starts_and_trains_two_ranks(tmp_path, no_autotune_env):
     out = tmp_path / "out"
     write(out, TrialConfig(nprocs=2, threads=1, batch_size=32, backend="gloo"))
     work = tmp_path / "elsewhere"
-    run_launcher(out, work, no_autotune_env, "--max-steps", "40", "--no-checkpoint",
-                 "--report", "r.json")
+    run_launch_sh(out, work, no_autotune_env, "--max-steps", "40", "--no-checkpoint",
+                  "--report", "r.json")
     report = json.loads((work / "r.json").read_text())
     facts = report["facts"]
     assert facts["world"] == 2 and facts["backend"] == "gloo" and facts["ddp"] is True
@@ -200,7 +175,7 @@ def test_two_ranks_leave_cleanly_with_their_checkpoint_and_report(tmp_path, no_a
     out = tmp_path / "out"
     write(out, TrialConfig(nprocs=2, threads=1, batch_size=64, backend="gloo"))
     work = tmp_path / "elsewhere"
-    proc = run_launcher(out, work, no_autotune_env, "--epochs", "1", "--report", "r.json")
+    proc = run_launch_sh(out, work, no_autotune_env, "--epochs", "1", "--report", "r.json")
     assert proc.returncode == 0
     assert "saved checkpoints/step-000000008.pt" in proc.stdout and "samples/s" in proc.stdout
     assert json.loads((work / "r.json").read_text())["steps"] == 512 // 64
@@ -215,7 +190,7 @@ def test_one_epoch_saves_a_loadable_checkpoint(tmp_path, no_autotune_env):
     cfg = TrialConfig(threads=1, batch_size=64)
     write(out, cfg)
     work = tmp_path / "elsewhere"
-    proc = run_launcher(out, work, no_autotune_env, "--epochs", "1", "--report", "r.json")
+    proc = run_launch_sh(out, work, no_autotune_env, "--epochs", "1", "--report", "r.json")
     report = json.loads((work / "r.json").read_text())
     assert report["steps"] == 512 // 64  # one pass over the tiny dataset
     path = work / "checkpoints" / "step-000000008.pt"
@@ -244,8 +219,8 @@ def test_paths_with_spaces_and_dollar_signs(tmp_path, no_autotune_env):
     out = tmp_path / "out $dir (1)"
     write(out, TrialConfig(threads=1, batch_size=16), model_file=model)
     work = tmp_path / "work $x"
-    run_launcher(out, work, no_autotune_env, "--max-steps", "3", "--no-checkpoint",
-                 "--report", "report $1.json")
+    run_launch_sh(out, work, no_autotune_env, "--max-steps", "3", "--no-checkpoint",
+                  "--report", "report $1.json")
     report = json.loads((work / "report $1.json").read_text())
     assert report["steps"] == 3 and len(report["losses"]) == 3
 
@@ -264,7 +239,7 @@ def test_an_interpreter_path_with_spaces_and_dollars_is_quoted(tmp_path, no_auto
     (out / "launch.sh").write_text(emit.render_launcher(cfg=cfg, env=env, python=str(odd / "python")))
     work = tmp_path / "work"
     env_run = {k: v for k, v in no_autotune_env.items() if k != "PYTHON"}
-    run_launcher(out, work, env_run, "--max-steps", "3", "--no-checkpoint", "--report", "r.json")
+    run_launch_sh(out, work, env_run, "--max-steps", "3", "--no-checkpoint", "--report", "r.json")
     assert json.loads((work / "r.json").read_text())["steps"] >= 3
     assert not list(tmp_path.rglob("PWNED")) and not (work / "PWNED").exists()
 

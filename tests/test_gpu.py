@@ -28,7 +28,7 @@ from autotune.emit import launch
 from autotune.emit import outputs as emit
 from autotune.trials.runner import Measurement, TrialRunner
 
-from helpers import MODELS, REPO
+from helpers import MODELS, REPO, run_document
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -146,7 +146,7 @@ def _emit_eight(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     env, _ = launch.environment(EIGHT, machine=probe_machine().to_dict())
     out = tmp_path / "out"
     emit.write_outputs(out, cfg=EIGHT, model_file=MODELS / "knob_cnn.py", env=env,
-                       document={"baseline": {"config": TrialConfig(device="cuda").to_dict()}}, description="t")
+                       document=run_document(EIGHT, baseline=TrialConfig(device="cuda")), description="t")
     return out, env
 
 

@@ -8,23 +8,18 @@ reach all the GPUs, a second process refused by an exclusive GPU.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
-from simulated_gpu_node import GiB, SimModel, SimulatedGpuNode
 
 from autotune import pipeline
 from autotune.config import TrialConfig
 from autotune.report.console import Reporter
 from autotune.task import load_task
 
-FIXTURES = Path(__file__).parent / "fixtures" / "machines"
-MODELS = Path(__file__).parent / "models"
-
-
-def machine(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
+from doubles import recorded_machine
+from helpers import MODELS, written_document
+from simulated_gpu_node import GiB, SimModel, SimulatedGpuNode
 
 
 @pytest.fixture(autouse=True)
@@ -40,16 +35,16 @@ def task():
 
 def tune(task, name: str, tmp_path: Path, *, model: SimModel = SimModel(), diverge: bool = False,
          **options):
-    node = SimulatedGpuNode(machine(name), model, diverge=diverge)
+    node = SimulatedGpuNode(recorded_machine(name), model, diverge=diverge)
     out = tmp_path / name
     out.mkdir()
-    doc = pipeline.execute(task, out, pipeline.RunOptions(trials=12, **options), machine=machine(name),
-                           runner=node, reporter=Reporter(quiet=True))
-    return doc, node
+    pipeline.execute(task, out, pipeline.RunOptions(trials=12, **options), machine=recorded_machine(name),
+                     runner=node, reporter=Reporter(quiet=True))
+    return written_document(out), node
 
 
 def ranks_offered(task, name: str) -> set[int]:
-    space = pipeline.build_task_space(task, machine(name), pipeline.RunOptions())
+    space = pipeline.build_task_space(task, recorded_machine(name), pipeline.RunOptions())
     return {int(s.split("x")[0]) for s in space.choices["layout"]}
 
 
@@ -136,7 +131,7 @@ def test_a_node_in_exclusive_compute_mode_verifies(task, tmp_path):
 def test_a_mig_node_tunes_on_its_mig_device(task, tmp_path):
     """CUDA enumerates one MIG slice per process: one rank, the slice's memory, never the
     eight parent GPUs NVML lists."""
-    doc_in = machine("h100x8_mig")
+    doc_in = recorded_machine("h100x8_mig")
     assert len(doc_in["gpus"]) == 8
     assert ranks_offered(task, "h100x8_mig") == {1}
     half = SimModel(fixed_bytes=6 * GiB, sample_bytes=2 * GiB)  # a model sized for the slice

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_emit import no_autotune_env, run_launcher  # noqa: F401  (a fixture, used by name)
-from test_train_tuned import interrupt_after, start, write
 from torch.utils.data._utils import worker as worker_state
 
 from autotune.config import TrialConfig
@@ -21,7 +19,7 @@ from autotune.runtime.data import IterableShard, build_loader
 from autotune.runtime.session import Session, load_user_module
 from autotune.task import load_task
 
-from helpers import MODELS
+from helpers import MODELS, emit_outputs, interrupt_after, run_launch_sh, start_launch_sh
 
 STREAM = MODELS / "token_stream.py"
 
@@ -164,23 +162,23 @@ def test_a_resumed_session_on_a_stream_draws_the_batches_an_uninterrupted_one_wo
 
 @pytest.mark.slow
 def test_the_emitted_script_trains_a_stream_on_two_ranks_with_workers_and_resumes_it(
-        tmp_path, no_autotune_env):  # noqa: F811
+        tmp_path, no_autotune_env):
     out, work = tmp_path / "out", tmp_path / "work"
-    write(out, TrialConfig(nprocs=2, threads=1, batch_size=16, num_workers=2), STREAM)
+    emit_outputs(out, TrialConfig(nprocs=2, threads=1, batch_size=16, num_workers=2), STREAM)
     no_steps = subprocess.run(["bash", str(out / "launch.sh")], cwd=tmp_path, env=no_autotune_env,
                               capture_output=True, text=True, timeout=120)
     assert no_steps.returncode == 2 and "the dataset has no length: give --max-steps" in no_steps.stderr
-    run_launcher(out, tmp_path / "whole", no_autotune_env, "--max-steps", "30", "--log-every", "1",
-                 "--no-checkpoint", "--report", "r.json")
+    run_launch_sh(out, tmp_path / "whole", no_autotune_env, "--max-steps", "30", "--log-every", "1",
+                  "--no-checkpoint", "--report", "r.json")
     expected = json.loads((tmp_path / "whole" / "r.json").read_text())["losses"]
 
-    proc = start(out, work, no_autotune_env, "--max-steps", "30", "--log-every", "1", "--report", "a.json")
+    proc = start_launch_sh(out, work, no_autotune_env, "--max-steps", "30", "--log-every", "1", "--report", "a.json")
     stdout, stderr = interrupt_after(proc, "step 3/30", signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, stdout + stderr
     stopped_at = json.loads((work / "a.json").read_text())["steps"]
     assert stopped_at in (10, 20)  # the ranks agree on stopping every 10 steps
     # no sampler to skip with: the resumed run reads the stream through to where it stopped
-    run_launcher(out, work, no_autotune_env, "--resume", "--max-steps", "30", "--log-every", "1",
-                 "--report", "b.json")
+    run_launch_sh(out, work, no_autotune_env, "--resume", "--max-steps", "30", "--log-every", "1",
+                  "--report", "b.json")
     resumed = json.loads((work / "b.json").read_text())["losses"]
     assert resumed == pytest.approx(expected[stopped_at:], rel=1e-6)

@@ -73,8 +73,7 @@ def test_knob_takes_effect_in_trial_and_in_generated_script(name, machine, tmp_p
     assert check(trial_facts), f"{name} did not take effect in the trial: {trial_facts}"
 
     env, _ = launch.environment(cfg, machine=machine, base_env={})
-    doc = emit.write_outputs(tmp_path / "out", cfg=cfg, model_file=MODEL, env=env, document={},
-                             description=name)
+    doc = emit.write_candidate(tmp_path / "out", cfg=cfg, model_file=MODEL, env=env, description=name)
     report = tmp_path / "report.json"
     proc = subprocess.run(["bash", emit.resolve(doc, tmp_path / "out", "launcher"), "--max-steps", "4", "--no-checkpoint",
                            "--report", str(report)], capture_output=True, text=True, timeout=240,

@@ -68,8 +68,8 @@ def test_a_two_rank_trial_listens_on_loopback_only(tmp_path):
 def test_the_emitted_two_rank_launch_sh_listens_on_loopback_only(tmp_path):
     env, _ = launch.environment(TWO_RANKS, machine=machine_doc())
     out = tmp_path / "out"
-    emit.write_outputs(out, cfg=TWO_RANKS, model_file=MODELS / "tiny_cnn.py", env=env,
-                       document={}, description="two ranks")
+    emit.write_candidate(out, cfg=TWO_RANKS, model_file=MODELS / "tiny_cnn.py", env=env,
+                         description="two ranks")
     proc = subprocess.Popen(["bash", str(out / "launch.sh"), "--max-steps", "150",
                              "--no-checkpoint"], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

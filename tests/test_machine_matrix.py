@@ -11,84 +11,21 @@ that nothing is rejected for a gate the user did not ask for.
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from stand_in import StandIn
 
 from autotune import pipeline
 from autotune.config import TrialConfig
+from autotune.document import RunDocument
 from autotune.report.console import Reporter
 from autotune.task import load_task
 from autotune.trials.runner import TrialResult
 
-FIXTURES = Path(__file__).parent / "fixtures" / "machines"
-MODELS = Path(__file__).parent / "models"
+from doubles import StandInRunner, recorded_machine
+from helpers import MODELS, written_document
+
 MACHINES = ("avx2_epyc", "amx_spr", "h100x1", "h100x8")
-
-
-def machine(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
-
-
-class StandInRunner(StandIn):
-    """Measures nothing (``stand_in.StandIn``). Reduced precision is fast where the
-    hardware has it (bf16 2x on AMX; fp16 2.2x, bf16 2x, tf32 1.4x on an H100)."""
-
-    def __init__(self, doc: dict, *, diverge: bool = False,
-                 served: Callable[[TrialConfig], float] = lambda cfg: 1.0) -> None:
-        super().__init__()
-        self.doc, self.diverge = doc, diverge
-        self.served = served  # held side by side, a configuration runs this much faster
-        self.memory_limit_bytes = None  # verification's shared budget: not measured here
-        self.workdir = Path("trials")
-        self.scripts: list[Path] = []
-
-    def throughput(self, cfg: TrialConfig) -> float:
-        isa = self.doc["cpu"]["isa"]
-        fast = ({"fp16": 2.2, "bf16": 2.0, "tf32": 1.4} if cfg.device == "cuda"
-                else {"bf16": 2.0 if isa.get("amx_bf16") else 0.5})
-        value = 1000.0 * fast.get(cfg.precision, 1.0) * (1 + 0.1 * math.log2(cfg.batch_size / 16))
-        value *= 0.95 ** cfg.nprocs * cfg.nprocs if cfg.device == "cuda" else 1 + 0.05 * (cfg.threads or 1)
-        return value * (1.1 if cfg.num_workers else 1.0) * (1.05 if cfg.compile != "off" else 1.0)
-
-    def threads_seen(self, cfg: TrialConfig) -> int:
-        return cfg.threads or self.doc["cpu"]["usable_cores"]
-
-    def run(self, cfg, *, name, on_window=None, trajectory_steps=None, quality_steps=None, **kw):
-        return self.result(cfg, on_window=on_window, trajectory_steps=trajectory_steps,
-                           quality_steps=quality_steps)
-
-    def start(self, cfg, *, name, mode=None, **kw):
-        return _Serving(self.throughput(cfg) * self.served(cfg))
-
-    def run_script(self, launcher, *, steps, workdir, timeout_s):
-        """Alone, the emitted configuration (read back from what was written beside
-        the launcher) runs at its throughput."""
-        self.scripts.append(Path(launcher))
-        written = json.loads((Path(launcher).parent / "best_config.json").read_text())
-        cfg = TrialConfig.from_dict(written.get("candidate") or written["config"])
-        return {"samples_per_s": self.throughput(cfg)}
-
-
-class _Serving:
-    def __init__(self, value: float) -> None:
-        self.value, self.rounds, self.result = value, 0, TrialResult(status="ok")
-
-    def wait_ready(self) -> bool:
-        return True
-
-    def window(self) -> float:
-        self.rounds += 1
-        return self.value * (1 + 0.01 * (self.rounds % 3))
-
-    def kill(self) -> None:
-        pass
-
-    def rss(self) -> int:
-        return 0
 
 
 @pytest.fixture(autouse=True)
@@ -103,13 +40,13 @@ def task():
 
 
 def tune(task, name: str, tmp_path: Path, *, diverge: bool = False, **options):
-    doc_in = machine(name)
+    doc_in = recorded_machine(name)
     runner = StandInRunner(doc_in, diverge=diverge)
     out = tmp_path / name
     out.mkdir()
-    doc = pipeline.execute(task, out, pipeline.RunOptions(trials=12, **options), machine=doc_in,
-                           runner=runner, reporter=Reporter(quiet=True))
-    return doc, runner
+    pipeline.execute(task, out, pipeline.RunOptions(trials=12, **options), machine=doc_in,
+                     runner=runner, reporter=Reporter(quiet=True))
+    return written_document(out), runner
 
 
 def _rejections(doc: dict) -> list[str]:
@@ -123,7 +60,7 @@ EXPECTED_PRECISIONS = {"avx2_epyc": ["fp32"], "amx_spr": ["fp32", "bf16"],
 
 @pytest.mark.parametrize("name", MACHINES)
 def test_each_machine_offers_its_own_knobs(task, name):
-    doc = machine(name)
+    doc = recorded_machine(name)
     space = pipeline.build_task_space(task, doc, pipeline.RunOptions())
     assert space.choices["precision"] == EXPECTED_PRECISIONS[name]
     gpus = len(doc["gpus"])
@@ -193,7 +130,7 @@ def test_diverging_reduced_precision_falls_back_to_the_fastest_exact_config(task
 
 def test_the_summary_says_why_bf16_was_rejected(task, tmp_path, capsys):
     doc, _ = tune(task, "amx_spr", tmp_path, diverge=True)
-    Reporter().summary(doc, tmp_path / "amx_spr")
+    Reporter().summary(RunDocument.from_json(doc), tmp_path / "amx_spr")
     text = capsys.readouterr().out
     assert "precision: bf16 rejected" in text and "diverge" in text
     assert "fp32" in text
@@ -219,8 +156,8 @@ def test_a_users_rank_variables_are_named_in_a_notice(task, tmp_path, monkeypatc
     monkeypatch.setenv("MASTER_ADDR", "192.0.2.1")
     out = tmp_path / "out"
     out.mkdir()
-    pipeline.execute(task, out, pipeline.RunOptions(trials=3), machine=machine("avx2_epyc"),
-                     runner=StandInRunner(machine("avx2_epyc")), reporter=Reporter())
+    pipeline.execute(task, out, pipeline.RunOptions(trials=3), machine=recorded_machine("avx2_epyc"),
+                     runner=StandInRunner(recorded_machine("avx2_epyc")), reporter=Reporter())
     err = capsys.readouterr().err.replace("\n", " ")
     assert "MASTER_ADDR, WORLD_SIZE from your environment are not passed to trials" in err
 
@@ -237,7 +174,7 @@ class _BaselineDiesWhenServed(StandInRunner):
 def test_a_baseline_that_fails_in_verification_ends_the_run_with_a_message(task, tmp_path):
     from autotune.errors import NotVerified
 
-    doc_in = machine("avx2_epyc")
+    doc_in = recorded_machine("avx2_epyc")
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(NotVerified, match="baseline failed while verification re-measured it") as err:
@@ -255,7 +192,7 @@ def test_cuda_visible_devices_narrows_the_gpus(task, monkeypatch, visible, ranks
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    space = pipeline.build_task_space(task, machine("h100x8"), pipeline.RunOptions())
+    space = pipeline.build_task_space(task, recorded_machine("h100x8"), pipeline.RunOptions())
     assert space.baseline.device == device
     if device == "cuda":
         assert max(int(s.split("x")[0]) for s in space.choices["layout"]) == ranks

@@ -1,12 +1,17 @@
 """What the user sees: user text is printed as text, never as rich markup."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from autotune.config import TrialConfig
+from autotune.document import Rejection
 from autotune.report.console import Reporter
 from autotune.trials.runner import TrialResult
+
+from recorded_run import load_doc
 
 MARKUP = "[/data/train] and [bold]x[/]"
 
@@ -24,13 +29,13 @@ def test_user_text_with_brackets_is_printed_as_it_is(capsys):
 
 
 def test_the_summary_prints_paths_and_reasons_as_text(capsys):
-    doc = {"model_file": f"/models/{MARKUP}.py", "verified": False,
-           "config": {"precision": "fp32"}, "baseline": {"config": {"precision": "fp32"},
-                                                       "samples_per_s": 10.0},
-           "rejected": [{"config_short": "layout=1x2", "reason": MARKUP}],
-           "precision": {"rejected": {"bf16": MARKUP}, "instead": "the baseline"},
-           "outputs": {"config": "best_config.json", "script": "s", "launcher": "l"},
-           "launch": f"./launch.sh  # runs: {MARKUP}"}
+    whole = load_doc()
+    doc = dataclasses.replace(
+        whole, model_file=f"/models/{MARKUP}.py", best=None, speedup=None, config=whole.baseline.config,
+        rejected=(Rejection(config=TrialConfig(nprocs=1, threads=2), reason=MARKUP, checks={}),),
+        precision=dataclasses.replace(whole.precision, rejected={"bf16": MARKUP}, instead="the baseline"),
+        outputs={"config": "best_config.json", "script": "s", "launcher": "l"},
+        launch=f"./launch.sh  # runs: {MARKUP}")
     Reporter().summary(doc, Path(f"/out/{MARKUP}"))
     out = capsys.readouterr().out.replace("\n", "")
     assert out.count(MARKUP) >= 4, out
@@ -40,9 +45,9 @@ def test_the_summary_names_every_file_written_stack_files_included(capsys):
     outputs = {"config": "best_config.json", "script": "train_tuned.py", "launcher": "launch.sh",
                "accelerate": "accelerate_config.yaml", "lightning": "lightning_trainer.json",
                "torchrun": "torchrun.sh", "snippet": "apply_to_your_loop.md"}
-    doc = {"model_file": "m.py", "verified": False, "config": {"precision": "fp32"},
-           "baseline": {"config": {"precision": "fp32"}, "samples_per_s": 10.0},
-           "outputs": outputs, "launch": "./launch.sh  # runs: python train_tuned.py"}
+    whole = load_doc()
+    doc = dataclasses.replace(whole, model_file="m.py", best=None, speedup=None, config=whole.baseline.config,
+                              outputs=outputs, launch="./launch.sh  # runs: python train_tuned.py")
     Reporter().summary(doc, Path("/out"))
     wrote = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote "))
     assert wrote == "wrote " + ", ".join(f"/out/{name}" for name in outputs.values())

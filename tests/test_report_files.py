@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import json
 import os
 import re
@@ -14,12 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_advisor import ABLATION, build_study, load_doc
 
 from autotune.commands import report as report_command
 from autotune.commands import show as show_command
 from autotune.report.files import PLOTS_HINT, write_report
 from autotune.search.study import load_study
+
+from recorded_run import ABLATION, build_study, load_doc
 
 PLOTS = ("history.png", "knobs.png", "ablation.png", "path.png", "verification.png")
 
@@ -29,8 +31,8 @@ def make_outdir(folder: Path, *, ablation: bool = True, study: bool = True) -> P
     folder.mkdir(parents=True, exist_ok=True)
     doc = load_doc()
     if ablation:
-        doc["ablation"] = ABLATION
-    (folder / "best_config.json").write_text(json.dumps(doc, indent=1))
+        doc = dataclasses.replace(doc, ablation=ABLATION)
+    (folder / "best_config.json").write_text(json.dumps(doc.to_json(), indent=1))
     if study:
         build_study(folder, doc)
     return folder
@@ -137,7 +139,8 @@ def test_stale_plots_of_an_earlier_report_are_removed(tmp_path):
 def test_the_study_is_read_without_being_written(tmp_path):
     out = make_outdir(tmp_path / "out")
     before = (out / "study.journal").read_bytes()
-    study = load_study(out, load_doc())
+    doc = load_doc()
+    study = load_study(out, model_file=doc.model_file, fingerprint_id=doc.fingerprint.get("id"))
     assert study is not None and len(study.trials) == 9
     load_study(out / "best_config.json")  # the file itself names its folder
     assert (out / "study.journal").read_bytes() == before

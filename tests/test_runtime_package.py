@@ -76,8 +76,8 @@ def test_the_emitted_runtime_is_a_byte_identical_copy_and_the_script_the_templat
     cfg = TrialConfig(threads=1, batch_size=16)
     env, _ = launch.environment(cfg, machine=machine_doc())
     out = tmp_path / "out"
-    emit.write_outputs(out, cfg=cfg, model_file=MODELS / "tiny_cnn.py", env=env,
-                       document={"config": cfg.to_dict()}, description="Train tiny_cnn")
+    emit.write_candidate(out, cfg=cfg, model_file=MODELS / "tiny_cnn.py", env=env,
+                         description="Train tiny_cnn")
     copied = sorted((out / emit.RUNTIME_NAME).glob("*.py"))
     assert [p.name for p in copied] == [p.name for p in MODULES]
     for source, copy in zip(MODULES, copied):

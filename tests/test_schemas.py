@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from autotune.config import TrialConfig
 from autotune.document import RunDocument
 from autotune.task import load_task
 
+from doubles import StandInRunner, recorded_machine, tune_stand_in
 from helpers import MODELS
 
 
@@ -27,12 +29,14 @@ def test_probe_json_conforms(capsys):
     assert schemas.problem(json.loads(capsys.readouterr().out), "probe") is None
 
 
-def test_a_run_document_and_show_json_conform(tmp_path, capsys):
-    from tests.test_machine_matrix import StandInRunner, machine
-    from tests.test_standalone import _tune
+def written(out: Path) -> dict:
+    """best_config.json as the run wrote it into ``out``."""
+    return json.loads((out / "best_config.json").read_text())
 
-    doc = _tune(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(machine("avx2_epyc")))
-    assert schemas.problem(json.loads(json.dumps(doc, default=str)), "best_config") is None
+
+def test_a_run_document_and_show_json_conform(tmp_path, capsys):
+    tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
+    assert schemas.problem(written(tmp_path / "out"), "best_config") is None
     assert main(["show", str(tmp_path / "out"), "--json"]) == 0
     assert schemas.problem(json.loads(capsys.readouterr().out), "best_config") is None
 
@@ -40,12 +44,9 @@ def test_a_run_document_and_show_json_conform(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def stand_in_document(tmp_path_factory) -> dict:
     """A whole best_config.json of a stand-in run (ablation, path, layout effect and all)."""
-    from tests.test_machine_matrix import StandInRunner, machine
-    from tests.test_standalone import _tune
-
-    doc = _tune(load_task(MODELS / "knob_cnn.py"), tmp_path_factory.mktemp("run"),
-                StandInRunner(machine("avx2_epyc")))
-    return json.loads(json.dumps(doc, default=str))
+    folder = tmp_path_factory.mktemp("run")
+    tune_stand_in(load_task(MODELS / "knob_cnn.py"), folder, StandInRunner(recorded_machine("avx2_epyc")))
+    return written(folder / "out")
 
 
 def test_the_schema_rejects_an_ablation_missing_a_key_or_with_a_mistyped_field(stand_in_document):
@@ -67,16 +68,14 @@ def test_a_run_document_reads_back_as_itself(stand_in_document):
 
 
 def test_an_unverified_run_has_no_speedup(tmp_path):
-    from tests.test_machine_matrix import StandInRunner, machine
-    from tests.test_standalone import _tune
-
     class NothingPays(StandInRunner):
         def throughput(self, cfg: TrialConfig) -> float:
             return 1000.0
 
-    doc = _tune(load_task(MODELS / "knob_cnn.py"), tmp_path, NothingPays(machine("avx2_epyc")))
+    tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, NothingPays(recorded_machine("avx2_epyc")))
+    doc = written(tmp_path / "out")
     assert not doc["verified"] and doc["speedup"] is None and doc["best"] is None
-    assert schemas.problem(json.loads(json.dumps(doc, default=str)), "best_config") is None
+    assert schemas.problem(doc, "best_config") is None
     assert RunDocument.from_json(doc).to_json() == doc
     assert main(["show", str(tmp_path / "out")]) == 0
 

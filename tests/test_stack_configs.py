@@ -20,7 +20,7 @@ from autotune.emit import launch
 from autotune.emit import outputs as emit
 from autotune.emit import stacks as stack_configs
 
-from helpers import MODELS, machine_doc
+from helpers import MODELS, machine_doc, run_document
 
 TINY = MODELS / "tiny_cnn.py"
 BASELINE = TrialConfig(batch_size=32)
@@ -178,15 +178,16 @@ def test_the_snippet_has_exactly_the_lines_that_differ_and_is_valid_python():
 
 def test_a_run_writes_them_beside_best_config_and_names_them_in_outputs(tmp_path):
     env, _ = launch.environment(TUNED.replace(allocator="default"), machine=machine_doc())
-    doc = emit.write_outputs(tmp_path, cfg=TUNED.replace(allocator="default"), model_file=TINY, env=env,
-                             document={"baseline": {"config": BASELINE.to_dict()}}, description="t")
+    tuned = TUNED.replace(allocator="default")
+    doc = emit.write_outputs(tmp_path, cfg=tuned, model_file=TINY, env=env,
+                             document=run_document(tuned, baseline=BASELINE), description="t")
     for key, name in (("accelerate", "accelerate_config.yaml"), ("lightning", "lightning_trainer.json"),
                       ("torchrun", "torchrun.sh"), ("snippet", "apply_to_your_loop.md")):
-        assert doc["outputs"][key] == name and (tmp_path / name).is_file()
+        assert doc.outputs[key] == name and (tmp_path / name).is_file()
     assert os.access(tmp_path / "torchrun.sh", os.X_OK)
-    candidate = emit.write_outputs(tmp_path / "candidate", cfg=TUNED, model_file=TINY, env=env,
-                                   document={"candidate": TUNED.to_dict()}, description="t")
-    assert "accelerate" not in candidate["outputs"]  # a verification candidate needs none
+    candidate = emit.write_candidate(tmp_path / "candidate", cfg=TUNED, model_file=TINY, env=env,
+                                     description="t")
+    assert "accelerate" not in candidate.outputs  # a verification candidate needs none
 
 
 def test_threads_left_to_pytorch_are_named_with_the_count_it_chose(tmp_path):
@@ -352,7 +353,7 @@ def test_torchrun_sh_starts_the_ranks_and_passes_torchrun_flags_before_the_doubl
     cfg = TrialConfig(nprocs=2, threads=1, batch_size=32)
     env, _ = launch.environment(cfg, machine=machine_doc())
     emit.write_outputs(tmp_path / "out", cfg=cfg, model_file=TINY, env=env,
-                       document={"baseline": {"config": BASELINE.to_dict()}}, description="t")
+                       document=run_document(cfg, baseline=BASELINE), description="t")
     text = (tmp_path / "out" / "torchrun.sh").read_text()
     assert "--rdzv-endpoint 127.0.0.1:0" in text and "TUNED_NPROCS" not in text
     work = tmp_path / "work"

@@ -10,14 +10,14 @@ import pytest
 
 from autotune import pipeline
 from autotune.config import TrialConfig
+from autotune.document import RunDocument
 from autotune.errors import NotVerified
 from autotune.report.console import Reporter
 from autotune.verify import standalone
 from autotune.verify.again import reverify
 
-from tests.test_machine_matrix import StandInRunner, machine
-
-MODELS = Path(__file__).parent / "models"
+from doubles import StandInRunner, recorded_machine, tune_stand_in
+from helpers import MODELS
 
 
 @pytest.fixture(scope="module")
@@ -27,15 +27,8 @@ def task():
     return load_task(MODELS / "knob_cnn.py")
 
 
-def _tune(task, tmp_path: Path, runner: StandInRunner, **options) -> dict:
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
-    return pipeline.execute(task, out, pipeline.RunOptions(**{"trials": 8, **options}),
-                            machine=runner.doc, runner=runner, reporter=Reporter(quiet=True))
-
-
 def test_the_printed_speedup_follows_the_standalone_runs_not_the_side_by_side_windows(task, tmp_path):
-    doc_in = machine("avx2_epyc")
+    doc_in = recorded_machine("avx2_epyc")
     baseline = pipeline.build_task_space(task, doc_in, pipeline.RunOptions()).baseline
 
     def served(cfg: TrialConfig) -> float:
@@ -43,7 +36,7 @@ def test_the_printed_speedup_follows_the_standalone_runs_not_the_side_by_side_wi
         return 1.0 if cfg == baseline else 1.4
 
     runner = StandInRunner(doc_in, served=served)
-    doc = _tune(task, tmp_path, runner)
+    doc = tune_stand_in(task, tmp_path, runner)
     assert doc["verified"]
     chosen = TrialConfig.from_dict(doc["config"])
     assert TrialConfig.from_dict(doc["baseline"]["config"]) == baseline
@@ -63,7 +56,7 @@ def test_the_printed_speedup_follows_the_standalone_runs_not_the_side_by_side_wi
 
 
 def test_candidates_faster_only_side_by_side_are_not_verified(task, tmp_path):
-    doc_in = machine("avx2_epyc")
+    doc_in = recorded_machine("avx2_epyc")
     baseline = pipeline.build_task_space(task, doc_in, pipeline.RunOptions()).baseline
 
     class SlowerAlone(StandInRunner):
@@ -77,7 +70,7 @@ def test_candidates_faster_only_side_by_side_are_not_verified(task, tmp_path):
             return {"samples_per_s": 0.95 * self.throughput(baseline)}
 
     runner = SlowerAlone(doc_in, served=lambda cfg: 1.0 if cfg == baseline else 3.0)
-    doc = _tune(task, tmp_path, runner)
+    doc = tune_stand_in(task, tmp_path, runner)
     assert not doc["verified"] and doc["config"] == baseline.to_dict()
     refused = [c for c in doc["candidates"] if "not faster when run alone" in c["outcome"]]
     assert len(refused) == 2, "the scripts of the two fastest run alone, no more"
@@ -96,9 +89,9 @@ def test_a_machine_that_changes_speed_while_measured_is_said_so(task, tmp_path, 
                 report["samples_per_s"] *= 0.7 if runs > 3 else 1.0
             return report
 
-    doc = _tune(task, tmp_path, SteppedDown(machine("avx2_epyc")))
+    doc = tune_stand_in(task, tmp_path, SteppedDown(recorded_machine("avx2_epyc")))
     assert "this machine's speed changed while it was measured" in doc["speedup"]["unsteady"]
-    Reporter().summary(doc, tmp_path / "out")
+    Reporter().summary(RunDocument.from_json(doc), tmp_path / "out")
     assert "speed changed while it was measured" in " ".join(capsys.readouterr().err.split())
 
 
@@ -136,13 +129,13 @@ def test_a_baseline_script_that_fails_alone_ends_the_run_with_a_message(task, tm
             return super().run_script(launcher, **kw)
 
     with pytest.raises(NotVerified, match="baseline's script .* failed when run alone") as err:
-        _tune(task, tmp_path, BaselineScriptFails(machine("avx2_epyc")))
+        tune_stand_in(task, tmp_path, BaselineScriptFails(recorded_machine("avx2_epyc")))
     assert "no module x" in str(err.value)
 
 
 def test_autotune_verify_says_when_today_lands_outside_the_printed_interval(
         task, tmp_path, monkeypatch, capsys):
-    doc = _tune(task, tmp_path, StandInRunner(machine("avx2_epyc")))
+    doc = tune_stand_in(task, tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
     assert doc["verified"]
 
     class SlowerNow(StandInRunner):
@@ -153,8 +146,8 @@ def test_autotune_verify_says_when_today_lands_outside_the_printed_interval(
             return super().throughput(cfg) * slow
 
     result = reverify(tmp_path / "out", options=pipeline.RunOptions(rounds=4, pairs=4, pair_seconds=1.0),
-                      reporter=Reporter(), machine=machine("avx2_epyc"),
-                      runner=SlowerNow(machine("avx2_epyc")))
+                      reporter=Reporter(), machine=recorded_machine("avx2_epyc"),
+                      runner=SlowerNow(recorded_machine("avx2_epyc")))
     assert "is below the interval printed when this configuration was tuned" in result[
         "outside_printed_interval"]
     assert json.loads((tmp_path / "out" / "reverify.json").read_text()) == result
@@ -166,7 +159,7 @@ def test_autotune_verify_runs_a_copied_folder_and_trains_the_model_file_it_is_gi
         task, tmp_path, monkeypatch):
     import shutil
 
-    doc = _tune(task, tmp_path, StandInRunner(machine("avx2_epyc")))
+    doc = tune_stand_in(task, tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
     assert doc["verified"]
     copy = tmp_path / "elsewhere" / "copied"
     shutil.copytree(tmp_path / "out", copy)
@@ -183,8 +176,8 @@ def test_autotune_verify_runs_a_copied_folder_and_trains_the_model_file_it_is_gi
             return super().run_script(launcher, **kw)
 
     result = reverify(copy, options=pipeline.RunOptions(rounds=4, pairs=4, pair_seconds=1.0),
-                      reporter=Reporter(), machine=machine("avx2_epyc"),
-                      runner=Watching(machine("avx2_epyc")), model_file=other_model)
+                      reporter=Reporter(), machine=recorded_machine("avx2_epyc"),
+                      runner=Watching(recorded_machine("avx2_epyc")), model_file=other_model)
     assert result["verified"]
     assert copy / "launch.sh" in seen["launchers"]  # the copy's own launch.sh
     assert seen["model_file"] == str(other_model)  # what both scripts train

@@ -11,67 +11,34 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_emit import no_autotune_env, run_launcher  # noqa: F401  (a fixture, used by name)
 
 from autotune.config import TrialConfig
 from autotune.emit import launch
 from autotune.emit import outputs as emit
 
-from helpers import MODELS, machine_doc
+from helpers import MODELS, emit_outputs, interrupt_after, machine_doc, run_launch_sh, start_launch_sh
 
 DROPOUT = MODELS / "dropout_cnn.py"
 STEPS_PER_EPOCH = 256 // 16
 
 
-def write(out: Path, cfg: TrialConfig, model_file: Path = DROPOUT, *, baseline_batch: int | None = None,
-          python: str = sys.executable) -> dict:
-    env, _ = launch.environment(cfg, machine=machine_doc())
-    document = {"config": cfg.to_dict()}
-    if baseline_batch:
-        document["baseline"] = {"config": {**cfg.to_dict(), "batch_size": baseline_batch}}
-    doc = emit.write_outputs(out, cfg=cfg, model_file=model_file, env=env, document=document,
-                             description="Train dropout_cnn")
-    if python != sys.executable:
-        (out / "launch.sh").write_text(emit.render_launcher(cfg=cfg, env=env, python=python))
-    return doc
-
-
-def start(out: Path, cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
-    cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(["bash", str(out / "launch.sh"), *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def interrupt_after(proc: subprocess.Popen, line_start: str, signum: int) -> tuple[str, str]:
-    """Send ``signum`` once the script printed a line starting with ``line_start``."""
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith(line_start):
-            proc.send_signal(signum)
-            break
-    out, err = proc.communicate(timeout=120)
-    return "".join(seen) + out, err
-
-
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, no_autotune_env) -> list[float]:  # noqa: F811
+def uninterrupted(tmp_path_factory, no_autotune_env) -> list[float]:
     """The losses of 40 steps (2.5 epochs) trained in one go."""
     root = tmp_path_factory.mktemp("whole")
-    write(root / "out", TrialConfig(threads=1, batch_size=16))
-    run_launcher(root / "out", root / "work", no_autotune_env, "--max-steps", "40", "--log-every", "1",
-                 "--no-checkpoint", "--report", "r.json")
+    emit_outputs(root / "out", TrialConfig(threads=1, batch_size=16))
+    run_launch_sh(root / "out", root / "work", no_autotune_env, "--max-steps", "40", "--log-every", "1",
+                  "--no-checkpoint", "--report", "r.json")
     return json.loads((root / "work" / "r.json").read_text())["losses"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stopped_run_saves_and_resumes_with_the_uninterrupted_losses(
-        tmp_path, no_autotune_env, uninterrupted, signum):  # noqa: F811
+        tmp_path, no_autotune_env, uninterrupted, signum):
     out, work = tmp_path / "out", tmp_path / "work"
-    write(out, TrialConfig(threads=1, batch_size=16))
-    proc = start(out, work, no_autotune_env, "--max-steps", "40", "--log-every", "1", "--report", "a.json")
+    emit_outputs(out, TrialConfig(threads=1, batch_size=16))
+    proc = start_launch_sh(out, work, no_autotune_env, "--max-steps", "40", "--log-every", "1", "--report", "a.json")
     stdout, stderr = interrupt_after(proc, "step 9/40", signum)
     assert proc.returncode == 128 + signum, stdout + stderr
     first = json.loads((work / "a.json").read_text())
@@ -82,8 +49,8 @@ def test_a_stopped_run_saves_and_resumes_with_the_uninterrupted_losses(
     assert first["losses"] == uninterrupted[:stopped_at]
 
     # mid-epoch, into the next epochs: the data position, momentum and dropout's draws carry over
-    proc = run_launcher(out, work, no_autotune_env, "--resume", "--max-steps", "40", "--log-every", "1",
-                        "--report", "b.json")
+    proc = run_launch_sh(out, work, no_autotune_env, "--resume", "--max-steps", "40", "--log-every", "1",
+                         "--report", "b.json")
     assert f"resumed from checkpoints/step-{stopped_at:09d}.pt at step {stopped_at}" in proc.stdout
     second = json.loads((work / "b.json").read_text())
     assert second["first_step"] == stopped_at + 1 and second["steps"] == 40
@@ -91,32 +58,32 @@ def test_a_stopped_run_saves_and_resumes_with_the_uninterrupted_losses(
 
 
 @pytest.mark.slow
-def test_two_ranks_stop_after_the_same_step_and_resume(tmp_path, no_autotune_env):  # noqa: F811
+def test_two_ranks_stop_after_the_same_step_and_resume(tmp_path, no_autotune_env):
     out, work = tmp_path / "out", tmp_path / "work"
-    write(out, TrialConfig(nprocs=2, threads=1, batch_size=32))
+    emit_outputs(out, TrialConfig(nprocs=2, threads=1, batch_size=32))
     whole = tmp_path / "whole"
-    run_launcher(out, whole, no_autotune_env, "--max-steps", "30", "--log-every", "1", "--no-checkpoint",
-                 "--report", "r.json")
+    run_launch_sh(out, whole, no_autotune_env, "--max-steps", "30", "--log-every", "1", "--no-checkpoint",
+                  "--report", "r.json")
     expected = json.loads((whole / "r.json").read_text())["losses"]
-    proc = start(out, work, no_autotune_env, "--max-steps", "30", "--log-every", "1", "--report", "a.json")
+    proc = start_launch_sh(out, work, no_autotune_env, "--max-steps", "30", "--log-every", "1", "--report", "a.json")
     stdout, stderr = interrupt_after(proc, "step 3/30", signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, stdout + stderr
     stopped_at = json.loads((work / "a.json").read_text())["steps"]
     assert stopped_at % 10 == 0  # the ranks agree on stopping every 10 steps
-    run_launcher(out, work, no_autotune_env, "--resume", "--max-steps", "30", "--log-every", "1",
-                 "--report", "b.json")
+    run_launch_sh(out, work, no_autotune_env, "--resume", "--max-steps", "30", "--log-every", "1",
+                  "--report", "b.json")
     resumed = json.loads((work / "b.json").read_text())["losses"]
     assert resumed == pytest.approx(expected[stopped_at:], rel=1e-6)
 
 
 @pytest.mark.slow
-def test_checkpoints_every_n_steps_and_at_the_end_keeping_the_newest(tmp_path, no_autotune_env):  # noqa: F811
+def test_checkpoints_every_n_steps_and_at_the_end_keeping_the_newest(tmp_path, no_autotune_env):
     import torch
 
     out, work = tmp_path / "out", tmp_path / "work"
-    write(out, TrialConfig(threads=1, batch_size=16))
-    run_launcher(out, work, no_autotune_env, "--max-steps", "23", "--checkpoint-every", "5",
-                 "--keep-checkpoints", "2", "--tensorboard", "tb")
+    emit_outputs(out, TrialConfig(threads=1, batch_size=16))
+    run_launch_sh(out, work, no_autotune_env, "--max-steps", "23", "--checkpoint-every", "5",
+                  "--keep-checkpoints", "2", "--tensorboard", "tb")
     kept = sorted(p.name for p in (work / "checkpoints").glob("step-*.pt"))
     assert kept == [f"step-{20:09d}.pt", f"step-{23:09d}.pt"]
     state = torch.load(work / "checkpoints" / kept[-1], weights_only=False)
@@ -137,9 +104,9 @@ def test_checkpoints_every_n_steps_and_at_the_end_keeping_the_newest(tmp_path, n
 
 
 @pytest.mark.slow
-def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, no_autotune_env):  # noqa: F811
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, no_autotune_env):
     out, work = tmp_path / "out", tmp_path / "work"
-    write(out, TrialConfig(threads=1, batch_size=16))
+    emit_outputs(out, TrialConfig(threads=1, batch_size=16))
     work.mkdir()
     proc = subprocess.run(["bash", str(out / "launch.sh"), "--resume"], cwd=work, env=no_autotune_env,
                           capture_output=True, text=True, timeout=120)
@@ -147,10 +114,10 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, no_autotune_env)
 
 
 @pytest.mark.slow
-def test_a_changed_batch_size_prints_the_learning_rate_note(tmp_path, no_autotune_env):  # noqa: F811
+def test_a_changed_batch_size_prints_the_learning_rate_note(tmp_path, no_autotune_env):
     out = tmp_path / "out"
-    write(out, TrialConfig(threads=1, batch_size=64), baseline_batch=16)
-    proc = run_launcher(out, tmp_path / "work", no_autotune_env, "--max-steps", "2", "--no-checkpoint")
+    emit_outputs(out, TrialConfig(threads=1, batch_size=64), baseline_batch=16)
+    proc = run_launch_sh(out, tmp_path / "work", no_autotune_env, "--max-steps", "2", "--no-checkpoint")
     assert "the tuned batch size 64 is 4x your 16, and the learning rate is unchanged" in proc.stderr
 
 
@@ -160,11 +127,11 @@ def test_a_changed_batch_size_prints_the_learning_rate_note(tmp_path, no_autotun
 def test_best_config_holds_paths_relative_to_its_folder(tmp_path):
     project = tmp_path / "project"
     shutil.copytree(MODELS, project / "models")
-    doc = write(project / "autotune-out" / "dropout_cnn", TrialConfig(threads=1), project / "models" / "dropout_cnn.py")
-    assert doc["model_file"] == "../../models/dropout_cnn.py"
-    assert doc["model_file_tuned"] == str(project / "models" / "dropout_cnn.py")
-    assert doc["outputs"] == {"config": "best_config.json", "script": "train_tuned.py", "launcher": "launch.sh"}
-    text = json.dumps(doc)
+    doc = emit_outputs(project / "autotune-out" / "dropout_cnn", TrialConfig(threads=1), project / "models" / "dropout_cnn.py")
+    assert doc.model_file == "../../models/dropout_cnn.py"
+    assert doc.model_file_tuned == str(project / "models" / "dropout_cnn.py")
+    assert doc.outputs == {"config": "best_config.json", "script": "train_tuned.py", "launcher": "launch.sh"}
+    text = json.dumps(doc.to_json())
     assert str(sys.executable) not in text
     moved = tmp_path / "moved"
     project.rename(moved)  # the project moved, its output folder with it
@@ -180,14 +147,14 @@ def test_best_config_holds_paths_relative_to_its_folder(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_moved_project_a_copied_folder_and_model_file_all_run(tmp_path, no_autotune_env):  # noqa: F811
+def test_a_moved_project_a_copied_folder_and_model_file_all_run(tmp_path, no_autotune_env):
     project = tmp_path / "project"
     (project / "models").mkdir(parents=True)
     shutil.copy(DROPOUT, project / "models" / "dropout_cnn.py")
-    write(project / "out", TrialConfig(threads=1, batch_size=16), project / "models" / "dropout_cnn.py")
+    emit_outputs(project / "out", TrialConfig(threads=1, batch_size=16), project / "models" / "dropout_cnn.py")
     moved = tmp_path / "moved"
     project.rename(moved)  # nothing is left where it was tuned: the relative path must do
-    run_launcher(moved / "out", tmp_path / "w1", no_autotune_env, "--max-steps", "2", "--no-checkpoint")
+    run_launch_sh(moved / "out", tmp_path / "w1", no_autotune_env, "--max-steps", "2", "--no-checkpoint")
 
     copy = tmp_path / "elsewhere" / "copy"
     shutil.copytree(moved / "out", copy)  # the folder alone: MODEL_FILE names the model
@@ -195,24 +162,23 @@ def test_a_moved_project_a_copied_folder_and_model_file_all_run(tmp_path, no_aut
                           cwd=tmp_path, env=no_autotune_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0  # neither relative nor tuned path exists
     env = {**no_autotune_env, "MODEL_FILE": str(moved / "models" / "dropout_cnn.py")}
-    run_launcher(copy, tmp_path / "w2", env, "--max-steps", "2", "--no-checkpoint")
+    run_launch_sh(copy, tmp_path / "w2", env, "--max-steps", "2", "--no-checkpoint")
 
 
 @pytest.mark.slow
 def test_launch_sh_from_another_machine_falls_back_to_python3_and_skips_a_missing_allocator(
-        tmp_path, no_autotune_env):  # noqa: F811
+        tmp_path, no_autotune_env):
     out = tmp_path / "out"
     cfg = TrialConfig(threads=1, batch_size=16, allocator="tcmalloc")
     env, _ = launch.environment(cfg, machine={**machine_doc(), "allocators": {"tcmalloc": "/nowhere/libtc.so"}})
-    emit.write_outputs(out, cfg=cfg, model_file=DROPOUT, env=env, document={"config": cfg.to_dict()},
-                       description="x")
+    emit.write_candidate(out, cfg=cfg, model_file=DROPOUT, env=env, description="x")
     (out / "launch.sh").write_text(emit.render_launcher(cfg=cfg, env=env, python="/gone/venv/bin/python"))
     bin_dir = tmp_path / "bin"  # this machine's python3: the test's interpreter
     bin_dir.mkdir()
     (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     (bin_dir / "python3").chmod(0o755)
     run_env = {**no_autotune_env, "PATH": f"{bin_dir}:{no_autotune_env['PATH']}"}
-    proc = run_launcher(out, tmp_path / "work", run_env, "--max-steps", "2", "--no-checkpoint")
+    proc = run_launch_sh(out, tmp_path / "work", run_env, "--max-steps", "2", "--no-checkpoint")
     assert "/gone/venv/bin/python is not here; using python3" in proc.stderr
     assert "/nowhere/libtc.so is not on this machine: running without the tuned allocator" in proc.stderr
     assert "step 2/2" in proc.stdout
@@ -220,17 +186,17 @@ def test_launch_sh_from_another_machine_falls_back_to_python3_and_skips_a_missin
 
 @pytest.mark.slow
 def test_a_signal_to_the_whole_job_with_dataloader_workers_still_saves_and_resumes(
-        tmp_path, no_autotune_env):  # noqa: F811
+        tmp_path, no_autotune_env):
     """Slurm signals every process of the job step, DataLoader workers included: the
     workers leave SIGTERM to the trainer, which finishes its step and saves."""
     import os
 
     out, work = tmp_path / "out", tmp_path / "work"
-    write(out, TrialConfig(threads=1, batch_size=16, num_workers=1, persistent_workers=True))
+    emit_outputs(out, TrialConfig(threads=1, batch_size=16, num_workers=1, persistent_workers=True))
     # the reference: the same configuration uninterrupted (a DataLoader iterator draws from the
     # random generator when it starts, once with persistent workers, every epoch without)
-    run_launcher(out, tmp_path / "whole", no_autotune_env, "--max-steps", "40", "--log-every", "1",
-                 "--no-checkpoint", "--report", "r.json")
+    run_launch_sh(out, tmp_path / "whole", no_autotune_env, "--max-steps", "40", "--log-every", "1",
+                  "--no-checkpoint", "--report", "r.json")
     uninterrupted = json.loads((tmp_path / "whole" / "r.json").read_text())["losses"]
     work.mkdir()
     proc = subprocess.Popen(["bash", str(out / "launch.sh"), "--max-steps", "40", "--log-every", "1",
@@ -245,6 +211,6 @@ def test_a_signal_to_the_whole_job_with_dataloader_workers_still_saves_and_resum
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     stopped_at = json.loads((work / "a.json").read_text())["steps"]
     assert (work / "checkpoints" / f"step-{stopped_at:09d}.pt").is_file()
-    run_launcher(out, work, no_autotune_env, "--resume", "--max-steps", "40", "--log-every", "1",
-                 "--report", "b.json")
+    run_launch_sh(out, work, no_autotune_env, "--resume", "--max-steps", "40", "--log-every", "1",
+                  "--report", "b.json")
     assert json.loads((work / "b.json").read_text())["losses"] == uninterrupted[stopped_at:]

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +12,9 @@ from autotune.trials.runner import Measurement, TrialRunner
 from autotune.verify import gates as verify
 from autotune.verify import side_by_side, stats
 
-MODELS = Path(__file__).parent / "models"
+from doubles import ScriptedRunner, ServingCounter
+from helpers import MODELS
+
 SHORT = Measurement(warmup_steps=2, window_s=0.3, windows=2)
 
 
@@ -166,21 +167,6 @@ def test_quality_check_trains_both_and_compares_evaluate(tmp_path):
     assert strict.passed is False and "quality dropped" in strict.detail["reason"]
 
 
-class _Scripted:
-    """A runner that trains nothing: losses and evaluate() scores by precision."""
-
-    def __init__(self, *, losses: dict[str, list[float]], metric: dict[str, float]) -> None:
-        self.losses, self.metric, self.runs = losses, metric, []
-
-    def run(self, cfg, *, name, trajectory_steps=None, quality_steps=None, **kwargs):
-        from autotune.trials.runner import TrialResult
-
-        self.runs.append(cfg)
-        if trajectory_steps is not None:
-            return TrialResult(status="ok", done={"losses": self.losses[cfg.precision][:trajectory_steps]})
-        return TrialResult(status="ok", done={"metric": self.metric[cfg.precision], "losses": [1.0]})
-
-
 def test_a_healthy_bf16_run_passes_although_late_steps_differ_by_a_lot_relative_to_themselves():
     """cifar_cnn in bf16 (bench/precision_tolerance.py): by step 40 a step's loss may
     differ by 30% of that step's own small loss while staying within 3% of the loss scale."""
@@ -196,14 +182,14 @@ def test_a_healthy_bf16_run_passes_although_late_steps_differ_by_a_lot_relative_
 
 def test_reduced_precision_needs_no_flag_and_is_held_to_evaluate_when_the_file_has_one():
     base, bf16 = TrialConfig(batch_size=16), TrialConfig(batch_size=64, precision="bf16")
-    runner = _Scripted(losses={}, metric={"fp32": 0.90, "bf16": 0.89})
+    runner = ScriptedRunner(losses={}, metric={"fp32": 0.90, "bf16": 0.89})
     no_eval = verify.quality_check(runner, base, bf16, has_evaluate=False, max_drop=None, samples=64)
     assert no_eval.passed is None and not runner.runs, "without evaluate() numerics is the gate"
     ok = verify.quality_check(runner, base, bf16, has_evaluate=True, max_drop=None, samples=64)
     assert ok.passed and ok.detail["max_drop"] == pytest.approx(0.02 * 0.90)
     # the reference is fp32 at the candidate's own batch size: only precision differs
     assert [c.batch_size for c in runner.runs] == [64, 64] and runner.runs[0].exact
-    worse = _Scripted(losses={}, metric={"fp32": 0.90, "bf16": 0.80})
+    worse = ScriptedRunner(losses={}, metric={"fp32": 0.90, "bf16": 0.80})
     bad = verify.quality_check(worse, base, bf16, has_evaluate=True, max_drop=None, samples=64)
     assert bad.passed is False and "0.8" in bad.detail["reason"]
     allowed = verify.quality_check(worse, base, bf16, has_evaluate=True, max_drop=0.2, samples=64)
@@ -213,8 +199,8 @@ def test_reduced_precision_needs_no_flag_and_is_held_to_evaluate_when_the_file_h
 def test_a_rejected_candidate_is_replaced_by_the_next_of_its_kind_before_any_speed_measurement():
     steps = 40
     healthy = [2.3 * 0.95 ** i for i in range(steps)]
-    runner = _Scripted(losses={"fp32": healthy, "bf16": [2.3 * 1.05 ** i for i in range(steps)]},
-                       metric={"fp32": 0.9, "bf16": 0.9})
+    runner = ScriptedRunner(losses={"fp32": healthy, "bf16": [2.3 * 1.05 ** i for i in range(steps)]},
+                            metric={"fp32": 0.9, "bf16": 0.9})
     base = TrialConfig(batch_size=16)
     bf16 = [TrialConfig(batch_size=b, precision="bf16") for b in (64, 128, 32)]
     fp32 = [TrialConfig(batch_size=b, threads=2) for b in (64, 32)]
@@ -256,36 +242,8 @@ def test_an_fp16_trajectory_trailing_by_skipped_scaler_steps_is_not_divergence()
     assert not verify.compare_losses(reference, diverging, tolerance=0.10, max_lag=3).passed
 
 
-class _OneAtATime:
-    """Serves configurations and counts how many are alive at once."""
-
-    def __init__(self) -> None:
-        self.alive, self.most, self.memory_limit_bytes, self.workdir = 0, 0, None, Path("t")
-        self.started: list[str] = []
-
-    def start(self, cfg, *, name, mode=None):
-        runner = self
-        runner.alive += 1
-        runner.most = max(runner.most, runner.alive)
-        runner.started.append(name)
-
-        class Served:
-            result = None
-
-            def wait_ready(self):
-                return True
-
-            def window(self):
-                return 100.0 * cfg.batch_size
-
-            def kill(self):
-                runner.alive -= 1
-
-        return Served()
-
-
 def test_gpu_configurations_are_measured_alone_in_turn_and_cpu_ones_side_by_side():
-    runner = _OneAtATime()
+    runner = ServingCounter()
     base = TrialConfig(device="cuda", backend="nccl", batch_size=16)
     cands = [base.replace(batch_size=32), base.replace(batch_size=64)]
     speed, checks = side_by_side.speed_check(runner, base, cands, rounds=9)
@@ -296,7 +254,7 @@ def test_gpu_configurations_are_measured_alone_in_turn_and_cpu_ones_side_by_side
     # the rounds rotate: the baseline is not always measured first
     assert runner.started[:3] == ["verify-speed-0-0", "verify-speed-1-0", "verify-speed-2-0"]
     assert runner.started[3] == "verify-speed-1-1"
-    cpu = _OneAtATime()
+    cpu = ServingCounter()
     side_by_side.speed_check(cpu, TrialConfig(batch_size=16), [TrialConfig(batch_size=32)],
                        rounds=3)
     assert cpu.most == 2 and len(cpu.started) == 2  # held side by side

@@ -46,8 +46,8 @@ def main(args: argparse.Namespace) -> int:
     out = output_folder(Path(args.model_file), args.out)
     doc = tune(Path(args.model_file), out=out, options=options, reporter=reporter, force=args.force)
     if args.json:
-        json.dump(doc, sys.stdout, indent=2, default=str)
+        json.dump(doc.to_json(), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         reporter.summary(doc, out)
-    return EXIT_VERIFIED if doc["verified"] else EXIT_NOT_VERIFIED
+    return EXIT_VERIFIED if doc.verified else EXIT_NOT_VERIFIED

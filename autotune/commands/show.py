@@ -23,12 +23,12 @@ def main(args: argparse.Namespace) -> int:
 
     doc = read_document(args.out)
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(doc.to_json(), indent=2))
         return 0
     reporter = Reporter()
     reporter.summary(doc, args.out if args.out.is_dir() else args.out.parent)
     try:
-        study = load_study(args.out, doc)
+        study = load_study(args.out, model_file=doc.model_file, fingerprint_id=doc.fingerprint.get("id"))
     except UsageError as exc:  # the summary stands without the search's trials
         reporter.warn(str(exc))
         study = None

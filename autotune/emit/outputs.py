@@ -7,6 +7,7 @@ trials measured, and ``train_tuned.json`` the configuration it trains with, as d
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from autotune.config import TrialConfig
+from autotune.document import CandidateDocument, RunDocument
 from autotune.emit import launch, stacks
 from autotune.emit.outdir import write_atomically
 from autotune.errors import UsageError
@@ -106,58 +108,84 @@ def launch_line(cfg: TrialConfig) -> str:
     return f"python {SCRIPT_NAME} as {cfg.nprocs} ranks, started by the script over loopback"
 
 
+def _write_files(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
+                 description: str, tuned_for: dict[str, Any] | None = None,
+                 baseline: TrialConfig | None = None,
+                 default_threads: int | None = None) -> dict[str, str]:
+    """The script (see write_script) and launch.sh, and given the run's ``baseline`` the
+    stack files (see stacks.write_stack_files); returns the outputs by name, relative to
+    ``out_dir``, best_config.json included (the caller writes it)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_script(out_dir, cfg=cfg, model_file=model_file, description=description, tuned_for=tuned_for,
+                 baseline_batch=baseline.batch_size if baseline is not None else None)
+    write_atomically(out_dir / LAUNCHER_NAME, render_launcher(cfg=cfg, env=env), mode=0o755)
+    outputs = {"config": CONFIG_NAME, "script": SCRIPT_NAME, "launcher": LAUNCHER_NAME}
+    if baseline is not None:  # a run's result, not a candidate's: the same config for the user's own stack
+        outputs.update(stacks.write_stack_files(out_dir, cfg=cfg, baseline=baseline, env=env,
+                                                default_threads=default_threads))
+    return outputs
+
+
+def _model_paths(model_file: Path, out_dir: Path) -> tuple[str, str]:
+    """The model file relative to ``out_dir`` (a copied or moved folder still finds it) and
+    where it was when tuned."""
+    return (os.path.relpath(Path(model_file).absolute(), out_dir.absolute()),
+            str(Path(model_file).absolute()))
+
+
 def write_outputs(
     out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
-    document: dict[str, Any], description: str, default_threads: int | None = None,
-) -> dict[str, Any]:
-    """Write best_config.json, launch.sh and the script (see write_script), and for a
-    run's result (a document with a baseline) the stack files (threads left to PyTorch
-    named as ``default_threads``, see stacks.write_stack_files); returns the
-    document as written to best_config.json. Its paths are relative to ``out_dir``
-    (``resolve`` reads them back), so a copied or moved folder still describes itself;
-    where the model file was when tuned is kept beside."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fp = document.get("fingerprint") or {}
+    document: RunDocument, description: str, default_threads: int | None = None,
+) -> RunDocument:
+    """Write a run's result: best_config.json, launch.sh, the script (see write_script) and
+    the stack files (threads left to PyTorch named as ``default_threads``, see
+    stacks.write_stack_files); returns the document as written to best_config.json. Its
+    paths are relative to ``out_dir`` (``resolve`` reads them back), so a copied or moved
+    folder still describes itself; where the model file was when tuned is kept beside."""
+    fp = document.fingerprint
     tuned_for = {k: fp.get(k) for k in ("usable_cores", "cpu_model", "torch_version", "gpu_count")
                  if fp.get(k) is not None}
-    baseline_batch = ((document.get("baseline") or {}).get("config") or {}).get("batch_size")
-    write_script(out_dir, cfg=cfg, model_file=model_file, description=description, tuned_for=tuned_for,
-                 baseline_batch=baseline_batch)
-    launcher = out_dir / LAUNCHER_NAME
-    write_atomically(launcher, render_launcher(cfg=cfg, env=env), mode=0o755)
-    outputs = {"config": CONFIG_NAME, "script": SCRIPT_NAME, "launcher": LAUNCHER_NAME}
-    baseline = (document.get("baseline") or {}).get("config")
-    if baseline:  # a run's result, not a candidate's: the same config for the user's own stack
-        outputs.update(stacks.write_stack_files(out_dir, cfg=cfg, baseline=TrialConfig.from_dict(baseline),
-                                                       env=env, default_threads=default_threads))
-    config_path = out_dir / CONFIG_NAME
-    doc = {
-        "schema": SCHEMA, **document,
-        "model_file": os.path.relpath(Path(model_file).absolute(), out_dir.absolute()),
-        "model_file_tuned": str(Path(model_file).absolute()),
-        "launch": f"./{LAUNCHER_NAME}  # runs: {launch_line(cfg)}",
-        "outputs": outputs,
-    }
-    write_atomically(config_path, json.dumps(doc, indent=2, default=str) + "\n")
-    return doc
+    outputs = _write_files(out_dir, cfg=cfg, model_file=model_file, env=env, description=description,
+                           tuned_for=tuned_for, baseline=document.baseline.config,
+                           default_threads=default_threads)
+    relative, tuned = _model_paths(model_file, out_dir)
+    written = dataclasses.replace(document, schema=SCHEMA, model_file=relative, model_file_tuned=tuned,
+                                  launch=f"./{LAUNCHER_NAME}  # runs: {launch_line(cfg)}", outputs=outputs)
+    write_atomically(out_dir / CONFIG_NAME, json.dumps(written.to_json(), indent=2, default=str) + "\n")
+    return written
 
 
-def resolve(doc: dict[str, Any], folder: Path, key: str) -> Path:
+def write_candidate(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
+                    description: str) -> CandidateDocument:
+    """Write the script and launch.sh of a configuration for a verification to run, and the
+    best_config.json that names it (no stack files: no user runs it); returns that document."""
+    outputs = _write_files(out_dir, cfg=cfg, model_file=model_file, env=env, description=description)
+    relative, tuned = _model_paths(model_file, out_dir)
+    written = CandidateDocument(config=cfg, schema=SCHEMA, model_file=relative, model_file_tuned=tuned,
+                                launch=f"./{LAUNCHER_NAME}  # runs: {launch_line(cfg)}", outputs=outputs)
+    write_atomically(out_dir / CONFIG_NAME, json.dumps(written.to_json(), indent=2) + "\n")
+    return written
+
+
+def resolve(doc: RunDocument | CandidateDocument, folder: Path, key: str) -> Path:
     """An output of ``doc`` (``"launcher"``, ``"script"``, ``"config"``) in ``folder``,
     the folder best_config.json was read from (an absolute path, as older documents hold,
     stays as it is)."""
-    return folder / doc["outputs"][key]
+    # set wherever a document was written, and the schema requires it of one read back
+    assert doc.outputs is not None, "a document not yet written has no outputs"
+    return folder / doc.outputs[key]
 
 
-def model_file(doc: dict[str, Any], folder: Path, *, override: str | os.PathLike[str] | None = None) -> Path:
+def model_file(doc: RunDocument | CandidateDocument, folder: Path, *,
+               override: str | os.PathLike[str] | None = None) -> Path:
     """The model file of ``doc``: ``override`` (``--model-file``), else its path relative
     to ``folder`` (a folder moved with the project), else where it was when tuned."""
     if override is not None:
         return Path(override)
-    relative = (folder / doc["model_file"]).resolve()
+    relative = (folder / doc.model_file).resolve()
     if relative.exists():
         return relative
-    tuned = Path(doc.get("model_file_tuned") or doc["model_file"])
+    tuned = Path(doc.model_file_tuned or doc.model_file)
     if tuned.exists():
         return tuned
     raise UsageError(f"the model file is neither at {relative} (relative to {folder}) nor at {tuned} "

@@ -103,12 +103,25 @@ def probe_machine(
     nvml: Any = None,
     software: bool | None = None,
 ) -> Machine:
-    """Probe this machine (``root="/"``) or a fake root of captured files.
+    """Probe this machine (``root="/"``) or a fake root of captured files: the CPUs and
+    memory this process may use, the GPUs NVML sees, and the software trials would run
+    with (torch, its backends, compilers, allocators; read in a child interpreter).
 
-    ``run`` replaces subprocess.run for every command, ``nvml`` replaces the
-    pynvml module.  ``software`` defaults to True only for the live root:
-    torch, compilers and libraries of *this* host say nothing about a fake
-    root.  GPUs of a fake root are probed only through an injected ``nvml``.
+    What cannot be read is recorded rather than raised: NVML missing in ``gpu_error``, a
+    backend that fails in ``backend_errors``, a state that makes timings unreliable (a
+    small /dev/shm, GPUs other processes compute on) in ``warnings``.
+
+    Args:
+        root: ``"/"`` for this machine; otherwise a folder of captured files (``proc/``,
+            ``sys/``, command output under ``_commands/``), as tests/probes/fixtures.
+        run: replaces ``subprocess.run`` for every command a probe runs.
+        nvml: replaces the pynvml module. GPUs of a fake root are probed only through it.
+        software: whether to read torch, compilers and libraries; by default only for
+            the live root: *this* host's software says nothing about a fake root.
+
+    Returns:
+        The ``Machine``; its ``to_dict()`` is the document behind ``autotune probe --json``
+        and the fingerprint a tuned configuration records.
     """
     start = time.perf_counter()
     live = _io.is_live(root)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import statistics
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import Layout
+from autotune.config import Layout, TrialConfig
+from autotune.document import Effect, Interval, RunDocument
 from autotune.search.study import quiet_optuna
+from autotune.trials.protocol import StudyAttr
 
 # What other hardware or software would add to the search, keyed by the space's
 # "knob[=value]" exclusion and a fragment of its reason (so "--exact keeps fp32", a choice
@@ -58,18 +60,19 @@ def shown(value: Any) -> str:
     return str(value)
 
 
-def knob_value(config: dict[str, Any], knob: str) -> Any:
-    """One knob of a TrialConfig dict as the search space names it: ``layout`` is ranks x
-    threads ("2x1", "1xdefault"), every other knob is the field itself."""
+def knob_value(config: Mapping[str, Any], knob: str) -> Any:
+    """One knob of a TrialConfig dict (as the study stores it) as the search space names
+    it: ``layout`` is ranks x threads ("2x1", "1xdefault"), every other knob is the field itself."""
     if knob == "layout":
         return str(Layout(int(config.get("nprocs", 1)), config.get("threads")))
     return config.get(knob)
 
 
-def _changes(config: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+def _changes(cfg: TrialConfig, base: TrialConfig) -> list[str]:
     """"knob before -> after" for each knob the configuration changes, layout as one."""
+    config, baseline = cfg.to_dict(), base.to_dict()
     out = []
-    if (config.get("nprocs"), config.get("threads")) != (baseline.get("nprocs"), baseline.get("threads")):
+    if (cfg.nprocs, cfg.threads) != (base.nprocs, base.threads):
         out.append(f"layout {knob_value(baseline, 'layout')} -> {knob_value(config, 'layout')}")
     for key, value in config.items():
         if key not in ("nprocs", "threads") and baseline.get(key) != value:
@@ -77,122 +80,124 @@ def _changes(config: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
     return out
 
 
-def outcome_lines(doc: dict[str, Any]) -> list[str]:
+def outcome_lines(doc: RunDocument) -> list[str]:
     """What won, against what, and by how much (the standalone pairs' interval)."""
-    base = doc["baseline"]
-    if not doc.get("verified"):
-        lines = [f"No configuration was verified faster than the baseline ({base['samples_per_s']:,.0f} "
+    base = doc.baseline
+    if doc.speedup is None:
+        lines = [f"No configuration was verified faster than the baseline ({base.samples_per_s:,.0f} "
                  "samples/s): keep training as you do today."]
-        lines += [f"  rejected {r.get('config_short', '?')}: {r.get('reason', '')}" for r in doc.get("rejected", [])]
+        lines += [f"  rejected {r.config.short()}: {r.reason}" for r in doc.rejected]
         return lines
-    sp, best = doc["speedup"], doc.get("best") or {}
-    level = f", {sp['ci_level']:.0%}" if sp.get("ci_level") else ""
-    lines = [f"The tuned configuration trains at {sp['median']:.2f}x the baseline's speed "
-             f"({sp['ci_low']:.2f}-{sp['ci_high']:.2f}x{level}): "
-             f"{best.get('samples_per_s', 0):,.0f} against {base['samples_per_s']:,.0f} samples/s."]
-    if sp.get("covers"):
-        lines.append(f"  the interval is {sp['covers']}")
-    if sp.get("unsteady"):
-        lines.append(f"  note: {sp['unsteady']}")
-    changes = _changes(doc["config"], base["config"])
+    sp, iv = doc.speedup, doc.speedup.interval
+    level = f", {iv.ci_level:.0%}" if iv.ci_level else ""
+    lines = [f"The tuned configuration trains at {iv.median:.2f}x the baseline's speed "
+             f"({iv.ci_low:.2f}-{iv.ci_high:.2f}x{level}): "
+             f"{doc.best.samples_per_s if doc.best else 0:,.0f} against {base.samples_per_s:,.0f} samples/s."]
+    if sp.covers:
+        lines.append(f"  the interval is {sp.covers}")
+    if sp.unsteady:
+        lines.append(f"  note: {sp.unsteady}")
+    changes = _changes(doc.config, base.config)
     lines.append("Changed from the baseline: " + (", ".join(changes) if changes else "nothing") + ".")
     return lines
 
 
-def ablation_lines(ablation: dict[str, Any] | None, doc: dict[str, Any] | None = None) -> list[str]:
+def ablation_lines(doc: RunDocument) -> list[str]:
     """Per knob, the winner's speed over the winner with that knob put back to the
     baseline's value (above 1: the knob helps); knobs without a measurable effect are
     named as removed."""
-    if not ablation:
+    ablation = doc.ablation
+    if ablation is None:
         return []
-    if ablation.get("skipped"):
-        return [f"What each knob contributed was not measured: {ablation['skipped']}"]
-    knobs = ablation.get("knobs") or []
-    if not knobs:
+    if ablation.skipped:
+        return [f"What each knob contributed was not measured: {ablation.skipped}"]
+    if not ablation.knobs:
         return []
-    rounds = f", {ablation['rounds']} rounds side by side" if ablation.get("rounds") else ""
+    rounds = f", {ablation.rounds} rounds side by side" if ablation.rounds else ""
     lines = [f"What each change is worth (the winner against itself with that one knob at the "
              f"baseline's value{rounds}; above 1.00x the knob helps):"]
-    for k in knobs:
-        name, before, after = k["knob"], shown(k.get("baseline")), shown(k.get("winner"))
-        if k.get("ratio") is None:
-            lines.append(f"  {name} {before} -> {after}: {k.get('note') or 'not measured'}; kept")
-        elif not k.get("kept", True) and "but kept" in (k.get("note") or ""):
-            lines.append(f"  {name} ({k['ci_low']:.2f}-{k['ci_high']:.2f}): {k['note']}")
-        elif not k.get("kept", True):
-            effect = "slows the winner down" if k["ci_high"] < 1.0 else "no measurable effect"
-            lines.append(f"  {name} {before} -> {after}: {effect} ({k['ratio']:.2f}x, {k['ci_low']:.2f}-"
-                         f"{k['ci_high']:.2f}): removed from the emitted configuration")
+    for k in ablation.knobs:
+        name, before, after, e = k.knob, shown(k.baseline), shown(k.winner), k.effect
+        if e is None:
+            lines.append(f"  {name} {before} -> {after}: {k.note or 'not measured'}; kept")
+        elif not k.kept and "but kept" in k.note:
+            lines.append(f"  {name} ({_span(e)}): {k.note}")
+        elif not k.kept:
+            effect = "slows the winner down" if e.ci_high < 1.0 else "no measurable effect"
+            lines.append(f"  {name} {before} -> {after}: {effect} ({e.ratio:.2f}x, {_span(e)}): "
+                         "removed from the emitted configuration")
         else:
-            note = f"; {k['note']}" if k.get("note") else ""
-            lines.append(f"  {name} {before} -> {after}: {k['ratio']:.2f}x ({k['ci_low']:.2f}-"
-                         f"{k['ci_high']:.2f}) of the winner's speed{note}")
-    return lines + path_lines(ablation, doc)
+            note = f"; {k.note}" if k.note else ""
+            lines.append(f"  {name} {before} -> {after}: {e.ratio:.2f}x ({_span(e)}) of the winner's speed{note}")
+    return lines + path_lines(doc)
 
 
-def path_lines(ablation: dict[str, Any], doc: dict[str, Any] | None = None) -> list[str]:
+def path_lines(doc: RunDocument) -> list[str]:
     """The path from the baseline to the winner, one knob added at a time: each step's
     ratio is that knob's worth given the ones before it, and the steps multiply to the
     whole; the kept steps' product is checked against the verified speedup."""
-    found = ablation.get("path") or {}
-    if found.get("skipped"):
-        return [f"  the path from the baseline was not measured: {found['skipped']}"]
-    if not found.get("steps"):
+    found = doc.ablation.path if doc.ablation is not None else None
+    if found is None:
+        return []
+    if found.skipped:
+        return [f"  the path from the baseline was not measured: {found.skipped}"]
+    total = found.total
+    if not found.steps or total is None:
         return []
     lines = [f"Step by step from the baseline (each knob added to those before it, "
-             f"{found['rounds']} rounds side by side; the steps multiply to the whole):"]
-    for step in found["steps"]:
+             f"{found.rounds} rounds side by side; the steps multiply to the whole):"]
+    for step in found.steps:
         change = ", ".join(f"{k} {shown(b)} -> {shown(w)}"
-                           for k, b, w in zip(step["knobs"], step["baseline"], step["winner"]))
-        removed = "" if step["kept"] else " (removed from the emitted configuration)"
-        lines.append(f"  + {change}: {step['ratio']:.2f}x ({_span(step)}){removed}")
-    speed = (doc or {}).get("speedup") or {}
-    held = speed.get("side_by_side") or {}
-    total = f"  = {found['total']:.2f}x ({_span(found)}), the winner over the baseline side by side"
-    if held.get("ci_low"):
+                           for k, b, w in zip(step.knobs, step.baseline, step.winner))
+        removed = "" if step.kept else " (removed from the emitted configuration)"
+        lines.append(f"  + {change}: {step.effect.ratio:.2f}x ({_span(step.effect)}){removed}")
+    speed = doc.speedup
+    held = speed.side_by_side if speed is not None else None
+    whole = f"  = {total.ratio:.2f}x ({_span(total)}), the winner over the baseline side by side"
+    if held is not None and held.ci_low:
         # Two measurements of one ratio, each with its noise: they agree where their
         # intervals meet, not only where one's point falls in the other's interval.
-        overlap = found["ci_low"] <= held["ci_high"] and held["ci_low"] <= found["ci_high"]
-        total += (f"; the speed check measured it at {held['median']:.2f}x ({_span(held)}): "
+        overlap = total.ci_low <= held.ci_high and held.ci_low <= total.ci_high
+        whole += (f"; the speed check measured it at {held.median:.2f}x ({_span(held)}): "
                   + ("consistent, the intervals overlap" if overlap
                      else "the intervals do not overlap (the machine's speed changed between the two?)"))
-    lines.append(total)
-    if speed.get("pairs"):
-        product = found["kept_product"]
-        alone = speed["ci_low"] <= product <= speed["ci_high"]
-        which = ("the kept knobs' steps multiply to" if any(not s["kept"] for s in found["steps"])
+    lines.append(whole)
+    if speed is not None and speed.pairs:
+        product, alone_iv = found.kept_product, speed.interval
+        alone = alone_iv.ci_low <= product <= alone_iv.ci_high
+        which = ("the kept knobs' steps multiply to" if any(not s.kept for s in found.steps)
                  else "the steps multiply to")
         line = (f"  {which} {product:.2f}x; the emitted configuration's script run alone against the "
-                f"baseline's: {speed['median']:.2f}x ({_span(speed)}): {'inside' if alone else 'outside'}")
-        if not alone and held.get("median"):
-            line += (f" (on this machine the speedup measured side by side is {held['median'] / speed['median']:.2f}x "
-                     "the one measured alone, and the steps are measured side by side)")
+                f"baseline's: {alone_iv.median:.2f}x ({_span(alone_iv)}): {'inside' if alone else 'outside'}")
+        if not alone and held is not None and held.median:
+            line += (f" (on this machine the speedup measured side by side is "
+                     f"{held.median / alone_iv.median:.2f}x the one measured alone, and the steps are "
+                     "measured side by side)")
         lines.append(line)
-    loo = ablation.get("product")
-    if loo and found["total"] and not 0.9 <= loo / found["total"] <= 1.1:
-        why = ("complement each other: each removal costs more than its share" if loo > found["total"]
+    loo = doc.ablation.product if doc.ablation is not None else None
+    if loo and total.ratio and not 0.9 <= loo / total.ratio <= 1.1:
+        why = ("complement each other: each removal costs more than its share" if loo > total.ratio
                else "overlap: each removal costs less than its share, the others make up for it")
         lines.append(f"  the leave-one-out ratios above multiply to {loo:.2f}x instead: the knobs {why}")
     return lines
 
 
-def _span(effect: dict[str, Any]) -> str:
-    return f"{effect['ci_low']:.2f}-{effect['ci_high']:.2f}"
+def _span(effect: Interval | Effect) -> str:
+    return f"{effect.ci_low:.2f}-{effect.ci_high:.2f}"
 
 
 def completed(study: optuna.Study) -> list[FrozenTrial]:
     """Completed, measured trials carrying their configuration (a trial that repeats an
     earlier configuration is a copy of its value and counts once)."""
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.value is not None and t.user_attrs.get("config")
-            and t.user_attrs.get("duplicate_of") is None]
+            if t.value is not None and t.user_attrs.get(StudyAttr.CONFIG)
+            and t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None]
 
 
-def searched_knobs(doc: dict[str, Any], study: optuna.Study | None = None) -> list[str]:
+def searched_knobs(doc: RunDocument, study: optuna.Study | None = None) -> list[str]:
     """Knobs the search varied: more than one value in the space, else (an older document)
     the study's own parameters."""
-    included = (doc.get("space") or {}).get("included") or {}
-    knobs = [k for k, values in included.items() if len(values) > 1]
+    knobs = [k for k, values in doc.included.items() if len(values) > 1]
     if knobs or study is None:
         return knobs
     return sorted({name for t in completed(study) for name in t.params})
@@ -205,27 +210,26 @@ def _order(values: Iterable[Any], space: Sequence[Any]) -> list[Any]:
     return known + sorted((v for v in values if v not in known), key=str)
 
 
-def throughput_by_value(study: optuna.Study, doc: dict[str, Any], *,
+def throughput_by_value(study: optuna.Study, doc: RunDocument, *,
                         min_values: int = 2) -> dict[str, dict[Any, list[float]]]:
     """Per searched knob, the completed trials' throughputs (samples/s) grouped by that
     knob's value, values in the space's order. Knobs with fewer than ``min_values``
     values completed are left out (with one, there is nothing to compare)."""
-    included = (doc.get("space") or {}).get("included") or {}
     out: dict[str, dict[Any, list[float]]] = {}
     trials = completed(study)
     for knob in searched_knobs(doc, study):
         groups: dict[Any, list[float]] = {}
         for t in trials:
-            groups.setdefault(knob_value(t.user_attrs["config"], knob), []).append(float(t.value or 0.0))
+            groups.setdefault(knob_value(t.user_attrs[StudyAttr.CONFIG], knob), []).append(float(t.value or 0.0))
         if len(groups) >= max(1, min_values):
-            out[knob] = {v: groups[v] for v in _order(groups, included.get(knob, []))}
+            out[knob] = {v: groups[v] for v in _order(groups, doc.included.get(knob, []))}
     return out
 
 
 def _tried(study: optuna.Study, knob: str) -> set[str]:
     """The values of ``knob`` any trial ran with (completed, stopped early or failed), as text."""
-    return {shown(knob_value(t.user_attrs["config"], knob)) for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get("config") and t.state != TrialState.RUNNING}
+    return {shown(knob_value(t.user_attrs[StudyAttr.CONFIG], knob)) for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get(StudyAttr.CONFIG) and t.state != TrialState.RUNNING}
 
 
 def param_importances(study: optuna.Study) -> dict[str, float]:
@@ -245,14 +249,14 @@ def param_importances(study: optuna.Study) -> dict[str, float]:
         return {}
 
 
-def search_lines(study: optuna.Study, doc: dict[str, Any]) -> list[str]:
+def search_lines(study: optuna.Study, doc: RunDocument) -> list[str]:
     """What the search measured, which knobs mattered, and each knob's best value with how
     the others compared (medians over trials where other knobs varied too: a hint, not a
     controlled measurement like the ablation)."""
     trials = study.get_trials(deepcopy=False)
     if not trials:
         return []
-    states = [t.state for t in trials if t.user_attrs.get("duplicate_of") is None]
+    states = [t.state for t in trials if t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None]
     repeats = len(trials) - len(states)
     lines = [f"The search ran {len(trials)} trials: {states.count(TrialState.COMPLETE)} measured to the end, "
              f"{states.count(TrialState.PRUNED)} stopped early as clearly slower, "
@@ -275,7 +279,7 @@ def _trials(n: int) -> str:
     return f"{n} trial" if n == 1 else f"{n} trials"
 
 
-def _knob_line(knob: str, groups: dict[Any, list[float]], study: optuna.Study, doc: dict[str, Any]) -> str:
+def _knob_line(knob: str, groups: dict[Any, list[float]], study: optuna.Study, doc: RunDocument) -> str:
     """One knob's best value by median throughput, the others relative to it, and the
     values of the space that never completed: stopped early or failed, or never tried."""
     medians = {v: statistics.median(xs) for v, xs in groups.items()}
@@ -289,7 +293,7 @@ def _knob_line(knob: str, groups: dict[Any, list[float]], study: optuna.Study, d
         line += f"; against it: {', '.join(others)}"
     done = {shown(v) for v in groups}
     tried = _tried(study, knob)
-    space = [shown(v) for v in ((doc.get("space") or {}).get("included") or {}).get(knob, [])]
+    space = [shown(v) for v in doc.included.get(knob, [])]
     lost = [v for v in space if v in tried and v not in done] + sorted(tried - done - set(space))
     if lost:
         line += f"; stopped early or failed: {', '.join(lost)}"
@@ -299,18 +303,18 @@ def _knob_line(knob: str, groups: dict[Any, list[float]], study: optuna.Study, d
     return line
 
 
-def skipped_lines(doc: dict[str, Any]) -> list[str]:
+def skipped_lines(doc: RunDocument) -> list[str]:
     """What the search left out on this machine, and why."""
-    excluded = (doc.get("space") or {}).get("excluded") or {}
+    excluded = doc.excluded
     if not excluded:
         return []
     return ["Not searched on this machine:"] + [f"  {knob}: {reason}" for knob, reason in excluded.items()]
 
 
-def elsewhere_lines(doc: dict[str, Any]) -> list[str]:
+def elsewhere_lines(doc: RunDocument) -> list[str]:
     """What other hardware or software would add to the search (``ELSEWHERE``), each hint
     once, from the reasons this machine's knobs were left out."""
-    excluded = (doc.get("space") or {}).get("excluded") or {}
+    excluded = doc.excluded
     hints: list[str] = []
     for key, fragment, hint in ELSEWHERE:
         reason = excluded.get(key)
@@ -319,14 +323,14 @@ def elsewhere_lines(doc: dict[str, Any]) -> list[str]:
     return (["On other hardware or with other software:"] + [f"  {hint}" for hint in hints]) if hints else []
 
 
-def advise(doc: dict[str, Any], *, study: optuna.Study | None = None,
+def advise(doc: RunDocument, *, study: optuna.Study | None = None,
            in_summary: bool = False) -> list[str]:
     """The advice for a result document (and its study, when given), one plain line each;
     lines beginning with two spaces belong to the line above. ``in_summary=True`` leaves
     out what the summary printed above it already (the ablation, the knobs not searched)."""
     lines = outcome_lines(doc)
     if not in_summary:
-        lines += ablation_lines(doc.get("ablation"), doc)
+        lines += ablation_lines(doc)
     if study is not None:
         lines += search_lines(study, doc)
     if not in_summary:

@@ -25,9 +25,11 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from autotune.document import RunDocument
 from autotune.emit.outputs import resolve
 from autotune.report.advice import ablation_lines
-from autotune.trials.protocol import ProgressEvent, Status
+from autotune.runtime.knobs import Precision
+from autotune.trials.protocol import ProgressEvent, Role, Status
 from autotune.trials.runner import TrialResult
 
 
@@ -66,7 +68,7 @@ class Reporter:
             if self.verbose:
                 self.err.print(f"    window {info['i'] + 1}: {info['value']:,.0f} samples/s", style="dim")
         elif kind == ProgressEvent.END:
-            if info.get("role") == "baseline" and info["result"].value:
+            if info.get("role") == Role.BASELINE and info["result"].value:
                 self.baseline = info["result"].value
             self._best = info.get("best") or self._best
             self.trial_end(info["result"], info.get("best"))
@@ -132,65 +134,66 @@ class Reporter:
         else:
             self.err.print(f"verify: {info.get('text', kind)}", markup=False)
 
-    def summary(self, doc: dict[str, Any], folder: Path) -> None:
-        base = doc["baseline"]
-        best = doc.get("best") or {}
-        speed = doc.get("speedup") or {}
-        table = Table(title=Text(f"autotune: {doc['model_file']}"), show_header=True)
+    def summary(self, doc: RunDocument, folder: Path) -> None:
+        base = doc.baseline
+        table = Table(title=Text(f"autotune: {doc.model_file}"), show_header=True)
         table.add_column("knob")
         table.add_column("baseline")
         table.add_column("chosen")
-        for key, value in doc["config"].items():
-            before = base["config"].get(key)
+        before_all = base.config.to_dict()
+        for key, value in doc.config.to_dict().items():
+            before = before_all.get(key)
             mark = "" if before == value else " ←"
             table.add_row(key, Text(_shown(before)), Text(f"{_shown(value)}{mark}"))
         self.out.print(table)
-        self.out.print(f"baseline: {base['samples_per_s']:,.1f} samples/s")
-        if doc["verified"]:
+        self.out.print(f"baseline: {base.samples_per_s:,.1f} samples/s")
+        speed = doc.speedup
+        if speed is not None:
+            iv = speed.interval
+            best = doc.best.samples_per_s if doc.best is not None else 0.0
             self.out.print(
-                f"[bold green]verified:[/] {best['samples_per_s']:,.1f} samples/s, speedup "
-                f"{speed['median']:.2f}x over {speed['pairs']} pairs of standalone runs "
-                f"(a re-run lands in {speed['ci_low']:.2f}-{speed['ci_high']:.2f}x, "
-                f"{speed.get('ci_level', 0.95):.0%})"
+                f"[bold green]verified:[/] {best:,.1f} samples/s, speedup "
+                f"{iv.median:.2f}x over {speed.pairs} pairs of standalone runs "
+                f"(a re-run lands in {iv.ci_low:.2f}-{iv.ci_high:.2f}x, {iv.ci_level:.0%})"
             )
-            self.out.print(f"  measured as you will run it: {speed['covers']}; "
-                           f"{speed['wall_s']:.0f} s of verification", markup=False)
-            if speed.get("unsteady"):
-                self.warn(speed["unsteady"])
+            self.out.print(f"  measured as you will run it: {speed.covers}; "
+                           f"{speed.wall_s:.0f} s of verification", markup=False)
+            if speed.unsteady:
+                self.warn(speed.unsteady)
         else:
             self.out.print("[bold red]no configuration was verified faster than the baseline;[/] "
                            "the baseline is recommended.")
-        precision = doc.get("precision") or {}
-        if precision.get("checked"):
-            self.out.print(f"precision: {precision['checked']}", markup=False)
-        for label, reason in (precision.get("rejected") or {}).items():
+        precision = doc.precision
+        if precision.checked:
+            self.out.print(f"precision: {precision.checked}", markup=False)
+        for label, reason in precision.rejected.items():
             self.out.print(f"precision: {label} rejected ({reason}); "
-                           f"{precision.get('instead', 'the baseline')} is emitted instead", markup=False)
-        if precision.get("opt_out") and doc["config"].get("precision", "fp32") != "fp32":
-            self.out.print(f"  to opt out: {precision['opt_out']}", markup=False)
-        effect = doc.get("layout_effect")
-        if effect:
+                           f"{precision.instead} is emitted instead", markup=False)
+        if precision.opt_out and doc.config.precision != Precision.FP32:
+            self.out.print(f"  to opt out: {precision.opt_out}", markup=False)
+        layout = doc.layout_effect
+        if layout is not None:
+            e = layout.effect
             self.out.print(
-                f"process layout: {effect['multi_rank']} ranks x threads runs "
-                f"{effect['ratio']:.2f}x the speed of {effect['single_process']} "
-                f"({effect['ci_level']:.0%} interval {effect['ci_low']:.2f}-{effect['ci_high']:.2f}x, "
+                f"process layout: {layout.multi_rank} ranks x threads runs "
+                f"{e.median:.2f}x the speed of {layout.single_process} "
+                f"({e.ci_level:.0%} interval {e.ci_low:.2f}-{e.ci_high:.2f}x, "
                 "other knobs equal, measured side by side)"
             )
-        for line in ablation_lines(doc.get("ablation"), doc):
+        for line in ablation_lines(doc):
             self.out.print(line, markup=False)
-        for item in doc.get("rejected", []):
-            self.out.print(f"  rejected {item['config_short']}: {item['reason']}", markup=False)
-        skipped = doc.get("space", {}).get("excluded", {})
-        if skipped:
+        for item in doc.rejected:
+            self.out.print(f"  rejected {item.config.short()}: {item.reason}", markup=False)
+        if doc.excluded:
             self.out.print("not searched on this machine:")
-            for knob, reason in skipped.items():
+            for knob, reason in doc.excluded.items():
                 self.out.print(f"  {knob}: {reason}", markup=False)
         # best_config.json, train_tuned.py and launch.sh first, then the same configuration
         # for accelerate, Lightning, torchrun and the user's own loop
         keys = ["config", "script", "launcher"]
-        keys += [k for k in doc.get("outputs") or {} if k not in keys]
+        keys += [k for k in doc.outputs or {} if k not in keys]
         self.out.print(f"wrote {', '.join(str(resolve(doc, folder, k)) for k in keys)}", markup=False)
-        self.out.print(f"train with: {resolve(doc, folder, 'launcher')}  # {doc['launch'].partition('# ')[2]}",
+        self.out.print(f"train with: {resolve(doc, folder, 'launcher')}  # {(doc.launch or '').partition('# ')[2]}",
                        markup=False)
         report = folder / "report.html"
         if report.exists():

@@ -25,11 +25,21 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
+from autotune.document import (
+    Ablation,
+    AblationPath,
+    CandidateOutcome,
+    Effect,
+    Interval,
+    Rounds,
+    RunDocument,
+    Speedup,
+)
 from autotune.errors import UsageError
 from autotune.report import advice
 from autotune.result import read_document
 from autotune.search.study import folder_of, load_study
-from autotune.trials.protocol import Failure
+from autotune.trials.protocol import Failure, Role, StudyAttr
 
 MARKDOWN_NAME = "report.md"
 HTML_NAME = "report.html"
@@ -52,7 +62,7 @@ class Plot:
     path: Path
 
 
-def write_report(out: str | os.PathLike[str], *, doc: dict[str, Any] | None = None,
+def write_report(out: str | os.PathLike[str], *, doc: RunDocument | None = None,
                  study: optuna.Study | None = None) -> list[Path]:
     """Write report.md, report.html and (with matplotlib) the plots under report/ into the
     output folder ``out``; returns the files written, report.md and report.html first.
@@ -62,7 +72,7 @@ def write_report(out: str | os.PathLike[str], *, doc: dict[str, Any] | None = No
     notes: list[str] = []
     if study is None:
         try:
-            study = load_study(folder, doc)
+            study = load_study(folder, model_file=doc.model_file, fingerprint_id=doc.fingerprint.get("id"))
         except UsageError as exc:
             notes.append(str(exc))
     if study is None and not notes:
@@ -85,32 +95,32 @@ def _rate(value: Any) -> str:
     return f"{value:,.0f}" if isinstance(value, (int, float)) else ""
 
 
-def _interval(item: dict[str, Any], low: str = "ci_low", high: str = "ci_high") -> str:
-    if item.get(low) is None or item.get(high) is None:
+def _interval(item: Interval | Effect | Rounds | CandidateOutcome) -> str:
+    if item.ci_low is None or item.ci_high is None:
         return ""
-    return f"{item[low]:.2f}-{item[high]:.2f}"
+    return f"{item.ci_low:.2f}-{item.ci_high:.2f}"
 
 
-def _facts(doc: dict[str, Any]) -> Table:
+def _facts(doc: RunDocument) -> Table:
     """The headline numbers: what was tuned, how fast before and after, how sure."""
-    sp, best = doc.get("speedup") or {}, doc.get("best") or {}
-    rows = [["model file", str(doc.get("model_file", ""))],
-            ["verified", "yes" if doc.get("verified") else "no: the baseline is recommended"],
-            ["baseline samples/s", _rate(doc["baseline"].get("samples_per_s"))]]
-    if doc.get("verified"):
-        level = f" ({sp['ci_level']:.0%})" if sp.get("ci_level") else ""
-        rows += [["tuned samples/s", _rate(best.get("samples_per_s"))],
-                 ["speedup", f"{sp['median']:.2f}x, interval {_interval(sp)}{level}, "
-                             f"{sp.get('pairs', 0)} standalone pairs"]]
-    if doc.get("launch"):
-        rows.append(["train with", str(doc["launch"])])
+    rows = [["model file", doc.model_file],
+            ["verified", "yes" if doc.verified else "no: the baseline is recommended"],
+            ["baseline samples/s", _rate(doc.baseline.samples_per_s)]]
+    if doc.speedup is not None:
+        iv = doc.speedup.interval
+        level = f" ({iv.ci_level:.0%})" if iv.ci_level else ""
+        rows += [["tuned samples/s", _rate(doc.best.samples_per_s if doc.best is not None else None)],
+                 ["speedup", f"{iv.median:.2f}x, interval {_interval(iv)}{level}, "
+                             f"{doc.speedup.pairs} standalone pairs"]]
+    if doc.launch:
+        rows.append(["train with", doc.launch])
     return Table("Result", ["", "value"], rows)
 
 
-def _config_table(doc: dict[str, Any]) -> Table:
-    base = doc["baseline"]["config"]
+def _config_table(doc: RunDocument) -> Table:
+    base = doc.baseline.config.to_dict()
     rows = [[key, advice.shown(base.get(key)), advice.shown(value) + (" ←" if base.get(key) != value else "")]
-            for key, value in doc["config"].items()]
+            for key, value in doc.config.to_dict().items()]
     return Table("Configuration", ["knob", "baseline", "chosen"], rows,
                  "default: PyTorch's own default (autotune sets nothing); ← changed from the baseline")
 
@@ -132,7 +142,7 @@ def _value(t: FrozenTrial) -> float | None:
 
 def _state(t: FrozenTrial) -> str:
     """How a trial ended, in words."""
-    copy = t.user_attrs.get("duplicate_of")
+    copy = t.user_attrs.get(StudyAttr.DUPLICATE_OF)
     if copy is not None:
         return f"same configuration as #{copy}: not measured again"
     if t.state == TrialState.COMPLETE:
@@ -140,9 +150,10 @@ def _state(t: FrozenTrial) -> str:
     if t.state == TrialState.PRUNED:
         return "stopped early: clearly slower"
     if t.state == TrialState.FAIL:
-        detail = t.user_attrs.get("skipped") or (t.user_attrs.get("result") or {}).get("message") or ""
+        detail = (t.user_attrs.get(StudyAttr.SKIPPED)
+                  or (t.user_attrs.get(StudyAttr.RESULT) or {}).get("message") or "")
         detail = f" ({detail[:160]})" if detail else ""
-        return f"failed: {Failure.describe(t.user_attrs.get('failure'))}{detail}"
+        return f"failed: {Failure.describe(t.user_attrs.get(StudyAttr.FAILURE))}{detail}"
     return t.state.name.lower()
 
 
@@ -152,77 +163,79 @@ def _trials_table(study: optuna.Study) -> Table:
         value = _rate(_value(t))
         if value and t.state == TrialState.PRUNED:
             value += " (partial)"
-        rows.append([str(t.number), str(t.user_attrs.get("role") or "sampled"),
-                     _short(t.user_attrs.get("config")), value, _state(t)])
+        rows.append([str(t.number), str(t.user_attrs.get(StudyAttr.ROLE) or "sampled"),
+                     _short(t.user_attrs.get(StudyAttr.CONFIG)), value, _state(t)])
     return Table("Trials of the search", ["#", "role", "configuration", "samples/s", "outcome"], rows,
                  "role: why the trial ran (sampled: chosen by Optuna's TPE sampler); samples/s: the median "
                  "measurement window")
 
 
-def _verification_tables(doc: dict[str, Any]) -> list[Table]:
+def _verification_tables(doc: RunDocument) -> list[Table]:
     """Verification's per-round ratios of the emitted configuration over the baseline."""
-    ver = doc.get("verification") or {}
-    speed, alone = ver.get("speed") or {}, ver.get("standalone") or {}
+    speed, alone = doc.side_by_side_rounds, doc.standalone_pairs
     out = []
-    if speed.get("ratios"):
-        rates = speed.get("samples_per_s") or []
+    if speed is not None:
+        rates = speed.samples_per_s
         rows = [[str(i + 1), f"{r:.2f}", _rate(rates[i]) if i < len(rates) else ""]
-                for i, r in enumerate(speed["ratios"])]
+                for i, r in enumerate(speed.ratios)]
         out.append(Table("Verification, side by side", ["round", "tuned / baseline", "tuned samples/s"], rows,
-                         f"median {speed.get('median', 0):.2f}x, interval {_interval(speed)}: ranks the candidates"))
-    if alone.get("ratios"):
-        tuned, base = alone.get("samples_per_s") or [], alone.get("baseline_samples_per_s") or []
+                         f"median {speed.median or 0:.2f}x, interval {_interval(speed)}: ranks the candidates"))
+    if alone is not None:
+        tuned, base = alone.samples_per_s, alone.baseline_samples_per_s
         rows = [[str(i + 1), f"{r:.2f}", _rate(tuned[i]) if i < len(tuned) else "",
-                 _rate(base[i]) if i < len(base) else ""] for i, r in enumerate(alone["ratios"])]
+                 _rate(base[i]) if i < len(base) else ""] for i, r in enumerate(alone.ratios)]
         out.append(Table("Verification, standalone pairs", ["pair", "tuned / baseline", "tuned samples/s",
                                                             "baseline samples/s"], rows,
-                         f"median {alone.get('median', 0):.2f}x, interval {_interval(alone)}: the printed speedup"))
+                         f"median {alone.median or 0:.2f}x, interval {_interval(alone)}: the printed speedup"))
     return out
 
 
-def _ablation_table(ablation: dict[str, Any]) -> Table:
-    rows = [[str(k.get("knob")), advice.shown(k.get("baseline")), advice.shown(k.get("winner")),
-             f"{k['ratio']:.2f}x" if k.get("ratio") is not None else "", _interval(k),
-             "kept" if k.get("kept", True) else "removed", str(k.get("note") or "")]
-            for k in ablation.get("knobs") or []]
+def _ablation_table(ablation: Ablation) -> Table:
+    rows = [[k.knob, advice.shown(k.baseline), advice.shown(k.winner),
+             f"{k.effect.ratio:.2f}x" if k.effect is not None else "",
+             _interval(k.effect) if k.effect is not None else "",
+             "kept" if k.kept else "removed", k.note]
+            for k in ablation.knobs]
     return Table("Ablation: the winner over itself with one knob at the baseline's value",
                  ["knob", "baseline", "winner", "ratio", "interval", "", "note"], rows,
                  "above 1.00x the knob helps; one not shown to help and worth under 1.05x is removed")
 
 
-def _path_table(found: dict[str, Any], doc: dict[str, Any]) -> Table:
-    rows = [["+ " + ", ".join(step["knobs"]),
-             ", ".join(f"{advice.shown(b)} -> {advice.shown(w)}" for b, w in zip(step["baseline"], step["winner"])),
-             f"{step['ratio']:.2f}x", _interval(step), "kept" if step["kept"] else "removed"]
-            for step in found["steps"]]
-    rows.append(["= the winner over the baseline", "", f"{found['total']:.2f}x", _interval(found), ""])
-    speed = doc.get("speedup") or {}
-    note = f"the kept steps multiply to {found['kept_product']:.2f}x"
-    if (speed.get("side_by_side") or {}).get("ci_low"):
-        note += f"; the winner's speedup side by side: interval {_interval(speed['side_by_side'])}"
-    if speed.get("pairs"):
-        note += f"; the verified speedup (scripts alone): {speed['median']:.2f}x, interval {_interval(speed)}"
+def _path_table(found: AblationPath, total: Effect, speed: Speedup | None) -> Table:
+    rows = [["+ " + ", ".join(step.knobs),
+             ", ".join(f"{advice.shown(b)} -> {advice.shown(w)}" for b, w in zip(step.baseline, step.winner)),
+             f"{step.effect.ratio:.2f}x", _interval(step.effect), "kept" if step.kept else "removed"]
+            for step in found.steps]
+    rows.append(["= the winner over the baseline", "", f"{total.ratio:.2f}x", _interval(total), ""])
+    note = f"the kept steps multiply to {found.kept_product:.2f}x"
+    if speed is not None and speed.side_by_side.ci_low:
+        note += f"; the winner's speedup side by side: interval {_interval(speed.side_by_side)}"
+    if speed is not None and speed.pairs:
+        note += (f"; the verified speedup (scripts alone): {speed.interval.median:.2f}x, "
+                 f"interval {_interval(speed.interval)}")
     return Table("The path from the baseline: each knob added to those before it",
                  ["step", "change", "ratio", "interval", ""], rows, note)
 
 
-def report_tables(doc: dict[str, Any], study: optuna.Study | None) -> list[Table]:
+def report_tables(doc: RunDocument, study: optuna.Study | None) -> list[Table]:
     """Every table of the report, in order."""
     tables = [_facts(doc), _config_table(doc)]
-    if (doc.get("ablation") or {}).get("knobs"):
-        tables.append(_ablation_table(doc["ablation"]))
-    if ((doc.get("ablation") or {}).get("path") or {}).get("steps"):
-        tables.append(_path_table(doc["ablation"]["path"], doc))
+    ablation = doc.ablation
+    if ablation is not None and ablation.knobs:
+        tables.append(_ablation_table(ablation))
+    path = ablation.path if ablation is not None else None
+    if path is not None and path.steps and path.total is not None:
+        tables.append(_path_table(path, path.total, doc.speedup))
     tables += _verification_tables(doc)
-    if doc.get("candidates"):
+    if doc.candidates:
         tables.append(Table("Candidates in verification", ["configuration", "side by side", "interval", "outcome"],
-                            [[str(c.get("config_short", "")), f"{c['median']:.2f}x" if c.get("median") else "",
-                              _interval(c), str(c.get("outcome", ""))] for c in doc["candidates"]]))
+                            [[c.config.short(), f"{c.median:.2f}x" if c.median else "",
+                              _interval(c), c.outcome] for c in doc.candidates]))
     if study is not None and study.get_trials(deepcopy=False):
         tables.append(_trials_table(study))
-    excluded = (doc.get("space") or {}).get("excluded") or {}
-    if excluded:
-        tables.append(Table("Not searched on this machine", ["knob", "why"], [[k, v] for k, v in excluded.items()]))
+    if doc.excluded:
+        tables.append(Table("Not searched on this machine", ["knob", "why"],
+                            [[k, v] for k, v in doc.excluded.items()]))
     return tables
 
 
@@ -245,7 +258,7 @@ def _figure_factory() -> Callable[[float, float], Figure]:
     return figure
 
 
-def write_plots(folder: Path, doc: dict[str, Any], study: optuna.Study | None) -> list[Plot] | None:
+def write_plots(folder: Path, doc: RunDocument, study: optuna.Study | None) -> list[Plot] | None:
     """Draw the plots the data allows into ``folder`` (old ones of ours removed first);
     None when matplotlib is not installed."""
     try:
@@ -272,7 +285,7 @@ def write_plots(folder: Path, doc: dict[str, Any], study: optuna.Study | None) -
 
 
 def _draw_history(figure: Callable[[float, float], Figure], study: optuna.Study,
-                  doc: dict[str, Any]) -> Figure | None:
+                  doc: RunDocument) -> Figure | None:
     """Each trial's throughput, the best so far, and the baseline's level."""
     trials = study.get_trials(deepcopy=False)
     if not trials:
@@ -295,9 +308,10 @@ def _draw_history(figure: Callable[[float, float], Figure], study: optuna.Study,
     if steps:
         steps.append((trials[-1].number, best))  # the best stands to the last trial
         ax.step([n for n, _ in steps], [b for _, b in steps], where="post", color="tab:green", label="best so far")
-    base, label = next((t.value for t in done if t.user_attrs.get("role") == "baseline"), None), "baseline"
+    base, label = next((t.value for t in done if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE),
+                       None), "baseline"
     if base is None:
-        base, label = doc["baseline"].get("samples_per_s"), "baseline (verification)"
+        base, label = doc.baseline.samples_per_s, "baseline (verification)"
     if base:
         ax.axhline(base, color="tab:orange", linestyle="--", label=label)
     ax.set_xlabel("trial")
@@ -309,7 +323,7 @@ def _draw_history(figure: Callable[[float, float], Figure], study: optuna.Study,
 
 
 def _draw_knobs(figure: Callable[[float, float], Figure], study: optuna.Study,
-                doc: dict[str, Any]) -> Figure | None:
+                doc: RunDocument) -> Figure | None:
     """One small panel per searched knob: each completed trial's throughput at its value of
     the knob, and the median per value."""
     by_value = advice.throughput_by_value(study, doc)
@@ -332,77 +346,85 @@ def _draw_knobs(figure: Callable[[float, float], Figure], study: optuna.Study,
     return fig
 
 
-def _draw_ablation(figure: Callable[[float, float], Figure], doc: dict[str, Any]) -> Figure | None:
+def _draw_ablation(figure: Callable[[float, float], Figure], doc: RunDocument) -> Figure | None:
     """Each knob's ratio as a bar with its interval; kept knobs green, removed ones gray."""
-    knobs = [k for k in (doc.get("ablation") or {}).get("knobs") or [] if k.get("ratio") is not None]
+    knobs = [(k, k.effect) for k in (doc.ablation.knobs if doc.ablation is not None else ())
+             if k.effect is not None]
     if not knobs:
         return None
     fig = figure(8, 0.6 * len(knobs) + 1.5)
     ax = fig.add_subplot()
     ys = range(len(knobs))
-    ratios = [k["ratio"] for k in knobs]
-    errors = [[max(0.0, k["ratio"] - k.get("ci_low", k["ratio"])) for k in knobs],
-              [max(0.0, k.get("ci_high", k["ratio"]) - k["ratio"]) for k in knobs]]
-    colors = ["tab:green" if k.get("kept", True) else "tab:gray" for k in knobs]
+    ratios = [e.ratio for _, e in knobs]
+    errors = [[max(0.0, e.ratio - e.ci_low) for _, e in knobs],
+              [max(0.0, e.ci_high - e.ratio) for _, e in knobs]]
+    colors = ["tab:green" if k.kept else "tab:gray" for k, _ in knobs]
     # bars grow from 1.00 (no effect): right where the knob helps, left where it hurts
     ax.barh(list(ys), [r - 1.0 for r in ratios], left=1.0, xerr=errors, color=colors, capsize=4)
     ax.axvline(1.0, color="black", linewidth=1)
-    ax.set_yticks(list(ys), [f"{k['knob']} {advice.shown(k.get('baseline'))} -> {advice.shown(k.get('winner'))}"
-                             for k in knobs])
+    ax.set_yticks(list(ys), [f"{k.knob} {advice.shown(k.baseline)} -> {advice.shown(k.winner)}"
+                             for k, _ in knobs])
     ax.invert_yaxis()
     ax.set_xlabel("winner's speed over the winner with the knob at the baseline's value (gray: removed)")
     ax.grid(axis="x", alpha=0.3)
     return fig
 
 
-def _draw_path(figure: Callable[[float, float], Figure], doc: dict[str, Any]) -> Figure | None:
+def _draw_path(figure: Callable[[float, float], Figure], doc: RunDocument) -> Figure | None:
     """A waterfall on a log scale: each step's bar runs from the speed before the knob to
     the speed after it (relative to the baseline), so the bars end at the whole."""
-    steps = (((doc.get("ablation") or {}).get("path")) or {}).get("steps") or []
+    path = doc.ablation.path if doc.ablation is not None else None
+    steps = path.steps if path is not None else ()
     if not steps:
         return None
     fig = figure(8, 0.6 * len(steps) + 1.8)
     ax = fig.add_subplot()
     level = 1.0
     for i, step in enumerate(steps):
-        after = level * step["ratio"]
-        color = ("tab:green" if step["ratio"] >= 1 else "tab:red") if step["kept"] else "tab:gray"
+        ratio = step.effect.ratio
+        after = level * ratio
+        color = ("tab:green" if ratio >= 1 else "tab:red") if step.kept else "tab:gray"
         ax.barh(i, after - level, left=level, color=color)
-        ax.text(max(level, after), i, f" {step['ratio']:.2f}x", va="center")
+        ax.text(max(level, after), i, f" {ratio:.2f}x", va="center")
         level = after
-    speed = doc.get("speedup") or {}
-    if speed.get("pairs"):
-        ax.axvspan(speed["ci_low"], speed["ci_high"], color="tab:blue", alpha=0.15,
+    speed = doc.speedup
+    if speed is not None and speed.pairs:
+        ax.axvspan(speed.interval.ci_low, speed.interval.ci_high, color="tab:blue", alpha=0.15,
                    label="verified speedup's interval (scripts alone)")
         ax.legend(loc="lower right")
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_xscale("log")
-    ax.set_yticks(range(len(steps)), ["+ " + ", ".join(s["knobs"]) for s in steps])
+    ax.set_yticks(range(len(steps)), ["+ " + ", ".join(s.knobs) for s in steps])
     ax.invert_yaxis()
     ax.set_xlabel("speed relative to the baseline (log scale; gray: removed)")
     ax.grid(axis="x", alpha=0.3)
     return fig
 
 
-def _draw_verification(figure: Callable[[float, float], Figure], doc: dict[str, Any]) -> Figure | None:
+def _draw_verification(figure: Callable[[float, float], Figure], doc: RunDocument) -> Figure | None:
     """Side-by-side rounds and standalone pairs, each ratio a point, the median a line, the
     interval shaded (for the pairs: the speedup's printed interval)."""
-    ver = doc.get("verification") or {}
+    speed, alone = doc.side_by_side_rounds, doc.standalone_pairs
+    printed = doc.speedup.interval if doc.speedup is not None else None
+    # each panel's band: (median, low, high), None where not known
     panels = [(title, unit, part, band) for title, unit, part, band in (
-        ("side by side (ranking)", "round", ver.get("speed") or {}, ver.get("speed") or {}),
-        ("standalone pairs (printed speedup)", "pair", ver.get("standalone") or {}, doc.get("speedup") or {}))
-        if part.get("ratios")]
+        ("side by side (ranking)", "round", speed,
+         (speed.median, speed.ci_low, speed.ci_high) if speed is not None else (None, None, None)),
+        ("standalone pairs (printed speedup)", "pair", alone,
+         (printed.median, printed.ci_low, printed.ci_high) if printed is not None else (None, None, None)))
+        if part is not None]
     if not panels:
         return None
     fig = figure(4.5 * len(panels), 3.6)
-    for i, (title, unit, part, band) in enumerate(panels):
+    for i, (title, unit, part, (median, low, high)) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
-        ratios = part["ratios"]
+        ratios = list(part.ratios)
         xs = list(range(1, len(ratios) + 1))
-        if band.get("ci_low") is not None and band.get("ci_high") is not None:
-            ax.axhspan(band["ci_low"], band["ci_high"], color="tab:blue", alpha=0.15, label="interval")
+        if low is not None and high is not None:
+            ax.axhspan(low, high, color="tab:blue", alpha=0.15, label="interval")
         ax.plot(xs, ratios, "o", color="tab:blue", label="tuned / baseline")
-        ax.axhline(band.get("median", statistics.median(ratios)), color="tab:blue", label="median")
+        ax.axhline(median if median is not None else statistics.median(ratios), color="tab:blue",
+                   label="median")
         ax.axhline(1.0, color="black", linewidth=1)
         ax.set_title(title, fontsize="medium")
         ax.set_xlabel(unit)
@@ -434,10 +456,10 @@ def _md_line(line: str) -> str:
     return f"  - {line.strip()}" if line.startswith("  ") else f"- {line}"
 
 
-def render_markdown(doc: dict[str, Any], lines: list[str], tables: list[Table], plots: list[Plot],
+def render_markdown(doc: RunDocument, lines: list[str], tables: list[Table], plots: list[Plot],
                     notes: list[str], *, base: Path) -> str:
     """The report as Markdown; plots linked relative to ``base`` (the output folder)."""
-    out = [f"# autotune report: {Path(str(doc.get('model_file', ''))).name}", ""]
+    out = [f"# autotune report: {Path(doc.model_file).name}", ""]
     out += [f"> {note}" for note in notes] + ([""] if notes else [])
     out += _md_table(tables[0]) + _md_table(tables[1])
     out += ["## Advice", "", *(_md_line(line) for line in lines), ""]
@@ -468,12 +490,12 @@ def _html_table(table: Table) -> str:
     return f"<h2>{e(table.title)}</h2>{note}<table><tr>{head}</tr>{body}</table>"
 
 
-def render_html(doc: dict[str, Any], lines: list[str], tables: list[Table], plots: list[Plot],
+def render_html(doc: RunDocument, lines: list[str], tables: list[Table], plots: list[Plot],
                 notes: list[str]) -> str:
     """The report as one self-contained HTML page: plots inlined as data URIs, inline CSS,
     no reference to anything outside the file."""
     e = html.escape
-    title = f"autotune report: {Path(str(doc.get('model_file', ''))).name}"
+    title = f"autotune report: {Path(doc.model_file).name}"
     parts = [f"<h1>{e(title)}</h1>", *(f'<p class="warn">{e(n)}</p>' for n in notes),
              _html_table(tables[0]), _html_table(tables[1]), "<h2>Advice</h2><ul>"]
     parts += [f'<li class="sub">{e(line.strip())}</li>' if line.startswith("  ") else f"<li>{e(line)}</li>"

@@ -13,7 +13,6 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import optuna
 import optuna.storages.journal
@@ -69,10 +68,11 @@ def folder_of(out: str | os.PathLike[str]) -> Path:
     return out.parent if out.is_file() else out
 
 
-def load_study(out: str | os.PathLike[str], doc: dict[str, Any] | None = None) -> optuna.Study | None:
+def load_study(out: str | os.PathLike[str], *, model_file: str | None = None,
+               fingerprint_id: str | None = None) -> optuna.Study | None:
     """The run's Optuna study, read from ``study.journal`` without writing to it; None when
-    the folder has none. The study named after the document's model file and machine
-    fingerprint (as ``autotune run`` names it) is preferred; else the journal's last one.
+    the folder has none. The study named after ``model_file`` and ``fingerprint_id`` (as
+    ``autotune run`` names it, from the run document) is preferred; else the journal's last one.
     A journal that cannot be read raises UsageError naming the file.
 
     Not ``create_or_resume``: ``optuna.create_study(load_if_exists=True)`` appends to the
@@ -81,8 +81,8 @@ def load_study(out: str | os.PathLike[str], doc: dict[str, Any] | None = None) -
     if not path.is_file() or path.stat().st_size == 0:
         return None
     wanted = None
-    if doc and doc.get("model_file") and (doc.get("fingerprint") or {}).get("id"):
-        wanted = study_name(Path(doc["model_file"]), doc["fingerprint"]["id"])
+    if model_file and fingerprint_id:
+        wanted = study_name(Path(model_file), fingerprint_id)
     try:
         with quiet_optuna():
             storage = _storage(path)

@@ -24,7 +24,7 @@ from autotune.config import Layout, TrialConfig
 from autotune.search.study import create_or_resume, quiet_optuna
 from autotune.space import Space, Unsplittable
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Role, Status, StudyAttr
-from autotune.trials.runner import TrialResult, TrialRunner
+from autotune.trials.runner import TrialResult, TrialRunnerLike
 
 
 class ClearlySlowerPruner(optuna.pruners.BasePruner):
@@ -100,7 +100,7 @@ class Tuner:
         *,
         study: optuna.Study,
         space: Space,
-        runner: TrialRunner,
+        runner: TrialRunnerLike,
         trials: int,
         timeout_s: float | None,
         progress: Progress = lambda kind, info: None,

@@ -1,4 +1,6 @@
-"""Running one trial in its own process tree, and telling how it ended.
+"""Running one trial in its own process tree, and telling how it ended: ``TrialRunner``
+starts it, ``LiveTrial`` watches it. ``TrialRunnerLike`` and ``LiveTrialLike`` say what
+the search and verification use of them, which the tests' stand-ins provide too.
 
 The tuner stays idle while a trial measures: it only polls the trial's event file,
 its wall time and its memory a few times a second.
@@ -18,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from autotune.config import TrialConfig
 from autotune.emit import launch
@@ -227,6 +229,28 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
     return json.loads(report.read_text())
 
 
+class LiveTrialLike(Protocol):
+    """A started trial as verification drives it: ``LiveTrial``, or a test's stand-in."""
+
+    result: TrialResult
+    def wait_ready(self) -> bool: ...
+    def window(self) -> float | None: ...
+    def rss(self) -> int: ...
+    def kill(self) -> None: ...
+
+
+class TrialRunnerLike(Protocol):
+    """What the search and verification call on a trial runner: ``TrialRunner``, or a
+    stand-in that measures nothing (the tests' doubles)."""
+
+    workdir: Path
+    memory_limit_bytes: int | None
+    def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
+            trajectory_steps: int | None = None, quality_steps: int | None = None) -> TrialResult: ...
+    def start(self, cfg: TrialConfig, *, name: str, mode: Mapping[str, Any] | None = None) -> LiveTrialLike: ...
+    def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> dict[str, Any]: ...
+
+
 class TrialRunner:
     """Runs configurations of one model file, each in a fresh process tree."""
 
@@ -263,16 +287,9 @@ class TrialRunner:
         self.python = python
         self.seed = seed
 
-    def run(
-        self,
-        cfg: TrialConfig,
-        *,
-        name: str,
-        on_window: Callable[[int, float], bool] | None = None,
-        trajectory_steps: int | None = None,
-        quality_steps: int | None = None,
-        extra_env: Mapping[str, str] | None = None,
-    ) -> TrialResult:
+    def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
+            trajectory_steps: int | None = None, quality_steps: int | None = None,
+            extra_env: Mapping[str, str] | None = None) -> TrialResult:
         """Measure ``cfg``; or, with ``trajectory_steps``, record that many losses; or,
         with ``quality_steps``, train that many steps and score with ``evaluate``.
         ``on_window(i, samples_per_s)`` returning True prunes the trial."""
@@ -290,15 +307,8 @@ class TrialRunner:
         return run_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s,
                             cwd=self.cwd)
 
-    def start(
-        self,
-        cfg: TrialConfig,
-        *,
-        name: str,
-        on_window: Callable[[int, float], bool] | None = None,
-        mode: Mapping[str, Any] | None = None,
-        extra_env: Mapping[str, str] | None = None,
-    ) -> LiveTrial:
+    def start(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
+              mode: Mapping[str, Any] | None = None, extra_env: Mapping[str, str] | None = None) -> LiveTrial:
         """Start ``cfg``'s process tree and return the handle that watches it."""
         folder = self.workdir / name
         folder.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from autotune.config import TrialConfig
 from autotune.document import Ablation, AblationPath, Effect, KnobEffect, PathStep
 from autotune.errors import AutotuneError, UsageError
 from autotune.trials.protocol import Progress, ProgressEvent
-from autotune.trials.runner import TrialRunner
+from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import stats
 from autotune.verify.side_by_side import speed_check
 
@@ -131,7 +131,7 @@ def rounds_for(variant_count: int, *, speed_windows: int) -> int:
     return max(MIN_ROUNDS, min(MAX_ROUNDS, speed_windows // (variant_count + 1)))
 
 
-def measure(runner: TrialRunner, winner: TrialConfig, baseline: TrialConfig, *, rounds: int,
+def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig, *, rounds: int,
             pinned: Collection[str] = (),
             progress: Progress = lambda kind, info: None) -> Ablation:
     """Per knob, the winner's speed over the variant's (ratio > 1: the knob helps) with

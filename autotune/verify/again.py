@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.config import TrialConfig
 from autotune.document import Speedup
 from autotune.emit import outdir, outputs
 from autotune.harness import candidate_emitter, make_runner, probe_doc
@@ -24,13 +23,13 @@ from autotune.report.console import Reporter
 from autotune.result import read_document
 from autotune.task import load_task
 from autotune.trials import measure_lock, proctree
-from autotune.trials.runner import TrialRunner
+from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import gates
 
 
 def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Reporter,
              machine: Machine | Mapping[str, Any] | None = None,
-             runner: TrialRunner | None = None,
+             runner: TrialRunnerLike | None = None,
              model_file: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Measure the configuration in ``out`` against its baseline again; returns the
     reverify document. The folder may have been copied or moved: its model file is found
@@ -41,10 +40,9 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     folder = Path(out)
     folder = (folder if folder.is_dir() else folder.parent).absolute()
     task = load_task(outputs.model_file(doc, folder, override=model_file))
-    cfg = TrialConfig.from_dict(doc["config"])
-    baseline = TrialConfig.from_dict(doc["baseline"]["config"])
+    cfg, baseline = doc.config, doc.baseline.config
     machine = as_machine(machine) if machine is not None else probe_doc()
-    tuned_on = {k: v for k, v in doc.get("fingerprint", {}).items() if k != "id"}
+    tuned_on = {k: v for k, v in doc.fingerprint.items() if k != "id"}
     differs = fingerprint_diff(tuned_on, fingerprint(machine.to_dict()))
     for line in differs:
         reporter.warn(f"this machine differs from the one the config was tuned on: {line}")
@@ -79,7 +77,7 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     verdict = verdicts[0]
     alone = verdict.standalone
     now = alone.speedup if alone is not None else None
-    printed = Speedup.from_json(doc["speedup"]) if doc.get("verified") and doc.get("speedup") else None
+    printed = doc.speedup
     result: dict[str, Any] = {
         "verified": winner is not None,
         "baseline_samples_per_s": (alone.baseline_median_samples_per_s if alone is not None

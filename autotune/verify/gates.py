@@ -40,8 +40,9 @@ from autotune.document import (
 )
 from autotune.errors import NotVerified
 from autotune.options import RunOptions
+from autotune.runtime.knobs import Precision
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Status
-from autotune.trials.runner import TrialResult, TrialRunner
+from autotune.trials.runner import TrialResult, TrialRunnerLike
 from autotune.verify import ablation, standalone
 from autotune.verify.side_by_side import relative_to_level, speed_check
 from autotune.verify.stats import ratio_interval, rerun_interval, spread
@@ -54,11 +55,12 @@ from autotune.verify.stats import ratio_interval, rerun_interval, spread
 # bf16 and fp16 are allowed about three times the worst healthy run: a run that
 # diverges (NaN, a loss that stops falling or grows) leaves it by tens of percent.
 # Several fp32 ranks against one process differ only by rounding.
-NUMERICS_TOLERANCE = {"fp32": 0.02, "tf32": 0.05, "bf16": 0.10, "fp16": 0.10}
+NUMERICS_TOLERANCE: dict[str, float] = {
+    Precision.FP32: 0.02, Precision.TF32: 0.05, Precision.BF16: 0.10, Precision.FP16: 0.10}
 # What evaluate() may lose to reduced precision when --max-quality-drop is not given:
 # this share of the fp32 reference's metric (higher is better).
 PRECISION_QUALITY_DROP = 0.02
-REDUCED_PRECISIONS = ("bf16", "fp16", "tf32")
+REDUCED_PRECISIONS = (Precision.BF16, Precision.FP16, Precision.TF32)
 # The standalone pairs must show the candidate faster: the median's distribution-free
 # interval (with 6 pairs, the lowest and highest ratio, 97%) must exclude 1.
 STANDALONE_CONFIDENCE = 0.9
@@ -178,7 +180,7 @@ def _where_fp32_fits(run: Callable[[TrialConfig, str], TrialResult], ref: TrialC
         return results, cand, notes
 
 
-def numerics_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig, *, steps: int,
+def numerics_check(runner: TrialRunnerLike, baseline: TrialConfig, cand: TrialConfig, *, steps: int,
                    cache: dict[str, TrialResult]) -> Check:
     """``cache`` holds the trajectories already run, by what determines their losses.
     The reference runs where fp32 fits (``_where_fp32_fits``)."""
@@ -197,7 +199,7 @@ def numerics_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig
             return Check(False, {"reason": f"{what} failed: {result.describe_failure()}", **shrunk})
     check = compare_losses(results["reference"].losses, results["candidate"].losses,
                            tolerance=NUMERICS_TOLERANCE[cand.precision],
-                           max_lag=FP16_MAX_LAG if cand.precision == "fp16" else 0)
+                           max_lag=FP16_MAX_LAG if cand.precision == Precision.FP16 else 0)
     reference = numerics_reference(baseline, ran)
     return dataclasses.replace(check, detail={
         **check.detail, "reference": {"layout": reference.layout, "batch_size": ran.batch_size},
@@ -211,7 +213,7 @@ def quality_reference(baseline: TrialConfig, cand: TrialConfig) -> TrialConfig:
     return numerics_reference(baseline, cand).replace(prune_ratio=0.0)
 
 
-def quality_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig, *,
+def quality_check(runner: TrialRunnerLike, baseline: TrialConfig, cand: TrialConfig, *,
                   has_evaluate: bool, max_drop: float | None, samples: int) -> Check:
     """Pruning is opt-in: it needs evaluate() and --max-quality-drop. Reduced precision
     is checked against evaluate() where the file has one, within --max-quality-drop or
@@ -258,8 +260,8 @@ def quality_check(runner: TrialRunner, baseline: TrialConfig, cand: TrialConfig,
 def describe_checks(verdict: Verdict) -> str:
     """One line on how a configuration's precision was checked, for the summary."""
     cfg = verdict.config
-    what = {"fp32": "fp32", "tf32": "tf32 matmuls", "bf16": "bf16 autocast",
-            "fp16": "fp16 autocast with GradScaler"}[cfg.precision]
+    what = {Precision.FP32: "fp32", Precision.TF32: "tf32 matmuls", Precision.BF16: "bf16 autocast",
+            Precision.FP16: "fp16 autocast with GradScaler"}[Precision(cfg.precision)]
     if cfg.prune_ratio:
         what += f", {cfg.prune_ratio:.0%} of channels pruned"
     parts = []
@@ -408,7 +410,7 @@ class Verdict:
         return Standalone.from_check(self.checks.get("standalone"))
 
 
-def gate(runner: TrialRunner, baseline: TrialConfig, cfg: TrialConfig, *, settings: Settings,
+def gate(runner: TrialRunnerLike, baseline: TrialConfig, cfg: TrialConfig, *, settings: Settings,
          has_evaluate: bool, cache: dict[str, TrialResult]) -> Verdict:
     """The checks that need no speed measurement: numerics, then quality."""
     verdict = Verdict(cfg, {}, {})
@@ -421,7 +423,7 @@ def gate(runner: TrialRunner, baseline: TrialConfig, cfg: TrialConfig, *, settin
     return verdict
 
 
-def screen(runner: TrialRunner, baseline: TrialConfig, candidates: list[TrialConfig],
+def screen(runner: TrialRunnerLike, baseline: TrialConfig, candidates: list[TrialConfig],
            reserve: list[TrialConfig], *, settings: Settings, has_evaluate: bool,
            progress: Progress) -> tuple[list[TrialConfig], list[Verdict]]:
     """Gate every candidate before the speed check measures it, so that no measurement
@@ -455,7 +457,7 @@ def screen(runner: TrialRunner, baseline: TrialConfig, candidates: list[TrialCon
     return passed, verdicts
 
 
-def ablate(runner: TrialRunner, top: Verdict, baseline: TrialConfig, *, settings: Settings,
+def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, settings: Settings,
            has_evaluate: bool, speed_windows: int, progress: Progress) -> Verdict | None:
     """Measure each of ``top``'s knobs against the baseline's value (``autotune.verify.ablation``)
     and record it on ``top``. Returns the verdict of the simplified configuration (the
@@ -485,7 +487,7 @@ def ablate(runner: TrialRunner, top: Verdict, baseline: TrialConfig, *, settings
 
 
 def verify_candidates(
-    runner: TrialRunner, *, baseline: TrialConfig, candidates: list[TrialConfig],
+    runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[TrialConfig],
     settings: Settings, has_evaluate: bool,
     emit_candidate: Callable[[TrialConfig, Path], Path], workdir: Path,
     reserve: Sequence[TrialConfig] = (),

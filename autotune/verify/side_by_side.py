@@ -20,7 +20,7 @@ from autotune.config import TrialConfig
 from autotune.document import Check
 from autotune.errors import NotVerified
 from autotune.trials.protocol import Mode, Progress, ProgressEvent
-from autotune.trials.runner import LiveTrial, TrialRunner
+from autotune.trials.runner import LiveTrialLike, TrialRunnerLike
 from autotune.verify.stats import ratio_interval
 
 # On GPUs each configuration is measured alone, in a fresh process per visit: a held
@@ -43,7 +43,7 @@ def _reference_failed(failure: str | None, folder: Path) -> NotVerified:
         "same command again to verify (the search is kept).")
 
 
-def hold_within_budget(live: list[LiveTrial | None], failures: list[str | None],
+def hold_within_budget(live: list[LiveTrialLike | None], failures: list[str | None],
                        budget: int | None) -> None:
     """The processes held side by side share one memory budget (what one trial may
     use): while together they use more, the largest candidate is stopped, never the
@@ -72,13 +72,13 @@ def one_at_a_time(configs: Sequence[TrialConfig]) -> bool:
     return any(cfg.device == "cuda" for cfg in configs)
 
 
-def _measure_held(runner: TrialRunner, configs: list[TrialConfig], *, rounds: int,
+def _measure_held(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds: int,
                   progress: Progress, name: str,
                   reference_label: str) -> tuple[list[list[float]], list[str | None]]:
     """All held alive, warmed up and idle, then one window each in turn, rotating, round
     after round. They start one at a time: setting one up never overlaps measuring another.
     Together they keep within one memory budget (``hold_within_budget``)."""
-    live: list[LiveTrial | None] = []
+    live: list[LiveTrialLike | None] = []
     failures: list[str | None] = [None] * len(configs)
     values: list[list[float]] = [[] for _ in configs]
     budget = runner.memory_limit_bytes
@@ -117,7 +117,7 @@ def _measure_held(runner: TrialRunner, configs: list[TrialConfig], *, rounds: in
     return values, failures
 
 
-def _measure_in_turn(runner: TrialRunner, configs: list[TrialConfig], *, rounds: int,
+def _measure_in_turn(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds: int,
                      progress: Progress, name: str,
                      reference_label: str) -> tuple[list[list[float]], list[str | None]]:
     """Each configuration alone: started fresh, warmed up, measured for WINDOWS_PER_VISIT
@@ -166,7 +166,7 @@ def _rotation(n: int, r: int) -> list[int]:
 
 
 def speed_check(
-    runner: TrialRunner, reference: TrialConfig, others: list[TrialConfig], *,
+    runner: TrialRunnerLike, reference: TrialConfig, others: list[TrialConfig], *,
     rounds: int, progress: Progress = _no_progress, name: str = "verify-speed",
     reference_label: str = "baseline",
 ) -> tuple[dict[str, Any], list[Check]]:
