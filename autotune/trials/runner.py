@@ -26,9 +26,8 @@ from autotune.config import TrialConfig
 from autotune.emit import launch
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine
-from autotune.runtime.ranks import RANKS_PREFIX
 from autotune.task import with_package_on_path
-from autotune.trials import measure_lock, proctree
+from autotune.trials import logs, measure_lock, proctree
 from autotune.trials.protocol import PROGRESS_EVENTS, Event, Failure, Measurement, Mode, Status
 
 # The tuner stays all but idle while a trial measures: it reads the event file a few
@@ -38,34 +37,6 @@ MEMORY_CHECK_S = 1.0
 # A model whose step takes longer than --hang-timeout is slow, not hung: it is hung
 # once this many of its own steps pass without one finishing.
 HANG_STEPS = 5
-# A trial's log past LOG_CAP_BYTES keeps its first and last LOG_KEEP_BYTES: a print in
-# __getitem__ would otherwise fill the disk.
-LOG_CAP_BYTES = 32 * 2**20
-LOG_KEEP_BYTES = 2**20
-
-
-def cap_log(path: Path, *, cap: int, keep: int) -> int:
-    """Cut the middle out of a log grown past ``cap``: its first and last ``keep`` bytes
-    stay, with a line saying how much went. The trial's processes hold the log open
-    with O_APPEND, so they go on writing after the cut (what they write during the cut
-    itself may be lost). Returns the bytes removed."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return 0
-    if size <= cap:
-        return 0
-    with open(path, "r+b") as f:
-        f.seek(size - keep)
-        tail = f.read(keep)
-        tail = tail[tail.find(b"\n") + 1:] or tail  # from a line's start
-        f.seek(keep)
-        f.truncate()
-        f.seek(0, os.SEEK_END)
-        removed = size - keep - len(tail)
-        marker = f"\n[autotune: {removed:,} bytes of this log were cut here]\n".encode()
-        f.write(marker + tail)
-    return removed
 
 
 @dataclasses.dataclass
@@ -130,50 +101,6 @@ class TrialResult:
         }
 
 
-class _EventReader:
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.buffer = path, 0, b""
-
-    def read(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(chunk)
-        self.buffer += chunk
-        *lines, self.buffer = self.buffer.split(b"\n")
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
-
-
-def _tail(path: Path, lines: int = 30, *, max_bytes: int = 65536) -> str:
-    """The last ``lines`` lines, read from the end: a log can be gigabytes."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-# What the runtime's start_ranks prints when a rank dies of a signal.
-_RANK_SIGNAL = re.compile(re.escape(RANKS_PREFIX) + r"rank \d+ was killed by (SIG\w+)")
-
-
-def _signal_from_log(log: str) -> str | None:
-    match = _RANK_SIGNAL.search(log)
-    return match.group(1) if match else None
-
-
 def compile_cache_env(env: Mapping[str, str]) -> dict[str, str]:
     """torch.compile's cache where torch keeps it for the user (its default folder under
     the system temp folder), unless they chose one: trials and script runs get a
@@ -224,7 +151,7 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
             proc.wait()
             shutil.rmtree(tmp, ignore_errors=True)
     if proc.returncode != 0 or not report.exists():
-        tail = _tail(log, 15)
+        tail = logs.tail(log, 15)
         raise RuntimeError(f"{launcher.name} failed (exit code {proc.returncode}):\n{tail}")
     return json.loads(report.read_text())
 
@@ -265,7 +192,7 @@ class TrialRunner:
         hang_s: float = RunOptions.hang_timeout_s,
         setup_hang_s: float | None = None,
         memory_limit_bytes: int | None = None,
-        log_cap_bytes: int = LOG_CAP_BYTES,
+        log_cap_bytes: int = logs.LOG_CAP_BYTES,
         cwd: str | os.PathLike[str] | None = None,
         python: str = sys.executable,
         seed: int = 0,
@@ -387,7 +314,7 @@ class LiveTrial:
         )
         self.members: dict[int, float] = {}
         self.log_cut = 0  # bytes cut from the log (cap_log)
-        self.reader = _EventReader(folder / "events.jsonl")
+        self.reader = logs.EventReader(folder / "events.jsonl")
 
     @classmethod
     def failed_to_start(cls, result: TrialResult) -> LiveTrial:
@@ -476,8 +403,8 @@ class LiveTrial:
     def _cap_log(self) -> None:
         assert self.runner is not None
         cap = self.runner.log_cap_bytes
-        self.log_cut += cap_log(Path(self.result.log_path), cap=cap,
-                                keep=min(LOG_KEEP_BYTES, cap // 4))
+        self.log_cut += logs.cap_log(Path(self.result.log_path), cap=cap,
+                                keep=min(logs.LOG_KEEP_BYTES, cap // 4))
 
     def _wait_until(self, condition: Callable[[], bool]) -> bool:
         while not self.poll():
@@ -570,7 +497,7 @@ class LiveTrial:
         for ev in self.reader.read():  # lines written just before the end
             if ev.get("e") in (Event.DONE, Event.ERROR):
                 self._handle(ev)
-        result.log_tail = _tail(Path(result.log_path))
+        result.log_tail = logs.tail(Path(result.log_path))
         result.phases = self._phases()
         if self.killed_for is not None:
             result.status = Status.PRUNED if self.killed_for[0] == Status.PRUNED else Status.FAILED
@@ -586,7 +513,7 @@ class LiveTrial:
             if self.proc.returncode != 0:
                 result.warnings.append(
                     f"the trial finished its measurement, then exited with code "
-                    f"{self.proc.returncode}: {_signal_from_log(result.log_tail) or 'see its log'}")
+                    f"{self.proc.returncode}: {logs.signal_from_log(result.log_tail) or 'see its log'}")
             if "value" in result.done:
                 result.value = float(result.done["value"])
                 result.iqr = result.done.get("iqr")
@@ -595,5 +522,5 @@ class LiveTrial:
             result.failure = Failure.CRASH
             code = self.proc.returncode
             sig = -code if code < 0 else None
-            name_ = signal.Signals(sig).name if sig else _signal_from_log(result.log_tail)
+            name_ = signal.Signals(sig).name if sig else logs.signal_from_log(result.log_tail)
             result.message = f"killed by {name_}" if name_ else f"exit code {code}"
