@@ -9,21 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import __version__
 from autotune.config import TrialConfig
-from autotune.document import (
-    Baseline,
-    Best,
-    Interval,
-    LayoutEffect,
-    PrecisionNote,
-    Rejection,
-    RunDocument,
-)
+from autotune.document.measures import Baseline, Best, Interval, LayoutEffect, PrecisionNote, Rejection
+from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
 from autotune.emit import launch, outdir, outputs
 from autotune.errors import NotVerified
 from autotune.harness import candidate_emitter, make_runner, probe_doc
@@ -33,7 +26,7 @@ from autotune.report.console import Reporter
 from autotune.report.files import write_report
 from autotune.runtime.knobs import Allocator, Precision
 from autotune.search.study import repair_journal, storage_path, study_name
-from autotune.search.tuner import SearchOutcome, Tuner, open_study
+from autotune.search.tuner import Candidate, SearchOutcome, Tuner, open_study
 from autotune.space import Space, build_space
 from autotune.task import Task, load_task
 from autotune.trials import measure_lock, proctree
@@ -203,7 +196,7 @@ def precision_note(chosen: TrialConfig, winner: gates.Verdict | None,
 def build_document(
     *, task: Task, machine: Machine, space: Space, chosen: TrialConfig,
     baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: gates.Verdict | None,
-    verdicts: list[gates.Verdict], search: dict[str, Any], exact: bool,
+    verdicts: list[gates.Verdict], search: SearchSummary, ranked: Sequence[Candidate], exact: bool,
     layout: LayoutEffect | None, environment: Mapping[str, str],
 ) -> RunDocument:
     """The run's document, assembled once from what each stage built."""
@@ -212,8 +205,10 @@ def build_document(
         raise AssertionError("a winner passed its standalone check, which has figures")
     best = None
     if winner is not None and claim is not None:
-        result = (search.get("results", {}).get(str(chosen))
-                  or search.get("results_by_work", {}).get(gates.work_key(chosen), {}))
+        # by what the configuration computes: where ablation dropped a placement knob
+        # (threads, workers), what was measured of the same work still tells its memory
+        result = next((c.result for c in ranked if c.config == chosen), None) or next(
+            (c.result for c in ranked if gates.work_key(c.config) == gates.work_key(chosen)), {})
         best = Best(samples_per_s=claim.median_samples_per_s,
                     peak_mem_mb=result.get("peak_rss_mb"), one_time_s=result.get("one_time_s"),
                     cuda_peak_mb=result.get("cuda_peak_mb"),
@@ -236,8 +231,7 @@ def build_document(
         rejected=tuple(Rejection(config=v.config, reason=v.reason, checks=dict(v.checks))
                        for v in verdicts if v is not winner and not v.passed),
         candidates=tuple(gates.outcomes(verdicts, winner)),
-        search={k: v for k, v in search.items() if k not in ("results", "results_by_work")},
-        space=space.describe(), layout_effect=layout, environment=environment,
+        search=search, space=SpaceSummary.from_json(space.describe()), layout_effect=layout, environment=environment,
         ablation=winner.ablation if winner is not None else None)
 
 
@@ -294,9 +288,9 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     finally:
         reporter.end_search()
     if outcome.baseline is None:
-        failed = next((f for f in outcome.failures if f["config"] == space.baseline.to_dict()),
+        failed = next((f for f in outcome.failures if f.config == space.baseline),
                       outcome.failures[0] if outcome.failures else None)
-        detail = (f"{Failure.describe(failed['failure'])}: {failed['message']}"
+        detail = (f"{Failure.describe(failed.failure)}: {failed.message}"
                   if failed else "it was not measured")
         raise NotVerified(
             "no configuration can be verified: the baseline (your batch size, one process, "
@@ -318,7 +312,7 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
         reporter.warn(f"{', '.join(inherited)} from your environment are not passed to trials: "
                       "each trial starts its own rank group on this machine")
     space = build_task_space(task, machine, options)
-    for knob, reason in space.describe()["excluded"].items():
+    for knob, reason in space.excluded.items():
         reporter.info(f"  skipping {knob}: {reason}")
     study, outcome = search(task, out, options, machine=machine, space=space, runner=runner,
                             reporter=reporter)
@@ -332,16 +326,9 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
 
     ranked = [c.config for c in outcome.ranked if not same_as_baseline(c.config)]
     candidates = choose_candidates(ranked, top=options.top, space=space, machine=machine)
-    search_info = {
-        "trials": len(study.trials),
-        "measured": outcome.measured,
-        "failures": outcome.failures,
-        "ranking": [{"config": c.config.short(), "samples_per_s": c.value} for c in outcome.ranked[:10]],
-        "results": {str(c.config): c.result for c in outcome.ranked},
-        # by what the configuration computes: where ablation dropped a placement knob
-        # (threads, workers), what was measured of the same work still tells its memory
-        "results_by_work": {gates.work_key(c.config): c.result for c in reversed(outcome.ranked)},
-    }
+    summary = SearchSummary(
+        trials=len(study.trials), measured=outcome.measured, failures=tuple(outcome.failures),
+        ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.value) for c in outcome.ranked[:10]))
     settings = gates.Settings(rounds=options.rounds, pairs=options.pairs,
                                pair_seconds=options.pair_seconds,
                                max_quality_drop=options.max_quality_drop,
@@ -364,14 +351,13 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
         reporter.warn(w)
     document = build_document(
         task=task, machine=machine, space=space, chosen=chosen, baseline_cfg=baseline_cfg,
-        base_speed=base_speed, winner=winner, verdicts=verdicts, search=search_info,
+        base_speed=base_speed, winner=winner, verdicts=verdicts, search=summary, ranked=outcome.ranked,
         exact=options.exact, environment=env,
         layout=layout_effect(verdicts, candidates[0], space, machine) if candidates else None)
-    doc = outputs.write_outputs(out, cfg=chosen, model_file=task.path, env=env,
-                             document=document,
-                             description=f"Train {task.path.name} with the configuration "
-                                         "autotune verified on this machine.",
-                             default_threads=machine.torch.get("num_threads"))
+    doc = outputs.write_outputs(out, cfg=chosen, model_file=task.path, env=env, document=document,
+                                description=f"Train {task.path.name} with the configuration "
+                                            "autotune verified on this machine.",
+                                default_threads=machine.torch.get("num_threads"))
     try:
         write_report(out, doc=doc, study=study)
     except Exception as exc:  # a finished run never fails over its report

@@ -10,7 +10,7 @@ from typing import Any
 
 from autotune import schemas
 from autotune.config import TrialConfig
-from autotune.document import RunDocument
+from autotune.document.run import RunDocument
 from autotune.emit.outputs import CONFIG_NAME, SCHEMA, resolve
 from autotune.errors import UsageError
 

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.document import RunDocument
+from autotune.document.run import RunDocument
 from autotune.emit import outputs as emit
 from autotune.trials.runner import run_launcher
 from autotune.verify.stats import median_interval

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.document import RunDocument
+from autotune.document.run import RunDocument
 from autotune.emit import launch
 from autotune.emit import outputs as emit
 from autotune.probes import probe_machine

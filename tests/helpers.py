@@ -14,7 +14,7 @@ import optuna
 import psutil
 
 from autotune.config import TrialConfig
-from autotune.document import CandidateDocument, RunDocument
+from autotune.document.run import CandidateDocument, RunDocument
 from autotune.emit import launch
 from autotune.emit import outputs as emit
 

@@ -10,7 +10,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from autotune.document import Ablation, RunDocument
+from autotune.document.ablation import Ablation
+from autotune.document.run import RunDocument
 from autotune.search.study import study_name
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report" / "best_config.json"

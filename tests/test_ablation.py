@@ -7,7 +7,8 @@ import math
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.document import Ablation, RunDocument
+from autotune.document.ablation import Ablation
+from autotune.document.run import RunDocument
 from autotune.space import parse_fixes
 from autotune.task import load_task
 from autotune.verify import ablation

@@ -7,7 +7,9 @@ import dataclasses
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.document import Ablation, AblationPath, Effect, Rejection, RunDocument
+from autotune.document.ablation import Ablation, AblationPath
+from autotune.document.measures import Effect, Rejection
+from autotune.document.run import RunDocument
 from autotune.report.advice import advise, param_importances, throughput_by_value
 
 from recorded_run import ABLATION, TRIALS, _config, build_study, load_doc
@@ -77,13 +79,13 @@ def test_a_document_without_an_ablation_or_with_a_skipped_one_is_advised_too(doc
 
 
 def test_what_was_not_searched_is_listed_with_its_reason_and_what_other_hardware_would_add(doc):
-    doc = dataclasses.replace(doc, space={**doc.space, "excluded": {
+    doc = dataclasses.replace(doc, space=dataclasses.replace(doc.space, excluded={
         **doc.excluded,
         "precision=bf16": "CPU has no avx512_bf16/AMX: bf16 autocast would be emulated and about 2x slower",
         "allocator=jemalloc": "libjemalloc was not found on this machine",
         "compile": "torch.compile needs a working C++ compiler: none found",
         "precision=bf16,tf32": "--exact keeps fp32",
-    }})
+    }))
     lines = advise(doc)
     text = "\n".join(lines)
     for knob, reason in doc.excluded.items():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.document import RunDocument
+from autotune.document.run import RunDocument
 from autotune.emit import launch
 from autotune.emit import outputs as emit
 

@@ -17,7 +17,7 @@ import pytest
 
 from autotune import pipeline
 from autotune.config import TrialConfig
-from autotune.document import RunDocument
+from autotune.document.run import RunDocument
 from autotune.report.console import Reporter
 from autotune.task import load_task
 from autotune.trials.runner import TrialResult

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.document import Rejection
+from autotune.document.measures import Rejection
 from autotune.report.console import Reporter
 from autotune.trials.runner import TrialResult
 

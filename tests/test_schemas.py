@@ -9,7 +9,7 @@ import pytest
 from autotune import schemas
 from autotune.cli import main
 from autotune.config import TrialConfig
-from autotune.document import RunDocument
+from autotune.document.run import RunDocument
 from autotune.task import load_task
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in

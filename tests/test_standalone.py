@@ -10,7 +10,7 @@ import pytest
 
 from autotune import pipeline
 from autotune.config import TrialConfig
-from autotune.document import RunDocument
+from autotune.document.run import RunDocument
 from autotune.errors import NotVerified
 from autotune.report.console import Reporter
 from autotune.verify import standalone

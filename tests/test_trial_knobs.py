@@ -192,7 +192,7 @@ def test_failing_trial_is_recorded_and_the_study_goes_on(tmp_path):
     baseline = [t for t in measured if t.user_attrs.get("role") == Role.BASELINE]
     assert len(baseline) == 1 and baseline[0].state == TrialState.COMPLETE
     assert outcome.baseline is not None and outcome.baseline.value > 0
-    assert {f["failure"] for f in outcome.failures} == {"user_error"}
+    assert {f.failure for f in outcome.failures} == {"user_error"}
     assert all(c.config.batch_size < 128 for c in outcome.ranked)
 
 

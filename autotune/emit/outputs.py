@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from autotune.config import TrialConfig
-from autotune.document import CandidateDocument, RunDocument
+from autotune.document.run import CandidateDocument, RunDocument
 from autotune.emit import launch, stacks
 from autotune.emit.outdir import write_atomically
 from autotune.errors import UsageError

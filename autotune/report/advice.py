@@ -17,7 +17,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Layout, TrialConfig
-from autotune.document import Effect, Interval, RunDocument
+from autotune.document.measures import Effect, Interval
+from autotune.document.run import RunDocument
 from autotune.search.study import quiet_optuna
 from autotune.trials.protocol import StudyAttr
 

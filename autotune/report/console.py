@@ -25,7 +25,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from autotune.document import RunDocument
+from autotune.document.run import RunDocument
 from autotune.emit.outputs import resolve
 from autotune.report.advice import ablation_lines
 from autotune.runtime.knobs import Precision

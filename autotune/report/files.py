@@ -25,16 +25,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import TrialConfig
-from autotune.document import (
-    Ablation,
-    AblationPath,
-    CandidateOutcome,
-    Effect,
-    Interval,
-    Rounds,
-    RunDocument,
-    Speedup,
-)
+from autotune.document.ablation import Ablation, AblationPath
+from autotune.document.measures import CandidateOutcome, Effect, Interval, Rounds, Speedup
+from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 from autotune.report import advice
 from autotune.result import read_document

@@ -21,6 +21,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import Layout, TrialConfig
+from autotune.document.run import SearchFailure
 from autotune.search.study import create_or_resume, quiet_optuna
 from autotune.space import Space, Unsplittable
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Role, Status, StudyAttr
@@ -80,7 +81,7 @@ class SearchOutcome:
     study: optuna.Study
     baseline: Candidate | None
     ranked: list[Candidate]  # completed, measured trials, fastest first, one per config
-    failures: list[dict[str, Any]]
+    failures: list[SearchFailure]
     measured: int = 0  # trials that cost a measurement
 
 
@@ -429,12 +430,11 @@ class Tuner:
                     ranked[key] = cand
             elif t.state == TrialState.FAIL:
                 result = t.user_attrs.get(StudyAttr.RESULT, {})
-                failures.append({
-                    "number": t.number, "config": cfg.to_dict(),
-                    "failure": Failure.INTERRUPTED if self._interrupted(t) else t.user_attrs.get(StudyAttr.FAILURE),
-                    "message": t.user_attrs.get(StudyAttr.SKIPPED) or result.get("message", ""),
-                    "log_tail": result.get("log_tail", ""),
-                })
+                failures.append(SearchFailure(
+                    number=t.number, config=cfg,
+                    failure=Failure.INTERRUPTED if self._interrupted(t) else t.user_attrs.get(StudyAttr.FAILURE),
+                    message=t.user_attrs.get(StudyAttr.SKIPPED) or result.get("message", ""),
+                    log_tail=result.get("log_tail", "")))
         order = sorted(ranked.values(), key=lambda c: c.value, reverse=True)
         return SearchOutcome(study=self.study, baseline=baseline, ranked=order, failures=failures,
                              measured=len(self._measured()))

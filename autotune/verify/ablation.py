@@ -24,7 +24,8 @@ from collections.abc import Collection
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.document import Ablation, AblationPath, Effect, KnobEffect, PathStep
+from autotune.document.ablation import Ablation, AblationPath, KnobEffect, PathStep
+from autotune.document.measures import Effect
 from autotune.errors import AutotuneError, UsageError
 from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.trials.runner import TrialRunnerLike

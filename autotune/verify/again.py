@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.document import Speedup
+from autotune.document.measures import Speedup
 from autotune.emit import outdir, outputs
 from autotune.harness import candidate_emitter, make_runner, probe_doc
 from autotune.options import RunOptions

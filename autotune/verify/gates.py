@@ -29,15 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.document import (
-    Ablation,
-    CandidateOutcome,
-    Check,
-    Interval,
-    Simplified,
-    Speedup,
-    Standalone,
-)
+from autotune.document.ablation import Ablation, Simplified
+from autotune.document.measures import CandidateOutcome, Check, Interval, Speedup, Standalone
 from autotune.errors import NotVerified
 from autotune.options import RunOptions
 from autotune.runtime.knobs import Precision

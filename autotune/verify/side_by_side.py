@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.document import Check
+from autotune.document.measures import Check
 from autotune.errors import NotVerified
 from autotune.trials.protocol import Mode, Progress, ProgressEvent
 from autotune.trials.runner import LiveTrialLike, TrialRunnerLike
