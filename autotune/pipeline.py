@@ -231,7 +231,9 @@ def build_document(
         rejected=tuple(Rejection(config=v.config, reason=v.reason, checks=dict(v.checks))
                        for v in verdicts if v is not winner and not v.passed),
         candidates=tuple(gates.outcomes(verdicts, winner)),
-        search=search, space=SpaceSummary.from_json(space.describe()), layout_effect=layout, environment=environment,
+        search=search,
+        space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
+        layout_effect=layout, environment=environment,
         ablation=winner.ablation if winner is not None else None)
 
 

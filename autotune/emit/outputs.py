@@ -44,11 +44,12 @@ def write_script(out_dir: Path, *, cfg: TrialConfig, model_file: Path, descripti
     runtime.mkdir(parents=True, exist_ok=True)
     for source in sorted(RUNTIME_SOURCE.glob("*.py")):
         write_atomically(runtime / source.name, source.read_bytes())
+    relative, tuned = _model_paths(model_file, out_dir)
     settings = ScriptSettings(
         config=cast(ConfigDict, cfg.to_dict()),
         description=description,
-        model_file=os.path.relpath(Path(model_file).absolute(), out_dir.absolute()),
-        model_file_tuned=str(Path(model_file).absolute()),
+        model_file=relative,
+        model_file_tuned=tuned,
         tuned_for=tuned_for or {},
         baseline_batch=baseline_batch,
     )
@@ -64,12 +65,6 @@ def render_launcher(
     It runs from a copied folder too: the tuning machine's python where it exists, else
     ``python3`` (``PYTHON=...`` chooses); an allocator library that is not there is left
     out with a warning; ``MODEL_FILE=...`` names the model file."""
-    argv = launch.command(cfg, ["__SCRIPT__"], python="__PYTHON__")
-    quoted = " ".join(
-        '"$PYTHON"' if a == "__PYTHON__" else '"$here/train_tuned.py"' if a == "__SCRIPT__"
-        else shlex.quote(a)
-        for a in argv
-    )
     py = shlex.quote(python)
     lines = [
         "#!/usr/bin/env bash",
@@ -97,7 +92,7 @@ def render_launcher(
                       f"machine: running without the tuned allocator (install it to get the tuned "
                       f"speed)\" >&2; fi")
         lines.append(launch.keep_or_export(key, value, script="launch.sh", export=export))
-    lines.append(f"exec {quoted} \"$@\"")
+    lines.append(f'exec "$PYTHON" "$here/{SCRIPT_NAME}" "$@"')
     return "\n".join(lines) + "\n"
 
 
