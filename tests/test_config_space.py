@@ -2,12 +2,14 @@
 document (fast: no subprocesses)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 
 from autotune.config import TrialConfig
 from autotune.errors import UsageError
+from autotune.runtime.knobs import ConfigDict
 from autotune.space import build_space, parse_fixes
 
 
@@ -30,6 +32,12 @@ def layouts(space) -> set[tuple[int, int]]:
 def test_from_dict_round_trips():
     cfg = TrialConfig(nprocs=2, threads=1, batch_size=64, num_workers=2, precision="bf16")
     assert TrialConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_the_runtime_reads_every_knob_a_configuration_has():
+    """The runtime cannot import TrialConfig (it ships without autotune): its typed view of
+    a configuration must name the same knobs, or a new knob never reaches a trial's typing."""
+    assert set(ConfigDict.__annotations__) == {f.name for f in dataclasses.fields(TrialConfig)}
 
 
 def test_from_dict_rejects_unknown_keys_and_lists_the_known_knobs():
