@@ -8,14 +8,10 @@ from pathlib import Path
 
 from autotune.config import TrialConfig
 from autotune.emit import launch, outputs
-from autotune.probes import Machine, probe_machine
+from autotune.probes import Machine
 from autotune.task import Task
 from autotune.trials.protocol import Measurement
 from autotune.trials.runner import TrialRunner
-
-
-def probe_doc() -> Machine:
-    return probe_machine()
 
 
 def memory_limit(machine: Machine) -> int | None:

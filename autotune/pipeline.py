@@ -19,9 +19,9 @@ from autotune.document.measures import Baseline, Best, Interval, LayoutEffect, P
 from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
 from autotune.emit import launch, outdir, outputs
 from autotune.errors import NotVerified
-from autotune.harness import candidate_emitter, make_runner, probe_doc
+from autotune.harness import candidate_emitter, make_runner
 from autotune.options import RunOptions
-from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id
+from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id, probe_machine
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
 from autotune.runtime.knobs import Allocator, Precision
@@ -261,7 +261,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             if not out.is_dir():
                 stack.enter_context(outdir.exclusive(outdir.prepare(out)))
             stack.enter_context(measure_lock.held(notice=reporter.warn))
-            machine = probe_doc()
+            machine = probe_machine()
             runner = make_runner(task, machine, out, window_s=options.window_s,
                                  windows=options.windows, trial_timeout_s=options.trial_timeout_s,
                                  hang_timeout_s=options.hang_timeout_s)

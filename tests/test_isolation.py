@@ -169,10 +169,11 @@ def test_memory_exhaustion_at_the_default_limit_spares_the_machine(tmp_path):
     """At the limit `autotune run` itself sets (most of the usable memory), a trial whose
     memory grows without bound is stopped by the tuner: the kernel OOM killer never fires."""
     from autotune.config import TrialConfig
-    from autotune.harness import memory_limit, probe_doc
+    from autotune.harness import memory_limit
+    from autotune.probes import probe_machine
     from autotune.trials.runner import Measurement, TrialRunner
 
-    limit = memory_limit(probe_doc())
+    limit = memory_limit(probe_machine())
     if not limit:
         pytest.skip("the probe found no usable memory figure")
     before = kernel_oom_kills()

@@ -16,9 +16,9 @@ from typing import Any
 
 from autotune.document.measures import Speedup
 from autotune.emit import outdir, outputs
-from autotune.harness import candidate_emitter, make_runner, probe_doc
+from autotune.harness import candidate_emitter, make_runner
 from autotune.options import RunOptions
-from autotune.probes import Machine, as_machine, fingerprint, fingerprint_diff
+from autotune.probes import Machine, as_machine, fingerprint, fingerprint_diff, probe_machine
 from autotune.report.console import Reporter
 from autotune.result import read_document
 from autotune.task import load_task
@@ -41,7 +41,7 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     folder = (folder if folder.is_dir() else folder.parent).absolute()
     task = load_task(outputs.model_file(doc, folder, override=model_file))
     cfg, baseline = doc.config, doc.baseline.config
-    machine = as_machine(machine) if machine is not None else probe_doc()
+    machine = as_machine(machine) if machine is not None else probe_machine()
     tuned_on = {k: v for k, v in doc.fingerprint.items() if k != "id"}
     differs = fingerprint_diff(tuned_on, fingerprint(machine.to_dict()))
     for line in differs:
