@@ -14,6 +14,10 @@ from typing import Any
 from autotune.errors import UsageError
 from autotune.runtime.knobs import Precision
 
+# Where --storage is read from when not given: a URL with a password stays out of the
+# shell's history and the process list.
+STORAGE_ENV = "AUTOTUNE_STORAGE"
+
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
@@ -32,8 +36,19 @@ class RunOptions:
     pairs: int = 6
     pair_seconds: float = 8.0
     max_quality_drop: float | None = None
+    # A shared study (search.shared): its database URL (a secret: never printed, see
+    # search.study.shown_url), its name, how often a worker's running trial says it is
+    # alive, and how long a worker waits for another one's verification.
+    storage: str | None = dataclasses.field(default=None, repr=False)
+    study: str | None = None
+    heartbeat_s: int = 10
+    verify_wait_s: float = 3600.0
 
     def __post_init__(self) -> None:
+        if self.pairs < 2:
+            raise UsageError(f"--pairs {self.pairs}: at least 2 (the speedup's interval needs two pairs)")
+        if self.heartbeat_s < 1:
+            raise UsageError("--heartbeat must be at least 1 second")
         if self.max_quality_drop is not None and self.max_quality_drop < 0:
             raise UsageError("--max-quality-drop must be 0 or more")
         if self.exact:

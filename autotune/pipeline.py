@@ -8,8 +8,9 @@ probes of other machines by a stand-in runner (tests/test_machine_matrix.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +26,9 @@ from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id, pr
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
 from autotune.runtime.knobs import Allocator, Precision
-from autotune.search.study import repair_journal, storage_path, study_name
-from autotune.search.tuner import Candidate, SearchOutcome, Tuner, open_study
+from autotune.search import shared
+from autotune.search.study import database_storage, repair_journal, shown_url, storage_path, study_lock, study_name
+from autotune.search.tuner import Candidate, SearchOutcome, Tuner, open_study, retry_stale
 from autotune.space import Space, build_space
 from autotune.task import Task, load_task
 from autotune.trials import measure_lock, proctree
@@ -36,6 +38,7 @@ from autotune.verify import gates, stats
 
 if TYPE_CHECKING:
     import optuna
+    import optuna.storages
 
 EXIT_VERIFIED = 0
 EXIT_NOT_VERIFIED = 3
@@ -260,7 +263,9 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             proctree.reap_orphans()
             if not out.is_dir():
                 stack.enter_context(outdir.exclusive(outdir.prepare(out)))
-            stack.enter_context(measure_lock.held(notice=reporter.warn))
+            if options.storage is None:
+                stack.enter_context(measure_lock.held(notice=reporter.warn))
+            # else the workers of a shared study on this machine take turns per trial
             machine = probe_machine()
             runner = make_runner(task, machine, out, window_s=options.window_s,
                                  windows=options.windows, trial_timeout_s=options.trial_timeout_s,
@@ -270,21 +275,71 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
         proctree.reap_orphans()
 
 
+@dataclasses.dataclass(frozen=True)
+class StudyPlace:
+    """Where the run's study is: a journal in the output folder, or a shared database
+    (``storage``), under ``name``."""
+
+    study: optuna.Study
+    name: str
+    storage: optuna.storages.RDBStorage | None = None  # a shared study's
+
+    @property
+    def shared(self) -> bool:
+        return self.storage is not None
+
+
+def once(say: Callable[[str], None]) -> Callable[[str], None]:
+    """``say``, for the first message only: the workers of a shared study on one machine
+    wait for each other at every trial."""
+    said: list[str] = []
+
+    def first(text: str) -> None:
+        if not said:
+            said.append(text)
+            say(text)
+    return first
+
+
+def open_place(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
+               reporter: Reporter) -> tuple[StudyPlace, float | None]:
+    """The run's study, resumed when there is one; and, for a shared study, when its budget
+    began (the study refuses a worker that is not what it was created for)."""
+    fp = fingerprint(machine.to_dict())
+    name = options.study or study_name(task.path, fingerprint_id(machine.to_dict()))
+    if options.storage is None:
+        repaired = repair_journal(storage_path(out))
+        if repaired:
+            reporter.warn(repaired)
+        study = open_study(storage_path=storage_path(out), study_name=name)
+        resumed = len(study.trials)
+        if resumed:
+            reporter.info(f"resuming the study in {out} ({resumed} trials stored)")
+        return StudyPlace(study=study, name=name), None
+    storage = database_storage(options.storage, heartbeat_s=options.heartbeat_s, on_stale=retry_stale)
+    study = open_study(storage=storage, study_name=name)
+    started_at = shared.join(study, storage, lock_name=f"{name}:queue", mine=shared.identity(
+        fingerprint=fp, model_file=task.path, space=space.describe()))
+    reporter.info(f"a worker of the study {name!r} in {shown_url(options.storage)} "
+                  f"({len(study.trials)} trials stored)")
+    return StudyPlace(study=study, name=name, storage=storage), started_at
+
+
 def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
-           runner: TrialRunnerLike, reporter: Reporter) -> tuple[optuna.Study, SearchOutcome]:
-    """The search, resumed from the study in ``out`` when there is one. Raises NotVerified
-    when the baseline could not be measured: nothing could be compared with it."""
-    repaired = repair_journal(storage_path(out))
-    if repaired:
-        reporter.warn(repaired)
-    study = open_study(storage_path=storage_path(out),
-                       study_name=study_name(task.path, fingerprint_id(machine.to_dict())))
-    resumed = len(study.trials)
-    if resumed:
-        reporter.info(f"resuming the study in {out} ({resumed} trials stored)")
-    tuner = Tuner(study=study, space=space, runner=runner, trials=options.trials,
+           runner: TrialRunnerLike, reporter: Reporter) -> tuple[StudyPlace, SearchOutcome]:
+    """The search, resumed from the study in ``out`` (or the shared one) when there is one.
+    Raises NotVerified when the baseline could not be measured: nothing could be compared
+    with it."""
+    place, started_at = open_place(task, out, options, machine=machine, space=space, reporter=reporter)
+    sharing: dict[str, Any] = {}
+    if place.storage is not None:
+        storage, notice = place.storage, once(reporter.warn)
+        sharing = dict(shared=True, started_at=started_at,
+                       lock=lambda: study_lock(storage, f"{place.name}:queue"),
+                       measuring=lambda: measure_lock.held(notice=notice))
+    tuner = Tuner(study=place.study, space=space, runner=runner, trials=options.trials,
                   timeout_s=options.timeout_s, progress=reporter.search,
-                  heuristics=heuristics(space, machine))
+                  heuristics=heuristics(space, machine), **sharing)
     try:
         outcome = tuner.run()
     finally:
@@ -299,7 +354,7 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
             f"default threads, fp32) failed: {detail}. Fix the model so it trains as it is; "
             f"trial logs are in {out / 'trials'}."
         )
-    return study, outcome
+    return place, outcome
 
 
 def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Mapping[str, Any],
@@ -316,8 +371,47 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
     space = build_task_space(task, machine, options)
     for knob, reason in space.excluded.items():
         reporter.info(f"  skipping {knob}: {reason}")
-    study, outcome = search(task, out, options, machine=machine, space=space, runner=runner,
+    place, outcome = search(task, out, options, machine=machine, space=space, runner=runner,
                             reporter=reporter)
+
+    def verify_here() -> RunDocument:
+        return verify(task, out, options, machine=machine, space=space, place=place, outcome=outcome,
+                      runner=runner, reporter=reporter)
+
+    if place.shared:
+        def verify_for_all() -> dict[str, Any]:
+            with measure_lock.held(notice=reporter.warn):
+                return verify_here().to_json()
+
+        assert place.storage is not None
+        published, here = shared.verify_once(place.study, place.storage, lock_name=f"{place.name}:verify",
+                                             verify=verify_for_all, wait_s=options.verify_wait_s,
+                                             notice=reporter.info)
+        if not here:
+            reporter.info("another worker of the study verified its result: writing the same outputs here")
+        document = RunDocument.from_json(published)
+    else:
+        document = verify_here()
+    env, warnings = launch.environment(document.config, machine=machine)
+    for w in warnings:
+        reporter.warn(w)
+    doc = outputs.write_outputs(out, cfg=document.config, model_file=task.path, env=env,
+                                document=dataclasses.replace(document, environment=env),
+                                description=f"Train {task.path.name} with the configuration "
+                                            "autotune verified on this machine.",
+                                default_threads=machine.torch.get("num_threads"))
+    try:
+        write_report(out, doc=doc, study=place.study)
+    except Exception as exc:  # a finished run never fails over its report
+        reporter.warn(f"report.md/report.html not written: {exc}")
+    return doc
+
+
+def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
+           place: StudyPlace, outcome: SearchOutcome, runner: TrialRunnerLike,
+           reporter: Reporter) -> RunDocument:
+    """Verification of the search's best against the baseline, and the run's document (its
+    ``environment`` is the caller's to fill: each machine of a shared study writes its own)."""
     assert outcome.baseline is not None  # search() raises otherwise
     baseline_cfg = space.baseline
     default_threads = outcome.baseline.result.get("threads_seen")
@@ -329,8 +423,9 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
     ranked = [c.config for c in outcome.ranked if not same_as_baseline(c.config)]
     candidates = choose_candidates(ranked, top=options.top, space=space, machine=machine)
     summary = SearchSummary(
-        trials=len(study.trials), measured=outcome.measured, failures=tuple(outcome.failures),
-        ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.value) for c in outcome.ranked[:10]))
+        trials=len(place.study.trials), measured=outcome.measured, failures=tuple(outcome.failures),
+        ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.value) for c in outcome.ranked[:10]),
+        study=place.name, storage=shown_url(options.storage) if options.storage else None)
     settings = gates.Settings(rounds=options.rounds, pairs=options.pairs,
                                pair_seconds=options.pair_seconds,
                                max_quality_drop=options.max_quality_drop,
@@ -348,20 +443,8 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
         base_speed = {"samples_per_s": [outcome.baseline.value],
                       "median_samples_per_s": outcome.baseline.value}
     chosen = winner.config if winner else baseline_cfg
-    env, warnings = launch.environment(chosen, machine=machine)
-    for w in warnings:
-        reporter.warn(w)
-    document = build_document(
+    return build_document(
         task=task, machine=machine, space=space, chosen=chosen, baseline_cfg=baseline_cfg,
         base_speed=base_speed, winner=winner, verdicts=verdicts, search=summary, ranked=outcome.ranked,
-        exact=options.exact, environment=env,
+        exact=options.exact, environment={},
         layout=layout_effect(verdicts, candidates[0], space, machine) if candidates else None)
-    doc = outputs.write_outputs(out, cfg=chosen, model_file=task.path, env=env, document=document,
-                                description=f"Train {task.path.name} with the configuration "
-                                            "autotune verified on this machine.",
-                                default_threads=machine.torch.get("num_threads"))
-    try:
-        write_report(out, doc=doc, study=study)
-    except Exception as exc:  # a finished run never fails over its report
-        reporter.warn(f"report.md/report.html not written: {exc}")
-    return doc

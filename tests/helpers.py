@@ -88,7 +88,8 @@ def read_stale(journal: Path) -> list[int]:
     them: Optuna cannot annotate another process's trial)."""
     storage = optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(journal)))
-    return list(optuna.load_study(study_name=None, storage=storage).user_attrs.get("stale", []))
+    attrs = optuna.load_study(study_name=None, storage=storage).user_attrs
+    return sorted(int(k.split(":", 1)[1]) for k in attrs if k.startswith("stale_trial:"))
 
 
 def kernel_oom_kills() -> int:

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from autotune.commands import add_common, positive, run_options
-from autotune.options import RunOptions
+from autotune.options import STORAGE_ENV, RunOptions
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +32,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="best-ranked candidates re-measured in verification, besides the first one's "
                         "layout contrast, the best of the other process layout and the best exact "
                         f"and reduced-precision ones (default {RunOptions.top})")
+    shared = p.add_argument_group(
+        "a study shared by several machines",
+        "Each machine runs the same command with the same --storage and --study: they share one "
+        "budget, and one of them verifies the result for all.")
+    shared.add_argument("--storage", default=None, metavar="URL",
+                        help="the study's PostgreSQL database, e.g. postgresql://USER:PASSWORD@HOST/DB "
+                             f"(default: ${STORAGE_ENV}, else a journal file in the output folder); "
+                             "needs pip install 'autotune[postgres]'")
+    shared.add_argument("--study", default=None, metavar="NAME",
+                        help="the study's name (default: the model file's name and the machine's fingerprint)")
+    shared.add_argument("--heartbeat", type=positive(int, "--heartbeat"), default=RunOptions.heartbeat_s,
+                        metavar="SECONDS",
+                        help="how often a worker's running trial says it is alive; one silent for 3x that "
+                             f"is failed and measured again (default {RunOptions.heartbeat_s})")
+    shared.add_argument("--verify-wait", type=positive(float, "--verify-wait"), default=RunOptions.verify_wait_s,
+                        metavar="SECONDS",
+                        help="how long a worker waits for another one's verification "
+                             f"(default {RunOptions.verify_wait_s:.0f})")
     add_common(p)
     p.set_defaults(handler=main)
 
@@ -42,7 +61,9 @@ def main(args: argparse.Namespace) -> int:
 
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
     options = run_options(args, trials=args.trials, timeout_s=args.timeout,
-                          fixed=parse_fixes(args.fix), exact=args.exact, top=args.top)
+                          fixed=parse_fixes(args.fix), exact=args.exact, top=args.top,
+                          storage=args.storage or os.environ.get(STORAGE_ENV) or None, study=args.study,
+                          heartbeat_s=args.heartbeat, verify_wait_s=args.verify_wait)
     out = output_folder(Path(args.model_file), args.out)
     doc = tune(Path(args.model_file), out=out, options=options, reporter=reporter, force=args.force)
     if args.json:

@@ -69,16 +69,20 @@ class SearchSummary:
     measured: int
     failures: tuple[SearchFailure, ...]
     ranking: tuple[Ranked, ...]
+    study: str | None = None
+    storage: str | None = None  # a shared study's database, its password masked
 
     def to_json(self) -> dict[str, Any]:
         return {"trials": self.trials, "measured": self.measured, "failures": json_list(self.failures),
-                "ranking": json_list(self.ranking)}
+                "ranking": json_list(self.ranking),
+                **optional_fields(study=self.study, storage=self.storage)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SearchSummary:
         return cls(trials=data["trials"], measured=data["measured"],
                    failures=tuple(SearchFailure.from_json(f) for f in data["failures"]),
-                   ranking=tuple(Ranked.from_json(r) for r in data["ranking"]))
+                   ranking=tuple(Ranked.from_json(r) for r in data["ranking"]),
+                   study=data.get("study"), storage=data.get("storage"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,17 +1,23 @@
-"""Where the search's Optuna study lives: its journal file, its name, opening it to search,
-reading it to report, repairing it after a cut-short write.
+"""Where the search's Optuna study lives: its journal file or its database, its name,
+opening it to search, reading it to report, repairing it after a cut-short write, and the
+lock its workers take turns under.
 
 One study per (model file, machine fingerprint), stored in the output folder as an Optuna
-journal file (``study.journal``), so running the same command again resumes it. How the
-search samples and prunes is ``autotune.search.tuner``'s business; this module only stores.
+journal file (``study.journal``), so running the same command again resumes it; or, with
+``--storage``, in a PostgreSQL database that several machines share (Optuna's RDBStorage:
+its documentation recommends it for several machines, and warns that the journal file's
+locks may not work over NFS). How the search samples and prunes is
+``autotune.search.tuner``'s business; this module only stores.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import optuna
@@ -51,13 +57,118 @@ def _storage(path: Path) -> optuna.storages.JournalStorage:
     return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
 
 
-def create_or_resume(*, storage_path: Path, study_name: str, sampler: optuna.samplers.BaseSampler,
+def shown_url(url: str) -> str:
+    """``url`` as it may be printed or written: its password masked. A text that does not
+    parse as a URL is not echoed at all (it may be a password pasted in the wrong place)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return "(the --storage value, not shown)"
+
+
+def _postgres_url(url: str) -> str:
+    """``url`` with the PostgreSQL driver that is installed; UsageError for another database
+    or no driver, naming what to do."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        raise UsageError(f"--storage: {shown_url(url)} is not a database URL; give a PostgreSQL "
+                         "one, e.g. postgresql://USER:PASSWORD@HOST/DATABASE") from None
+    if parsed.get_backend_name() != "postgresql":
+        raise UsageError(f"--storage: {shown_url(url)} is a {parsed.get_backend_name()} URL; a shared "
+                         "study lives in PostgreSQL (postgresql://USER:PASSWORD@HOST/DATABASE). Without "
+                         "--storage the study is a journal file in the output folder, for one machine.")
+    installed = [m for m in ("psycopg", "psycopg2") if _importable(m)]
+    missing = UsageError(f"--storage {shown_url(url)} needs a PostgreSQL driver for Python: "
+                         "pip install 'autotune[postgres]' (psycopg)")
+    if "+" in parsed.drivername:  # the user named the driver
+        driver = parsed.drivername.split("+", 1)[1]
+        if driver in ("psycopg", "psycopg2") and driver not in installed:
+            raise missing
+    elif installed:  # SQLAlchemy's plain postgresql:// means psycopg2: take the one that is here
+        parsed = parsed.set(drivername=f"postgresql+{installed[0]}")
+    else:
+        raise missing
+    return parsed.render_as_string(hide_password=False)
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def database_storage(url: str, *, heartbeat_s: int,
+                     on_stale: Callable[[optuna.Study, optuna.trial.FrozenTrial], None],
+                     ) -> optuna.storages.RDBStorage:
+    """The shared study's database. A worker's running trial records a heartbeat every
+    ``heartbeat_s``; one silent for three times that (its worker died) is failed by the
+    next worker that looks, and ``on_stale`` is called with it. Errors name the URL with
+    its password masked."""
+    import sqlalchemy.exc
+
+    full = _postgres_url(url)
+    try:
+        with warnings.catch_warnings():  # heartbeat_interval is "experimental", and what we need
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url=full, heartbeat_interval=heartbeat_s, grace_period=3 * heartbeat_s,
+                heartbeat_stale_trial_callback=on_stale, engine_kwargs={"pool_pre_ping": True})
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        password = _password(full)
+        if password:
+            reason = reason.replace(password, "***")
+        raise UsageError(f"--storage: the study database {shown_url(url)} cannot be used: {reason}") from None
+
+
+def _password(url: str) -> str | None:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).password
+
+
+@contextlib.contextmanager
+def study_lock(storage: optuna.storages.RDBStorage, name: str, *, wait: bool = True) -> Iterator[bool]:
+    """One worker at a time, across the machines that share the study in ``storage`` (as
+    ``database_storage`` made it: a study wraps it in a cache): a PostgreSQL advisory lock
+    on ``name``, held by one database session, so the server releases it when its holder
+    dies. Yields whether it was taken (always, with ``wait``)."""
+    from sqlalchemy import text
+
+    key = int.from_bytes(hashlib.sha256(f"autotune:{name}".encode()).digest()[:8], "big", signed=True)
+    # AUTOCOMMIT: no transaction stays open while the lock is held (a verification takes
+    # minutes, and servers may end sessions idle in a transaction)
+    with storage.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if wait:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            taken = True
+        else:
+            taken = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
+        try:
+            yield taken
+        finally:
+            if taken:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+
+
+def create_or_resume(*, storage: optuna.storages.BaseStorage | Path, study_name: str,
+                     sampler: optuna.samplers.BaseSampler,
                      pruner: optuna.pruners.BasePruner) -> optuna.Study:
-    """The study ``study_name`` in the journal at ``storage_path``, created when new.
-    Samplers and pruners are not stored: a resumed study gets the ones given here."""
+    """The study ``study_name`` in ``storage`` (a journal file's path, or a storage),
+    created when new. Samplers and pruners are not stored: a resumed study gets the ones
+    given here."""
+    if isinstance(storage, Path):
+        storage = _storage(storage)
     with quiet_optuna():
         return optuna.create_study(
-            storage=_storage(storage_path), study_name=study_name, direction="maximize",
+            storage=storage, study_name=study_name, direction="maximize",
             sampler=sampler, pruner=pruner, load_if_exists=True,
         )
 

@@ -9,11 +9,14 @@ at the end (``Tuner._enqueue_refinements``) are told apart by the trial's
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import statistics
 import time
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +58,48 @@ class ClearlySlowerPruner(optuna.pruners.BasePruner):
         return best is not None and statistics.median(values) < self.ratio * best
 
 
-def open_study(*, storage_path: Path, study_name: str, seed: int = 0,
+def open_study(*, storage_path: Path | None = None, storage: optuna.storages.BaseStorage | None = None,
+               study_name: str, seed: int = 0,
                sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
-    """The search's study (``autotune.search.study`` stores it), with the search's sampler and
-    pruner: a resumed study gets a fresh sampler, seeded the same."""
+    """The search's study (``autotune.search.study`` stores it: a journal at ``storage_path``,
+    or ``storage``), with the search's sampler and pruner: a resumed study gets a fresh
+    sampler, seeded the same."""
     # group=True: late knobs make the sampled parameter set differ between trials.
     with warnings.catch_warnings():  # group is "experimental" in Optuna 5, and what we need
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = sampler or optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
                                                         n_startup_trials=6)
-    return create_or_resume(storage_path=storage_path, study_name=study_name, sampler=sampler,
+    where = storage if storage is not None else storage_path
+    assert where is not None, "a study is stored somewhere"
+    return create_or_resume(storage=where, study_name=study_name, sampler=sampler,
                             pruner=ClearlySlowerPruner())
+
+
+def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """``trial`` was left running by a tuner that died (killed; in a shared study, its
+    heartbeat stopped) and is failed now: it costs no budget, and it is measured again,
+    once. Optuna cannot annotate a finished trial: the study records it, one key per
+    trial (workers of a shared study may record at once)."""
+    study.set_user_attr(f"{StudyAttr.STALE_TRIAL}:{trial.number}", True)
+    if not trial.user_attrs.get(StudyAttr.RETRY):
+        study.enqueue_trial(
+            trial.params, user_attrs={StudyAttr.ROLE: trial.user_attrs.get(StudyAttr.ROLE), StudyAttr.RETRY: True},
+            skip_if_exists=False)
+
+
+@contextlib.contextmanager
+def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """The trial's heartbeat while this tuner works on it, where the storage keeps them (a
+    shared study): Optuna records it only inside ``Study.optimize``, and the search uses
+    ask-and-tell (each trial is measured in another process)."""
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    with get_heartbeat_thread(trial._trial_id, study._storage):
+        yield
+
+
+def _nothing() -> AbstractContextManager[Any]:
+    return contextlib.nullcontext()
 
 
 @dataclasses.dataclass
@@ -106,41 +140,71 @@ class Tuner:
         timeout_s: float | None,
         progress: Progress = lambda kind, info: None,
         heuristics: list[TrialConfig] | None = None,
+        shared: bool = False,
+        started_at: float | None = None,
+        lock: Callable[[], AbstractContextManager[Any]] = _nothing,
+        measuring: Callable[[], AbstractContextManager[Any]] = _nothing,
     ) -> None:
+        """``shared``: other workers use the study at the same time (their running trials
+        are theirs, and count against the budget); ``started_at``: when the budget's
+        ``timeout_s`` began (epoch seconds; default now); ``lock``: held while the study's
+        queue is decided (one worker at a time); ``measuring``: held while a trial
+        measures (one measurement per machine)."""
         self.study, self.space, self.runner = study, space, runner
         self.trials, self.timeout_s = trials, timeout_s
         self.progress = progress
         self.heuristics = heuristics or []
+        self.shared, self.lock, self.measuring = shared, lock, measuring
+        self.started_at = time.time() if started_at is None else started_at
 
     # --- bookkeeping over the stored trials ------------------------------------------
 
     def _measured(self) -> list[optuna.trial.FrozenTrial]:
         """Trials that cost a measurement (finished, not a duplicate, not skipped)."""
+        stale = self._stale()
         return [
             t for t in self.study.get_trials(deepcopy=False)
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
             and t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None
             and not t.user_attrs.get(StudyAttr.SKIPPED)
-            and not self._interrupted(t)  # retried: costs no budget
+            and not self._interrupted(t, stale)  # retried: costs no budget
         ]
 
-    def _interrupted(self, t: optuna.trial.FrozenTrial) -> bool:
+    def _running(self) -> list[optuna.trial.FrozenTrial]:
+        """Trials other workers of a shared study are measuring now."""
+        if not self.shared:
+            return []
+        return [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and not t.user_attrs.get(StudyAttr.SKIPPED)]
+
+    def _stale(self) -> set[int]:
+        """Numbers of the trials whose tuner died while they ran."""
+        attrs = self.study.user_attrs
+        prefix = f"{StudyAttr.STALE_TRIAL}:"
+        return ({int(k[len(prefix):]) for k in attrs if k.startswith(prefix)}
+                | set(attrs.get(StudyAttr.STALE, [])))  # as studies of autotune 0.x recorded them
+
+    def _interrupted(self, t: optuna.trial.FrozenTrial, stale: set[int] | None = None) -> bool:
         return (t.user_attrs.get(StudyAttr.FAILURE) == Failure.INTERRUPTED
-                or t.number in self.study.user_attrs.get(StudyAttr.STALE, []))
+                or t.number in (self._stale() if stale is None else stale))
 
     def _recover_stale(self) -> None:
-        """A trial left RUNNING by a killed tuner is marked failed and retried once."""
+        """Trials left RUNNING by a killed tuner are failed and retried once. In a shared
+        study another worker's running trial is its own: there the heartbeat tells a dead
+        worker's trials (``study.database_storage``), failed by whichever worker looks."""
+        if self.shared:
+            with warnings.catch_warnings():  # fail_stale_trials is "experimental" in Optuna 5
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                before = {t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+                optuna.storages.fail_stale_trials(self.study)
+            now = {t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+            for number in sorted(before - now):
+                if number in self._stale():
+                    self.progress(ProgressEvent.STALE, {"number": number})
+            return
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            # Optuna's public API cannot annotate another process's trial: the study
-            # records which trials were left behind.
-            stale = self.study.user_attrs.get(StudyAttr.STALE, [])
-            self.study.set_user_attr(StudyAttr.STALE, [*stale, t.number])
             self.study.tell(t.number, state=TrialState.FAIL)
-            if not t.user_attrs.get(StudyAttr.RETRY):
-                self.study.enqueue_trial(
-                    t.params, user_attrs={StudyAttr.ROLE: t.user_attrs.get(StudyAttr.ROLE), StudyAttr.RETRY: True},
-                    skip_if_exists=False,
-                )
+            retry_stale(self.study, t)
             self.progress(ProgressEvent.STALE, {"number": t.number})
 
     def _precision_starts(self) -> list[TrialConfig]:
@@ -257,7 +321,7 @@ class Tuner:
         cfg = self._best_config()
         if cfg is None:
             return
-        left = self.trials - len(self._measured())
+        left = self.trials - len(self._measured()) - len(self._running())
         late = self._late_stage(cfg)
         if not self.study.user_attrs.get(StudyAttr.BATCH_ENQUEUED):
             batch = self._batch_stage(cfg)[:max(3, self.trials // 3)]
@@ -277,9 +341,10 @@ class Tuner:
         self.study.set_user_attr(StudyAttr.LATE_ENQUEUED, True)
 
     def _previous(self, cfg: TrialConfig) -> optuna.trial.FrozenTrial | None:
+        stale = self._stale()
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
             if (t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and _config_of(t) == cfg
-                    and not self._interrupted(t)):
+                    and not self._interrupted(t, stale)):
                 return t
         return None
 
@@ -328,25 +393,52 @@ class Tuner:
             return self._run()
 
     def _run(self) -> SearchOutcome:
-        self._recover_stale()
-        self._enqueue_start()
-        started = time.monotonic()
+        with self.lock():
+            self._recover_stale()
+            self._enqueue_start()
         asks_left = 5 * self.trials + 10  # duplicates and skips cost no measurement
-        while len(self._measured()) < self.trials and asks_left > 0:
-            if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
-                self.progress(ProgressEvent.BUDGET, {"reason": f"--timeout {self.timeout_s:.0f} s reached"})
-                break
-            distinct = {str(_config_of(t)) for t in self._measured()}
-            if len(distinct) >= self.space.grid_size:
-                self.progress(ProgressEvent.BUDGET, {"reason": "every configuration of the space was measured"})
-                break
-            asks_left -= 1
-            self._enqueue_refinements()
-            self._one_trial(started)
+        stop: str | None = None
+        while True:
+            if self.shared:
+                self._recover_stale()
+            measured = self._measured()
+            stop = stop or self._stop_reason(measured)
+            if stop is None and asks_left > 0 and len(measured) + len(self._running()) < self.trials:
+                asks_left -= 1
+                with self.lock():
+                    self._enqueue_refinements()
+                self._one_trial()
+                continue
+            if self._running():
+                # another worker's trial still measures: its result belongs to the ranking
+                # that verification starts from (and if its worker died, its retry is ours)
+                time.sleep(self.POLL_S)
+                continue
+            break
+        if stop is not None:
+            self.progress(ProgressEvent.BUDGET, {"reason": stop})
         return self.outcome()
 
-    def _one_trial(self, started: float) -> None:
-        trial = self.study.ask()
+    POLL_S = 1.0
+
+    def _stop_reason(self, measured: list[optuna.trial.FrozenTrial]) -> str | None:
+        """Why no new trial starts, though the budget of trials is not spent; None if one may."""
+        if self.timeout_s is not None and time.time() - self.started_at > self.timeout_s:
+            return f"--timeout {self.timeout_s:.0f} s reached"
+        if len({str(_config_of(t)) for t in measured}) >= self.space.grid_size:
+            return "every configuration of the space was measured"
+        return None
+
+    def _one_trial(self) -> None:
+        with warnings.catch_warnings():
+            # Optuna asks for Study.optimize where the storage keeps heartbeats; _heartbeat
+            # records them instead
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = self.study.ask()
+        with _heartbeat(self.study, trial):
+            self._measure(trial)
+
+    def _measure(self, trial: optuna.Trial) -> None:
         role = trial.user_attrs.get(StudyAttr.ROLE)
         try:
             cfg = (self.space.baseline if role == Role.BASELINE
@@ -375,9 +467,9 @@ class Tuner:
             self.study.tell(trial, state=TrialState.FAIL)
             return
 
-        number = len(self._measured()) + 1
+        number = len(self._measured()) + max(1, len(self._running()))  # this one is running too
         self.progress(ProgressEvent.START, {"number": number, "of": self.trials, "config": cfg, "role": role,
-                                "elapsed": time.monotonic() - started})
+                                "elapsed": time.time() - self.started_at})
 
         def on_window(i: int, value: float) -> bool:
             trial.report(value, step=i)
@@ -385,7 +477,8 @@ class Tuner:
             return trial.should_prune()
 
         try:
-            result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window)
+            with self.measuring():
+                result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window)
         except BaseException:
             # Interrupted (Ctrl-C): this trial is measured again when the run resumes.
             trial.set_user_attr(StudyAttr.FAILURE, Failure.INTERRUPTED)
@@ -417,6 +510,7 @@ class Tuner:
         baseline = None
         ranked: dict[str, Candidate] = {}
         failures = []
+        stale = self._stale()
         for t in trials:
             cfg = _config_of(t)
             if cfg is None or t.user_attrs.get(StudyAttr.DUPLICATE_OF) is not None:
@@ -432,7 +526,7 @@ class Tuner:
                 result = t.user_attrs.get(StudyAttr.RESULT, {})
                 failures.append(SearchFailure(
                     number=t.number, config=cfg,
-                    failure=Failure.INTERRUPTED if self._interrupted(t) else t.user_attrs.get(StudyAttr.FAILURE),
+                    failure=Failure.INTERRUPTED if self._interrupted(t, stale) else t.user_attrs.get(StudyAttr.FAILURE),
                     message=t.user_attrs.get(StudyAttr.SKIPPED) or result.get("message", ""),
                     log_tail=result.get("log_tail", "")))
         order = sorted(ranked.values(), key=lambda c: c.value, reverse=True)

@@ -152,6 +152,10 @@ class StudyAttr(str, enum.Enum):
     RETRY = "retry"                # the trial measures again an interrupted or stale one
     # on the study
     STALE = "stale"                    # numbers of trials an interrupted run left running
+    STALE_TRIAL = "stale_trial"        # "stale_trial:N": trial N's worker died (a shared study)
+    IDENTITY = "identity"              # what a shared study was created for (search.shared)
+    STARTED_AT = "started_at"          # when a shared study's first worker began (epoch s)
+    PUBLISHED = "published"            # a shared study's verified result, for every worker
     BATCH_ENQUEUED = "batch_enqueued"  # the batch-size neighbours of the best were queued
     LATE_ENQUEUED = "late_enqueued"    # the late knobs on the best were queued
 

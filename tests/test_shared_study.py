@@ -1,0 +1,255 @@
+"""Several workers tune one study in a real PostgreSQL database (``--storage``): one budget,
+the start enqueued once, one verification whose result every worker writes, a dead worker's
+trial measured again, a worker of another kind refused, the password never shown.
+
+The server is Debian's, started by ``tests/postgres.py`` in a temporary folder and reachable
+only through a Unix socket there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune import pipeline
+from autotune.errors import UsageError
+from autotune.report.console import Reporter
+from autotune.search import shared
+from autotune.search.study import database_storage, shown_url, study_lock
+from autotune.search.tuner import retry_stale
+from autotune.task import load_task
+from autotune.trials.protocol import StudyAttr
+
+from doubles import StandInRunner, recorded_machine
+from helpers import MODELS, processes_of, written_document
+from postgres import PASSWORD, running_server
+
+
+@pytest.fixture(scope="module")
+def database() -> str:
+    with running_server() as url:
+        yield url
+
+
+def open_shared(url: str, name: str) -> optuna.Study:
+    storage = database_storage(url, heartbeat_s=1, on_stale=retry_stale)
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def everything_written(*folders: Path) -> str:
+    """Every text file under ``folders``, concatenated (to look for the password in)."""
+    texts = []
+    for folder in folders:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and path.suffix in (".json", ".md", ".html", ".sh", ".py", ".log", ".txt", ""):
+                texts.append(path.read_text(errors="replace"))
+    return "\n".join(texts)
+
+
+# --- the URL, the driver, the database ------------------------------------------------------
+
+def test_the_password_is_masked_wherever_the_url_is_shown():
+    assert shown_url("postgresql://me:hunter2@db.example/tune") == "postgresql://me:***@db.example/tune"
+    assert "hunter2" not in shown_url("hunter2")  # not a URL at all: not echoed
+
+
+def test_a_database_that_is_not_postgresql_is_refused_saying_what_to_give(tmp_path):
+    with pytest.raises(UsageError, match="sqlite URL; a shared study lives in PostgreSQL"):
+        database_storage(f"sqlite:///{tmp_path}/s.db", heartbeat_s=1, on_stale=retry_stale)
+
+
+def test_a_missing_driver_names_the_extra_to_install(monkeypatch):
+    from autotune.search import study
+
+    monkeypatch.setattr(study, "_importable", lambda module: False)
+    with pytest.raises(UsageError, match=r"pip install 'autotune\[postgres\]'") as err:
+        database_storage("postgresql://me:hunter2@localhost/tune", heartbeat_s=1, on_stale=retry_stale)
+    assert "hunter2" not in str(err.value)
+
+
+def test_an_unreachable_database_is_named_without_its_password(tmp_path):
+    url = f"postgresql://me:hunter2@/tune?host={tmp_path}/no-server-here"
+    with pytest.raises(UsageError, match="cannot be used") as err:
+        database_storage(url, heartbeat_s=1, on_stale=retry_stale)
+    assert "hunter2" not in str(err.value) and "me:***@" in str(err.value)
+
+
+# --- workers of one study, in this process, on recorded machines ------------------------------
+
+def run_worker(url: str, name: str, out: Path, *, machine: str = "avx2_epyc",
+               model: str = "knob_cnn.py", trials: int = 6) -> tuple[dict, StandInRunner]:
+    runner = StandInRunner(recorded_machine(machine))
+    out.mkdir(parents=True, exist_ok=True)
+    options = pipeline.RunOptions(trials=trials, storage=url, study=name, heartbeat_s=1, verify_wait_s=30)
+    pipeline.execute(load_task(MODELS / model), out, options, machine=runner.doc, runner=runner,
+                     reporter=Reporter(quiet=True))
+    return written_document(out), runner
+
+
+def test_a_second_worker_shares_the_budget_and_writes_the_first_ones_verified_result(database, tmp_path):
+    first, first_runner = run_worker(database, "shared-budget", tmp_path / "a")
+    second, second_runner = run_worker(database, "shared-budget", tmp_path / "b")
+    study = open_shared(database, "shared-budget")
+    roles = [t.user_attrs.get(StudyAttr.ROLE) for t in study.trials]
+    assert roles.count("baseline") == 1, "the start was enqueued by each worker"
+    measured = [t for t in study.trials if "result" in t.user_attrs]
+    assert len(measured) == 6, "the budget is the study's: the second worker measured nothing more"
+    assert second_runner.measured == [], "the second worker measured although the budget was spent"
+    assert first_runner.scripts, "the first worker did not verify"
+    assert not second_runner.scripts and not second_runner.gated, "verification ran twice"
+    assert second == first, "the workers wrote different results"
+    assert first["search"]["study"] == "shared-budget"
+    assert first["search"]["storage"] == shown_url(database)
+    assert PASSWORD not in everything_written(tmp_path / "a", tmp_path / "b")
+
+
+def test_a_worker_of_another_machine_or_model_is_refused_naming_the_difference(database, tmp_path):
+    run_worker(database, "refusing", tmp_path / "a", trials=3)
+    with pytest.raises(UsageError, match="cannot join the study 'refusing': machine: .*cpu_model"):
+        run_worker(database, "refusing", tmp_path / "b", machine="amx_spr", trials=3)
+    with pytest.raises(UsageError, match="model file: knob_cnn.py .* in the study, tiny_cnn.py"):
+        run_worker(database, "refusing", tmp_path / "c", model="tiny_cnn.py", trials=3)
+    assert not (tmp_path / "b" / "best_config.json").exists()
+
+
+def test_a_worker_waits_for_the_verification_another_one_holds(database):
+    storage = database_storage(database, heartbeat_s=1, on_stale=retry_stale)
+    study = optuna.create_study(study_name="waiting", storage=storage)
+    held, publish = threading.Event(), threading.Event()
+
+    def other_worker():
+        with study_lock(storage, "waiting:verify"):
+            held.set()
+            publish.wait(10)
+            study.set_user_attr(StudyAttr.PUBLISHED, {"verified": "by the other"})
+
+    other = threading.Thread(target=other_worker)
+    other.start()
+    held.wait(10)
+    notices: list[str] = []
+    threading.Timer(1.0, publish.set).start()
+    result, here = shared.verify_once(study, storage, lock_name="waiting:verify", wait_s=30, poll_s=0.2,
+                                      notice=notices.append,
+                                      verify=lambda: pytest.fail("verified twice"))
+    other.join()
+    assert (result, here) == ({"verified": "by the other"}, False)
+    assert notices and "another worker is verifying" in notices[0]
+
+
+def test_a_worker_waits_no_longer_than_it_is_told(database):
+    storage = database_storage(database, heartbeat_s=1, on_stale=retry_stale)
+    study = optuna.create_study(study_name="too-long", storage=storage)
+    with study_lock(storage, "too-long:verify"):
+        with pytest.raises(shared.WaitedTooLong, match="--verify-wait"):
+            shared.verify_once(study, storage, lock_name="too-long:verify", wait_s=0.5, poll_s=0.1,
+                               notice=lambda text: None, verify=lambda: pytest.fail("lock ignored"))
+
+
+# --- real autotune processes on this machine ------------------------------------------------
+
+CLI_ARGS = [
+    "--trials", "6", "--window", "0.2", "--windows", "2", "--rounds", "2", "--top", "1",
+    "--pairs", "2", "--pair-seconds", "0.5", "--trial-timeout", "120", "--heartbeat", "1",
+    "--fix", "nprocs=1", "--fix", "compile=off", "--fix", "allocator=default",
+    "--fix", "affinity=none", "--fix", "interop_threads=none", "--fix", "precision=fp32",
+]
+
+
+def worker_command(out: Path, study: str) -> list[str]:
+    return [sys.executable, "-m", "autotune", "run", str(MODELS / "tiny_cnn.py"), "--out", str(out),
+            "--study", study, *CLI_ARGS]
+
+
+def worker_env(url: str) -> dict[str, str]:
+    # the URL through the environment, as a user keeps a password off the command line
+    return {**os.environ, "AUTOTUNE_STORAGE": url, "COLUMNS": "200"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_worker_processes_tune_one_study_and_emit_the_same_verified_result(database, tmp_path):
+    procs = [subprocess.Popen(worker_command(tmp_path / name, "two-workers"), cwd=tmp_path,
+                              env=worker_env(database), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, stdin=subprocess.DEVNULL)
+             for name in ("a", "b")]
+    outputs = [p.communicate(timeout=540) for p in procs]
+    for p, (stdout, stderr) in zip(procs, outputs):
+        assert p.returncode in (0, 3), stderr[-4000:]
+        assert PASSWORD not in stdout + stderr
+    study = open_shared(database, "two-workers")
+    measured = [t for t in study.trials if "result" in t.user_attrs]
+    assert len(measured) == 6, f"{len(measured)} trials measured: the budget of 6 is the study's"
+    logs = {name: {p.name for p in (tmp_path / name / "trials").glob("trial-*")}
+            for name in ("a", "b") if (tmp_path / name / "trials").is_dir()}
+    assert len(logs) == 2, "one worker measured every trial: they did not share the study"
+    assert not (logs["a"] & logs["b"]), "a trial was measured by both workers"
+    verifying = [stderr for _, stderr in outputs if "candidates against the baseline" in stderr]
+    waited = [stderr for _, stderr in outputs if "another worker of the study verified" in stderr]
+    assert len(verifying) == 1 and len(waited) == 1, "not one worker verified and the other took its result"
+    assert verifying != waited
+    assert StudyAttr.PUBLISHED in study.user_attrs
+    a, b = (written_document(tmp_path / name) for name in ("a", "b"))
+    assert a == b, "the two workers emitted different results"
+    assert PASSWORD not in everything_written(tmp_path / "a", tmp_path / "b")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_worker_killed_mid_trial_leaves_the_study_completable_by_another(database, tmp_path):
+    name = "killed-worker"
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(worker_command(tmp_path / "a", name), cwd=tmp_path, env=worker_env(database),
+                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert first.poll() is None, "the worker ended before it could be killed:\n" + (
+                tmp_path / "first.log").read_text()
+            assert time.monotonic() < deadline, "no trial was measuring after two had finished"
+            try:
+                trials = open_shared(database, name).trials
+            except KeyError:  # the study is not created yet
+                trials = []
+            done = [t for t in trials if t.state == TrialState.COMPLETE]
+            running = [t for t in trials if t.state == TrialState.RUNNING and "config" in t.user_attrs]
+            if len(done) >= 2 and running:
+                folder = tmp_path / "a" / "trials" / f"trial-{running[0].number:04d}"
+                if processes_of(str(folder) + os.sep) or processes_of(f"{folder}/spec.json"):
+                    break
+            time.sleep(0.1)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    killed = {t.number: t for t in open_shared(database, name).trials}
+    completed_before = {n for n, t in killed.items() if t.state == TrialState.COMPLETE}
+    left_running = [n for n, t in killed.items() if t.state == TrialState.RUNNING]
+    assert left_running, "the killed worker's trial was not left running"
+
+    second = subprocess.run(worker_command(tmp_path / "b", name), cwd=tmp_path, env=worker_env(database),
+                            capture_output=True, text=True, timeout=500, stdin=subprocess.DEVNULL)
+    assert second.returncode in (0, 3), second.stderr[-4000:]
+    after = {t.number: t for t in open_shared(database, name).trials}
+    assert {n for n in completed_before if after[n].state == TrialState.COMPLETE} == completed_before, (
+        "a completed trial was lost")
+    for number in left_running:
+        assert after[number].state == TrialState.FAIL, "the dead worker's trial still counts as running"
+        retries = [t for t in after.values() if t.user_attrs.get(StudyAttr.RETRY)
+                   and t.params == after[number].params]
+        assert retries and retries[0].state.is_finished(), "the dead worker's trial was not measured again"
+    measured = [t for t in after.values() if "result" in t.user_attrs]
+    assert len(measured) == 6, "the dead worker's trial cost budget, or the budget was overspent"
+    assert (tmp_path / "b" / "best_config.json").is_file()
+    assert json.loads((tmp_path / "b" / "best_config.json").read_text())["search"]["study"] == name
