@@ -43,7 +43,8 @@ def tune(
         progress: Print progress and the summary; False prints nothing.
         **measurement: The other options of a run by their ``RunOptions`` names:
             ``window_s``, ``windows``, ``top``, ``rounds``, ``pairs``, ``pair_seconds``,
-            ``trial_timeout_s``, ``hang_timeout_s``.
+            ``trial_timeout_s``, ``hang_timeout_s``; for a study shared by several machines,
+            ``storage`` (a PostgreSQL URL), ``study``, ``heartbeat_s``, ``verify_wait_s``.
 
     Returns:
         The run's ``Result``, verified or not: not verified when no candidate passed

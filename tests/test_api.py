@@ -49,6 +49,13 @@ def test_tune_takes_keywords_only_and_names_an_unknown_option():
         autotune.tune(MODELS / "tiny_cnn.py", fix={"batchsize": 64})
 
 
+def test_one_pair_of_standalone_runs_is_refused_before_anything_runs(tmp_path):
+    """The speedup's interval needs two pairs: one crashed verification at its very end."""
+    with pytest.raises(UsageError, match="--pairs 1: at least 2"):
+        autotune.tune(MODELS / "tiny_cnn.py", pairs=1, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_importing_autotune_loads_neither_optuna_nor_torch():
     """Every trial process imports the package for its runtime: it must stay light."""

@@ -253,3 +253,44 @@ def test_a_worker_killed_mid_trial_leaves_the_study_completable_by_another(datab
     assert len(measured) == 6, "the dead worker's trial cost budget, or the budget was overspent"
     assert (tmp_path / "b" / "best_config.json").is_file()
     assert json.loads((tmp_path / "b" / "best_config.json").read_text())["search"]["study"] == name
+
+
+# --- looking at a shared study ----------------------------------------------------------------
+
+def test_the_dashboard_of_a_folder_whose_study_is_shared_asks_for_its_url(tmp_path, capsys):
+    from autotune.cli import main
+
+    (tmp_path / "best_config.json").write_text(json.dumps(
+        {"search": {"storage": "postgresql://me:***@db/tune", "study": "s"}}))
+    assert main(["dashboard", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "shared in postgresql://me:***@db/tune: give its URL with --storage" in err
+
+
+@pytest.mark.slow
+def test_the_dashboard_serves_a_shared_study_on_loopback_without_showing_the_password(database, tmp_path):
+    import socket
+    import urllib.request
+
+    pytest.importorskip("optuna_dashboard", reason="the dashboard extra is not installed")
+    from test_listeners import beyond_loopback, listening
+
+    optuna.create_study(study_name="dashboard", storage=database_storage(
+        database, heartbeat_s=1, on_stale=retry_stale)).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "dashboard", str(tmp_path), "--port", str(port)],
+                            env=worker_env(database), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not listening(proc.pid) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        seen = listening(proc.pid)
+        assert seen and not beyond_loopback(seen), seen
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=10) as r:
+            assert '"dashboard"' in r.read().decode()
+    finally:
+        proc.kill()
+        out = proc.communicate()[0].decode()
+    assert "serving postgresql+psycopg://autotune:***@" in out and PASSWORD not in out

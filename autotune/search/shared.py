@@ -80,8 +80,9 @@ class WaitedTooLong(AutotuneError):
     """Another worker held the verification for longer than this one waits."""
 
 
-def verify_once(study: optuna.Study, storage: optuna.storages.RDBStorage, *, lock_name: str, verify: Callable[[], dict[str, Any]],
-                wait_s: float, notice: Callable[[str], None], poll_s: float = 2.0) -> tuple[dict[str, Any], bool]:
+def verify_once(study: optuna.Study, storage: optuna.storages.RDBStorage, *, lock_name: str,
+                verify: Callable[[], dict[str, Any]], wait_s: float, notice: Callable[[str], None],
+                poll_s: float = 2.0) -> tuple[dict[str, Any], bool]:
     """The study's published result; verified here (``verify()``, under the study's
     verification lock, then published) when no worker has, else waited for. Returns it
     and whether this worker verified it."""

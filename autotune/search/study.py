@@ -19,6 +19,7 @@ import shutil
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import optuna
 import optuna.storages.journal
@@ -107,19 +108,23 @@ def _importable(module: str) -> bool:
 def database_storage(url: str, *, heartbeat_s: int,
                      on_stale: Callable[[optuna.Study, optuna.trial.FrozenTrial], None],
                      ) -> optuna.storages.RDBStorage:
-    """The shared study's database. A worker's running trial records a heartbeat every
-    ``heartbeat_s``; one silent for three times that (its worker died) is failed by the
-    next worker that looks, and ``on_stale`` is called with it. Errors name the URL with
-    its password masked."""
+    """The shared study's database, for a worker. Its running trial records a heartbeat
+    every ``heartbeat_s``; one silent for three times that (its worker died) is failed by
+    the next worker that looks, and ``on_stale`` is called with it."""
+    with warnings.catch_warnings():  # heartbeat_interval is "experimental", and what we need
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return open_database(url, heartbeat_interval=heartbeat_s, grace_period=3 * heartbeat_s,
+                             heartbeat_stale_trial_callback=on_stale)
+
+
+def open_database(url: str, **options: Any) -> optuna.storages.RDBStorage:
+    """The PostgreSQL database at ``url`` as Optuna's storage (``options`` are
+    RDBStorage's); errors name the URL with its password masked."""
     import sqlalchemy.exc
 
     full = _postgres_url(url)
     try:
-        with warnings.catch_warnings():  # heartbeat_interval is "experimental", and what we need
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
-                url=full, heartbeat_interval=heartbeat_s, grace_period=3 * heartbeat_s,
-                heartbeat_stale_trial_callback=on_stale, engine_kwargs={"pool_pre_ping": True})
+        return optuna.storages.RDBStorage(url=full, engine_kwargs={"pool_pre_ping": True}, **options)
     except sqlalchemy.exc.SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         password = _password(full)
