@@ -145,6 +145,33 @@ def test_a_worker_waits_for_the_verification_another_one_holds(database):
     assert notices and "another worker is verifying" in notices[0]
 
 
+@pytest.mark.slow
+def test_a_waiting_worker_verifies_when_the_verifier_dies(database):
+    """The verification lock is the verifier's database session: a killed verifier's
+    ends with its process, and the worker that waited verifies instead."""
+    storage = database_storage(database, heartbeat_s=1, on_stale=retry_stale)
+    study = optuna.create_study(study_name="verifier-dies", storage=storage)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.path[:0] = sys.argv[1:2]\n"
+         "from autotune.search.study import database_storage, study_lock\n"
+         "from autotune.search.tuner import retry_stale\n"
+         "with study_lock(database_storage(sys.argv[2], heartbeat_s=1, on_stale=retry_stale), sys.argv[3]):\n"
+         "    print('held', flush=True); time.sleep(600)",
+         str(Path(__file__).parent), database, "verifier-dies:verify"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        threading.Timer(1.5, holder.kill).start()
+        result, here = shared.verify_once(study, storage, lock_name="verifier-dies:verify", wait_s=60,
+                                          poll_s=0.2, notice=lambda text: None,
+                                          verify=lambda: {"verified": "here"})
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (result, here) == ({"verified": "here"}, True)
+    assert study.user_attrs[StudyAttr.PUBLISHED] == {"verified": "here"}
+
+
 def test_a_worker_waits_no_longer_than_it_is_told(database):
     storage = database_storage(database, heartbeat_s=1, on_stale=retry_stale)
     study = optuna.create_study(study_name="too-long", storage=storage)
