@@ -50,7 +50,11 @@ def test_outputs_are_written(tmp_path):
     assert "import autotune" not in script and "from autotune" not in script
     compile(script, "train_tuned.py", "exec")
     launcher = (out / "launch.sh").read_text()
-    assert "export TUNED_NPROCS=2" in launcher and "torch.distributed.run" not in launcher
+    # one node (the default): the script starts its own ranks; torchrun only for several nodes
+    one_node = launcher[launcher.index('if [ "$nnodes" = 1 ]; then'):]
+    one_node = one_node[:one_node.index("\nfi\n")]
+    assert "export TUNED_NPROCS=2" in one_node and 'exec "$PYTHON" "$here/train_tuned.py" "$@"' in one_node
+    assert "torch.distributed.run" not in one_node
 
 
 ODD = '__CONFIG__ "q" $(touch PWNED) back\\slash'

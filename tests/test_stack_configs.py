@@ -355,7 +355,7 @@ def test_torchrun_sh_starts_the_ranks_and_passes_torchrun_flags_before_the_doubl
     emit.write_outputs(tmp_path / "out", cfg=cfg, model_file=TINY, env=env,
                        document=run_document(cfg, baseline=BASELINE), description="t")
     text = (tmp_path / "out" / "torchrun.sh").read_text()
-    assert "--rdzv-endpoint 127.0.0.1:0" in text and "TUNED_NPROCS" not in text
+    assert '--rdzv-endpoint "${endpoint:-127.0.0.1:0}"' in text and "TUNED_NPROCS" not in text
     work = tmp_path / "work"
     work.mkdir()
     proc = subprocess.run(["bash", str(tmp_path / "out" / "torchrun.sh"), "--max-restarts", "0", "--",
@@ -401,7 +401,7 @@ def test_torchrun_sh_ranks_listen_on_loopback_and_a_users_variable_is_kept(tmp_p
     user_omp = "2"  # the tuned 1 is train_tuned.py's test above
     cfg = TrialConfig(nprocs=2, threads=1, batch_size=32)
     text = stack_configs.render_torchrun(cfg, launch.environment(cfg, machine=machine_doc(), base_env={})[0])
-    assert "--rdzv-endpoint 127.0.0.1:0" in text and "--standalone" not in text
+    assert '--rdzv-endpoint "${endpoint:-127.0.0.1:0}"' in text and "--standalone" not in text
     script = tmp_path / stack_configs.TORCHRUN_NAME
     script.write_text(text)
     script.chmod(0o755)

@@ -171,11 +171,18 @@ class IterableShard(torch.utils.data.IterableDataset):
             state._worker_info = saved
 
 
+def global_batch_size(cfg: ConfigDict, dist: Distributed) -> int:
+    """The batch of one optimizer step over every rank: the tuned batch_size is one node's
+    (its ``nprocs`` ranks), so each node of a larger job adds one, and every rank keeps the
+    per-rank batch that was tuned. A stand-in for Distributed without ``nodes`` is one node."""
+    return int(cfg["batch_size"]) * int(getattr(dist, "nodes", 1))
+
+
 def build_loader(user: Any, cfg: ConfigDict, dist: Distributed, *, seed: int) -> tuple[Any, Any]:
     """The real DataLoader the user would train with, sharded over ranks; and its
     sampler, None for an IterableDataset (sharded by IterableShard instead)."""
     dataset = user.build_dataset()
-    global_batch = int(cfg["batch_size"])
+    global_batch = global_batch_size(cfg, dist)
     sampler: GlobalBatchSampler | None = None
     if isinstance(dataset, torch.utils.data.IterableDataset):
         dataset = IterableShard(dataset, global_batch=global_batch, world=dist.world, rank=dist.rank)

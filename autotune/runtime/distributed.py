@@ -3,18 +3,27 @@ runtime's own decisions need."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import re
+import sys
+import time
 from typing import Any
 
 import torch
 
+from . import nodes
 from .knobs import Backend, ConfigDict
 
 DIST_TIMEOUT_MIN = 60.0
+# What gloo and NCCL say when the other end of a rank's connection is gone: its process
+# ended (its node's agent was killed, the node was lost) and the kernel closed its sockets.
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+             "Connection refused", "remote process exited")
 
 
 class Distributed:
-    """This process's place in the job: rank, world size, device.
+    """This process's place in the job: rank, world size, nodes, device.
 
     ``timeout_min`` bounds every collective: a rank waits that long for the others (in a
     barrier while rank 0 evaluates, say) before the job is torn down. NCCL's own default,
@@ -24,6 +33,9 @@ class Distributed:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        # The configuration was tuned on one node: each node of a job runs its layout,
+        # so the global batch is the tuned one times the nodes.
+        self.nodes = nodes.count()
         self._host_group: Any = None
         if cfg.get("device") == "cuda":
             self.device = torch.device("cuda", self._cuda_index())
@@ -98,3 +110,37 @@ class Distributed:
     def close(self) -> None:
         if self.enabled and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether a collective failed because another rank of the job is gone: a backend's
+    error (NCCL's are DistError, gloo's plain RuntimeErrors from its transport) saying so;
+    a broken pipe elsewhere (a DataLoader worker's) is not one."""
+    text = str(error)
+    collective = isinstance(error, torch.distributed.DistError) or "gloo" in text
+    return collective and any(marker in text for marker in PEER_LOST)
+
+
+def report_lost_peer(rank: int, error: BaseException) -> str:
+    """Say in one line, on stderr, that this rank lost another (the collective's own
+    message, a traceback deep in backward(), names neither); under torchrun also in the
+    error file its agent reads, so the agent's failure summary shows that line rather than
+    a pointer to its documentation. Returns the line."""
+    detail = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    # gloo's "[/path/pair.cc:537] Read error [addr]:port: Connection reset by peer. This is
+    # typically caused by ...": the source location and the advice say nothing here
+    detail = re.sub(r"^\[[^\]]*\]\s*", "", detail).split(". ")[0]
+    line = (f"error: rank {rank} lost another rank of the job, which ends here: a rank or a whole node "
+            f"ended (the other nodes' output says why) or the network between them failed ({detail[:300]})")
+    print(line, file=sys.stderr, flush=True)
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        # torchrun's reply-file format (torch.distributed.elastic.multiprocessing.errors)
+        data = {"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                            "timestamp": str(int(time.time()))}}}
+        try:
+            with open(path, "w") as f:
+                json.dump(data, f)
+        except OSError:
+            pass
+    return line

@@ -49,7 +49,8 @@ def process_facts() -> dict[str, Any]:
         "affinity": sorted(os.sched_getaffinity(0)),
         "libraries": mapped_libraries(),
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_CONF",
-                                                "OMP_PROC_BIND", "OMP_PLACES", "TUNED_CPUS_PER_RANK")},
+                                                "OMP_PROC_BIND", "OMP_PLACES", "TUNED_CPUS_PER_RANK",
+                                                "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")},
     }
 
 

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from .distributed import DIST_TIMEOUT_MIN
+from .distributed import DIST_TIMEOUT_MIN, lost_peer, report_lost_peer
 from .facts import machine_differences
 from .knobs import ScriptSettings
 from .loop import Checkpoints, Metrics, latest_checkpoint, read_checkpoint, restore, train
@@ -64,13 +64,23 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
     return parser.parse_args(argv)
 
 
-def batch_note(batch: int, *, baseline_batch: int | None) -> str | None:
-    """What a tuned batch size unlike the user's means for the learning rate; None when
-    they are the same (or the user's is unknown)."""
-    if not baseline_batch or batch == baseline_batch:
+def batch_note(batch: int, *, baseline_batch: int | None, nodes: int = 1) -> str | None:
+    """What the batch of a step means for the learning rate: a tuned batch size unlike the
+    user's, or on several nodes the global batch (``batch`` per node, tuned on one, times
+    ``nodes``); None when it is the user's (or one node's and the user's is unknown)."""
+    total = batch * nodes
+    what = (f"the global batch size {total} (the tuned {batch} per node x {nodes} nodes)" if nodes > 1
+            else f"the tuned batch size {batch}")
+    if not baseline_batch:
+        if nodes == 1:
+            return None
+        return (f"note: {what} is what each optimizer step averages over, and the learning rate is "
+                "unchanged: autotune tuned one node. The linear scaling rule suggests scaling it with "
+                "the batch (with a warm-up); watch the loss and evaluate().")
+    if total == baseline_batch:
         return None
-    factor = batch / baseline_batch
-    return (f"note: the tuned batch size {batch} is {factor:g}x your {baseline_batch}, and the "
+    factor = total / baseline_batch
+    return (f"note: {what} is {factor:g}x your {baseline_batch}, and the "
             f"learning rate is unchanged. The linear scaling rule suggests multiplying it by "
             f"{factor:g} (with a warm-up); autotune checked the loss and evaluate() at the tuned "
             "batch for a short run only, so watch them in a long one.")
@@ -99,7 +109,8 @@ def main(argv: list[str] | None = None, *, config_path: str) -> int:
         for line in machine_differences(settings.tuned_for):
             print(f"warning: this machine differs from the one this config was tuned on: {line}",
                   file=sys.stderr, flush=True)
-        note = batch_note(session.global_batch, baseline_batch=settings.baseline_batch)
+        note = batch_note(int(settings.config["batch_size"]), baseline_batch=settings.baseline_batch,
+                          nodes=session.dist.nodes)
         if note and not args.resume:
             print(note, file=sys.stderr, flush=True)
     if state is not None:
@@ -119,12 +130,22 @@ def main(argv: list[str] | None = None, *, config_path: str) -> int:
         return 2
     folder = None if args.no_checkpoint else args.checkpoint_dir
     metrics_path = args.metrics or (os.path.join(folder, "metrics.jsonl") if folder else None)
-    code = train(session, total=total, start=start, config=settings.config,
-                 checkpoints=Checkpoints(folder, every=args.checkpoint_every, keep=args.keep_checkpoints),
-                 metrics=Metrics(metrics_path, tensorboard=args.tensorboard, enabled=rank0),
-                 log_every=args.log_every, report=args.report, evaluate_each_epoch=not args.no_evaluate)
+    try:
+        code = train(session, total=total, start=start, config=settings.config,
+                     checkpoints=Checkpoints(folder, every=args.checkpoint_every, keep=args.keep_checkpoints),
+                     metrics=Metrics(metrics_path, tensorboard=args.tensorboard, enabled=rank0),
+                     log_every=args.log_every, report=args.report, evaluate_each_epoch=not args.no_evaluate)
+        if session.dist.enabled:
+            torch.distributed.barrier()  # no rank leaves while another still needs it
+    except RuntimeError as e:  # gloo's and NCCL's errors (DistBackendError is one)
+        if not session.dist.enabled or not lost_peer(e):
+            raise
+        report_lost_peer(session.dist.rank, e)
+        # the process group cannot be torn down with a rank missing: leave without it
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(1)
     if session.dist.enabled:
-        torch.distributed.barrier()  # no rank leaves while another still needs it
         # Everything is written. gloo's threads can abort a rank at interpreter teardown
         # ("terminate called without an active exception"), which fails the whole job
         # after training has finished. Leave without the teardown.

@@ -5,7 +5,8 @@ trial worker, train_tuned.py). With ``TUNED_NPROCS=n`` and no rank yet, the proc
 its own command line n times as the ranks and exits as they did (``start_ranks``): it
 never imports torch. Then core pinning, which must come before torch starts its OpenMP
 pool: the launcher passes each local rank's cores in ``TUNED_CPUS_PER_RANK`` ("0-3;4-7":
-one list per local rank).
+one list per local rank). A rank that torchrun started is tied to its agent first
+(``die_with_agent``).
 """
 from __future__ import annotations
 
@@ -23,9 +24,22 @@ RANKS_PREFIX = "tuned ranks: "
 
 def bootstrap() -> None:
     """Start the ranks (and never return) when this process is their launcher; else pin
-    this rank's cores. Call it before anything imports torch."""
+    this rank's cores (and, under torchrun, tie this rank to its agent). Call it before
+    anything imports torch."""
     start_ranks()
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        die_with_agent()
     pin_local_rank()
+
+
+def die_with_agent() -> None:
+    """A rank that torchrun started ends with its agent. torchrun starts each rank in a
+    session of its own, so a killed agent (SIGKILL, an out-of-memory kill) would leave its
+    node's ranks training on, orphaned, with the other nodes: a job that no agent reports
+    on and that never ends. Ended with their agent, they close their connections, and the
+    other nodes' ranks fail on their next collective. (No check that the agent is still
+    there: in a container torchrun may itself be PID 1, the parent an orphan would have.)"""
+    _die_with_parent()
 
 
 def _parse_cpu_list(text: str) -> set[int]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .data import batches, build_loader, length
+from .data import batches, build_loader, global_batch_size, length
 from .distributed import DIST_TIMEOUT_MIN, Distributed
 from .knobs import ConfigDict, Precision
 from .model import build_model, check_finite, make_scaler, make_step
@@ -105,7 +105,7 @@ class Session:
         self.train_step = make_step(self.user, self.model, self.optimizer, cfg, self.dist.device,
                                     scaler=self.scaler)
         self._pending = [first]
-        self.global_batch = int(cfg["batch_size"])
+        self.global_batch = global_batch_size(cfg, self.dist)
 
     def _batches_from(self, step: int) -> Iterator[Any]:
         """The batches a run that already trained ``step`` steps draws next: the sampler
