@@ -404,6 +404,8 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
         write_report(out, doc=doc, study=place.study)
     except Exception as exc:  # a finished run never fails over its report
         reporter.warn(f"report.md/report.html not written: {exc}")
+    if place.storage is not None:  # the API may run many: each would keep its connections open
+        place.storage.engine.dispose()
     return doc
 
 

@@ -57,7 +57,7 @@ def running_server() -> Iterator[str]:
                        check=True, capture_output=True, text=True, timeout=120)
         subprocess.run(_as_server_user([
             str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", "start",
-            "-o", f"-c listen_addresses='' -k {sockets} -c fsync=off -c max_connections=60"]),
+            "-o", f"-c listen_addresses='' -k {sockets} -c fsync=off -c max_connections=200"]),
             check=True, capture_output=True, text=True, timeout=120)
         yield f"postgresql+psycopg://{USER}:{PASSWORD}@/postgres?host={sockets}"
     finally:

@@ -38,11 +38,24 @@ from postgres import PASSWORD, running_server
 def database() -> str:
     with running_server() as url:
         yield url
+        for storage in _STORAGES.values():
+            storage.engine.dispose()
+        _STORAGES.clear()
+
+
+_STORAGES: dict[str, optuna.storages.RDBStorage] = {}
+
+
+def storage_of(url: str) -> optuna.storages.RDBStorage:
+    """One storage (one pool of connections) per database for the tests' own reads: a new
+    one per look would hold its connections until collected, and the server has a limit."""
+    if url not in _STORAGES:
+        _STORAGES[url] = database_storage(url, heartbeat_s=1, on_stale=retry_stale)
+    return _STORAGES[url]
 
 
 def open_shared(url: str, name: str) -> optuna.Study:
-    storage = database_storage(url, heartbeat_s=1, on_stale=retry_stale)
-    return optuna.load_study(study_name=name, storage=storage)
+    return optuna.load_study(study_name=name, storage=storage_of(url))
 
 
 def everything_written(*folders: Path) -> str:
@@ -122,7 +135,7 @@ def test_a_worker_of_another_machine_or_model_is_refused_naming_the_difference(d
 
 
 def test_a_worker_waits_for_the_verification_another_one_holds(database):
-    storage = database_storage(database, heartbeat_s=1, on_stale=retry_stale)
+    storage = storage_of(database)
     study = optuna.create_study(study_name="waiting", storage=storage)
     held, publish = threading.Event(), threading.Event()
 
@@ -149,7 +162,7 @@ def test_a_worker_waits_for_the_verification_another_one_holds(database):
 def test_a_waiting_worker_verifies_when_the_verifier_dies(database):
     """The verification lock is the verifier's database session: a killed verifier's
     ends with its process, and the worker that waited verifies instead."""
-    storage = database_storage(database, heartbeat_s=1, on_stale=retry_stale)
+    storage = storage_of(database)
     study = optuna.create_study(study_name="verifier-dies", storage=storage)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; sys.path[:0] = sys.argv[1:2]\n"
@@ -173,7 +186,7 @@ def test_a_waiting_worker_verifies_when_the_verifier_dies(database):
 
 
 def test_a_worker_waits_no_longer_than_it_is_told(database):
-    storage = database_storage(database, heartbeat_s=1, on_stale=retry_stale)
+    storage = storage_of(database)
     study = optuna.create_study(study_name="too-long", storage=storage)
     with study_lock(storage, "too-long:verify"):
         with pytest.raises(shared.WaitedTooLong, match="--verify-wait"):
@@ -302,8 +315,7 @@ def test_the_dashboard_serves_a_shared_study_on_loopback_without_showing_the_pas
     pytest.importorskip("optuna_dashboard", reason="the dashboard extra is not installed")
     from test_listeners import beyond_loopback, listening
 
-    optuna.create_study(study_name="dashboard", storage=database_storage(
-        database, heartbeat_s=1, on_stale=retry_stale)).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    optuna.create_study(study_name="dashboard", storage=storage_of(database)).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
     with socket.socket() as s:  # a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
