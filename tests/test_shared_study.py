@@ -96,6 +96,32 @@ def test_an_unreachable_database_is_named_without_its_password(tmp_path):
     assert "hunter2" not in str(err.value) and "me:***@" in str(err.value)
 
 
+@pytest.mark.slow
+def test_workers_starting_together_on_a_new_database_all_open_it(database):
+    """Optuna creates its tables in a new database: workers that start at once must not
+    collide doing so (PostgreSQL refuses a second CREATE of the same type). Four workers
+    on each of four new databases: without the lock most rounds lose one."""
+    import sqlalchemy
+
+    code = ("import sys, time; from autotune.search.study import database_storage\n"
+            "from autotune.search.tuner import retry_stale\n"
+            "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
+            "database_storage(sys.argv[1], heartbeat_s=1, on_stale=retry_stale); print('opened')")
+    engine = sqlalchemy.create_engine(database, isolation_level="AUTOCOMMIT")
+    for round_ in range(4):
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text(f"CREATE DATABASE fresh{round_}"))
+        fresh = database.replace("@/postgres?", f"@/fresh{round_}?")
+        start = time.time() + 3  # every worker imported and waiting: they open at once
+        workers = [subprocess.Popen([sys.executable, "-c", code, fresh, str(start)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        results = [w.communicate(timeout=120) for w in workers]
+        for w, (out, err) in zip(workers, results):
+            assert w.returncode == 0 and out.strip() == "opened", err[-2000:]
+            assert PASSWORD not in err
+    engine.dispose()
+
+
 # --- workers of one study, in this process, on recorded machines ------------------------------
 
 def run_worker(url: str, name: str, out: Path, *, machine: str = "avx2_epyc",

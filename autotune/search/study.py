@@ -120,11 +120,25 @@ def database_storage(url: str, *, heartbeat_s: int,
 def open_database(url: str, **options: Any) -> optuna.storages.RDBStorage:
     """The PostgreSQL database at ``url`` as Optuna's storage (``options`` are
     RDBStorage's); errors name the URL with its password masked."""
+    import sqlalchemy
     import sqlalchemy.exc
 
     full = _postgres_url(url)
     try:
-        return optuna.storages.RDBStorage(url=full, engine_kwargs={"pool_pre_ping": True}, **options)
+        # Optuna creates its tables on a new database; two workers starting together would
+        # both create them, and PostgreSQL refuses the second ("duplicate key value violates
+        # unique constraint pg_type_typname_nsp_index"): one at a time.
+        engine = sqlalchemy.create_engine(full)
+        try:
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                key = {"k": lock_key("tables")}
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), key)
+                try:
+                    return optuna.storages.RDBStorage(url=full, engine_kwargs={"pool_pre_ping": True}, **options)
+                finally:
+                    conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), key)
+        finally:
+            engine.dispose()
     except sqlalchemy.exc.SQLAlchemyError as exc:
         reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         password = _password(full)
@@ -139,6 +153,11 @@ def _password(url: str) -> str | None:
     return make_url(url).password
 
 
+def lock_key(name: str) -> int:
+    """The advisory lock's number for ``name`` (PostgreSQL's are 64-bit integers)."""
+    return int.from_bytes(hashlib.sha256(f"autotune:{name}".encode()).digest()[:8], "big", signed=True)
+
+
 @contextlib.contextmanager
 def study_lock(storage: optuna.storages.RDBStorage, name: str, *, wait: bool = True) -> Iterator[bool]:
     """One worker at a time, across the machines that share the study in ``storage`` (as
@@ -147,7 +166,7 @@ def study_lock(storage: optuna.storages.RDBStorage, name: str, *, wait: bool = T
     dies. Yields whether it was taken (always, with ``wait``)."""
     from sqlalchemy import text
 
-    key = int.from_bytes(hashlib.sha256(f"autotune:{name}".encode()).digest()[:8], "big", signed=True)
+    key = lock_key(name)
     # AUTOCOMMIT: no transaction stays open while the lock is held (a verification takes
     # minutes, and servers may end sessions idle in a transaction)
     with storage.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
