@@ -24,7 +24,7 @@ from autotune.emit import stacks as stack_configs
 from autotune.runtime import nodes
 from autotune.runtime.main import batch_note
 
-from helpers import MODELS, emit_outputs, machine_doc, run_document, survivors
+from helpers import MODELS, emit_outputs, machine_doc, run_document, run_launch_sh, survivors
 
 TINY = MODELS / "tiny_cnn.py"
 TRAIN = ("--max-steps", "3", "--log-every", "1", "--no-checkpoint", "--report", "r.json")
@@ -486,3 +486,27 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_ranks_torchrun_restarts_go_on_from_the_newest_checkpoint(tmp_path, no_autotune_env):
+    """torchrun --max-restarts starts the ranks again with the same arguments after a rank
+    or a node failed (TORCHELASTIC_RESTART_COUNT > 0): they go on from the newest checkpoint,
+    to the losses of a run that never stopped, not from step 0. (The restart itself is
+    torchrun's: here the restarted rank is started as torchrun would start it.)"""
+    emit_outputs(tmp_path / "out", TrialConfig(threads=1, batch_size=16), TINY)
+    ckpt = ("--checkpoint-every", "2", "--log-every", "1", "--report", "r.json")
+    whole = run_launch_sh(tmp_path / "out", tmp_path / "whole", no_autotune_env, "--max-steps", "10",
+                          "--checkpoint-dir", str(tmp_path / "whole-ckpt"), *ckpt)
+    assert "resumed" not in whole.stdout
+    uninterrupted = json.loads((tmp_path / "whole" / "r.json").read_text())["losses"]
+    first = ("--checkpoint-dir", str(tmp_path / "ckpt"), *ckpt)
+    run_launch_sh(tmp_path / "out", tmp_path / "first", no_autotune_env, "--max-steps", "6", *first)
+    again = run_launch_sh(tmp_path / "out", tmp_path / "again",
+                          {**no_autotune_env, "TORCHELASTIC_RESTART_COUNT": "1"}, "--max-steps", "10", *first)
+    assert "at step 6" in again.stdout, again.stdout[-2000:]
+    resumed = json.loads((tmp_path / "again" / "r.json").read_text())["losses"]
+    assert resumed == uninterrupted[6:] and len(uninterrupted) == 10
+    # the first start of a job (no restart yet) trains from step 0, checkpoints or not
+    fresh = run_launch_sh(tmp_path / "out", tmp_path / "fresh", no_autotune_env, "--max-steps", "10", *first)
+    assert "resumed" not in fresh.stdout

@@ -64,6 +64,14 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
     return parser.parse_args(argv)
 
 
+def restarted_by_torchrun() -> bool:
+    """Whether torchrun started this rank again after the job's ranks failed."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0
+    except ValueError:
+        return False
+
+
 def batch_note(batch: int, *, baseline_batch: int | None, nodes: int = 1) -> str | None:
     """What the batch of a step means for the learning rate: a tuned batch size unlike the
     user's, or on several nodes the global batch (``batch`` per node, tuned on one, times
@@ -94,6 +102,11 @@ def main(argv: list[str] | None = None, *, config_path: str) -> int:
     model_file = args.model_file or default_model_file(
         settings, folder=os.path.dirname(os.path.abspath(config_path)))
     state, start = None, 0
+    if args.resume is None and not args.no_checkpoint and restarted_by_torchrun() \
+            and latest_checkpoint(args.checkpoint_dir) is not None:
+        # torchrun restarted the ranks (--max-restarts) after a rank or a node failed: go on
+        # from the newest checkpoint, as --resume would, not from step 0
+        args.resume = "latest"
     if args.resume:
         path = latest_checkpoint(args.checkpoint_dir) if args.resume == "latest" else args.resume
         if path is None or not os.path.exists(path):
