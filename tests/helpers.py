@@ -83,6 +83,16 @@ def read_trials(journal: Path) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False)
 
 
+def trial_measuring(trials: list[optuna.trial.FrozenTrial], out: Path) -> bool:
+    """Whether one of ``trials`` is running and its trial process (under ``out/trials``)
+    has started measuring it: the moment the kill-mid-trial tests wait for."""
+    running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING and "config" in t.user_attrs]
+    if not running:
+        return False
+    folder = out / "trials" / f"trial-{running[0].number:04d}"
+    return bool(processes_of(str(folder) + os.sep) or processes_of(f"{folder}/spec.json"))
+
+
 def read_stale(journal: Path) -> list[int]:
     """The trials a resumed search found left running by a killed tuner (the study records
     them: Optuna cannot annotate another process's trial)."""

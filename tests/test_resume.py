@@ -24,7 +24,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from helpers import processes_of, read_stale, read_trials, survivors
+from helpers import read_stale, read_trials, survivors, trial_measuring
 
 FAULTY = Path(__file__).resolve().parent / "models" / "faulty"
 REPO = Path(__file__).resolve().parent.parent
@@ -187,12 +187,8 @@ def killed_and_resumed(tmp_path_factory):
             except Exception:
                 trials = []
             finished = [t for t in trials if t.state.is_finished()]
-            running = [t for t in trials
-                       if t.state == TrialState.RUNNING and "config" in t.user_attrs]
-            if len(finished) >= 2 and running:
-                folder = out / "trials" / f"trial-{running[0].number:04d}"
-                if processes_of(str(folder) + os.sep) or processes_of(f"{folder}/spec.json"):
-                    break
+            if len(finished) >= 2 and trial_measuring(trials, out):
+                break
             time.sleep(0.1)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()

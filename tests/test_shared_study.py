@@ -30,7 +30,7 @@ from autotune.task import load_task
 from autotune.trials.protocol import StudyAttr
 
 from doubles import StandInRunner, recorded_machine
-from helpers import MODELS, processes_of, written_document
+from helpers import MODELS, trial_measuring, written_document
 from postgres import PASSWORD, running_server
 
 
@@ -289,11 +289,8 @@ def test_a_worker_killed_mid_trial_leaves_the_study_completable_by_another(datab
             except KeyError:  # the study is not created yet
                 trials = []
             done = [t for t in trials if t.state == TrialState.COMPLETE]
-            running = [t for t in trials if t.state == TrialState.RUNNING and "config" in t.user_attrs]
-            if len(done) >= 2 and running:
-                folder = tmp_path / "a" / "trials" / f"trial-{running[0].number:04d}"
-                if processes_of(str(folder) + os.sep) or processes_of(f"{folder}/spec.json"):
-                    break
+            if len(done) >= 2 and trial_measuring(trials, tmp_path / "a"):
+                break
             time.sleep(0.1)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()

@@ -98,9 +98,6 @@ def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
         yield
 
 
-def _nothing() -> AbstractContextManager[Any]:
-    return contextlib.nullcontext()
-
 
 @dataclasses.dataclass
 class Candidate:
@@ -130,6 +127,8 @@ def _config_of(t: optuna.trial.FrozenTrial) -> TrialConfig | None:
 
 
 class Tuner:
+    POLL_S = 1.0  # how often a worker looks whether other workers' trials have ended
+
     def __init__(
         self,
         *,
@@ -142,8 +141,8 @@ class Tuner:
         heuristics: list[TrialConfig] | None = None,
         shared: bool = False,
         started_at: float | None = None,
-        lock: Callable[[], AbstractContextManager[Any]] = _nothing,
-        measuring: Callable[[], AbstractContextManager[Any]] = _nothing,
+        lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+        measuring: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
     ) -> None:
         """``shared``: other workers use the study at the same time (their running trials
         are theirs, and count against the budget); ``started_at``: when the budget's
@@ -418,8 +417,6 @@ class Tuner:
         if stop is not None:
             self.progress(ProgressEvent.BUDGET, {"reason": stop})
         return self.outcome()
-
-    POLL_S = 1.0
 
     def _stop_reason(self, measured: list[optuna.trial.FrozenTrial]) -> str | None:
         """Why no new trial starts, though the budget of trials is not spent; None if one may."""
