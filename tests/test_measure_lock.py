@@ -48,3 +48,21 @@ def test_a_waiting_process_is_not_starved_by_back_to_back_trials():
     measure_lock.release()
     got = float(child.communicate(timeout=30)[0])
     assert got < start + 1.0, "the waiting process was starved by back-to-back trials"
+
+
+@pytest.mark.slow
+def test_runs_confined_apart_name_their_own_lock(monkeypatch):
+    """AUTOTUNE_MEASURE_LOCK names another lock: a process under another name measures
+    while this one holds its lock."""
+    import os
+
+    monkeypatch.delenv(measure_lock.LOCK_ENV, raising=False)
+    measure_lock.acquire()
+    try:
+        child = subprocess.Popen([sys.executable, "-c", HOLD_AND_REPORT], stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, measure_lock.LOCK_ENV: "cores-1"})
+        got = float(child.communicate(timeout=30)[0])
+        released = time.time()
+    finally:
+        measure_lock.release()
+    assert got < released, "a process with a lock of its own name waited for this one"

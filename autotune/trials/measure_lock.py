@@ -7,17 +7,22 @@ tuner can hold several live trials (verification) at once."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 
-NAME = b"\0autotune-measurement-lock"
+# Runs confined to disjoint cores (cgroups, containers sharing a network namespace) do not
+# disturb each other: each group may name its own lock.
+LOCK_ENV = "AUTOTUNE_MEASURE_LOCK"
+_suffix = os.environ.get(LOCK_ENV, "").encode()
+NAME = b"\0autotune-measurement-lock" + (b":" + _suffix if _suffix else b"")
 # The waiting room: whoever holds it is next. A process that runs trials back to back
 # releases and re-takes the lock within milliseconds; without a turn to wait for, a
 # second process polling for the lock could starve behind it.
-NEXT = b"\0autotune-measurement-next"
+NEXT = b"\0autotune-measurement-next" + (b":" + _suffix if _suffix else b"")
 
 _guard = threading.Lock()
 _socket: socket.socket | None = None
