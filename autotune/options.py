@@ -36,6 +36,9 @@ class RunOptions:
     pairs: int = 6
     pair_seconds: float = 8.0
     max_quality_drop: float | None = None
+    # Configurations with the same process knobs measured one after another in one process
+    # (autotune.trials.runner.process_key); False: each in a fresh process.
+    warm_trials: bool = True
     # A shared study (search.shared): its database URL (a secret: never printed, see
     # search.study.shown_url), its name, how often a worker's running trial says it is
     # alive, and how long a worker waits for another one's verification.

@@ -269,7 +269,8 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             machine = probe_machine()
             runner = make_runner(task, machine, out, window_s=options.window_s,
                                  windows=options.windows, trial_timeout_s=options.trial_timeout_s,
-                                 hang_timeout_s=options.hang_timeout_s)
+                                 hang_timeout_s=options.hang_timeout_s, warm=options.warm_trials)
+            stack.callback(runner.close)
             return execute(task, out, options, machine=machine, runner=runner, reporter=reporter)
     finally:
         proctree.reap_orphans()
