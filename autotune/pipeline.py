@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from autotune import __version__
 from autotune.config import TrialConfig
 from autotune.document.measures import Baseline, Best, Interval, LayoutEffect, PrecisionNote, Rejection
+from autotune.document.plan import PlannedRun
 from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
 from autotune.emit import launch, outdir, outputs
 from autotune.errors import NotVerified
@@ -27,6 +28,7 @@ from autotune.report.console import Reporter
 from autotune.report.files import write_report
 from autotune.runtime.knobs import Allocator, Precision
 from autotune.search import shared
+from autotune.search.objective import Plan, Pricing
 from autotune.search.study import database_storage, repair_journal, shown_url, storage_path, study_lock, study_name
 from autotune.search.tuner import Candidate, SearchOutcome, Tuner, open_study, retry_stale
 from autotune.space import Space, build_space
@@ -200,7 +202,7 @@ def build_document(
     *, task: Task, machine: Machine, space: Space, chosen: TrialConfig,
     baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: gates.Verdict | None,
     verdicts: list[gates.Verdict], search: SearchSummary, ranked: Sequence[Candidate], exact: bool,
-    layout: LayoutEffect | None, environment: Mapping[str, str],
+    layout: LayoutEffect | None, environment: Mapping[str, str], pricing: Pricing | None = None,
 ) -> RunDocument:
     """The run's document, assembled once from what each stage built."""
     claim = winner.standalone if winner is not None else None
@@ -233,11 +235,14 @@ def build_document(
         precision=precision_note(chosen, winner, verdicts, space, exact=exact),
         rejected=tuple(Rejection(config=v.config, reason=v.reason, checks=dict(v.checks))
                        for v in verdicts if v is not winner and not v.passed),
-        candidates=tuple(gates.outcomes(verdicts, winner)),
+        candidates=tuple(gates.outcomes(verdicts, winner, pricing)),
         search=search,
         space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
         layout_effect=layout, environment=environment,
-        ablation=winner.ablation if winner is not None else None)
+        ablation=winner.ablation if winner is not None else None,
+        plan=None if pricing is None else PlannedRun.of(
+            pricing, baseline=baseline_cfg, baseline_samples_per_s=baseline.samples_per_s, chosen=chosen,
+            chosen_samples_per_s=best.samples_per_s if best is not None else baseline.samples_per_s))
 
 
 def output_folder(model_file: Path, out: Path | None) -> Path:
@@ -260,6 +265,8 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
                 stack.enter_context(outdir.exclusive(out))
             # before creating anything: bad input loses nothing; the model where trials put it
             task = load_task(model_file, device="cpu" if options.fixed.get("device") == "cpu" else None)
+            Plan.of(train_steps=options.train_steps, epochs=options.epochs, batch_size=task.batch_size,
+                    dataset_len=task.dataset_len)  # --epochs of a data set without a length: refused here
             proctree.reap_orphans()
             if not out.is_dir():
                 stack.enter_context(outdir.exclusive(outdir.prepare(out)))
@@ -327,7 +334,8 @@ def open_place(task: Task, out: Path, options: RunOptions, *, machine: Machine, 
 
 
 def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
-           runner: TrialRunnerLike, reporter: Reporter) -> tuple[StudyPlace, SearchOutcome]:
+           runner: TrialRunnerLike, reporter: Reporter,
+           plan: Plan | None = None) -> tuple[StudyPlace, SearchOutcome]:
     """The search, resumed from the study in ``out`` (or the shared one) when there is one.
     Raises NotVerified when the baseline could not be measured: nothing could be compared
     with it."""
@@ -340,7 +348,7 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
                        measuring=lambda: measure_lock.held(notice=notice))
     tuner = Tuner(study=place.study, space=space, runner=runner, trials=options.trials,
                   timeout_s=options.timeout_s, progress=reporter.search,
-                  heuristics=heuristics(space, machine), **sharing)
+                  heuristics=heuristics(space, machine), plan=plan, **sharing)
     try:
         outcome = tuner.run()
     finally:
@@ -372,12 +380,16 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
     space = build_task_space(task, machine, options)
     for knob, reason in space.excluded.items():
         reporter.info(f"  skipping {knob}: {reason}")
+    plan = Plan.of(train_steps=options.train_steps, epochs=options.epochs, batch_size=task.batch_size,
+                   dataset_len=task.dataset_len)
+    if plan is not None:
+        reporter.info(f"ranking by the planned run's predicted time: {plan.describe()}")
     place, outcome = search(task, out, options, machine=machine, space=space, runner=runner,
-                            reporter=reporter)
+                            reporter=reporter, plan=plan)
 
     def verify_here() -> RunDocument:
         return verify(task, out, options, machine=machine, space=space, place=place, outcome=outcome,
-                      runner=runner, reporter=reporter)
+                      runner=runner, reporter=reporter, plan=plan)
 
     if place.shared:
         def verify_for_all() -> dict[str, Any]:
@@ -412,7 +424,7 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
 
 def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
            place: StudyPlace, outcome: SearchOutcome, runner: TrialRunnerLike,
-           reporter: Reporter) -> RunDocument:
+           reporter: Reporter, plan: Plan | None = None) -> RunDocument:
     """Verification of the search's best against the baseline, and the run's document (its
     ``environment`` is the caller's to fill: each machine of a shared study writes its own)."""
     assert outcome.baseline is not None  # search() raises otherwise
@@ -424,15 +436,18 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         return cfg.replace(threads=None) == baseline_cfg and cfg.threads in (None, default_threads)
 
     ranked = [c.config for c in outcome.ranked if not same_as_baseline(c.config)]
+    pricing = Pricing(plan=plan, measured=tuple(c.measured for c in outcome.ranked)) if plan else None
     candidates = choose_candidates(ranked, top=options.top, space=space, machine=machine)
     summary = SearchSummary(
         trials=len(place.study.trials), measured=outcome.measured, failures=tuple(outcome.failures),
-        ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.value) for c in outcome.ranked[:10]),
+        ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.measured.samples_per_s,
+                             planned_s=c.result.get("planned_s")) for c in outcome.ranked[:10]),
         study=place.name, storage=shown_url(options.storage) if options.storage else None)
     settings = gates.Settings(rounds=options.rounds, pairs=options.pairs,
                                pair_seconds=options.pair_seconds,
                                max_quality_drop=options.max_quality_drop,
-                               pinned=frozenset(options.fixed))
+                               pinned=frozenset(options.fixed),
+                               pricing=pricing)
     if candidates:
         reporter.info(f"verifying {len(candidates)} candidates against the baseline ...")
         winner, verdicts, base_speed = gates.verify_candidates(
@@ -449,5 +464,5 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     return build_document(
         task=task, machine=machine, space=space, chosen=chosen, baseline_cfg=baseline_cfg,
         base_speed=base_speed, winner=winner, verdicts=verdicts, search=summary, ranked=outcome.ranked,
-        exact=options.exact, environment={},
+        exact=options.exact, environment={}, pricing=pricing,
         layout=layout_effect(verdicts, candidates[0], space, machine) if candidates else None)

@@ -34,6 +34,7 @@ from autotune.document.measures import CandidateOutcome, Check, Interval, Speedu
 from autotune.errors import NotVerified
 from autotune.options import RunOptions
 from autotune.runtime.knobs import Precision
+from autotune.search.objective import Pricing
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
 from autotune.verify import ablation, standalone
@@ -330,24 +331,29 @@ def standalone_check(runner: standalone.ScriptRunner, *, baseline: standalone.Sc
     return Check(True, detail)
 
 
-def rank_by_rounds(verdicts: list[Verdict]) -> list[Verdict]:
+def rank_by_rounds(verdicts: list[Verdict], pricing: Pricing | None = None) -> list[Verdict]:
     """Fastest first, judged round by round against the candidates' own level
     (``side_by_side.relative_to_level``), not against the baseline's window. Candidates
-    whose re-measurement failed come last."""
+    whose re-measurement failed come last. With a planned run (``pricing``), shortest
+    predicted run first: the same rates, and each one's one-time cost from the search."""
     measured = [v for v in verdicts if v.speed.get("samples_per_s")]
     if not measured:
         return list(verdicts)
     for v, relative in zip(measured, relative_to_level([v.speed["samples_per_s"] for v in measured])):
         v.speed["relative_to_candidates"] = relative
+    if pricing is not None:  # search.objective: compiling's one-time cost counts
+        pricing.price([(v.config, v.speed) for v in measured])
+        return sorted(verdicts, key=lambda v: v.speed.get("planned_s", math.inf))
     return sorted(verdicts, key=lambda v: v.speed.get("relative_to_candidates", 0.0), reverse=True)
 
 
-def outcomes(verdicts: list[Verdict], winner: Verdict | None) -> list[CandidateOutcome]:
+def outcomes(verdicts: list[Verdict], winner: Verdict | None,
+             pricing: Pricing | None = None) -> list[CandidateOutcome]:
     """Every candidate's re-measured speed and what became of it, in the order they were
     tried: with the passed-but-not-chosen ones kept, the verification order can be
     audited afterwards (which candidate a different order would have emitted)."""
     out = []
-    for v in rank_by_rounds(verdicts):
+    for v in rank_by_rounds(verdicts, pricing):
         if v is winner:
             outcome = "emitted"
         elif not v.passed:
@@ -379,6 +385,7 @@ class Settings:
     replacements: int = 2  # per kind (exact, reduced) for candidates the gates reject
     ablation: bool = True  # measure each knob's worth and drop those worth nothing
     pinned: frozenset[str] = frozenset()  # knobs the user fixed: never ablated or dropped
+    pricing: Pricing | None = None  # the planned run (--train-steps, --epochs), if any
 
 
 @dataclasses.dataclass
@@ -504,8 +511,11 @@ def verify_candidates(
         # one dict: the ranking's relative speed is recorded in the speed check too
         by_cfg[cfg].speed = dict(check.detail)
         by_cfg[cfg].checks["speed"] = Check(check.passed, by_cfg[cfg].speed)
+        if settings.pricing is not None and check.passed:  # faster per step: and over the planned run?
+            by_cfg[cfg].checks["plan"] = settings.pricing.check(cfg, check.detail, baseline=baseline,
+                                                                base_speed=base_speed)
     verdicts = list(by_cfg.values())
-    ranked = [v for v in rank_by_rounds(verdicts) if v.passed]
+    ranked = [v for v in rank_by_rounds(verdicts, settings.pricing) if v.passed]
     simpler: Verdict | None = None
     if ranked and settings.ablation:
         simpler = ablate(runner, ranked[0], baseline, settings=settings, has_evaluate=has_evaluate,
