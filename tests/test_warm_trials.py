@@ -136,3 +136,18 @@ def test_a_configurations_one_time_cost_leaves_out_the_process_setup_every_confi
     warm = TrialResult(status=Status.OK, setup={"seconds": 0.5, "process_s": 0.0},
                        warmup={"first_step_s": 3.0, "step_s": 1.0})
     assert fresh.one_time_s == warm.one_time_s == 2.5
+
+
+def test_an_idle_process_leaves_the_gpus_before_a_process_of_other_knobs_starts_on_them(tmp_path):
+    """On GPUs an idle warm process would hold its CUDA context on the devices another
+    configuration measures on: it is ended before that one starts (here the GPU trial
+    itself fails, on a machine without one, after the idle process was ended)."""
+    r = runner(tmp_path)
+    try:
+        res = r.run(TrialConfig(batch_size=16), name="cpu")
+        pid = res.setup["pid"]
+        r.run(TrialConfig(batch_size=16, device="cuda"), name="gpu")
+        assert not r._idle
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        r.close()

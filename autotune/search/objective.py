@@ -7,10 +7,11 @@ endless length. With one, by the planned run's predicted wall time: the configur
 one-time cost (``TrialResult.one_time_s``: its own setup, and the first step's excess over
 a steady step, where torch.compile compiles and DataLoader workers start) plus the planned
 samples at its steady rate. The process's own start (imports, the model file's
-``build_dataset``) costs every configuration alike and is left out of every prediction. The Optuna study still maximizes: a trial's
-value is its effective throughput, the planned samples over that predicted time, which
-orders configurations as their predicted times do and equals the steady throughput for an
-endless run; the pruner, the sampler and the dashboard read it as they read throughput.
+``build_dataset``) costs every configuration alike and is left out of every prediction.
+The Optuna study still maximizes: a trial's value is its effective throughput, the
+planned samples over that predicted time, which orders configurations as their predicted
+times do and equals the steady throughput for an endless run; the pruner, the sampler and
+the dashboard read it as they read throughput.
 
 Planned steps are counted at the user's own (the baseline's) global batch, so the planned
 work is the same samples whatever batch a configuration trains with; an epoch is the data

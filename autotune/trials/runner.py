@@ -45,8 +45,8 @@ HANG_STEPS = 5
 # process, which imports torch and the model file and builds the data set once.
 PROCESS_KNOBS = ("nprocs", "threads", "backend", "interop_threads", "allocator", "affinity", "ipex",
                  "device", "cudnn_benchmark")
-# Idle warm processes kept, least recently used ended first. On GPUs one: an idle
-# process holds its CUDA context on the device while another one measures.
+# Idle warm processes kept, least recently used ended first. On GPUs one, and none
+# while a process of other knobs measures: an idle one holds its CUDA context.
 WARM_PROCESSES = {"cpu": 2, "cuda": 1}
 
 
@@ -366,6 +366,10 @@ class TrialRunner:
             spec_path.write_text(json.dumps({**spec, "next": str(warm.control)}, indent=1))
             return LiveTrial(self, folder=folder, process=warm, result=result, on_window=on_window,
                              spec=spec_path)
+        if cfg.device == "cuda":
+            # An idle process keeps its CUDA context (and cuDNN's workspaces) on the GPUs
+            # this one will measure on: what it holds would be missing from this one.
+            self.close()
         # faulthandler: a trial killed by a signal still says where, in its own log.
         # Temporary files of the trial (multiprocessing's pymp-*, the ranks' file store)
         # go to a folder of its own, removed when it ends: a killed trial cannot clean up,
