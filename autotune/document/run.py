@@ -22,6 +22,7 @@ from autotune.document.measures import (
     json_list,
     optional_fields,
 )
+from autotune.document.stages import VerificationStages
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,6 +127,7 @@ class RunDocument:
     layout_effect: LayoutEffect | None
     environment: Mapping[str, str]
     ablation: Ablation | None = None
+    stages: VerificationStages | None = None  # how verification's stages ran, and what --timeout shortened
     schema: int | None = None
     model_file_tuned: str | None = None
     launch: str | None = None
@@ -169,6 +171,7 @@ class RunDocument:
             "space": self.space.to_json(),
             "layout_effect": self.layout_effect.to_json() if self.layout_effect else None,
             **optional_fields(ablation=self.ablation.to_json() if self.ablation else None),
+            **optional_fields(verification_stages=self.stages.to_json() if self.stages else None),
             "environment": dict(self.environment),
             **optional_fields(model_file_tuned=self.model_file_tuned, launch=self.launch,
                         outputs=None if self.outputs is None else dict(self.outputs)),
@@ -192,6 +195,8 @@ class RunDocument:
             layout_effect=LayoutEffect.from_json(effect) if effect else None,
             environment=data["environment"],
             ablation=Ablation.from_json(ablation) if ablation else None,
+            stages=(VerificationStages.from_json(data["verification_stages"])
+                    if data.get("verification_stages") else None),
             schema=data.get("schema"), model_file_tuned=data.get("model_file_tuned"),
             launch=data.get("launch"), outputs=data.get("outputs"))
 
