@@ -21,8 +21,9 @@ def tune(
     model_file: str | os.PathLike[str], *, trials: int = RunOptions.trials,
     timeout: float | None = RunOptions.timeout_s, out: str | os.PathLike[str] | None = None,
     fix: Mapping[str, Any] | Iterable[str] = (), exact: bool = RunOptions.exact,
-    max_quality_drop: float | None = RunOptions.max_quality_drop, force: bool = False,
-    progress: bool = True, **measurement: Any,
+    max_quality_drop: float | None = RunOptions.max_quality_drop,
+    train_steps: int | None = RunOptions.train_steps, epochs: int | None = RunOptions.epochs,
+    force: bool = False, progress: bool = True, **measurement: Any,
 ) -> Result:
     """Tune ``model_file`` on this machine: the run ``autotune run`` makes, with the same
     outputs (best_config.json, train_tuned.py, launch.sh, the report) written to ``out``.
@@ -40,6 +41,12 @@ def tune(
             nothing pruned.
         max_quality_drop: How far ``evaluate()``'s metric may drop; allows structured
             pruning and replaces the default allowance for reduced precision.
+        train_steps: The run you plan, in steps of your batch size: configurations are
+            ranked by its predicted wall time, one-time costs (compiling) included, and
+            best_config.json's ``plan`` says after how many steps each compiled
+            configuration pays off. None (and no ``epochs``): steady throughput.
+        epochs: The run you plan, in passes over the data set (which must have a
+            length); not with ``train_steps``.
         force: Write into an existing folder that autotune did not make.
         progress: Print progress and the summary; False prints nothing.
         **measurement: The other options of a run by their ``RunOptions`` names:
@@ -65,13 +72,14 @@ def tune(
 
     items = [f"{k}={v}" for k, v in fix.items()] if isinstance(fix, Mapping) else list(fix)
     known = {f.name for f in dataclasses.fields(RunOptions)} - {
-        "trials", "timeout_s", "fixed", "exact", "max_quality_drop"}
+        "trials", "timeout_s", "fixed", "exact", "max_quality_drop", "train_steps", "epochs"}
     unknown = sorted(set(measurement) - known)
     if unknown:
         raise UsageError(f"tune(): unknown option {', '.join(unknown)}; the options are "
                          f"{', '.join(sorted(known))}")
     options = RunOptions(trials=trials, timeout_s=timeout, fixed=parse_fixes(items), exact=exact,
-                         max_quality_drop=max_quality_drop, **measurement)
+                         max_quality_drop=max_quality_drop, train_steps=train_steps, epochs=epochs,
+                         **measurement)
     folder = output_folder(Path(model_file), Path(out) if out is not None else None)
     doc = run_pipeline(Path(model_file), out=folder, options=options, reporter=Reporter(quiet=not progress),
                        force=force)

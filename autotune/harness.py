@@ -30,12 +30,12 @@ def setup_hang_limit(task: Task) -> float:
 
 
 def make_runner(task: Task, machine: Machine, out: Path, *, window_s: float,
-                windows: int, trial_timeout_s: float, hang_timeout_s: float) -> TrialRunner:
+                windows: int, trial_timeout_s: float, hang_timeout_s: float, warm: bool = True) -> TrialRunner:
     return TrialRunner(
         model_file=task.path, machine=machine, workdir=out / "trials",
         measurement=Measurement(window_s=window_s, windows=windows),
         timeout_s=trial_timeout_s, hang_s=hang_timeout_s, setup_hang_s=setup_hang_limit(task),
-        memory_limit_bytes=memory_limit(machine),
+        memory_limit_bytes=memory_limit(machine), warm=warm,
     )
 
 

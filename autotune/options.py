@@ -45,6 +45,14 @@ class RunOptions:
     pairs: int = 6
     pair_seconds: float = 8.0
     max_quality_drop: float | None = None
+    # Configurations with the same process knobs measured one after another in one process
+    # (autotune.trials.runner.process_key); False: each in a fresh process.
+    warm_trials: bool = True
+    # The run the user plans (autotune.search.objective.Plan): steps at their own batch
+    # size, or passes over the data set; at most one. None of them: the search ranks by
+    # steady throughput, as for a run of endless length.
+    train_steps: int | None = None
+    epochs: int | None = None
     # A shared study (search.shared): its database URL (a secret: never printed, see
     # search.study.shown_url), its name, how often a worker's running trial says it is
     # alive, and how long a worker waits for another one's verification.
@@ -58,6 +66,11 @@ class RunOptions:
             raise UsageError(f"--pairs {self.pairs}: at least 2 (the speedup's interval needs two pairs)")
         if self.heartbeat_s < 1:
             raise UsageError("--heartbeat must be at least 1 second")
+        for flag, count in (("--train-steps", self.train_steps), ("--epochs", self.epochs)):
+            if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+                raise UsageError(f"{flag} {count!r}: expected a positive whole number, e.g. {flag} 1000")
+        if self.train_steps is not None and self.epochs is not None:
+            raise UsageError("--train-steps and --epochs both describe the run you plan: give one of them")
         if self.max_quality_drop is not None and self.max_quality_drop < 0:
             raise UsageError("--max-quality-drop must be 0 or more")
         if self.exact:

@@ -19,6 +19,7 @@ from autotune import __version__
 from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation
 from autotune.document.measures import Baseline, Best, Interval, LayoutEffect, PrecisionNote, Rejection
+from autotune.document.plan import PlannedRun
 from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
 from autotune.document.stages import Stage, StageRecord, VerificationStages
 from autotune.emit import launch, outdir, outputs
@@ -30,6 +31,7 @@ from autotune.report.console import Reporter
 from autotune.report.files import write_report
 from autotune.runtime.knobs import Allocator, Precision
 from autotune.search import shared
+from autotune.search.objective import Plan, Pricing
 from autotune.search.study import database_storage, repair_journal, shown_url, storage_path, study_lock, study_name
 from autotune.search.tuner import Candidate, SearchOutcome, Tuner, open_study, retry_stale
 from autotune.space import Space, build_space
@@ -204,7 +206,7 @@ def build_document(
     *, task: Task, machine: Machine, space: Space, chosen: TrialConfig,
     baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: gates.Verdict | None,
     verdicts: list[gates.Verdict], search: SearchSummary, ranked: Sequence[Candidate], exact: bool,
-    layout: LayoutEffect | None, environment: Mapping[str, str],
+    layout: LayoutEffect | None, environment: Mapping[str, str], pricing: Pricing | None = None,
     stages: VerificationStages | None = None,
 ) -> RunDocument:
     """The run's document, assembled once from what each stage built."""
@@ -238,11 +240,14 @@ def build_document(
         precision=precision_note(chosen, winner, verdicts, space, exact=exact),
         rejected=tuple(Rejection(config=v.config, reason=v.reason, checks=dict(v.checks))
                        for v in verdicts if v is not winner and not v.passed),
-        candidates=tuple(gates.outcomes(verdicts, winner)),
+        candidates=tuple(gates.outcomes(verdicts, winner, pricing)),
         search=search,
         space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
         layout_effect=layout, environment=environment,
-        ablation=winner.ablation if winner is not None else None, stages=stages)
+        ablation=winner.ablation if winner is not None else None, stages=stages,
+        plan=None if pricing is None else PlannedRun.of(
+            pricing, baseline=baseline_cfg, baseline_samples_per_s=baseline.samples_per_s, chosen=chosen,
+            chosen_samples_per_s=best.samples_per_s if best is not None else baseline.samples_per_s))
 
 
 def output_folder(model_file: Path, out: Path | None) -> Path:
@@ -266,6 +271,8 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
                 stack.enter_context(outdir.exclusive(out))
             # before creating anything: bad input loses nothing; the model where trials put it
             task = load_task(model_file, device="cpu" if options.fixed.get("device") == "cpu" else None)
+            Plan.of(train_steps=options.train_steps, epochs=options.epochs, batch_size=task.batch_size,
+                    dataset_len=task.dataset_len)  # --epochs of a data set without a length: refused here
             proctree.reap_orphans()
             if not out.is_dir():
                 stack.enter_context(outdir.exclusive(outdir.prepare(out)))
@@ -275,7 +282,8 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             machine = probe_machine()
             runner = make_runner(task, machine, out, window_s=options.window_s,
                                  windows=options.windows, trial_timeout_s=options.trial_timeout_s,
-                                 hang_timeout_s=options.hang_timeout_s)
+                                 hang_timeout_s=options.hang_timeout_s, warm=options.warm_trials)
+            stack.callback(runner.close)
             return execute(task, out, options, machine=machine, runner=runner, reporter=reporter,
                            started_at=started)
     finally:
@@ -335,7 +343,7 @@ def open_place(task: Task, out: Path, options: RunOptions, *, machine: Machine, 
 
 def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
            runner: TrialRunnerLike, reporter: Reporter,
-           started_at: float | None = None) -> tuple[StudyPlace, SearchOutcome]:
+           plan: Plan | None = None, started_at: float | None = None) -> tuple[StudyPlace, SearchOutcome]:
     """The search, resumed from the study in ``out`` (or the shared one) when there is one;
     under --timeout it has its share of the time from ``started_at`` (a shared study's: from
     when the study began). Raises NotVerified when the baseline could not be measured:
@@ -349,7 +357,7 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
                        measuring=lambda: measure_lock.held(notice=notice))
     tuner = Tuner(study=place.study, space=space, runner=runner, trials=options.trials,
                   timeout_s=search_timeout(options.timeout_s), progress=reporter.search,
-                  heuristics=heuristics(space, machine), **sharing)
+                  heuristics=heuristics(space, machine), plan=plan, **sharing)
     try:
         outcome = tuner.run()
     finally:
@@ -384,13 +392,17 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
     space = build_task_space(task, machine, options)
     for knob, reason in space.excluded.items():
         reporter.info(f"  skipping {knob}: {reason}")
+    plan = Plan.of(train_steps=options.train_steps, epochs=options.epochs, batch_size=task.batch_size,
+                   dataset_len=task.dataset_len)
+    if plan is not None:
+        reporter.info(f"ranking by the planned run's predicted time: {plan.describe()}")
     place, outcome = search(task, out, options, machine=machine, space=space, runner=runner,
-                            reporter=reporter, started_at=started)
+                            reporter=reporter, plan=plan, started_at=started)
     ends_at = None if options.timeout_s is None else (place.started_at or started) + options.timeout_s
 
     def verify_here() -> RunDocument:
         return verify(task, out, options, machine=machine, space=space, place=place, outcome=outcome,
-                      runner=runner, reporter=reporter, ends_at=ends_at)
+                      runner=runner, reporter=reporter, plan=plan, ends_at=ends_at)
 
     if place.shared:
         def verify_for_all() -> dict[str, Any]:
@@ -425,7 +437,7 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
 
 def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
            place: StudyPlace, outcome: SearchOutcome, runner: TrialRunnerLike,
-           reporter: Reporter, ends_at: float | None = None) -> RunDocument:
+           reporter: Reporter, plan: Plan | None = None, ends_at: float | None = None) -> RunDocument:
     """Verification of the search's best against the baseline, and the run's document (its
     ``environment`` is the caller's to fill: each machine of a shared study writes its own).
     ``ends_at``: when --timeout ends the run (epoch seconds): the stages are fitted to it."""
@@ -438,25 +450,28 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         return cfg.replace(threads=None) == baseline_cfg and cfg.threads in (None, default_threads)
 
     ranked = [c.config for c in outcome.ranked if not same_as_baseline(c.config)]
+    pricing = Pricing(plan=plan, measured=tuple(c.measured for c in outcome.ranked)) if plan else None
     candidates = choose_candidates(ranked, top=options.top, space=space, machine=machine)
     summary = SearchSummary(
         trials=len(place.study.trials), measured=outcome.measured, failures=tuple(outcome.failures),
-        ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.value) for c in outcome.ranked[:10]),
+        ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.measured.samples_per_s,
+                             planned_s=c.result.get("planned_s")) for c in outcome.ranked[:10]),
         study=place.name, storage=shown_url(options.storage) if options.storage else None)
     budget = None
     if ends_at is not None and options.timeout_s is not None:
         budget = Budget(timeout_s=options.timeout_s, ends_at=ends_at, costs=Costs.from_trials(
-            [c.result for c in outcome.ranked], window_s=options.window_s, baseline_rate=outcome.baseline.value))
+            [c.result for c in outcome.ranked], window_s=options.window_s,
+            baseline_rate=outcome.baseline.measured.samples_per_s))
     settings = gates.Settings(rounds=options.rounds, pairs=options.pairs,
                                pair_seconds=options.pair_seconds,
                                max_quality_drop=options.max_quality_drop,
-                               pinned=frozenset(options.fixed), budget=budget)
-    plan = None
+                               pinned=frozenset(options.fixed), pricing=pricing, budget=budget)
+    fitted = None
     if budget is not None and candidates:
-        plan = fit.fit(settings, candidates, baseline=baseline_cfg, budget=budget,
-                       has_evaluate=task.has_evaluate, shortest_run_s=options.window_s * options.windows)
-        settings, candidates = plan.settings, plan.candidates
-        for line in [*(f"{stage.named}: {why}" for stage, why in plan.shortened.items()), plan.over]:
+        fitted = fit.fit(settings, candidates, baseline=baseline_cfg, budget=budget,
+                         has_evaluate=task.has_evaluate, shortest_run_s=options.window_s * options.windows)
+        settings, candidates = fitted.settings, fitted.candidates
+        for line in [*(f"{stage.named}: {why}" for stage, why in fitted.shortened.items()), fitted.over]:
             if line:
                 reporter.info(f"verify: {line}")
     records: list[StageRecord] = []
@@ -469,8 +484,8 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
             workdir=out / "verify", progress=reporter.verify, stages=records)
     else:
         winner, verdicts, base_speed = None, [], {}
-    if winner is not None and plan is not None and Stage.ABLATION in plan.shortened:
-        winner.ablation = Ablation(skipped=plan.shortened[Stage.ABLATION])
+    if winner is not None and fitted is not None and Stage.ABLATION in fitted.shortened:
+        winner.ablation = Ablation(skipped=fitted.shortened[Stage.ABLATION])
     if not base_speed:  # nothing was measured side by side: the search's value stands
         base_speed = {"samples_per_s": [outcome.baseline.value],
                       "median_samples_per_s": outcome.baseline.value}
@@ -478,6 +493,6 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     return build_document(
         task=task, machine=machine, space=space, chosen=chosen, baseline_cfg=baseline_cfg,
         base_speed=base_speed, winner=winner, verdicts=verdicts, search=summary, ranked=outcome.ranked,
-        exact=options.exact, environment={},
+        exact=options.exact, environment={}, pricing=pricing,
         layout=layout_effect(verdicts, candidates[0], space, machine) if candidates else None,
-        stages=fit.stages(plan, records, budget))
+        stages=fit.stages(fitted, records, budget))

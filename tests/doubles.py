@@ -6,9 +6,10 @@ The tests are not type-checked, so tests/test_doubles.py checks each against tho
 protocols' members and signatures. A double that serves only part of the protocol
 inherits the rest from ``RunnerDouble``, which fails loudly instead of guessing.
 
-- ``StandIn``: measures nothing. A configuration runs at ``throughput(cfg)``; its losses
-  track fp32's or, with ``diverge``, reduced precision grows from the first step, and
-  evaluate() falls with it. The base of ``StandInRunner`` and of the simulated GPU node
+- ``StandIn``: measures nothing. A configuration runs at ``throughput(cfg)`` after a
+  one-time cost of ``one_time_s(cfg)`` (none unless a subclass models one: a compile);
+  its losses track fp32's or, with ``diverge``, reduced precision grows from the first
+  step, and evaluate() falls with it. The base of ``StandInRunner`` and of the simulated GPU node
   (tests/simulated_gpu_node.py).
 - ``StandInRunner``: the whole pipeline on a recorded machine (``recorded_machine``);
   ``tune_stand_in`` runs it.
@@ -96,6 +97,11 @@ class StandIn(RunnerDouble):
         """What a trial reports as its threads (torch's default where cfg leaves them)."""
         return cfg.threads or 1
 
+    def one_time_s(self, cfg: TrialConfig) -> float:
+        """Seconds a trial of ``cfg`` pays once, in its first step (where compiling lands):
+        reported as a measured trial reports it (``TrialResult.one_time_s``)."""
+        return 0.0
+
     def measured_done(self, cfg: TrialConfig) -> dict[str, Any]:
         """What a measured trial reports at its end, beside its windows."""
         return {}
@@ -121,8 +127,11 @@ class StandIn(RunnerDouble):
         for i in range(3):
             if on_window is not None and on_window(i, value):
                 return TrialResult(status="pruned")
+        step_s = cfg.batch_size / value
         return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
-                           setup={"threads": self.threads_seen(cfg)}, done=self.measured_done(cfg))
+                           setup={"threads": self.threads_seen(cfg), "seconds": 0.0},
+                           warmup={"first_step_s": step_s + self.one_time_s(cfg), "step_s": step_s},
+                           done=self.measured_done(cfg))
 
 
 class StandInRunner(StandIn):

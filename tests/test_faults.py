@@ -61,7 +61,8 @@ class TreeWatcher:
 @pytest.fixture
 def run_trial(tmp_path):
     """run_trial(model, cfg, **limits) -> (TrialResult, {pid: cmdline} seen while it ran).
-    Asserts that no process of the trial outlives it."""
+    Asserts that no process of the trial outlives it, once its runner is closed (a trial
+    that finishes well leaves its process warm for the next configuration until then)."""
 
     def run(model: str, cfg: TrialConfig, *, timeout_s: float = 90, hang_s: float = 30,
             setup_hang_s: float | None = None, memory_limit_bytes: int | None = None):
@@ -69,7 +70,10 @@ def run_trial(tmp_path):
                              measurement=MEASURE, timeout_s=timeout_s, hang_s=hang_s,
                              setup_hang_s=setup_hang_s, memory_limit_bytes=memory_limit_bytes)
         with TreeWatcher(str(tmp_path)) as watcher:
-            result = runner.run(cfg, name="trial")
+            try:
+                result = runner.run(cfg, name="trial")
+            finally:
+                runner.close()
         left = survivors(str(tmp_path))
         assert not left, f"processes of the trial survived it: {left}"
         return result, watcher.seen

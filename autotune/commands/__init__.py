@@ -47,6 +47,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-quality-drop", type=float, default=RunOptions.max_quality_drop, metavar="X",
                    help="how far the evaluate() metric may drop: allows structured pruning, and "
                         "replaces the default allowance for reduced precision (2%% of the metric)")
+    p.add_argument("--fresh-trials", action="store_true",
+                   help="measure every configuration in a fresh process (by default configurations "
+                        "that share the process knobs run one after another in one warm process)")
     p.add_argument("--json", action="store_true", help="print the result document as JSON")
     loud = p.add_mutually_exclusive_group()
     loud.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -59,4 +62,5 @@ def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
     return RunOptions(window_s=args.window, windows=args.windows,
                       trial_timeout_s=args.trial_timeout, hang_timeout_s=args.hang_timeout,
                       rounds=args.rounds, pairs=args.pairs, pair_seconds=args.pair_seconds,
-                      max_quality_drop=args.max_quality_drop, **extra)
+                      max_quality_drop=args.max_quality_drop, warm_trials=not args.fresh_trials,
+                      **extra)

@@ -33,6 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="best-ranked candidates re-measured in verification, besides the first one's "
                         "layout contrast, the best of the other process layout and the best exact "
                         f"and reduced-precision ones (default {RunOptions.top})")
+    planned = p.add_argument_group(
+        "the run you plan",
+        "Rank configurations by the predicted wall time of that run, one-time costs (compiling, "
+        "warm-up, DataLoader start) included, instead of by steady throughput; give one of them.")
+    planned.add_argument("--train-steps", type=positive(int, "--train-steps"), default=RunOptions.train_steps,
+                         metavar="N", help="steps of your batch size (default: none, steady throughput)")
+    planned.add_argument("--epochs", type=positive(int, "--epochs"), default=RunOptions.epochs, metavar="E",
+                         help="passes over the data set (default: none, steady throughput)")
     shared = p.add_argument_group(
         "a study shared by several machines",
         "Each machine runs the same command with the same --storage and --study: they share one "
@@ -63,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
     options = run_options(args, trials=args.trials, timeout_s=args.timeout,
                           fixed=parse_fixes(args.fix), exact=args.exact, top=args.top,
+                          train_steps=args.train_steps, epochs=args.epochs,
                           storage=args.storage or os.environ.get(STORAGE_ENV) or None, study=args.study,
                           heartbeat_s=args.heartbeat, verify_wait_s=args.verify_wait)
     out = output_folder(Path(args.model_file), args.out)

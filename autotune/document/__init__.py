@@ -8,6 +8,6 @@ here and nowhere else; ``autotune/schemas/best_config.schema.json`` pins the sam
 An unverified run has no speedup (``"speedup": null``): nothing was measured against the
 baseline, and a ratio of 1.0 over no pairs would read like a measurement.
 
-measures.py holds the measured parts, ablation.py the ablation's, run.py the document
-itself.
+measures.py holds the measured parts, ablation.py the ablation's, plan.py the planned
+run's (``--train-steps``, ``--epochs``), run.py the document itself.
 """

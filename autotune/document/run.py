@@ -22,6 +22,7 @@ from autotune.document.measures import (
     json_list,
     optional_fields,
 )
+from autotune.document.plan import PlannedRun
 from autotune.document.stages import VerificationStages
 
 
@@ -48,17 +49,21 @@ class SearchFailure:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Ranked:
-    """One configuration of the search's ranking (its short form) and its throughput."""
+    """One configuration of the search's ranking (its short form), its steady throughput
+    and, under a planned run, the run's predicted wall time (what ranked it)."""
 
     config: str
     samples_per_s: float
+    planned_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"config": self.config, "samples_per_s": self.samples_per_s}
+        return {"config": self.config, "samples_per_s": self.samples_per_s,
+                **optional_fields(planned_s=self.planned_s)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Ranked:
-        return cls(config=data["config"], samples_per_s=data["samples_per_s"])
+        return cls(config=data["config"], samples_per_s=data["samples_per_s"],
+                   planned_s=data.get("planned_s"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -128,6 +133,7 @@ class RunDocument:
     environment: Mapping[str, str]
     ablation: Ablation | None = None
     stages: VerificationStages | None = None  # how verification's stages ran, and what --timeout shortened
+    plan: PlannedRun | None = None  # None: no run was planned (--train-steps, --epochs)
     schema: int | None = None
     model_file_tuned: str | None = None
     launch: str | None = None
@@ -170,7 +176,8 @@ class RunDocument:
             "candidates": json_list(self.candidates), "search": self.search.to_json(),
             "space": self.space.to_json(),
             "layout_effect": self.layout_effect.to_json() if self.layout_effect else None,
-            **optional_fields(ablation=self.ablation.to_json() if self.ablation else None),
+            **optional_fields(ablation=self.ablation.to_json() if self.ablation else None,
+                              plan=self.plan.to_json() if self.plan else None),
             **optional_fields(verification_stages=self.stages.to_json() if self.stages else None),
             "environment": dict(self.environment),
             **optional_fields(model_file_tuned=self.model_file_tuned, launch=self.launch,
@@ -180,7 +187,7 @@ class RunDocument:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunDocument:
         """A document as ``to_json`` (or ``emit.write_outputs``) wrote it."""
-        effect, ablation = data.get("layout_effect"), data.get("ablation")
+        effect, ablation, plan = data.get("layout_effect"), data.get("ablation"), data.get("plan")
         return cls(
             model_file=data["model_file"], autotune_version=data["autotune_version"],
             fingerprint=data["fingerprint"], config=TrialConfig.from_dict(data["config"]),
@@ -195,6 +202,7 @@ class RunDocument:
             layout_effect=LayoutEffect.from_json(effect) if effect else None,
             environment=data["environment"],
             ablation=Ablation.from_json(ablation) if ablation else None,
+            plan=PlannedRun.from_json(plan) if plan else None,
             stages=(VerificationStages.from_json(data["verification_stages"])
                     if data.get("verification_stages") else None),
             schema=data.get("schema"), model_file_tuned=data.get("model_file_tuned"),

@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import Layout, TrialConfig
 from autotune.document.measures import Effect, Interval
 from autotune.document.run import RunDocument
+from autotune.search.objective import duration
 from autotune.search.study import quiet_optuna
 from autotune.trials.protocol import StudyAttr
 
@@ -183,6 +184,30 @@ def path_lines(doc: RunDocument) -> list[str]:
     return lines
 
 
+def plan_lines(doc: RunDocument) -> list[str]:
+    """The run the user plans: its predicted wall time with the emitted configuration and
+    with the baseline (one-time costs as the search measured them, rates as verification
+    did), and after how many steps each compiled configuration pays for its compiling."""
+    planned = doc.plan
+    if planned is None:
+        return []
+    base, chosen = planned.baseline, planned.chosen
+    lines = [f"The run you plan, {planned.plan.describe()} ({planned.plan.samples:,} samples), "
+             f"is predicted to take {duration(chosen.predicted_s)} with the emitted configuration "
+             f"({duration(chosen.one_time_s)} of it one-time) and {duration(base.predicted_s)} with the "
+             f"baseline ({duration(base.one_time_s)} one-time); configurations were ranked by it."]
+    if doc.config == doc.baseline.config:
+        lines[0] = (f"The run you plan, {planned.plan.describe()} ({planned.plan.samples:,} samples), is "
+                    f"predicted to take {duration(base.predicted_s)} with the baseline "
+                    f"({duration(base.one_time_s)} of it one-time); configurations were ranked by it.")
+    if planned.break_even:
+        lines += ["Compiling against the same configuration eager, as the search measured them:",
+                  *(f"  {line}" for line in planned.lines())]
+    elif "compile" not in doc.excluded:
+        lines.append("No compiled configuration was measured in the search: no break-even for compiling.")
+    return lines
+
+
 def _span(effect: Interval | Effect) -> str:
     return f"{effect.ci_low:.2f}-{effect.ci_high:.2f}"
 
@@ -193,6 +218,13 @@ def completed(study: optuna.Study) -> list[FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if t.value is not None and t.user_attrs.get(StudyAttr.CONFIG)
             and t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None]
+
+
+def steady(t: FrozenTrial) -> float:
+    """A completed trial's steady throughput (its median window): its value, except under a
+    planned run, where the value is the effective throughput of that run."""
+    measured = (t.user_attrs.get(StudyAttr.RESULT) or {}).get("value")
+    return float(measured if measured is not None else t.value or 0.0)
 
 
 def searched_knobs(doc: RunDocument, study: optuna.Study | None = None) -> list[str]:
@@ -213,7 +245,8 @@ def _order(values: Iterable[Any], space: Sequence[Any]) -> list[Any]:
 
 def throughput_by_value(study: optuna.Study, doc: RunDocument, *,
                         min_values: int = 2) -> dict[str, dict[Any, list[float]]]:
-    """Per searched knob, the completed trials' throughputs (samples/s) grouped by that
+    """Per searched knob, the completed trials' steady throughputs (samples/s, also under a
+    planned run, whose effective ones are the trials' values) grouped by that
     knob's value, values in the space's order. Knobs with fewer than ``min_values``
     values completed are left out (with one, there is nothing to compare)."""
     out: dict[str, dict[Any, list[float]]] = {}
@@ -221,7 +254,7 @@ def throughput_by_value(study: optuna.Study, doc: RunDocument, *,
     for knob in searched_knobs(doc, study):
         groups: dict[Any, list[float]] = {}
         for t in trials:
-            groups.setdefault(knob_value(t.user_attrs[StudyAttr.CONFIG], knob), []).append(float(t.value or 0.0))
+            groups.setdefault(knob_value(t.user_attrs[StudyAttr.CONFIG], knob), []).append(steady(t))
         if len(groups) >= max(1, min_values):
             out[knob] = {v: groups[v] for v in _order(groups, doc.included.get(knob, []))}
     return out
@@ -331,7 +364,7 @@ def advise(doc: RunDocument, *, study: optuna.Study | None = None,
     out what the summary printed above it already (the ablation, the knobs not searched)."""
     lines = outcome_lines(doc)
     if not in_summary:
-        lines += ablation_lines(doc)
+        lines += ablation_lines(doc) + plan_lines(doc)
     if study is not None:
         lines += search_lines(study, doc)
     if not in_summary:

@@ -27,8 +27,9 @@ from rich.text import Text
 
 from autotune.document.run import RunDocument
 from autotune.emit.outputs import resolve
-from autotune.report.advice import ablation_lines
+from autotune.report.advice import ablation_lines, plan_lines
 from autotune.runtime.knobs import Precision
+from autotune.search.objective import duration
 from autotune.trials.protocol import ProgressEvent, Role, Status
 from autotune.trials.runner import TrialResult
 
@@ -70,8 +71,9 @@ class Reporter:
         elif kind == ProgressEvent.END:
             if info.get("role") == Role.BASELINE and info["result"].value:
                 self.baseline = info["result"].value
-            self._best = info.get("best") or self._best
-            self.trial_end(info["result"], info.get("best"))
+            if "best_planned_s" not in info:  # a planned run's best is an effective rate, not a window's
+                self._best = info.get("best") or self._best
+            self.trial_end(info["result"], info.get("best"), planned=info)
         elif kind == ProgressEvent.STALE:
             self.warn(f"trial {info['number']} was left running by an interrupted run; "
                       "marked failed, measuring it again")
@@ -110,11 +112,19 @@ class Reporter:
             self._bar.stop()
             self._bar = None
 
-    def trial_end(self, result: TrialResult, best: float | None) -> None:
+    def trial_end(self, result: TrialResult, best: float | None,
+                  planned: dict[str, Any] | None = None) -> None:
+        """``planned``: under a planned run, its predicted time for this trial
+        (``planned_s``, ``one_time_s``) and the best so far (``best_planned_s``)."""
         against = []
         if self.baseline and result.value:
             against.append(f"{result.value / self.baseline:.2f}x the baseline")
-        if best:
+        if planned and planned.get("planned_s") is not None:
+            against.append(f"planned run {duration(planned['planned_s'])}, "
+                           f"{duration(planned.get('one_time_s') or 0.0)} of it one-time")
+        if planned and planned.get("best_planned_s"):
+            against.append(f"best so far {duration(planned['best_planned_s'])}")
+        elif best and not (planned and "best_planned_s" in planned):
             against.append(f"best so far {best:,.0f}")
         tail = f"  ({', '.join(against)})" if against else ""
         if result.status == Status.OK:
@@ -183,7 +193,7 @@ class Reporter:
                 f"({e.ci_level:.0%} interval {e.ci_low:.2f}-{e.ci_high:.2f}x, "
                 "other knobs equal, measured side by side)"
             )
-        for line in ablation_lines(doc):
+        for line in ablation_lines(doc) + plan_lines(doc):
             self.out.print(line, markup=False)
         for item in doc.rejected:
             self.out.print(f"  rejected {item.config.short()}: {item.reason}", markup=False)

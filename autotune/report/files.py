@@ -31,6 +31,7 @@ from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 from autotune.report import advice
 from autotune.result import read_document
+from autotune.search.objective import duration
 from autotune.search.study import folder_of, load_study
 from autotune.trials.protocol import Failure, Role, StudyAttr
 
@@ -105,6 +106,9 @@ def _facts(doc: RunDocument) -> Table:
         rows += [["tuned samples/s", _rate(doc.best.samples_per_s if doc.best is not None else None)],
                  ["speedup", f"{iv.median:.2f}x, interval {_interval(iv)}{level}, "
                              f"{doc.speedup.pairs} standalone pairs"]]
+    if doc.plan is not None:
+        rows.append(["planned run", f"{doc.plan.plan.describe()}: predicted {duration(doc.plan.chosen.predicted_s)}, "
+                                    f"the baseline {duration(doc.plan.baseline.predicted_s)}"])
     if doc.launch:
         rows.append(["train with", doc.launch])
     return Table("Result", ["", "value"], rows)
@@ -126,9 +130,10 @@ def _short(config: dict[str, Any] | None) -> str:
 
 
 def _value(t: FrozenTrial) -> float | None:
-    """A trial's samples/s: for one stopped early, its last measured window."""
+    """A trial's steady samples/s (its value, but under a planned run: ``advice.steady``);
+    for one stopped early, its last measured window."""
     if t.value is not None:
-        return float(t.value)
+        return advice.steady(t)
     windows = t.intermediate_values
     return float(windows[max(windows)]) if t.state == TrialState.PRUNED and windows else None
 
@@ -150,17 +155,27 @@ def _state(t: FrozenTrial) -> str:
     return t.state.name.lower()
 
 
-def _trials_table(study: optuna.Study) -> Table:
+def _trials_table(study: optuna.Study, *, planned: bool = False) -> Table:
+    """Every trial; ``planned``: with the planned run's predicted time, which ranked them."""
     rows = []
-    for t in study.get_trials(deepcopy=False):
-        value = _rate(_value(t))
+    trials = study.get_trials(deepcopy=False)
+    for t in trials:
+        copy = t.user_attrs.get(StudyAttr.DUPLICATE_OF)
+        measured = trials[copy] if copy is not None and 0 <= copy < len(trials) else t
+        value = _rate(_value(measured))
         if value and t.state == TrialState.PRUNED:
             value += " (partial)"
-        rows.append([str(t.number), str(t.user_attrs.get(StudyAttr.ROLE) or "sampled"),
-                     _short(t.user_attrs.get(StudyAttr.CONFIG)), value, _state(t)])
-    return Table("Trials of the search", ["#", "role", "configuration", "samples/s", "outcome"], rows,
-                 "role: why the trial ran (sampled: chosen by Optuna's TPE sampler); samples/s: the median "
-                 "measurement window")
+        row = [str(t.number), str(t.user_attrs.get(StudyAttr.ROLE) or "sampled"),
+               _short(t.user_attrs.get(StudyAttr.CONFIG)), value]
+        if planned:
+            predicted = (measured.user_attrs.get(StudyAttr.RESULT) or {}).get("planned_s")
+            row.append(duration(predicted) if predicted is not None and t.state == TrialState.COMPLETE else "")
+        rows.append([*row, _state(t)])
+    return Table("Trials of the search",
+                 ["#", "role", "configuration", "samples/s", *(["planned run"] if planned else []), "outcome"],
+                 rows, "role: why the trial ran (sampled: chosen by Optuna's TPE sampler); samples/s: the median "
+                 "measurement window" + ("; planned run: its predicted wall time, one-time costs included, "
+                                         "which ranked the trials" if planned else ""))
 
 
 def _verification_tables(doc: RunDocument) -> list[Table]:
@@ -225,7 +240,7 @@ def report_tables(doc: RunDocument, study: optuna.Study | None) -> list[Table]:
                             [[c.config.short(), f"{c.median:.2f}x" if c.median else "",
                               _interval(c), c.outcome] for c in doc.candidates]))
     if study is not None and study.get_trials(deepcopy=False):
-        tables.append(_trials_table(study))
+        tables.append(_trials_table(study, planned=doc.plan is not None))
     if doc.excluded:
         tables.append(Table("Not searched on this machine", ["knob", "why"],
                             [[k, v] for k, v in doc.excluded.items()]))
@@ -288,7 +303,8 @@ def _draw_history(figure: Callable[[float, float], Figure], study: optuna.Study,
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
     pruned = [t for t in trials if t.state == TrialState.PRUNED and _value(t) is not None]
     failed = [t for t in trials if t.state == TrialState.FAIL]
-    ax.scatter([t.number for t in done], [t.value for t in done], color="tab:blue", zorder=3, label="measured")
+    ax.scatter([t.number for t in done], [advice.steady(t) for t in done], color="tab:blue", zorder=3,
+               label="measured")
     ax.scatter([t.number for t in pruned], [_value(t) for t in pruned], facecolors="none", edgecolors="tab:gray",
                zorder=3, label="stopped early (partial)")
     if failed:
@@ -296,12 +312,12 @@ def _draw_history(figure: Callable[[float, float], Figure], study: optuna.Study,
                    clip_on=False, label="failed")
     best, steps = 0.0, []
     for t in done:
-        best = max(best, float(t.value or 0.0))
+        best = max(best, advice.steady(t))
         steps.append((t.number, best))
     if steps:
         steps.append((trials[-1].number, best))  # the best stands to the last trial
         ax.step([n for n, _ in steps], [b for _, b in steps], where="post", color="tab:green", label="best so far")
-    base, label = next((t.value for t in done if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE),
+    base, label = next((advice.steady(t) for t in done if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE),
                        None), "baseline"
     if base is None:
         base, label = doc.baseline.samples_per_s, "baseline (verification)"

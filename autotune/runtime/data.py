@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import torch
@@ -178,10 +178,13 @@ def global_batch_size(cfg: ConfigDict, dist: Distributed) -> int:
     return int(cfg["batch_size"]) * int(getattr(dist, "nodes", 1))
 
 
-def build_loader(user: Any, cfg: ConfigDict, dist: Distributed, *, seed: int) -> tuple[Any, Any]:
+def build_loader(user: Any, cfg: ConfigDict, dist: Distributed, *, seed: int,
+                 dataset: Any = None) -> tuple[Any, Any]:
     """The real DataLoader the user would train with, sharded over ranks; and its
-    sampler, None for an IterableDataset (sharded by IterableShard instead)."""
-    dataset = user.build_dataset()
+    sampler, None for an IterableDataset (sharded by IterableShard instead). ``dataset``:
+    the user's data set, built already; else it is built here."""
+    if dataset is None:
+        dataset = user.build_dataset()
     global_batch = global_batch_size(cfg, dist)
     sampler: GlobalBatchSampler | None = None
     if isinstance(dataset, torch.utils.data.IterableDataset):
@@ -217,7 +220,7 @@ def build_loader(user: Any, cfg: ConfigDict, dist: Distributed, *, seed: int) ->
     return loader, sampler
 
 
-def batches(loader: Any, sampler: Any, *, start_epoch: int = 0) -> Iterator[Any]:
+def batches(loader: Any, sampler: Any, *, start_epoch: int = 0) -> Generator[Any, None, None]:
     """Endless batches, epoch after epoch, as a training loop would draw them. Without a
     sampler (an IterableDataset), a dataset with ``set_epoch`` is told the epoch."""
     epoch = start_epoch

@@ -2,19 +2,23 @@
 data, the model and its optimizer step, put together by ``Session``."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import importlib.util
+import multiprocessing
 import os
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import torch
 
 from .data import batches, build_loader, global_batch_size, length
 from .distributed import DIST_TIMEOUT_MIN, Distributed
-from .knobs import ConfigDict, Precision
+from .knobs import CompileMode, ConfigDict, Precision
 from .model import build_model, check_finite, make_scaler, make_step
 
 
@@ -59,6 +63,18 @@ def set_tf32(*, matmul: bool | None = None, cudnn: bool | None = None) -> None:
         torch.backends.cudnn.allow_tf32 = cudnn
 
 
+def configure_precision(cfg: ConfigDict, *, strict_fp32: bool = False) -> None:
+    """The process-wide float flags of ``cfg``'s precision, from PyTorch's defaults (see
+    ``apply_process_knobs``): a process that trains several configurations one after
+    another sets them for each."""
+    if cfg.get("device") != "cuda":
+        return
+    if strict_fp32:
+        set_tf32(matmul=False, cudnn=False)
+    else:
+        set_tf32(matmul=cfg.get("precision") == Precision.TF32, cudnn=True)
+
+
 def apply_process_knobs(cfg: ConfigDict, *, strict_fp32: bool = False) -> None:
     """Knobs that must be set before any parallel work in this process.
 
@@ -82,17 +98,80 @@ def apply_process_knobs(cfg: ConfigDict, *, strict_fp32: bool = False) -> None:
             set_tf32(matmul=True)
 
 
-class Session:
-    """Everything one rank needs to train: model, optimizer, data, step."""
+def shutdown_workers(loader: Any, *, timeout_s: float) -> None:
+    """End ``loader``'s DataLoader workers and wait for them: a persistent loader keeps
+    its iterator (and its workers) after its batches are abandoned, and an abandoned
+    iterator ends its workers only once it is collected."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+        loader._iterator = None
+    gc.collect()
+    deadline = time.monotonic() + timeout_s
+    for child in multiprocessing.active_children():
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            child.kill()
+            child.join()
 
-    def __init__(self, model_file: str, cfg: ConfigDict, *, seed: int = 0, start_step: int = 0,
-                 strict_fp32: bool = False, dist_timeout_min: float = DIST_TIMEOUT_MIN) -> None:
-        self.cfg = cfg
+
+def return_freed_memory() -> None:
+    """Give the memory freed by a finished configuration back to the system, where glibc's
+    allocator holds it (the others keep theirs, and keep reusing it): the next
+    configuration's memory is then its own."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+class ProcessSetup:
+    """What one process sets up once and keeps for every configuration it trains: the
+    process knobs, its place in the rank group, the user's module and data set. A trial
+    process measures several configurations that share these one after another
+    (``autotune.trials.worker``), each in a ``Session`` of its own."""
+
+    def __init__(self, model_file: str, cfg: ConfigDict, *, seed: int = 0, strict_fp32: bool = False,
+                 dist_timeout_min: float = DIST_TIMEOUT_MIN) -> None:
         apply_process_knobs(cfg, strict_fp32=strict_fp32)
         self.dist = Distributed(cfg, timeout_min=dist_timeout_min)
         seed_everything(seed)
         self.user = load_user_module(model_file)
-        self.loader, self.sampler = build_loader(self.user, cfg, self.dist, seed=seed)
+        self.dataset = self.user.build_dataset()
+        # Where the random generators stood once the data set was built: every session
+        # starts from here, so a later configuration draws what a fresh process would.
+        self._rng = (random.getstate(), torch.random.get_rng_state(),
+                     torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
+
+    def restore_rng(self) -> None:
+        python, cpu, cuda = self._rng
+        random.setstate(python)
+        torch.random.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+    def close(self) -> None:
+        self.dist.close()
+
+
+class Session:
+    """Everything one rank needs to train one configuration: model, optimizer, data, step.
+    ``setup``: a process's setup that an earlier session of it made (its process knobs
+    are this configuration's); without one, the session makes its own."""
+
+    def __init__(self, model_file: str, cfg: ConfigDict, *, seed: int = 0, start_step: int = 0,
+                 strict_fp32: bool = False, dist_timeout_min: float = DIST_TIMEOUT_MIN,
+                 setup: ProcessSetup | None = None) -> None:
+        self.cfg = cfg
+        self._owns_setup = setup is None
+        if setup is None:
+            setup = ProcessSetup(model_file, cfg, seed=seed, strict_fp32=strict_fp32,
+                                 dist_timeout_min=dist_timeout_min)
+        else:
+            configure_precision(cfg, strict_fp32=strict_fp32)
+            setup.restore_rng()
+        self.setup = setup
+        self.dist = setup.dist
+        self.user = setup.user
+        self.loader, self.sampler = build_loader(self.user, cfg, self.dist, seed=seed, dataset=setup.dataset)
         # Batches per epoch; None for an IterableDataset without a length.
         self.per_epoch: int | None = (self.sampler.batches_per_epoch if self.sampler is not None
                                       else length(self.loader))
@@ -107,7 +186,7 @@ class Session:
         self._pending = [first]
         self.global_batch = global_batch_size(cfg, self.dist)
 
-    def _batches_from(self, step: int) -> Iterator[Any]:
+    def _batches_from(self, step: int) -> Generator[Any, None, None]:
         """The batches a run that already trained ``step`` steps draws next: the sampler
         skips to them; a dataset without one is read through to them."""
         if self.sampler is not None and self.per_epoch:
@@ -134,7 +213,26 @@ class Session:
         elapsed = time.perf_counter() - start
         return elapsed, check_finite(losses)
 
+    def release(self, *, worker_timeout_s: float = 10.0) -> None:
+        """Leave the process as the next configuration must find it: this one's DataLoader
+        workers ended, its model, optimizer and compiled graphs gone, its memory returned
+        (on CUDA: the caching allocator emptied, its peak statistics reset). The setup
+        stays."""
+        self.batches.close()  # the loader's iterator and, with it, its workers
+        shutdown_workers(self.loader, timeout_s=worker_timeout_s)
+        compiled = self.cfg.get("compile", CompileMode.OFF) != CompileMode.OFF
+        self.loader = self.sampler = self.model = self.optimizer = self.scaler = None
+        self.train_step = None  # type: ignore[assignment]
+        self._pending = []
+        if compiled:
+            torch._dynamo.reset()
+        gc.collect()
+        if self.dist.device.type == "cuda":
+            torch.cuda.synchronize(self.dist.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.dist.device)
+        return_freed_memory()
+
     def close(self) -> None:
-        self.dist.close()
-
-
+        if self._owns_setup:
+            self.setup.close()

@@ -25,6 +25,8 @@ from optuna.trial import TrialState
 
 from autotune.config import Layout, TrialConfig
 from autotune.document.run import SearchFailure
+from autotune.errors import UsageError
+from autotune.search.objective import Measured, Plan, described
 from autotune.search.study import create_or_resume, quiet_optuna
 from autotune.space import Space, Unsplittable
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Role, Status, StudyAttr
@@ -35,7 +37,10 @@ class ClearlySlowerPruner(optuna.pruners.BasePruner):
     """Stop a trial whose windows so far are clearly below the best trial of its kind.
 
     Single windows on a shared machine vary by 20% or more, so only a wide gap
-    prunes: the median of the reported windows under ``ratio`` x the best value. Exact
+    prunes: the median of the reported windows under ``ratio`` x the best value. Under a
+    planned run (``search.objective``) the best value is an effective throughput, and the
+    windows are steady throughput, which no trial's effective throughput exceeds (its
+    one-time cost only lowers it): a trial pruned is clearly slower still. Exact
     (fp32, unpruned) trials are compared with exact ones only: where bf16 runs twice as
     fast, every fp32 trial would otherwise be pruned, and the exact fallback that
     verification keeps beside a reduced-precision winner would never be measured.
@@ -103,8 +108,14 @@ def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
 class Candidate:
     number: int
     config: TrialConfig
-    value: float
+    value: float  # what the search ranks by: throughput, or under a plan the effective one
     result: dict[str, Any]
+
+    @property
+    def measured(self) -> Measured:
+        """Its steady rate (the median window) and one-time cost, as the trial measured them."""
+        return Measured(config=self.config, samples_per_s=float(self.result.get("value") or self.value),
+                        one_time_s=self.result.get("one_time_s"))
 
 
 @dataclasses.dataclass
@@ -143,13 +154,16 @@ class Tuner:
         started_at: float | None = None,
         lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
         measuring: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+        plan: Plan | None = None,
     ) -> None:
         """``shared``: other workers use the study at the same time (their running trials
         are theirs, and count against the budget); ``started_at``: when the budget's
         ``timeout_s`` began (epoch seconds; default now); ``lock``: held while the study's
         queue is decided (one worker at a time); ``measuring``: held while a trial
-        measures (one measurement per machine)."""
+        measures (one measurement per machine); ``plan``: the run the user plans, whose
+        predicted time ranks the trials (``search.objective``), None for steady throughput."""
         self.study, self.space, self.runner = study, space, runner
+        self.plan = plan
         self.trials, self.timeout_s = trials, timeout_s
         self.progress = progress
         self.heuristics = heuristics or []
@@ -393,6 +407,7 @@ class Tuner:
 
     def _run(self) -> SearchOutcome:
         with self.lock():
+            self._settle_plan()
             self._recover_stale()
             self._enqueue_start()
         asks_left = 5 * self.trials + 10  # duplicates and skips cost no measurement
@@ -417,6 +432,28 @@ class Tuner:
         if stop is not None:
             self.progress(ProgressEvent.BUDGET, {"reason": stop})
         return self.outcome()
+
+    def _settle_plan(self) -> None:
+        """The plan the study's values are for, stored on it when new. A study resumed with
+        another plan is refused: its values would mix two objectives, and Optuna cannot
+        re-value finished trials. A study stored without a plan (or by an autotune before
+        plans) holds steady throughputs."""
+        mine = self.plan.to_json() if self.plan is not None else None
+        attrs = self.study.user_attrs
+        if StudyAttr.PLAN in attrs:
+            stored = attrs[StudyAttr.PLAN]
+        elif self.study.get_trials(deepcopy=False):
+            stored = None
+        else:
+            self.study.set_user_attr(StudyAttr.PLAN, mine)
+            return
+        if (stored or {}).get("samples") == (mine or {}).get("samples"):
+            return
+        raise UsageError(
+            f"the study {self.study.study_name!r} ranked its trials for {described(stored)}; this run "
+            f"asks for {described(mine)}. Its trials' values cannot be re-ranked in place: run "
+            "with the plan it was made for, or tune into another --out (or, for a shared study, "
+            "another --study) for this plan")
 
     def _stop_reason(self, measured: list[optuna.trial.FrozenTrial]) -> str | None:
         """Why no new trial starts, though the budget of trials is not spent; None if one may."""
@@ -483,18 +520,33 @@ class Tuner:
             if not trial.user_attrs.get(StudyAttr.RETRY):
                 self.study.enqueue_trial(trial.params, user_attrs={StudyAttr.ROLE: role, StudyAttr.RETRY: True})
             raise
-        self._tell(trial, cfg, result)
-        self.progress(ProgressEvent.END, {"result": result, "config": cfg, "role": role, "best": self._best_value()})
+        planned_s = self._tell(trial, cfg, result)
+        best = self._best_value()
+        planned: dict[str, Any] = {}
+        if self.plan is not None:
+            planned = {"best_planned_s": self.plan.samples / best if best else None}
+            if planned_s is not None:
+                planned.update(planned_s=planned_s, one_time_s=result.one_time_s)
+        self.progress(ProgressEvent.END, {"result": result, "config": cfg, "role": role, "best": best, **planned})
 
-    def _tell(self, trial: optuna.Trial, cfg: TrialConfig, result: TrialResult) -> None:
-        trial.set_user_attr(StudyAttr.RESULT, result.summary())
-        if result.status == Status.OK and result.value is not None:
-            self.study.tell(trial, result.value)
+    def _tell(self, trial: optuna.Trial, cfg: TrialConfig, result: TrialResult) -> float | None:
+        """Store the trial's result and value; returns its planned run's predicted time
+        (None without a plan, or when it was not measured to the end)."""
+        summary = result.summary()
+        value = result.value
+        if self.plan is not None and value:
+            # the planned run's predicted time ranks it, as an effective throughput
+            summary["planned_s"] = self.plan.predicted_s(samples_per_s=value, one_time_s=result.one_time_s)
+            value = self.plan.samples / summary["planned_s"]
+        trial.set_user_attr(StudyAttr.RESULT, summary)
+        if result.status == Status.OK and value is not None:
+            self.study.tell(trial, value)
         elif result.status == Status.PRUNED:
             self.study.tell(trial, state=TrialState.PRUNED)
         else:
             trial.set_user_attr(StudyAttr.FAILURE, result.failure)
             self.study.tell(trial, state=TrialState.FAIL)
+        return summary.get("planned_s") if result.status == Status.OK else None
 
     def _best_value(self) -> float | None:
         try:

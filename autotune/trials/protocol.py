@@ -158,6 +158,7 @@ class StudyAttr(str, enum.Enum):
     PUBLISHED = "published"            # a shared study's verified result, for every worker
     BATCH_ENQUEUED = "batch_enqueued"  # the batch-size neighbours of the best were queued
     LATE_ENQUEUED = "late_enqueued"    # the late knobs on the best were queued
+    PLAN = "plan"                      # the planned run its values rank for (search.objective)
 
     def __str__(self) -> str:
         return self.value

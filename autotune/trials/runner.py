@@ -18,14 +18,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from autotune.config import TrialConfig
 from autotune.emit import launch
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine
+from autotune.runtime.knobs import CompileMode
 from autotune.task import with_package_on_path
 from autotune.trials import logs, measure_lock, proctree
 from autotune.trials.protocol import PROGRESS_EVENTS, Event, Failure, Measurement, Mode, Status
@@ -37,6 +39,25 @@ MEMORY_CHECK_S = 1.0
 # A model whose step takes longer than --hang-timeout is slow, not hung: it is hung
 # once this many of its own steps pass without one finishing.
 HANG_STEPS = 5
+
+# Knobs a process takes when it starts (its environment, its ranks and their cores,
+# torch's process-wide settings): configurations that agree on them share a warm
+# process, which imports torch and the model file and builds the data set once.
+PROCESS_KNOBS = ("nprocs", "threads", "backend", "interop_threads", "allocator", "affinity", "ipex",
+                 "device", "cudnn_benchmark")
+# Idle warm processes kept, least recently used ended first. On GPUs one: an idle
+# process holds its CUDA context on the device while another one measures.
+WARM_PROCESSES = {"cpu": 2, "cuda": 1}
+
+
+def process_key(cfg: TrialConfig) -> str | None:
+    """What a process that can measure ``cfg`` warm must have been started with; None
+    when ``cfg`` gets a fresh process of its own. A compiled configuration does: in a
+    process that compiled before, torch's in-memory caches would make its compilation
+    (its one-time cost) look cheaper than the user's run will find it."""
+    if cfg.compile != CompileMode.OFF:
+        return None
+    return json.dumps({k: getattr(cfg, k) for k in PROCESS_KNOBS}, sort_keys=True)
 
 
 @dataclasses.dataclass
@@ -62,11 +83,16 @@ class TrialResult:
 
     @property
     def one_time_s(self) -> float | None:
-        """Setup plus the first step's excess over a steady step (where compile lands)."""
+        """What this configuration costs once, before its steady steps: its own setup (the
+        DataLoader, its first batch, the model) plus the first step's excess over a steady
+        step (where compile lands). Not the process's setup (imports, the model file's
+        build_dataset): every configuration pays that alike, and a warm process paid it
+        before."""
         if not self.setup or not self.warmup:
             return None
         excess = self.warmup["first_step_s"] - self.warmup["step_s"]
-        return self.setup["seconds"] + max(0.0, excess)
+        own = self.setup["seconds"] - float(self.setup.get("process_s") or 0.0)
+        return max(0.0, own) + max(0.0, excess)
 
     @property
     def losses(self) -> list[float]:
@@ -90,6 +116,7 @@ class TrialResult:
             "peak_rss_mb": round(self.peak_tree_rss_mb, 1),
             "wall_s": round(self.wall_s, 2),
             "phases": self.phases,
+            "warm": bool(self.setup.get("warm")),  # run in a process an earlier trial started
             "losses": self.losses[:200],
             "facts": {k: v for k, v in self.facts.items() if k != "layer_widths"},
             "threads_seen": self.setup.get("threads"),
@@ -156,6 +183,43 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
     return json.loads(report.read_text())
 
 
+@dataclasses.dataclass(eq=False)
+class TrialProcess:
+    """A trial's process tree; a warm one (``key`` set) takes its next configuration's
+    spec from ``control`` once it has reported the last one."""
+
+    proc: subprocess.Popen
+    tmpdir: str
+    key: str | None = None
+    control: Path | None = None
+    log: IO[bytes] | None = None  # where its output went when it started
+    members: dict[int, float] = dataclasses.field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def dispatch(self, spec_path: Path) -> None:
+        assert self.control is not None
+        with open(self.control, "a") as f:
+            f.write(f"{spec_path}\n")
+
+    def kill(self) -> None:
+        proctree.kill_tree(self.proc.pid)
+        self.proc.wait()
+        # Descendants of a root that already exited were re-parented: find them by record.
+        proctree.kill_known(self.members)
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def _end_all(processes: dict[str, TrialProcess]) -> None:
+    for process in processes.values():
+        process.kill()
+    processes.clear()
+
+
 class LiveTrialLike(Protocol):
     """A started trial as verification drives it: ``LiveTrial``, or a test's stand-in."""
 
@@ -196,6 +260,7 @@ class TrialRunner:
         cwd: str | os.PathLike[str] | None = None,
         python: str = sys.executable,
         seed: int = 0,
+        warm: bool = True,
     ) -> None:
         self.model_file = str(Path(model_file).resolve())
         self.machine = as_machine(machine)
@@ -213,6 +278,35 @@ class TrialRunner:
         self.log_cap_bytes = log_cap_bytes
         self.python = python
         self.seed = seed
+        # Configurations that share their process knobs are measured one after another
+        # in one warm process (``process_key``); False: each in a fresh one.
+        self.warm = warm
+        self._idle: dict[str, TrialProcess] = {}
+        self._finalizer = weakref.finalize(self, _end_all, self._idle)
+
+    def close(self) -> None:
+        """End the idle warm processes."""
+        _end_all(self._idle)
+
+    def park(self, process: TrialProcess) -> None:
+        """Keep a warm process that finished a configuration for the next one it can run;
+        past WARM_PROCESSES idle ones, the least recently used ends."""
+        assert process.key is not None
+        stale = self._idle.pop(process.key, None)
+        if stale is not None:
+            stale.kill()
+        self._idle[process.key] = process
+        keep = WARM_PROCESSES["cuda" if '"device": "cuda"' in process.key else "cpu"]
+        while len(self._idle) > keep:
+            oldest = next(iter(self._idle))
+            self._idle.pop(oldest).kill()
+
+    def _warm_process(self, key: str) -> TrialProcess | None:
+        process = self._idle.pop(key, None)
+        if process is not None and not process.alive():
+            process.kill()
+            return None
+        return process
 
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
@@ -231,27 +325,34 @@ class TrialRunner:
     def run_script(self, launcher: Path, *, steps: int, workdir: Path,
                    timeout_s: float) -> dict[str, Any]:
         """Run an emitted launch.sh for ``steps`` steps, alone on the machine."""
+        self.close()
         return run_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s,
                             cwd=self.cwd)
 
     def start(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
               mode: Mapping[str, Any] | None = None, extra_env: Mapping[str, str] | None = None) -> LiveTrial:
-        """Start ``cfg``'s process tree and return the handle that watches it."""
+        """Start ``cfg``'s process tree, or hand ``cfg`` to a warm process that can run it,
+        and return the handle that watches it."""
+        mode = dict(mode or {})
+        serving = mode.get("mode") == Mode.SERVE
+        if serving:
+            self.close()  # held side by side, they share the machine with nothing of ours
+        key = process_key(cfg) if self.warm and not serving and not extra_env else None
         folder = self.workdir / name
         folder.mkdir(parents=True, exist_ok=True)
         spec_path = folder / "spec.json"
-        for stale in ("events.jsonl", "control"):
+        for stale in ("events.jsonl", "control", "log.txt"):
             (folder / stale).unlink(missing_ok=True)
         spec = {
             "model_file": self.model_file,
             "config": cfg.to_dict(),
             "events": str(folder / "events.jsonl"),
             "control": str(folder / "control"),
+            "log": str(folder / "log.txt"),
             "measure": self.measurement.to_dict(),
             "seed": self.seed,
-            **(mode or {}),
+            **mode,
         }
-        spec_path.write_text(json.dumps(spec, indent=1))
         result = TrialResult(status=Status.FAILED, log_path=str(folder / "log.txt"))
         try:
             env_vars, result.warnings = launch.environment(cfg, machine=self.machine)
@@ -259,12 +360,22 @@ class TrialRunner:
             result.failure, result.message = Failure.ERROR, str(exc)
             return LiveTrial.failed_to_start(result)
         result.env = env_vars
+        warm = self._warm_process(key) if key is not None else None
+        if warm is not None:
+            assert warm.control is not None
+            spec_path.write_text(json.dumps({**spec, "next": str(warm.control)}, indent=1))
+            return LiveTrial(self, folder=folder, process=warm, result=result, on_window=on_window,
+                             spec=spec_path)
         # faulthandler: a trial killed by a signal still says where, in its own log.
         # Temporary files of the trial (multiprocessing's pymp-*, the ranks' file store)
         # go to a folder of its own, removed when it ends: a killed trial cannot clean up,
         # and /tmp filled with them. Short, in the system's temp folder: multiprocessing
         # binds Unix sockets there, whose paths may not exceed 107 bytes.
         tmp = tempfile.mkdtemp(prefix="autotune-trial-")
+        control = Path(tmp) / "next" if key is not None else None
+        if control is not None:
+            spec["next"] = str(control)
+        spec_path.write_text(json.dumps(spec, indent=1))
         env = {**launch.without_distributed(os.environ), **compile_cache_env(os.environ),
                **env_vars, **(extra_env or {}),
                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "TMPDIR": tmp,
@@ -272,22 +383,35 @@ class TrialRunner:
         # The worker runs from autotune's own source tree whether or not it is installed.
         env = with_package_on_path(env)
         argv = launch.command(cfg, ["-m", "autotune.trials.worker", str(spec_path)], python=self.python)
-        return LiveTrial(self, folder=folder, argv=argv, env=env, result=result,
-                         on_window=on_window, serving=(mode or {}).get("mode") == Mode.SERVE,
-                         tmpdir=tmp)
+        # O_APPEND: writes land at the end after a cut. Held open for the process's life.
+        log = open(folder / "log.txt", "ab")  # noqa: SIM115
+        measure_lock.acquire()
+        try:
+            proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, cwd=str(self.cwd), start_new_session=True,
+                preexec_fn=proctree.die_with_parent,
+            )
+        except BaseException:
+            measure_lock.release()
+            log.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        process = TrialProcess(proc=proc, tmpdir=tmp, key=key, control=control, log=log)
+        return LiveTrial(self, folder=folder, process=process, result=result, on_window=on_window,
+                         serving=serving, locked=True)
 
 
 class LiveTrial:
-    """A running trial's process tree, watched: its events, wall time, progress and
-    memory. ``wait()`` follows it to the end; a serving trial (verification) instead
-    runs one window per ``window()`` call, idle in between."""
+    """A running trial, watched: its events, wall time, progress and memory. ``wait()``
+    follows it to the end; a serving trial (verification) instead runs one window per
+    ``window()`` call, idle in between. A warm process (``TrialProcess.key``) outlives
+    the trial that finishes well: it goes back to the runner for the next one."""
 
-    def __init__(self, runner: TrialRunner | None, *, folder: Path | None, argv: list[str] | None,
-                 env: dict[str, str] | None, result: TrialResult,
-                 on_window: Callable[[int, float], bool] | None = None, serving: bool = False,
-                 tmpdir: str | None = None) -> None:
-        self.runner, self.folder, self.result = runner, folder, result
-        self.tmpdir = tmpdir
+    def __init__(self, runner: TrialRunner | None, *, folder: Path | None, process: TrialProcess | None,
+                 result: TrialResult, on_window: Callable[[int, float], bool] | None = None,
+                 serving: bool = False, locked: bool = False, spec: Path | None = None) -> None:
+        self.runner, self.folder, self.result, self.process = runner, folder, result, process
         self.on_window, self.serving = on_window, serving
         self.killed_for: tuple[Status | Failure, str] | None = None  # PRUNED, or the failure
         self.ready = False
@@ -295,30 +419,26 @@ class LiveTrial:
         self.last_progress: float | None = None  # set once steps run: only then is a stall a hang
         self.step_s = 0.0  # the trial's own step time, once seen: the hang limit scales with it
         self.finished = runner is None
-        self.proc: subprocess.Popen | None = None
         self.memory_checked = 0.0
         if runner is None:
             return
-        assert folder is not None and argv is not None
-        measure_lock.acquire()
+        assert folder is not None and process is not None
+        if not locked:  # a fresh process's trial took its turn before it started
+            measure_lock.acquire()
         self.started = time.monotonic()
         self.started_epoch = time.time()  # events carry wall-clock stamps
-        log_path = folder / "log.txt"
-        log_path.unlink(missing_ok=True)
-        # O_APPEND: writes land at the end after a cut. Held open for the trial's life.
-        self._log = open(log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, cwd=str(runner.cwd), start_new_session=True,
-            preexec_fn=proctree.die_with_parent,
-        )
-        self.members: dict[int, float] = {}
         self.log_cut = 0  # bytes cut from the log (cap_log)
         self.reader = logs.EventReader(folder / "events.jsonl")
+        if spec is not None:
+            process.dispatch(spec)
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        return self.process.proc if self.process is not None else None
 
     @classmethod
     def failed_to_start(cls, result: TrialResult) -> LiveTrial:
-        return cls(None, folder=None, argv=None, env=None, result=result)
+        return cls(None, folder=None, process=None, result=result)
 
     # --- watching -------------------------------------------------------------------
 
@@ -357,10 +477,13 @@ class LiveTrial:
         """Read new events and enforce the limits; True once the trial has ended."""
         if self.finished:
             return True
-        assert self.runner is not None and self.proc is not None
+        assert self.runner is not None and self.process is not None
         for ev in self.reader.read():
             self._handle(ev)
-        if self.killed_for is None and self.proc.poll() is None:
+        if self._reported():
+            self._finish()
+            return True
+        if self.killed_for is None and self.process.alive():
             now = time.monotonic()
             runner = self.runner
             idle = self.serving and self.ready and self.pending_since is None
@@ -379,8 +502,8 @@ class LiveTrial:
                 # not pay for it more than once a second.
                 self.memory_checked = now
                 self._cap_log()
-                self.members.update(proctree.snapshot(self.proc.pid))
-                rss = proctree.tree_rss(self.proc.pid)
+                self.process.members.update(proctree.snapshot(self.process.proc.pid))
+                rss = proctree.tree_rss(self.process.proc.pid)
                 self.result.peak_tree_rss_mb = max(self.result.peak_tree_rss_mb, rss / 2**20)
                 if runner.memory_limit_bytes and rss > runner.memory_limit_bytes:
                     self.killed_for = (
@@ -388,10 +511,15 @@ class LiveTrial:
                         f"used {rss / 2**20:.0f} MiB, over the trial limit of "
                         f"{runner.memory_limit_bytes / 2**20:.0f} MiB",
                     )
-        if self.killed_for is not None or self.proc.poll() is not None:
+        if self.killed_for is not None or not self.process.alive():
             self._finish()
             return True
         return False
+
+    def _reported(self) -> bool:
+        """A warm process's trial ends with its report: its process lives on."""
+        assert self.process is not None
+        return self.process.key is not None and bool(self.result.done)
 
     @property
     def hang_limit(self) -> float:
@@ -445,16 +573,15 @@ class LiveTrial:
 
     def rss(self) -> int:
         """Resident memory of the trial's whole process tree now, in bytes."""
-        if self.proc is None or self.finished:
+        if self.process is None or self.finished:
             return 0
-        return proctree.tree_rss(self.proc.pid)
+        return proctree.tree_rss(self.process.proc.pid)
 
     def kill(self) -> None:
-        if self.proc is not None:
-            proctree.kill_tree(self.proc.pid)
-            self.proc.wait()
-            proctree.kill_known(self.members)
+        """End the trial now, with its process (a finished one's process is no longer its own)."""
         if not self.finished:
+            assert self.process is not None
+            self.process.kill()
             self._finish()
 
     def _phases(self) -> dict[str, float]:
@@ -477,26 +604,26 @@ class LiveTrial:
     def _finish(self) -> None:
         if self.finished:
             return
-        assert self.proc is not None and self.runner is not None
-        proctree.kill_tree(self.proc.pid)
-        self.proc.wait()
-        # Descendants of a root that already exited were re-parented: find them by record.
-        proctree.kill_known(self.members)
-        self._log.close()
+        assert self.process is not None and self.runner is not None
+        process = self.process
+        for ev in self.reader.read():  # lines written just before the end
+            if ev.get("e") in (Event.DONE, Event.ERROR):
+                self._handle(ev)
+        kept = (process.key is not None and self.killed_for is None and bool(self.result.done)
+                and self.result.failure is None and process.alive())
+        if kept:
+            self.runner.park(process)
+        else:
+            process.kill()
         self._cap_log()
         if self.log_cut:
             self.result.warnings.append(
                 f"its log grew past {self.runner.log_cap_bytes:,} bytes: {self.log_cut:,} bytes "
                 f"from the middle were cut ({self.result.log_path})")
-        if self.tmpdir is not None:
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
         self.finished = True
         measure_lock.release()
         result = self.result
         result.wall_s = time.monotonic() - self.started
-        for ev in self.reader.read():  # lines written just before the end
-            if ev.get("e") in (Event.DONE, Event.ERROR):
-                self._handle(ev)
         result.log_tail = logs.tail(Path(result.log_path))
         result.phases = self._phases()
         if self.killed_for is not None:
@@ -510,17 +637,18 @@ class LiveTrial:
                 result.failure = Failure(kind)
         elif result.done:
             result.status = Status.OK
-            if self.proc.returncode != 0:
+            code = process.proc.returncode
+            if code not in (None, 0):
                 result.warnings.append(
                     f"the trial finished its measurement, then exited with code "
-                    f"{self.proc.returncode}: {logs.signal_from_log(result.log_tail) or 'see its log'}")
+                    f"{code}: {logs.signal_from_log(result.log_tail) or 'see its log'}")
             if "value" in result.done:
                 result.value = float(result.done["value"])
                 result.iqr = result.done.get("iqr")
                 result.values = list(result.done.get("values", result.values))
         elif result.failure is None:
             result.failure = Failure.CRASH
-            code = self.proc.returncode
+            code = process.proc.returncode
             sig = -code if code < 0 else None
             name_ = signal.Signals(sig).name if sig else logs.signal_from_log(result.log_tail)
             result.message = f"killed by {name_}" if name_ else f"exit code {code}"

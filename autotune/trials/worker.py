@@ -30,7 +30,7 @@ from autotune.trials import proctree
 from autotune.trials.protocol import Event, Failure, Measurement, Mode
 
 if TYPE_CHECKING:
-    from autotune.runtime.session import Session
+    from autotune.runtime.session import ProcessSetup, Session
 
 
 class Events:
@@ -147,12 +147,12 @@ def window(session: Session, steps: int, index: int, events: Events, *,
     return value, losses
 
 
-def finish(session: Session, values: list[float], losses: list[float], events: Events) -> None:
+def finish(session: Session, values: list[float], losses: list[float]) -> dict[str, Any]:
+    """The fields of a measurement's DONE event."""
     from autotune.runtime.facts import cuda_memory
 
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    events.emit(
-        Event.DONE,
+    return dict(
         value=statistics.median(values),
         values=values,
         iqr=q[2] - q[0],
@@ -162,14 +162,14 @@ def finish(session: Session, values: list[float], losses: list[float], events: E
     )
 
 
-def measure(session: Session, spec: Measurement, events: Events) -> None:
+def measure(session: Session, spec: Measurement, events: Events) -> dict[str, Any]:
     steps = calibrate(session, spec, events)
     values, losses = [], []
     for w in range(spec.windows):
         value, window_losses = window(session, steps, w, events)
         values.append(value)
         losses.extend(window_losses)
-    finish(session, values, losses, events)
+    return finish(session, values, losses)
 
 
 def serve(session: Session, spec: Measurement, control: str, events: Events) -> None:
@@ -203,15 +203,15 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
             losses.extend(window_losses)
 
 
-def trajectory(session: Session, steps: int, events: Events) -> None:
+def trajectory(session: Session, steps: int) -> dict[str, Any]:
     """Losses of a fixed number of steps, averaged over ranks: the numerics check."""
     losses = []
     for _ in range(steps):
         losses.append(float(session.dist.mean(session.step())))
-    events.emit(Event.DONE, losses=losses)
+    return dict(losses=losses)
 
 
-def quality(session: Session, steps: int, events: Events) -> None:
+def quality(session: Session, steps: int) -> dict[str, Any]:
     """Train a fixed number of steps, then score with the user's evaluate (rank 0)."""
     from autotune.runtime.model import check_finite, unwrap_model
 
@@ -221,71 +221,127 @@ def quality(session: Session, steps: int, events: Events) -> None:
     if session.dist.rank == 0:
         model = unwrap_model(session.model)
         metric = float(session.user.evaluate(model))
-    events.emit(Event.DONE, metric=metric, losses=values)
+    return dict(metric=metric, losses=values)
+
+
+def run_spec(spec: dict[str, Any], setup: ProcessSetup | None, events: Events) -> ProcessSetup:
+    """Train and measure one configuration as its spec says, in this process's ``setup``
+    (made here for the process's first configuration); returns the setup. A spec with a
+    ``next`` control file leaves the process ready for the next configuration before it
+    reports, so that its teardown is over before anything else measures."""
+    from autotune.runtime.facts import process_facts
+    from autotune.runtime.session import ProcessSetup, Session
+
+    cfg, model_file, seed = spec["config"], spec["model_file"], int(spec.get("seed", 0))
+    started = time.perf_counter()
+    mode = Mode(spec.get("mode", Mode.MEASURE))
+    # The numerics check compares fp32 trajectories in true IEEE fp32 (the reference's
+    # and an fp32 candidate's alike), not with the TF32 convolutions PyTorch allows.
+    strict_fp32 = mode is Mode.TRAJECTORY and cfg.get("precision", Precision.FP32) == Precision.FP32
+    reused = setup is not None
+    if setup is None:
+        setup = ProcessSetup(model_file, cfg, seed=seed, strict_fp32=strict_fp32)
+    process_s = time.perf_counter() - started
+    session = Session(model_file, cfg, seed=seed, strict_fp32=strict_fp32, setup=setup)
+    events.emit(
+        Event.SETUP,
+        seconds=time.perf_counter() - started,
+        # of which the process's own setup (the model file's import, build_dataset), the
+        # same for every configuration and paid once by a warm process's first one
+        process_s=0.0 if reused else process_s,
+        world=session.dist.world,
+        backend=session.dist.backend,
+        pid=os.getpid(),
+        warm=reused,
+        **process_facts(),
+    )
+    measurement = Measurement.from_dict(spec.get("measure", {}))
+    if mode is Mode.TRAJECTORY:
+        done = trajectory(session, int(spec["steps"]))
+    elif mode is Mode.QUALITY:
+        done = quality(session, int(spec["steps"]))
+    elif mode is Mode.SERVE:
+        serve(session, measurement, spec["control"], events)
+        raise AssertionError("a served trial runs until it is ended")
+    else:
+        done = measure(session, measurement, events)
+    if spec.get("next"):
+        session.release()
+    events.emit(Event.DONE, **done)
+    return setup
+
+
+def next_spec(control: str, offset: int) -> tuple[str, int]:
+    """Wait for the next line of the control file: the path of the next configuration's
+    spec. Returns it and the offset after it."""
+    while True:
+        try:
+            with open(control) as f:
+                f.seek(offset)
+                text = f.read()
+        except FileNotFoundError:
+            text = ""
+        end = text.find("\n")
+        if end >= 0:
+            return text[:end].strip(), offset + end + 1
+        time.sleep(0.02)  # idle between configurations: a cheap poll
+
+
+def log_to(path: str) -> None:
+    """This process's output (and its future DataLoader workers') into ``path``: each
+    configuration a warm process measures keeps a log of its own."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def main(argv: list[str]) -> int:
     ranks.bootstrap()
-    from autotune.runtime.facts import process_facts
-    from autotune.runtime.session import Session
-
     proctree.die_with_parent()  # a rank must not outlive its launcher (start_ranks or the tuner)
-    with open(argv[0]) as f:
-        spec = json.load(f)
     rank = int(os.environ.get("RANK", "0"))
-    events = Events(spec["events"], rank)
-    cfg = spec["config"]
-    model_file = spec["model_file"]
-    started = time.perf_counter()
-    try:
-        mode = Mode(spec.get("mode", Mode.MEASURE))
-        # The numerics check compares fp32 trajectories in true IEEE fp32 (the reference's
-        # and an fp32 candidate's alike), not with the TF32 convolutions PyTorch allows.
-        strict_fp32 = mode is Mode.TRAJECTORY and cfg.get("precision", Precision.FP32) == Precision.FP32
-        session = Session(model_file, cfg, seed=int(spec.get("seed", 0)), strict_fp32=strict_fp32)
-        events.emit(
-            Event.SETUP,
-            seconds=time.perf_counter() - started,
-            world=session.dist.world,
-            backend=session.dist.backend,
-            pid=os.getpid(),
-            **process_facts(),
-        )
-        measurement = Measurement.from_dict(spec.get("measure", {}))
-        if mode is Mode.TRAJECTORY:
-            trajectory(session, int(spec["steps"]), events)
-        elif mode is Mode.QUALITY:
-            quality(session, int(spec["steps"]), events)
-        elif mode is Mode.SERVE:
-            serve(session, measurement, spec["control"], events)
-        else:
-            measure(session, measurement, events)
-        # The result is written. Tearing down gloo and torch's threads adds nothing to a
-        # trial and can abort ("terminate called without an active exception", seen in
-        # CI on a 2-rank trial): leave without it.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        events.emit(
-            Event.ERROR,
-            all_ranks=True,
-            kind=classify(exc, model_file),
-            message=f"{type(exc).__name__}: {exc}"[:2000],
-            traceback=traceback.format_exc()[-8000:],
-        )
-        traceback.print_exc()
-        # As on success, and more so here: interpreter teardown with a live process group
-        # can stall (NCCL, while peers wait in a collective), and a rank that never exits
-        # leaves its error to be reported as the hang that follows. Teardown would have
-        # ended this process's DataLoader workers; without it they are ended here: one
-        # that failed at the first batch was gone before the tuner could record it.
-        proctree.reap_orphans()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(3)
+    spec_path, offset = argv[0], 0
+    setup: ProcessSetup | None = None
+    while True:
+        with open(spec_path) as f:
+            spec = json.load(f)
+        events = Events(spec["events"], rank)
+        try:
+            setup = run_spec(spec, setup, events)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            events.emit(
+                Event.ERROR,
+                all_ranks=True,
+                kind=classify(exc, spec["model_file"]),
+                message=f"{type(exc).__name__}: {exc}"[:2000],
+                traceback=traceback.format_exc()[-8000:],
+            )
+            traceback.print_exc()
+            # As on success, and more so here: interpreter teardown with a live process group
+            # can stall (NCCL, while peers wait in a collective), and a rank that never exits
+            # leaves its error to be reported as the hang that follows. Teardown would have
+            # ended this process's DataLoader workers; without it they are ended here: one
+            # that failed at the first batch was gone before the tuner could record it.
+            # A warm process ends too: whatever failed may have left it unfit to measure.
+            proctree.reap_orphans()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(3)
+        if not spec.get("next"):
+            break  # a warm process waits for its next configuration until it is ended
+        spec_path, offset = next_spec(spec["next"], offset)
+        with open(spec_path) as f:
+            log_to(json.load(f)["log"])
+    # The result is written. Tearing down gloo and torch's threads adds nothing to a
+    # trial and can abort ("terminate called without an active exception", seen in
+    # CI on a 2-rank trial): leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -28,27 +28,35 @@ def search_timeout(timeout_s: float | None) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class Costs:
-    """Seconds, as this run measured them. ``start_s``: a process from its start until it
-    measures, and its end (a trial's wall time less its measured windows); ``window_s``:
-    one side-by-side window; ``sample_s``: one training step's time per sample at the
-    baseline's rate (the candidates are faster: an upper bound)."""
+    """Seconds, as this run measured them. ``start_s``: a fresh process from its start until
+    it measures, and its end (a trial's wall time less its measured windows): what each
+    configuration held side by side and each standalone run pays; ``trial_start_s``: the
+    same over all the search's trials, warm ones included (a trial handed to a process an
+    earlier one started pays no start): what the gates' runs pay, which the runner hands to
+    warm processes alike; ``window_s``: one side-by-side window; ``sample_s``: one training
+    step's time per sample at the baseline's rate (the candidates are faster: an upper
+    bound)."""
 
     start_s: float
     window_s: float
     sample_s: float
+    trial_start_s: float | None = None  # None: as ``start_s``
 
     @classmethod
     def from_trials(cls, results: Iterable[Mapping[str, Any]], *, window_s: float,
                     baseline_rate: float) -> Costs:
         """From the search's trials' results (``TrialResult.summary``)."""
-        overheads = [float(r["phases"]["overhead_s"]) for r in results
+        overheads = [(float(r["phases"]["overhead_s"]), bool(r.get("warm"))) for r in results
                      if (r.get("phases") or {}).get("overhead_s") is not None]
-        return cls(start_s=statistics.median(overheads) if overheads else 0.0, window_s=window_s,
-                   sample_s=1.0 / baseline_rate if baseline_rate > 0 else 0.0)
+        fresh = [s for s, warm in overheads if not warm] or [s for s, _ in overheads]
+        return cls(start_s=statistics.median(fresh) if fresh else 0.0, window_s=window_s,
+                   sample_s=1.0 / baseline_rate if baseline_rate > 0 else 0.0,
+                   trial_start_s=statistics.median(s for s, _ in overheads) if overheads else None)
 
     def process(self, *, samples: float = 0.0) -> float:
-        """One process that trains ``samples`` samples (a numerics trajectory, a quality run)."""
-        return self.start_s + samples * self.sample_s
+        """One trial that trains ``samples`` samples (a numerics trajectory, a quality run)."""
+        start = self.start_s if self.trial_start_s is None else self.trial_start_s
+        return start + samples * self.sample_s
 
     def side_by_side(self, configs: Sequence[TrialConfig], rounds: int) -> float:
         """``configs`` measured side by side for ``rounds`` rounds: held, one window each;

@@ -35,6 +35,7 @@ from autotune.document.measures import CandidateOutcome, Check, Standalone
 from autotune.document.stages import Stage, StageRecord
 from autotune.options import RunOptions
 from autotune.runtime.knobs import Precision
+from autotune.search.objective import Pricing
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
 from autotune.verify import ablation, sequential, standalone
@@ -275,28 +276,37 @@ def describe_checks(verdict: Verdict) -> str:
     return f"{what}: " + ("; ".join(parts) if parts else "not checked")
 
 
-def rank_by_rounds(verdicts: list[Verdict]) -> list[Verdict]:
+def rank_by_rounds(verdicts: list[Verdict], pricing: Pricing | None = None) -> list[Verdict]:
     """Fastest first, judged round by round against the candidates' own level
     (``side_by_side.relative_to_level``), not against the baseline's window. Those the
-    speed check stopped as clearly slower than the leader come after the ones it measured
-    to the end (by their ratio over the baseline); those whose re-measurement failed last."""
+    speed check stopped as clearly slower than the leader are judged against the same
+    level in their rounds and come after the ones it measured to the end; those whose
+    re-measurement failed last. With a planned run (``pricing``), shortest predicted run
+    first: the same rates, and each one's one-time cost from the search."""
     measured = [v for v in verdicts if v.speed.get("samples_per_s")]
     if not measured:
         return list(verdicts)
     stopped = [v for v in measured if v.speed.get("stopped")]
-    to_the_end = [v for v in measured if v not in stopped]
-    for v, relative in zip(to_the_end, relative_to_level([v.speed["samples_per_s"] for v in to_the_end])):
-        v.speed["relative_to_candidates"] = relative
-    return sorted(verdicts, key=lambda v: (v in to_the_end, v.speed.get("relative_to_candidates", 0.0),
-                                           v in stopped, v.speed.get("median", 0.0)), reverse=True)
+    to_the_end = [v for v in measured if v not in stopped] or stopped
+    beside = [v for v in stopped if v not in to_the_end]
+    relative = relative_to_level([v.speed["samples_per_s"] for v in to_the_end],
+                                 beside=[v.speed["samples_per_s"] for v in beside])
+    for v, r in zip([*to_the_end, *beside], relative):
+        v.speed["relative_to_candidates"] = r
+    if pricing is not None:  # search.objective: compiling's one-time cost counts
+        pricing.price([(v.config, v.speed) for v in measured])
+        return sorted(verdicts, key=lambda v: v.speed.get("planned_s", math.inf))
+    return sorted(verdicts, key=lambda v: (v in to_the_end, v.speed.get("relative_to_candidates", 0.0)),
+                  reverse=True)
 
 
-def outcomes(verdicts: list[Verdict], winner: Verdict | None) -> list[CandidateOutcome]:
+def outcomes(verdicts: list[Verdict], winner: Verdict | None,
+             pricing: Pricing | None = None) -> list[CandidateOutcome]:
     """Every candidate's re-measured speed and what became of it, in the order they were
     tried: with the passed-but-not-chosen ones kept, the verification order can be
     audited afterwards (which candidate a different order would have emitted)."""
     out = []
-    for v in rank_by_rounds(verdicts):
+    for v in rank_by_rounds(verdicts, pricing):
         if v is winner:
             outcome = "emitted"
         elif not v.passed:
@@ -328,6 +338,7 @@ class Settings:
     replacements: int = 2  # per kind (exact, reduced) for candidates the gates reject
     ablation: bool = True  # measure each knob's worth and drop those worth nothing
     pinned: frozenset[str] = frozenset()  # knobs the user fixed: never ablated or dropped
+    pricing: Pricing | None = None  # the planned run (--train-steps, --epochs), if any
     budget: Budget | None = None  # what --timeout leaves, where it was given (autotune.verify.fit)
 
 
@@ -461,8 +472,11 @@ def verify_candidates(
         # one dict: the ranking's relative speed is recorded in the speed check too
         by_cfg[cfg].speed = dict(check.detail)
         by_cfg[cfg].checks["speed"] = Check(check.passed, by_cfg[cfg].speed)
+        if settings.pricing is not None and check.passed:  # faster per step: and over the planned run?
+            by_cfg[cfg].checks["plan"] = settings.pricing.check(cfg, check.detail, baseline=baseline,
+                                                                base_speed=base_speed)
     verdicts = list(by_cfg.values())
-    ranked = [v for v in rank_by_rounds(verdicts) if v.passed]
+    ranked = [v for v in rank_by_rounds(verdicts, settings.pricing) if v.passed]
     simpler: Verdict | None = None
     if ranked and settings.ablation and _ablation_fits(settings, ranked[0].config, baseline, len(survivors)):
         measured = {baseline: base_speed["samples_per_s"],

@@ -259,12 +259,25 @@ def speed_check(
     return reference_speed, checks
 
 
-def relative_to_level(rates: Sequence[Sequence[float]]) -> list[float]:
+def relative_to_level(rates: Sequence[Sequence[float]], *,
+                      beside: Sequence[Sequence[float]] = ()) -> list[float]:
     """Per configuration, the median over rounds of its rate over the round's level (the
     geometric mean of all their rates in that round): configurations close to each other
     are told apart by windows taken seconds apart, and one noisy reference window no
-    longer moves them all."""
+    longer moves them all. ``beside``: configurations measured in fewer of those rounds
+    (stopped early), each over the same level in the rounds it was measured in; listed
+    after ``rates``', and all of them then taken over the level of every configuration
+    (from their medians), as when each was measured in every round."""
     rounds = min(len(r) for r in rates)
     level = [math.exp(statistics.fmean(math.log(max(r[t], 1e-9)) for r in rates))
              for t in range(rounds)]
-    return [statistics.median(r[t] / level[t] for t in range(rounds)) for r in rates]
+    relative = [statistics.median(r[t] / level[t] for t in range(min(len(r), rounds)))
+                for r in [*rates, *beside]]
+    if not beside:
+        return relative
+
+    def geometric(group: Sequence[Sequence[float]]) -> float:
+        return math.exp(statistics.fmean(math.log(max(statistics.median(r), 1e-9)) for r in group))
+
+    scale = geometric(rates) / geometric([*rates, *beside])
+    return [r * scale for r in relative]

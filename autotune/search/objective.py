@@ -1,0 +1,256 @@
+"""The time-to-train objective: the run the user plans (``--train-steps``, ``--epochs``),
+how long it would take in a configuration, and after how many steps compiling pays for
+itself.
+
+Without a plan the search ranks configurations by steady throughput, as for a run of
+endless length. With one, by the planned run's predicted wall time: the configuration's
+one-time cost (``TrialResult.one_time_s``: its own setup, and the first step's excess over
+a steady step, where torch.compile compiles and DataLoader workers start) plus the planned
+samples at its steady rate. The process's own start (imports, the model file's
+``build_dataset``) costs every configuration alike and is left out of every prediction. The Optuna study still maximizes: a trial's
+value is its effective throughput, the planned samples over that predicted time, which
+orders configurations as their predicted times do and equals the steady throughput for an
+endless run; the pruner, the sampler and the dashboard read it as they read throughput.
+
+Planned steps are counted at the user's own (the baseline's) global batch, so the planned
+work is the same samples whatever batch a configuration trains with; an epoch is the data
+set's length in samples.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.document.measures import Check
+from autotune.errors import UsageError
+from autotune.runtime.knobs import CompileMode
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a person reads them: 41 s, 7.5 min, 2.3 h."""
+    if seconds < 120:
+        return f"{seconds:,.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:,.1f} min"
+    return f"{seconds / 3600:,.1f} h"
+
+
+def per_step(seconds: float) -> str:
+    """A step's share of time: 22 ms, 0.4 ms, 1.3 s."""
+    ms = abs(seconds) * 1e3
+    if ms >= 1000:
+        return f"{abs(seconds):.1f} s"
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The run the user plans: ``samples`` of training, given as ``train_steps`` at
+    ``batch_size`` (the user's own global batch) or as ``epochs`` of ``dataset_len`` samples."""
+
+    samples: int
+    batch_size: int
+    train_steps: int | None = None
+    epochs: int | None = None
+    dataset_len: int | None = None
+
+    @classmethod
+    def of(cls, *, train_steps: int | None, epochs: int | None, batch_size: int,
+           dataset_len: int | None) -> Plan | None:
+        """The plan of ``--train-steps`` or ``--epochs`` (``RunOptions`` checked them) for a
+        model file of ``batch_size`` and ``dataset_len``; None when neither was given."""
+        if train_steps is not None:
+            return cls(samples=train_steps * batch_size, batch_size=batch_size, train_steps=train_steps)
+        if epochs is None:
+            return None
+        if dataset_len is None:
+            raise UsageError(
+                f"--epochs {epochs}: the model file's data set has no length (an iterable data "
+                "set), so an epoch's size is unknown; give the run you plan as --train-steps N "
+                f"instead (N steps at your batch size, {batch_size})")
+        return cls(samples=epochs * dataset_len, batch_size=batch_size, epochs=epochs,
+                   dataset_len=dataset_len)
+
+    @property
+    def steps(self) -> float:
+        """The planned run's steps at the user's batch size."""
+        return self.samples / self.batch_size
+
+    def predicted_s(self, *, samples_per_s: float, one_time_s: float | None) -> float:
+        """The planned run's wall time at this steady rate after this one-time cost."""
+        return (one_time_s or 0.0) + self.samples / samples_per_s
+
+    def effective(self, *, samples_per_s: float, one_time_s: float | None) -> float:
+        """The planned samples over the predicted time: the search's value under a plan."""
+        return self.samples / self.predicted_s(samples_per_s=samples_per_s, one_time_s=one_time_s)
+
+    def describe(self) -> str:
+        if self.epochs is not None:
+            return (f"{self.epochs:,} epoch{'s' if self.epochs != 1 else ''} of "
+                    f"{self.dataset_len or 0:,} samples")
+        return f"{self.train_steps or 0:,} steps at batch {self.batch_size}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"samples": self.samples, "batch_size": self.batch_size,
+                **{k: v for k, v in (("train_steps", self.train_steps), ("epochs", self.epochs),
+                                     ("dataset_len", self.dataset_len)) if v is not None}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        return cls(samples=data["samples"], batch_size=data["batch_size"],
+                   train_steps=data.get("train_steps"), epochs=data.get("epochs"),
+                   dataset_len=data.get("dataset_len"))
+
+
+def described(plan: Mapping[str, Any] | None) -> str:
+    """A plan as stored (``Plan.to_json``), or none, in words."""
+    if plan is None:
+        return "no planned run (steady throughput, as without --train-steps and --epochs)"
+    return f"a planned run of {Plan.from_json(plan).describe()}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Measured:
+    """One configuration as the search measured it: its steady rate (the median window)
+    and its one-time cost (None where the trial did not report one)."""
+
+    config: TrialConfig
+    samples_per_s: float
+    one_time_s: float | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Pricing:
+    """A plan with the one-time costs the search measured: what verification prices its
+    candidates with. Verification measures steady rates only (side by side, then the
+    scripts alone); a configuration's one-time cost is the search's."""
+
+    plan: Plan
+    measured: tuple[Measured, ...]
+
+    def one_time_s(self, cfg: TrialConfig) -> float:
+        """``cfg``'s one-time cost as the search measured it. One it did not measure (the
+        layout contrast, ablation's simplified configuration) costs what the measured ones
+        with its compile mode on its device cost (their median): compiling dominates it."""
+        for m in self.measured:
+            if m.config == cfg and m.one_time_s is not None:
+                return m.one_time_s
+        like = [m.one_time_s for m in self.measured if m.one_time_s is not None
+                and m.config.compile == cfg.compile and m.config.device == cfg.device]
+        return statistics.median(like) if like else 0.0
+
+    def predicted_s(self, cfg: TrialConfig, samples_per_s: float) -> float:
+        return self.plan.predicted_s(samples_per_s=samples_per_s, one_time_s=self.one_time_s(cfg))
+
+    def price(self, speeds: Sequence[tuple[TrialConfig, MutableMapping[str, Any]]]) -> None:
+        """Record in each candidate's side-by-side figures (``speeds``: config, figures) the
+        planned run's predicted time, ``planned_s``. A candidate's rate is its rate relative
+        to the candidates' level (``relative_to_candidates``, as ``gates.rank_by_rounds``
+        ranks them) times that level (the geometric mean of their median windows): without
+        one-time costs, the order is the one without a plan."""
+        if not speeds:
+            return
+        level = math.exp(statistics.fmean(math.log(max(statistics.median(s["samples_per_s"]), 1e-9))
+                                          for _, s in speeds))
+        for cfg, s in speeds:
+            rate = max(s["relative_to_candidates"] * level, 1e-9)
+            s["planned_s"] = self.predicted_s(cfg, rate)
+            s["one_time_s"] = self.one_time_s(cfg)
+
+    def check(self, cfg: TrialConfig, speed: Mapping[str, Any], *, baseline: TrialConfig,
+              base_speed: Mapping[str, Any]) -> Check:
+        """Whether ``cfg``, faster per step than the baseline side by side (``speed``: its
+        speed check's figures), is faster over the planned run too, once one-time costs
+        count: compiling can save a fifth of every step and still lose a short run."""
+        base_rate = float(base_speed["median_samples_per_s"])
+        rate = float(speed["median"]) * base_rate
+        mine, theirs = self.predicted_s(cfg, rate), self.predicted_s(baseline, base_rate)
+        once, base_once = self.one_time_s(cfg), self.one_time_s(baseline)
+        detail: dict[str, Any] = {
+            "plan": self.plan.describe(), "predicted_s": mine, "baseline_predicted_s": theirs,
+            "one_time_s": once, "baseline_one_time_s": base_once}
+        if mine < theirs:
+            return Check(True, detail)
+        detail["reason"] = (
+            f"slower than the baseline over the planned run ({self.plan.describe()}): "
+            f"{duration(mine)} predicted against {duration(theirs)}, its one-time cost of "
+            f"{duration(once)} (the baseline's {duration(base_once)}) outweighs "
+            f"{float(speed['median']):.2f}x the speed per step")
+        return Check(False, detail)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BreakEven:
+    """After how many steps a compiled configuration's extra one-time cost is paid back by
+    the time it saves a step against its eager twin (the same configuration with
+    compile=off), both as the search measured them; steps at the compiled configuration's
+    batch. ``steps`` is None where it never is: no twin was measured, or compiling is not
+    faster per step (``saved_per_step_s`` 0 or less)."""
+
+    config: TrialConfig
+    twin: TrialConfig | None  # None: the eager twin was not measured
+    one_time_s: float | None = None  # compiling's extra one-time seconds over the twin
+    saved_per_step_s: float | None = None
+    steps: float | None = None
+
+    def line(self, *, plan: Plan | None = None) -> str:
+        """One line for the summary; with the ``plan``, how many such steps it has."""
+        what = f"compile={self.config.compile}"
+        eager = self.config.replace(compile=CompileMode.OFF.value).short()
+        if self.twin is None:
+            return (f"{what} ({self.config.short()}): no break-even, its eager twin ({eager}) "
+                    "was not measured in the search")
+        if self.one_time_s is None or self.saved_per_step_s is None:
+            return f"{what} (on {eager}): no break-even, a one-time cost was not measured"
+        on = f" (on {eager})"
+        if self.steps is None:
+            return (f"{what} never pays off: not faster per step ({per_step(self.saved_per_step_s)} "
+                    f"{'slower' if self.saved_per_step_s < 0 else 'saved'} a step, "
+                    f"{duration(max(0.0, self.one_time_s))} of compiling){on}")
+        batch = self.config.batch_size
+        at = f" of batch {batch}" if plan is not None and plan.batch_size != batch else ""
+        planned = f"; the planned run has {math.ceil(plan.samples / batch):,}" if plan is not None else ""
+        if self.steps == 0:
+            return (f"{what} pays off from the first step: no extra one-time cost was measured, "
+                    f"{per_step(self.saved_per_step_s)} saved a step{on}")
+        return (f"{what} pays off after {math.ceil(self.steps):,} steps{at}: {duration(self.one_time_s)} "
+                f"of compiling, {per_step(self.saved_per_step_s)} saved a step{planned}{on}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config_short": self.config.short(), "config": self.config.to_dict(),
+                "compile": self.config.compile,
+                "twin": self.twin.to_dict() if self.twin is not None else None,
+                "one_time_s": self.one_time_s, "saved_per_step_s": self.saved_per_step_s,
+                "steps": self.steps}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BreakEven:
+        return cls(config=TrialConfig.from_dict(data["config"]),
+                   twin=TrialConfig.from_dict(data["twin"]) if data.get("twin") else None,
+                   one_time_s=data.get("one_time_s"), saved_per_step_s=data.get("saved_per_step_s"),
+                   steps=data.get("steps"))
+
+
+def break_even(compiled: Measured, twin: Measured | None) -> BreakEven:
+    """``compiled`` against ``twin`` (the same configuration eager), as the search measured them."""
+    if twin is None:
+        return BreakEven(config=compiled.config, twin=None)
+    if compiled.one_time_s is None or twin.one_time_s is None:
+        return BreakEven(config=compiled.config, twin=twin.config)
+    batch = compiled.config.batch_size
+    saved = batch / twin.samples_per_s - batch / compiled.samples_per_s
+    extra = compiled.one_time_s - twin.one_time_s
+    return BreakEven(config=compiled.config, twin=twin.config, one_time_s=extra, saved_per_step_s=saved,
+                     steps=max(0.0, extra) / saved if saved > 0 else None)
+
+
+def break_evens(measured: Sequence[Measured]) -> list[BreakEven]:
+    """Each compiled configuration the search measured against its eager twin, in the
+    order given (the search's ranking)."""
+    by_cfg = {m.config: m for m in measured}
+    return [break_even(m, by_cfg.get(m.config.replace(compile=CompileMode.OFF.value)))
+            for m in measured if m.config.compile != CompileMode.OFF]
