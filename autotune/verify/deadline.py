@@ -5,8 +5,10 @@ The search gets ``SEARCH_SHARE`` of the time (it starts no trial after that; the
 measuring then finishes); verification gets what is left, and its stages are fitted to it
 (``autotune.verify.fit``). Costs are estimated from the search's trials, whose wall time
 the runner splits into phases: the part that is not the measured windows (a fresh
-interpreter, imports, the model file's setup, warm-up, the end) is what every process
-of verification pays again, each standalone run of a script included.
+interpreter, imports, the model file's setup, warm-up, the end) is what every fresh
+process of verification pays again (each configuration held side by side, each standalone
+run of a script); the gates' runs, which the runner may hand to a warm process, are
+estimated from all the trials, warm ones included.
 """
 from __future__ import annotations
 
