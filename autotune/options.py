@@ -17,6 +17,11 @@ from autotune.runtime.knobs import Precision
 # Where --storage is read from when not given: a URL with a password stays out of the
 # shell's history and the process list.
 STORAGE_ENV = "AUTOTUNE_STORAGE"
+# The search's share of --timeout; verification gets the rest (autotune.verify.deadline).
+# Verification at its smallest still starts a dozen or so processes (the gates'
+# trajectories, the side-by-side session, the standalone pairs), about as many as the
+# search's first trials: most of a short budget goes to it.
+SEARCH_SHARE = 0.3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +29,8 @@ class RunOptions:
     """What a run is asked to do; the CLI's options, by name."""
 
     trials: int = 20
+    # --timeout bounds the whole run: the search gets SEARCH_SHARE of it, verification's
+    # stages are fitted to the rest (verify.fit). None: no bound.
     timeout_s: float | None = None
     fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     exact: bool = False
@@ -32,6 +39,8 @@ class RunOptions:
     windows: int = 3
     trial_timeout_s: float = 300.0
     hang_timeout_s: float = 30.0
+    # The most side-by-side rounds and standalone pairs: each stops earlier once settled
+    # (verify.sequential).
     rounds: int = 10
     pairs: int = 6
     pair_seconds: float = 8.0

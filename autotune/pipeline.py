@@ -10,15 +10,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import __version__
 from autotune.config import TrialConfig
+from autotune.document.ablation import Ablation
 from autotune.document.measures import Baseline, Best, Interval, LayoutEffect, PrecisionNote, Rejection
 from autotune.document.plan import PlannedRun
 from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
+from autotune.document.stages import Stage, StageRecord, VerificationStages
 from autotune.emit import launch, outdir, outputs
 from autotune.errors import NotVerified
 from autotune.harness import candidate_emitter, make_runner
@@ -36,7 +39,8 @@ from autotune.task import Task, load_task
 from autotune.trials import measure_lock, proctree
 from autotune.trials.protocol import Failure
 from autotune.trials.runner import TrialRunnerLike
-from autotune.verify import gates, stats
+from autotune.verify import fit, gates, stats
+from autotune.verify.deadline import Budget, Costs, search_timeout
 
 if TYPE_CHECKING:
     import optuna
@@ -203,6 +207,7 @@ def build_document(
     baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: gates.Verdict | None,
     verdicts: list[gates.Verdict], search: SearchSummary, ranked: Sequence[Candidate], exact: bool,
     layout: LayoutEffect | None, environment: Mapping[str, str], pricing: Pricing | None = None,
+    stages: VerificationStages | None = None,
 ) -> RunDocument:
     """The run's document, assembled once from what each stage built."""
     claim = winner.standalone if winner is not None else None
@@ -239,7 +244,7 @@ def build_document(
         search=search,
         space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
         layout_effect=layout, environment=environment,
-        ablation=winner.ablation if winner is not None else None,
+        ablation=winner.ablation if winner is not None else None, stages=stages,
         plan=None if pricing is None else PlannedRun.of(
             pricing, baseline=baseline_cfg, baseline_samples_per_s=baseline.samples_per_s, chosen=chosen,
             chosen_samples_per_s=best.samples_per_s if best is not None else baseline.samples_per_s))
@@ -255,6 +260,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
          force: bool = False) -> RunDocument:
     """The run as the CLI starts it: the output folder held exclusively, the model file
     checked before anything is created, one measuring autotune per machine."""
+    started = time.time()  # --timeout counts from here
     out = output_folder(model_file, out)
     # Subreaper first: processes the model file starts during its check are ours to end.
     proctree.become_subreaper()
@@ -278,7 +284,8 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
                                  windows=options.windows, trial_timeout_s=options.trial_timeout_s,
                                  hang_timeout_s=options.hang_timeout_s, warm=options.warm_trials)
             stack.callback(runner.close)
-            return execute(task, out, options, machine=machine, runner=runner, reporter=reporter)
+            return execute(task, out, options, machine=machine, runner=runner, reporter=reporter,
+                           started_at=started)
     finally:
         proctree.reap_orphans()
 
@@ -286,11 +293,12 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
 @dataclasses.dataclass(frozen=True)
 class StudyPlace:
     """Where the run's study is: a journal in the output folder, or a shared database
-    (``storage``), under ``name``."""
+    (``storage``), under ``name``; a shared study's budget began at ``started_at``."""
 
     study: optuna.Study
     name: str
     storage: optuna.storages.RDBStorage | None = None  # a shared study's
+    started_at: float | None = None  # epoch seconds
 
     @property
     def shared(self) -> bool:
@@ -310,8 +318,8 @@ def once(say: Callable[[str], None]) -> Callable[[str], None]:
 
 
 def open_place(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
-               reporter: Reporter) -> tuple[StudyPlace, float | None]:
-    """The run's study, resumed when there is one; and, for a shared study, when its budget
+               reporter: Reporter) -> StudyPlace:
+    """The run's study, resumed when there is one; for a shared study, with when its budget
     began (the study refuses a worker that is not what it was created for)."""
     fp = fingerprint(machine.to_dict())
     name = options.study or study_name(task.path, fingerprint_id(machine.to_dict()))
@@ -323,31 +331,32 @@ def open_place(task: Task, out: Path, options: RunOptions, *, machine: Machine, 
         resumed = len(study.trials)
         if resumed:
             reporter.info(f"resuming the study in {out} ({resumed} trials stored)")
-        return StudyPlace(study=study, name=name), None
+        return StudyPlace(study=study, name=name)
     storage = database_storage(options.storage, heartbeat_s=options.heartbeat_s, on_stale=retry_stale)
     study = open_study(storage=storage, study_name=name)
     started_at = shared.join(study, storage, lock_name=f"{name}:queue", mine=shared.identity(
         fingerprint=fp, model_file=task.path, space=space.describe()))
     reporter.info(f"a worker of the study {name!r} in {shown_url(options.storage)} "
                   f"({len(study.trials)} trials stored)")
-    return StudyPlace(study=study, name=name, storage=storage), started_at
+    return StudyPlace(study=study, name=name, storage=storage, started_at=started_at)
 
 
 def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
            runner: TrialRunnerLike, reporter: Reporter,
-           plan: Plan | None = None) -> tuple[StudyPlace, SearchOutcome]:
-    """The search, resumed from the study in ``out`` (or the shared one) when there is one.
-    Raises NotVerified when the baseline could not be measured: nothing could be compared
-    with it."""
-    place, started_at = open_place(task, out, options, machine=machine, space=space, reporter=reporter)
-    sharing: dict[str, Any] = {}
+           plan: Plan | None = None, started_at: float | None = None) -> tuple[StudyPlace, SearchOutcome]:
+    """The search, resumed from the study in ``out`` (or the shared one) when there is one;
+    under --timeout it has its share of the time from ``started_at`` (a shared study's: from
+    when the study began). Raises NotVerified when the baseline could not be measured:
+    nothing could be compared with it."""
+    place = open_place(task, out, options, machine=machine, space=space, reporter=reporter)
+    sharing: dict[str, Any] = {"started_at": started_at}
     if place.storage is not None:
         storage, notice = place.storage, once(reporter.warn)
-        sharing = dict(shared=True, started_at=started_at,
+        sharing = dict(shared=True, started_at=place.started_at,
                        lock=lambda: study_lock(storage, f"{place.name}:queue"),
                        measuring=lambda: measure_lock.held(notice=notice))
     tuner = Tuner(study=place.study, space=space, runner=runner, trials=options.trials,
-                  timeout_s=options.timeout_s, progress=reporter.search,
+                  timeout_s=search_timeout(options.timeout_s), progress=reporter.search,
                   heuristics=heuristics(space, machine), plan=plan, **sharing)
     try:
         outcome = tuner.run()
@@ -367,9 +376,12 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
 
 
 def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Mapping[str, Any],
-            runner: TrialRunnerLike, reporter: Reporter) -> RunDocument:
+            runner: TrialRunnerLike, reporter: Reporter, started_at: float | None = None) -> RunDocument:
     """Search, verify and emit for ``task`` on ``machine`` (or a recorded probe document of
-    it), measuring with ``runner``; returns the result document as written to ``out``."""
+    it), measuring with ``runner``; returns the result document as written to ``out``.
+    ``started_at``: when the run began (epoch seconds; default now), what --timeout
+    bounds the run from."""
+    started = time.time() if started_at is None else started_at
     machine = as_machine(machine)
     for w in machine.warnings:
         reporter.warn(w)
@@ -385,11 +397,12 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
     if plan is not None:
         reporter.info(f"ranking by the planned run's predicted time: {plan.describe()}")
     place, outcome = search(task, out, options, machine=machine, space=space, runner=runner,
-                            reporter=reporter, plan=plan)
+                            reporter=reporter, plan=plan, started_at=started)
+    ends_at = None if options.timeout_s is None else (place.started_at or started) + options.timeout_s
 
     def verify_here() -> RunDocument:
         return verify(task, out, options, machine=machine, space=space, place=place, outcome=outcome,
-                      runner=runner, reporter=reporter, plan=plan)
+                      runner=runner, reporter=reporter, plan=plan, ends_at=ends_at)
 
     if place.shared:
         def verify_for_all() -> dict[str, Any]:
@@ -424,9 +437,10 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
 
 def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
            place: StudyPlace, outcome: SearchOutcome, runner: TrialRunnerLike,
-           reporter: Reporter, plan: Plan | None = None) -> RunDocument:
+           reporter: Reporter, plan: Plan | None = None, ends_at: float | None = None) -> RunDocument:
     """Verification of the search's best against the baseline, and the run's document (its
-    ``environment`` is the caller's to fill: each machine of a shared study writes its own)."""
+    ``environment`` is the caller's to fill: each machine of a shared study writes its own).
+    ``ends_at``: when --timeout ends the run (epoch seconds): the stages are fitted to it."""
     assert outcome.baseline is not None  # search() raises otherwise
     baseline_cfg = space.baseline
     default_threads = outcome.baseline.result.get("threads_seen")
@@ -443,20 +457,35 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.measured.samples_per_s,
                              planned_s=c.result.get("planned_s")) for c in outcome.ranked[:10]),
         study=place.name, storage=shown_url(options.storage) if options.storage else None)
+    budget = None
+    if ends_at is not None and options.timeout_s is not None:
+        budget = Budget(timeout_s=options.timeout_s, ends_at=ends_at, costs=Costs.from_trials(
+            [c.result for c in outcome.ranked], window_s=options.window_s,
+            baseline_rate=outcome.baseline.measured.samples_per_s))
     settings = gates.Settings(rounds=options.rounds, pairs=options.pairs,
                                pair_seconds=options.pair_seconds,
                                max_quality_drop=options.max_quality_drop,
-                               pinned=frozenset(options.fixed),
-                               pricing=pricing)
+                               pinned=frozenset(options.fixed), pricing=pricing, budget=budget)
+    fitted = None
+    if budget is not None and candidates:
+        fitted = fit.fit(settings, candidates, baseline=baseline_cfg, budget=budget,
+                         has_evaluate=task.has_evaluate, shortest_run_s=options.window_s * options.windows)
+        settings, candidates = fitted.settings, fitted.candidates
+        for line in [*(f"{stage.named}: {why}" for stage, why in fitted.shortened.items()), fitted.over]:
+            if line:
+                reporter.info(f"verify: {line}")
+    records: list[StageRecord] = []
     if candidates:
         reporter.info(f"verifying {len(candidates)} candidates against the baseline ...")
         winner, verdicts, base_speed = gates.verify_candidates(
             runner, baseline=baseline_cfg, candidates=candidates, reserve=ranked,
             settings=settings, has_evaluate=task.has_evaluate,
             emit_candidate=candidate_emitter(task, machine),
-            workdir=out / "verify", progress=reporter.verify)
+            workdir=out / "verify", progress=reporter.verify, stages=records)
     else:
         winner, verdicts, base_speed = None, [], {}
+    if winner is not None and fitted is not None and Stage.ABLATION in fitted.shortened:
+        winner.ablation = Ablation(skipped=fitted.shortened[Stage.ABLATION])
     if not base_speed:  # nothing was measured side by side: the search's value stands
         base_speed = {"samples_per_s": [outcome.baseline.value],
                       "median_samples_per_s": outcome.baseline.value}
@@ -465,4 +494,5 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         task=task, machine=machine, space=space, chosen=chosen, baseline_cfg=baseline_cfg,
         base_speed=base_speed, winner=winner, verdicts=verdicts, search=summary, ranked=outcome.ranked,
         exact=options.exact, environment={}, pricing=pricing,
-        layout=layout_effect(verdicts, candidates[0], space, machine) if candidates else None)
+        layout=layout_effect(verdicts, candidates[0], space, machine) if candidates else None,
+        stages=fit.stages(fitted, records, budget))

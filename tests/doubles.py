@@ -15,11 +15,14 @@ inherits the rest from ``RunnerDouble``, which fails loudly instead of guessing.
   ``tune_stand_in`` runs it.
 - ``ScriptedRunner``: losses and evaluate() scores given per precision.
 - ``ServingCounter``: serves configurations and counts how many are alive at once.
+- ``NoisyServing``: serves configurations at given speeds with seeded noise, and records
+  each one's windows and when it was ended.
 """
 from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -224,6 +227,52 @@ class _CountedTrial:
 
     def kill(self) -> None:
         self.counter.alive -= 1
+
+    def rss(self) -> int:
+        return 0
+
+
+class NoisyServing(RunnerDouble):
+    """Serves configurations held side by side: each window runs at ``speed(cfg)`` times
+    log-normal noise of ``noise`` (seeded), and by ``wobble(cfg)`` faster and slower in
+    turn (a configuration as fast as another, whose windows straddle it). ``events``
+    holds ("window", name) and ("kill", name) in the order they happened; ``windows``
+    counts each one's windows."""
+
+    workdir = Path("t")
+
+    def __init__(self, speed: Callable[[TrialConfig], float], *, noise: float = 0.02,
+                 wobble: Callable[[TrialConfig], float] = lambda cfg: 0.0, seed: int = 0) -> None:
+        self.speed, self.noise, self.wobble = speed, noise, wobble
+        self.rng = random.Random(seed)
+        self.events: list[tuple[str, str]] = []
+        self.windows: dict[str, int] = {}
+
+    def start(self, cfg, *, name, mode=None, **kw):
+        self.windows[name] = 0
+        return _NoisyTrial(self, name, self.speed(cfg), self.wobble(cfg))
+
+
+class _NoisyTrial:
+    def __init__(self, serving: NoisyServing, name: str, value: float, wobble: float) -> None:
+        self.serving, self.name, self.value, self.wobble = serving, name, value, wobble
+        self.result = TrialResult(status="ok")
+        self.killed = False
+
+    def wait_ready(self) -> bool:
+        return True
+
+    def window(self) -> float | None:
+        assert not self.killed, f"{self.name} was measured after it was ended"
+        self.serving.events.append(("window", self.name))
+        self.serving.windows[self.name] += 1
+        turn = 1 + self.wobble * (-1) ** self.serving.windows[self.name]
+        return self.value * turn * math.exp(self.serving.rng.gauss(0.0, self.serving.noise))
+
+    def kill(self) -> None:
+        if not self.killed:
+            self.serving.events.append(("kill", self.name))
+        self.killed = True
 
     def rss(self) -> int:
         return 0

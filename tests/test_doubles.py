@@ -15,7 +15,7 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.trials.runner import LiveTrial, LiveTrialLike, TrialResult, TrialRunner, TrialRunnerLike
 
-from doubles import RunnerDouble, ScriptedRunner, ServingCounter, StandInRunner, recorded_machine
+from doubles import NoisyServing, RunnerDouble, ScriptedRunner, ServingCounter, StandInRunner, recorded_machine
 from helpers import MODELS
 from simulated_gpu_node import SimulatedGpuNode
 
@@ -72,6 +72,7 @@ RUNNERS: dict[str, Callable[[Path], Any]] = {
     "SimulatedGpuNode": lambda tmp: SimulatedGpuNode(recorded_machine("h100x1")),
     "ScriptedRunner": lambda tmp: ScriptedRunner(losses={}, metric={}),
     "ServingCounter": lambda tmp: ServingCounter(),
+    "NoisyServing": lambda tmp: NoisyServing(lambda cfg: 1.0),
 }
 
 

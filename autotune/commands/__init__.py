@@ -35,11 +35,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         f"{RunOptions.hang_timeout_s:.0f}; five of the trial's own steps where a step "
                         "takes longer); setup may take 5x the model file's check, at least 60 s")
     p.add_argument("--rounds", type=positive(int, "--rounds"), default=RunOptions.rounds,
-                   help="rounds of side-by-side windows that rank the candidates in "
-                        f"verification (default {RunOptions.rounds})")
+                   help="the most rounds of side-by-side windows that rank the candidates in "
+                        f"verification; they stop once the ranking is settled (default {RunOptions.rounds})")
     p.add_argument("--pairs", type=positive(int, "--pairs"), default=RunOptions.pairs,
-                   help="pairs of standalone runs (the emitted launch.sh and the baseline's "
-                        f"script, each alone) that give the printed speedup (default {RunOptions.pairs})")
+                   help="the most pairs of standalone runs (the emitted launch.sh and the baseline's "
+                        "script, each alone) that give the printed speedup; they stop from the 5th once "
+                        f"it is settled and as narrow as the machine's noise allows (default {RunOptions.pairs})")
     p.add_argument("--pair-seconds", type=positive(float, "--pair-seconds"), default=RunOptions.pair_seconds,
                    metavar="SECONDS",
                    help=f"timed training per standalone run, after its warm-up (default {RunOptions.pair_seconds:.0f})")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from autotune.commands import add_common, positive, run_options
-from autotune.options import STORAGE_ENV, RunOptions
+from autotune.options import SEARCH_SHARE, STORAGE_ENV, RunOptions
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"measured trials in the search (default {RunOptions.trials})")
     p.add_argument("--timeout", type=positive(float, "--timeout"), default=RunOptions.timeout_s,
                    metavar="SECONDS",
-                   help="stop starting new trials after this many seconds")
+                   help="bound the whole run, verification included: the search starts no trial "
+                        f"after {SEARCH_SHARE * 100:.0f}%% of it, and verification's stages are fitted to the rest")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default autotune-out/<model name>)")
     p.add_argument("--force", action="store_true",

@@ -20,17 +20,19 @@ class KnobEffect:
     kept: bool
     note: str
     effect: Effect | None = None
+    rounds: int | None = None  # the rounds its effect rests on (it stops once settled)
 
     def to_json(self) -> dict[str, Any]:
         return {"knob": self.knob, "baseline": self.baseline, "winner": self.winner,
                 **(self.effect.to_json() if self.effect else {}), "kept": self.kept,
-                "note": self.note}
+                "note": self.note, **optional_fields(rounds=self.rounds)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KnobEffect:
         return cls(knob=data["knob"], baseline=data["baseline"], winner=data["winner"],
                    kept=data["kept"], note=data["note"],
-                   effect=Effect.from_json(data) if "ratio" in data else None)
+                   effect=Effect.from_json(data) if "ratio" in data else None,
+                   rounds=data.get("rounds"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -115,7 +117,9 @@ class Ablation:
     baseline, and the simplified configuration; ``skipped`` when it could not be measured."""
 
     knobs: tuple[KnobEffect, ...] = ()
-    rounds: int | None = None
+    rounds: int | None = None  # the session's rounds
+    cap: int | None = None  # the most it would have run
+    stopped: str | None = None  # why it ended before its cap
     winner_samples_per_s: float | None = None
     product: float | None = None  # the kept knobs' leave-one-out ratios multiplied
     path: AblationPath | None = None
@@ -124,16 +128,18 @@ class Ablation:
 
     def to_json(self) -> dict[str, Any]:
         return {"knobs": [k.to_json() for k in self.knobs],
-                **optional_fields(rounds=self.rounds, winner_samples_per_s=self.winner_samples_per_s,
-                            product=self.product,
-                            path=self.path.to_json() if self.path else None,
-                            simplified=self.simplified.to_json() if self.simplified else None,
-                            skipped=self.skipped)}
+                **optional_fields(rounds=self.rounds, cap=self.cap, stopped=self.stopped,
+                                  winner_samples_per_s=self.winner_samples_per_s,
+                                  product=self.product,
+                                  path=self.path.to_json() if self.path else None,
+                                  simplified=self.simplified.to_json() if self.simplified else None,
+                                  skipped=self.skipped)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Ablation:
         return cls(knobs=tuple(KnobEffect.from_json(k) for k in data["knobs"]),
-                   rounds=data.get("rounds"), winner_samples_per_s=data.get("winner_samples_per_s"),
+                   rounds=data.get("rounds"), cap=data.get("cap"), stopped=data.get("stopped"),
+                   winner_samples_per_s=data.get("winner_samples_per_s"),
                    product=data.get("product"),
                    path=AblationPath.from_json(data["path"]) if "path" in data else None,
                    simplified=(Simplified.from_json(data["simplified"])

@@ -128,6 +128,8 @@ class Standalone:
     median_samples_per_s: float
     baseline_median_samples_per_s: float
     served_over_alone: Mapping[str, float]  # candidate, baseline: side by side over alone
+    cap: int | None = None  # the most pairs it would have run (--pairs)
+    stopped: str | None = None  # why the pairs ended before the cap
 
     def to_json(self) -> dict[str, Any]:
         sp = self.speedup.to_json()
@@ -139,7 +141,8 @@ class Standalone:
                 "baseline_median_samples_per_s": self.baseline_median_samples_per_s,
                 "seconds_per_run": self.speedup.seconds_per_run, "wall_s": self.speedup.wall_s,
                 "side_by_side": sp["side_by_side"], "served_over_alone": dict(self.served_over_alone),
-                "covers": self.speedup.covers, **optional_fields(unsteady=self.speedup.unsteady)}
+                "covers": self.speedup.covers,
+                **optional_fields(unsteady=self.speedup.unsteady, cap=self.cap, stopped=self.stopped)}
 
     @classmethod
     def from_check(cls, check: Check | None) -> Standalone | None:
@@ -152,7 +155,7 @@ class Standalone:
                    baseline_samples_per_s=tuple(d["baseline_samples_per_s"]),
                    median_samples_per_s=d["median_samples_per_s"],
                    baseline_median_samples_per_s=d["baseline_median_samples_per_s"],
-                   served_over_alone=d["served_over_alone"])
+                   served_over_alone=d["served_over_alone"], cap=d.get("cap"), stopped=d.get("stopped"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,7 @@ from autotune.document.measures import (
     optional_fields,
 )
 from autotune.document.plan import PlannedRun
+from autotune.document.stages import VerificationStages
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -131,6 +132,7 @@ class RunDocument:
     layout_effect: LayoutEffect | None
     environment: Mapping[str, str]
     ablation: Ablation | None = None
+    stages: VerificationStages | None = None  # how verification's stages ran, and what --timeout shortened
     plan: PlannedRun | None = None  # None: no run was planned (--train-steps, --epochs)
     schema: int | None = None
     model_file_tuned: str | None = None
@@ -176,6 +178,7 @@ class RunDocument:
             "layout_effect": self.layout_effect.to_json() if self.layout_effect else None,
             **optional_fields(ablation=self.ablation.to_json() if self.ablation else None,
                               plan=self.plan.to_json() if self.plan else None),
+            **optional_fields(verification_stages=self.stages.to_json() if self.stages else None),
             "environment": dict(self.environment),
             **optional_fields(model_file_tuned=self.model_file_tuned, launch=self.launch,
                         outputs=None if self.outputs is None else dict(self.outputs)),
@@ -200,6 +203,8 @@ class RunDocument:
             environment=data["environment"],
             ablation=Ablation.from_json(ablation) if ablation else None,
             plan=PlannedRun.from_json(plan) if plan else None,
+            stages=(VerificationStages.from_json(data["verification_stages"])
+                    if data.get("verification_stages") else None),
             schema=data.get("schema"), model_file_tuned=data.get("model_file_tuned"),
             launch=data.get("launch"), outputs=data.get("outputs"))
 

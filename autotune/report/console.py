@@ -173,6 +173,9 @@ class Reporter:
         else:
             self.out.print("[bold red]no configuration was verified faster than the baseline;[/] "
                            "the baseline is recommended.")
+        # the stages that stopped once they knew, or that --timeout shortened
+        for line in doc.stages.lines() if doc.stages is not None else []:
+            self.out.print(f"  {line}", markup=False)
         precision = doc.precision
         if precision.checked:
             self.out.print(f"precision: {precision.checked}", markup=False)

@@ -7,7 +7,10 @@ turn, round after round (``side_by_side.speed_check``: the verification method),
 knob's worth is a paired ratio, winner over variant, with an interval. A knob whose
 removal costs nothing measurable (its interval reaches 1.0) is dropped from the emitted
 configuration: simpler is better when equal (``NEGLIGIBLE``). The rounds are sized so
-the session measures no more windows than the speed check before it.
+the session measures no more windows than the speed check before it; a variant whose
+effect is settled is measured no more (``sequential.Effects``), and where the speed check
+already measured a configuration beside the winner, its rounds are used instead
+(``reusable``).
 
 The two answer different questions. Leave-one-out says what each knob costs if it alone
 is removed; when knobs are complementary (reduced precision pays most at a large batch)
@@ -20,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection
+import statistics
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from autotune.config import TrialConfig
@@ -30,6 +34,7 @@ from autotune.errors import AutotuneError, UsageError
 from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import stats
+from autotune.verify.sequential import FEWEST, Effects, settled
 from autotune.verify.side_by_side import speed_check
 
 # Knobs that only make sense together are reverted together.
@@ -132,32 +137,67 @@ def rounds_for(variant_count: int, *, speed_windows: int) -> int:
     return max(MIN_ROUNDS, min(MAX_ROUNDS, speed_windows // (variant_count + 1)))
 
 
+def reusable(winner: TrialConfig, baseline: TrialConfig, configs: list[TrialConfig], *,
+             measured: Mapping[TrialConfig, Sequence[float]], pinned: Collection[str] = ()
+             ) -> dict[TrialConfig, list[float]]:
+    """Ratios to the winner, round by round, that the speed check's rounds already hold
+    (``measured``: each configuration's rate per round there, the winner's among them):
+    the same configuration beside the winner, measured the same way. Every one of the
+    session's when the speed check measured them all (no session is needed then); else the
+    leave-one-out variants whose effect those rounds settle and that the path does not
+    need (the path's steps must share the session's rounds to multiply to the whole)."""
+    if winner not in measured:
+        return {}
+    ratios = {c: [v / w for v, w in zip(measured[c], measured[winner])]
+              for c in configs if c in measured and len(measured[c]) >= 2}
+    if len(ratios) == len(configs):
+        return ratios
+    on_path = {baseline} | {s.config for s in path(winner, baseline)[:-1]}
+    deciding = {v.config for v in variants(winner, baseline, pinned=pinned)} - on_path
+    return {c: r for c, r in ratios.items()
+            if c in deciding and len(r) >= FEWEST and settled(stats.ratio_interval([1 / x for x in r]))}
+
+
 def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig, *, rounds: int,
-            pinned: Collection[str] = (),
+            pinned: Collection[str] = (), measured: Mapping[TrialConfig, Sequence[float]] | None = None,
             progress: Progress = lambda kind, info: None) -> Ablation:
     """Per knob, the winner's speed over the variant's (ratio > 1: the knob helps) with
-    its interval, and whether it is kept; and the path from the baseline. No knobs when
-    the winner differs from the baseline in none; ``skipped`` when the winner could not
-    be held for it."""
+    its interval, and whether it is kept; and the path from the baseline. ``rounds`` is
+    the session's cap; ``measured`` the speed check's rates per round, which spare the
+    session what they already settle (``reusable``). No knobs when the winner differs
+    from the baseline in none; ``skipped`` when the winner could not be held for it."""
     found = variants(winner, baseline, pinned=pinned)
     steps = path(winner, baseline)
     if not found and len(steps) < 2:
         return Ablation()
     configs = session_configs(winner, baseline, pinned=pinned)
-    progress(ProgressEvent.STEP,
-             {"text": f"ablation: the winner against itself with each of "
-                      f"{', '.join(v.knob for v in found) or 'no knob'} at the baseline's "
-                      f"value, and the path from the baseline one knob at a time "
-                      f"({len(configs)} configurations), {rounds} rounds side by side"})
-    try:
-        speed, checks = speed_check(runner, winner, configs, rounds=rounds, progress=progress,
-                                    name="verify-ablation", reference_label="reference")
-    except AutotuneError as exc:
-        return Ablation(skipped=f"the winner could not be held for the ablation: {exc}")
-    detail = {cfg: check.detail for cfg, check in zip(configs, checks)}
+    reused = reusable(winner, baseline, configs, measured=measured or {}, pinned=pinned)
+    detail: dict[TrialConfig, Any] = {c: {"ratios": r, "reused": True} for c, r in reused.items()}
+    held = [c for c in configs if c not in reused]
+    if held:
+        on_path = {baseline} | {s.config for s in steps[:-1]}
+        deciding = {v.config for v in found}
+        rule = Effects(deciding=frozenset(i for i, c in enumerate(held, 1) if c in deciding),
+                       kept=frozenset(i for i, c in enumerate(held, 1) if c in on_path))
+        progress(ProgressEvent.STEP,
+                 {"text": f"ablation: the winner against itself with each of "
+                          f"{', '.join(v.knob for v in found if v.config in held) or 'no knob'} at the "
+                          f"baseline's value, and the path from the baseline one knob at a time "
+                          f"({len(held)} configurations), up to {rounds} rounds side by side"})
+        try:
+            speed, checks = speed_check(runner, winner, held, rounds=rounds, progress=progress,
+                                        name="verify-ablation", reference_label="reference", rule=rule)
+        except AutotuneError as exc:
+            return Ablation(skipped=f"the winner could not be held for the ablation: {exc}")
+        detail.update({cfg: check.detail for cfg, check in zip(held, checks)})
+        ran, stopped, rate = speed["rounds"], speed.get("stopped"), speed["median_samples_per_s"]
+    else:
+        assert measured is not None  # everything was reused from it
+        ran, rate = min(len(r) for r in reused.values()), statistics.median(measured[winner])
+        stopped = "the speed check measured every configuration beside the winner: its rounds were used"
     knobs = tuple(_knob_effect(v, detail[v.config], winner, baseline) for v in found)
     kept = [k.effect.ratio for k in knobs if k.kept and k.effect is not None]
-    return Ablation(knobs=knobs, rounds=rounds, winner_samples_per_s=speed["median_samples_per_s"],
+    return Ablation(knobs=knobs, rounds=ran, cap=rounds, stopped=stopped, winner_samples_per_s=rate,
                     product=math.prod(kept) if kept else 1.0,
                     path=_path_effects(steps, detail, winner, baseline,
                                        removed={k.knob for k in knobs if not k.kept}))
@@ -216,9 +256,11 @@ def _knob_effect(variant: Variant, detail: Any, winner: TrialConfig,
         note = "slows the winner down: removed from the emitted configuration"
     else:
         note = "no measurable effect: removed from the emitted configuration"
+    if detail.get("reused"):
+        note = "; ".join(filter(None, [note, "measured in the speed check's rounds"]))
     effect = Effect(ratio=interval["median"], ci_low=interval["ci_low"],
                     ci_high=interval["ci_high"], ci_level=interval["ci_level"])
-    return KnobEffect(**named, kept=kept, note=note, effect=effect)
+    return KnobEffect(**named, kept=kept, note=note, effect=effect, rounds=len(ratios))
 
 
 def simplified(winner: TrialConfig, baseline: TrialConfig, ablation: Ablation) -> TrialConfig:

@@ -16,30 +16,31 @@ Between 3 and 4 the fastest one's knobs are measured one by one (``autotune.veri
 the knobs worth nothing measurable are dropped, and that simpler configuration, gated
 again, is run alone first.
 
-1-2 come first so that no speed measurement is spent on a candidate they reject.
+1-2 come first so that no speed measurement is spent on a candidate they reject. 3, the
+ablation and 4 stop once their decision is settled (``autotune.verify.sequential``), and
+under ``--timeout`` they look at the clock (``autotune.verify.fit``).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation, Simplified
-from autotune.document.measures import CandidateOutcome, Check, Interval, Speedup, Standalone
-from autotune.errors import NotVerified
+from autotune.document.measures import CandidateOutcome, Check, Standalone
+from autotune.document.stages import Stage, StageRecord
 from autotune.options import RunOptions
 from autotune.runtime.knobs import Precision
 from autotune.search.objective import Pricing
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
-from autotune.verify import ablation, standalone
+from autotune.verify import ablation, sequential, standalone
+from autotune.verify.deadline import Budget
 from autotune.verify.side_by_side import relative_to_level, speed_check
-from autotune.verify.stats import ratio_interval, rerun_interval, spread
 
 # The numerics check's bound on ``loss_divergence(...)["max_of_initial"]``: the worst
 # step's loss difference from the fp32 reference, relative to the reference's first
@@ -55,16 +56,6 @@ NUMERICS_TOLERANCE: dict[str, float] = {
 # this share of the fp32 reference's metric (higher is better).
 PRECISION_QUALITY_DROP = 0.02
 REDUCED_PRECISIONS = (Precision.BF16, Precision.FP16, Precision.TF32)
-# The standalone pairs must show the candidate faster: the median's distribution-free
-# interval (with 6 pairs, the lowest and highest ratio, 97%) must exclude 1.
-STANDALONE_CONFIDENCE = 0.9
-# The printed interval: where a re-measurement of as many pairs lands (stats.rerun_interval).
-RERUN_LEVEL = 0.95
-# Pairs whose highest ratio passes their lowest by more than this: the machine changed
-# speed while it was measured. On a shared machine a configuration's speed can step
-# (other tenants, power or thermal limits) and stay there for minutes, which stretches
-# the pairs far beyond their usual run-to-run spread (BENCHMARKS.md).
-UNSTEADY_SPREAD = 1.3
 
 
 def numerics_reference(baseline: TrialConfig, cand: TrialConfig) -> TrialConfig:
@@ -208,11 +199,13 @@ def quality_reference(baseline: TrialConfig, cand: TrialConfig) -> TrialConfig:
 
 
 def quality_check(runner: TrialRunnerLike, baseline: TrialConfig, cand: TrialConfig, *,
-                  has_evaluate: bool, max_drop: float | None, samples: int) -> Check:
+                  has_evaluate: bool, max_drop: float | None, samples: int,
+                  cache: dict[str, TrialResult] | None = None) -> Check:
     """Pruning is opt-in: it needs evaluate() and --max-quality-drop. Reduced precision
     is checked against evaluate() where the file has one, within --max-quality-drop or
     PRECISION_QUALITY_DROP of the reference's metric; without evaluate() the numerics
-    check is its gate."""
+    check is its gate. ``cache`` holds the quality runs already made, by what they compute
+    (``work_key``): as with the numerics' trajectories, placement knobs change no metric."""
     pruned = cand.prune_ratio > 0
     reduced = cand.precision in REDUCED_PRECISIONS
     if not pruned and not reduced:
@@ -226,9 +219,14 @@ def quality_check(runner: TrialRunnerLike, baseline: TrialConfig, cand: TrialCon
     if not has_evaluate:
         return Check(None, {"reason": f"{cand.precision}: the model file has no evaluate(); "
                                       "the numerics check is the gate"})
+    runs = {} if cache is None else cache
+
     def trained(cfg: TrialConfig, role: str) -> TrialResult:
-        return runner.run(cfg, name=f"verify-quality-{role}-{cfg.layout}-{cfg.batch_size}"
-                                    f"-{cand.precision}", quality_steps=max(1, samples // cfg.batch_size))
+        key = f"quality:{work_key(cfg)}"
+        if key not in runs:
+            runs[key] = runner.run(cfg, name=f"verify-quality-{role}-{cfg.layout}-{cfg.batch_size}"
+                                           f"-{cand.precision}", quality_steps=max(1, samples // cfg.batch_size))
+        return runs[key]
 
     results, ran, notes = _where_fp32_fits(trained, quality_reference(baseline, cand), cand)
     scores: dict[str, float] = {}
@@ -278,73 +276,28 @@ def describe_checks(verdict: Verdict) -> str:
     return f"{what}: " + ("; ".join(parts) if parts else "not checked")
 
 
-def standalone_check(runner: standalone.ScriptRunner, *, baseline: standalone.Script,
-                     candidate: standalone.Script, served: dict[str, Any],
-                     served_baseline: dict[str, Any], settings: Settings, workdir: Path,
-                     progress: Progress) -> Check:
-    """The emitted launch.sh against the baseline's script, each run alone, alternating
-    (``standalone.alternate``). It must run, and be faster: the interval of the pairs'
-    ratios must exclude 1. Its median and interval are the speedup autotune prints.
-    ``served`` and ``served_baseline`` are the side-by-side measurements, kept beside
-    the standalone ones: their quotient is how far the cheap ranking strayed."""
-    try:
-        pairs = standalone.alternate(
-            runner, baseline=baseline, candidate=candidate, pairs=settings.pairs,
-            seconds=settings.pair_seconds, workdir=workdir, timeout_s=settings.script_timeout_s,
-            progress=lambda text: progress(ProgressEvent.STEP, {"text": text}))
-    except standalone.ScriptFailed as exc:
-        if exc.role == "baseline":
-            raise NotVerified(
-                f"the baseline's script ({baseline.launcher}) failed when run alone, after the "
-                f"baseline ran in the search and side by side: nothing can be compared with it. "
-                f"{exc}") from exc
-        return Check(False, {"reason": f"the generated script failed: {exc}"})
-    ratios = pairs.ratios
-    of_median = ratio_interval(ratios, confidence=STANDALONE_CONFIDENCE)
-    median = of_median["median"]
-    low, high = rerun_interval(ratios, level=RERUN_LEVEL)
-    alone, base_alone = statistics.median(pairs.candidate), statistics.median(pairs.baseline)
-    unsteady = None
-    if spread(ratios) > UNSTEADY_SPREAD:
-        unsteady = (
-            f"the pairs ranged from {min(ratios):.2f}x to {max(ratios):.2f}x: this machine's speed "
-            "changed while it was measured (other tenants, power or thermal limits); the figure "
-            "may not hold - run `autotune verify` on the output folder later to measure it again")
-    figures = Standalone(
-        speedup=Speedup(
-            interval=Interval(median=median, ci_low=min(low, median), ci_high=max(high, median),
-                              ci_level=RERUN_LEVEL),
-            median_interval=Interval.from_json(of_median), pairs=len(ratios),
-            seconds_per_run=pairs.seconds_per_run, wall_s=round(pairs.wall_s, 1),
-            side_by_side=Interval.from_json(served), unsteady=unsteady),
-        ratios=tuple(ratios), samples_per_s=tuple(pairs.candidate), median_samples_per_s=alone,
-        baseline_samples_per_s=tuple(pairs.baseline), baseline_median_samples_per_s=base_alone,
-        served_over_alone={"candidate": served["median_samples_per_s"] / alone,
-                           "baseline": served_baseline["median_samples_per_s"] / base_alone})
-    detail = figures.to_json()
-    if of_median["ci_low"] <= 1.0:
-        detail["reason"] = (
-            f"not faster when run alone: the generated script against the baseline's, "
-            f"{median:.2f}x ({of_median['ci_level']:.0%} interval {of_median['ci_low']:.2f}-"
-            f"{of_median['ci_high']:.2f}x over {len(ratios)} pairs) includes 1.0")
-        return Check(False, detail)
-    return Check(True, detail)
-
-
 def rank_by_rounds(verdicts: list[Verdict], pricing: Pricing | None = None) -> list[Verdict]:
     """Fastest first, judged round by round against the candidates' own level
-    (``side_by_side.relative_to_level``), not against the baseline's window. Candidates
-    whose re-measurement failed come last. With a planned run (``pricing``), shortest
-    predicted run first: the same rates, and each one's one-time cost from the search."""
+    (``side_by_side.relative_to_level``), not against the baseline's window. Those the
+    speed check stopped as clearly slower than the leader are judged against the same
+    level in their rounds and come after the ones it measured to the end; those whose
+    re-measurement failed last. With a planned run (``pricing``), shortest predicted run
+    first: the same rates, and each one's one-time cost from the search."""
     measured = [v for v in verdicts if v.speed.get("samples_per_s")]
     if not measured:
         return list(verdicts)
-    for v, relative in zip(measured, relative_to_level([v.speed["samples_per_s"] for v in measured])):
-        v.speed["relative_to_candidates"] = relative
+    stopped = [v for v in measured if v.speed.get("stopped")]
+    to_the_end = [v for v in measured if v not in stopped] or stopped
+    beside = [v for v in stopped if v not in to_the_end]
+    relative = relative_to_level([v.speed["samples_per_s"] for v in to_the_end],
+                                 beside=[v.speed["samples_per_s"] for v in beside])
+    for v, r in zip([*to_the_end, *beside], relative):
+        v.speed["relative_to_candidates"] = r
     if pricing is not None:  # search.objective: compiling's one-time cost counts
         pricing.price([(v.config, v.speed) for v in measured])
         return sorted(verdicts, key=lambda v: v.speed.get("planned_s", math.inf))
-    return sorted(verdicts, key=lambda v: v.speed.get("relative_to_candidates", 0.0), reverse=True)
+    return sorted(verdicts, key=lambda v: (v in to_the_end, v.speed.get("relative_to_candidates", 0.0)),
+                  reverse=True)
 
 
 def outcomes(verdicts: list[Verdict], winner: Verdict | None,
@@ -371,12 +324,12 @@ def outcomes(verdicts: list[Verdict], winner: Verdict | None,
 
 @dataclasses.dataclass
 class Settings:
-    rounds: int = RunOptions.rounds
+    rounds: int = RunOptions.rounds  # the most side-by-side rounds (sequential rules stop earlier)
     numerics_steps: int = 40
     quality_samples: int = 6400
     max_quality_drop: float | None = RunOptions.max_quality_drop
     script_timeout_s: float = 300.0  # one standalone run of a script, warm-up included
-    pairs: int = RunOptions.pairs  # standalone pairs: each runs both scripts once
+    pairs: int = RunOptions.pairs  # the most standalone pairs: each runs both scripts once
     # Timed training per standalone run, after its warm-up: long enough that a
     # configuration with DataLoader workers, still ramping up in its first seconds, is
     # timed mostly at its steady speed (shorter runs undercount it by over 10%).
@@ -386,6 +339,7 @@ class Settings:
     ablation: bool = True  # measure each knob's worth and drop those worth nothing
     pinned: frozenset[str] = frozenset()  # knobs the user fixed: never ablated or dropped
     pricing: Pricing | None = None  # the planned run (--train-steps, --epochs), if any
+    budget: Budget | None = None  # what --timeout leaves, where it was given (autotune.verify.fit)
 
 
 @dataclasses.dataclass
@@ -419,19 +373,20 @@ def gate(runner: TrialRunnerLike, baseline: TrialConfig, cfg: TrialConfig, *, se
     if verdict.passed:
         verdict.checks["quality"] = quality_check(
             runner, baseline, cfg, has_evaluate=has_evaluate,
-            max_drop=settings.max_quality_drop, samples=settings.quality_samples)
+            max_drop=settings.max_quality_drop, samples=settings.quality_samples, cache=cache)
     return verdict
 
 
 def screen(runner: TrialRunnerLike, baseline: TrialConfig, candidates: list[TrialConfig],
            reserve: list[TrialConfig], *, settings: Settings, has_evaluate: bool,
-           progress: Progress) -> tuple[list[TrialConfig], list[Verdict]]:
+           progress: Progress, cache: dict[str, TrialResult] | None = None
+           ) -> tuple[list[TrialConfig], list[Verdict]]:
     """Gate every candidate before the speed check measures it, so that no measurement
     goes to a configuration a gate rejects. One that fails is replaced by the next of
     its kind (exact, or reduced precision/pruned) from ``reserve``, best first, up to
     ``settings.replacements`` times per kind. Returns the survivors, in order, and the
-    verdicts of all that were gated."""
-    cache: dict[str, TrialResult] = {}
+    verdicts of all that were gated. ``cache``: the gates' runs, shared with later gating."""
+    cache = {} if cache is None else cache
     tried: set[TrialConfig] = set(candidates)
     spent = {True: 0, False: 0}
     passed: list[TrialConfig] = []
@@ -458,21 +413,23 @@ def screen(runner: TrialRunnerLike, baseline: TrialConfig, candidates: list[Tria
 
 
 def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, settings: Settings,
-           has_evaluate: bool, speed_windows: int, progress: Progress) -> Verdict | None:
-    """Measure each of ``top``'s knobs against the baseline's value (``autotune.verify.ablation``)
-    and record it on ``top``. Returns the verdict of the simplified configuration (the
-    knobs worth nothing measurable dropped, gated again) when there is one that passes:
-    it is run alone before ``top``."""
+           has_evaluate: bool, speed_windows: int, progress: Progress,
+           measured: dict[TrialConfig, list[float]], cache: dict[str, TrialResult]) -> Verdict | None:
+    """Measure each of ``top``'s knobs against the baseline's value (``autotune.verify.ablation``;
+    ``measured``: the speed check's rates per round) and record it on ``top``. Returns the
+    verdict of the simplified configuration (the knobs worth nothing measurable dropped,
+    gated again: ``cache`` holds the trajectories it shares) when there is one that
+    passes: it is run alone before ``top``."""
     cfg = top.config
     count = len(ablation.session_configs(cfg, baseline, pinned=settings.pinned))
     rounds = ablation.rounds_for(count, speed_windows=speed_windows)
     top.ablation = ablation.measure(runner, cfg, baseline, rounds=rounds, pinned=settings.pinned,
-                                    progress=progress)
+                                    measured=measured, progress=progress)
     simpler = ablation.simplified(cfg, baseline, top.ablation)
     if simpler in (cfg, baseline):
         return None
     progress(ProgressEvent.STEP, {"text": f"numerics and quality of the simplified {simpler.short()}"})
-    verdict = gate(runner, baseline, simpler, settings=settings, has_evaluate=has_evaluate, cache={})
+    verdict = gate(runner, baseline, simpler, settings=settings, has_evaluate=has_evaluate, cache=cache)
     if not verdict.passed:
         top.ablation = dataclasses.replace(
             top.ablation, simplified=Simplified(config=simpler.short(), rejected=verdict.reason))
@@ -492,19 +449,23 @@ def verify_candidates(
     emit_candidate: Callable[[TrialConfig, Path], Path], workdir: Path,
     reserve: Sequence[TrialConfig] = (),
     progress: Progress = lambda kind, info: None,
+    stages: list[StageRecord] | None = None,
 ) -> tuple[Verdict | None, list[Verdict], dict[str, Any]]:
     """Gate the candidates (numerics, quality; ``screen``), measure the survivors'
     speed side by side with the baseline, then run the scripts of the fastest first
     alone against the baseline's (at most ``settings.standalone_attempts``); the first
     to pass all four checks wins (the simplified one of ``ablate`` first, when there is
     one). ``emit_candidate(cfg, folder)`` writes a candidate's launch.sh and returns its
-    path."""
+    path. Each stage's record (``StageRecord``) is appended to ``stages``."""
+    log = stages if stages is not None else []
+    cache: dict[str, TrialResult] = {}
     survivors, gated = screen(runner, baseline, candidates, list(reserve), settings=settings,
-                              has_evaluate=has_evaluate, progress=progress)
+                              has_evaluate=has_evaluate, progress=progress, cache=cache)
     by_cfg = {v.config: v for v in gated}
     if survivors:
         base_speed, speed_checks = speed_check(runner, baseline, survivors, rounds=settings.rounds,
-                                               progress=progress)
+                                               progress=progress, rule=sequential.Ranking())
+        log.append(_speed_record(base_speed, speed_checks))
     else:  # nothing left to measure: the baseline is emitted, at its search value
         base_speed, speed_checks = {}, []
     for cfg, check in zip(survivors, speed_checks):
@@ -517,14 +478,28 @@ def verify_candidates(
     verdicts = list(by_cfg.values())
     ranked = [v for v in rank_by_rounds(verdicts, settings.pricing) if v.passed]
     simpler: Verdict | None = None
-    if ranked and settings.ablation:
+    if ranked and settings.ablation and _ablation_fits(settings, ranked[0].config, baseline, len(survivors)):
+        measured = {baseline: base_speed["samples_per_s"],
+                    **{v.config: v.speed["samples_per_s"] for v in verdicts if v.speed.get("samples_per_s")}}
         simpler = ablate(runner, ranked[0], baseline, settings=settings, has_evaluate=has_evaluate,
-                         speed_windows=settings.rounds * (len(survivors) + 1), progress=progress)
+                         speed_windows=settings.rounds * (len(survivors) + 1), progress=progress,
+                         measured=measured, cache=cache)
+        found = ranked[0].ablation
+        if found is not None and found.rounds is not None:
+            log.append(StageRecord(stage=Stage.ABLATION, ran=found.rounds, cap=found.cap, stopped=found.stopped))
         if simpler is not None:
             verdicts.append(simpler)
             ranked.insert(0, simpler)
+    elif ranked and settings.ablation and settings.budget is not None:
+        ranked[0].ablation = Ablation(skipped=f"skipped {settings.budget.why}")
+        log.append(StageRecord(stage=Stage.ABLATION, shortened=f"skipped {settings.budget.why}"))
     base_script: standalone.Script | None = None
     for i, verdict in enumerate(ranked[:settings.standalone_attempts]):
+        if i and not _pairs_fit(settings):
+            assert settings.budget is not None
+            log.append(StageRecord(stage=Stage.STANDALONE, config=verdict.config.short(),
+                                   shortened=f"not run alone {settings.budget.why}"))
+            break
         if base_script is None:
             base_script = standalone.Script(emit_candidate(baseline, workdir / "baseline"), baseline,
                                             base_speed["median_samples_per_s"])
@@ -534,15 +509,46 @@ def verify_candidates(
         folder = workdir / f"candidate-{i}"
         script = standalone.Script(emit_candidate(cfg, folder), cfg,
                                    verdict.speed["median_samples_per_s"])
-        verdict.checks["standalone"] = standalone_check(
+        verdict.checks["standalone"] = standalone.check(
             runner, baseline=base_script, candidate=script, served=verdict.speed,
             served_baseline=base_speed, settings=settings, workdir=folder / "standalone",
             progress=progress)
+        alone = verdict.standalone
+        if alone is not None:
+            log.append(StageRecord(stage=Stage.STANDALONE, ran=alone.speedup.pairs, cap=alone.cap,
+                                   stopped=alone.stopped, config=cfg.short()))
         if verdict.passed:
             if simpler is not None and verdict is not simpler:
                 verdict.ablation = _simplified_failed(simpler)
             return verdict, verdicts, base_speed
     return None, verdicts, base_speed
+
+
+def _speed_record(base_speed: dict[str, Any], checks: list[Check]) -> StageRecord:
+    dropped = [c.detail["rounds"] for c in checks if c.detail.get("stopped")]
+    return StageRecord(stage=Stage.SPEED, ran=base_speed["rounds"], cap=base_speed["cap"],
+                       stopped=base_speed.get("stopped"),
+                       dropped=(f"{len(dropped)} candidate{'s' if len(dropped) > 1 else ''} measured no more "
+                                f"after {min(dropped)} rounds: clearly slower than the leader") if dropped else None)
+
+
+def _ablation_fits(settings: Settings, top: TrialConfig, baseline: TrialConfig, survivors: int) -> bool:
+    """Whether what --timeout leaves still holds the ablation and the pairs after it."""
+    budget = settings.budget
+    if budget is None:
+        return True
+    held = ablation.session_configs(top, baseline, pinned=settings.pinned)
+    rounds = ablation.rounds_for(len(held), speed_windows=settings.rounds * (survivors + 1))
+    need = (budget.costs.side_by_side([top, *held], rounds)
+            + budget.costs.pairs(settings.pairs, settings.pair_seconds))
+    return budget.left() >= need
+
+
+def _pairs_fit(settings: Settings) -> bool:
+    """Whether what --timeout leaves holds another candidate's pairs, at their fewest."""
+    budget = settings.budget
+    return budget is None or budget.left() >= budget.costs.pairs(
+        min(sequential.FEWEST, settings.pairs), settings.pair_seconds)
 
 
 def _simplified_failed(simplified: Verdict) -> Ablation | None:

@@ -7,9 +7,13 @@ The verification's speed check measures its candidates against the baseline this
 (``autotune.verify.ablation``). On CPU the configurations are held alive side by side between
 windows (``_measure_held``); on GPUs each is started alone for each round
 (``_measure_in_turn``).
+
+Rounds go on up to the cap; a sequential rule (``autotune.verify.sequential``) may stop a
+configuration, or the whole measurement, once what it decides is settled.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -21,6 +25,7 @@ from autotune.document.measures import Check
 from autotune.errors import NotVerified
 from autotune.trials.protocol import Mode, Progress, ProgressEvent
 from autotune.trials.runner import LiveTrialLike, TrialRunnerLike
+from autotune.verify.sequential import Decision, Rule
 from autotune.verify.stats import ratio_interval
 
 # On GPUs each configuration is measured alone, in a fresh process per visit: a held
@@ -72,15 +77,43 @@ def one_at_a_time(configs: Sequence[TrialConfig]) -> bool:
     return any(cfg.device == "cuda" for cfg in configs)
 
 
+@dataclasses.dataclass
+class Session:
+    """What a side-by-side measurement measured: each configuration's rate per round (the
+    reference's in every round; the others' in the rounds before they failed or were
+    stopped), why each failed or was stopped, and why the whole ended before ``cap``."""
+
+    values: list[list[float]]
+    failures: list[str | None]
+    stopped: list[str | None]
+    cap: int
+    ended: str | None = None
+
+    def active(self) -> list[int]:
+        return [i for i in range(1, len(self.values)) if not self.failures[i] and not self.stopped[i]]
+
+    def decide(self, rule: Rule | None) -> Decision:
+        """Apply ``rule`` after a round: mark the configurations it stops and the end."""
+        if rule is None:
+            return Decision()
+        decision = rule.after_round(self.values, self.active())
+        for i, why in decision.stop.items():
+            self.stopped[i] = why
+        self.ended = decision.done
+        return decision
+
+
 def _measure_held(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds: int,
-                  progress: Progress, name: str,
-                  reference_label: str) -> tuple[list[list[float]], list[str | None]]:
+                  progress: Progress, name: str, reference_label: str,
+                  rule: Rule | None) -> Session:
     """All held alive, warmed up and idle, then one window each in turn, rotating, round
     after round. They start one at a time: setting one up never overlaps measuring another.
-    Together they keep within one memory budget (``hold_within_budget``)."""
+    Together they keep within one memory budget (``hold_within_budget``). One the rule
+    stops is ended at once, which frees its memory."""
     live: list[LiveTrialLike | None] = []
-    failures: list[str | None] = [None] * len(configs)
-    values: list[list[float]] = [[] for _ in configs]
+    session = Session(values=[[] for _ in configs], failures=[None] * len(configs),
+                      stopped=[None] * len(configs), cap=rounds)
+    failures, values = session.failures, session.values
     budget = runner.memory_limit_bytes
     try:
         for i, cfg in enumerate(configs):
@@ -110,27 +143,40 @@ def _measure_held(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds
                         raise _reference_failed(failures[0], runner.workdir / f"{name}-0")
                     continue
                 values[i].append(value)
+            for i in session.decide(rule).stop:
+                held = live[i]
+                if held is not None:
+                    held.kill()
+                live[i] = None
+            if session.ended:
+                break
     finally:
         for held in live:
             if held is not None:
                 held.kill()
-    return values, failures
+    return session
+
+
+def visits_for(rounds: int) -> int:
+    """Visits of each configuration on GPUs for ``rounds`` rounds: each measures several windows."""
+    return max(MIN_VISITS, math.ceil(rounds / WINDOWS_PER_VISIT))
 
 
 def _measure_in_turn(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds: int,
-                     progress: Progress, name: str,
-                     reference_label: str) -> tuple[list[list[float]], list[str | None]]:
+                     progress: Progress, name: str, reference_label: str,
+                     rule: Rule | None) -> Session:
     """Each configuration alone: started fresh, warmed up, measured for WINDOWS_PER_VISIT
     windows (their median is its value for the round) and ended before the next starts,
     in rotating order, round after round, as the standalone pairs alternate. Nothing else
-    of autotune's is alive on the GPUs while one measures."""
-    visits = max(MIN_VISITS, math.ceil(rounds / WINDOWS_PER_VISIT))
-    failures: list[str | None] = [None] * len(configs)
-    values: list[list[float]] = [[] for _ in configs]
+    of autotune's is alive on the GPUs while one measures. The rule counts visits as rounds."""
+    visits = visits_for(rounds)
+    session = Session(values=[[] for _ in configs], failures=[None] * len(configs),
+                      stopped=[None] * len(configs), cap=visits)
+    failures, values = session.failures, session.values
     for r in range(visits):
         progress(ProgressEvent.SPEED, {"round": r + 1, "rounds": visits})
         for i in _rotation(len(configs), r):
-            if failures[i]:
+            if failures[i] or session.stopped[i]:
                 continue
             if r == 0:
                 progress(ProgressEvent.STEP, {"text": f"measuring {_role(i, reference_label)} "
@@ -152,7 +198,10 @@ def _measure_in_turn(runner: TrialRunnerLike, configs: list[TrialConfig], *, rou
                     raise _reference_failed(failures[0], runner.workdir / f"{name}-0-{r}")
                 continue
             values[i].append(statistics.median(windows))
-    return values, failures
+        session.decide(rule)
+        if session.ended:
+            break
+    return session
 
 
 def _role(i: int, reference_label: str) -> str:
@@ -168,17 +217,21 @@ def _rotation(n: int, r: int) -> list[int]:
 def speed_check(
     runner: TrialRunnerLike, reference: TrialConfig, others: list[TrialConfig], *,
     rounds: int, progress: Progress = _no_progress, name: str = "verify-speed",
-    reference_label: str = "baseline",
+    reference_label: str = "baseline", rule: Rule | None = None,
 ) -> tuple[dict[str, Any], list[Check]]:
-    """``reference`` and ``others`` measured in turn, round after round; per other, a
-    check that passes when its ratios over the reference's windows show it faster.
-    Returns the reference's rates and the checks. ``name`` names the trials' folders;
+    """``reference`` and ``others`` measured in turn, round after round, up to ``rounds``
+    (``rule`` may stop a configuration or the whole earlier); per other, a check that
+    passes when its ratios over the reference's windows show it faster. Returns the
+    reference's rates with the rounds run (``rounds``), the cap (``cap``) and why it ended
+    before the cap (``stopped``, absent when it did not), and the checks (a configuration
+    the rule stopped says why in ``stopped``). ``name`` names the trials' folders;
     ``reference_label`` is what progress calls the reference (the ratios' denominator).
     Raises NotVerified when the reference fails: nothing can be compared with it."""
     configs = [reference, *others]
     measure = _measure_in_turn if one_at_a_time(configs) else _measure_held
-    values, failures = measure(runner, configs, rounds=rounds, progress=progress, name=name,
-                               reference_label=reference_label)
+    session = measure(runner, configs, rounds=rounds, progress=progress, name=name,
+                      reference_label=reference_label, rule=rule)
+    values, failures = session.values, session.failures
     base_values = values[0]
     checks = []
     for i in range(1, len(configs)):
@@ -190,22 +243,41 @@ def speed_check(
         passed = stats["ci_low"] > 1.0
         detail = {**stats, "ratios": ratios, "samples_per_s": values[i],
                   "median_samples_per_s": statistics.median(values[i])}
+        if session.stopped[i]:
+            detail["stopped"] = session.stopped[i]
         if not passed:
             detail["reason"] = (
                 f"not faster than the baseline: speedup {stats['median']:.2f}x, "
                 f"{stats['ci_level']:.0%} interval {stats['ci_low']:.2f}-{stats['ci_high']:.2f}x "
-                "includes 1.0"
+                "includes 1.0" + (f" (measured no more: {session.stopped[i]})" if session.stopped[i] else "")
             )
         checks.append(Check(passed, detail))
-    return {"samples_per_s": base_values, "median_samples_per_s": statistics.median(base_values)}, checks
+    reference_speed = {"samples_per_s": base_values, "median_samples_per_s": statistics.median(base_values),
+                       "rounds": len(base_values), "cap": session.cap}
+    if session.ended and len(base_values) < session.cap:
+        reference_speed["stopped"] = session.ended
+    return reference_speed, checks
 
 
-def relative_to_level(rates: Sequence[Sequence[float]]) -> list[float]:
+def relative_to_level(rates: Sequence[Sequence[float]], *,
+                      beside: Sequence[Sequence[float]] = ()) -> list[float]:
     """Per configuration, the median over rounds of its rate over the round's level (the
     geometric mean of all their rates in that round): configurations close to each other
     are told apart by windows taken seconds apart, and one noisy reference window no
-    longer moves them all."""
+    longer moves them all. ``beside``: configurations measured in fewer of those rounds
+    (stopped early), each over the same level in the rounds it was measured in; listed
+    after ``rates``', and all of them then taken over the level of every configuration
+    (from their medians), as when each was measured in every round."""
     rounds = min(len(r) for r in rates)
     level = [math.exp(statistics.fmean(math.log(max(r[t], 1e-9)) for r in rates))
              for t in range(rounds)]
-    return [statistics.median(r[t] / level[t] for t in range(rounds)) for r in rates]
+    relative = [statistics.median(r[t] / level[t] for t in range(min(len(r), rounds)))
+                for r in [*rates, *beside]]
+    if not beside:
+        return relative
+
+    def geometric(group: Sequence[Sequence[float]]) -> float:
+        return math.exp(statistics.fmean(math.log(max(statistics.median(r), 1e-9)) for r in group))
+
+    scale = geometric(rates) / geometric([*rates, *beside])
+    return [r * scale for r in relative]

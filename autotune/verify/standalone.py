@@ -11,12 +11,32 @@ script times itself (its --report, after its warm-up steps).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.config import TrialConfig
+from autotune.document.measures import Check, Interval, Speedup, Standalone
+from autotune.errors import NotVerified
+from autotune.trials.protocol import Progress, ProgressEvent
+from autotune.verify import sequential
+from autotune.verify.stats import ratio_interval, rerun_interval, spread
+
+if TYPE_CHECKING:
+    from autotune.verify.gates import Settings
+
+# The standalone pairs must show the candidate faster: the median's distribution-free
+# interval (with 5 or 6 pairs, the lowest and highest ratio) must exclude 1.
+STANDALONE_CONFIDENCE = 0.9
+# The printed interval: where a re-measurement of as many pairs lands (stats.rerun_interval).
+RERUN_LEVEL = 0.95
+# Pairs whose highest ratio passes their lowest by more than this: the machine changed
+# speed while it was measured. On a shared machine a configuration's speed can step
+# (other tenants, power or thermal limits) and stay there for minutes, which stretches
+# the pairs far beyond their usual run-to-run spread (BENCHMARKS.md).
+UNSTEADY_SPREAD = 1.3
 
 
 class ScriptRunner(Protocol):
@@ -48,12 +68,15 @@ class ScriptFailed(RuntimeError):
 
 @dataclasses.dataclass
 class Pairs:
-    """Rates of alternating standalone runs, pair by pair, and what they cost."""
+    """Rates of alternating standalone runs, pair by pair, and what they cost; ``cap``
+    the most pairs asked for, ``stopped`` why they ended before it."""
 
     baseline: list[float]
     candidate: list[float]
     wall_s: float
     seconds_per_run: float
+    cap: int = 0
+    stopped: str | None = None
 
     @property
     def ratios(self) -> list[float]:
@@ -62,15 +85,17 @@ class Pairs:
 
 def alternate(runner: ScriptRunner, *, baseline: Script, candidate: Script, pairs: int,
               seconds: float, workdir: Path, timeout_s: float,
+              until: Callable[[Pairs], str | None] = lambda done: None,
               progress: Callable[[str], None] = lambda text: None) -> Pairs:
-    """``pairs`` pairs of runs, each alone on the machine; within a pair the order
-    alternates so that neither side always runs second. Raises ScriptFailed naming the
-    side whose run failed."""
+    """Up to ``pairs`` pairs of runs, each alone on the machine; within a pair the order
+    alternates so that neither side always runs second. After each pair, ``until`` may
+    end them (it returns why). Raises ScriptFailed naming the side whose run failed."""
     started = time.monotonic()
-    rates: dict[str, list[float]] = {"baseline": [], "candidate": []}
+    done = Pairs(baseline=[], candidate=[], wall_s=0.0, seconds_per_run=seconds, cap=pairs)
+    rates = {"baseline": done.baseline, "candidate": done.candidate}
     scripts = {"baseline": baseline, "candidate": candidate}
     for i in range(pairs):
-        progress(f"standalone pair {i + 1}/{pairs}: the emitted script and the baseline's, "
+        progress(f"standalone pair {i + 1} (at most {pairs}): the emitted script and the baseline's, "
                  "each alone")
         for role in (("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")):
             script = scripts[role]
@@ -83,5 +108,79 @@ def alternate(runner: ScriptRunner, *, baseline: Script, candidate: Script, pair
             if not rate:
                 raise ScriptFailed(role, f"{script.launcher} reported no throughput")
             rates[role].append(float(rate))
-    return Pairs(baseline=rates["baseline"], candidate=rates["candidate"],
-                 wall_s=time.monotonic() - started, seconds_per_run=seconds)
+        done.wall_s = time.monotonic() - started
+        done.stopped = until(done)
+        if done.stopped:
+            break
+    return done
+
+
+def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: dict[str, Any],
+          served_baseline: dict[str, Any], settings: Settings, workdir: Path,
+          progress: Progress) -> Check:
+    """The emitted launch.sh against the baseline's script, each run alone, alternating
+    (``alternate``). It must run, and be faster: the interval of the pairs'
+    ratios must exclude 1. Its median and interval are the speedup autotune prints.
+    ``served`` and ``served_baseline`` are the side-by-side measurements, kept beside
+    the standalone ones: their quotient is how far the cheap ranking strayed, and the
+    spread of ``served``'s rounds is the noise floor the pairs stop at
+    (``sequential.PairsRule``). Under --timeout they stop, never below the fewest, when
+    the next pair would overrun."""
+    rule = sequential.PairsRule(cap=settings.pairs, confidence=STANDALONE_CONFIDENCE, level=RERUN_LEVEL,
+                                floor=sequential.noise_floor(served.get("ratios") or [], cap=settings.pairs,
+                                                             level=RERUN_LEVEL))
+    budget = settings.budget
+    began = budget.clock() if budget is not None else 0.0
+
+    def until(done: Pairs) -> str | None:
+        n = len(done.ratios)
+        settled = rule.after_pair(done.ratios)
+        # the next pair taken to be as long as those so far
+        if (settled is None and budget is not None and rule.fewest <= n < rule.cap
+                and budget.left() < (budget.clock() - began) / n):
+            return f"the next pair would overrun, stopped {budget.why}"
+        return settled
+
+    try:
+        pairs = alternate(
+            runner, baseline=baseline, candidate=candidate, pairs=settings.pairs,
+            seconds=settings.pair_seconds, workdir=workdir, timeout_s=settings.script_timeout_s,
+            until=until, progress=lambda text: progress(ProgressEvent.STEP, {"text": text}))
+    except ScriptFailed as exc:
+        if exc.role == "baseline":
+            raise NotVerified(
+                f"the baseline's script ({baseline.launcher}) failed when run alone, after the "
+                f"baseline ran in the search and side by side: nothing can be compared with it. "
+                f"{exc}") from exc
+        return Check(False, {"reason": f"the generated script failed: {exc}"})
+    ratios = pairs.ratios
+    of_median = ratio_interval(ratios, confidence=STANDALONE_CONFIDENCE)
+    median = of_median["median"]
+    low, high = rerun_interval(ratios, level=RERUN_LEVEL)
+    alone, base_alone = statistics.median(pairs.candidate), statistics.median(pairs.baseline)
+    unsteady = None
+    if spread(ratios) > UNSTEADY_SPREAD:
+        unsteady = (
+            f"the pairs ranged from {min(ratios):.2f}x to {max(ratios):.2f}x: this machine's speed "
+            "changed while it was measured (other tenants, power or thermal limits); the figure "
+            "may not hold - run `autotune verify` on the output folder later to measure it again")
+    figures = Standalone(
+        speedup=Speedup(
+            interval=Interval(median=median, ci_low=min(low, median), ci_high=max(high, median),
+                              ci_level=RERUN_LEVEL),
+            median_interval=Interval.from_json(of_median), pairs=len(ratios),
+            seconds_per_run=pairs.seconds_per_run, wall_s=round(pairs.wall_s, 1),
+            side_by_side=Interval.from_json(served), unsteady=unsteady),
+        ratios=tuple(ratios), samples_per_s=tuple(pairs.candidate), median_samples_per_s=alone,
+        baseline_samples_per_s=tuple(pairs.baseline), baseline_median_samples_per_s=base_alone,
+        served_over_alone={"candidate": served["median_samples_per_s"] / alone,
+                           "baseline": served_baseline["median_samples_per_s"] / base_alone},
+        cap=pairs.cap, stopped=pairs.stopped)
+    detail = figures.to_json()
+    if of_median["ci_low"] <= 1.0:
+        detail["reason"] = (
+            f"not faster when run alone: the generated script against the baseline's, "
+            f"{median:.2f}x ({of_median['ci_level']:.0%} interval {of_median['ci_low']:.2f}-"
+            f"{of_median['ci_high']:.2f}x over {len(ratios)} pairs) includes 1.0")
+        return Check(False, detail)
+    return Check(True, detail)

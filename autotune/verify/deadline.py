@@ -1,0 +1,91 @@
+"""``--timeout`` bounds the whole run: how it is shared, how much is left, and what
+verification's stages cost on this machine, estimated from what this run measured.
+
+The search gets ``SEARCH_SHARE`` of the time (it starts no trial after that; the one
+measuring then finishes); verification gets what is left, and its stages are fitted to it
+(``autotune.verify.fit``). Costs are estimated from the search's trials, whose wall time
+the runner splits into phases: the part that is not the measured windows (a fresh
+interpreter, imports, the model file's setup, warm-up, the end) is what every fresh
+process of verification pays again (each configuration held side by side, each standalone
+run of a script); the gates' runs, which the runner may hand to a warm process, are
+estimated from all the trials, warm ones included.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.options import SEARCH_SHARE
+from autotune.verify.side_by_side import WINDOWS_PER_VISIT, one_at_a_time, visits_for
+
+
+def search_timeout(timeout_s: float | None) -> float | None:
+    """The search's part of ``--timeout``; None without one."""
+    return None if timeout_s is None else SEARCH_SHARE * timeout_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """Seconds, as this run measured them. ``start_s``: a fresh process from its start until
+    it measures, and its end (a trial's wall time less its measured windows): what each
+    configuration held side by side and each standalone run pays; ``trial_start_s``: the
+    same over all the search's trials, warm ones included (a trial handed to a process an
+    earlier one started pays no start): what the gates' runs pay, which the runner hands to
+    warm processes alike; ``window_s``: one side-by-side window; ``sample_s``: one training
+    step's time per sample at the baseline's rate (the candidates are faster: an upper
+    bound)."""
+
+    start_s: float
+    window_s: float
+    sample_s: float
+    trial_start_s: float | None = None  # None: as ``start_s``
+
+    @classmethod
+    def from_trials(cls, results: Iterable[Mapping[str, Any]], *, window_s: float,
+                    baseline_rate: float) -> Costs:
+        """From the search's trials' results (``TrialResult.summary``)."""
+        overheads = [(float(r["phases"]["overhead_s"]), bool(r.get("warm"))) for r in results
+                     if (r.get("phases") or {}).get("overhead_s") is not None]
+        fresh = [s for s, warm in overheads if not warm] or [s for s, _ in overheads]
+        return cls(start_s=statistics.median(fresh) if fresh else 0.0, window_s=window_s,
+                   sample_s=1.0 / baseline_rate if baseline_rate > 0 else 0.0,
+                   trial_start_s=statistics.median(s for s, _ in overheads) if overheads else None)
+
+    def process(self, *, samples: float = 0.0) -> float:
+        """One trial that trains ``samples`` samples (a numerics trajectory, a quality run)."""
+        start = self.start_s if self.trial_start_s is None else self.trial_start_s
+        return start + samples * self.sample_s
+
+    def side_by_side(self, configs: Sequence[TrialConfig], rounds: int) -> float:
+        """``configs`` measured side by side for ``rounds`` rounds: held, one window each;
+        on GPUs, alone in turn, a fresh process for each visit (``side_by_side``)."""
+        n = len(configs)
+        if one_at_a_time(configs):
+            return visits_for(rounds) * n * (self.start_s + WINDOWS_PER_VISIT * self.window_s)
+        return n * self.start_s + rounds * n * self.window_s
+
+    def pairs(self, pairs: int, seconds: float) -> float:
+        """``pairs`` pairs of standalone runs of ``seconds`` of timed training each."""
+        return pairs * 2 * (self.start_s + seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What ``--timeout`` left the run: it ends at ``ends_at`` (``clock``'s time);
+    ``costs`` estimate what a stage takes."""
+
+    timeout_s: float
+    ends_at: float
+    costs: Costs
+    clock: Callable[[], float] = time.time
+
+    def left(self) -> float:
+        return self.ends_at - self.clock()
+
+    @property
+    def why(self) -> str:
+        return f"to fit --timeout {self.timeout_s:g}"

@@ -1,0 +1,180 @@
+"""Verification fitted to what ``--timeout`` left of the run.
+
+Each stage's cost is estimated from what this run measured (``deadline.Costs``). When the
+stages as asked do not fit, they are shortened in this order, each only as far as needed,
+and never below what can still verify:
+
+1. the ablation is skipped: it explains the winner and may simplify it, and the emitted
+   configuration is verified without it;
+2. fewer speed-check rounds, down to ``sequential.FEWEST``;
+3. fewer standalone pairs, down to ``sequential.FEWEST``;
+4. fewer candidates, down to the first one and, when that one trades precision, the best
+   exact one (what the user gets if the gates reject reduced precision);
+5. shorter standalone runs, down to as long as a search trial's measured windows: last,
+   since short runs undercount a configuration whose DataLoader workers still ramp up.
+
+The gates (numerics, quality) are never shortened: their steps are what their tolerances
+were set for. If even the minimum does not fit, the plan says so and verification runs at
+the minimum. Later, the stages themselves look at the clock: the ablation is skipped when
+what is left no longer holds it and the pairs, a second candidate's script is run alone
+only when its pairs still fit, and the pairs stop (never below the minimum) once the next
+one would overrun.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from autotune.config import TrialConfig
+from autotune.document.stages import Stage, StageRecord, VerificationStages
+from autotune.verify import ablation
+from autotune.verify.deadline import Budget, Costs
+from autotune.verify.gates import REDUCED_PRECISIONS, Settings, numerics_reference, work_key
+from autotune.verify.sequential import FEWEST
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The stages as fitted: their settings, the candidates to verify, what was shortened
+    (by stage, in words), the estimate, the seconds left, and ``over`` when even the
+    minimum did not fit."""
+
+    settings: Settings
+    candidates: list[TrialConfig]
+    shortened: dict[Stage, str]
+    estimate_s: float
+    left_s: float
+    over: str | None = None
+
+
+def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
+               costs: Costs, has_evaluate: bool) -> float:
+    """Each trajectory once (the numerics cache shares them by what they compute), and a
+    quality run of the candidate and its reference where a knob trades quality."""
+    seen: set[str] = set()
+    total = 0.0
+    for cand in candidates:
+        for cfg in (numerics_reference(baseline, cand), cand):
+            if work_key(cfg) not in seen:
+                seen.add(work_key(cfg))
+                total += costs.process(samples=settings.numerics_steps * cfg.batch_size)
+        if has_evaluate and (cand.precision in REDUCED_PRECISIONS or cand.prune_ratio):
+            total += 2 * costs.process(samples=settings.quality_samples)
+    return total
+
+
+def ablation_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
+                  costs: Costs) -> float:
+    """The first candidate's session (the likeliest winner) and a new trajectory for the
+    simplified configuration."""
+    if not settings.ablation or not candidates:
+        return 0.0
+    top = candidates[0]
+    held = ablation.session_configs(top, baseline, pinned=settings.pinned)
+    if not held:
+        return 0.0
+    rounds = ablation.rounds_for(len(held), speed_windows=settings.rounds * (len(candidates) + 1))
+    return (costs.side_by_side([top, *held], rounds)
+            + costs.process(samples=settings.numerics_steps * top.batch_size))
+
+
+def estimate(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
+             costs: Costs, has_evaluate: bool) -> dict[Stage, float]:
+    """Seconds per stage, with every stage running to its cap (one candidate's pairs)."""
+    return {
+        Stage.GATES: gates_cost(settings, candidates, baseline=baseline, costs=costs, has_evaluate=has_evaluate),
+        Stage.SPEED: costs.side_by_side([baseline, *candidates], settings.rounds) if candidates else 0.0,
+        Stage.ABLATION: ablation_cost(settings, candidates, baseline=baseline, costs=costs),
+        Stage.STANDALONE: costs.pairs(settings.pairs, settings.pair_seconds) if candidates else 0.0,
+    }
+
+
+def essential(candidates: Sequence[TrialConfig]) -> list[TrialConfig]:
+    """The fewest candidates that can still verify: the first, and the first exact one
+    when the first trades precision."""
+    if not candidates:
+        return []
+    first = candidates[0]
+    exact = next((c for c in candidates if c.exact), None)
+    return [first] if first.exact or exact is None else [first, exact]
+
+
+def fewer(candidates: Sequence[TrialConfig], count: int) -> list[TrialConfig]:
+    """``count`` of the candidates, the essential ones among them, in their order."""
+    must = essential(candidates)
+    rest = [c for c in candidates if c not in must][:max(0, count - len(must))]
+    return [c for c in candidates if c in must or c in rest]
+
+
+def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
+        budget: Budget, has_evaluate: bool, shortest_run_s: float) -> Plan:
+    """``settings`` and ``candidates`` shortened, in the module's order, until their
+    estimate fits what ``budget`` has left. ``shortest_run_s``: the least timed training
+    a standalone run may be cut to."""
+    left, costs, why = budget.left(), budget.costs, budget.why
+    cands = list(candidates)
+    s = settings
+
+    def total(s: Settings, cands: list[TrialConfig]) -> float:
+        return sum(estimate(s, cands, baseline=baseline, costs=costs, has_evaluate=has_evaluate).values())
+
+    def largest(values: Sequence[int], make: Callable[[int], tuple[Settings, list[TrialConfig]]]
+                ) -> tuple[Settings, list[TrialConfig]]:
+        """The first of ``values`` (largest first) whose plan fits; else the last."""
+        for value in values:
+            tried = make(value)
+            if total(*tried) <= left:
+                return tried
+        return make(values[-1])
+
+    shortened: dict[Stage, str] = {}
+    if total(s, cands) > left and s.ablation:
+        s = dataclasses.replace(s, ablation=False)
+        shortened[Stage.ABLATION] = f"skipped {why}"
+    if total(s, cands) > left and s.rounds > FEWEST:
+        s, cands = largest(range(s.rounds, FEWEST - 1, -1), lambda r: (dataclasses.replace(s, rounds=r), cands))
+        if s.rounds < settings.rounds:
+            shortened[Stage.SPEED] = f"cut from {settings.rounds} rounds {why}"
+    if total(s, cands) > left and s.pairs > FEWEST:
+        s, cands = largest(range(s.pairs, FEWEST - 1, -1), lambda n: (dataclasses.replace(s, pairs=n), cands))
+    floor = len(essential(cands))
+    if total(s, cands) > left and len(cands) > floor:
+        s, cands = largest(range(len(cands), floor - 1, -1), lambda k: (s, fewer(candidates, k)))
+        shortened[Stage.GATES] = f"{len(cands)} of {len(candidates)} candidates verified {why}"
+    if total(s, cands) > left and s.pair_seconds > shortest_run_s:
+        others = total(s, cands) - costs.pairs(s.pairs, s.pair_seconds)
+        fits = (left - others) / (2 * s.pairs) - costs.start_s
+        s = dataclasses.replace(s, pair_seconds=round(max(shortest_run_s, min(s.pair_seconds, fits)), 1))
+    cuts = [f"cut from {settings.pairs} pairs"] if s.pairs < settings.pairs else []
+    if s.pair_seconds < settings.pair_seconds:
+        cuts.append(f"runs of {s.pair_seconds:g} s instead of {settings.pair_seconds:g} s")
+    if cuts:
+        shortened[Stage.STANDALONE] = f"{' and '.join(cuts)} {why}"
+    need = total(s, cands)
+    over = None
+    if need > left:
+        over = (f"--timeout {budget.timeout_s:g} left {max(0.0, left):.0f} s for verification; even at its "
+                f"minimum it takes about {need:.0f} s: verifying at the minimum")
+    return Plan(settings=s, candidates=cands, shortened=shortened, estimate_s=need, left_s=left, over=over)
+
+
+def stages(plan: Plan | None, records: Sequence[StageRecord], budget: Budget | None) -> VerificationStages | None:
+    """The stages' records as they ran, each with what the plan shortened on it (a stage
+    the plan left out gets a record of its own), in the order the stages run; None where
+    nothing was verified and nothing fitted."""
+    if plan is None and not records:
+        return None
+    out = list(records)
+    for stage, why in (plan.shortened if plan is not None else {}).items():
+        hits = [i for i, r in enumerate(out) if r.stage is stage]
+        for i in hits:
+            out[i] = dataclasses.replace(out[i], shortened="; ".join(filter(None, [out[i].shortened, why])))
+        if not hits:
+            out.append(StageRecord(stage=stage, shortened=why))
+    order = list(Stage)
+    out.sort(key=lambda r: order.index(r.stage))
+    return VerificationStages(
+        records=tuple(out), timeout_s=budget.timeout_s if budget is not None else None,
+        left_s=round(plan.left_s, 1) if plan is not None else None,
+        estimate_s=round(plan.estimate_s, 1) if plan is not None else None,
+        over=plan.over if plan is not None else None)

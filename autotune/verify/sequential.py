@@ -1,0 +1,173 @@
+"""When a verification stage knows enough to stop: the sequential rules.
+
+Each stage measures round after round (the speed check and the ablation: side-by-side
+rounds, ``autotune.verify.side_by_side``; the standalone check: pairs of runs,
+``autotune.verify.standalone``) up to its cap (``--rounds``, ``--pairs``), and stops
+earlier once the decision it exists for is settled:
+
+- the speed check (``Ranking``): a candidate clearly slower than the leader is measured
+  no more; the check ends once every remaining candidate's verdict against the baseline
+  is settled and the leader is clear;
+- the ablation (``Effects``): each knob's effect is measured until it is settled;
+- the standalone pairs (``PairsRule``): once the pass/fail decision is settled and the
+  re-run interval is as narrow as this machine's noise allows.
+
+A decision is settled when its distribution-free interval (``stats.ratio_interval``, at
+``CONFIDENCE``) lies wholly above or wholly below 1. Nothing stops before ``FEWEST``
+rounds: with fewer, the median's interval cannot reach its confidence at all (the lowest
+to the highest of n ratios covers the median with probability 1 - 2 * 0.5**n). Looking
+after every round rather than once makes a wrong early stop a little likelier than the
+level says; at ``FEWEST`` rounds an interval excludes 1 only when every ratio lies on one
+side of it, which keeps that small.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Collection, Sequence
+from typing import Protocol
+
+from autotune.verify.stats import ratio_interval, rerun_interval, t_quantile
+
+CONFIDENCE = 0.9
+
+
+def fewest(confidence: float = CONFIDENCE) -> int:
+    """The fewest ratios whose lowest-to-highest interval covers their median with
+    probability ``confidence`` (sign test): 5 at 90%."""
+    n = 1
+    while 1 - 2 * 0.5 ** n < confidence:
+        n += 1
+    return n
+
+
+FEWEST = fewest()
+
+
+def settled(interval: dict[str, float]) -> bool:
+    """Whether a ratio's interval decides it: wholly above 1 or wholly below."""
+    return interval["ci_low"] > 1.0 or interval["ci_high"] < 1.0
+
+
+def describe(interval: dict[str, float]) -> str:
+    return (f"{interval['median']:.2f}x ({interval['ci_level']:.0%} interval "
+            f"{interval['ci_low']:.2f}-{interval['ci_high']:.2f}x)")
+
+
+def _over(values: Sequence[float], reference: Sequence[float]) -> list[float]:
+    """Round by round: measurements of one round only are paired."""
+    return [v / r for v, r in zip(values, reference)]
+
+
+@dataclasses.dataclass
+class Decision:
+    """After a round: the configurations to measure no more, each with why, and why the
+    whole measurement ends now (None: it goes on)."""
+
+    stop: dict[int, str] = dataclasses.field(default_factory=dict)
+    done: str | None = None
+
+
+class Rule(Protocol):
+    def after_round(self, values: Sequence[Sequence[float]], active: Collection[int]) -> Decision:
+        """``values[i]``: configuration i's rate in each round so far, the reference's
+        (``values[0]``) in every one; ``active``: the others still measured (each has a
+        rate in every round)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranking:
+    """The verification's speed check: the baseline first, the candidates after it. The
+    leader is the candidate with the highest median ratio over the baseline."""
+
+    fewest: int = FEWEST
+
+    def after_round(self, values: Sequence[Sequence[float]], active: Collection[int]) -> Decision:
+        rounds = len(values[0])
+        if rounds < self.fewest:
+            return Decision()
+        if not active:
+            return Decision(done="no candidate is left to measure")
+        against_base = {i: ratio_interval(_over(values[i], values[0]), confidence=CONFIDENCE)
+                        for i in active}
+        leader = max(active, key=lambda i: against_base[i]["median"])
+        stop = {}
+        for i in active:
+            if i == leader:
+                continue
+            against = ratio_interval(_over(values[i], values[leader]), confidence=CONFIDENCE)
+            if against["ci_high"] < 1.0:
+                stop[i] = (f"clearly slower than the leader after {rounds} rounds: "
+                           f"{describe(against)} of its speed")
+        if len(active) - len(stop) == 1 and settled(against_base[leader]):
+            return Decision(stop, done="the leader is clear and every verdict against the baseline settled")
+        return Decision(stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class Effects:
+    """The ablation: the winner first; ``deciding`` are the leave-one-out variants (each
+    one's ratio to the winner decides a knob); ``kept`` the configurations the path needs
+    (the baseline and the path's steps): they are measured as long as the session goes on,
+    since the path's steps multiply to the whole only over rounds they all share."""
+
+    deciding: frozenset[int]
+    kept: frozenset[int] = frozenset()
+    fewest: int = FEWEST
+
+    def after_round(self, values: Sequence[Sequence[float]], active: Collection[int]) -> Decision:
+        rounds = len(values[0])
+        if rounds < self.fewest or not self.deciding:
+            return Decision()
+        stop, open_ = {}, 0
+        for i in self.deciding & set(active):
+            effect = ratio_interval([1 / r for r in _over(values[i], values[0])], confidence=CONFIDENCE)
+            if not settled(effect):
+                open_ += 1
+            elif i not in self.kept:
+                stop[i] = f"settled after {rounds} rounds: {describe(effect)}"
+        return Decision(stop, done=None if open_ else "every knob's effect settled")
+
+
+def noise_floor(side_by_side: Sequence[float], *, cap: int, level: float) -> float | None:
+    """The narrowest re-run interval (its half-width, in log ratio) this machine's noise
+    allows ``cap`` pairs: ``stats.rerun_interval``'s width at the spread of the same two
+    configurations' side-by-side rounds. Those were held warm and measured seconds apart,
+    with no process start between them: the standalone pairs, each a fresh start, cannot be
+    expected to be steadier. None when there are too few rounds to tell a spread."""
+    if cap < 2 or len(side_by_side) < 3 or min(side_by_side) <= 0:
+        return None
+    spread = statistics.stdev(math.log(r) for r in side_by_side)
+    return t_quantile(0.5 + level / 2, cap - 1) * spread * math.sqrt(2 / cap)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairsRule:
+    """The standalone pairs: the candidate passes when the median's interval (at
+    ``confidence``) lies above 1. They stop before ``cap`` once that is settled either
+    way and, for a pass, once the re-run interval (at ``level``, the printed one) is no
+    wider than ``floor`` (``noise_floor``): running to the cap would make it narrower
+    only on a machine steadier than this one measured. A settled failure needs no narrow
+    interval: its figures are not printed."""
+
+    cap: int
+    floor: float | None
+    confidence: float = CONFIDENCE
+    level: float = 0.95
+    fewest: int = FEWEST
+
+    def after_pair(self, ratios: Sequence[float]) -> str | None:
+        n = len(ratios)
+        if n < self.fewest or n >= self.cap:
+            return None
+        decided = ratio_interval(ratios, confidence=self.confidence)
+        if decided["ci_high"] < 1.0:
+            return f"not faster alone, settled after {n} pairs: {describe(decided)}"
+        if decided["ci_low"] <= 1.0 or self.floor is None:
+            return None
+        low, high = rerun_interval(ratios, level=self.level)
+        if math.log(high / low) / 2 <= self.floor:
+            return f"interval {low:.2f}-{high:.2f}x as narrow as this machine's noise allows"
+        return None

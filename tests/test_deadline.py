@@ -1,0 +1,174 @@
+"""--timeout bounds the whole run: the search gets its share, verification the rest, and
+verification's stages are fitted to it in a fixed order, the document saying what was
+shortened (autotune.verify.deadline, autotune.verify.fit)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from autotune import pipeline, schemas
+from autotune.config import TrialConfig
+from autotune.document.run import RunDocument
+from autotune.document.stages import Stage
+from autotune.harness import candidate_emitter
+from autotune.options import SEARCH_SHARE
+from autotune.probes import as_machine
+from autotune.report.console import Reporter
+from autotune.task import load_task
+from autotune.verify import fit, gates, sequential
+from autotune.verify.deadline import Budget, Costs
+
+from doubles import StandInRunner, recorded_machine, tune_stand_in
+from helpers import MODELS
+
+BASE = TrialConfig(batch_size=16)
+COSTS = Costs(start_s=5.0, window_s=1.0, sample_s=0.001)
+# the first trades precision; the best exact one is the fallback kept to the end
+CANDIDATES = [TrialConfig(nprocs=2, threads=1, batch_size=64, precision="bf16", allocator="tcmalloc"),
+              TrialConfig(nprocs=1, threads=2, batch_size=64, precision="bf16"),
+              TrialConfig(nprocs=1, threads=2, batch_size=128),
+              TrialConfig(nprocs=2, threads=1, batch_size=32, precision="bf16")]
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(MODELS / "knob_cnn.py")
+
+
+def planned(left: float, settings: gates.Settings | None = None) -> fit.Plan:
+    budget = Budget(timeout_s=600, ends_at=left, costs=COSTS, clock=lambda: 0.0)
+    return fit.fit(settings or gates.Settings(), CANDIDATES, baseline=BASE, budget=budget,
+                   has_evaluate=True, shortest_run_s=3.0)
+
+
+def cost(settings: gates.Settings, candidates=CANDIDATES) -> float:
+    return sum(fit.estimate(settings, candidates, baseline=BASE, costs=COSTS, has_evaluate=True).values())
+
+
+def test_a_deadline_shortens_the_stages_in_the_documented_order():
+    asked = gates.Settings()
+    assert not planned(cost(asked)).shortened, "what fits is not shortened"
+    # each step of the order is taken only once the ones before it are at their least
+    no_ablation = dataclasses.replace(asked, ablation=False)
+    plan = planned(cost(asked) - 1)
+    assert list(plan.shortened) == [Stage.ABLATION] and plan.settings == no_ablation
+    plan = planned(cost(no_ablation) - 1)
+    assert list(plan.shortened) == [Stage.ABLATION, Stage.SPEED]
+    assert sequential.FEWEST <= plan.settings.rounds < asked.rounds and plan.settings.pairs == asked.pairs
+    fewest_rounds = dataclasses.replace(no_ablation, rounds=sequential.FEWEST)
+    plan = planned(cost(fewest_rounds) - 1)
+    assert plan.settings.rounds == sequential.FEWEST and plan.settings.pairs == sequential.FEWEST
+    assert plan.candidates == CANDIDATES and "cut from 6 pairs" in plan.shortened[Stage.STANDALONE]
+    fewest_pairs = dataclasses.replace(fewest_rounds, pairs=sequential.FEWEST)
+    plan = planned(cost(fewest_pairs) - 1)
+    assert len(plan.candidates) < len(CANDIDATES) and plan.settings.pair_seconds == asked.pair_seconds
+    assert Stage.GATES in plan.shortened
+    essential = fit.essential(CANDIDATES)
+    assert essential == CANDIDATES[:1] + CANDIDATES[2:3]  # the first, and the best exact one
+    plan = planned(cost(fewest_pairs, essential) - 1)
+    assert plan.candidates == essential and 3.0 <= plan.settings.pair_seconds < asked.pair_seconds
+    assert "runs of" in plan.shortened[Stage.STANDALONE] and plan.over is None
+    # nothing fits: everything at its least, verified anyway, and said so
+    plan = planned(10.0)
+    least = dataclasses.replace(fewest_pairs, pair_seconds=3.0)
+    assert plan.settings == least and plan.candidates == essential
+    assert "even at its minimum it takes about" in plan.over and "verifying at the minimum" in plan.over
+    assert list(plan.shortened) == [Stage.ABLATION, Stage.SPEED, Stage.GATES, Stage.STANDALONE]
+
+
+def test_a_cap_the_user_set_below_the_fewest_is_kept():
+    plan = planned(1.0, gates.Settings(rounds=3, pairs=3))
+    assert (plan.settings.rounds, plan.settings.pairs) == (3, 3)
+
+
+class Timed(StandInRunner):
+    """Trials report where their wall time went: 5 s of start-up beside 3 s of windows,
+    from which verification's stages are estimated."""
+
+    def result(self, cfg, **kw):
+        res = super().result(cfg, **kw)
+        res.phases = {"overhead_s": 5.0, "measure_s": 3.0}
+        return res
+
+
+def test_the_document_and_the_summary_say_which_stages_a_deadline_shortened(task, tmp_path, capsys):
+    for name in ("roomy", "tight"):
+        (tmp_path / name).mkdir()
+    doc = tune_stand_in(task, tmp_path / "roomy", Timed(recorded_machine("avx2_epyc")), timeout_s=300)
+    stages = doc["verification_stages"]
+    assert stages["timeout_s"] == 300 and 0 < stages["left_s"] <= 300
+    shortened = {s["stage"]: s["shortened"] for s in stages["stages"] if "shortened" in s}
+    assert shortened == {"ablation": "skipped to fit --timeout 300"}
+    assert doc["verified"] and doc["ablation"]["skipped"] == "skipped to fit --timeout 300"
+    assert schemas.problem(doc, "best_config") is None
+
+    tight = tune_stand_in(task, tmp_path / "tight", Timed(recorded_machine("avx2_epyc")), timeout_s=30)
+    assert tight["verified"], "verified at the minimum"
+    stages = tight["verification_stages"]
+    assert "verifying at the minimum" in stages["over"]
+    by_stage = {s["stage"]: s for s in stages["stages"]}
+    assert set(by_stage) == {"gates", "speed", "ablation", "standalone"}
+    assert by_stage["speed"]["cap"] == sequential.FEWEST and by_stage["standalone"]["cap"] == sequential.FEWEST
+    assert "runs of 3 s instead of 8 s" in by_stage["standalone"]["shortened"]
+    assert tight["speedup"]["seconds_per_run"] == 3.0
+    assert schemas.problem(tight, "best_config") is None
+    assert RunDocument.from_json(tight).to_json() == tight
+
+    Reporter().summary(RunDocument.from_json(tight), tmp_path / "tight" / "out")
+    printed = capsys.readouterr().out
+    assert "ablation: skipped to fit --timeout 30" in printed
+    assert "cut from 10 rounds to fit --timeout 30" in printed
+    assert "even at its minimum" in printed
+
+
+def test_without_a_timeout_nothing_is_shortened(task, tmp_path):
+    doc = tune_stand_in(task, tmp_path, Timed(recorded_machine("avx2_epyc")))
+    stages = doc["verification_stages"]
+    assert "timeout_s" not in stages and "over" not in stages
+    assert not any("shortened" in s for s in stages["stages"])
+    assert doc["speedup"]["seconds_per_run"] == pipeline.RunOptions.pair_seconds
+
+
+def test_the_search_gets_its_share_of_the_timeout(task, tmp_path, monkeypatch):
+    seen = {}
+    real = pipeline.Tuner
+
+    def tuner(**kw):
+        seen.update(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(pipeline, "Tuner", tuner)
+    tune_stand_in(task, tmp_path, Timed(recorded_machine("avx2_epyc")), timeout_s=200)
+    assert seen["timeout_s"] == pytest.approx(SEARCH_SHARE * 200)
+
+
+def test_a_second_candidates_script_runs_alone_only_when_its_pairs_fit(task, tmp_path):
+    """The first candidate's script is slower alone; each script run takes 10 s of the
+    clock: after its pairs, what is left cannot hold the next one's, and it is not run."""
+    machine = recorded_machine("avx2_epyc")
+
+    class SlowerAlone(StandInRunner):
+        now = 0.0
+
+        def run_script(self, launcher, **kw):
+            SlowerAlone.now += 10.0
+            report = super().run_script(launcher, **kw)
+            if Path(launcher).parent.name != "baseline":
+                report["samples_per_s"] = 0.5 * self.throughput(BASE)
+            return report
+
+    runner = SlowerAlone(machine)
+    first, second = TrialConfig(nprocs=1, threads=2, batch_size=64), TrialConfig(nprocs=1, threads=2, batch_size=32)
+    budget = Budget(timeout_s=150, ends_at=150.0, costs=COSTS, clock=lambda: SlowerAlone.now)
+    records: list = []
+    winner, verdicts, _ = gates.verify_candidates(
+        runner, baseline=BASE, candidates=[first, second], has_evaluate=False,
+        settings=gates.Settings(ablation=False, pairs=6, budget=budget),
+        emit_candidate=candidate_emitter(task, as_machine(machine)), workdir=tmp_path, stages=records)
+    assert winner is None
+    alone = [r for r in records if r.stage is Stage.STANDALONE]
+    assert alone[0].ran == sequential.FEWEST and "not faster alone" in alone[0].stopped
+    assert alone[1].ran is None and alone[1].shortened == "not run alone to fit --timeout 150"
+    assert sum("standalone" in v.checks for v in verdicts) == 1

@@ -1,0 +1,251 @@
+"""Verification stops when it knows: a stage runs rounds (or pairs) until its decision is
+settled or its cap, and uses what an earlier stage measured of the same pair."""
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.task import load_task
+from autotune.trials.runner import Measurement, TrialRunner
+from autotune.verify import ablation, gates, sequential, side_by_side, standalone
+
+from doubles import NoisyServing, RunnerDouble, ScriptedRunner, StandInRunner, recorded_machine, tune_stand_in
+from helpers import MODELS
+
+BASE = TrialConfig(batch_size=16)
+
+
+def served_at(speeds: dict[int, float], *, wobbles: frozenset[int] = frozenset()) -> NoisyServing:
+    """Configurations told apart by their batch size, each at its speed, with 2% noise;
+    those in ``wobbles`` 5% faster and slower in turn (a tie with one at the same speed
+    straddles 1 round after round)."""
+    return NoisyServing(lambda cfg: speeds[cfg.batch_size], noise=0.02,
+                        wobble=lambda cfg: 0.05 if cfg.batch_size in wobbles else 0.0)
+
+
+def test_fewest_rounds_is_where_the_medians_interval_reaches_its_confidence():
+    assert sequential.fewest(0.9) == 5  # 1 - 2 * 0.5**5 = 0.94; at 4 rounds 0.875
+    assert sequential.fewest(0.95) == 6
+
+
+def test_a_clearly_slower_candidate_stops_being_measured_and_its_process_ends():
+    # 32 and 64 tie for the lead; 48 is faster than the baseline but clearly slower than them
+    runner = served_at({16: 100.0, 32: 200.0, 48: 120.0, 64: 200.0}, wobbles=frozenset({64}))
+    cands = [BASE.replace(batch_size=b) for b in (32, 48, 64)]
+    speed, checks = side_by_side.speed_check(runner, BASE, cands, rounds=10, rule=sequential.Ranking())
+    slow = checks[1].detail
+    assert "clearly slower than the leader" in slow["stopped"]
+    assert slow["rounds"] == sequential.FEWEST and runner.windows["verify-speed-2"] == sequential.FEWEST
+    # ended as soon as it was stopped, while the others went on measuring
+    killed = runner.events.index(("kill", "verify-speed-2"))
+    assert ("window", "verify-speed-0") in runner.events[killed:]
+    assert checks[1].passed, "its verdict against the baseline stands: faster"
+    # the tie runs to the cap
+    assert speed["rounds"] == speed["cap"] == 10 and "stopped" not in speed
+    assert [c.detail["rounds"] for c in (checks[0], checks[2])] == [10, 10]
+    # ranked after the two measured to the end
+    verdicts = [gates.Verdict(c, {"speed": ch}, dict(ch.detail)) for c, ch in zip(cands, checks)]
+    assert [v.config.batch_size for v in gates.rank_by_rounds(verdicts)][2] == 48
+
+
+def test_the_speed_check_ends_once_the_leader_is_clear_and_every_verdict_settled():
+    runner = served_at({16: 100.0, 32: 200.0, 48: 90.0})
+    speed, checks = side_by_side.speed_check(
+        runner, BASE, [BASE.replace(batch_size=32), BASE.replace(batch_size=48)], rounds=10,
+        rule=sequential.Ranking())
+    assert speed["rounds"] == sequential.FEWEST < speed["cap"] == 10
+    assert "the leader is clear" in speed["stopped"]
+    assert checks[0].passed and not checks[1].passed
+    assert "measured no more" in checks[1].detail["reason"]
+    # without a rule the counts are what they were: the cap
+    again, _ = side_by_side.speed_check(served_at({16: 100.0, 32: 200.0, 48: 90.0}), BASE,
+                                        [BASE.replace(batch_size=32), BASE.replace(batch_size=48)], rounds=10)
+    assert again["rounds"] == 10
+
+
+def test_a_tie_runs_to_the_cap():
+    runner = served_at({16: 100.0, 32: 150.0, 64: 150.0}, wobbles=frozenset({64}))
+    speed, checks = side_by_side.speed_check(
+        runner, BASE, [BASE.replace(batch_size=32), BASE.replace(batch_size=64)], rounds=10,
+        rule=sequential.Ranking())
+    assert speed["rounds"] == 10 and "stopped" not in speed
+    assert all(c.passed and "stopped" not in c.detail for c in checks)
+
+
+WINNER = TrialConfig(nprocs=1, threads=2, batch_size=64, allocator="tcmalloc")
+
+
+def test_each_knobs_effect_stops_being_measured_once_settled():
+    """The batch pays 2x and the threads 1.3x (settled at the fewest rounds); the allocator
+    nothing (its variant's windows straddle the winner's: it runs to the cap). The
+    allocator's variant is also the path's step, which the path needs over all the
+    session's rounds."""
+    def speed(cfg: TrialConfig) -> float:
+        return 100.0 * (2.0 if cfg.batch_size == 64 else 1.0) * (1.3 if cfg.threads == 2 else 1.0)
+
+    allocator_variant = WINNER.replace(allocator="default")
+    runner = NoisyServing(speed, noise=0.02, wobble=lambda cfg: 0.05 if cfg == allocator_variant else 0.0)
+    found = ablation.measure(runner, WINNER, BASE, rounds=10)
+    rounds = {k.knob: k.rounds for k in found.knobs}
+    assert rounds == {"layout": sequential.FEWEST, "batch_size": sequential.FEWEST, "allocator": 10}
+    assert found.rounds == found.cap == 10 and found.stopped is None
+    assert found.path is not None and found.path.rounds == 10
+    # the layout's and the batch's variants stopped; the winner, the baseline and the path's
+    # two steps (one of them the allocator's variant) went on
+    assert sorted(runner.windows.values()) == [sequential.FEWEST] * 2 + [10] * 4
+
+    # every knob settled: the session ends there, and the path still multiplies to the whole
+    runner = NoisyServing(lambda cfg: 100.0 * (2.0 if cfg.batch_size == 64 else 1.0)
+                          * (1.5 if cfg.allocator == "tcmalloc" else 1.0), noise=0.02)
+    found = ablation.measure(runner, WINNER.replace(threads=None), BASE, rounds=10)
+    assert found.rounds == sequential.FEWEST and found.stopped == "every knob's effect settled"
+    assert all(k.kept for k in found.knobs)
+    assert math.prod(s.effect.ratio for s in found.path.steps) == pytest.approx(found.path.total.ratio)
+
+
+def test_the_ablation_uses_the_speed_checks_rounds_where_it_measured_the_same_pair():
+    rng = random.Random(3)
+    rates = lambda level: [level * math.exp(rng.gauss(0, 0.02)) for _ in range(8)]  # noqa: E731
+    one_knob = BASE.replace(batch_size=64)
+    # the winner differs from the baseline in its batch alone: the speed check measured the
+    # whole session (the baseline beside the winner), and nothing is started again
+    found = ablation.measure(RunnerDouble(), one_knob, BASE, rounds=10,
+                             measured={BASE: rates(100.0), one_knob: rates(200.0)})
+    (knob,) = found.knobs
+    assert knob.rounds == 8 and "measured in the speed check's rounds" in knob.note
+    assert "speed check" in found.stopped and found.path.total.ratio == pytest.approx(2.0, rel=0.05)
+
+    # two knobs: the batch's variant was a candidate beside the winner, and its effect is
+    # settled there; the session holds the rest
+    winner = BASE.replace(batch_size=64, allocator="tcmalloc")
+    batch_variant = BASE.replace(allocator="tcmalloc")
+    runner = NoisyServing(lambda cfg: 200.0 if cfg.batch_size == 64 else 100.0)
+    found = ablation.measure(runner, winner, BASE, rounds=6,
+                             measured={winner: rates(200.0), batch_variant: rates(100.0)})
+    by_knob = {k.knob: k for k in found.knobs}
+    assert "speed check" in by_knob["batch_size"].note and by_knob["batch_size"].rounds == 8
+    assert len(runner.windows) == 3, "the winner, the baseline, the allocator's variant (the path's step)"
+
+
+def test_the_simplified_configuration_is_gated_with_the_runs_already_made(tmp_path):
+    """Gates share their runs by what the configuration computes: one that differs only in
+    placement (allocator, threads) reuses both the numerics trajectory and the quality run."""
+    steps = 40
+    runner = ScriptedRunner(losses={"fp32": [2.3 * 0.95 ** i for i in range(steps)],
+                                    "bf16": [2.3 * 0.95 ** i for i in range(steps)]},
+                            metric={"fp32": 0.9, "bf16": 0.9})
+    cache: dict = {}
+    bf16 = TrialConfig(batch_size=64, precision="bf16", allocator="tcmalloc", threads=2)
+    first = gates.gate(runner, BASE, bf16, settings=gates.Settings(), has_evaluate=True, cache=cache)
+    ran = len(runner.runs)
+    simpler = gates.gate(runner, BASE, bf16.replace(allocator="default", threads=None),
+                         settings=gates.Settings(), has_evaluate=True, cache=cache)
+    assert first.passed and simpler.passed and ran == 4 and len(runner.runs) == ran
+
+
+def test_a_run_gates_each_computation_once(tmp_path):
+    """Across the whole verification, the simplified configuration included: every
+    trajectory the numerics check ran computes something no other one did."""
+    runner = StandInRunner(recorded_machine("avx2_epyc"))
+    doc = tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, runner)
+    assert doc["ablation"]["simplified"]
+    keys = [gates.work_key(cfg) for cfg in runner.gated]
+    assert len(keys) == len(set(keys))
+
+
+class Scripts:
+    """Runs the two scripts of a pair: the candidate at ``ratio`` times the baseline's
+    speed, each run with log-normal noise ``noise``; ``clock`` advances ``run_s`` a run."""
+
+    def __init__(self, *, ratio: float, noise: float, run_s: float = 0.0, seed: int = 1) -> None:
+        self.ratio, self.noise, self.run_s = ratio, noise, run_s
+        self.rng, self.now, self.runs = random.Random(seed), 0.0, 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def run_script(self, launcher, *, steps, workdir, timeout_s):
+        self.now += self.run_s
+        self.runs += 1
+        rate = 100.0 * (self.ratio if launcher.name == "c" else 1.0)
+        return {"samples_per_s": rate * math.exp(self.rng.gauss(0.0, self.noise))}
+
+
+def alone(runner: Scripts, tmp_path: Path, *, pairs: int, budget=None, sbs_noise: float = 0.03):
+    """The standalone check of a candidate whose side-by-side rounds spread by ``sbs_noise``."""
+    rng = random.Random(5)
+    ratios = [runner.ratio * math.exp(rng.gauss(0.0, sbs_noise)) for _ in range(10)]
+    served = {"ratios": ratios, "median": runner.ratio, "ci_low": min(ratios), "ci_high": max(ratios),
+              "ci_level": 0.9, "median_samples_per_s": 100.0 * runner.ratio}
+    b = standalone.Script(Path("b"), BASE, 100.0)
+    c = standalone.Script(Path("c"), BASE, 100.0 * runner.ratio)
+    return standalone.check(runner, baseline=b, candidate=c, served=served,
+                            served_baseline={"median_samples_per_s": 100.0},
+                            settings=gates.Settings(pairs=pairs, pair_seconds=1.0, budget=budget),
+                            workdir=tmp_path, progress=lambda kind, info: None)
+
+
+def test_pairs_stop_early_on_a_steady_machine_and_run_to_the_cap_on_a_noisy_one(tmp_path):
+    steady = alone(Scripts(ratio=3.0, noise=0.005), tmp_path, pairs=8)
+    assert steady.passed and steady.detail["pairs"] == sequential.FEWEST
+    assert "as narrow as this machine's noise allows" in steady.detail["stopped"]
+    noisy = alone(Scripts(ratio=3.0, noise=0.08), tmp_path, pairs=8)
+    assert noisy.passed and noisy.detail["pairs"] == 8 and "stopped" not in noisy.detail
+    # a candidate clearly not faster alone stops as soon as that is settled
+    slower = alone(Scripts(ratio=0.8, noise=0.02), tmp_path, pairs=8)
+    assert not slower.passed and slower.detail["pairs"] == sequential.FEWEST
+    assert "not faster alone" in slower.detail["stopped"]
+    # the cap is --pairs: below the fewest nothing stops early
+    assert alone(Scripts(ratio=3.0, noise=0.005), tmp_path, pairs=4).detail["pairs"] == 4
+
+
+def test_under_a_deadline_the_pairs_stop_when_the_next_would_overrun_but_never_below_the_fewest(tmp_path):
+    from autotune.verify.deadline import Budget, Costs
+
+    runner = Scripts(ratio=3.0, noise=0.08, run_s=10.0)
+    costs = Costs(start_s=5.0, window_s=1.0, sample_s=0.001)
+    roomy = alone(runner, tmp_path, pairs=8, budget=Budget(timeout_s=200, ends_at=140.0, costs=costs,
+                                                          clock=runner.clock))
+    assert roomy.detail["pairs"] == 7 and "the next pair would overrun" in roomy.detail["stopped"]
+    runner = Scripts(ratio=3.0, noise=0.08, run_s=10.0)
+    tight = alone(runner, tmp_path, pairs=8, budget=Budget(timeout_s=20, ends_at=15.0, costs=costs,
+                                                          clock=runner.clock))
+    assert tight.detail["pairs"] == sequential.FEWEST and tight.passed
+
+
+@pytest.mark.slow
+def test_a_stopped_candidates_held_process_ends_while_the_others_are_measured(tmp_path, monkeypatch):
+    """Real trials: the candidate made slow (tests/models/verify_slowdown.py) is stopped
+    after the fewest rounds, and its process tree is gone before the next round."""
+    marker = tmp_path / "slow-now"
+    marker.touch()
+    monkeypatch.setenv("AUTOTUNE_TEST_SLOW_MARKER", str(marker))
+    runner = TrialRunner(model_file=MODELS / "verify_slowdown.py", machine={}, workdir=tmp_path / "trials",
+                         measurement=Measurement(warmup_steps=2, window_s=0.2, windows=2))
+    started: dict[str, object] = {}
+    start = runner.start
+
+    def keep(cfg, *, name, **kw):
+        started[name] = start(cfg, name=name, **kw)
+        return started[name]
+
+    monkeypatch.setattr(runner, "start", keep)
+    seen_after: list[bool] = []
+
+    class NeverEnds(sequential.Ranking):
+        """The speed check's rule, without ending the session: it goes on to the cap."""
+
+        def after_round(self, values, active):
+            if len(values[0]) > sequential.FEWEST:
+                seen_after.append(started["verify-speed-2"].proc.poll() is not None)
+            return sequential.Decision(stop=super().after_round(values, active).stop)
+
+    one = TrialConfig(batch_size=16, threads=1)
+    _, checks = side_by_side.speed_check(runner, one, [one.replace(batch_size=32), one.replace(batch_size=64)],
+                                         rounds=sequential.FEWEST + 1, rule=NeverEnds())
+    assert "clearly slower than the leader" in checks[1].detail["stopped"]
+    assert seen_after == [True], "the stopped candidate's process had ended before the next round"
