@@ -22,7 +22,7 @@ from autotune.emit import outputs as emit
 from autotune.runtime.distributed import Distributed
 from autotune.runtime.loop import Checkpoints, Metrics, evaluate, train
 from autotune.runtime.model import NonFiniteLoss, build_model, check_finite, make_step, sync_batchnorm
-from autotune.runtime.session import Session, apply_process_knobs
+from autotune.runtime.session import Session, apply_process_knobs, configure_precision
 from autotune.trials import worker
 from autotune.trials.protocol import Failure, Measurement, Mode, Status
 from autotune.trials.runner import TrialResult, TrialRunner, run_launcher
@@ -131,6 +131,36 @@ def test_cudnn_benchmark_is_a_knob_of_cuda_configurations(cuda_flags):
     assert torch.backends.cudnn.benchmark is True
 
 
+def test_each_configuration_of_a_warm_process_gets_its_own_float_flags(cuda_flags):
+    """A warm process that trained a tf32 configuration, or an fp32 trajectory in strict
+    IEEE fp32, gives the next configuration PyTorch's defaults again (W1's baseline)."""
+    apply_process_knobs({"device": "cuda", "precision": "tf32"})
+    configure_precision({"device": "cuda", "precision": "fp32"})
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert torch.backends.cudnn.allow_tf32 is True
+    configure_precision({"device": "cuda", "precision": "fp32"}, strict_fp32=True)
+    assert torch.backends.cudnn.allow_tf32 is False
+    configure_precision({"device": "cuda", "precision": "bf16"})
+    assert torch.backends.cudnn.allow_tf32 is True and torch.backends.cuda.matmul.allow_tf32 is False
+
+
+def test_a_finished_configuration_returns_the_gpus_memory_and_resets_its_peak(monkeypatch):
+    """What a warm process does between configurations on CUDA: the next one's reserved
+    peak (K2) is its own, and its memory starts empty."""
+    calls = {name: Recorder() for name in ("synchronize", "empty_cache", "reset_peak_memory_stats")}
+    for name, recorder in calls.items():
+        monkeypatch.setattr(torch.cuda, name, recorder)
+    device = torch.device("cuda", 0)
+    session = Session.__new__(Session)
+    session.cfg = {"device": "cuda", "compile": "off"}
+    session.batches = (x for x in ())
+    session.loader = types.SimpleNamespace()
+    session.dist = types.SimpleNamespace(device=device)  # type: ignore[assignment]
+    session.release()
+    assert calls["empty_cache"].calls and calls["reset_peak_memory_stats"].calls[0][0] == (device,)
+    assert session.model is None and session.optimizer is None
+
+
 def test_strict_fp32_forces_ieee_matmuls_and_convolutions(cuda_flags):
     """W1: the numerics reference (and an fp32 candidate beside it) in true fp32."""
     apply_process_knobs({"device": "cuda", "precision": "fp32"}, strict_fp32=True)
@@ -148,11 +178,11 @@ def test_the_worker_asks_for_strict_fp32_in_fp32_trajectories_only(tmp_path, mon
                                                                    strict):
     seen: dict = {}
 
-    def session(*args: object, **kwargs: object) -> None:
+    def setup(*args: object, **kwargs: object) -> None:
         seen.update(kwargs)
         raise RuntimeError("no session in this test")
 
-    monkeypatch.setattr("autotune.runtime.session.Session", session)
+    monkeypatch.setattr("autotune.runtime.session.ProcessSetup", setup)
     monkeypatch.setattr(worker.proctree, "die_with_parent", lambda: None)
     monkeypatch.setattr(worker.proctree, "reap_orphans", lambda: None)  # this process's children
     monkeypatch.setattr(os, "_exit", exit_raises)
@@ -235,9 +265,7 @@ def test_the_worker_reports_rank_0s_reserved_peak_and_the_gpus_size(tmp_path, mo
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         Recorder(types.SimpleNamespace(total_memory=80 * 2**30)))
     session = types.SimpleNamespace(dist=types.SimpleNamespace(device=torch.device("cuda", 0)))
-    events = worker.Events(str(tmp_path / "events.jsonl"), rank=0)
-    worker.finish(session, [10.0, 12.0], [1.0], events)  # type: ignore[arg-type]
-    done = json.loads((tmp_path / "events.jsonl").read_text())
+    done = worker.finish(session, [10.0, 12.0], [1.0])  # type: ignore[arg-type]
     assert done["cuda_peak_mb"] == 3.0 and done["cuda_total_mb"] == 80 * 1024
     assert torch.cuda.max_memory_reserved.calls[0][0] == (torch.device("cuda", 0),)
 
