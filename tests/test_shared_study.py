@@ -222,8 +222,9 @@ def test_a_worker_waits_no_longer_than_it_is_told(database):
 
 # --- real autotune processes on this machine ------------------------------------------------
 
+BUDGET = 4  # the study's trials, whichever worker measures them
 CLI_ARGS = [
-    "--trials", "6", "--window", "0.2", "--windows", "2", "--rounds", "2", "--top", "1",
+    "--trials", str(BUDGET), "--window", "0.2", "--windows", "2", "--rounds", "2", "--top", "1",
     "--pairs", "2", "--pair-seconds", "0.5", "--trial-timeout", "120", "--heartbeat", "1",
     "--fix", "nprocs=1", "--fix", "compile=off", "--fix", "allocator=default",
     "--fix", "affinity=none", "--fix", "interop_threads=none", "--fix", "precision=fp32",
@@ -253,7 +254,7 @@ def test_two_worker_processes_tune_one_study_and_emit_the_same_verified_result(d
         assert PASSWORD not in stdout + stderr
     study = open_shared(database, "two-workers")
     measured = [t for t in study.trials if "result" in t.user_attrs]
-    assert len(measured) == 6, f"{len(measured)} trials measured: the budget of 6 is the study's"
+    assert len(measured) == BUDGET, f"{len(measured)} trials measured: the budget of {BUDGET} is the study's"
     roles = [t.user_attrs.get(StudyAttr.ROLE) for t in study.trials]
     assert roles.count("baseline") == 1 and roles.count("heuristic") == 1, "each worker queued the start"
     logs = {name: {p.name for p in (tmp_path / name / "trials").glob("trial-*")}
@@ -315,7 +316,7 @@ def test_a_worker_killed_mid_trial_leaves_the_study_completable_by_another(datab
                    and t.params == after[number].params]
         assert retries and retries[0].state.is_finished(), "the dead worker's trial was not measured again"
     measured = [t for t in after.values() if "result" in t.user_attrs]
-    assert len(measured) == 6, "the dead worker's trial cost budget, or the budget was overspent"
+    assert len(measured) == BUDGET, "the dead worker's trial cost budget, or the budget was overspent"
     assert (tmp_path / "b" / "best_config.json").is_file()
     assert json.loads((tmp_path / "b" / "best_config.json").read_text())["search"]["study"] == name
 
