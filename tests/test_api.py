@@ -18,6 +18,9 @@ from autotune.errors import UsageError
 
 from helpers import MODELS
 
+# One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
+pytestmark = pytest.mark.xdist_group("api")
+
 
 def test_load_reads_a_run_and_refuses_what_it_cannot_read(tmp_path):
     from autotune.task import load_task

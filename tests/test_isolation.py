@@ -23,6 +23,9 @@ from optuna.trial import TrialState
 
 from helpers import kernel_oom_kills, processes_of, read_trials, survivors
 
+# One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
+pytestmark = pytest.mark.xdist_group("isolation")
+
 FAULTY = Path(__file__).resolve().parent / "models" / "faulty"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -162,6 +165,7 @@ def test_killed_tuner_leaves_no_orphan(tmp_path, sig):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # most of the machine's memory: the other worker's tests would be the OOM killer's victims
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(os.environ.get("AUTOTUNE_TEST_FULL_MEMORY") != "1", reason=(
     "fills about 80% of this machine's memory at `autotune run`'s own limit (about a minute "

@@ -14,6 +14,9 @@ from autotune.emit import outputs as emit
 from autotune.probes import probe_machine
 from autotune.trials.runner import Measurement, TrialRunner
 
+# One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
+pytestmark = pytest.mark.xdist_group("knobs")
+
 MODEL = Path(__file__).parent / "models" / "knob_cnn.py"
 
 

@@ -26,6 +26,9 @@ from optuna.trial import TrialState
 
 from helpers import read_stale, read_trials, survivors, trial_measuring
 
+# One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
+pytestmark = pytest.mark.xdist_group("resume")
+
 FAULTY = Path(__file__).resolve().parent / "models" / "faulty"
 REPO = Path(__file__).resolve().parent.parent
 

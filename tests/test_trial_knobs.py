@@ -12,8 +12,9 @@ from autotune.trials.runner import Measurement, TrialRunner
 
 from helpers import MODELS, machine_doc
 
-# Every test here measures real trials, each in its own process tree.
-pytestmark = pytest.mark.slow
+# Every test here measures real trials, each in its own process tree; one xdist worker
+# runs them all, so that each configuration is measured once (README: pytest -n 2).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trial_knobs")]
 
 MEASURE = Measurement(warmup_steps=2, window_s=0.2, windows=2)
 
