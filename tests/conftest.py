@@ -1,14 +1,27 @@
 """Shared fixtures for autotune's own tests (the probe tests keep their own conftest)."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import MODELS, machine_doc
+# Under pytest-xdist (README: `pytest -n 2`) each worker's trials take a measurement lock
+# of their own: with one lock for the whole machine, a worker's end-to-end run would wait
+# for every trial of the other's. Set before anything imports autotune.trials.measure_lock,
+# which reads it once; the processes a test starts inherit it, so a test and its children
+# (tests/test_measure_lock.py) still see one lock.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    _name = os.environ.get("AUTOTUNE_MEASURE_LOCK")
+    os.environ["AUTOTUNE_MEASURE_LOCK"] = f"{_name}-{_WORKER}" if _name else f"tests-{_WORKER}"
+
+from helpers import MODELS, machine_doc  # noqa: E402
 
 # Variables a trial or launch.sh would set: one already set in the environment running the
 # tests would be kept (with a warning) and hide whether the knob itself took effect.
@@ -49,3 +62,39 @@ def no_autotune_env(tmp_path_factory) -> dict[str, str]:
                            cwd=tmp_path_factory.mktemp("elsewhere"), capture_output=True, text=True)
     assert probe.returncode != 0 and "imported autotune" in probe.stderr
     return env
+
+
+# --- tests that must run alone ------------------------------------------------------------
+#
+# xdist has no "run this test alone": every test holds a shared lock on a file of this test
+# run for its whole protocol (module fixtures included), and a test marked `alone` holds it
+# exclusively, so the other worker waits between tests. The turnstile stops a worker that
+# starts test after test from keeping an `alone` test waiting forever (flock favours no one).
+
+
+def _run_lock(config: pytest.Config, name: str) -> Path:
+    # xdist gives each worker a folder in the run's base temporary folder: the lock files
+    # lie beside them and go when pytest clears old runs' folders.
+    return Path(config.option.basetemp).parent / f"{name}.lock"
+
+
+@contextlib.contextmanager
+def _flock(path: Path, how: int) -> Iterator[None]:
+    with open(path, "a") as f:
+        fcntl.flock(f, how)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if not _WORKER:
+        yield
+        return
+    how = fcntl.LOCK_EX if item.get_closest_marker("alone") else fcntl.LOCK_SH
+    with contextlib.ExitStack() as held:
+        with _flock(_run_lock(item.config, "turnstile"), fcntl.LOCK_EX):
+            held.enter_context(_flock(_run_lock(item.config, "tests"), how))
+        yield

@@ -1,16 +1,25 @@
-"""The Python API: autotune.tune / load / probe, the same run as the CLI."""
+"""The Python API: autotune.tune / load / probe, the same run as the CLI; the document a
+real run writes conforms to its schema (tests/test_schemas.py checks the rest)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 import autotune
+from autotune import schemas
+from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 
 from helpers import MODELS
+
+# One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
+pytestmark = pytest.mark.xdist_group("api")
 
 
 def test_load_reads_a_run_and_refuses_what_it_cannot_read(tmp_path):
@@ -64,15 +73,34 @@ def test_importing_autotune_loads_neither_optuna_nor_torch():
     assert out.stdout.split() == ["False", "False"]
 
 
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> SimpleNamespace:
+    """One real run through the API, shared by the tests below: what tune() returned, the
+    folder it wrote and what it printed on stderr. Three trials, short windows; precision is fixed
+    (the gates run for real in tests/test_precision.py)."""
+    out = tmp_path_factory.mktemp("tune") / "out"
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):
+        result = autotune.tune(
+            MODELS / "tiny_cnn.py", trials=3, out=out, progress=False,
+            fix={"nprocs": 1, "compile": "off", "allocator": "default", "affinity": "none", "precision": "fp32"},
+            window_s=0.2, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
+    return SimpleNamespace(result=result, out=out, printed=printed.getvalue())
+
+
 @pytest.mark.slow
-def test_tune_writes_what_the_cli_writes_and_returns_it(tmp_path, capsys):
-    result = autotune.tune(
-        MODELS / "tiny_cnn.py", trials=3, out=tmp_path / "out", progress=False,
-        fix={"nprocs": 1, "compile": "off", "allocator": "default", "affinity": "none"},
-        window_s=0.2, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
-    assert result == autotune.load(tmp_path / "out")
-    assert {p.name for p in (tmp_path / "out").iterdir()} >= {
+def test_tune_writes_what_the_cli_writes_and_returns_it(tuned):
+    result = tuned.result
+    assert result == autotune.load(tuned.out)
+    assert {p.name for p in tuned.out.iterdir()} >= {
         "best_config.json", "train_tuned.py", "launch.sh", "trials", "study.journal"}
     assert result.config.nprocs == 1 and result.config.compile == "off"
     assert (result.speedup is not None) == result.verified
-    assert capsys.readouterr().err == "", "progress=False prints nothing"
+    assert tuned.printed == "", "progress=False prints nothing"
+
+
+@pytest.mark.slow
+def test_a_real_runs_whole_document_conforms_and_reads_back(tuned):
+    doc = json.loads((tuned.out / "best_config.json").read_text())
+    assert schemas.problem(doc, "best_config") is None
+    assert RunDocument.from_json(doc).to_json() == doc

@@ -95,11 +95,11 @@ def describe(result) -> str:
 def test_hang_before_first_step_is_a_timeout(run_trial, nprocs):
     """build_dataset blocks forever: no step ever runs, so only the trial timeout can
     end it, and it must end the whole tree (the ranks' launcher and both ranks for nprocs=2)."""
-    timeout_s = 12 if nprocs == 1 else 18
+    timeout_s = 8 if nprocs == 1 else 12  # past the start of the launcher and its ranks
     result, seen = run_trial("hang_build.py", TrialConfig(nprocs=nprocs, threads=1, batch_size=8),
                              timeout_s=timeout_s, hang_s=3)
     assert result.status == "failed" and result.failure == "timeout", describe(result)
-    assert timeout_s <= result.wall_s < timeout_s + 10, describe(result)
+    assert f"still running after {timeout_s} s" in result.message, describe(result)
     workers = [c for c in seen.values() if "autotune.trials.worker" in c]
     assert len(workers) >= nprocs + (1 if nprocs > 1 else 0), seen  # launcher + ranks
 
@@ -113,10 +113,10 @@ def test_a_hang_in_setup_is_named_as_one_within_the_setup_limit(run_trial, model
     the setup limit (scaled from the contract check in a real run) is what ends it, long
     before the trial timeout, and the message names the phase."""
     cfg = TrialConfig(nprocs=nprocs, threads=1, batch_size=16, num_workers=workers)
-    result, _ = run_trial(model, cfg, timeout_s=300, hang_s=3, setup_hang_s=8)
+    result, _ = run_trial(model, cfg, timeout_s=300, hang_s=3, setup_hang_s=5)
     assert result.status == "failed" and result.failure == "hang", describe(result)
-    assert "stuck in setup" in result.message and "first batch" in result.message
-    assert 8 <= result.wall_s < 30, describe(result)
+    # the setup limit ended it (the trial timeout is 300 s), and the message names the phase
+    assert "not set up after 5 s: stuck in setup" in result.message and "first batch" in result.message
 
 
 def test_the_setup_limit_scales_with_the_contract_check():
@@ -142,22 +142,23 @@ def test_the_setup_limit_scales_with_the_contract_check():
     ids=["dataloader-worker-blocks", "deadlocked-rank"],
 )
 def test_hang_after_steps_started_is_caught_by_the_heartbeat(run_trial, model, cfg, expected_tree):
-    timeout_s = 120
-    result, seen = run_trial(model, cfg, timeout_s=timeout_s, hang_s=3)
+    result, seen = run_trial(model, cfg, timeout_s=120, hang_s=3)
+    # a hang, not the trial timeout: the heartbeat found it
     assert result.status == "failed" and result.failure == "hang", describe(result)
+    assert re.search(r"no progress for \d+ s while steps ran", result.message), describe(result)
     assert result.setup, "the hang must come after setup, while steps run"
-    assert result.wall_s < timeout_s / 3, f"hang found only after {result.wall_s:.0f} s"
     assert len(seen) >= expected_tree, seen
 
 
 @pytest.mark.slow
 def test_a_step_slower_than_the_hang_timeout_is_slow_not_hung(run_trial):
-    """Each step takes 4 s, over a 3 s --hang-timeout: the limit scales to five of the
+    """Each step takes 1.5 s, over a 1 s --hang-timeout: the limit scales to five of the
     trial's own steps, so it measures (a stalled rank with fast steps is still caught
-    within the 3 s: test_hang_after_steps_started_is_caught_by_the_heartbeat)."""
-    result, _ = run_trial("slow_step.py", ONE, timeout_s=120, hang_s=3)
+    within its --hang-timeout: test_hang_after_steps_started_is_caught_by_the_heartbeat)."""
+    result, _ = run_trial("slow_step.py", ONE, timeout_s=120, hang_s=1)
     assert result.status == "ok", describe(result)
-    assert result.warmup["step_s"] >= 4.0
+    # the premise (each step sleeps 1.5 s): the steps were slower than the --hang-timeout
+    assert result.warmup["step_s"] > 1
 
 
 # --- crashes and memory ----------------------------------------------------------------

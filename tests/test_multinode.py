@@ -145,15 +145,13 @@ def test_killing_one_nodes_agent_ends_the_other_node_with_a_clear_error(tmp_path
                 [n.text()[-2000:] for n in started]
             time.sleep(0.1)
         started[1].proc.send_signal(signal.SIGKILL)  # launch.sh exec'd torchrun: the agent itself
-        killed = time.monotonic()
-        code = started[0].wait(timeout=60)
-        took = time.monotonic() - killed
+        code = started[0].wait(timeout=60)  # node 0 ends on its own rather than training on
     finally:
         for node in started:
             if node.proc.poll() is None:
                 node.proc.kill()
     output = started[0].text()
-    assert code != 0 and took < 60, (code, took, output[-3000:])
+    assert code != 0, (code, output[-3000:])
     assert "lost another rank of the job" in output, output[-3000:]
     # torchrun's own summary names the same line (its error file), not a link to its docs
     assert output.count("lost another rank of the job") >= 2, output[-3000:]

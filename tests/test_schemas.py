@@ -80,16 +80,7 @@ def test_an_unverified_run_has_no_speedup(tmp_path):
     assert main(["show", str(tmp_path / "out")]) == 0
 
 
-@pytest.mark.slow
-def test_a_real_runs_whole_document_conforms_and_reads_back(tmp_path):
-    import autotune
-
-    autotune.tune(MODELS / "tiny_cnn.py", trials=3, out=tmp_path / "out", progress=False,
-                  fix={"nprocs": 1, "compile": "off", "allocator": "default", "affinity": "none"},
-                  window_s=0.2, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
-    doc = json.loads((tmp_path / "out" / "best_config.json").read_text())
-    assert schemas.problem(doc, "best_config") is None
-    assert RunDocument.from_json(doc).to_json() == doc
+# A real run's whole document: tests/test_api.py, on the run it shares with the API's tests.
 
 
 def test_an_error_under_json_is_json_on_stdout_and_named_on_stderr(tmp_path, capsys):

@@ -334,10 +334,9 @@ def test_check_ends_processes_the_file_started(tmp_path):
             return _dataset()
         '''))
     try:
-        started = time.monotonic()
+        # held up by the helper's open stdout, the check would run into its limit and raise
         task = load_task(path, timeout_s=60)
         assert task.dataset_len == 16
-        assert time.monotonic() - started < 40  # not held up by the helper's open stdout
         time.sleep(0.5)
         assert _processes_with(token) == []
     finally:

@@ -18,6 +18,9 @@ from autotune.emit import outputs as emit
 
 from helpers import MODELS, emit_outputs, interrupt_after, machine_doc, run_launch_sh, start_launch_sh
 
+# One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
+pytestmark = pytest.mark.xdist_group("train_tuned")
+
 DROPOUT = MODELS / "dropout_cnn.py"
 STEPS_PER_EPOCH = 256 // 16
 
