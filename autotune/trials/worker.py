@@ -172,6 +172,16 @@ def measure(session: Session, spec: Measurement, events: Events) -> dict[str, An
     return finish(session, values, losses)
 
 
+def read_from(control: str, offset: int) -> str:
+    """What the tuner appended to a control file past ``offset`` (nothing before it exists)."""
+    try:
+        with open(control) as f:
+            f.seek(offset)
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
 def serve(session: Session, spec: Measurement, control: str, events: Events) -> None:
     """Calibrate, then run one window per command appended to the control file, so the
     tuner can alternate windows of several live configurations (verification).
@@ -184,12 +194,7 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
     losses: list[float] = []
     offset = 0
     while True:
-        try:
-            with open(control) as f:
-                f.seek(offset)
-                text = f.read()
-        except FileNotFoundError:
-            text = ""
+        text = read_from(control, offset)
         complete = text[: text.rfind("\n") + 1]
         offset += len(complete)
         commands = complete.split()
@@ -275,12 +280,7 @@ def next_spec(control: str, offset: int) -> tuple[str, int]:
     """Wait for the next line of the control file: the path of the next configuration's
     spec. Returns it and the offset after it."""
     while True:
-        try:
-            with open(control) as f:
-                f.seek(offset)
-                text = f.read()
-        except FileNotFoundError:
-            text = ""
+        text = read_from(control, offset)
         end = text.find("\n")
         if end >= 0:
             return text[:end].strip(), offset + end + 1
