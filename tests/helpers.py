@@ -90,7 +90,10 @@ def trial_measuring(trials: list[optuna.trial.FrozenTrial], out: Path) -> bool:
     if not running:
         return False
     folder = out / "trials" / f"trial-{running[0].number:04d}"
-    return bool(processes_of(str(folder) + os.sep) or processes_of(f"{folder}/spec.json"))
+    # A warm process was started for an earlier trial: its events in this folder say it
+    # took this one.
+    return bool(processes_of(str(folder) + os.sep) or processes_of(f"{folder}/spec.json")
+                or (folder / "events.jsonl").exists())
 
 
 def read_stale(journal: Path) -> list[int]:
