@@ -28,7 +28,9 @@ def run(tree: Path, model: Path, *, trials: int, extra: list[str], out: Path) ->
     argv = [sys.executable, "-m", "autotune", "run", str(model), "--trials", str(trials), "--out", str(out),
             "--json", "--quiet", *extra]
     started = time.monotonic()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    # Not from a source tree: `python -m` puts the working directory first on sys.path,
+    # ahead of PYTHONPATH, and the run would import that tree's autotune instead.
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=out.parent)
     wall = time.monotonic() - started
     try:
         doc = json.loads(proc.stdout)
@@ -55,6 +57,7 @@ def main() -> int:
     model = args.model.resolve()
     runs: list[dict] = []
     work = Path(tempfile.mkdtemp(prefix="tuning-time-"))
+    work.mkdir(parents=True, exist_ok=True)
     for r in range(args.repeats):
         order = trees if r % 2 == 0 else list(reversed(trees))
         for tree in order:
