@@ -41,6 +41,7 @@ from autotune.trials.protocol import Failure
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import fit, gates, stats
 from autotune.verify.deadline import Budget, Costs, search_timeout
+from autotune.verify.trainings import work_key
 
 if TYPE_CHECKING:
     import optuna
@@ -218,7 +219,7 @@ def build_document(
         # by what the configuration computes: where ablation dropped a placement knob
         # (threads, workers), what was measured of the same work still tells its memory
         result = next((c.result for c in ranked if c.config == chosen), None) or next(
-            (c.result for c in ranked if gates.work_key(c.config) == gates.work_key(chosen)), {})
+            (c.result for c in ranked if work_key(c.config) == work_key(chosen)), {})
         best = Best(samples_per_s=claim.median_samples_per_s,
                     peak_mem_mb=result.get("peak_rss_mb"), one_time_s=result.get("one_time_s"),
                     cuda_peak_mb=result.get("cuda_peak_mb"),

@@ -87,7 +87,7 @@ class StandIn(RunnerDouble):
     diverge: bool = False
 
     def __init__(self) -> None:
-        self.gated: list[TrialConfig] = []  # configurations the numerics check ran
+        self.gated: list[TrialConfig] = []  # configurations the gates trained
         self.measured: list[TrialConfig] = []  # configurations the search measured
 
     def throughput(self, cfg: TrialConfig) -> float:
@@ -120,8 +120,9 @@ class StandIn(RunnerDouble):
             self.gated.append(cfg)
             return TrialResult(status="ok", done={"losses": self.losses(cfg, trajectory_steps)})
         if quality_steps is not None:
+            self.gated.append(cfg)
             metric = 0.5 if self.diverge and not cfg.exact else 0.9
-            return TrialResult(status="ok", done={"metric": metric, "losses": [1.0]})
+            return TrialResult(status="ok", done={"metric": metric, "losses": self.losses(cfg, quality_steps)})
         self.measured.append(cfg)
         value = self.throughput(cfg)
         for i in range(3):
@@ -195,7 +196,8 @@ class ScriptedRunner(RunnerDouble):
         self.runs.append(cfg)
         if trajectory_steps is not None:
             return TrialResult(status="ok", done={"losses": self.losses[cfg.precision][:trajectory_steps]})
-        return TrialResult(status="ok", done={"metric": self.metric[cfg.precision], "losses": [1.0]})
+        return TrialResult(status="ok", done={"metric": self.metric[cfg.precision],
+                                              "losses": self.losses.get(cfg.precision, [1.0])[:quality_steps]})
 
 
 class ServingCounter(RunnerDouble):
@@ -236,7 +238,8 @@ class NoisyServing(RunnerDouble):
     """Serves configurations held side by side: each window runs at ``speed(cfg)`` times
     log-normal noise of ``noise`` (seeded), and by ``wobble(cfg)`` faster and slower in
     turn (a configuration as fast as another, whose windows straddle it). ``events``
-    holds ("window", name) and ("kill", name) in the order they happened; ``windows``
+    holds ("start", name), ("ready", name), ("window", name) and ("kill", name) in the
+    order they happened; ``windows``
     counts each one's windows."""
 
     workdir = Path("t")
@@ -250,6 +253,7 @@ class NoisyServing(RunnerDouble):
 
     def start(self, cfg, *, name, mode=None, **kw):
         self.windows[name] = 0
+        self.events.append(("start", name))
         return _NoisyTrial(self, name, self.speed(cfg), self.wobble(cfg))
 
 
@@ -260,6 +264,7 @@ class _NoisyTrial:
         self.killed = False
 
     def wait_ready(self) -> bool:
+        self.serving.events.append(("ready", self.name))
         return True
 
     def window(self) -> float | None:

@@ -77,10 +77,10 @@ def test_a_model_that_fills_a_gpu_is_verified_with_one_process_per_device(task, 
 def test_the_fp32_reference_of_an_eight_gpu_candidate_runs_on_its_eight_gpus(task, tmp_path):
     doc, node = tune(task, "h100x8", tmp_path)
     chosen = TrialConfig.from_dict(doc["config"])
-    references = [cfg for stage, cfg in node.ran if "numerics" in stage and "reference" in stage]
+    references = [cfg for stage, cfg in node.ran if "verify-gates" in stage and "reference" in stage]
     assert any(r.nprocs == chosen.nprocs and r.precision == "fp32" for r in references)
     # one GPU never held a batch only eight can (it would run out of memory)
-    assert not [f for f in node.failures if "numerics" in f[0] or "quality" in f[0]], node.failures
+    assert not [f for f in node.failures if "verify-gates" in f[0]], node.failures
 
 
 def test_a_reduced_precision_candidate_is_checked_where_fp32_fits_on_one_gpu(task, tmp_path):

@@ -11,6 +11,7 @@ from autotune.config import TrialConfig
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.verify import gates as verify
 from autotune.verify import side_by_side, stats
+from autotune.verify.trainings import Trainings
 
 from doubles import ScriptedRunner, ServingCounter
 from helpers import MODELS
@@ -115,8 +116,8 @@ def test_two_ranks_compute_what_one_process_computes(tmp_path):
     runner = TrialRunner(model_file=MODELS / "verify_slowdown.py", machine={},
                          workdir=tmp_path, measurement=SHORT)
     baseline = TrialConfig(batch_size=16)
-    check = verify.numerics_check(runner, baseline, TrialConfig(nprocs=2, threads=1, batch_size=32),
-                                  steps=8, cache={})
+    check = verify.numerics_check(Trainings(runner, evaluate=False, numerics_steps=8), baseline,
+                                  TrialConfig(nprocs=2, threads=1, batch_size=32))
     assert check.passed, check.detail
     assert check.detail["max_difference"] < 1e-4
     assert len(check.detail["candidate_losses"]) == 8
@@ -140,15 +141,16 @@ def test_quality_trading_needs_evaluate_and_an_allowed_drop(tmp_path):
     runner = TrialRunner(model_file=MODELS / "knob_cnn.py", machine={}, workdir=tmp_path,
                          measurement=SHORT)
     pruned = TrialConfig(batch_size=16, prune_ratio=0.5)
-    no_eval = verify.quality_check(runner, TrialConfig(batch_size=16), pruned, has_evaluate=False,
-                                   max_drop=0.1, samples=64)
+    no_eval = verify.quality_check(Trainings(runner, evaluate=False), TrialConfig(batch_size=16), pruned,
+                                   max_drop=0.1)
     assert no_eval.passed is False and "evaluate" in no_eval.detail["reason"]
-    no_drop = verify.quality_check(runner, TrialConfig(batch_size=16), pruned, has_evaluate=True,
-                                   max_drop=None, samples=64)
+    trainings = Trainings(runner, evaluate=True)
+    no_drop = verify.quality_check(trainings, TrialConfig(batch_size=16), pruned, max_drop=None)
     assert no_drop.passed is False and "--max-quality-drop" in no_drop.detail["reason"]
-    plain = verify.quality_check(runner, TrialConfig(batch_size=16), TrialConfig(batch_size=32),
-                                 has_evaluate=True, max_drop=None, samples=64)
+    plain = verify.quality_check(trainings, TrialConfig(batch_size=16), TrialConfig(batch_size=32),
+                                 max_drop=None)
     assert plain.passed is None  # nothing to check: no knob trades quality
+    assert not trainings.runs, "nothing was trained for checks that need no training"
 
 
 @pytest.mark.slow
@@ -156,14 +158,16 @@ def test_quality_check_trains_both_and_compares_evaluate(tmp_path):
     runner = TrialRunner(model_file=MODELS / "knob_cnn.py", machine={}, workdir=tmp_path,
                          measurement=SHORT)
     baseline, pruned = TrialConfig(batch_size=16), TrialConfig(batch_size=16, prune_ratio=0.5)
-    check = verify.quality_check(runner, baseline, pruned, has_evaluate=True, max_drop=0.05,
-                                 samples=640)
+    trainings = Trainings(runner, evaluate=True, numerics_steps=8, quality_samples=640)
+    check = verify.quality_check(trainings, baseline, pruned, max_drop=0.05)
     d = check.detail
     assert 0.0 <= d["reference_metric"] <= 1.0 and 0.0 <= d["candidate_metric"] <= 1.0
     assert d["drop"] == pytest.approx(d["reference_metric"] - d["candidate_metric"])
-    assert check.passed is (d["drop"] <= 0.05)
-    strict = verify.quality_check(runner, baseline, pruned, has_evaluate=True,
-                                  max_drop=d["drop"] - 0.01, samples=640)
+    assert check.passed is (d["drop"] <= 0.05) and d["training_samples"] == 640
+    # the same trainings serve the numerics check: 40 losses each, nothing trained again
+    assert [len(r.losses) for r in trainings.runs.values()] == [40, 40]
+    assert verify.numerics_check(trainings, baseline, pruned).detail["steps"] == 8
+    strict = verify.quality_check(trainings, baseline, pruned, max_drop=d["drop"] - 0.01)
     assert strict.passed is False and "quality dropped" in strict.detail["reason"]
 
 
@@ -183,16 +187,16 @@ def test_a_healthy_bf16_run_passes_although_late_steps_differ_by_a_lot_relative_
 def test_reduced_precision_needs_no_flag_and_is_held_to_evaluate_when_the_file_has_one():
     base, bf16 = TrialConfig(batch_size=16), TrialConfig(batch_size=64, precision="bf16")
     runner = ScriptedRunner(losses={}, metric={"fp32": 0.90, "bf16": 0.89})
-    no_eval = verify.quality_check(runner, base, bf16, has_evaluate=False, max_drop=None, samples=64)
+    no_eval = verify.quality_check(Trainings(runner, evaluate=False), base, bf16, max_drop=None)
     assert no_eval.passed is None and not runner.runs, "without evaluate() numerics is the gate"
-    ok = verify.quality_check(runner, base, bf16, has_evaluate=True, max_drop=None, samples=64)
+    ok = verify.quality_check(Trainings(runner, evaluate=True), base, bf16, max_drop=None)
     assert ok.passed and ok.detail["max_drop"] == pytest.approx(0.02 * 0.90)
     # the reference is fp32 at the candidate's own batch size: only precision differs
     assert [c.batch_size for c in runner.runs] == [64, 64] and runner.runs[0].exact
     worse = ScriptedRunner(losses={}, metric={"fp32": 0.90, "bf16": 0.80})
-    bad = verify.quality_check(worse, base, bf16, has_evaluate=True, max_drop=None, samples=64)
+    bad = verify.quality_check(Trainings(worse, evaluate=True), base, bf16, max_drop=None)
     assert bad.passed is False and "0.8" in bad.detail["reason"]
-    allowed = verify.quality_check(worse, base, bf16, has_evaluate=True, max_drop=0.2, samples=64)
+    allowed = verify.quality_check(Trainings(worse, evaluate=True), base, bf16, max_drop=0.2)
     assert allowed.passed
 
 
@@ -205,9 +209,8 @@ def test_a_rejected_candidate_is_replaced_by_the_next_of_its_kind_before_any_spe
     bf16 = [TrialConfig(batch_size=b, precision="bf16") for b in (64, 128, 32)]
     fp32 = [TrialConfig(batch_size=b, threads=2) for b in (64, 32)]
     settings = verify.Settings(replacements=1)
-    passed, verdicts = verify.screen(runner, base, [bf16[0], fp32[0]], [*bf16, *fp32],
-                                     settings=settings, has_evaluate=False,
-                                     progress=lambda kind, info: None)
+    passed, verdicts = verify.screen(Trainings(runner, evaluate=False), base, [bf16[0], fp32[0]],
+                                     [*bf16, *fp32], settings=settings, progress=lambda kind, info: None)
     assert passed == [fp32[0]]
     assert [v.config for v in verdicts] == [bf16[0], fp32[0], bf16[1]], "one bf16 replacement"
     assert all("diverge" in v.reason for v in verdicts if v.config.precision == "bf16")
@@ -220,12 +223,12 @@ def test_numerics_reject_a_model_that_bf16_breaks_and_pass_one_it_does_not(tmp_p
     base, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, precision="bf16")
     broken = TrialRunner(model_file=MODELS / "bf16_cancels.py", machine={},
                          workdir=tmp_path / "broken", measurement=SHORT)
-    check = verify.numerics_check(broken, base, bf16, steps=40, cache={})
+    check = verify.numerics_check(Trainings(broken, evaluate=False), base, bf16)
     assert check.passed is False and "diverge" in check.detail["reason"], check.detail
     healthy = TrialRunner(model_file=MODELS / "knob_cnn.py", machine={},
                           workdir=tmp_path / "healthy", measurement=SHORT)
-    check = verify.numerics_check(healthy, TrialConfig(batch_size=16),
-                                  TrialConfig(batch_size=16, precision="bf16"), steps=40, cache={})
+    check = verify.numerics_check(Trainings(healthy, evaluate=False), TrialConfig(batch_size=16),
+                                  TrialConfig(batch_size=16, precision="bf16"))
     assert check.passed, check.detail
 
 

@@ -45,7 +45,7 @@ class Mode(str, enum.Enum):
     MEASURE = "measure"        # warm up, then Measurement.windows windows
     SERVE = "serve"            # warm up, then one window per command (verification)
     TRAJECTORY = "trajectory"  # the losses of a fixed number of steps (numerics check)
-    QUALITY = "quality"        # train a fixed number of steps, then evaluate() (quality check)
+    QUALITY = "quality"        # a trajectory, then evaluate(): both gates from one training
 
     def __str__(self) -> str:
         return self.value

@@ -203,7 +203,7 @@ class TrialRunner:
             trajectory_steps: int | None = None, quality_steps: int | None = None,
             extra_env: Mapping[str, str] | None = None) -> TrialResult:
         """Measure ``cfg``; or, with ``trajectory_steps``, record that many losses; or,
-        with ``quality_steps``, train that many steps and score with ``evaluate``.
+        with ``quality_steps``, record that many losses and then score with ``evaluate``.
         ``on_window(i, samples_per_s)`` returning True prunes the trial."""
         mode: dict[str, Any] = {}
         if trajectory_steps is not None:

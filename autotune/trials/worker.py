@@ -14,6 +14,7 @@ the runtime's modules (which do) are imported in the functions, all called after
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import statistics
@@ -128,14 +129,27 @@ def settle(timeout_s: float = 5.0) -> None:
         last = now
 
 
+def lead_in(session: Session) -> None:
+    """A settled process starts with a full prefetch queue: batches loaded for free while
+    others measured. Untimed steps use them up, so what follows runs at the steady state."""
+    loader = session.loader
+    session.run_steps((loader.prefetch_factor or 2) * loader.num_workers)
+
+
+def size_window(session: Session, spec: Measurement, *, settled: bool) -> int:
+    """Steps per served window, from two steps timed now, agreed by all ranks: calibrate()'s
+    estimate may come from a warm-up beside another process's start (verification starts
+    them in overlap), while nothing else runs when the first window is asked."""
+    if settled:
+        lead_in(session)
+    step_s = session.dist.agree_max(statistics.median(session.run_steps(1)[0] for _ in range(2)))
+    return int(min(spec.max_window_steps, max(1, round(spec.window_s / step_s))))
+
+
 def window(session: Session, steps: int, index: int, events: Events, *,
            settled: bool = False) -> tuple[float, list[float]]:
     if settled:
-        # A settled process starts with a full prefetch queue: batches loaded for free
-        # while others measured. Untimed lead-in steps use them up, so the window times
-        # the steady state.
-        loader = session.loader
-        session.run_steps((loader.prefetch_factor or 2) * loader.num_workers)
+        lead_in(session)
     # Each rank reads a served window's command on its own: without meeting first, rank
     # 0's clock would include waiting in the first all-reduce for the last rank to read it.
     session.dist.barrier()
@@ -183,13 +197,16 @@ def read_from(control: str, offset: int) -> str:
 
 
 def serve(session: Session, spec: Measurement, control: str, events: Events) -> None:
-    """Calibrate, then run one window per command appended to the control file, so the
-    tuner can alternate windows of several live configurations (verification).
+    """Warm up, then run one window per command appended to the control file, so the
+    tuner can alternate windows of several live configurations (verification); the
+    windows are sized at the first (``size_window``).
     Every rank reads the commands itself: no collective is left waiting while idle."""
-    steps = calibrate(session, spec, events)
-    if session.loader.num_workers > 0:
+    calibrate(session, spec, events)
+    settled = session.loader.num_workers > 0
+    if settled:
         settle()
     events.emit(Event.READY)
+    steps = None
     values: list[float] = []
     losses: list[float] = []
     offset = 0
@@ -202,31 +219,28 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
             time.sleep(0.02)  # idle between windows: a cheap poll, not a spin
             continue
         for _ in commands:
-            value, window_losses = window(session, steps, len(values), events,
-                                          settled=session.loader.num_workers > 0)
+            if steps is None:
+                steps = size_window(session, spec, settled=settled)
+            value, window_losses = window(session, steps, len(values), events, settled=settled)
             values.append(value)
             losses.extend(window_losses)
 
 
 def trajectory(session: Session, steps: int) -> dict[str, Any]:
     """Losses of a fixed number of steps, averaged over ranks: the numerics check."""
-    losses = []
-    for _ in range(steps):
-        losses.append(float(session.dist.mean(session.step())))
-    return dict(losses=losses)
+    return dict(losses=[float(session.dist.mean(session.step())) for _ in range(steps)])
 
 
 def quality(session: Session, steps: int) -> dict[str, Any]:
-    """Train a fixed number of steps, then score with the user's evaluate (rank 0)."""
-    from autotune.runtime.model import check_finite, unwrap_model
+    """A trajectory, then the user's evaluate() on rank 0 (the quality check reads the
+    score, the numerics check the losses). No score after a loss that is not finite."""
+    from autotune.runtime.model import unwrap_model
 
-    losses = [session.step() for _ in range(steps)]
-    values = check_finite(losses)
+    done = trajectory(session, steps)
     metric = None
-    if session.dist.rank == 0:
-        model = unwrap_model(session.model)
-        metric = float(session.user.evaluate(model))
-    return dict(metric=metric, losses=values)
+    if session.dist.rank == 0 and all(math.isfinite(v) for v in done["losses"]):
+        metric = float(session.user.evaluate(unwrap_model(session.model)))
+    return dict(done, metric=metric)
 
 
 def run_spec(spec: dict[str, Any], setup: ProcessSetup | None, events: Events) -> ProcessSetup:
@@ -242,7 +256,8 @@ def run_spec(spec: dict[str, Any], setup: ProcessSetup | None, events: Events) -
     mode = Mode(spec.get("mode", Mode.MEASURE))
     # The numerics check compares fp32 trajectories in true IEEE fp32 (the reference's
     # and an fp32 candidate's alike), not with the TF32 convolutions PyTorch allows.
-    strict_fp32 = mode is Mode.TRAJECTORY and cfg.get("precision", Precision.FP32) == Precision.FP32
+    strict_fp32 = (mode in (Mode.TRAJECTORY, Mode.QUALITY)
+                   and cfg.get("precision", Precision.FP32) == Precision.FP32)
     reused = setup is not None
     if setup is None:
         setup = ProcessSetup(model_file, cfg, seed=seed, strict_fp32=strict_fp32)

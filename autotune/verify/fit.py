@@ -29,8 +29,10 @@ from autotune.config import TrialConfig
 from autotune.document.stages import Stage, StageRecord, VerificationStages
 from autotune.verify import ablation
 from autotune.verify.deadline import Budget, Costs
-from autotune.verify.gates import REDUCED_PRECISIONS, Settings, numerics_reference, work_key
+from autotune.verify.gates import Settings, numerics_reference
 from autotune.verify.sequential import FEWEST
+from autotune.verify.standalone import longest_run
+from autotune.verify.trainings import training_steps, work_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,17 +51,17 @@ class Plan:
 
 def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
                costs: Costs, has_evaluate: bool) -> float:
-    """Each trajectory once (the numerics cache shares them by what they compute), and a
-    quality run of the candidate and its reference where a knob trades quality."""
+    """One short training per computation (``Trainings``): each candidate's and its
+    reference's, shared by what they compute."""
     seen: set[str] = set()
     total = 0.0
     for cand in candidates:
         for cfg in (numerics_reference(baseline, cand), cand):
             if work_key(cfg) not in seen:
                 seen.add(work_key(cfg))
-                total += costs.process(samples=settings.numerics_steps * cfg.batch_size)
-        if has_evaluate and (cand.precision in REDUCED_PRECISIONS or cand.prune_ratio):
-            total += 2 * costs.process(samples=settings.quality_samples)
+                total += costs.process(samples=cfg.batch_size * training_steps(
+                    cfg, evaluate=has_evaluate, numerics_steps=settings.numerics_steps,
+                    quality_samples=settings.quality_samples))
     return total
 
 
@@ -85,7 +87,7 @@ def estimate(settings: Settings, candidates: Sequence[TrialConfig], *, baseline:
         Stage.GATES: gates_cost(settings, candidates, baseline=baseline, costs=costs, has_evaluate=has_evaluate),
         Stage.SPEED: costs.side_by_side([baseline, *candidates], settings.rounds) if candidates else 0.0,
         Stage.ABLATION: ablation_cost(settings, candidates, baseline=baseline, costs=costs),
-        Stage.STANDALONE: costs.pairs(settings.pairs, settings.pair_seconds) if candidates else 0.0,
+        Stage.STANDALONE: costs.pairs(settings.pairs, longest_run(settings.pair_seconds)) if candidates else 0.0,
     }
 
 
@@ -141,13 +143,14 @@ def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tria
     if total(s, cands) > left and len(cands) > floor:
         s, cands = largest(range(len(cands), floor - 1, -1), lambda k: (s, fewer(candidates, k)))
         shortened[Stage.GATES] = f"{len(cands)} of {len(candidates)} candidates verified {why}"
-    if total(s, cands) > left and s.pair_seconds > shortest_run_s:
-        others = total(s, cands) - costs.pairs(s.pairs, s.pair_seconds)
+    longest = longest_run(s.pair_seconds)
+    if total(s, cands) > left and longest > shortest_run_s:
+        others = total(s, cands) - costs.pairs(s.pairs, longest)
         fits = (left - others) / (2 * s.pairs) - costs.start_s
-        s = dataclasses.replace(s, pair_seconds=round(max(shortest_run_s, min(s.pair_seconds, fits)), 1))
+        s = dataclasses.replace(s, pair_seconds=round(max(shortest_run_s, min(longest, fits)), 1))
     cuts = [f"cut from {settings.pairs} pairs"] if s.pairs < settings.pairs else []
-    if s.pair_seconds < settings.pair_seconds:
-        cuts.append(f"runs of {s.pair_seconds:g} s instead of {settings.pair_seconds:g} s")
+    if longest_run(s.pair_seconds) < longest:
+        cuts.append(f"runs of at most {s.pair_seconds:g} s instead of {longest:g} s")
     if cuts:
         shortened[Stage.STANDALONE] = f"{' and '.join(cuts)} {why}"
     need = total(s, cands)

@@ -23,7 +23,6 @@ under ``--timeout`` they look at the clock (``autotune.verify.fit``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,6 +40,7 @@ from autotune.trials.runner import TrialResult, TrialRunnerLike
 from autotune.verify import ablation, sequential, standalone
 from autotune.verify.deadline import Budget
 from autotune.verify.side_by_side import relative_to_level, speed_check
+from autotune.verify.trainings import Trainings
 
 # The numerics check's bound on ``loss_divergence(...)["max_of_initial"]``: the worst
 # step's loss difference from the fp32 reference, relative to the reference's first
@@ -131,20 +131,6 @@ def compare_losses(reference: list[float], candidate: list[float], *, tolerance:
 FP16_MAX_LAG = 3
 
 
-# Knobs that only place or feed the work (threads, allocator, pinning, DataLoader
-# workers): they change no arithmetic beyond the order of a sum, so two candidates that
-# differ only in them share one loss trajectory in the numerics check.
-PLACEMENT_KNOBS = ("threads", "interop_threads", "num_workers", "persistent_workers",
-                   "prefetch_factor", "pin_memory", "allocator", "affinity")
-
-
-def work_key(cfg: TrialConfig) -> str:
-    """``cfg`` less its placement knobs: configurations with one key compute the same."""
-    return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in PLACEMENT_KNOBS},
-                      sort_keys=True)
-
-
-
 def _where_fp32_fits(run: Callable[[TrialConfig, str], TrialResult], ref: TrialConfig,
                      cand: TrialConfig) -> tuple[dict[str, TrialResult], TrialConfig, list[str]]:
     """Run the fp32 reference, then the candidate (``run(cfg, role)``). Where the reference
@@ -165,24 +151,17 @@ def _where_fp32_fits(run: Callable[[TrialConfig, str], TrialResult], ref: TrialC
         return results, cand, notes
 
 
-def numerics_check(runner: TrialRunnerLike, baseline: TrialConfig, cand: TrialConfig, *, steps: int,
-                   cache: dict[str, TrialResult]) -> Check:
-    """``cache`` holds the trajectories already run, by what determines their losses.
-    The reference runs where fp32 fits (``_where_fp32_fits``)."""
-    def trajectory(cfg: TrialConfig, role: str) -> TrialResult:
-        key = work_key(cfg)
-        if key not in cache:
-            cache[key] = runner.run(cfg, name=f"verify-numerics-{len(cache)}-{role}",
-                                    trajectory_steps=steps)
-        return cache[key]
-
-    results, ran, notes = _where_fp32_fits(trajectory, numerics_reference(baseline, cand), cand)
+def numerics_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig) -> Check:
+    """The candidate's first ``trainings.numerics_steps`` losses against its reference's,
+    which runs where fp32 fits (``_where_fp32_fits``)."""
+    results, ran, notes = _where_fp32_fits(trainings.of, numerics_reference(baseline, cand), cand)
     shrunk = {"checked_at_batch": ran.batch_size, "notes": notes} if notes else {}
     for role, result in results.items():
         if result.status != Status.OK:
             what = "the fp32 reference" if role == "reference" else "the candidate"
             return Check(False, {"reason": f"{what} failed: {result.describe_failure()}", **shrunk})
-    check = compare_losses(results["reference"].losses, results["candidate"].losses,
+    steps = trainings.numerics_steps
+    check = compare_losses(results["reference"].losses[:steps], results["candidate"].losses[:steps],
                            tolerance=NUMERICS_TOLERANCE[cand.precision],
                            max_lag=FP16_MAX_LAG if cand.precision == Precision.FP16 else 0)
     reference = numerics_reference(baseline, ran)
@@ -198,14 +177,14 @@ def quality_reference(baseline: TrialConfig, cand: TrialConfig) -> TrialConfig:
     return numerics_reference(baseline, cand).replace(prune_ratio=0.0)
 
 
-def quality_check(runner: TrialRunnerLike, baseline: TrialConfig, cand: TrialConfig, *,
-                  has_evaluate: bool, max_drop: float | None, samples: int,
-                  cache: dict[str, TrialResult] | None = None) -> Check:
+def quality_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, *,
+                  max_drop: float | None) -> Check:
     """Pruning is opt-in: it needs evaluate() and --max-quality-drop. Reduced precision
     is checked against evaluate() where the file has one, within --max-quality-drop or
     PRECISION_QUALITY_DROP of the reference's metric; without evaluate() the numerics
-    check is its gate. ``cache`` holds the quality runs already made, by what they compute
-    (``work_key``): as with the numerics' trajectories, placement knobs change no metric."""
+    check is its gate. The scores are those of the trainings the numerics check read
+    (``trainings``: evaluate() runs after them where the model file has it)."""
+    has_evaluate = trainings.evaluate
     pruned = cand.prune_ratio > 0
     reduced = cand.precision in REDUCED_PRECISIONS
     if not pruned and not reduced:
@@ -219,16 +198,7 @@ def quality_check(runner: TrialRunnerLike, baseline: TrialConfig, cand: TrialCon
     if not has_evaluate:
         return Check(None, {"reason": f"{cand.precision}: the model file has no evaluate(); "
                                       "the numerics check is the gate"})
-    runs = {} if cache is None else cache
-
-    def trained(cfg: TrialConfig, role: str) -> TrialResult:
-        key = f"quality:{work_key(cfg)}"
-        if key not in runs:
-            runs[key] = runner.run(cfg, name=f"verify-quality-{role}-{cfg.layout}-{cfg.batch_size}"
-                                           f"-{cand.precision}", quality_steps=max(1, samples // cfg.batch_size))
-        return runs[key]
-
-    results, ran, notes = _where_fp32_fits(trained, quality_reference(baseline, cand), cand)
+    results, ran, notes = _where_fp32_fits(trainings.of, quality_reference(baseline, cand), cand)
     scores: dict[str, float] = {}
     for role, res in results.items():
         if res.status != Status.OK or res.done.get("metric") is None:
@@ -238,7 +208,8 @@ def quality_check(runner: TrialRunnerLike, baseline: TrialConfig, cand: TrialCon
     allowed = max_drop if max_drop is not None else PRECISION_QUALITY_DROP * abs(scores["reference"])
     drop = scores["reference"] - scores["candidate"]
     detail = {"reference_metric": scores["reference"], "candidate_metric": scores["candidate"],
-              "drop": drop, "max_drop": allowed, "training_samples": samples,
+              "drop": drop, "max_drop": allowed,
+              "training_samples": trainings.steps(ran) * ran.batch_size,
               "allowance": "--max-quality-drop" if max_drop is not None
               else f"default: {PRECISION_QUALITY_DROP:.0%} of the fp32 metric",
               **({"checked_at_batch": ran.batch_size, "notes": notes} if notes else {})}
@@ -330,10 +301,8 @@ class Settings:
     max_quality_drop: float | None = RunOptions.max_quality_drop
     script_timeout_s: float = 300.0  # one standalone run of a script, warm-up included
     pairs: int = RunOptions.pairs  # the most standalone pairs: each runs both scripts once
-    # Timed training per standalone run, after its warm-up: long enough that a
-    # configuration with DataLoader workers, still ramping up in its first seconds, is
-    # timed mostly at its steady speed (shorter runs undercount it by over 10%).
-    pair_seconds: float = RunOptions.pair_seconds
+    # Timed training per standalone run, after its warm-up; None: standalone.run_seconds.
+    pair_seconds: float | None = RunOptions.pair_seconds
     standalone_attempts: int = 2  # candidates whose scripts run alone, fastest first
     replacements: int = 2  # per kind (exact, reduced) for candidates the gates reject
     ablation: bool = True  # measure each knob's worth and drop those worth nothing
@@ -364,29 +333,24 @@ class Verdict:
         return Standalone.from_check(self.checks.get("standalone"))
 
 
-def gate(runner: TrialRunnerLike, baseline: TrialConfig, cfg: TrialConfig, *, settings: Settings,
-         has_evaluate: bool, cache: dict[str, TrialResult]) -> Verdict:
-    """The checks that need no speed measurement: numerics, then quality."""
+def gate(trainings: Trainings, baseline: TrialConfig, cfg: TrialConfig, *, settings: Settings) -> Verdict:
+    """The checks that need no speed measurement, numerics then quality, from one short
+    training of the candidate and one of its reference (``trainings``)."""
     verdict = Verdict(cfg, {}, {})
-    verdict.checks["numerics"] = numerics_check(runner, baseline, cfg,
-                                                steps=settings.numerics_steps, cache=cache)
+    verdict.checks["numerics"] = numerics_check(trainings, baseline, cfg)
     if verdict.passed:
-        verdict.checks["quality"] = quality_check(
-            runner, baseline, cfg, has_evaluate=has_evaluate,
-            max_drop=settings.max_quality_drop, samples=settings.quality_samples, cache=cache)
+        verdict.checks["quality"] = quality_check(trainings, baseline, cfg, max_drop=settings.max_quality_drop)
     return verdict
 
 
-def screen(runner: TrialRunnerLike, baseline: TrialConfig, candidates: list[TrialConfig],
-           reserve: list[TrialConfig], *, settings: Settings, has_evaluate: bool,
-           progress: Progress, cache: dict[str, TrialResult] | None = None
+def screen(trainings: Trainings, baseline: TrialConfig, candidates: list[TrialConfig],
+           reserve: list[TrialConfig], *, settings: Settings, progress: Progress
            ) -> tuple[list[TrialConfig], list[Verdict]]:
     """Gate every candidate before the speed check measures it, so that no measurement
     goes to a configuration a gate rejects. One that fails is replaced by the next of
     its kind (exact, or reduced precision/pruned) from ``reserve``, best first, up to
     ``settings.replacements`` times per kind. Returns the survivors, in order, and the
-    verdicts of all that were gated. ``cache``: the gates' runs, shared with later gating."""
-    cache = {} if cache is None else cache
+    verdicts of all that were gated. ``trainings``: the gates' runs, shared with later gating."""
     tried: set[TrialConfig] = set(candidates)
     spent = {True: 0, False: 0}
     passed: list[TrialConfig] = []
@@ -395,8 +359,7 @@ def screen(runner: TrialRunnerLike, baseline: TrialConfig, candidates: list[Tria
     while queue:
         cfg = queue.pop(0)
         progress(ProgressEvent.STEP, {"text": f"numerics and quality of {cfg.short()}"})
-        verdict = gate(runner, baseline, cfg, settings=settings, has_evaluate=has_evaluate,
-                       cache=cache)
+        verdict = gate(trainings, baseline, cfg, settings=settings)
         verdicts.append(verdict)
         if verdict.passed:
             passed.append(cfg)
@@ -413,12 +376,12 @@ def screen(runner: TrialRunnerLike, baseline: TrialConfig, candidates: list[Tria
 
 
 def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, settings: Settings,
-           has_evaluate: bool, speed_windows: int, progress: Progress,
-           measured: dict[TrialConfig, list[float]], cache: dict[str, TrialResult]) -> Verdict | None:
+           speed_windows: int, progress: Progress, measured: dict[TrialConfig, list[float]],
+           trainings: Trainings) -> Verdict | None:
     """Measure each of ``top``'s knobs against the baseline's value (``autotune.verify.ablation``;
     ``measured``: the speed check's rates per round) and record it on ``top``. Returns the
     verdict of the simplified configuration (the knobs worth nothing measurable dropped,
-    gated again: ``cache`` holds the trajectories it shares) when there is one that
+    gated again: ``trainings`` holds the runs it shares) when there is one that
     passes: it is run alone before ``top``."""
     cfg = top.config
     count = len(ablation.session_configs(cfg, baseline, pinned=settings.pinned))
@@ -429,7 +392,7 @@ def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, sett
     if simpler in (cfg, baseline):
         return None
     progress(ProgressEvent.STEP, {"text": f"numerics and quality of the simplified {simpler.short()}"})
-    verdict = gate(runner, baseline, simpler, settings=settings, has_evaluate=has_evaluate, cache=cache)
+    verdict = gate(trainings, baseline, simpler, settings=settings)
     if not verdict.passed:
         top.ablation = dataclasses.replace(
             top.ablation, simplified=Simplified(config=simpler.short(), rejected=verdict.reason))
@@ -458,9 +421,10 @@ def verify_candidates(
     one). ``emit_candidate(cfg, folder)`` writes a candidate's launch.sh and returns its
     path. Each stage's record (``StageRecord``) is appended to ``stages``."""
     log = stages if stages is not None else []
-    cache: dict[str, TrialResult] = {}
-    survivors, gated = screen(runner, baseline, candidates, list(reserve), settings=settings,
-                              has_evaluate=has_evaluate, progress=progress, cache=cache)
+    trainings = Trainings(runner, evaluate=has_evaluate, numerics_steps=settings.numerics_steps,
+                          quality_samples=settings.quality_samples)
+    survivors, gated = screen(trainings, baseline, candidates, list(reserve), settings=settings,
+                              progress=progress)
     by_cfg = {v.config: v for v in gated}
     if survivors:
         base_speed, speed_checks = speed_check(runner, baseline, survivors, rounds=settings.rounds,
@@ -481,9 +445,9 @@ def verify_candidates(
     if ranked and settings.ablation and _ablation_fits(settings, ranked[0].config, baseline, len(survivors)):
         measured = {baseline: base_speed["samples_per_s"],
                     **{v.config: v.speed["samples_per_s"] for v in verdicts if v.speed.get("samples_per_s")}}
-        simpler = ablate(runner, ranked[0], baseline, settings=settings, has_evaluate=has_evaluate,
+        simpler = ablate(runner, ranked[0], baseline, settings=settings,
                          speed_windows=settings.rounds * (len(survivors) + 1), progress=progress,
-                         measured=measured, cache=cache)
+                         measured=measured, trainings=trainings)
         found = ranked[0].ablation
         if found is not None and found.rounds is not None:
             log.append(StageRecord(stage=Stage.ABLATION, ran=found.rounds, cap=found.cap, stopped=found.stopped))
@@ -540,7 +504,7 @@ def _ablation_fits(settings: Settings, top: TrialConfig, baseline: TrialConfig, 
     held = ablation.session_configs(top, baseline, pinned=settings.pinned)
     rounds = ablation.rounds_for(len(held), speed_windows=settings.rounds * (survivors + 1))
     need = (budget.costs.side_by_side([top, *held], rounds)
-            + budget.costs.pairs(settings.pairs, settings.pair_seconds))
+            + budget.costs.pairs(settings.pairs, standalone.longest_run(settings.pair_seconds)))
     return budget.left() >= need
 
 
@@ -548,7 +512,7 @@ def _pairs_fit(settings: Settings) -> bool:
     """Whether what --timeout leaves holds another candidate's pairs, at their fewest."""
     budget = settings.budget
     return budget is None or budget.left() >= budget.costs.pairs(
-        min(sequential.FEWEST, settings.pairs), settings.pair_seconds)
+        min(sequential.FEWEST, settings.pairs), standalone.longest_run(settings.pair_seconds))
 
 
 def _simplified_failed(simplified: Verdict) -> Ablation | None:
