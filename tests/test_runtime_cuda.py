@@ -514,18 +514,29 @@ class SlowCheckpoints(Checkpoints):
         return None
 
 
-def test_the_timed_rate_leaves_out_evaluate_and_checkpoint_saves(tmp_path, in_process):
-    """W2: 20 steps cross two epoch ends, each with an evaluate() of 0.5 s, and a checkpoint
-    save of 0.5 s: the samples/s is that of the steps alone, whatever the epoch ends crossed."""
-    session = Session(str(tiny_model(tmp_path, EVALUATE_S=0.5)), {"batch_size": 4})
+def test_the_timed_rate_leaves_out_evaluate_and_checkpoint_saves(tmp_path, in_process, monkeypatch):
+    """W2: 20 steps cross two epoch ends, each with an evaluate() of 1,000 s, and a checkpoint
+    save of 1,000 s: the samples/s is that of the steps alone, whatever the epoch ends crossed.
+    The pauses advance the train clock instead of sleeping (no test waits, or races a busy
+    machine's clock)."""
+    import time
+    import types
+
+    from autotune.runtime import loop
+
+    skipped = [0.0]
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(
+        perf_counter=lambda: time.perf_counter() + skipped[0]))
+    monkeypatch.setattr(time, "sleep", lambda seconds: skipped.__setitem__(0, skipped[0] + seconds))
+    session = Session(str(tiny_model(tmp_path, EVALUATE_S=1000.0)), {"batch_size": 4})
     report = tmp_path / "report.json"
-    code = train(session, total=20, start=0, config={}, checkpoints=SlowCheckpoints(0.5),
+    code = train(session, total=20, start=0, config={}, checkpoints=SlowCheckpoints(1000.0),
                  metrics=Metrics(None, tensorboard=None, enabled=False),
                  log_every=100, report=str(report))
-    assert code == 0
+    assert code == 0 and skipped[0] == 3000.0, "two evaluate() calls and one save ran"
     done = json.loads(report.read_text())
     elapsed = done["timed_steps"] * 4 / done["samples_per_s"]
-    assert elapsed < 0.45, f"{elapsed:.2f} s for {done['timed_steps']} steps of a 4x2 linear layer"
+    assert elapsed < 1000.0, f"{elapsed:.2f} s for {done['timed_steps']} steps of a 4x2 linear layer"
 
 
 def test_train_can_skip_evaluate(tmp_path, in_process):
