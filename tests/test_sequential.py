@@ -12,6 +12,7 @@ from autotune.config import TrialConfig
 from autotune.task import load_task
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.verify import ablation, gates, sequential, side_by_side, standalone
+from autotune.verify.trainings import Trainings, work_key
 
 from doubles import NoisyServing, RunnerDouble, ScriptedRunner, StandInRunner, recorded_machine, tune_stand_in
 from helpers import MODELS
@@ -19,12 +20,13 @@ from helpers import MODELS
 BASE = TrialConfig(batch_size=16)
 
 
-def served_at(speeds: dict[int, float], *, wobbles: frozenset[int] = frozenset()) -> NoisyServing:
+def served_at(speeds: dict[int, float], *, wobbles: frozenset[int] = frozenset(),
+              wobble: float = 0.05) -> NoisyServing:
     """Configurations told apart by their batch size, each at its speed, with 2% noise;
-    those in ``wobbles`` 5% faster and slower in turn (a tie with one at the same speed
-    straddles 1 round after round)."""
+    those in ``wobbles`` ``wobble`` faster and slower in turn (a tie with one at the same
+    speed straddles 1 round after round)."""
     return NoisyServing(lambda cfg: speeds[cfg.batch_size], noise=0.02,
-                        wobble=lambda cfg: 0.05 if cfg.batch_size in wobbles else 0.0)
+                        wobble=lambda cfg: wobble if cfg.batch_size in wobbles else 0.0)
 
 
 def test_fewest_rounds_is_where_the_medians_interval_reaches_its_confidence():
@@ -67,12 +69,41 @@ def test_the_speed_check_ends_once_the_leader_is_clear_and_every_verdict_settled
     assert again["rounds"] == 10
 
 
-def test_a_tie_runs_to_the_cap():
-    runner = served_at({16: 100.0, 32: 150.0, 64: 150.0}, wobbles=frozenset({64}))
+def test_a_tie_the_noise_keeps_open_runs_to_the_cap():
+    """Windows that straddle each other by more than ALIKE: which is faster stays open."""
+    runner = served_at({16: 100.0, 32: 150.0, 64: 150.0}, wobbles=frozenset({64}), wobble=0.1)
     speed, checks = side_by_side.speed_check(
         runner, BASE, [BASE.replace(batch_size=32), BASE.replace(batch_size=64)], rounds=10,
         rule=sequential.Ranking())
     assert speed["rounds"] == 10 and "stopped" not in speed
+    assert all(c.passed and "stopped" not in c.detail for c in checks)
+
+
+def test_held_processes_start_in_overlap_and_no_window_runs_while_one_starts():
+    runner = served_at({16: 100.0, 32: 200.0, 48: 150.0, 64: 120.0})
+    side_by_side.speed_check(runner, BASE, [BASE.replace(batch_size=b) for b in (32, 48, 64)], rounds=5)
+    starting, most, first_window = set(), 0, None
+    for i, (kind, name) in enumerate(runner.events):
+        if kind == "start":
+            starting.add(name)
+            most = max(most, len(starting))
+        elif kind == "ready":
+            starting.discard(name)
+        elif kind == "window" and first_window is None:
+            first_window = i
+    assert most == side_by_side.STARTING_TOGETHER == 2
+    assert first_window is not None and all(kind != "start" for kind, _ in runner.events[first_window:])
+
+
+def test_candidates_alike_end_the_speed_check_before_the_cap():
+    """Two candidates as fast as each other, both clearly faster than the baseline: once
+    neither can be ALIKE faster than the other, more rounds would only order them within the
+    noise."""
+    runner = served_at({16: 100.0, 32: 200.0, 64: 200.0})
+    speed, checks = side_by_side.speed_check(
+        runner, BASE, [BASE.replace(batch_size=32), BASE.replace(batch_size=64)], rounds=10,
+        rule=sequential.Ranking())
+    assert speed["rounds"] < speed["cap"] == 10 and "no other candidate" in speed["stopped"]
     assert all(c.passed and "stopped" not in c.detail for c in checks)
 
 
@@ -133,18 +164,20 @@ def test_the_ablation_uses_the_speed_checks_rounds_where_it_measured_the_same_pa
 
 def test_the_simplified_configuration_is_gated_with_the_runs_already_made(tmp_path):
     """Gates share their runs by what the configuration computes: one that differs only in
-    placement (allocator, threads) reuses both the numerics trajectory and the quality run."""
+    placement (allocator, threads) reuses the trainings both gates read."""
     steps = 40
     runner = ScriptedRunner(losses={"fp32": [2.3 * 0.95 ** i for i in range(steps)],
                                     "bf16": [2.3 * 0.95 ** i for i in range(steps)]},
                             metric={"fp32": 0.9, "bf16": 0.9})
-    cache: dict = {}
+    trainings = Trainings(runner, evaluate=True)
     bf16 = TrialConfig(batch_size=64, precision="bf16", allocator="tcmalloc", threads=2)
-    first = gates.gate(runner, BASE, bf16, settings=gates.Settings(), has_evaluate=True, cache=cache)
+    first = gates.gate(trainings, BASE, bf16, settings=gates.Settings())
     ran = len(runner.runs)
-    simpler = gates.gate(runner, BASE, bf16.replace(allocator="default", threads=None),
-                         settings=gates.Settings(), has_evaluate=True, cache=cache)
-    assert first.passed and simpler.passed and ran == 4 and len(runner.runs) == ran
+    simpler = gates.gate(trainings, BASE, bf16.replace(allocator="default", threads=None),
+                         settings=gates.Settings())
+    assert first.passed and first.checks["quality"].passed
+    assert ran == 2, "one training each of the candidate and its reference serves both gates"
+    assert simpler.passed and len(runner.runs) == ran
 
 
 def test_a_run_gates_each_computation_once(tmp_path):
@@ -153,7 +186,7 @@ def test_a_run_gates_each_computation_once(tmp_path):
     runner = StandInRunner(recorded_machine("avx2_epyc"))
     doc = tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, runner)
     assert doc["ablation"]["simplified"]
-    keys = [gates.work_key(cfg) for cfg in runner.gated]
+    keys = [work_key(cfg) for cfg in runner.gated]
     assert len(keys) == len(set(keys))
 
 

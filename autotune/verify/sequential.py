@@ -7,7 +7,7 @@ earlier once the decision it exists for is settled:
 
 - the speed check (``Ranking``): a candidate clearly slower than the leader is measured
   no more; the check ends once every remaining candidate's verdict against the baseline
-  is settled and the leader is clear;
+  is settled and the leader is clear, or no other candidate can be ``ALIKE`` faster;
 - the ablation (``Effects``): each knob's effect is measured until it is settled;
 - the standalone pairs (``PairsRule``): once the pass/fail decision is settled and the
   re-run interval is as narrow as this machine's noise allows.
@@ -31,6 +31,10 @@ from typing import Protocol
 from autotune.verify.stats import ratio_interval, rerun_interval, t_quantile
 
 CONFIDENCE = 0.9
+# Candidates this close are alike for the ranking: once none can be this much faster than
+# the leader, more rounds would only order them within the machine's noise (the ablation
+# likewise drops a knob worth less than this).
+ALIKE = 1.05
 
 
 def fewest(confidence: float = CONFIDENCE) -> int:
@@ -101,8 +105,14 @@ class Ranking:
             if against["ci_high"] < 1.0:
                 stop[i] = (f"clearly slower than the leader after {rounds} rounds: "
                            f"{describe(against)} of its speed")
-        if len(active) - len(stop) == 1 and settled(against_base[leader]):
+        remaining = [i for i in active if i not in stop]
+        if len(remaining) == 1 and settled(against_base[leader]):
             return Decision(stop, done="the leader is clear and every verdict against the baseline settled")
+        if all(settled(against_base[i]) for i in remaining) and all(
+                ratio_interval(_over(values[i], values[leader]), confidence=CONFIDENCE)["ci_high"] < ALIKE
+                for i in remaining if i != leader):
+            return Decision(stop, done=f"every verdict against the baseline settled, and no other candidate "
+                                       f"is shown to be {ALIKE - 1:.0%} faster than the leader")
         return Decision(stop)
 
 

@@ -35,6 +35,9 @@ from autotune.verify.stats import ratio_interval
 # and a warm-up, so it measures several windows.
 WINDOWS_PER_VISIT = 3
 MIN_VISITS = 3
+# Held processes set up this many at a time: a start is mostly an interpreter importing
+# torch and the model file, on one core, and another's overlaps it. Measuring never does.
+STARTING_TOGETHER = 2
 
 
 def _no_progress(kind: ProgressEvent, info: dict[str, Any]) -> None:
@@ -107,25 +110,33 @@ def _measure_held(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds
                   progress: Progress, name: str, reference_label: str,
                   rule: Rule | None) -> Session:
     """All held alive, warmed up and idle, then one window each in turn, rotating, round
-    after round. They start one at a time: setting one up never overlaps measuring another.
+    after round. They start STARTING_TOGETHER at a time, before any window: setting one up
+    never overlaps measuring another (each sizes its windows when its first one is asked).
     Together they keep within one memory budget (``hold_within_budget``). One the rule
     stops is ended at once, which frees its memory."""
-    live: list[LiveTrialLike | None] = []
+    live: list[LiveTrialLike | None] = [None] * len(configs)
     session = Session(values=[[] for _ in configs], failures=[None] * len(configs),
                       stopped=[None] * len(configs), cap=rounds)
     failures, values = session.failures, session.values
     budget = runner.memory_limit_bytes
+    starting: list[tuple[int, LiveTrialLike]] = []
+
+    def ready(i: int, started: LiveTrialLike) -> None:
+        if started.wait_ready():
+            live[i] = started
+            hold_within_budget(live, failures, budget)
+        else:
+            failures[i] = started.result.describe_failure()
+
     try:
         for i, cfg in enumerate(configs):
             progress(ProgressEvent.STEP,
                      {"text": f"starting {_role(i, reference_label)}: {cfg.short()}"})
-            started = runner.start(cfg, name=f"{name}-{i}", mode={"mode": Mode.SERVE})
-            if not started.wait_ready():
-                failures[i] = started.result.describe_failure()
-                live.append(None)
-                continue
-            live.append(started)
-            hold_within_budget(live, failures, budget)
+            starting.append((i, runner.start(cfg, name=f"{name}-{i}", mode={"mode": Mode.SERVE})))
+            if len(starting) >= STARTING_TOGETHER:
+                ready(*starting.pop(0))
+        while starting:
+            ready(*starting.pop(0))
         if live[0] is None:
             raise _reference_failed(failures[0], runner.workdir / f"{name}-0")
         for r in range(rounds):
@@ -151,7 +162,7 @@ def _measure_held(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds
             if session.ended:
                 break
     finally:
-        for held in live:
+        for held in [*live, *(t for _, t in starting)]:
             if held is not None:
                 held.kill()
     return session
