@@ -22,6 +22,11 @@ STORAGE_ENV = "AUTOTUNE_STORAGE"
 # trajectories, the side-by-side session, the standalone pairs), about as many as the
 # search's first trials: most of a short budget goes to it.
 SEARCH_SHARE = 0.3
+# Timed training per standalone run when --pair-seconds is not given: DataLoader workers
+# ramp up over a run's first seconds (shorter runs undercount a configuration with them),
+# while one without them runs at its steady speed from the end of its warm-up.
+PAIR_SECONDS_WORKERS = 8.0
+PAIR_SECONDS_STEADY = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +39,7 @@ class RunOptions:
     timeout_s: float | None = None
     fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     exact: bool = False
-    top: int = 2
+    top: int = 1
     window_s: float = 1.0
     windows: int = 3
     trial_timeout_s: float = 300.0
@@ -43,7 +48,9 @@ class RunOptions:
     # (verify.sequential).
     rounds: int = 10
     pairs: int = 6
-    pair_seconds: float = 8.0
+    # Timed training per standalone run; None: PAIR_SECONDS_WORKERS where either script
+    # starts DataLoader workers, else PAIR_SECONDS_STEADY (verify.standalone.run_seconds).
+    pair_seconds: float | None = None
     max_quality_drop: float | None = None
     # Configurations with the same process knobs measured one after another in one process
     # (autotune.trials.runner.process_key); False: each in a fresh process.
