@@ -17,7 +17,8 @@ from autotune.runtime.knobs import Precision
 # Where --storage is read from when not given: a URL with a password stays out of the
 # shell's history and the process list.
 STORAGE_ENV = "AUTOTUNE_STORAGE"
-# The search's share of --timeout; verification gets the rest (autotune.verify.deadline).
+# The search's share of --timeout at most (less where verification's least needs more);
+# verification gets the rest (autotune.verify.deadline).
 # Verification at its smallest still starts a dozen or so processes (the gates'
 # trajectories, the side-by-side session, the standalone pairs), about as many as the
 # search's first trials: most of a short budget goes to it.

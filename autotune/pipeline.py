@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -342,6 +343,30 @@ def open_place(task: Task, out: Path, options: RunOptions, *, machine: Machine, 
     return StudyPlace(study=study, name=name, storage=storage, started_at=started_at)
 
 
+def leave_for_verification(task: Task, options: RunOptions, *, space: Space, machine: Machine,
+                           ends_at: float) -> Callable[[SearchOutcome], str | None]:
+    """Under --timeout, why the search starts no more trials: what is left would not hold
+    another trial and verification at its least (``fit.least``: the candidates the search
+    has so far, with its costs estimated from the trials so far)."""
+    settings = gates.Settings(rounds=options.rounds, pairs=options.pairs, pair_seconds=options.pair_seconds)
+
+    def enough(outcome: SearchOutcome) -> str | None:
+        if outcome.baseline is None or not outcome.ranked:
+            return None
+        candidates = choose_candidates([c.config for c in outcome.ranked if c.config != space.baseline],
+                                       top=options.top, space=space, machine=machine)
+        costs = Costs.from_trials([c.result for c in outcome.ranked], window_s=options.window_s,
+                                  baseline_rate=outcome.baseline.measured.samples_per_s)
+        need = fit.least(settings, candidates, baseline=space.baseline, costs=costs,
+                         has_evaluate=task.has_evaluate, shortest_run_s=options.window_s * options.windows)
+        trial_s = statistics.median(float(c.result.get("wall_s") or 0.0) for c in outcome.ranked)
+        if time.time() + trial_s + need > ends_at:
+            return (f"--timeout {options.timeout_s:g} s: the rest is verification's, about {need:.0f} s "
+                    "at its least")
+        return None
+    return enough
+
+
 def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
            runner: TrialRunnerLike, reporter: Reporter,
            plan: Plan | None = None, started_at: float | None = None) -> tuple[StudyPlace, SearchOutcome]:
@@ -356,9 +381,14 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         sharing = dict(shared=True, started_at=place.started_at,
                        lock=lambda: study_lock(storage, f"{place.name}:queue"),
                        measuring=lambda: measure_lock.held(notice=notice))
+    enough = None
+    if options.timeout_s is not None:
+        began = sharing["started_at"] if sharing["started_at"] is not None else time.time()
+        enough = leave_for_verification(task, options, space=space, machine=machine,
+                                        ends_at=began + options.timeout_s)
     tuner = Tuner(study=place.study, space=space, runner=runner, trials=options.trials,
                   timeout_s=search_timeout(options.timeout_s), progress=reporter.search,
-                  heuristics=heuristics(space, machine), plan=plan, **sharing)
+                  heuristics=heuristics(space, machine), plan=plan, enough=enough, **sharing)
     try:
         outcome = tuner.run()
     finally:

@@ -17,6 +17,7 @@ from autotune.options import PAIR_SECONDS_WORKERS, SEARCH_SHARE
 from autotune.probes import as_machine
 from autotune.report.console import Reporter
 from autotune.task import load_task
+from autotune.trials.protocol import ProgressEvent
 from autotune.verify import fit, gates, sequential, standalone
 from autotune.verify.deadline import Budget, Costs
 
@@ -144,6 +145,30 @@ def test_the_search_gets_its_share_of_the_timeout(task, tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "Tuner", tuner)
     tune_stand_in(task, tmp_path, Timed(recorded_machine("avx2_epyc")), timeout_s=200)
     assert seen["timeout_s"] == pytest.approx(SEARCH_SHARE * 200)
+
+
+def test_the_search_leaves_verification_at_least_its_least(task, tmp_path, monkeypatch):
+    """The trials of the Timed runner take no time, so the search's share never runs out; but
+    verification at its least (each process 5 s to start) does not fit in 60 s: the search
+    stops once it has a baseline and a candidate, and says why. With time to spare it runs
+    its trials."""
+    reasons: list[str] = []
+    real = pipeline.Tuner
+
+    def tuner(**kw):
+        said = kw["progress"]
+        kw["progress"] = lambda kind, info: (reasons.append(info["reason"]) if kind == ProgressEvent.BUDGET
+                                             else None, said(kind, info))
+        return real(**kw)
+
+    monkeypatch.setattr(pipeline, "Tuner", tuner)
+    for name in ("short", "long"):
+        (tmp_path / name).mkdir()
+    short = tune_stand_in(task, tmp_path / "short", Timed(recorded_machine("avx2_epyc")), timeout_s=60, trials=12)
+    assert reasons and "the rest is verification's" in reasons[0] and short["search"]["measured"] < 12
+    reasons.clear()
+    long = tune_stand_in(task, tmp_path / "long", Timed(recorded_machine("avx2_epyc")), timeout_s=3600, trials=12)
+    assert not reasons and long["search"]["measured"] == 12
 
 
 def test_a_second_candidates_script_runs_alone_only_when_its_pairs_fit(task, tmp_path):

@@ -155,15 +155,18 @@ class Tuner:
         lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
         measuring: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
         plan: Plan | None = None,
+        enough: Callable[[SearchOutcome], str | None] | None = None,
     ) -> None:
         """``shared``: other workers use the study at the same time (their running trials
         are theirs, and count against the budget); ``started_at``: when the budget's
         ``timeout_s`` began (epoch seconds; default now); ``lock``: held while the study's
         queue is decided (one worker at a time); ``measuring``: held while a trial
         measures (one measurement per machine); ``plan``: the run the user plans, whose
-        predicted time ranks the trials (``search.objective``), None for steady throughput."""
+        predicted time ranks the trials (``search.objective``), None for steady throughput;
+        ``enough(outcome so far)``: why no more trial may start (what comes after the
+        search needs the rest of --timeout), or None."""
         self.study, self.space, self.runner = study, space, runner
-        self.plan = plan
+        self.plan, self.enough = plan, enough
         self.trials, self.timeout_s = trials, timeout_s
         self.progress = progress
         self.heuristics = heuristics or []
@@ -459,6 +462,8 @@ class Tuner:
         """Why no new trial starts, though the budget of trials is not spent; None if one may."""
         if self.timeout_s is not None and time.time() - self.started_at > self.timeout_s:
             return f"--timeout {self.timeout_s:.0f} s reached"
+        if self.enough is not None and (why := self.enough(self.outcome())):
+            return why
         if len({str(_config_of(t)) for t in measured}) >= self.space.grid_size:
             return "every configuration of the space was measured"
         return None

@@ -2,8 +2,9 @@
 verification's stages cost on this machine, estimated from what this run measured.
 
 The search gets ``SEARCH_SHARE`` of the time (it starts no trial after that; the one
-measuring then finishes); verification gets what is left, and its stages are fitted to it
-(``autotune.verify.fit``). Costs are estimated from the search's trials, whose wall time
+measuring then finishes), less where verification at its least (``fit.least``) would not
+fit in the rest (``pipeline.leave_for_verification``); verification gets what is left, and
+its stages are fitted to it (``autotune.verify.fit``). Costs are estimated from the search's trials, whose wall time
 the runner splits into phases: the part that is not the measured windows (a fresh
 interpreter, imports, the model file's setup, warm-up, the end) is what every fresh
 process of verification pays again (each configuration held side by side, each standalone

@@ -108,6 +108,17 @@ def fewer(candidates: Sequence[TrialConfig], count: int) -> list[TrialConfig]:
     return [c for c in candidates if c in must or c in rest]
 
 
+def least(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
+          costs: Costs, has_evaluate: bool, shortest_run_s: float) -> float:
+    """What verification takes at its least, as ``fit`` cuts it when nothing else fits:
+    no ablation, the fewest rounds and pairs, the essential candidates, the shortest runs."""
+    s = dataclasses.replace(settings, ablation=False, rounds=min(settings.rounds, FEWEST),
+                            pairs=min(settings.pairs, FEWEST),
+                            pair_seconds=min(longest_run(settings.pair_seconds), shortest_run_s))
+    return sum(estimate(s, essential(candidates), baseline=baseline, costs=costs,
+                        has_evaluate=has_evaluate).values())
+
+
 def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
         budget: Budget, has_evaluate: bool, shortest_run_s: float) -> Plan:
     """``settings`` and ``candidates`` shortened, in the module's order, until their
