@@ -10,6 +10,7 @@ seconds apart) with its distribution-free interval; and per kind the median tria
 time and overhead (wall time less the measured windows).
 
     python bench/warm_bias.py --workloads wide_mlp cifar_cnn --rounds 4
+    python bench/warm_bias.py --workloads fashion_cnn --configs 'user batch' '4x batch' --rounds 10
 """
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ def main() -> int:
     p.add_argument("--workloads", nargs="+",
                    default=["tiny_lm", "cifar_cnn", "fashion_cnn", "pipeline_bound", "wide_mlp"])
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--configs", nargs="+", metavar="LABEL",
+                   help="only these configurations (labels as printed, e.g. 'user batch' '4x batch')")
     p.add_argument("--out", type=Path, default=Path("bench-out/warm_bias.json"))
     args = p.parse_args()
     machine = probe_machine()
@@ -66,6 +69,11 @@ def main() -> int:
         path = model_path(name)
         task = load_task(path)
         cfgs = configurations(task.batch_size, images=task.image_inputs, cores=cores)
+        if args.configs:
+            unknown = set(args.configs) - set(cfgs)
+            if unknown:
+                raise SystemExit(f"--configs: no {sorted(unknown)} for {name}; there are {sorted(cfgs)}")
+            cfgs = {label: cfg for label, cfg in cfgs.items() if label in args.configs}
         work = Path(tempfile.mkdtemp(prefix=f"warm-bias-{name}-"))
         runners = {kind: TrialRunner(model_file=path, machine=machine, workdir=work / kind,
                                      measurement=Measurement(), warm=kind == "warm")
