@@ -60,6 +60,9 @@ class RunnerDouble:
     def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> dict[str, Any]:
         raise NotImplementedError(f"{type(self).__name__} runs no script ({launcher})")
 
+    def close(self) -> None:
+        """No idle processes to end."""
+
 
 class ServedTrial:
     """A ``LiveTrialLike`` held for verification: each window runs at ``value``, within 2%."""

@@ -165,7 +165,7 @@ def test_a_users_rank_variables_are_named_in_a_notice(task, tmp_path, monkeypatc
 class _BaselineDiesWhenServed(StandInRunner):
     def start(self, cfg, *, name, mode=None, **kw):
         serving = super().start(cfg, name=name, mode=mode)
-        if name == "verify-speed-0":
+        if name in ("verify-held-0", "verify-speed-0"):  # the baseline, started ahead or not
             serving.wait_ready = lambda: False
             serving.result = TrialResult(status="failed", failure="crash", message="killed by SIGKILL")
         return serving
@@ -181,6 +181,7 @@ def test_a_baseline_that_fails_in_verification_ends_the_run_with_a_message(task,
         pipeline.execute(task, out, pipeline.RunOptions(trials=4), machine=doc_in,
                          runner=_BaselineDiesWhenServed(doc_in), reporter=Reporter(quiet=True))
     assert "killed by SIGKILL" in str(err.value) and err.value.exit_code == 3
+    assert "verify-held-0" in str(err.value), "the log named is the baseline's"
 
 
 @pytest.mark.parametrize(("visible", "ranks", "device"), [

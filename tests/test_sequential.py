@@ -282,3 +282,51 @@ def test_a_stopped_candidates_held_process_ends_while_the_others_are_measured(tm
                                          rounds=sequential.FEWEST + 1, rule=NeverEnds())
     assert "clearly slower than the leader" in checks[1].detail["stopped"]
     assert seen_after == [True], "the stopped candidate's process had ended before the next round"
+
+
+class Logged(StandInRunner):
+    """Logs what verification does in order: ("serve", cfg), ("train", cfg), ("kill", cfg),
+    ("script", None); ``alive`` are the served processes not yet ended."""
+
+    def __init__(self, doc: dict) -> None:
+        super().__init__(doc)
+        self.log: list[tuple[str, TrialConfig | None]] = []
+        self.alive: set[int] = set()
+
+    def run(self, cfg, *, name, **kw):
+        if kw.get("trajectory_steps") or kw.get("quality_steps"):
+            self.log.append(("train", cfg))
+        return super().run(cfg, name=name, **kw)
+
+    def start(self, cfg, *, name, mode=None, **kw):
+        served, runner = super().start(cfg, name=name, mode=mode), self
+        self.log.append(("serve", cfg))
+        self.alive.add(id(served))
+
+        def kill() -> None:
+            runner.alive.discard(id(served))
+            runner.log.append(("kill", cfg))
+        served.kill = kill
+        return served
+
+    def run_script(self, launcher, **kw):
+        assert not self.alive, "a script ran alone while a served process was alive"
+        self.log.append(("script", None))
+        return super().run_script(launcher, **kw)
+
+
+def test_the_speed_checks_processes_start_while_the_gates_train_and_serve_the_ablation(tmp_path):
+    runner = Logged(recorded_machine("avx2_epyc"))
+    doc = tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, runner)
+    assert doc["verified"] and doc["ablation"]["knobs"]
+    kinds = [kind for kind, _ in runner.log]
+    # the baseline and the candidates are served before the first gate's training
+    first_train = kinds.index("train")
+    served_early = [cfg for kind, cfg in runner.log[:first_train] if kind == "serve"]
+    baseline = TrialConfig.from_dict(doc["baseline"]["config"])
+    assert served_early[0] == baseline and len(served_early) >= 2
+    # each configuration is served once: the ablation's winner and baseline are the speed check's
+    served = [cfg for kind, cfg in runner.log if kind == "serve"]
+    assert served.count(baseline) == 1 and len(served) == len(set(served))
+    # and all are ended before the first script runs alone (Logged.run_script checks it)
+    assert "script" in kinds

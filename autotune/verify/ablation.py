@@ -35,7 +35,7 @@ from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import stats
 from autotune.verify.sequential import FEWEST, Effects, settled
-from autotune.verify.side_by_side import speed_check
+from autotune.verify.side_by_side import Held, speed_check
 
 # Knobs that only make sense together are reverted together.
 KNOB_GROUPS: dict[str, tuple[str, ...]] = {
@@ -160,12 +160,13 @@ def reusable(winner: TrialConfig, baseline: TrialConfig, configs: list[TrialConf
 
 def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig, *, rounds: int,
             pinned: Collection[str] = (), measured: Mapping[TrialConfig, Sequence[float]] | None = None,
-            progress: Progress = lambda kind, info: None) -> Ablation:
+            progress: Progress = lambda kind, info: None, pool: Held | None = None) -> Ablation:
     """Per knob, the winner's speed over the variant's (ratio > 1: the knob helps) with
     its interval, and whether it is kept; and the path from the baseline. ``rounds`` is
     the session's cap; ``measured`` the speed check's rates per round, which spare the
     session what they already settle (``reusable``). No knobs when the winner differs
-    from the baseline in none; ``skipped`` when the winner could not be held for it."""
+    from the baseline in none; ``skipped`` when the winner could not be held for it.
+    ``pool``: processes the speed check left running (``side_by_side.Held``)."""
     found = variants(winner, baseline, pinned=pinned)
     steps = path(winner, baseline)
     if not found and len(steps) < 2:
@@ -186,7 +187,8 @@ def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig,
                           f"({len(held)} configurations), up to {rounds} rounds side by side"})
         try:
             speed, checks = speed_check(runner, winner, held, rounds=rounds, progress=progress,
-                                        name="verify-ablation", reference_label="reference", rule=rule)
+                                        name="verify-ablation", reference_label="reference", rule=rule,
+                                        held=pool)
         except AutotuneError as exc:
             return Ablation(skipped=f"the winner could not be held for the ablation: {exc}")
         detail.update({cfg: check.detail for cfg, check in zip(held, checks)})

@@ -39,7 +39,7 @@ from autotune.trials.protocol import Failure, Progress, ProgressEvent, Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
 from autotune.verify import ablation, sequential, standalone
 from autotune.verify.deadline import Budget
-from autotune.verify.side_by_side import relative_to_level, speed_check
+from autotune.verify.side_by_side import Held, one_at_a_time, relative_to_level, speed_check
 from autotune.verify.trainings import Trainings
 
 # The numerics check's bound on ``loss_divergence(...)["max_of_initial"]``: the worst
@@ -377,7 +377,7 @@ def screen(trainings: Trainings, baseline: TrialConfig, candidates: list[TrialCo
 
 def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, settings: Settings,
            speed_windows: int, progress: Progress, measured: dict[TrialConfig, list[float]],
-           trainings: Trainings) -> Verdict | None:
+           trainings: Trainings, pool: Held | None = None) -> Verdict | None:
     """Measure each of ``top``'s knobs against the baseline's value (``autotune.verify.ablation``;
     ``measured``: the speed check's rates per round) and record it on ``top``. Returns the
     verdict of the simplified configuration (the knobs worth nothing measurable dropped,
@@ -387,7 +387,9 @@ def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, sett
     count = len(ablation.session_configs(cfg, baseline, pinned=settings.pinned))
     rounds = ablation.rounds_for(count, speed_windows=speed_windows)
     top.ablation = ablation.measure(runner, cfg, baseline, rounds=rounds, pinned=settings.pinned,
-                                    measured=measured, progress=progress)
+                                    measured=measured, progress=progress, pool=pool)
+    if pool is not None:
+        pool.close()  # what comes next (gates, scripts run alone) holds nothing side by side
     simpler = ablation.simplified(cfg, baseline, top.ablation)
     if simpler in (cfg, baseline):
         return None
@@ -423,12 +425,31 @@ def verify_candidates(
     log = stages if stages is not None else []
     trainings = Trainings(runner, evaluate=has_evaluate, numerics_steps=settings.numerics_steps,
                           quality_samples=settings.quality_samples)
+    pool = None if one_at_a_time([baseline, *candidates]) else Held(runner)
+    try:
+        return _verify(runner, baseline=baseline, candidates=candidates, settings=settings,
+                       emit_candidate=emit_candidate, workdir=workdir, reserve=reserve, progress=progress,
+                       log=log, trainings=trainings, pool=pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[TrialConfig],
+            settings: Settings, emit_candidate: Callable[[TrialConfig, Path], Path], workdir: Path,
+            reserve: Sequence[TrialConfig], progress: Progress, log: list[StageRecord],
+            trainings: Trainings, pool: Held | None) -> tuple[Verdict | None, list[Verdict], dict[str, Any]]:
+    if pool is not None:
+        # started while the gates train (which measures nothing): ready by the speed check
+        pool.start([baseline, *candidates])
     survivors, gated = screen(trainings, baseline, candidates, list(reserve), settings=settings,
                               progress=progress)
     by_cfg = {v.config: v for v in gated}
+    if pool is not None:
+        pool.close(keeping=[baseline, *survivors])
     if survivors:
         base_speed, speed_checks = speed_check(runner, baseline, survivors, rounds=settings.rounds,
-                                               progress=progress, rule=sequential.Ranking())
+                                               progress=progress, rule=sequential.Ranking(), held=pool)
         log.append(_speed_record(base_speed, speed_checks))
     else:  # nothing left to measure: the baseline is emitted, at its search value
         base_speed, speed_checks = {}, []
@@ -442,12 +463,14 @@ def verify_candidates(
     verdicts = list(by_cfg.values())
     ranked = [v for v in rank_by_rounds(verdicts, settings.pricing) if v.passed]
     simpler: Verdict | None = None
+    if pool is not None:  # the ablation holds the winner and the baseline again
+        pool.close(keeping=[baseline, ranked[0].config] if ranked else [])
     if ranked and settings.ablation and _ablation_fits(settings, ranked[0].config, baseline, len(survivors)):
         measured = {baseline: base_speed["samples_per_s"],
                     **{v.config: v.speed["samples_per_s"] for v in verdicts if v.speed.get("samples_per_s")}}
         simpler = ablate(runner, ranked[0], baseline, settings=settings,
                          speed_windows=settings.rounds * (len(survivors) + 1), progress=progress,
-                         measured=measured, trainings=trainings)
+                         measured=measured, trainings=trainings, pool=pool)
         found = ranked[0].ablation
         if found is not None and found.rounds is not None:
             log.append(StageRecord(stage=Stage.ABLATION, ran=found.rounds, cap=found.cap, stopped=found.stopped))
@@ -457,6 +480,8 @@ def verify_candidates(
     elif ranked and settings.ablation and settings.budget is not None:
         ranked[0].ablation = Ablation(skipped=f"skipped {settings.budget.why}")
         log.append(StageRecord(stage=Stage.ABLATION, shortened=f"skipped {settings.budget.why}"))
+    if pool is not None:
+        pool.close()  # the scripts run alone on the machine
     base_script: standalone.Script | None = None
     for i, verdict in enumerate(ranked[:settings.standalone_attempts]):
         if i and not _pairs_fit(settings):

@@ -81,6 +81,39 @@ def one_at_a_time(configs: Sequence[TrialConfig]) -> bool:
 
 
 @dataclasses.dataclass
+class Held:
+    """Processes serving one configuration each, started ahead of a side-by-side
+    measurement or kept after one for the next: verification starts the speed check's
+    while the gates train (not a measurement: no window runs), and the ablation takes the
+    winner and the baseline from the speed check. ``close`` ends those left."""
+
+    runner: TrialRunnerLike
+    live: dict[TrialConfig, tuple[LiveTrialLike, str]] = dataclasses.field(default_factory=dict)
+    started: int = 0
+
+    def start(self, configs: Sequence[TrialConfig]) -> None:
+        for cfg in configs:
+            if cfg not in self.live:
+                name = f"verify-held-{self.started}"
+                self.live[cfg] = self.runner.start(cfg, name=name, mode={"mode": Mode.SERVE}), name
+                self.started += 1
+
+    def take(self, cfg: TrialConfig) -> tuple[LiveTrialLike, str] | None:
+        """``cfg``'s process and the name of its trial folder, no longer held here."""
+        return self.live.pop(cfg, None)
+
+    def keep(self, cfg: TrialConfig, live: LiveTrialLike, name: str) -> None:
+        stale = self.live.pop(cfg, None)
+        if stale is not None and stale[0] is not live:
+            stale[0].kill()
+        self.live[cfg] = live, name
+
+    def close(self, *, keeping: Sequence[TrialConfig] = ()) -> None:
+        for cfg in [c for c in self.live if c not in keeping]:
+            self.live.pop(cfg)[0].kill()
+
+
+@dataclasses.dataclass
 class Session:
     """What a side-by-side measurement measured: each configuration's rate per round (the
     reference's in every round; the others' in the rounds before they failed or were
@@ -108,18 +141,20 @@ class Session:
 
 def _measure_held(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds: int,
                   progress: Progress, name: str, reference_label: str,
-                  rule: Rule | None) -> Session:
+                  rule: Rule | None, held: Held | None = None) -> Session:
     """All held alive, warmed up and idle, then one window each in turn, rotating, round
     after round. They start STARTING_TOGETHER at a time, before any window: setting one up
     never overlaps measuring another (each sizes its windows when its first one is asked).
     Together they keep within one memory budget (``hold_within_budget``). One the rule
-    stops is ended at once, which frees its memory."""
+    stops is ended at once, which frees its memory. ``held``: processes started earlier
+    are taken from it, and those still measuring at the end are left in it (else ended)."""
     live: list[LiveTrialLike | None] = [None] * len(configs)
     session = Session(values=[[] for _ in configs], failures=[None] * len(configs),
                       stopped=[None] * len(configs), cap=rounds)
     failures, values = session.failures, session.values
     budget = runner.memory_limit_bytes
     starting: list[tuple[int, LiveTrialLike]] = []
+    names = [f"{name}-{i}" for i in range(len(configs))]  # the trials' folders
 
     def ready(i: int, started: LiveTrialLike) -> None:
         if started.wait_ready():
@@ -129,42 +164,57 @@ def _measure_held(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds
             failures[i] = started.result.describe_failure()
 
     try:
+        kept = {i: t for i, cfg in enumerate(configs) if (t := held.take(cfg) if held else None) is not None}
+        if kept:
+            # no new start will end the runner's idle warm processes: nothing else of ours
+            # may share the machine with the windows
+            runner.close()
         for i, cfg in enumerate(configs):
-            progress(ProgressEvent.STEP,
-                     {"text": f"starting {_role(i, reference_label)}: {cfg.short()}"})
-            starting.append((i, runner.start(cfg, name=f"{name}-{i}", mode={"mode": Mode.SERVE})))
+            if i in kept:
+                process, names[i] = kept[i]
+                starting.append((i, process))
+            else:
+                progress(ProgressEvent.STEP,
+                         {"text": f"starting {_role(i, reference_label)}: {cfg.short()}"})
+                starting.append((i, runner.start(cfg, name=f"{name}-{i}", mode={"mode": Mode.SERVE})))
             if len(starting) >= STARTING_TOGETHER:
                 ready(*starting.pop(0))
         while starting:
             ready(*starting.pop(0))
         if live[0] is None:
-            raise _reference_failed(failures[0], runner.workdir / f"{name}-0")
+            raise _reference_failed(failures[0], runner.workdir / names[0])
         for r in range(rounds):
             hold_within_budget(live, failures, budget)
             progress(ProgressEvent.SPEED, {"round": r + 1, "rounds": rounds})
             for i in _rotation(len(configs), r):
-                held = live[i]
-                if held is None:
+                trial = live[i]
+                if trial is None:
                     continue
-                value = held.window()
+                value = trial.window()
                 if value is None:
-                    failures[i] = held.result.describe_failure()
+                    failures[i] = trial.result.describe_failure()
                     live[i] = None
                     if i == 0:
-                        raise _reference_failed(failures[0], runner.workdir / f"{name}-0")
+                        raise _reference_failed(failures[0], runner.workdir / names[0])
                     continue
                 values[i].append(value)
             for i in session.decide(rule).stop:
-                held = live[i]
-                if held is not None:
-                    held.kill()
+                stopped = live[i]
+                if stopped is not None:
+                    stopped.kill()
                 live[i] = None
             if session.ended:
                 break
+        if held is not None:
+            for i, cfg in enumerate(configs):
+                trial = live[i]
+                if trial is not None:
+                    held.keep(cfg, trial, names[i])
+                    live[i] = None
     finally:
-        for held in [*live, *(t for _, t in starting)]:
-            if held is not None:
-                held.kill()
+        for trial in [*live, *(t for _, t in starting)]:
+            if trial is not None:
+                trial.kill()
     return session
 
 
@@ -228,7 +278,7 @@ def _rotation(n: int, r: int) -> list[int]:
 def speed_check(
     runner: TrialRunnerLike, reference: TrialConfig, others: list[TrialConfig], *,
     rounds: int, progress: Progress = _no_progress, name: str = "verify-speed",
-    reference_label: str = "baseline", rule: Rule | None = None,
+    reference_label: str = "baseline", rule: Rule | None = None, held: Held | None = None,
 ) -> tuple[dict[str, Any], list[Check]]:
     """``reference`` and ``others`` measured in turn, round after round, up to ``rounds``
     (``rule`` may stop a configuration or the whole earlier); per other, a check that
@@ -237,11 +287,15 @@ def speed_check(
     before the cap (``stopped``, absent when it did not), and the checks (a configuration
     the rule stopped says why in ``stopped``). ``name`` names the trials' folders;
     ``reference_label`` is what progress calls the reference (the ratios' denominator).
+    ``held``: processes to take and leave (CPU only; ``Held``).
     Raises NotVerified when the reference fails: nothing can be compared with it."""
     configs = [reference, *others]
-    measure = _measure_in_turn if one_at_a_time(configs) else _measure_held
-    session = measure(runner, configs, rounds=rounds, progress=progress, name=name,
-                      reference_label=reference_label, rule=rule)
+    if one_at_a_time(configs):
+        session = _measure_in_turn(runner, configs, rounds=rounds, progress=progress, name=name,
+                                   reference_label=reference_label, rule=rule)
+    else:
+        session = _measure_held(runner, configs, rounds=rounds, progress=progress, name=name,
+                                reference_label=reference_label, rule=rule, held=held)
     values, failures = session.values, session.failures
     base_values = values[0]
     checks = []
