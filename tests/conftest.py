@@ -23,6 +23,9 @@ if _WORKER:
 
 from helpers import MODELS, machine_doc  # noqa: E402
 
+# The order and grouping of tests under pytest-xdist: hooks, so imported into this namespace.
+from xdist_order import pytest_collection_modifyitems, pytest_configure  # noqa: E402, F401
+
 # Variables a trial or launch.sh would set: one already set in the environment running the
 # tests would be kept (with a warning) and hide whether the knob itself took effect.
 TUNED_ENV = ("OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_CONF", "TUNED_CPUS_PER_RANK",
@@ -98,3 +101,4 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         with _flock(_run_lock(item.config, "turnstile"), fcntl.LOCK_EX):
             held.enter_context(_flock(_run_lock(item.config, "tests"), how))
         yield
+

@@ -103,26 +103,34 @@ def test_an_unreachable_database_is_named_without_its_password(tmp_path):
 def test_workers_starting_together_on_a_new_database_all_open_it(database):
     """Optuna creates its tables in a new database: workers that start at once must not
     collide doing so (PostgreSQL refuses a second CREATE of the same type). Four workers
-    on each of four new databases: without the lock most rounds lose one."""
+    on each of four new databases: without the lock most databases lose one."""
     import sqlalchemy
 
-    code = ("import sys, time; from autotune.search.study import database_storage\n"
+    # Each worker imports, says so, and opens its database once told to go: every worker
+    # of every database opens at the same moment, whatever the imports cost.
+    code = ("import sys; from autotune.search.study import database_storage\n"
             "from autotune.search.tuner import retry_stale\n"
-            "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
+            "print('ready', flush=True); sys.stdin.readline()\n"
             "database_storage(sys.argv[1], heartbeat_s=1, on_stale=retry_stale); print('opened')")
     engine = sqlalchemy.create_engine(database, isolation_level="AUTOCOMMIT")
-    for round_ in range(4):
+    workers = []
+    for n in range(4):
         with engine.connect() as conn:
-            conn.execute(sqlalchemy.text(f"CREATE DATABASE fresh{round_}"))
-        fresh = database.replace("@/postgres?", f"@/fresh{round_}?")
-        start = time.time() + 3  # every worker imported and waiting: they open at once
-        workers = [subprocess.Popen([sys.executable, "-c", code, fresh, str(start)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True) for _ in range(4)]
-        results = [w.communicate(timeout=120) for w in workers]
-        for w, (out, err) in zip(workers, results):
-            assert w.returncode == 0 and out.strip() == "opened", err[-2000:]
-            assert PASSWORD not in err
+            conn.execute(sqlalchemy.text(f"CREATE DATABASE fresh{n}"))
+        fresh = database.replace("@/postgres?", f"@/fresh{n}?")
+        workers += [subprocess.Popen([sys.executable, "-c", code, fresh], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    for _ in range(4)]
     engine.dispose()
+    for w in workers:
+        assert w.stdout.readline().strip() == "ready", w.communicate(timeout=60)[1][-2000:]
+    for w in workers:
+        w.stdin.write("go\n")
+        w.stdin.flush()
+    results = [w.communicate(timeout=120) for w in workers]
+    for w, (out, err) in zip(workers, results):
+        assert w.returncode == 0 and out.strip() == "opened", err[-2000:]
+        assert PASSWORD not in err
 
 
 # --- workers of one study, in this process, on recorded machines ------------------------------
