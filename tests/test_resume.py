@@ -57,14 +57,18 @@ def check_resumed(killed: list, after: list, stale_numbers: list[int]) -> None:
     again = by_number[stale.number]
     assert again.state == TrialState.FAIL, again.state
     assert stale.number in stale_numbers, "the resumed search did not record the trial as stale"
-    retries = [t for t in after
-               if t.number > stale.number
-               and t.user_attrs.get("config") == stale.user_attrs["config"]
-               and t.user_attrs.get("duplicate_of") is None
-               and "result" in t.user_attrs]
-    assert retries, (f"trial {stale.number} ({stale.user_attrs.get('role') or 'sampled'}) was "
-                     "interrupted and never measured again")
-    assert retries[0].state.is_finished()
+    # A trial killed between being asked for and getting its configuration (the one that
+    # measured when the kill was decided had ended by the time it landed) measured nothing,
+    # and has nothing to measure again.
+    if "config" in stale.user_attrs:
+        retries = [t for t in after
+                   if t.number > stale.number
+                   and t.user_attrs.get("config") == stale.user_attrs["config"]
+                   and t.user_attrs.get("duplicate_of") is None
+                   and "result" in t.user_attrs]
+        assert retries, (f"trial {stale.number} ({stale.user_attrs.get('role') or 'sampled'}) was "
+                         "interrupted and never measured again")
+        assert retries[0].state.is_finished()
     left = [(t.number, t.state.name, t.user_attrs.get("role")) for t in after
             if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert not left, f"trials left unfinished after the resumed run: {left}"
