@@ -32,9 +32,12 @@ from autotune.trials.result import TrialResult
 
 # Knobs a process takes when it starts (its environment, its ranks and their cores,
 # torch's process-wide settings): configurations that agree on them share a warm
-# process, which imports torch and the model file and builds the data set once.
+# process, which imports torch and the model file and builds the data set once. The
+# batch size too, though it could change in-process: measured warm after another batch
+# size, a larger batch ran slower against a smaller one than in fresh processes, by
+# enough to reverse their order (BENCHMARKS.md, "Warm trials against fresh ones").
 PROCESS_KNOBS = ("nprocs", "threads", "backend", "interop_threads", "allocator", "affinity", "ipex",
-                 "device", "cudnn_benchmark")
+                 "device", "cudnn_benchmark", "batch_size")
 # Idle warm processes kept, least recently used ended first. On GPUs one, and none
 # while a process of other knobs measures: an idle one holds its CUDA context.
 WARM_PROCESSES = {"cpu": 2, "cuda": 1}
