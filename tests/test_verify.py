@@ -200,6 +200,28 @@ def test_reduced_precision_needs_no_flag_and_is_held_to_evaluate_when_the_file_h
     assert allowed.passed
 
 
+def test_only_what_trades_quality_trains_the_quality_checks_length():
+    """With evaluate() in the model file, a configuration that trades no quality trains the
+    numerics check's 40 steps alone; a bf16 one and its reference the quality check's
+    6,400 samples (400 steps at batch 16), scored, which both gates then read."""
+    asked = []
+
+    class Counting(ScriptedRunner):
+        def run(self, cfg, *, name, trajectory_steps=None, quality_steps=None, **kw):
+            asked.append((cfg.precision, trajectory_steps, quality_steps))
+            return super().run(cfg, name=name, trajectory_steps=trajectory_steps, quality_steps=quality_steps)
+
+    healthy = [2.3 * 0.95 ** i for i in range(40)]
+    trainings = Trainings(Counting(losses={"fp32": healthy, "bf16": healthy}, metric={"fp32": 0.9, "bf16": 0.9}),
+                          evaluate=True)
+    base = TrialConfig(batch_size=16)
+    assert verify.gate(trainings, base, TrialConfig(batch_size=16, threads=2), settings=verify.Settings()).passed
+    assert asked == [("fp32", 40, None)], "the candidate computes what its reference does: one run"
+    bf16 = verify.gate(trainings, base, TrialConfig(batch_size=16, precision="bf16"), settings=verify.Settings())
+    assert bf16.passed and bf16.checks["quality"].passed
+    assert asked[1:] == [("fp32", None, 400), ("bf16", None, 400)]
+
+
 def test_a_rejected_candidate_is_replaced_by_the_next_of_its_kind_before_any_speed_measurement():
     steps = 40
     healthy = [2.3 * 0.95 ** i for i in range(steps)]

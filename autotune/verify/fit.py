@@ -29,7 +29,7 @@ from autotune.config import TrialConfig
 from autotune.document.stages import Stage, StageRecord, VerificationStages
 from autotune.verify import ablation
 from autotune.verify.deadline import Budget, Costs
-from autotune.verify.gates import Settings, numerics_reference
+from autotune.verify.gates import Settings, numerics_reference, trades_quality
 from autotune.verify.sequential import FEWEST
 from autotune.verify.standalone import longest_run
 from autotune.verify.trainings import training_steps, work_key
@@ -52,7 +52,7 @@ class Plan:
 def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
                costs: Costs, has_evaluate: bool) -> float:
     """One short training per computation (``Trainings``): each candidate's and its
-    reference's, shared by what they compute."""
+    reference's, shared by what they compute, scored where a knob trades quality."""
     seen: set[str] = set()
     total = 0.0
     for cand in candidates:
@@ -60,7 +60,7 @@ def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baselin
             if work_key(cfg) not in seen:
                 seen.add(work_key(cfg))
                 total += costs.process(samples=cfg.batch_size * training_steps(
-                    cfg, evaluate=has_evaluate, numerics_steps=settings.numerics_steps,
+                    cfg, evaluate=has_evaluate and trades_quality(cand), numerics_steps=settings.numerics_steps,
                     quality_samples=settings.quality_samples))
     return total
 

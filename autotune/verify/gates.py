@@ -151,10 +151,18 @@ def _where_fp32_fits(run: Callable[[TrialConfig, str], TrialResult], ref: TrialC
         return results, cand, notes
 
 
+def trades_quality(cand: TrialConfig) -> bool:
+    """Whether a knob of ``cand`` trades quality: the quality check scores it."""
+    return cand.prune_ratio > 0 or cand.precision in REDUCED_PRECISIONS
+
+
 def numerics_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig) -> Check:
     """The candidate's first ``trainings.numerics_steps`` losses against its reference's,
-    which runs where fp32 fits (``_where_fp32_fits``)."""
-    results, ran, notes = _where_fp32_fits(trainings.of, numerics_reference(baseline, cand), cand)
+    which runs where fp32 fits (``_where_fp32_fits``). Where a knob trades quality the
+    trainings are the quality check's (scored), which it then reads without training again."""
+    scored = trades_quality(cand)
+    results, ran, notes = _where_fp32_fits(lambda cfg, role: trainings.of(cfg, role, scored=scored),
+                                           numerics_reference(baseline, cand), cand)
     shrunk = {"checked_at_batch": ran.batch_size, "notes": notes} if notes else {}
     for role, result in results.items():
         if result.status != Status.OK:
@@ -198,7 +206,8 @@ def quality_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig
     if not has_evaluate:
         return Check(None, {"reason": f"{cand.precision}: the model file has no evaluate(); "
                                       "the numerics check is the gate"})
-    results, ran, notes = _where_fp32_fits(trainings.of, quality_reference(baseline, cand), cand)
+    results, ran, notes = _where_fp32_fits(lambda cfg, role: trainings.of(cfg, role, scored=True),
+                                           quality_reference(baseline, cand), cand)
     scores: dict[str, float] = {}
     for role, res in results.items():
         if res.status != Status.OK or res.done.get("metric") is None:

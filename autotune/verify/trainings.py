@@ -40,25 +40,32 @@ def training_steps(cfg: TrialConfig, *, evaluate: bool, numerics_steps: int, qua
 @dataclasses.dataclass
 class Trainings:
     """The short trainings of one verification, by ``work_key``. ``evaluate``: whether the
-    model file has evaluate(), which then scores every training (the quality check reads it
-    where a knob trades quality); each is ``training_steps`` long."""
+    model file has evaluate(). A training asked for ``scored`` (a candidate whose knobs
+    trade quality, and its reference) runs ``training_steps`` with evaluate() at the end;
+    any other runs the numerics check's steps alone, and is run again, scored, only if a
+    scored one is asked of the same computation later."""
 
     runner: TrialRunnerLike
     evaluate: bool
     numerics_steps: int = 40
     quality_samples: int = 6400
     runs: dict[str, TrialResult] = dataclasses.field(default_factory=dict)
+    scored: set[str] = dataclasses.field(default_factory=set)
 
-    def steps(self, cfg: TrialConfig) -> int:
-        return training_steps(cfg, evaluate=self.evaluate, numerics_steps=self.numerics_steps,
+    def steps(self, cfg: TrialConfig, *, scored: bool = True) -> int:
+        return training_steps(cfg, evaluate=scored and self.evaluate, numerics_steps=self.numerics_steps,
                               quality_samples=self.quality_samples)
 
-    def of(self, cfg: TrialConfig, role: str) -> TrialResult:
+    def of(self, cfg: TrialConfig, role: str, *, scored: bool = False) -> TrialResult:
         """``cfg``'s training (``role`` names its folder: reference or candidate)."""
         key = work_key(cfg)
-        if key not in self.runs:
-            name = f"verify-gates-{len(self.runs)}-{role}"
-            steps = self.steps(cfg)
-            self.runs[key] = (self.runner.run(cfg, name=name, quality_steps=steps) if self.evaluate
-                              else self.runner.run(cfg, name=name, trajectory_steps=steps))
+        scored = scored and self.evaluate
+        if key not in self.runs or (scored and key not in self.scored):
+            name = f"verify-gates-{len(self.runs) + len(self.scored)}-{role}"
+            steps = self.steps(cfg, scored=scored)
+            if scored:
+                self.runs[key] = self.runner.run(cfg, name=name, quality_steps=steps)
+                self.scored.add(key)
+            else:
+                self.runs[key] = self.runner.run(cfg, name=name, trajectory_steps=steps)
         return self.runs[key]
