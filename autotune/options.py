@@ -23,11 +23,6 @@ STORAGE_ENV = "AUTOTUNE_STORAGE"
 # trajectories, the side-by-side session, the standalone pairs), about as many as the
 # search's first trials: most of a short budget goes to it.
 SEARCH_SHARE = 0.3
-# Timed training per standalone run when --pair-seconds is not given: DataLoader workers
-# ramp up over a run's first seconds (shorter runs undercount a configuration with them),
-# while one without them runs at its steady speed from the end of its warm-up.
-PAIR_SECONDS_WORKERS = 8.0
-PAIR_SECONDS_STEADY = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +44,10 @@ class RunOptions:
     # (verify.sequential).
     rounds: int = 10
     pairs: int = 6
-    # Timed training per standalone run; None: PAIR_SECONDS_WORKERS where either script
-    # starts DataLoader workers, else PAIR_SECONDS_STEADY (verify.standalone.run_seconds).
-    pair_seconds: float | None = None
+    # Timed training per standalone run, after its warm-up: DataLoader workers ramp up
+    # over the first seconds, and shorter runs printed speedups below what an independent
+    # check of longer runs measured (BENCHMARKS.md, "Tuning time").
+    pair_seconds: float = 8.0
     max_quality_drop: float | None = None
     # Configurations with the same process knobs measured one after another in one process
     # (autotune.trials.runner.process_key); False: each in a fresh process.

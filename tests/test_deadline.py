@@ -13,12 +13,12 @@ from autotune.config import TrialConfig
 from autotune.document.run import RunDocument
 from autotune.document.stages import Stage
 from autotune.harness import candidate_emitter
-from autotune.options import PAIR_SECONDS_WORKERS, SEARCH_SHARE
+from autotune.options import SEARCH_SHARE
 from autotune.probes import as_machine
 from autotune.report.console import Reporter
 from autotune.task import load_task
 from autotune.trials.protocol import ProgressEvent
-from autotune.verify import fit, gates, sequential, standalone
+from autotune.verify import fit, gates, sequential
 from autotune.verify.deadline import Budget, Costs
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
@@ -69,7 +69,7 @@ def test_a_deadline_shortens_the_stages_in_the_documented_order():
     essential = fit.essential(CANDIDATES)
     assert essential == CANDIDATES[:1] + CANDIDATES[2:3]  # the first, and the best exact one
     plan = planned(cost(fewest_pairs, essential) - 1)
-    assert plan.candidates == essential and 3.0 <= plan.settings.pair_seconds < standalone.longest_run(None)
+    assert plan.candidates == essential and 3.0 <= plan.settings.pair_seconds < asked.pair_seconds
     assert "runs of" in plan.shortened[Stage.STANDALONE] and plan.over is None
     # nothing fits: everything at its least, verified anyway, and said so
     plan = planned(10.0)
@@ -112,7 +112,7 @@ def test_the_document_and_the_summary_say_which_stages_a_deadline_shortened(task
     by_stage = {s["stage"]: s for s in stages["stages"]}
     assert set(by_stage) == {"gates", "speed", "ablation", "standalone"}
     assert by_stage["speed"]["cap"] == sequential.FEWEST and by_stage["standalone"]["cap"] == sequential.FEWEST
-    assert "runs of at most 3 s instead of 8 s" in by_stage["standalone"]["shortened"]
+    assert "runs of 3 s instead of 8 s" in by_stage["standalone"]["shortened"]
     assert tight["speedup"]["seconds_per_run"] == 3.0
     assert schemas.problem(tight, "best_config") is None
     assert RunDocument.from_json(tight).to_json() == tight
@@ -129,9 +129,7 @@ def test_without_a_timeout_nothing_is_shortened(task, tmp_path):
     stages = doc["verification_stages"]
     assert "timeout_s" not in stages and "over" not in stages
     assert not any("shortened" in s for s in stages["stages"])
-    # the winner starts DataLoader workers: the longer runs (--pair-seconds not given)
-    assert doc["config"]["num_workers"] > 0
-    assert doc["speedup"]["seconds_per_run"] == PAIR_SECONDS_WORKERS
+    assert doc["speedup"]["seconds_per_run"] == pipeline.RunOptions.pair_seconds
 
 
 def test_the_search_gets_its_share_of_the_timeout(task, tmp_path, monkeypatch):

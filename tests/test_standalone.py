@@ -12,7 +12,6 @@ from autotune import pipeline
 from autotune.config import TrialConfig
 from autotune.document.run import RunDocument
 from autotune.errors import NotVerified
-from autotune.options import PAIR_SECONDS_STEADY, PAIR_SECONDS_WORKERS
 from autotune.report.console import Reporter
 from autotune.verify import sequential, standalone
 from autotune.verify.again import reverify
@@ -121,18 +120,6 @@ def test_pairs_alternate_their_order_and_name_a_failing_side(tmp_path):
         standalone.alternate(Runner(fail="c"), baseline=b, candidate=c, pairs=2, seconds=1.0,
                              workdir=tmp_path, timeout_s=10)
     assert err.value.role == "candidate"
-
-
-def test_standalone_runs_are_long_only_where_dataloader_workers_ramp_up(task, tmp_path):
-    """Without --pair-seconds a standalone run is timed long enough for DataLoader workers to
-    reach their steady speed, and no longer where neither script starts them."""
-    plain, workers = TrialConfig(batch_size=32), TrialConfig(batch_size=32, num_workers=2)
-    assert standalone.run_seconds(None, plain, plain) == PAIR_SECONDS_STEADY < PAIR_SECONDS_WORKERS
-    assert standalone.run_seconds(None, plain, workers) == PAIR_SECONDS_WORKERS
-    assert standalone.run_seconds(5.0, plain, workers) == standalone.run_seconds(5.0, plain, plain) == 5.0
-    runner = StandInRunner(recorded_machine("avx2_epyc"))
-    doc = tune_stand_in(task, tmp_path, runner, fixed={"num_workers": 0})
-    assert doc["verified"] and doc["speedup"]["seconds_per_run"] == PAIR_SECONDS_STEADY
 
 
 def test_a_baseline_script_that_fails_alone_ends_the_run_with_a_message(task, tmp_path):

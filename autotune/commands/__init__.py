@@ -5,7 +5,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from autotune.options import PAIR_SECONDS_STEADY, PAIR_SECONDS_WORKERS, RunOptions
+from autotune.options import RunOptions
 
 
 def positive(kind: type, name: str) -> Callable[[str], Any]:
@@ -43,9 +43,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
                         f"it is settled and as narrow as the machine's noise allows (default {RunOptions.pairs})")
     p.add_argument("--pair-seconds", type=positive(float, "--pair-seconds"), default=RunOptions.pair_seconds,
                    metavar="SECONDS",
-                   help="timed training per standalone run, after its warm-up (default: "
-                        f"{PAIR_SECONDS_WORKERS:g} where either script starts DataLoader workers, "
-                        f"which ramp up over the first seconds, else {PAIR_SECONDS_STEADY:g})")
+                   help=f"timed training per standalone run, after its warm-up (default {RunOptions.pair_seconds:.0f})")
     p.add_argument("--max-quality-drop", type=float, default=RunOptions.max_quality_drop, metavar="X",
                    help="how far the evaluate() metric may drop: allows structured pruning, and "
                         "replaces the default allowance for reduced precision (2%% of the metric)")

@@ -31,7 +31,6 @@ from autotune.verify import ablation
 from autotune.verify.deadline import Budget, Costs
 from autotune.verify.gates import Settings, numerics_reference, trades_quality
 from autotune.verify.sequential import FEWEST
-from autotune.verify.standalone import longest_run
 from autotune.verify.trainings import training_steps, work_key
 
 
@@ -87,7 +86,7 @@ def estimate(settings: Settings, candidates: Sequence[TrialConfig], *, baseline:
         Stage.GATES: gates_cost(settings, candidates, baseline=baseline, costs=costs, has_evaluate=has_evaluate),
         Stage.SPEED: costs.side_by_side([baseline, *candidates], settings.rounds) if candidates else 0.0,
         Stage.ABLATION: ablation_cost(settings, candidates, baseline=baseline, costs=costs),
-        Stage.STANDALONE: costs.pairs(settings.pairs, longest_run(settings.pair_seconds)) if candidates else 0.0,
+        Stage.STANDALONE: costs.pairs(settings.pairs, settings.pair_seconds) if candidates else 0.0,
     }
 
 
@@ -114,7 +113,7 @@ def least(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tr
     no ablation, the fewest rounds and pairs, the essential candidates, the shortest runs."""
     s = dataclasses.replace(settings, ablation=False, rounds=min(settings.rounds, FEWEST),
                             pairs=min(settings.pairs, FEWEST),
-                            pair_seconds=min(longest_run(settings.pair_seconds), shortest_run_s))
+                            pair_seconds=min(settings.pair_seconds, shortest_run_s))
     return sum(estimate(s, essential(candidates), baseline=baseline, costs=costs,
                         has_evaluate=has_evaluate).values())
 
@@ -154,14 +153,13 @@ def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tria
     if total(s, cands) > left and len(cands) > floor:
         s, cands = largest(range(len(cands), floor - 1, -1), lambda k: (s, fewer(candidates, k)))
         shortened[Stage.GATES] = f"{len(cands)} of {len(candidates)} candidates verified {why}"
-    longest = longest_run(s.pair_seconds)
-    if total(s, cands) > left and longest > shortest_run_s:
-        others = total(s, cands) - costs.pairs(s.pairs, longest)
+    if total(s, cands) > left and s.pair_seconds > shortest_run_s:
+        others = total(s, cands) - costs.pairs(s.pairs, s.pair_seconds)
         fits = (left - others) / (2 * s.pairs) - costs.start_s
-        s = dataclasses.replace(s, pair_seconds=round(max(shortest_run_s, min(longest, fits)), 1))
+        s = dataclasses.replace(s, pair_seconds=round(max(shortest_run_s, min(s.pair_seconds, fits)), 1))
     cuts = [f"cut from {settings.pairs} pairs"] if s.pairs < settings.pairs else []
-    if longest_run(s.pair_seconds) < longest:
-        cuts.append(f"runs of at most {s.pair_seconds:g} s instead of {longest:g} s")
+    if s.pair_seconds < settings.pair_seconds:
+        cuts.append(f"runs of {s.pair_seconds:g} s instead of {settings.pair_seconds:g} s")
     if cuts:
         shortened[Stage.STANDALONE] = f"{' and '.join(cuts)} {why}"
     need = total(s, cands)

@@ -310,8 +310,7 @@ class Settings:
     max_quality_drop: float | None = RunOptions.max_quality_drop
     script_timeout_s: float = 300.0  # one standalone run of a script, warm-up included
     pairs: int = RunOptions.pairs  # the most standalone pairs: each runs both scripts once
-    # Timed training per standalone run, after its warm-up; None: standalone.run_seconds.
-    pair_seconds: float | None = RunOptions.pair_seconds
+    pair_seconds: float = RunOptions.pair_seconds  # timed training per standalone run
     standalone_attempts: int = 2  # candidates whose scripts run alone, fastest first
     replacements: int = 2  # per kind (exact, reduced) for candidates the gates reject
     ablation: bool = True  # measure each knob's worth and drop those worth nothing
@@ -538,7 +537,7 @@ def _ablation_fits(settings: Settings, top: TrialConfig, baseline: TrialConfig, 
     held = ablation.session_configs(top, baseline, pinned=settings.pinned)
     rounds = ablation.rounds_for(len(held), speed_windows=settings.rounds * (survivors + 1))
     need = (budget.costs.side_by_side([top, *held], rounds)
-            + budget.costs.pairs(settings.pairs, standalone.longest_run(settings.pair_seconds)))
+            + budget.costs.pairs(settings.pairs, settings.pair_seconds))
     return budget.left() >= need
 
 
@@ -546,7 +545,7 @@ def _pairs_fit(settings: Settings) -> bool:
     """Whether what --timeout leaves holds another candidate's pairs, at their fewest."""
     budget = settings.budget
     return budget is None or budget.left() >= budget.costs.pairs(
-        min(sequential.FEWEST, settings.pairs), standalone.longest_run(settings.pair_seconds))
+        min(sequential.FEWEST, settings.pairs), settings.pair_seconds)
 
 
 def _simplified_failed(simplified: Verdict) -> Ablation | None:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from autotune.config import TrialConfig
 from autotune.document.measures import Check, Interval, Speedup, Standalone
 from autotune.errors import NotVerified
-from autotune.options import PAIR_SECONDS_STEADY, PAIR_SECONDS_WORKERS
 from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.verify import sequential
 from autotune.verify.stats import ratio_interval, rerun_interval, spread
@@ -38,20 +37,6 @@ RERUN_LEVEL = 0.95
 # (other tenants, power or thermal limits) and stay there for minutes, which stretches
 # the pairs far beyond their usual run-to-run spread (BENCHMARKS.md).
 UNSTEADY_SPREAD = 1.3
-
-
-def run_seconds(asked: float | None, *configs: TrialConfig) -> float:
-    """Timed training per standalone run: ``asked`` (--pair-seconds) when given; else long
-    enough for DataLoader workers to reach their steady speed where a script starts them."""
-    if asked is not None:
-        return asked
-    return PAIR_SECONDS_WORKERS if any(c.num_workers for c in configs) else PAIR_SECONDS_STEADY
-
-
-def longest_run(asked: float | None) -> float:
-    """The most timed training a standalone run gets: what budgets are planned with before
-    the candidate is known."""
-    return PAIR_SECONDS_WORKERS if asked is None else asked
 
 
 class ScriptRunner(Protocol):
@@ -159,7 +144,7 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
     try:
         pairs = alternate(
             runner, baseline=baseline, candidate=candidate, pairs=settings.pairs,
-            seconds=run_seconds(settings.pair_seconds, baseline.config, candidate.config), workdir=workdir,
+            seconds=settings.pair_seconds, workdir=workdir,
             timeout_s=settings.script_timeout_s,
             until=until, progress=lambda text: progress(ProgressEvent.STEP, {"text": text}))
     except ScriptFailed as exc:
