@@ -396,8 +396,6 @@ def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, sett
     rounds = ablation.rounds_for(count, speed_windows=speed_windows)
     top.ablation = ablation.measure(runner, cfg, baseline, rounds=rounds, pinned=settings.pinned,
                                     measured=measured, progress=progress, pool=pool)
-    if pool is not None:
-        pool.close()  # what comes next (gates, scripts run alone) holds nothing side by side
     simpler = ablation.simplified(cfg, baseline, top.ablation)
     if simpler in (cfg, baseline):
         return None

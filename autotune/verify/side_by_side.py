@@ -103,9 +103,6 @@ class Held:
         return self.live.pop(cfg, None)
 
     def keep(self, cfg: TrialConfig, live: LiveTrialLike, name: str) -> None:
-        stale = self.live.pop(cfg, None)
-        if stale is not None and stale[0] is not live:
-            stale[0].kill()
         self.live[cfg] = live, name
 
     def close(self, *, keeping: Sequence[TrialConfig] = ()) -> None:

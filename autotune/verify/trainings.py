@@ -51,6 +51,7 @@ class Trainings:
     quality_samples: int = 6400
     runs: dict[str, TrialResult] = dataclasses.field(default_factory=dict)
     scored: set[str] = dataclasses.field(default_factory=set)
+    ran: int = 0  # trainings run: numbers their folders
 
     def steps(self, cfg: TrialConfig, *, scored: bool = True) -> int:
         return training_steps(cfg, evaluate=scored and self.evaluate, numerics_steps=self.numerics_steps,
@@ -61,7 +62,8 @@ class Trainings:
         key = work_key(cfg)
         scored = scored and self.evaluate
         if key not in self.runs or (scored and key not in self.scored):
-            name = f"verify-gates-{len(self.runs) + len(self.scored)}-{role}"
+            name = f"verify-gates-{self.ran}-{role}"
+            self.ran += 1
             steps = self.steps(cfg, scored=scored)
             if scored:
                 self.runs[key] = self.runner.run(cfg, name=name, quality_steps=steps)
