@@ -49,6 +49,10 @@ class RunOptions:
     # check of longer runs measured (BENCHMARKS.md, "Tuning time").
     pair_seconds: float = 8.0
     max_quality_drop: float | None = None
+    # The ablation's path from the baseline, one knob added at a time: as many processes
+    # again as the leave-one-out that decides what is emitted, and it decides nothing, so it
+    # is measured only on request.
+    path: bool = False
     # Configurations with the same process knobs measured one after another in one process
     # (autotune.trials.runner.process_key); False: each in a fresh process.
     warm_trials: bool = True

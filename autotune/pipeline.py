@@ -495,7 +495,7 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
             baseline_rate=outcome.baseline.measured.samples_per_s))
     settings = gates.Settings(rounds=options.rounds, pairs=options.pairs,
                                pair_seconds=options.pair_seconds,
-                               max_quality_drop=options.max_quality_drop,
+                               max_quality_drop=options.max_quality_drop, path=options.path,
                                pinned=frozenset(options.fixed), pricing=pricing, budget=budget)
     fitted = None
     if budget is not None and candidates:

@@ -60,7 +60,7 @@ def task():
 
 
 def test_the_run_reports_each_knobs_worth_and_emits_the_winner_without_the_idle_ones(task, tmp_path):
-    doc = tune_stand_in(task, tmp_path, Knobs(recorded_machine("avx2_epyc")))
+    doc = tune_stand_in(task, tmp_path, Knobs(recorded_machine("avx2_epyc")), path=True)
     assert doc["verified"]
     found = doc["ablation"]
     baseline = TrialConfig.from_dict(doc["baseline"]["config"])
@@ -102,7 +102,7 @@ class Complementary(Knobs):
 
 def test_when_knobs_complement_each_other_the_path_still_multiplies_to_the_verified_speedup(
         task, tmp_path):
-    doc = tune_stand_in(task, tmp_path, Complementary(recorded_machine("amx_spr")), trials=16,
+    doc = tune_stand_in(task, tmp_path, Complementary(recorded_machine("amx_spr")), trials=16, path=True,
                 fixed=parse_fixes(["layout=1x2", "compile=off", "allocator=default"]))
     found = doc["ablation"]
     knobs = {k["knob"]: k for k in found["knobs"]}
@@ -124,7 +124,7 @@ def test_when_knobs_complement_each_other_the_path_still_multiplies_to_the_verif
 def test_the_path_adds_one_knob_group_at_a_time_and_ends_at_the_winner():
     winner = TrialConfig(nprocs=2, threads=1, batch_size=256, num_workers=1, persistent_workers=True,
                          precision="bf16", allocator="tcmalloc")
-    steps = ablation.path(winner, BASELINE)
+    steps = ablation.steps_from(winner, BASELINE)
     assert [s.knobs for s in steps] == [("layout",), ("batch_size",), ("num_workers",), ("precision",),
                                         ("allocator",)]
     assert steps[0].config == BASELINE.replace(nprocs=2, threads=1)
@@ -132,15 +132,26 @@ def test_the_path_adds_one_knob_group_at_a_time_and_ends_at_the_winner():
                                                persistent_workers=True)
     assert steps[-1].config == winner
     # the intermediate configurations, the baseline and the leave-one-out variants, once each
-    held = ablation.session_configs(winner, BASELINE)
+    held = ablation.session_configs(winner, BASELINE, path=True)
     assert len(held) == len(set(held)) and winner not in held and BASELINE in held
     assert len(held) == 5 + 1 + 4 - 1  # the last intermediate is the allocator's variant
+
+
+def test_without_path_the_ablation_holds_only_the_leave_one_out_variants(task, tmp_path):
+    winner = TrialConfig(nprocs=2, threads=1, batch_size=256, num_workers=1, persistent_workers=True,
+                         precision="bf16", allocator="tcmalloc")
+    held = ablation.session_configs(winner, BASELINE)
+    assert held == [v.config for v in ablation.variants(winner, BASELINE)] and BASELINE not in held
+    # the whole run: each knob's worth is reported and decides what is emitted; no path
+    runner = Knobs(recorded_machine("avx2_epyc"))
+    doc = tune_stand_in(task, tmp_path, runner)
+    assert doc["verified"] and doc["ablation"]["knobs"] and "path" not in doc["ablation"]
 
 
 def test_a_step_that_makes_no_valid_configuration_goes_with_the_next_knob():
     odd = TrialConfig(batch_size=33)  # two ranks cannot split it
     winner = TrialConfig(nprocs=2, threads=1, batch_size=64, allocator="tcmalloc")
-    steps = ablation.path(winner, odd)
+    steps = ablation.steps_from(winner, odd)
     assert [s.knobs for s in steps] == [("layout", "batch_size"), ("allocator",)]
     assert steps[-1].config == winner
 

@@ -120,7 +120,7 @@ def test_each_knobs_effect_stops_being_measured_once_settled():
 
     allocator_variant = WINNER.replace(allocator="default")
     runner = NoisyServing(speed, noise=0.02, wobble=lambda cfg: 0.05 if cfg == allocator_variant else 0.0)
-    found = ablation.measure(runner, WINNER, BASE, rounds=10)
+    found = ablation.measure(runner, WINNER, BASE, rounds=10, path=True)
     rounds = {k.knob: k.rounds for k in found.knobs}
     assert rounds == {"layout": sequential.FEWEST, "batch_size": sequential.FEWEST, "allocator": 10}
     assert found.rounds == found.cap == 10 and found.stopped is None
@@ -132,7 +132,7 @@ def test_each_knobs_effect_stops_being_measured_once_settled():
     # every knob settled: the session ends there, and the path still multiplies to the whole
     runner = NoisyServing(lambda cfg: 100.0 * (2.0 if cfg.batch_size == 64 else 1.0)
                           * (1.5 if cfg.allocator == "tcmalloc" else 1.0), noise=0.02)
-    found = ablation.measure(runner, WINNER.replace(threads=None), BASE, rounds=10)
+    found = ablation.measure(runner, WINNER.replace(threads=None), BASE, rounds=10, path=True)
     assert found.rounds == sequential.FEWEST and found.stopped == "every knob's effect settled"
     assert all(k.kept for k in found.knobs)
     assert math.prod(s.effect.ratio for s in found.path.steps) == pytest.approx(found.path.total.ratio)
@@ -144,7 +144,7 @@ def test_the_ablation_uses_the_speed_checks_rounds_where_it_measured_the_same_pa
     one_knob = BASE.replace(batch_size=64)
     # the winner differs from the baseline in its batch alone: the speed check measured the
     # whole session (the baseline beside the winner), and nothing is started again
-    found = ablation.measure(RunnerDouble(), one_knob, BASE, rounds=10,
+    found = ablation.measure(RunnerDouble(), one_knob, BASE, rounds=10, path=True,
                              measured={BASE: rates(100.0), one_knob: rates(200.0)})
     (knob,) = found.knobs
     assert knob.rounds == 8 and "measured in the speed check's rounds" in knob.note
@@ -155,7 +155,7 @@ def test_the_ablation_uses_the_speed_checks_rounds_where_it_measured_the_same_pa
     winner = BASE.replace(batch_size=64, allocator="tcmalloc")
     batch_variant = BASE.replace(allocator="tcmalloc")
     runner = NoisyServing(lambda cfg: 200.0 if cfg.batch_size == 64 else 100.0)
-    found = ablation.measure(runner, winner, BASE, rounds=6,
+    found = ablation.measure(runner, winner, BASE, rounds=6, path=True,
                              measured={winner: rates(200.0), batch_variant: rates(100.0)})
     by_knob = {k.knob: k for k in found.knobs}
     assert "speed check" in by_knob["batch_size"].note and by_knob["batch_size"].rounds == 8

@@ -33,6 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="best-ranked candidates re-measured in verification, besides the first one's "
                         "layout contrast, the best of the other process layout and the best exact "
                         f"and reduced-precision ones (default {RunOptions.top})")
+    p.add_argument("--path", action="store_true",
+                   help="also measure the path from the baseline to the winner, one knob added at a "
+                        "time (the steps multiply to the whole speedup); as many processes again as "
+                        "the ablation's knob-by-knob measurement")
     planned = p.add_argument_group(
         "the run you plan",
         "Rank configurations by the predicted wall time of that run, one-time costs (compiling, "
@@ -70,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
 
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
     options = run_options(args, trials=args.trials, timeout_s=args.timeout,
-                          fixed=parse_fixes(args.fix), exact=args.exact, top=args.top,
+                          fixed=parse_fixes(args.fix), exact=args.exact, top=args.top, path=args.path,
                           train_steps=args.train_steps, epochs=args.epochs,
                           storage=args.storage or os.environ.get(STORAGE_ENV) or None, study=args.study,
                           heartbeat_s=args.heartbeat, verify_wait_s=args.verify_wait)

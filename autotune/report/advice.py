@@ -140,7 +140,8 @@ def path_lines(doc: RunDocument) -> list[str]:
     whole; the kept steps' product is checked against the verified speedup."""
     found = doc.ablation.path if doc.ablation is not None else None
     if found is None:
-        return []
+        return ["  the path from the baseline, each knob added to those before it, is measured with --path"
+                ] if doc.ablation is not None and doc.ablation.knobs else []
     if found.skipped:
         return [f"  the path from the baseline was not measured: {found.skipped}"]
     total = found.total

@@ -1,6 +1,7 @@
 """Why the winner won: each knob where it differs from the baseline, reverted to the
-baseline's value one at a time, measured side by side with the winner; and the path
-from the baseline to the winner, one knob added at a time, measured in the same rounds.
+baseline's value one at a time, measured side by side with the winner; and, on request
+(``--path``), the path from the baseline to the winner, one knob added at a time,
+measured in the same rounds.
 
 The variants and the winner are held alive together and measured one window each in
 turn, round after round (``side_by_side.speed_check``: the verification method), so a
@@ -100,7 +101,7 @@ class Step:
     config: TrialConfig  # the baseline with every knob up to this step at the winner's value
 
 
-def path(winner: TrialConfig, baseline: TrialConfig) -> list[Step]:
+def steps_from(winner: TrialConfig, baseline: TrialConfig) -> list[Step]:
     """From the baseline to the winner, one knob group at a time in ``KNOB_GROUPS``
     order; the last step's configuration is the winner."""
     steps: list[Step] = []
@@ -124,11 +125,12 @@ def path(winner: TrialConfig, baseline: TrialConfig) -> list[Step]:
 
 
 def session_configs(winner: TrialConfig, baseline: TrialConfig, *,
-                    pinned: Collection[str] = ()) -> list[TrialConfig]:
-    """What the ablation holds beside the winner: the leave-one-out variants, the
-    baseline and the path's intermediate configurations, each once."""
+                    pinned: Collection[str] = (), path: bool = False) -> list[TrialConfig]:
+    """What the ablation holds beside the winner: the leave-one-out variants and, with
+    ``path``, the baseline and the path's intermediate configurations, each once."""
     configs = [v.config for v in variants(winner, baseline, pinned=pinned)]
-    configs += [baseline] + [s.config for s in path(winner, baseline)[:-1]]
+    if path:
+        configs += [baseline] + [s.config for s in steps_from(winner, baseline)[:-1]]
     return list(dict.fromkeys(c for c in configs if c != winner))
 
 
@@ -138,8 +140,8 @@ def rounds_for(variant_count: int, *, speed_windows: int) -> int:
 
 
 def reusable(winner: TrialConfig, baseline: TrialConfig, configs: list[TrialConfig], *,
-             measured: Mapping[TrialConfig, Sequence[float]], pinned: Collection[str] = ()
-             ) -> dict[TrialConfig, list[float]]:
+             measured: Mapping[TrialConfig, Sequence[float]], pinned: Collection[str] = (),
+             path: bool = False) -> dict[TrialConfig, list[float]]:
     """Ratios to the winner, round by round, that the speed check's rounds already hold
     (``measured``: each configuration's rate per round there, the winner's among them):
     the same configuration beside the winner, measured the same way. Every one of the
@@ -152,38 +154,39 @@ def reusable(winner: TrialConfig, baseline: TrialConfig, configs: list[TrialConf
               for c in configs if c in measured and len(measured[c]) >= 2}
     if len(ratios) == len(configs):
         return ratios
-    on_path = {baseline} | {s.config for s in path(winner, baseline)[:-1]}
+    on_path = {baseline} | {s.config for s in steps_from(winner, baseline)[:-1]} if path else set()
     deciding = {v.config for v in variants(winner, baseline, pinned=pinned)} - on_path
     return {c: r for c, r in ratios.items()
             if c in deciding and len(r) >= FEWEST and settled(stats.ratio_interval([1 / x for x in r]))}
 
 
 def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig, *, rounds: int,
-            pinned: Collection[str] = (), measured: Mapping[TrialConfig, Sequence[float]] | None = None,
+            pinned: Collection[str] = (), path: bool = False,
+            measured: Mapping[TrialConfig, Sequence[float]] | None = None,
             progress: Progress = lambda kind, info: None, pool: Held | None = None) -> Ablation:
     """Per knob, the winner's speed over the variant's (ratio > 1: the knob helps) with
-    its interval, and whether it is kept; and the path from the baseline. ``rounds`` is
+    its interval, and whether it is kept; with ``path``, the path from the baseline. ``rounds`` is
     the session's cap; ``measured`` the speed check's rates per round, which spare the
     session what they already settle (``reusable``). No knobs when the winner differs
     from the baseline in none; ``skipped`` when the winner could not be held for it.
     ``pool``: processes the speed check left running (``side_by_side.Held``)."""
     found = variants(winner, baseline, pinned=pinned)
-    steps = path(winner, baseline)
+    steps = steps_from(winner, baseline) if path else []
     if not found and len(steps) < 2:
         return Ablation()
-    configs = session_configs(winner, baseline, pinned=pinned)
-    reused = reusable(winner, baseline, configs, measured=measured or {}, pinned=pinned)
+    configs = session_configs(winner, baseline, pinned=pinned, path=path)
+    reused = reusable(winner, baseline, configs, measured=measured or {}, pinned=pinned, path=path)
     detail: dict[TrialConfig, Any] = {c: {"ratios": r, "reused": True} for c, r in reused.items()}
     held = [c for c in configs if c not in reused]
     if held:
-        on_path = {baseline} | {s.config for s in steps[:-1]}
+        on_path = {baseline} | {s.config for s in steps[:-1]} if path else set()
         deciding = {v.config for v in found}
         rule = Effects(deciding=frozenset(i for i, c in enumerate(held, 1) if c in deciding),
                        kept=frozenset(i for i, c in enumerate(held, 1) if c in on_path))
         progress(ProgressEvent.STEP,
                  {"text": f"ablation: the winner against itself with each of "
                           f"{', '.join(v.knob for v in found if v.config in held) or 'no knob'} at the "
-                          f"baseline's value, and the path from the baseline one knob at a time "
+                          f"baseline's value{', and the path from the baseline one knob at a time' if path else ''} "
                           f"({len(held)} configurations), up to {rounds} rounds side by side"})
         try:
             speed, checks = speed_check(runner, winner, held, rounds=rounds, progress=progress,
@@ -202,7 +205,7 @@ def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig,
     return Ablation(knobs=knobs, rounds=ran, cap=rounds, stopped=stopped, winner_samples_per_s=rate,
                     product=math.prod(kept) if kept else 1.0,
                     path=_path_effects(steps, detail, winner, baseline,
-                                       removed={k.knob for k in knobs if not k.kept}))
+                                       removed={k.knob for k in knobs if not k.kept}) if path else None)
 
 
 def _path_effects(steps: list[Step], detail: dict[TrialConfig, Any], winner: TrialConfig,

@@ -71,7 +71,7 @@ def ablation_cost(settings: Settings, candidates: Sequence[TrialConfig], *, base
     if not settings.ablation or not candidates:
         return 0.0
     top = candidates[0]
-    held = ablation.session_configs(top, baseline, pinned=settings.pinned)
+    held = ablation.session_configs(top, baseline, pinned=settings.pinned, path=settings.path)
     if not held:
         return 0.0
     rounds = ablation.rounds_for(len(held), speed_windows=settings.rounds * (len(candidates) + 1))

@@ -314,6 +314,7 @@ class Settings:
     standalone_attempts: int = 2  # candidates whose scripts run alone, fastest first
     replacements: int = 2  # per kind (exact, reduced) for candidates the gates reject
     ablation: bool = True  # measure each knob's worth and drop those worth nothing
+    path: bool = False  # and the path from the baseline, one knob added at a time
     pinned: frozenset[str] = frozenset()  # knobs the user fixed: never ablated or dropped
     pricing: Pricing | None = None  # the planned run (--train-steps, --epochs), if any
     budget: Budget | None = None  # what --timeout leaves, where it was given (autotune.verify.fit)
@@ -392,10 +393,10 @@ def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, sett
     gated again: ``trainings`` holds the runs it shares) when there is one that
     passes: it is run alone before ``top``."""
     cfg = top.config
-    count = len(ablation.session_configs(cfg, baseline, pinned=settings.pinned))
+    count = len(ablation.session_configs(cfg, baseline, pinned=settings.pinned, path=settings.path))
     rounds = ablation.rounds_for(count, speed_windows=speed_windows)
     top.ablation = ablation.measure(runner, cfg, baseline, rounds=rounds, pinned=settings.pinned,
-                                    measured=measured, progress=progress, pool=pool)
+                                    path=settings.path, measured=measured, progress=progress, pool=pool)
     simpler = ablation.simplified(cfg, baseline, top.ablation)
     if simpler in (cfg, baseline):
         return None
@@ -532,7 +533,7 @@ def _ablation_fits(settings: Settings, top: TrialConfig, baseline: TrialConfig, 
     budget = settings.budget
     if budget is None:
         return True
-    held = ablation.session_configs(top, baseline, pinned=settings.pinned)
+    held = ablation.session_configs(top, baseline, pinned=settings.pinned, path=settings.path)
     rounds = ablation.rounds_for(len(held), speed_windows=settings.rounds * (survivors + 1))
     need = (budget.costs.side_by_side([top, *held], rounds)
             + budget.costs.pairs(settings.pairs, settings.pair_seconds))
