@@ -25,7 +25,7 @@ class Event(str, enum.Enum):
     SETUP = "setup"      # the process group, model and data are ready: seconds, world, pid
     BEAT = "beat"        # a warm-up step finished (the hang watch's heartbeat)
     FACTS = "facts"      # what the first step showed: threads, DataLoader workers
-    WARMUP = "warmup"    # warm-up done: first_step_s, step_s, steps_per_window
+    WARMUP = "warmup"    # warm-up done: first_step_s, step_s, steps_per_window (not when served)
     READY = "ready"      # a served trial waits for window commands
     WINDOW = "window"    # one measured window: i, samples_per_s, seconds, steps
     DONE = "done"        # the result of the mode: value/values/losses/metric

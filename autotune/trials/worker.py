@@ -83,9 +83,9 @@ def classify(exc: BaseException, model_file: str) -> Failure:
     return Failure.ERROR
 
 
-def calibrate(session: Session, spec: Measurement, events: Events) -> int:
-    """Warm-up steps (the first one carries compile and lazy init), then the number of
-    steps that makes a window of about window_s, agreed by all ranks."""
+def warm_up(session: Session, spec: Measurement, events: Events) -> tuple[float, float]:
+    """Warm-up steps (the first one carries compile and lazy init): the first step's
+    seconds and a steady step's, the slowest rank's."""
     dist = session.dist
     warmup = max(2, spec.warmup_steps)
     first_s, _ = session.run_steps(1)
@@ -98,7 +98,12 @@ def calibrate(session: Session, spec: Measurement, events: Events) -> int:
         events.emit(Event.BEAT, phase="warmup", step=i + 2)
     # Every rank must run the same number of steps per window, or one rank waits in
     # all-reduce for a step the others never take: agree on the slowest rank's estimate.
-    step_s = dist.agree_max(statistics.median(step_times))
+    return first_s, dist.agree_max(statistics.median(step_times))
+
+
+def calibrate(session: Session, spec: Measurement, events: Events) -> int:
+    """Warm up, then the number of steps that makes a window of about window_s."""
+    first_s, step_s = warm_up(session, spec, events)
     steps = int(min(spec.max_window_steps, max(1, round(spec.window_s / step_s))))
     events.emit(Event.WARMUP, first_step_s=first_s, step_s=step_s, steps_per_window=steps)
     return steps
@@ -137,8 +142,8 @@ def lead_in(session: Session) -> None:
 
 
 def size_window(session: Session, spec: Measurement, *, settled: bool) -> int:
-    """Steps per served window, from two steps timed now, agreed by all ranks: calibrate()'s
-    estimate may come from a warm-up beside another process's start (verification starts
+    """Steps per served window, from two steps timed now, agreed by all ranks: the warm-up's
+    step time may come from a warm-up beside another process's start (verification starts
     them in overlap), while nothing else runs when the first window is asked."""
     if settled:
         lead_in(session)
@@ -201,7 +206,8 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
     tuner can alternate windows of several live configurations (verification); the
     windows are sized at the first (``size_window``).
     Every rank reads the commands itself: no collective is left waiting while idle."""
-    calibrate(session, spec, events)
+    first_s, step_s = warm_up(session, spec, events)
+    events.emit(Event.WARMUP, first_step_s=first_s, step_s=step_s)
     settled = session.loader.num_workers > 0
     if settled:
         settle()
