@@ -41,10 +41,10 @@ def model_path(name: str) -> Path:
     raise SystemExit(f"no workload {name!r} in {WORKLOADS} or examples/")
 
 
-def configurations(batch: int, *, images: bool, cores: int) -> dict[str, TrialConfig]:
+def configurations(batch: int, *, images: bool, cores: int, allocator: str) -> dict[str, TrialConfig]:
     """In-process variants of one process (all cores in one process): what a warm process
     runs one after another in a search."""
-    base = TrialConfig(threads=cores, batch_size=batch)
+    base = TrialConfig(threads=cores, batch_size=batch, allocator=allocator)
     cfgs = {"user batch": base, "4x batch": base.replace(batch_size=4 * batch),
             "2 workers": base.replace(num_workers=2, persistent_workers=True),
             "bf16 4x batch": base.replace(batch_size=4 * batch, precision="bf16")}
@@ -60,6 +60,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--configs", nargs="+", metavar="LABEL",
                    help="only these configurations (labels as printed, e.g. 'user batch' '4x batch')")
+    p.add_argument("--allocator", default="default", choices=["default", "tcmalloc", "jemalloc"],
+                   help="every configuration's allocator (default: glibc's)")
     p.add_argument("--out", type=Path, default=Path("bench-out/warm_bias.json"))
     args = p.parse_args()
     machine = probe_machine()
@@ -68,7 +70,7 @@ def main() -> int:
     for name in args.workloads:
         path = model_path(name)
         task = load_task(path)
-        cfgs = configurations(task.batch_size, images=task.image_inputs, cores=cores)
+        cfgs = configurations(task.batch_size, images=task.image_inputs, cores=cores, allocator=args.allocator)
         if args.configs:
             unknown = set(args.configs) - set(cfgs)
             if unknown:
@@ -79,6 +81,7 @@ def main() -> int:
                                      measurement=Measurement(), warm=kind == "warm")
                    for kind in ("fresh", "warm")}
         values: dict[str, dict[str, list[float]]] = {c: {"fresh": [], "warm": []} for c in cfgs}
+        faults: dict[str, dict[str, list[float]]] = {c: {"fresh": [], "warm": []} for c in cfgs}
         phases: dict[str, list[dict[str, float]]] = {"fresh": [], "warm": []}
         try:
             for r in range(args.rounds):
@@ -90,10 +93,13 @@ def main() -> int:
                         if res.value is None:
                             raise SystemExit(f"{name} {label} ({kind}) failed: {res.describe_failure()}")
                         values[label][kind].append(res.value)
+                        faults[label][kind].append(res.done.get("minor_faults_per_step", float("nan")))
                         if kind == "fresh" or res.setup.get("warm"):  # a warm process's first trial is fresh
                             phases[kind].append(res.phases)
                 print(f"{name} round {r + 1}: " + ", ".join(
-                    f"{label} {v['warm'][-1] / v['fresh'][-1]:.3f}" for label, v in values.items()), flush=True)
+                    f"{label} {v['warm'][-1] / v['fresh'][-1]:.3f} (faults a step: warm "
+                    f"{faults[label]['warm'][-1]:.0f}, fresh {faults[label]['fresh'][-1]:.0f})"
+                    for label, v in values.items()), flush=True)
         finally:
             runners["warm"].close()
         ratios = {label: stats.ratio_interval([w / f for w, f in zip(v["warm"], v["fresh"])], confidence=0.9)
@@ -107,6 +113,8 @@ def main() -> int:
                              for k, v in phases.items() if v},
             "overhead_s": {k: round(statistics.median(ph["overhead_s"] for ph in v), 2)
                            for k, v in phases.items() if v},
+            "minor_faults_per_step": {label: {k: round(statistics.median(x)) for k, x in v.items()}
+                                      for label, v in faults.items()},
             "values": values,
         }
         print(json.dumps({k: v for k, v in report[name].items() if k != "values"}, indent=1), flush=True)

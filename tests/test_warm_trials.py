@@ -11,20 +11,31 @@ from autotune.config import TrialConfig
 from autotune.trials.protocol import Measurement, Status
 from autotune.trials.runner import TrialResult, TrialRunner, process_key
 
+from autotune.probes.software import find_native_libraries
+
 from helpers import MODELS, machine_doc
 
 pytestmark = pytest.mark.slow
 
 QUICK = Measurement(warmup_steps=2, window_s=0.2, windows=2)
+# Warm processes are for the allocators that keep no state a step's cost depends on
+# (glibc's does: its configurations get fresh processes); CI installs tcmalloc.
+TCMALLOC = find_native_libraries()[0]["tcmalloc"]
+if TCMALLOC is None:
+    pytestmark = [pytest.mark.slow, pytest.mark.skip(reason="tcmalloc is not installed (CI installs it: see .ci/run)")]
 
 
 def runner(tmp_path: Path, model: str = "dropout_cnn.py", *, warm: bool = True) -> TrialRunner:
-    return TrialRunner(model_file=MODELS / model, machine=machine_doc(), workdir=tmp_path / "trials",
-                       measurement=QUICK, warm=warm, hang_s=60.0)
+    return TrialRunner(model_file=MODELS / model, machine={**machine_doc(), "allocators": {"tcmalloc": TCMALLOC}},
+                       workdir=tmp_path / "trials", measurement=QUICK, warm=warm, hang_s=60.0)
+
+
+def cfg(**knobs) -> TrialConfig:
+    return TrialConfig(**{"allocator": "tcmalloc", **knobs})
 
 
 def test_process_knobs_decide_which_configurations_share_a_process():
-    base = TrialConfig(batch_size=16)
+    base = cfg(batch_size=16)
     in_process = base.replace(num_workers=2, persistent_workers=True, precision="bf16",
                               channels_last=True, prune_ratio=0.25, pin_memory=True)
     assert process_key(in_process) == process_key(base)
@@ -33,14 +44,18 @@ def test_process_knobs_decide_which_configurations_share_a_process():
                   base.replace(batch_size=64)):  # measured warm, a batch change is biased
         assert process_key(other) != process_key(base), other
     assert process_key(base.replace(compile="default")) is None  # a compiled one starts fresh
+    # glibc's allocator: every configuration in a fresh process on the CPU; on a GPU the
+    # step's cost is the device's, and the process (its CUDA context) is worth keeping
+    assert process_key(base.replace(allocator="default")) is None
+    assert process_key(base.replace(allocator="default", device="cuda")) is not None
 
 
 def test_a_warm_process_trains_a_configuration_as_a_fresh_one_would(tmp_path):
     """The same losses to the last bit, after another configuration (with persistent
     DataLoader workers, bf16, channels_last) ran in that process; and that one's DataLoader
     workers are gone before the next one starts."""
-    reference = TrialConfig(batch_size=16)
-    other = TrialConfig(batch_size=16, num_workers=2, persistent_workers=True, precision="bf16",
+    reference = cfg(batch_size=16)
+    other = cfg(batch_size=16, num_workers=2, persistent_workers=True, precision="bf16",
                         channels_last=True)
     fresh = runner(tmp_path / "fresh", warm=False).run(reference, name="fresh", trajectory_steps=12)
     assert fresh.status == Status.OK, fresh.describe_failure()
@@ -67,8 +82,8 @@ def test_a_warm_process_trains_a_configuration_as_a_fresh_one_would(tmp_path):
 def test_each_warm_trial_writes_its_own_log_and_events(tmp_path):
     r = runner(tmp_path)
     try:
-        a = r.run(TrialConfig(batch_size=16), name="a")
-        b = r.run(TrialConfig(batch_size=16, precision="bf16"), name="b")
+        a = r.run(cfg(batch_size=16), name="a")
+        b = r.run(cfg(batch_size=16, precision="bf16"), name="b")
     finally:
         r.close()
     assert a.status == b.status == Status.OK
@@ -82,10 +97,10 @@ def test_each_warm_trial_writes_its_own_log_and_events(tmp_path):
 def test_configurations_with_other_process_knobs_get_a_process_of_their_own(tmp_path):
     r = runner(tmp_path)
     try:
-        one = r.run(TrialConfig(batch_size=16), name="one")
-        ranks = r.run(TrialConfig(nprocs=2, threads=1, batch_size=16), name="ranks")
-        ranks_again = r.run(TrialConfig(nprocs=2, threads=1, batch_size=16, precision="bf16"), name="ranks-again")
-        back = r.run(TrialConfig(batch_size=16, precision="bf16"), name="back")
+        one = r.run(cfg(batch_size=16), name="one")
+        ranks = r.run(cfg(nprocs=2, threads=1, batch_size=16), name="ranks")
+        ranks_again = r.run(cfg(nprocs=2, threads=1, batch_size=16, precision="bf16"), name="ranks-again")
+        back = r.run(cfg(batch_size=16, precision="bf16"), name="back")
     finally:
         r.close()
     for res in (one, ranks, ranks_again, back):
@@ -99,14 +114,14 @@ def test_configurations_with_other_process_knobs_get_a_process_of_their_own(tmp_
 def test_a_failed_configuration_ends_its_process_and_the_next_starts_fresh(tmp_path):
     r = runner(tmp_path, "fails_in_bf16.py")
     try:
-        ok = r.run(TrialConfig(batch_size=16), name="ok")
+        ok = r.run(cfg(batch_size=16), name="ok")
         pid = ok.setup["pid"]
-        failed = r.run(TrialConfig(batch_size=16, precision="bf16"), name="failed")
+        failed = r.run(cfg(batch_size=16, precision="bf16"), name="failed")
         assert failed.setup["pid"] == pid, "the failing configuration ran in the warm process"
         assert failed.status == Status.FAILED and failed.failure == "user_error"
         assert "NoAutocast cannot run under autocast" in failed.message
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        after = r.run(TrialConfig(batch_size=16), name="after")
+        after = r.run(cfg(batch_size=16), name="after")
     finally:
         r.close()
     assert after.status == Status.OK and after.setup["warm"] is False and after.setup["pid"] != pid
@@ -114,7 +129,7 @@ def test_a_failed_configuration_ends_its_process_and_the_next_starts_fresh(tmp_p
 
 def test_closing_the_runner_ends_its_idle_processes(tmp_path):
     r = runner(tmp_path)
-    res = r.run(TrialConfig(batch_size=16), name="one")
+    res = r.run(cfg(batch_size=16), name="one")
     pid = res.setup["pid"]
     assert psutil.pid_exists(pid)
     r.close()
@@ -123,8 +138,8 @@ def test_closing_the_runner_ends_its_idle_processes(tmp_path):
 
 def test_fresh_trials_measure_every_configuration_in_a_new_process(tmp_path):
     r = runner(tmp_path, warm=False)
-    a = r.run(TrialConfig(batch_size=16), name="a")
-    b = r.run(TrialConfig(batch_size=32), name="b")
+    a = r.run(cfg(batch_size=16), name="a")
+    b = r.run(cfg(batch_size=32), name="b")
     assert a.setup["pid"] != b.setup["pid"] and b.setup["warm"] is False
     assert not r._idle
 
@@ -147,9 +162,9 @@ def test_an_idle_process_leaves_the_gpus_before_a_process_of_other_knobs_starts_
     itself fails, on a machine without one, after the idle process was ended)."""
     r = runner(tmp_path)
     try:
-        res = r.run(TrialConfig(batch_size=16), name="cpu")
+        res = r.run(cfg(batch_size=16), name="cpu")
         pid = res.setup["pid"]
-        r.run(TrialConfig(batch_size=16, device="cuda"), name="gpu")
+        r.run(cfg(batch_size=16, device="cuda"), name="gpu")
         assert not r._idle
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     finally:

@@ -23,7 +23,7 @@ from autotune.config import TrialConfig
 from autotune.emit import launch
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine
-from autotune.runtime.knobs import CompileMode
+from autotune.runtime.knobs import Allocator, CompileMode
 from autotune.task import with_package_on_path
 from autotune.trials import logs, measure_lock, proctree
 from autotune.trials.live import LiveTrial, TrialProcess
@@ -47,8 +47,14 @@ def process_key(cfg: TrialConfig) -> str | None:
     """What a process that can measure ``cfg`` warm must have been started with; None
     when ``cfg`` gets a fresh process of its own. A compiled configuration does: in a
     process that compiled before, torch's in-memory caches would make its compilation
-    (its one-time cost) look cheaper than the user's run will find it."""
+    (its one-time cost) look cheaper than the user's run will find it. So does one on
+    glibc's allocator on the CPU: how many pages a step faults in there depends on what
+    the process allocated and freed before (``minor_faults_per_step`` in a trial's
+    result; BENCHMARKS.md, "Why warm trials were biased"), where tcmalloc and jemalloc
+    fault the same warm as fresh."""
     if cfg.compile != CompileMode.OFF:
+        return None
+    if cfg.device == "cpu" and cfg.allocator == Allocator.DEFAULT:
         return None
     return json.dumps({k: getattr(cfg, k) for k in PROCESS_KNOBS}, sort_keys=True)
 

@@ -166,7 +166,8 @@ def window(session: Session, steps: int, index: int, events: Events, *,
     return value, losses
 
 
-def finish(session: Session, values: list[float], losses: list[float]) -> dict[str, Any]:
+def finish(session: Session, values: list[float], losses: list[float], *,
+           faults_per_step: float | None = None) -> dict[str, Any]:
     """The fields of a measurement's DONE event."""
     from autotune.runtime.facts import cuda_memory
 
@@ -178,17 +179,23 @@ def finish(session: Session, values: list[float], losses: list[float]) -> dict[s
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         **cuda_memory(session.dist.device),
         losses=losses,
+        **({} if faults_per_step is None else {"minor_faults_per_step": faults_per_step}),
     )
 
 
 def measure(session: Session, spec: Measurement, events: Events) -> dict[str, Any]:
     steps = calibrate(session, spec, events)
     values, losses = [], []
+    # Minor page faults in the windows: a process's malloc state (glibc's most of all)
+    # decides how many a step pays, and a configuration run after another in one process
+    # may pay fewer than a fresh process does.
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for w in range(spec.windows):
         value, window_losses = window(session, steps, w, events)
         values.append(value)
         losses.extend(window_losses)
-    return finish(session, values, losses)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return finish(session, values, losses, faults_per_step=faults / (steps * spec.windows))
 
 
 def read_from(control: str, offset: int) -> str:
