@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from autotune.config import TrialConfig
 from autotune.probes import probe_machine
 from autotune.task import load_task
+from autotune.trials import runner as runner_module
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.verify import stats
 
@@ -62,8 +63,15 @@ def main() -> int:
                    help="only these configurations (labels as printed, e.g. 'user batch' '4x batch')")
     p.add_argument("--allocator", default="default", choices=["default", "tcmalloc", "jemalloc"],
                    help="every configuration's allocator (default: glibc's)")
+    p.add_argument("--warm-as-before", action="store_true",
+                   help="a warm process for every batch size and allocator, glibc's included, as "
+                        "warm trials first ran (autotune now gives a batch size and glibc's "
+                        "configurations processes of their own: this measures the bias that avoids)")
     p.add_argument("--out", type=Path, default=Path("bench-out/warm_bias.json"))
     args = p.parse_args()
+    if args.warm_as_before:
+        runner_module.process_key = lambda cfg: json.dumps(
+            {k: getattr(cfg, k) for k in runner_module.PROCESS_KNOBS if k != "batch_size"}, sort_keys=True)
     machine = probe_machine()
     cores = int(machine.cpu.usable_cores or 1)
     report: dict[str, dict] = {}
