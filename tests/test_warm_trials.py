@@ -88,6 +88,8 @@ def test_each_warm_trial_writes_its_own_log_and_events(tmp_path):
         r.close()
     assert a.status == b.status == Status.OK
     assert b.setup["warm"] is True
+    # what a step's memory costs the system: how warm and fresh processes differ under glibc
+    assert all(r.done["minor_faults_per_step"] >= 0 for r in (a, b))
     events_b = (tmp_path / "trials" / "b" / "events.jsonl").read_text()
     assert '"setup"' in events_b and '"done"' in events_b
     assert '"setup"' in (tmp_path / "trials" / "a" / "events.jsonl").read_text()
