@@ -470,8 +470,8 @@ def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[
     verdicts = list(by_cfg.values())
     ranked = [v for v in rank_by_rounds(verdicts, settings.pricing) if v.passed]
     simpler: Verdict | None = None
-    if pool is not None:  # the ablation holds the winner and the baseline again
-        pool.close(keeping=[baseline, ranked[0].config] if ranked else [])
+    if pool is not None:  # the ablation holds the winner again, and the baseline for the path
+        pool.close(keeping=([baseline] if settings.path else []) + ([ranked[0].config] if ranked else []))
     if ranked and settings.ablation and _ablation_fits(settings, ranked[0].config, baseline, len(survivors)):
         measured = {baseline: base_speed["samples_per_s"],
                     **{v.config: v.speed["samples_per_s"] for v in verdicts if v.speed.get("samples_per_s")}}
