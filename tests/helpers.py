@@ -6,8 +6,10 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import optuna
@@ -127,6 +129,36 @@ def kernel_oom_kills() -> int:
     return sum(1 for line in out.stdout.splitlines()
                if re.search(r"oom-kill|Out of memory|Killed process|invoked oom-killer", line))
 
+
+
+def run_as_group(argv: list[str], *, timeout: float, cwd: Path | None = None,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` in a session of its own until it ends (at most ``timeout`` s), then kill
+    whatever of its process group is left: ranks or DataLoader workers it started never
+    outlive the test. Its output goes to files, not pipes, so a child that ended while a
+    process it started still holds its output returns at once (``subprocess.run`` would
+    wait for that process too). Past ``timeout`` the test fails with the output so far."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # nothing of the group is left
+                pass
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if timed_out:
+        raise AssertionError(f"{' '.join(argv)[:200]} did not end within {timeout:g} s (its process "
+                             f"group was killed):\n{stdout[-2000:]}\n{stderr[-4000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 # --- the emitted launch.sh, run as a user runs it ----------------------------------------------
 

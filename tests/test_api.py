@@ -1,5 +1,6 @@
 """The Python API: autotune.tune / load / probe, the same run as the CLI; the document a
-real run writes conforms to its schema (tests/test_schemas.py checks the rest)."""
+real run writes conforms to its schema (tests/test_schemas.py checks the rest). The real
+run tunes the transformers example end to end where transformers is installed."""
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +18,9 @@ from autotune import schemas
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 
-from helpers import MODELS
+from helpers import MODELS, REPO
+
+EXAMPLES = REPO / "examples"
 
 # One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
 pytestmark = pytest.mark.xdist_group("api")
@@ -73,22 +77,38 @@ def test_importing_autotune_loads_neither_optuna_nor_torch():
     assert out.stdout.split() == ["False", "False"]
 
 
+def _tuned_model() -> tuple[Path, float]:
+    """The model the shared run tunes, and its measurement window: the transformers example
+    (dict batches, a model computing its own loss) where transformers is installed, as the
+    README's test command installs it, so that one run also takes such a model through the
+    search, the speed check and, where a candidate is faster, the ablation and the emitted
+    script run alone; else the tiny CNN."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return MODELS / "tiny_cnn.py", 0.2
+    return EXAMPLES / "tiny_gpt.py", 0.3  # its steps are slower: a window holds a few
+
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory) -> SimpleNamespace:
     """One real run through the API, shared by the tests below: what tune() returned, the
-    folder it wrote and what it printed on stderr. Three trials, short windows; precision is fixed
-    (the gates run for real in tests/test_precision.py)."""
+    folder it wrote and what it printed on stderr. Three trials, short windows; the knobs that
+    only lengthen the verification are fixed (compile, several ranks, allocators, pinning, and
+    precision: the gates run for real in tests/test_precision.py)."""
+    model, window_s = _tuned_model()
     out = tmp_path_factory.mktemp("tune") / "out"
     printed = io.StringIO()
     with contextlib.redirect_stderr(printed):
         result = autotune.tune(
-            MODELS / "tiny_cnn.py", trials=3, out=out, progress=False,
+            model, trials=3, out=out, progress=False,
             fix={"nprocs": 1, "compile": "off", "allocator": "default", "affinity": "none", "precision": "fp32"},
-            window_s=0.2, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
+            window_s=window_s, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
     return SimpleNamespace(result=result, out=out, printed=printed.getvalue())
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the verification runs the scripts alone
 def test_tune_writes_what_the_cli_writes_and_returns_it(tuned):
     result = tuned.result
     assert result == autotune.load(tuned.out)
@@ -100,6 +120,7 @@ def test_tune_writes_what_the_cli_writes_and_returns_it(tuned):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the shared run, where this test is the first to need it
 def test_a_real_runs_whole_document_conforms_and_reads_back(tuned):
     doc = json.loads((tuned.out / "best_config.json").read_text())
     assert schemas.problem(doc, "best_config") is None

@@ -1,7 +1,8 @@
 """The bundled examples pass the contract check and train; the transformers one (dict
 batches, a model computing its own loss) skips with the reason where transformers is not
-installed. A library-style model file (dict items, keyword arguments, an output with a
-.loss, training_step as a lambda) gets the knobs that apply to it."""
+installed (tests/test_api.py tunes it end to end). A library-style model file (dict items,
+keyword arguments, an output with a .loss, training_step as a lambda) gets the knobs that
+apply to it."""
 from __future__ import annotations
 
 import subprocess
@@ -9,7 +10,6 @@ import sys
 
 import pytest
 
-import autotune
 from autotune.runtime.facts import step_facts
 from autotune.runtime.session import Session
 from autotune.task import load_task
@@ -64,22 +64,3 @@ def test_dict_batches_find_their_image_and_train_channels_last(torch_threads):
     assert facts["per_rank_batch"] == 8
     _, losses = session.run_steps(30)
     assert sum(losses[-5:]) < sum(losses[:5]), losses
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)  # the verification runs the scripts alone
-def test_tuning_the_transformers_example_end_to_end(tmp_path):
-    pytest.importorskip("transformers", reason="examples/tiny_gpt.py needs pip install 'autotune[examples]'")
-    out = tmp_path / "tiny_gpt"
-    # The knobs that only lengthen the verification (compile, several ranks, allocators,
-    # pinning, and precision: the gates train the model for hundreds of steps) are fixed:
-    # this is about a dict-batch model going through the search, the speed check and, where
-    # a candidate is faster, the ablation and the emitted script run alone.
-    result = autotune.tune(
-        EXAMPLES / "tiny_gpt.py", trials=3, out=out, progress=False,
-        fix={"nprocs": 1, "compile": "off", "allocator": "default", "affinity": "none", "precision": "fp32"},
-        window_s=0.3, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
-    assert result == autotune.load(out)
-    assert {p.name for p in out.iterdir()} >= {"best_config.json", "train_tuned.py", "launch.sh"}
-    assert (result.speedup is not None) == result.verified
-    assert result.config.compile == "off"

@@ -28,8 +28,8 @@ def _native_bf16() -> bool:
 def test_a_model_bf16_breaks_gets_the_best_fp32_configuration(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", str(MODELS / "bf16_cancels.py"), "--trials", "5",
-         "--window", "0.3", "--windows", "2", "--rounds", "2", "--pairs", "2", "--pair-seconds", "0.5",
+        [sys.executable, "-m", "autotune", "run", str(MODELS / "bf16_cancels.py"), "--trials", "4",
+         "--window", "0.2", "--windows", "2", "--rounds", "2", "--pairs", "2", "--pair-seconds", "0.5",
          "--fix", "nprocs=1", "--fix", "compile=off", "--fix", "allocator=default", "--fix", "affinity=none",
          "--fix", "interop_threads=none", "--out", str(out)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path)

@@ -242,9 +242,9 @@ CLI_ARGS = [
 ]
 
 
-def worker_command(out: Path, study: str) -> list[str]:
+def worker_command(out: Path, study: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "autotune", "run", str(MODELS / "tiny_cnn.py"), "--out", str(out),
-            "--study", study, *CLI_ARGS]
+            "--study", study, *CLI_ARGS, *extra]
 
 
 def worker_env(url: str) -> dict[str, str]:
@@ -287,8 +287,13 @@ def test_two_worker_processes_tune_one_study_and_emit_the_same_verified_result(d
 @pytest.mark.timeout(600)
 def test_a_worker_killed_mid_trial_leaves_the_study_completable_by_another(database, tmp_path):
     name = "killed-worker"
+    # The batch size is fixed too: a larger batch is the one knob that makes tiny_cnn clearly
+    # faster, and a candidate found faster takes the second worker through every stage of
+    # the verification (ablation, standalone pairs), which this test is not about and
+    # which the two-worker test above runs.
+    fixed = ("--fix", "batch_size=16")
     with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(worker_command(tmp_path / "a", name), cwd=tmp_path, env=worker_env(database),
+        first = subprocess.Popen(worker_command(tmp_path / "a", name, *fixed), cwd=tmp_path, env=worker_env(database),
                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
     try:
@@ -316,7 +321,7 @@ def test_a_worker_killed_mid_trial_leaves_the_study_completable_by_another(datab
     left_running = [n for n, t in killed.items() if t.state == TrialState.RUNNING]
     assert left_running, "the killed worker's trial was not left running"
 
-    second = subprocess.run(worker_command(tmp_path / "b", name), cwd=tmp_path, env=worker_env(database),
+    second = subprocess.run(worker_command(tmp_path / "b", name, *fixed), cwd=tmp_path, env=worker_env(database),
                             capture_output=True, text=True, timeout=500, stdin=subprocess.DEVNULL)
     assert second.returncode in (0, 3), second.stderr[-4000:]
     after = {t.number: t for t in open_shared(database, name).trials}

@@ -20,7 +20,7 @@ from autotune.emit import launch
 from autotune.emit import outputs as emit
 from autotune.emit import stacks as stack_configs
 
-from helpers import MODELS, machine_doc, run_document
+from helpers import MODELS, machine_doc, run_as_group, run_document
 
 TINY = MODELS / "tiny_cnn.py"
 BASELINE = TrialConfig(batch_size=32)
@@ -333,10 +333,10 @@ def test_the_lightning_arguments_train_under_a_real_trainer(tmp_path, cfg):
     doc = stack_configs.lightning_arguments(cfg, BASELINE, env)
     (tmp_path / "args.json").write_text(json.dumps(doc))
     (tmp_path / "fit.py").write_text(LIGHTNING_SCRIPT)
-    proc = subprocess.run([sys.executable, "fit.py", str(TINY), "args.json", str(tmp_path)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=240,
-                          env={**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
-                               **doc["environment"]})
+    # Lightning starts the second rank itself: run_as_group leaves none of its ranks behind
+    proc = run_as_group([sys.executable, "fit.py", str(TINY), "args.json", str(tmp_path)], cwd=tmp_path,
+                        timeout=240, env={**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
+                                          **doc["environment"]})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     for rank in range(cfg.nprocs):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
