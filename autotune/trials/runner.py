@@ -32,12 +32,9 @@ from autotune.trials.result import TrialResult
 
 # Knobs a process takes when it starts (its environment, its ranks and their cores,
 # torch's process-wide settings): configurations that agree on them share a warm
-# process, which imports torch and the model file and builds the data set once. The
-# batch size too, though it could change in-process: measured warm after another batch
-# size, a larger batch ran slower against a smaller one than in fresh processes, by
-# enough to reverse their order (BENCHMARKS.md, "Warm trials against fresh ones").
+# process, which imports torch and the model file and builds the data set once.
 PROCESS_KNOBS = ("nprocs", "threads", "backend", "interop_threads", "allocator", "affinity", "ipex",
-                 "device", "cudnn_benchmark", "batch_size")
+                 "device", "cudnn_benchmark")
 # Idle warm processes kept, least recently used ended first. On GPUs one, and none
 # while a process of other knobs measures: an idle one holds its CUDA context.
 WARM_PROCESSES = {"cpu": 2, "cuda": 1}
@@ -50,8 +47,9 @@ def process_key(cfg: TrialConfig) -> str | None:
     (its one-time cost) look cheaper than the user's run will find it. So does one on
     glibc's allocator on the CPU: how many pages a step faults in there depends on what
     the process allocated and freed before (``minor_faults_per_step`` in a trial's
-    result; BENCHMARKS.md, "Why warm trials were biased"), where tcmalloc and jemalloc
-    fault the same warm as fresh."""
+    result), enough to reverse the order of two batch sizes measured warm; tcmalloc
+    faults the same warm as fresh and kept their order (BENCHMARKS.md, "Why warm trials
+    were biased")."""
     if cfg.compile != CompileMode.OFF:
         return None
     if cfg.device == "cpu" and cfg.allocator == Allocator.DEFAULT:
