@@ -3,12 +3,13 @@ short run and for a long one, with every knob but compile pinned, and what each 
 and printed as compiling's break-even (one-time cost over the time saved a step, both as
 the search measured them).
 
-    python bench/compile_break_even.py --model bench/workloads/fused_mlp.py --steps 100 100000
+    taskset -c 0 python bench/compile_break_even.py --model bench/workloads/fused_mlp.py --steps 100 100000
 
-Each run is `python -m autotune run MODEL --train-steps N --json --quiet` plus the pins
-(by default one process of one thread at batch 1024, the model's, fp32, no DataLoader workers,
-the default allocator: a single core is where compiling this CPU's fused kernels pays the
-most); the runs go one after another, nothing else running.
+Each run is `python -m autotune run MODEL --train-steps N --json --quiet` plus the pins: one
+process of one thread at batch 1024 (the model's), fp32, no DataLoader workers, glibc's
+allocator, no core pinning; so compile is the one knob searched. Under `taskset -c 0` the
+machine is one core, the baseline's too: compiled kernels gain most over eager ones on one
+thread here. The runs go one after another, nothing else running.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 PINS = ["--fix", "layout=1x1", "--fix", "batch_size=1024", "--fix", "num_workers=0", "--fix", "allocator=default",
-        "--fix", "interop_threads=default", "--exact"]
+        "--fix", "interop_threads=default", "--fix", "affinity=none", "--exact"]
 
 
 def run(model: Path, steps: int, *, trials: int, extra: list[str], out: Path) -> dict:
@@ -51,7 +52,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=Path("bench/workloads/fused_mlp.py"))
     p.add_argument("--steps", type=int, nargs="+", default=[100, 100_000])
-    p.add_argument("--trials", type=int, default=6)
+    p.add_argument("--trials", type=int, default=4)
     p.add_argument("--json-out", type=Path, default=Path("bench-out/compile_break_even.json"))
     p.add_argument("extra", nargs="*", help="more options for autotune run (after --)")
     args = p.parse_args()
