@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -359,12 +358,23 @@ def leave_for_verification(task: Task, options: RunOptions, *, space: Space, mac
                                   baseline_rate=outcome.baseline.measured.samples_per_s)
         need = fit.least(settings, candidates, baseline=space.baseline, costs=costs,
                          has_evaluate=task.has_evaluate, shortest_run_s=options.window_s * options.windows)
-        trial_s = statistics.median(float(c.result.get("wall_s") or 0.0) for c in outcome.ranked)
-        if time.time() + trial_s + need > ends_at:
+        walls = [float(c.result.get("wall_s") or 0.0) for c in outcome.ranked]
+        if not room_for_another(now=time.time(), ends_at=ends_at, trial_walls=walls, need_s=need):
             return (f"--timeout {options.timeout_s:g} s: the rest is verification's, about {need:.0f} s "
                     "at its least")
         return None
     return enough
+
+
+# Verification's least is estimated from the few trials so far, and the next trial may
+# grow it (a new best brings other candidates) or start a fresh process where the last
+# ones ran warm: the search keeps room for its longest trial so far and a tenth more.
+LEAST_MARGIN = 1.1
+
+
+def room_for_another(*, now: float, ends_at: float, trial_walls: Sequence[float], need_s: float) -> bool:
+    """Whether another trial and then verification at its least (``need_s``) fit by ``ends_at``."""
+    return now + max(trial_walls, default=0.0) + need_s * LEAST_MARGIN <= ends_at
 
 
 def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,

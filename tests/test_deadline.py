@@ -169,6 +169,15 @@ def test_the_search_leaves_verification_at_least_its_least(task, tmp_path, monke
     assert not reasons and long["search"]["measured"] == 12
 
 
+def test_the_search_keeps_room_for_its_longest_trial_and_a_margin_on_verifications_estimate():
+    """Warm trials of 3 s and one fresh of 12 s: with 100 s left and verification's least
+    estimated at 85 s, another trial may be a fresh one and the estimate may grow: no room.
+    With 120 s left there is."""
+    walls = [3.0, 3.0, 3.0, 12.0]
+    assert not pipeline.room_for_another(now=0.0, ends_at=100.0, trial_walls=walls, need_s=85.0)
+    assert pipeline.room_for_another(now=0.0, ends_at=120.0, trial_walls=walls, need_s=85.0)
+
+
 def test_a_second_candidates_script_runs_alone_only_when_its_pairs_fit(task, tmp_path):
     """The first candidate's script is slower alone; each script run takes 10 s of the
     clock: after its pairs, what is left cannot hold the next one's, and it is not run."""
