@@ -366,15 +366,12 @@ def leave_for_verification(task: Task, options: RunOptions, *, space: Space, mac
     return enough
 
 
-# Verification's least is estimated from the few trials so far, and the next trial may
-# grow it (a new best brings other candidates) or start a fresh process where the last
-# ones ran warm: the search keeps room for its longest trial so far and a tenth more.
-LEAST_MARGIN = 1.1
-
-
 def room_for_another(*, now: float, ends_at: float, trial_walls: Sequence[float], need_s: float) -> bool:
-    """Whether another trial and then verification at its least (``need_s``) fit by ``ends_at``."""
-    return now + max(trial_walls, default=0.0) + need_s * LEAST_MARGIN <= ends_at
+    """Whether another trial and then verification at its least (``need_s``, with
+    ``fit.MARGIN``) fit by ``ends_at``. The next trial may start a fresh process where the
+    last ones ran warm, and a new best brings other candidates: room is kept for the
+    longest trial so far."""
+    return now + max(trial_walls, default=0.0) + need_s * fit.MARGIN <= ends_at
 
 
 def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,

@@ -45,12 +45,15 @@ def planned(left: float, settings: gates.Settings | None = None) -> fit.Plan:
 
 
 def cost(settings: gates.Settings, candidates=CANDIDATES) -> float:
-    return sum(fit.estimate(settings, candidates, baseline=BASE, costs=COSTS, has_evaluate=True).values())
+    """What a plan needs left to be made as ``settings`` say: its estimate and the margin."""
+    return fit.MARGIN * sum(fit.estimate(settings, candidates, baseline=BASE, costs=COSTS,
+                                         has_evaluate=True).values())
 
 
 def test_a_deadline_shortens_the_stages_in_the_documented_order():
     asked = gates.Settings()
     assert not planned(cost(asked)).shortened, "what fits is not shortened"
+    assert planned(cost(asked) / fit.MARGIN).shortened, "the estimate alone leaves no margin"
     # each step of the order is taken only once the ones before it are at their least
     no_ablation = dataclasses.replace(asked, ablation=False)
     plan = planned(cost(asked) - 1)
