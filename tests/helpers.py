@@ -130,7 +130,6 @@ def kernel_oom_kills() -> int:
                if re.search(r"oom-kill|Out of memory|Killed process|invoked oom-killer", line))
 
 
-
 def run_as_group(argv: list[str], *, timeout: float, cwd: Path | None = None,
                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``argv`` in a session of its own until it ends (at most ``timeout`` s), then kill
@@ -159,6 +158,7 @@ def run_as_group(argv: list[str], *, timeout: float, cwd: Path | None = None,
         raise AssertionError(f"{' '.join(argv)[:200]} did not end within {timeout:g} s (its process "
                              f"group was killed):\n{stdout[-2000:]}\n{stderr[-4000:]}")
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
 
 # --- the emitted launch.sh, run as a user runs it ----------------------------------------------
 
