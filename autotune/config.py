@@ -5,13 +5,14 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from autotune.errors import UsageError
-from autotune.runtime.knobs import Allocator, Backend, CompileMode, Precision
+from autotune.runtime.knobs import Allocator, Backend, CompileMode, Precision, Sharding
 
 # The values, as the search space and the checks below list them.
 COMPILE_MODES = tuple(m.value for m in CompileMode)
 PRECISIONS = tuple(p.value for p in Precision)
 ALLOCATORS = tuple(a.value for a in Allocator)
 BACKENDS = tuple(b.value for b in Backend)
+SHARDINGS = tuple(s.value for s in Sharding)
 
 
 class Layout(NamedTuple):
@@ -44,7 +45,12 @@ class TrialConfig:
 
     ``batch_size`` is the global batch: with several ranks each rank takes
     ``batch_size // nprocs`` samples, so a layout change never changes what the
-    optimizer sees. ``threads=None`` means PyTorch's own default (the baseline).
+    optimizer sees; with ``grad_accum`` micro-batches a rank adds up the gradients of
+    ``grad_accum`` slices of its share before one optimizer step, so accumulation
+    changes what a step holds in memory, not what the optimizer sees. ``threads=None``
+    means PyTorch's own default (the baseline). The memory knobs
+    (``activation_checkpointing``, ``grad_accum``, ``sharding``) compute what the model
+    without them computes, to rounding.
     """
 
     nprocs: int = 1
@@ -66,6 +72,11 @@ class TrialConfig:
     device: str = "cpu"
     # cuDNN's per-shape algorithm search: PyTorch leaves it off, and so does the baseline.
     cudnn_benchmark: bool = False
+    # Memory knobs: recompute the repeated blocks' activations in the backward pass;
+    # micro-batches per optimizer step; how several ranks hold the model.
+    activation_checkpointing: bool = False
+    grad_accum: int = 1
+    sharding: str = Sharding.OFF.value
 
     def __post_init__(self) -> None:
         problems = []
@@ -80,6 +91,12 @@ class TrialConfig:
                 f"batch_size={self.batch_size} is the global batch and must divide evenly "
                 f"over nprocs={self.nprocs}"
             )
+        elif self.grad_accum >= 1 and self.batch_size % (self.nprocs * self.grad_accum):
+            problems.append(
+                f"batch_size={self.batch_size} must divide evenly into nprocs={self.nprocs} "
+                f"ranks x grad_accum={self.grad_accum} micro-batches")
+        if self.grad_accum < 1:
+            problems.append(f"grad_accum={self.grad_accum} must be at least 1")
         if self.num_workers < 0:
             problems.append(f"num_workers={self.num_workers} must be 0 or more")
         for name, allowed in (
@@ -89,17 +106,27 @@ class TrialConfig:
             ("backend", BACKENDS),
             ("affinity", ("none", "compact")),
             ("device", ("cpu", "cuda")),
+            ("sharding", SHARDINGS),
         ):
             if getattr(self, name) not in allowed:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
         if not 0.0 <= self.prune_ratio < 1.0:
             problems.append(f"prune_ratio={self.prune_ratio} must be in [0, 1)")
+        if self.sharding != Sharding.OFF and self.nprocs < 2:
+            problems.append(f"sharding={self.sharding} shards over several ranks: it needs nprocs of 2 or more")
+        if self.sharding != Sharding.OFF and self.ipex:
+            problems.append(f"sharding={self.sharding} and ipex=true: IPEX optimizes an unsharded model")
         if problems:
             raise UsageError("invalid configuration: " + "; ".join(problems))
 
     @property
     def per_rank_batch(self) -> int:
         return self.batch_size // self.nprocs
+
+    @property
+    def micro_batch(self) -> int:
+        """What one rank's forward and backward hold at once."""
+        return self.batch_size // (self.nprocs * self.grad_accum)
 
     @property
     def exact(self) -> bool:

@@ -43,7 +43,7 @@ def test_outputs_are_written(tmp_path):
     out = tmp_path / "out"
     stored = json.loads((out / "best_config.json").read_text())
     assert stored == json.loads(json.dumps(doc.to_json()))
-    assert stored["schema"] == 1 and stored["config"] == cfg.to_dict()
+    assert stored["schema"] == 2 and stored["config"] == cfg.to_dict()
     assert "2 ranks" in stored["launch"]
     assert os.access(out / "launch.sh", os.X_OK)
     script = (out / "train_tuned.py").read_text()

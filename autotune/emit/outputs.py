@@ -22,7 +22,8 @@ from autotune.emit.outdir import write_atomically
 from autotune.errors import UsageError
 from autotune.runtime.knobs import ConfigDict, ScriptSettings
 
-SCHEMA = 1
+# 2: the memory knobs (activation_checkpointing, grad_accum, sharding) in a configuration.
+SCHEMA = 2
 SCRIPT_NAME = "train_tuned.py"
 SETTINGS_NAME = "train_tuned.json"  # the name the script's template reads
 RUNTIME_NAME = "tuned_runtime"  # the package the script's template imports

@@ -59,6 +59,22 @@ class Backend(str, enum.Enum):
         return self.value
 
 
+class Sharding(str, enum.Enum):
+    """How several ranks hold the model: OFF replicates it (DistributedDataParallel);
+    FULL shards weights, gradients and optimizer state and gathers each block's weights
+    for its forward and again for its backward (FSDP2 ``fully_shard``,
+    ``reshard_after_forward=True``: ZeRO-3, PyTorch's FULL_SHARD); GRAD_OP keeps a block's
+    gathered weights from its forward to its backward (``reshard_after_forward=False``:
+    ZeRO-2-like, SHARD_GRAD_OP), one all-gather a step fewer for more memory."""
+
+    OFF = "off"
+    FULL = "full"
+    GRAD_OP = "grad-op"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class ConfigDict(TypedDict, total=False):
     """A configuration as the runtime reads it: ``autotune.config.TrialConfig.to_dict()``,
     from a trial's spec or train_tuned.json. A knob left out reads as its default."""
@@ -81,6 +97,9 @@ class ConfigDict(TypedDict, total=False):
     ipex: bool
     device: str
     cudnn_benchmark: bool
+    activation_checkpointing: bool
+    grad_accum: int
+    sharding: str
 
 
 @dataclasses.dataclass(frozen=True)
