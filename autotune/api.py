@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import UsageError
-from autotune.options import RunOptions
+from autotune.options import RunOptions, parse_size
 from autotune.result import Result
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ def tune(
     fix: Mapping[str, Any] | Iterable[str] = (), exact: bool = RunOptions.exact,
     max_quality_drop: float | None = RunOptions.max_quality_drop,
     train_steps: int | None = RunOptions.train_steps, epochs: int | None = RunOptions.epochs,
+    memory_limit: str | float | None = None,
     force: bool = False, progress: bool = True, **measurement: Any,
 ) -> Result:
     """Tune ``model_file`` on this machine: the run ``autotune run`` makes, with the same
@@ -47,6 +48,9 @@ def tune(
             configuration pays off. None (and no ``epochs``): steady throughput.
         epochs: The run you plan, in passes over the data set (which must have a
             length); not with ``train_steps``.
+        memory_limit: The most memory one rank may hold: a size (``"6GiB"``) or MiB (a
+            number); host memory per process on CPU, memory per GPU on CUDA. None: what
+            the machine has, less a margin.
         force: Write into an existing folder that autotune did not make.
         progress: Print progress and the summary; False prints nothing.
         **measurement: The other options of a run by their ``RunOptions`` names:
@@ -73,13 +77,16 @@ def tune(
 
     items = [f"{k}={v}" for k, v in fix.items()] if isinstance(fix, Mapping) else list(fix)
     known = {f.name for f in dataclasses.fields(RunOptions)} - {
-        "trials", "timeout_s", "fixed", "exact", "max_quality_drop", "train_steps", "epochs"}
+        "trials", "timeout_s", "fixed", "exact", "max_quality_drop", "train_steps", "epochs",
+        "memory_limit_mb"}
     unknown = sorted(set(measurement) - known)
     if unknown:
         raise UsageError(f"tune(): unknown option {', '.join(unknown)}; the options are "
                          f"{', '.join(sorted(known))}")
     options = RunOptions(trials=trials, timeout_s=timeout, fixed=parse_fixes(items), exact=exact,
                          max_quality_drop=max_quality_drop, train_steps=train_steps, epochs=epochs,
+                         memory_limit_mb=(parse_size(memory_limit, flag="memory_limit")
+                                          if isinstance(memory_limit, str) else memory_limit),
                          **measurement)
     folder = output_folder(Path(model_file), Path(out) if out is not None else None)
     doc = run_pipeline(Path(model_file), out=folder, options=options, reporter=Reporter(quiet=not progress),

@@ -25,6 +25,24 @@ STORAGE_ENV = "AUTOTUNE_STORAGE"
 SEARCH_SHARE = 0.3
 
 
+_UNITS = {"k": 2**-10, "m": 1.0, "g": 2**10, "t": 2**20}
+
+
+def parse_size(text: str, *, flag: str = "--memory-limit") -> float:
+    """``"6GiB"``, ``"6G"``, ``"6000MiB"``, ``"512M"`` -> MiB (binary units; a bare number is
+    refused, since MiB and GiB differ by a thousand)."""
+    body = str(text).strip().lower().removesuffix("ib").removesuffix("b")
+    unit = body[-1:] if body[-1:] in _UNITS else ""
+    try:
+        value = float(body[: len(body) - len(unit)])
+    except ValueError:
+        value = -1.0
+    if not unit or value <= 0:
+        raise UsageError(f"{flag} {text!r}: expected a size with its unit, e.g. {flag} 6GiB "
+                         f"or {flag} 800MiB")
+    return value * _UNITS[unit]
+
+
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
     """What a run is asked to do; the CLI's options, by name."""
@@ -49,6 +67,9 @@ class RunOptions:
     # check of longer runs measured (BENCHMARKS.md, "Tuning time").
     pair_seconds: float = 8.0
     max_quality_drop: float | None = None
+    # --memory-limit: the most memory one rank may hold, in MiB (host memory on CPU, device
+    # memory on CUDA); None: what the machine has, less a margin (search.memory).
+    memory_limit_mb: float | None = None
     # The ablation's path from the baseline, one knob added at a time: as many processes
     # again as the leave-one-out that decides what is emitted, and it decides nothing, so it
     # is measured only on request.
@@ -79,6 +100,8 @@ class RunOptions:
                 raise UsageError(f"{flag} {count!r}: expected a positive whole number, e.g. {flag} 1000")
         if self.train_steps is not None and self.epochs is not None:
             raise UsageError("--train-steps and --epochs both describe the run you plan: give one of them")
+        if self.memory_limit_mb is not None and not self.memory_limit_mb > 0:
+            raise UsageError(f"--memory-limit {self.memory_limit_mb!r}: expected a positive size in MiB")
         if self.max_quality_drop is not None and self.max_quality_drop < 0:
             raise UsageError("--max-quality-drop must be 0 or more")
         if self.exact:

@@ -19,18 +19,21 @@ from autotune import __version__
 from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation
 from autotune.document.measures import Baseline, Best, Interval, LayoutEffect, PrecisionNote, Rejection
+from autotune.document.memory import MemoryFit
 from autotune.document.plan import PlannedRun
 from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
 from autotune.document.stages import Stage, StageRecord, VerificationStages
 from autotune.emit import launch, outdir, outputs
 from autotune.errors import NotVerified
 from autotune.harness import candidate_emitter, make_runner
+from autotune.harness import memory_limit as host_memory_limit
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id, probe_machine
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
 from autotune.runtime.knobs import Allocator, Precision
 from autotune.search import shared
+from autotune.search.memory import MemoryLimit, fit_of, known_to_fit
 from autotune.search.objective import Plan, Pricing
 from autotune.search.study import database_storage, repair_journal, shown_url, storage_path, study_lock, study_name
 from autotune.search.tuner import Candidate, SearchOutcome, Tuner, open_study, retry_stale
@@ -55,9 +58,24 @@ EXIT_NOT_VERIFIED = 3
 def build_task_space(task: Task, machine: Machine, options: RunOptions) -> Space:
     return build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
                        image_inputs=task.image_inputs, batchnorm_layers=task.batchnorm_layers,
+                       blocks=task.blocks,
                        has_evaluate=task.has_evaluate, has_training_step=task.has_training_step,
                        max_quality_drop=options.max_quality_drop,
                        exact=options.exact, fixed=options.fixed)
+
+
+def memory_limit(options: RunOptions, machine: Machine) -> MemoryLimit:
+    """What one rank may hold: --memory-limit, else the machine's share (``search.memory``)."""
+    host = host_memory_limit(machine)
+    return MemoryLimit(user_mb=options.memory_limit_mb, host_mb=host / 2**20 if host else None)
+
+
+def fits_in_memory(outcome: SearchOutcome, options: RunOptions, machine: Machine) -> Callable[[TrialConfig], bool]:
+    """Whether a configuration is known to fit in memory, from the search's trials."""
+    assert outcome.baseline is not None
+    return known_to_fit(memory_limit(options, machine), baseline=outcome.baseline.config,
+                        measured=[(c.config, c.result) for c in outcome.ranked],
+                        failed=[(f.config, f.failure, f.message) for f in outcome.failures])
 
 
 def gpu_start(space: Space, machine: Machine) -> list[TrialConfig]:
@@ -126,8 +144,8 @@ def layout_contrast(top: TrialConfig, space: Space, machine: Machine) -> TrialCo
     return other if other.layout in space.choices["layout"] else None
 
 
-def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space,
-                      machine: Machine) -> list[TrialConfig]:
+def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space, machine: Machine,
+                      fits: Callable[[TrialConfig], bool] = lambda cfg: True) -> list[TrialConfig]:
     """What verification re-measures: the ``top`` best by search value; the first one's
     layout contrast; when the top ones are all several-rank or all one-process, the
     best-measured configuration of the other kind; and the best exact (fp32, unpruned)
@@ -137,12 +155,14 @@ def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space,
     a shared machine that drifts by as much as the top configurations differ;
     verification's alternating windows resolve such differences. The exact one: a
     reduced-precision candidate can fail the numerics or quality check, and then the
-    fastest exact configuration is what the user should get, not the baseline."""
+    fastest exact configuration is what the user should get, not the baseline. The layout
+    contrast, which the search did not measure, only where it is known to fit in memory
+    (``fits``: search.memory.known_to_fit)."""
     candidates = ranked[:top]
     if not candidates:
         return []
     contrast = layout_contrast(candidates[0], space, machine)
-    if contrast is not None and contrast not in candidates:
+    if contrast is not None and contrast not in candidates and fits(contrast):
         candidates.append(contrast)
     kinds = {c.nprocs > 1 for c in ranked[:top]}
     extra = [next((c for c in ranked if (c.nprocs > 1) not in kinds), None),
@@ -208,7 +228,7 @@ def build_document(
     baseline_cfg: TrialConfig, base_speed: dict[str, Any], winner: gates.Verdict | None,
     verdicts: list[gates.Verdict], search: SearchSummary, ranked: Sequence[Candidate], exact: bool,
     layout: LayoutEffect | None, environment: Mapping[str, str], pricing: Pricing | None = None,
-    stages: VerificationStages | None = None,
+    stages: VerificationStages | None = None, memory: MemoryFit | None = None,
 ) -> RunDocument:
     """The run's document, assembled once from what each stage built."""
     claim = winner.standalone if winner is not None else None
@@ -245,7 +265,7 @@ def build_document(
         search=search,
         space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
         layout_effect=layout, environment=environment,
-        ablation=winner.ablation if winner is not None else None, stages=stages,
+        ablation=winner.ablation if winner is not None else None, stages=stages, memory=memory,
         plan=None if pricing is None else PlannedRun.of(
             pricing, baseline=baseline_cfg, baseline_samples_per_s=baseline.samples_per_s, chosen=chosen,
             chosen_samples_per_s=best.samples_per_s if best is not None else baseline.samples_per_s))
@@ -352,11 +372,13 @@ def leave_for_verification(task: Task, options: RunOptions, *, space: Space, mac
     def enough(outcome: SearchOutcome) -> str | None:
         if outcome.baseline is None or not outcome.ranked:
             return None
-        candidates = choose_candidates([c.config for c in outcome.ranked if c.config != space.baseline],
-                                       top=options.top, space=space, machine=machine)
+        baseline = outcome.baseline.config
+        candidates = choose_candidates([c.config for c in outcome.ranked if c.config != baseline],
+                                       top=options.top, space=space, machine=machine,
+                                       fits=fits_in_memory(outcome, options, machine))
         costs = Costs.from_trials([c.result for c in outcome.ranked], window_s=options.window_s,
                                   baseline_rate=outcome.baseline.measured.samples_per_s)
-        need = fit.least(settings, candidates, baseline=space.baseline, costs=costs,
+        need = fit.least(settings, candidates, baseline=baseline, costs=costs,
                          has_evaluate=task.has_evaluate, shortest_run_s=options.window_s * options.windows)
         walls = [float(c.result.get("wall_s") or 0.0) for c in outcome.ranked]
         if not room_for_another(now=time.time(), ends_at=ends_at, trial_walls=walls, need_s=need):
@@ -395,7 +417,8 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
                                         ends_at=began + options.timeout_s)
     tuner = Tuner(study=place.study, space=space, runner=runner, trials=options.trials,
                   timeout_s=search_timeout(options.timeout_s), progress=reporter.search,
-                  heuristics=heuristics(space, machine), plan=plan, enough=enough, **sharing)
+                  heuristics=heuristics(space, machine), plan=plan, enough=enough,
+                  memory_limit=memory_limit(options, machine), **sharing)
     try:
         outcome = tuner.run()
     finally:
@@ -405,9 +428,16 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
                       outcome.failures[0] if outcome.failures else None)
         detail = (f"{Failure.describe(failed.failure)}: {failed.message}"
                   if failed else "it was not measured")
+        fix = "Fix the model so it trains as it is"
+        if failed is not None and failed.failure == Failure.OUT_OF_MEMORY:
+            tried = [f.config.short() for f in outcome.failures
+                     if f.failure == Failure.OUT_OF_MEMORY and f.config != space.baseline
+                     and f.config.batch_size == space.baseline.batch_size]
+            fix = ("It ran out of memory" + (f", and so did it holding less ({'; '.join(tried)})" if tried else "")
+                   + ": give a smaller batch size in the model file, or more memory")
         raise NotVerified(
             "no configuration can be verified: the baseline (your batch size, one process, "
-            f"default threads, fp32) failed: {detail}. Fix the model so it trains as it is; "
+            f"default threads, fp32) failed: {detail}. {fix}; "
             f"trial logs are in {out / 'trials'}."
         )
     return place, outcome
@@ -480,16 +510,22 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     ``environment`` is the caller's to fill: each machine of a shared study writes its own).
     ``ends_at``: when --timeout ends the run (epoch seconds): the stages are fitted to it."""
     assert outcome.baseline is not None  # search() raises otherwise
-    baseline_cfg = space.baseline
+    # the user's configuration, or, where it ran out of memory, it holding less (search.memory)
+    baseline_cfg = outcome.baseline.config
     default_threads = outcome.baseline.result.get("threads_seen")
 
     def same_as_baseline(cfg: TrialConfig) -> bool:
         # Setting threads to what torch picks by default changes nothing.
-        return cfg.replace(threads=None) == baseline_cfg and cfg.threads in (None, default_threads)
+        return cfg == baseline_cfg or (cfg.replace(threads=None) == baseline_cfg
+                                       and cfg.threads in (None, default_threads))
 
     ranked = [c.config for c in outcome.ranked if not same_as_baseline(c.config)]
+    limit = memory_limit(options, machine)
+    measured = [(c.config, c.result) for c in outcome.ranked]
+    failed = [(f.config, f.failure, f.message) for f in outcome.failures]
+    fits = fits_in_memory(outcome, options, machine)
     pricing = Pricing(plan=plan, measured=tuple(c.measured for c in outcome.ranked)) if plan else None
-    candidates = choose_candidates(ranked, top=options.top, space=space, machine=machine)
+    candidates = choose_candidates(ranked, top=options.top, space=space, machine=machine, fits=fits)
     summary = SearchSummary(
         trials=len(place.study.trials), measured=outcome.measured, failures=tuple(outcome.failures),
         ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.measured.samples_per_s,
@@ -503,7 +539,8 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     settings = gates.Settings(rounds=options.rounds, pairs=options.pairs,
                                pair_seconds=options.pair_seconds,
                                max_quality_drop=options.max_quality_drop, path=options.path,
-                               pinned=frozenset(options.fixed), pricing=pricing, budget=budget)
+                               pinned=frozenset(options.fixed), pricing=pricing, budget=budget,
+                               fits=fits)
     fitted = None
     if budget is not None and candidates:
         fitted = fit.fit(settings, candidates, baseline=baseline_cfg, budget=budget,
@@ -533,4 +570,6 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         base_speed=base_speed, winner=winner, verdicts=verdicts, search=summary, ranked=outcome.ranked,
         exact=options.exact, environment={}, pricing=pricing,
         layout=layout_effect(verdicts, candidates[0], space, machine) if candidates else None,
-        stages=fit.stages(fitted, records, budget))
+        stages=fit.stages(fitted, records, budget),
+        memory=fit_of(limit, chosen=chosen, user=space.baseline, reference=baseline_cfg,
+                      user_result=outcome.user_result, measured=measured, failed=failed))

@@ -17,12 +17,17 @@ from autotune.config import Layout, TrialConfig
 from autotune.errors import UsageError
 from autotune.probes import Machine, as_machine
 from autotune.probes.gpu import GpuInfo, usable_gpus
-from autotune.runtime.knobs import Allocator, Backend, CompileMode, Precision
+from autotune.runtime.knobs import Allocator, Backend, CompileMode, Precision, Sharding
 
 # Knobs whose every trial carries a long one-time cost (torch.compile takes tens of
 # seconds even for a small model on a few cores). Sampling them throughout would spend
 # the budget compiling; they are tried on the best configuration near the end instead.
 LATE_KNOBS = ("compile",)
+# Knobs that spend speed to save memory: a configuration that fits needs none of them, so
+# they are not sampled; a trial that retries one that ran out of memory (``Role.MEMORY``,
+# ``autotune.search.memory.rescue``) asks for them.
+MEMORY_KNOBS = ("activation_checkpointing", "grad_accum", "sharding")
+GRAD_ACCUM_STEPS = [1, 2, 4, 8, 16, 32]
 
 # Knobs the user may pin with --fix, with how to read their value.
 _BOOL = {"true": True, "1": True, "yes": True, "on": True,
@@ -97,7 +102,8 @@ class Space:
     def grid_size(self) -> int:
         """How many configurations the space holds: what an exhaustive grid would measure
         (the (layout, batch) pairs whose ranks split the batch)."""
-        others = math.prod(len(v) for k, v in self.choices.items() if k not in ("layout", "batch_size"))
+        others = math.prod(len(v) for k, v in self.choices.items()
+                           if k not in ("layout", "batch_size", *MEMORY_KNOBS))
         batches = self.choices.get("batch_size") or [self.fixed.get("batch_size", self.baseline.batch_size)]
         pairs = sum(1 for layout in self.layouts for b in batches if b % layout.nprocs == 0)
         return others * max(1, pairs)
@@ -106,13 +112,14 @@ class Space:
     def layouts(self) -> list[Layout]:
         return [Layout.parse(s) for s in self.choices["layout"]]
 
-    def suggest(self, trial: Any, *, late: bool = False) -> TrialConfig:
+    def suggest(self, trial: Any, *, late: bool = False, memory: bool = False) -> TrialConfig:
         """Ask an Optuna trial for every searched knob; pinned knobs stay pinned.
         Late knobs (LATE_KNOBS) are asked only when ``late``: they are tried on the best
-        configuration at the end of the search, not sampled throughout."""
+        configuration at the end of the search, not sampled throughout; memory knobs
+        (MEMORY_KNOBS) only when ``memory``, where a configuration ran out of memory."""
         params: dict[str, Any] = {}
         for name, values in self.choices.items():
-            if name in LATE_KNOBS and not late:
+            if (name in LATE_KNOBS and not late) or (name in MEMORY_KNOBS and not memory):
                 params[name] = values[0]
             else:
                 params[name] = values[0] if len(values) == 1 else trial.suggest_categorical(name, values)
@@ -415,6 +422,29 @@ def _allocator_choice(device: str, allocators: Mapping[str, str | None]) -> Knob
     return KnobChoice(values, excluded)
 
 
+def _checkpointing_choice(blocks: Sequence[str]) -> KnobChoice:
+    """Recomputing activations applies to the model's repeated blocks (``Task.blocks``)."""
+    if not blocks:
+        return KnobChoice([], {"activation_checkpointing": "the model has no repeated blocks to recompute"})
+    return KnobChoice([False, True])
+
+
+def _grad_accum_choice(batchnorm_layers: Sequence[str]) -> KnobChoice:
+    """Micro-batches per optimizer step. BatchNorm normalizes over what one forward sees:
+    over a micro-batch its statistics, and so training, change."""
+    if batchnorm_layers:
+        return KnobChoice([], {"grad_accum": "the model has BatchNorm layers, which would normalize "
+                                             "over each micro-batch instead of the batch"})
+    return KnobChoice(list(GRAD_ACCUM_STEPS))
+
+
+def _sharding_choice(max_ranks: int) -> KnobChoice:
+    """Sharding spreads weights, gradients and optimizer state over the ranks (FSDP2)."""
+    if max_ranks < 2:
+        return KnobChoice([], {"sharding": "one rank: nothing to shard over"})
+    return KnobChoice([s.value for s in Sharding])
+
+
 def _affinity_choice(device: str) -> KnobChoice:
     """Core pinning of CPU ranks; GPU ranks are not pinned."""
     return KnobChoice(["none", "compact"] if device == "cpu" else [])
@@ -433,6 +463,7 @@ def build_space(
     dataset_len: int | None = None,
     image_inputs: bool = False,
     batchnorm_layers: Sequence[str] = (),
+    blocks: Sequence[str] = (),
     has_evaluate: bool = False,
     has_training_step: bool = False,
     max_quality_drop: float | None = None,
@@ -443,7 +474,8 @@ def build_space(
 
     ``fixed`` (``--fix``) pins knobs: a searched knob keeps only its pinned value; a pin
     of a knob the space leaves out stays in ``Space.fixed`` and applies to every trial.
-    ``exact`` pins fp32 and no pruning."""
+    ``exact`` pins fp32 and no pruning. ``blocks``: the model's repeated block classes, which
+    activation checkpointing recomputes."""
     probe = as_machine(machine)
     pins = dict(fixed or {})
     if exact:
@@ -478,6 +510,9 @@ def build_space(
         "affinity": _affinity_choice(device),
         "ipex": _ipex_choice(device, probe.ipex),
         "cudnn_benchmark": _cudnn_benchmark_choice(device),
+        "activation_checkpointing": _checkpointing_choice(blocks),
+        "grad_accum": _grad_accum_choice(batchnorm_layers),
+        "sharding": _sharding_choice(max_ranks),
     }
     for name, choice in knobs.items():
         excluded.update(choice.excluded)

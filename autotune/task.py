@@ -57,6 +57,9 @@ class Task:
     # Names of BatchNorm layers: several ranks would each normalize over their own share
     # of the batch, so a multi-rank layout trains a different model (see space.py).
     batchnorm_layers: tuple[str, ...] = ()
+    # Class names of the model's repeated blocks (autotune.runtime.memory.repeated_blocks):
+    # what activation checkpointing and sharding act on; none, and those knobs cannot apply.
+    blocks: tuple[str, ...] = ()
     # The file calls the model its own way (training_step): the tuner cannot call it on a
     # batch's inputs, which tracing the model for pruning needs.
     has_training_step: bool = False
@@ -82,6 +85,7 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
         raise ContractError(result["error"])
     described = result["task"]
     described["batchnorm_layers"] = tuple(described.get("batchnorm_layers", ()))
+    described["blocks"] = tuple(described.get("blocks", ()))
     return Task(path=path.resolve(), check_s=time.monotonic() - started, **described)
 
 

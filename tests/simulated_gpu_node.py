@@ -10,9 +10,10 @@ reading of it, so a wrong reading shows up as a wrong run):
   its start until it ends; a rank beyond the devices fails as CUDA does ("invalid device
   ordinal");
 - device memory: each rank holds a CUDA context plus the model's fixed memory (weights,
-  gradients, optimizer state) plus activations per sample of its share of the batch,
-  halved under autocast; a process that does not fit beside the ones already resident
-  runs out of memory;
+  gradients, optimizer state; its share of them under sharding) plus activations per
+  sample of its micro-batch, halved under autocast, a quarter of them with activation
+  checkpointing; a process that does not fit beside the ones already resident runs out
+  of memory;
 - compute modes: under EXCLUSIVE_PROCESS a second process on a device fails to create its
   context ("all CUDA-capable devices are busy or unavailable").
 
@@ -111,22 +112,25 @@ class SimulatedGpuNode(StandIn):
 
     def rank_bytes(self, cfg: TrialConfig) -> int:
         share = 0.5 if cfg.precision in ("bf16", "fp16") else 1.0
-        return CONTEXT_BYTES + self.model.fixed_bytes + int(self.model.sample_bytes * share
-                                                            * cfg.per_rank_batch)
+        share *= 0.25 if cfg.activation_checkpointing else 1.0
+        fixed = self.model.fixed_bytes // (cfg.nprocs if cfg.sharding != "off" else 1)
+        return CONTEXT_BYTES + fixed + int(self.model.sample_bytes * share * cfg.micro_batch)
 
     def fraction_of_device(self, cfg: TrialConfig) -> float:
         return self.rank_bytes(cfg) / min(d.memory_bytes for d in self.devices)
 
     def throughput(self, cfg: TrialConfig) -> float:
         fast = {"bf16": 2.0, "fp16": 1.9, "tf32": 1.4}.get(cfg.precision, 1.0)
-        per_gpu = 1000.0 * fast * (1 + 0.15 * math.log2(cfg.per_rank_batch))
+        per_gpu = 1000.0 * fast * (1 + 0.15 * math.log2(cfg.micro_batch))
+        per_gpu *= 0.75 if cfg.activation_checkpointing else 1.0  # a second forward per block
+        per_gpu *= {"full": 0.93, "grad-op": 0.96}.get(cfg.sharding, 1.0)  # the gathers
         value = per_gpu * cfg.nprocs * 0.95 ** (cfg.nprocs - 1)
         value *= 1.1 if cfg.num_workers else 1.0
         value *= 1.03 if cfg.pin_memory else 1.0
         return value * (1.05 if cfg.compile != "off" else 1.0)
 
     def measured_done(self, cfg: TrialConfig) -> dict[str, Any]:
-        return {"cuda_peak_mb": self.rank_bytes(cfg) / 2**20,
+        return {"cuda_peak_mb": self.rank_bytes(cfg) / 2**20, "rank_peak_mb": self.rank_bytes(cfg) / 2**20,
                 "cuda_total_mb": self.devices[0].memory_bytes / 2**20}
 
     # --- processes on devices ------------------------------------------------------

@@ -148,3 +148,27 @@ def test_a_diverging_reduced_precision_falls_back_to_fp32_on_eight_gpus(task, tm
     chosen = TrialConfig.from_dict(doc["config"])
     assert chosen.exact and chosen.nprocs == 8
     assert node.max_per_device == 1
+
+
+# Weights, gradients and AdamW's two moments of a model that no single H100 holds.
+SHARDED_ONLY = SimModel(fixed_bytes=120 * GiB, sample_bytes=GiB // 2)
+
+
+def test_a_model_whose_weights_and_adam_state_exceed_one_gpu_is_sharded_over_eight(task, tmp_path):
+    """Nothing fits one GPU, and DDP's eight replicas fit none either: the user's configuration
+    is measured as it must run (its batch over the eight GPUs, fully sharded) and the
+    winner shards too; every configuration that ran held what a GPU holds."""
+    doc, node = tune(task, "h100x8", tmp_path, model=SHARDED_ONLY)
+    assert doc["verified"], [c["outcome"] for c in doc["candidates"]]
+    chosen = TrialConfig.from_dict(doc["config"])
+    baseline = TrialConfig.from_dict(doc["baseline"]["config"])
+    assert chosen.sharding != "off" and chosen.nprocs == 8, doc["config"]
+    assert baseline.sharding == "full" and baseline.nprocs == 8 and baseline.batch_size == task.batch_size
+    # one GPU, and eight replicas, ran out of memory first: that is why it shards
+    failed = [TrialConfig.from_dict(f["config"]) for f in doc["search"]["failures"]
+              if f["failure"] == "out_of_memory"]
+    assert any(c.nprocs == 1 for c in failed) and any(c.nprocs == 8 and c.sharding == "off" for c in failed)
+    assert node.fraction_of_device(chosen) < 1.0
+    memory = doc["memory"]
+    assert memory["memory_knobs"] and any(k.startswith("sharding=") for k in memory["memory_knobs"])
+    assert memory["chosen_peak_mb"] == pytest.approx(node.rank_bytes(chosen) / 2**20)

@@ -264,9 +264,11 @@ def test_the_worker_reports_rank_0s_reserved_peak_and_the_gpus_size(tmp_path, mo
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", Recorder(3 * 2**20))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         Recorder(types.SimpleNamespace(total_memory=80 * 2**30)))
-    session = types.SimpleNamespace(dist=types.SimpleNamespace(device=torch.device("cuda", 0)))
+    session = types.SimpleNamespace(dist=types.SimpleNamespace(device=torch.device("cuda", 0),
+                                                               agree_max=lambda value: value))
     done = worker.finish(session, [10.0, 12.0], [1.0])  # type: ignore[arg-type]
     assert done["cuda_peak_mb"] == 3.0 and done["cuda_total_mb"] == 80 * 1024
+    assert done["rank_peak_mb"] == 3.0  # what --memory-limit bounds on a GPU
     assert torch.cuda.max_memory_reserved.calls[0][0] == (torch.device("cuda", 0),)
 
 

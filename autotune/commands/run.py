@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from autotune.commands import add_common, positive, run_options
-from autotune.options import SEARCH_SHARE, STORAGE_ENV, RunOptions
+from autotune.options import SEARCH_SHARE, STORAGE_ENV, RunOptions, parse_size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="best-ranked candidates re-measured in verification, besides the first one's "
                         "layout contrast, the best of the other process layout and the best exact "
                         f"and reduced-precision ones (default {RunOptions.top})")
+    p.add_argument("--memory-limit", default=None, metavar="SIZE",
+                   help="the most memory one rank may hold, e.g. 6GiB: host memory per process on CPU, "
+                        "memory per GPU on CUDA; a configuration over it is not chosen, and one that "
+                        "runs out of memory is tried again with activation checkpointing, gradient "
+                        "accumulation or sharding (default: what the machine has, less a margin)")
     p.add_argument("--path", action="store_true",
                    help="also measure the path from the baseline to the winner, one knob added at a "
                         "time (the steps multiply to the whole speedup); as many processes again as "
@@ -77,7 +82,8 @@ def main(args: argparse.Namespace) -> int:
                           fixed=parse_fixes(args.fix), exact=args.exact, top=args.top, path=args.path,
                           train_steps=args.train_steps, epochs=args.epochs,
                           storage=args.storage or os.environ.get(STORAGE_ENV) or None, study=args.study,
-                          heartbeat_s=args.heartbeat, verify_wait_s=args.verify_wait)
+                          heartbeat_s=args.heartbeat, verify_wait_s=args.verify_wait,
+                          memory_limit_mb=parse_size(args.memory_limit) if args.memory_limit else None)
     out = output_folder(Path(args.model_file), args.out)
     doc = tune(Path(args.model_file), out=out, options=options, reporter=reporter, force=args.force)
     if args.json:

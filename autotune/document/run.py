@@ -22,6 +22,7 @@ from autotune.document.measures import (
     json_list,
     optional_fields,
 )
+from autotune.document.memory import MemoryFit
 from autotune.document.plan import PlannedRun
 from autotune.document.stages import VerificationStages
 
@@ -134,6 +135,7 @@ class RunDocument:
     ablation: Ablation | None = None
     stages: VerificationStages | None = None  # how verification's stages ran, and what --timeout shortened
     plan: PlannedRun | None = None  # None: no run was planned (--train-steps, --epochs)
+    memory: MemoryFit | None = None  # None: a document from before memory was measured
     schema: int | None = None
     model_file_tuned: str | None = None
     launch: str | None = None
@@ -177,7 +179,8 @@ class RunDocument:
             "space": self.space.to_json(),
             "layout_effect": self.layout_effect.to_json() if self.layout_effect else None,
             **optional_fields(ablation=self.ablation.to_json() if self.ablation else None,
-                              plan=self.plan.to_json() if self.plan else None),
+                              plan=self.plan.to_json() if self.plan else None,
+                              memory=self.memory.to_json() if self.memory else None),
             **optional_fields(verification_stages=self.stages.to_json() if self.stages else None),
             "environment": dict(self.environment),
             **optional_fields(model_file_tuned=self.model_file_tuned, launch=self.launch,
@@ -203,6 +206,7 @@ class RunDocument:
             environment=data["environment"],
             ablation=Ablation.from_json(ablation) if ablation else None,
             plan=PlannedRun.from_json(plan) if plan else None,
+            memory=MemoryFit.from_json(data["memory"]) if data.get("memory") else None,
             stages=(VerificationStages.from_json(data["verification_stages"])
                     if data.get("verification_stages") else None),
             schema=data.get("schema"), model_file_tuned=data.get("model_file_tuned"),

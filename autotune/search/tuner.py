@@ -26,6 +26,7 @@ from optuna.trial import TrialState
 from autotune.config import Layout, TrialConfig
 from autotune.document.run import SearchFailure
 from autotune.errors import UsageError
+from autotune.search import memory
 from autotune.search.objective import Measured, Plan, described
 from autotune.search.study import create_or_resume, quiet_optuna
 from autotune.space import Space, Unsplittable
@@ -125,11 +126,9 @@ class SearchOutcome:
     ranked: list[Candidate]  # completed, measured trials, fastest first, one per config
     failures: list[SearchFailure]
     measured: int = 0  # trials that cost a measurement
-
-
-# The share of a GPU's memory a predicted peak may take: allocator fragmentation and
-# cuDNN workspaces come on top of what the linear model counts.
-MEMORY_HEADROOM = 0.95
+    # the user's own configuration's trial summary: ``baseline`` is it, or, where it ran out
+    # of memory or over the limit, it holding less (search.memory.rescue)
+    user_result: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _config_of(t: optuna.trial.FrozenTrial) -> TrialConfig | None:
@@ -156,6 +155,7 @@ class Tuner:
         measuring: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
         plan: Plan | None = None,
         enough: Callable[[SearchOutcome], str | None] | None = None,
+        memory_limit: memory.MemoryLimit | None = None,
     ) -> None:
         """``shared``: other workers use the study at the same time (their running trials
         are theirs, and count against the budget); ``started_at``: when the budget's
@@ -164,9 +164,10 @@ class Tuner:
         measures (one measurement per machine); ``plan``: the run the user plans, whose
         predicted time ranks the trials (``search.objective``), None for steady throughput;
         ``enough(outcome so far)``: why no more trial may start (what comes after the
-        search needs the rest of --timeout), or None."""
+        search needs the rest of --timeout), or None; ``memory_limit``: what a rank may
+        hold (a trial over it is not chosen, and is retried holding less)."""
         self.study, self.space, self.runner = study, space, runner
-        self.plan, self.enough = plan, enough
+        self.plan, self.enough, self.memory_limit = plan, enough, memory_limit
         self.trials, self.timeout_s = trials, timeout_s
         self.progress = progress
         self.heuristics = heuristics or []
@@ -364,43 +365,20 @@ class Tuner:
                 return t
         return None
 
-    def _oom_bound(self, cfg: TrialConfig) -> int | None:
-        """Smallest batch size that ran out of memory with this layout, if any."""
-        bound = None
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-            other = _config_of(t)
-            if other and t.user_attrs.get(StudyAttr.FAILURE) == Failure.OUT_OF_MEMORY and other.layout == cfg.layout:
-                bound = other.batch_size if bound is None else min(bound, other.batch_size)
-        return bound
-
     def _memory_bound(self, cfg: TrialConfig) -> str | None:
-        """Why ``cfg`` would not fit in GPU memory, predicted from two measured batch sizes
-        of the same kind of configuration: a rank's peak grows linearly with its share of
-        the batch (weights and optimizer state fixed, activations per sample), so two
-        points give both parts. None when it fits, or when there is not enough to tell."""
-        if cfg.device != "cuda":
-            return None
-        def kind(c: TrialConfig) -> tuple[Any, ...]:  # what sets a rank's memory, but the batch
-            return c.nprocs, c.precision, c.compile, c.channels_last, c.prune_ratio
-
-        points: dict[int, tuple[float, float]] = {}
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            other, result = _config_of(t), t.user_attrs.get(StudyAttr.RESULT, {})
-            peak, total = result.get("cuda_peak_mb"), result.get("cuda_total_mb")
-            if other is None or not peak or not total or kind(other) != kind(cfg):
-                continue
-            points[other.per_rank_batch] = (float(peak), float(total))
-        if len(points) < 2:
-            return None
-        (b1, (p1, _)), (b2, (p2, total)) = sorted(points.items())[-2:]
-        slope = (p2 - p1) / (b2 - b1)
-        if slope <= 0 or cfg.per_rank_batch <= b2:
-            return None
-        predicted = p2 + slope * (cfg.per_rank_batch - b2)
-        if predicted <= MEMORY_HEADROOM * total:
-            return None
-        return (f"batch {cfg.batch_size} would need about {predicted:,.0f} MiB per GPU of "
-                f"{total:,.0f} MiB (from batches {b1 * cfg.nprocs} and {b2 * cfg.nprocs})")
+        """Why ``cfg`` will not fit, from the trials so far: the same layout and memory
+        knobs ran out of memory at its batch or a smaller one, or on a GPU two measured
+        batches predict it (``memory.predicted_over``); None when nothing says so."""
+        trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+        failed = [c for t in trials if t.state == TrialState.FAIL
+                  and t.user_attrs.get(StudyAttr.FAILURE) == Failure.OUT_OF_MEMORY
+                  and (c := _config_of(t)) is not None]
+        bound = memory.oom_bound(failed, cfg)
+        if bound is not None and cfg.batch_size >= bound:
+            return f"batch {bound} ran out of memory with layout {cfg.layout}"
+        return memory.predicted_over(
+            [(c, t.user_attrs.get(StudyAttr.RESULT, {})) for t in trials
+             if t.state == TrialState.COMPLETE and (c := _config_of(t)) is not None], cfg)
 
     # --- the loop ------------------------------------------------------------------
 
@@ -480,8 +458,11 @@ class Tuner:
     def _measure(self, trial: optuna.Trial) -> None:
         role = trial.user_attrs.get(StudyAttr.ROLE)
         try:
-            cfg = (self.space.baseline if role == Role.BASELINE
-                   else self.space.suggest(trial, late=role == Role.LATE))
+            if role == Role.BASELINE:
+                held_less = trial.user_attrs.get(StudyAttr.BASELINE_CONFIG)
+                cfg = TrialConfig.from_dict(held_less) if held_less else self.space.baseline
+            else:
+                cfg = self.space.suggest(trial, late=role == Role.LATE, memory=role == Role.MEMORY)
         except Unsplittable as exc:  # costs no measurement, like a duplicate
             trial.set_user_attr(StudyAttr.SKIPPED, str(exc))
             self.study.tell(trial, state=TrialState.FAIL)
@@ -497,9 +478,7 @@ class Tuner:
                 trial.set_user_attr(StudyAttr.FAILURE, previous.user_attrs.get(StudyAttr.FAILURE))
                 self.study.tell(trial, state=TrialState.FAIL)
             return
-        bound = self._oom_bound(cfg)
-        too_big = (f"batch {bound} ran out of memory with layout {cfg.layout}"
-                   if bound is not None and cfg.batch_size >= bound else self._memory_bound(cfg))
+        too_big = self._memory_bound(cfg)
         if too_big is not None:
             trial.set_user_attr(StudyAttr.SKIPPED, too_big)
             trial.set_user_attr(StudyAttr.FAILURE, Failure.OUT_OF_MEMORY)
@@ -537,6 +516,9 @@ class Tuner:
     def _tell(self, trial: optuna.Trial, cfg: TrialConfig, result: TrialResult) -> float | None:
         """Store the trial's result and value; returns its planned run's predicted time
         (None without a plan, or when it was not measured to the end)."""
+        if (result.status == Status.OK and self.memory_limit is not None
+                and (over := self.memory_limit.over(cfg, result.summary()))):
+            result.status, result.failure, result.message = Status.FAILED, Failure.OUT_OF_MEMORY, over
         summary = result.summary()
         value = result.value
         if self.plan is not None and value:
@@ -551,7 +533,28 @@ class Tuner:
         else:
             trial.set_user_attr(StudyAttr.FAILURE, result.failure)
             self.study.tell(trial, state=TrialState.FAIL)
+            if result.failure == Failure.OUT_OF_MEMORY:
+                self._rescue(cfg, baseline=trial.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE)
         return summary.get("planned_s") if result.status == Status.OK else None
+
+    def _rescue(self, cfg: TrialConfig, *, baseline: bool) -> None:
+        """Queue ``cfg`` holding less (``memory.rescue``), which ran out of memory or over
+        the limit: its batch is written off only once nothing is left to try. The baseline
+        that ran out of memory is measured holding less: what its user would have to run."""
+        held_less = memory.rescue(cfg, self.space, widen=baseline)
+        if held_less is None:
+            return
+        if baseline:
+            with self.lock():
+                self.study.enqueue_trial({}, user_attrs={StudyAttr.ROLE: Role.BASELINE,
+                                                         StudyAttr.BASELINE_CONFIG: held_less.to_dict()})
+            return
+        try:
+            params = self.space.params_of(held_less)
+        except ValueError:  # a knob outside the space: not searchable
+            return
+        with self.lock():
+            self.study.enqueue_trial(params, user_attrs={StudyAttr.ROLE: Role.MEMORY})
 
     def _best_value(self) -> float | None:
         try:
@@ -562,6 +565,7 @@ class Tuner:
     def outcome(self) -> SearchOutcome:
         trials = self.study.get_trials(deepcopy=False)
         baseline = None
+        user_result: dict[str, Any] = {}
         ranked: dict[str, Candidate] = {}
         failures = []
         stale = self._stale()
@@ -569,6 +573,8 @@ class Tuner:
             cfg = _config_of(t)
             if cfg is None or t.user_attrs.get(StudyAttr.DUPLICATE_OF) is not None:
                 continue
+            if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE and cfg == self.space.baseline:
+                user_result = t.user_attrs.get(StudyAttr.RESULT, {}) or user_result
             if t.state == TrialState.COMPLETE:
                 cand = Candidate(t.number, cfg, float(t.value or 0.0), t.user_attrs.get(StudyAttr.RESULT, {}))
                 if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE:
@@ -585,6 +591,6 @@ class Tuner:
                     log_tail=result.get("log_tail", "")))
         order = sorted(ranked.values(), key=lambda c: c.value, reverse=True)
         return SearchOutcome(study=self.study, baseline=baseline, ranked=order, failures=failures,
-                             measured=len(self._measured()))
+                             measured=len(self._measured()), user_result=user_result)
 
 

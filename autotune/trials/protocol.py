@@ -112,6 +112,7 @@ class Role(str, enum.Enum):
     PRECISION = "precision"  # the best configuration with reduced precision
     BATCH = "batch"          # the best configuration at neighbouring batch sizes
     LATE = "late"            # the best configuration with the late knobs (torch.compile)
+    MEMORY = "memory"        # a configuration that ran out of memory, holding less (search.memory)
 
     def __str__(self) -> str:
         return self.value
@@ -150,6 +151,7 @@ class StudyAttr(str, enum.Enum):
     DUPLICATE_OF = "duplicate_of"  # the number of the earlier trial of the same configuration
     SKIPPED = "skipped"            # why the trial was not run (a message)
     RETRY = "retry"                # the trial measures again an interrupted or stale one
+    BASELINE_CONFIG = "baseline_config"  # a baseline trial's: the user's configuration holding less
     # on the study
     STALE = "stale"                    # numbers of trials an interrupted run left running
     STALE_TRIAL = "stale_trial"        # "stale_trial:N": trial N's worker died (a shared study)

@@ -62,6 +62,10 @@ class TrialResult:
             "log_tail": self.log_tail[-3000:],
             "one_time_s": self.one_time_s,
             "peak_rss_mb": round(self.peak_tree_rss_mb, 1),
+            # the rank that held the most (host memory on CPU, device memory on CUDA):
+            # what --memory-limit bounds
+            **({"rank_peak_mb": round(float(self.done["rank_peak_mb"]), 1)}
+               if self.done.get("rank_peak_mb") is not None else {}),
             "wall_s": round(self.wall_s, 2),
             "phases": self.phases,
             "warm": bool(self.setup.get("warm")),  # run in a process an earlier trial started

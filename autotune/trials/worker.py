@@ -27,7 +27,7 @@ import psutil
 
 from autotune.runtime import ranks
 from autotune.runtime.knobs import Precision
-from autotune.trials import proctree
+from autotune.trials import memory, proctree
 from autotune.trials.protocol import Event, Failure, Measurement, Mode
 
 if TYPE_CHECKING:
@@ -172,11 +172,14 @@ def finish(session: Session, values: list[float], losses: list[float], *,
     from autotune.runtime.facts import cuda_memory
 
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    # the rank that holds the most: a limit per rank (per GPU) binds there first
+    rank_peak_mb = session.dist.agree_max(memory.peak_mb(session.dist.device))
     return dict(
         value=statistics.median(values),
         values=values,
         iqr=q[2] - q[0],
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        rank_peak_mb=rank_peak_mb,
         **cuda_memory(session.dist.device),
         losses=losses,
         **({} if faults_per_step is None else {"minor_faults_per_step": faults_per_step}),
@@ -275,6 +278,7 @@ def run_spec(spec: dict[str, Any], setup: ProcessSetup | None, events: Events) -
     if setup is None:
         setup = ProcessSetup(model_file, cfg, seed=seed, strict_fp32=strict_fp32)
     process_s = time.perf_counter() - started
+    memory.reset_host_peak()  # this configuration's peak, not an earlier one's in this process
     session = Session(model_file, cfg, seed=seed, strict_fp32=strict_fp32, setup=setup)
     events.emit(
         Event.SETUP,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from autotune.config import TrialConfig
@@ -163,13 +163,16 @@ def reusable(winner: TrialConfig, baseline: TrialConfig, configs: list[TrialConf
 def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig, *, rounds: int,
             pinned: Collection[str] = (), path: bool = False,
             measured: Mapping[TrialConfig, Sequence[float]] | None = None,
-            progress: Progress = lambda kind, info: None, pool: Held | None = None) -> Ablation:
+            progress: Progress = lambda kind, info: None, pool: Held | None = None,
+            fits: Callable[[TrialConfig], bool] = lambda cfg: True) -> Ablation:
     """Per knob, the winner's speed over the variant's (ratio > 1: the knob helps) with
     its interval, and whether it is kept; with ``path``, the path from the baseline. ``rounds`` is
     the session's cap; ``measured`` the speed check's rates per round, which spare the
     session what they already settle (``reusable``). No knobs when the winner differs
     from the baseline in none; ``skipped`` when the winner could not be held for it.
-    ``pool``: processes the speed check left running (``side_by_side.Held``)."""
+    ``pool``: processes the speed check left running (``side_by_side.Held``); ``fits``:
+    whether a configuration is known to fit in memory (a knob without which the winner
+    is not is kept, whatever its effect)."""
     found = variants(winner, baseline, pinned=pinned)
     steps = steps_from(winner, baseline) if path else []
     if not found and len(steps) < 2:
@@ -200,7 +203,7 @@ def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig,
         assert measured is not None  # everything was reused from it
         ran, rate = min(len(r) for r in reused.values()), statistics.median(measured[winner])
         stopped = "the speed check measured every configuration beside the winner: its rounds were used"
-    knobs = tuple(_knob_effect(v, detail[v.config], winner, baseline) for v in found)
+    knobs = tuple(_knob_effect(v, detail[v.config], winner, baseline, fits=fits(v.config)) for v in found)
     kept = [k.effect.ratio for k in knobs if k.kept and k.effect is not None]
     return Ablation(knobs=knobs, rounds=ran, cap=rounds, stopped=stopped, winner_samples_per_s=rate,
                     product=math.prod(kept) if kept else 1.0,
@@ -243,7 +246,7 @@ def _path_effects(steps: list[Step], detail: dict[TrialConfig, Any], winner: Tri
 
 
 def _knob_effect(variant: Variant, detail: Any, winner: TrialConfig,
-                 baseline: TrialConfig) -> KnobEffect:
+                 baseline: TrialConfig, *, fits: bool = True) -> KnobEffect:
     named = {"knob": variant.knob, "baseline": _value(baseline, variant.knob),
              "winner": _value(winner, variant.knob)}
     ratios = detail.get("ratios")
@@ -261,6 +264,8 @@ def _knob_effect(variant: Variant, detail: Any, winner: TrialConfig,
         note = "slows the winner down: removed from the emitted configuration"
     else:
         note = "no measurable effect: removed from the emitted configuration"
+    if not kept and not fits:
+        kept, note = True, "no measurable effect, but kept: without it the configuration is not known to fit in memory"
     if detail.get("reused"):
         note = "; ".join(filter(None, [note, "measured in the speed check's rounds"]))
     effect = Effect(ratio=interval["median"], ci_low=interval["ci_low"],

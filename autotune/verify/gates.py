@@ -34,6 +34,7 @@ from autotune.document.measures import CandidateOutcome, Check, Standalone
 from autotune.document.stages import Stage, StageRecord
 from autotune.options import RunOptions
 from autotune.runtime.knobs import Precision
+from autotune.search import memory
 from autotune.search.objective import Pricing
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
@@ -142,6 +143,13 @@ def _where_fp32_fits(run: Callable[[TrialConfig, str], TrialResult], ref: TrialC
     while True:
         results = {"reference": run(ref, "reference")}
         half = smaller_batch(cand)
+        held = memory.holding_as(ref, cand) if _out_of_memory(results["reference"]) else None
+        if held is not None:
+            notes.append(f"the fp32 reference ran out of memory at batch {cand.batch_size}: it ran with "
+                         f"the candidate's {' and '.join(memory.knobs_on(cand))}, which compute the same "
+                         "to rounding")
+            ref = held
+            continue
         if _out_of_memory(results["reference"]) and half is not None:
             notes.append(f"the fp32 reference ran out of memory at batch {cand.batch_size}")
             ref, cand = ref.replace(batch_size=half), cand.replace(batch_size=half)
@@ -318,6 +326,9 @@ class Settings:
     pinned: frozenset[str] = frozenset()  # knobs the user fixed: never ablated or dropped
     pricing: Pricing | None = None  # the planned run (--train-steps, --epochs), if any
     budget: Budget | None = None  # what --timeout leaves, where it was given (autotune.verify.fit)
+    # whether a configuration is known to fit in memory (search.memory.known_to_fit): the
+    # ablation drops no knob without which it is not
+    fits: Callable[[TrialConfig], bool] = lambda cfg: True
 
 
 @dataclasses.dataclass
@@ -396,7 +407,8 @@ def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, sett
     count = len(ablation.session_configs(cfg, baseline, pinned=settings.pinned, path=settings.path))
     rounds = ablation.rounds_for(count, speed_windows=speed_windows)
     top.ablation = ablation.measure(runner, cfg, baseline, rounds=rounds, pinned=settings.pinned,
-                                    path=settings.path, measured=measured, progress=progress, pool=pool)
+                                    path=settings.path, measured=measured, progress=progress, pool=pool,
+                                    fits=settings.fits)
     simpler = ablation.simplified(cfg, baseline, top.ablation)
     if simpler in (cfg, baseline):
         return None

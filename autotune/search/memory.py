@@ -1,0 +1,223 @@
+"""Memory as the search knows it: the most a rank may hold (``MemoryLimit``), where the
+configurations measured so far say another one will not fit, and what to try where one
+did not (``rescue``).
+
+A trial reports its ranks' peak (``rank_peak_mb``: host memory on CPU, device memory on
+CUDA). One over the limit is not chosen, as one that ran out of memory is not; either is
+retried with the memory knobs (``space.MEMORY_KNOBS``) before its batch is written off.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.document.memory import MemoryFit
+from autotune.errors import UsageError
+from autotune.runtime.knobs import Sharding
+from autotune.space import Space
+from autotune.trials.protocol import Failure
+
+# The share of a GPU's memory a predicted peak may take: allocator fragmentation and
+# cuDNN workspaces come on top of what the linear model counts.
+MEMORY_HEADROOM = 0.95
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MemoryLimit:
+    """``user_mb``: ``--memory-limit``, per rank; ``host_mb``: what trials may take of this
+    machine's memory, all ranks together (``harness.memory_limit``). Without the first, a
+    CPU rank may hold its share of the second; a GPU rank what its device holds (CUDA
+    itself refuses more)."""
+
+    user_mb: float | None = None
+    host_mb: float | None = None
+
+    @property
+    def source(self) -> str:
+        return "--memory-limit" if self.user_mb is not None else "machine's memory less a margin"
+
+    def per_rank_mb(self, cfg: TrialConfig) -> float | None:
+        if self.user_mb is not None:
+            return self.user_mb
+        if cfg.device == "cuda" or not self.host_mb:
+            return None
+        return self.host_mb / cfg.nprocs
+
+    def over(self, cfg: TrialConfig, result: Mapping[str, Any]) -> str | None:
+        """Why ``cfg``, as measured (a trial's summary), may not be chosen; None if it fits."""
+        limit, peak = self.per_rank_mb(cfg), result.get("rank_peak_mb")
+        if limit is None or peak is None or float(peak) <= limit:
+            return None
+        return (f"held {float(peak):,.0f} MiB on a rank, over the {self.source} "
+                f"({limit:,.0f} MiB a rank)")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"user_mb": self.user_mb, "host_mb": self.host_mb}
+
+
+def holds(cfg: TrialConfig) -> tuple[Any, ...]:
+    """What, besides the batch, sets how much a rank of ``cfg`` holds."""
+    return (cfg.layout, cfg.activation_checkpointing, cfg.grad_accum, cfg.sharding)
+
+
+def saves_memory(cfg: TrialConfig) -> bool:
+    """Whether a memory knob of ``cfg`` is on."""
+    return cfg.activation_checkpointing or cfg.grad_accum > 1 or cfg.sharding != Sharding.OFF
+
+
+def rescue(cfg: TrialConfig, space: Space, *, widen: bool = False) -> TrialConfig | None:
+    """What to try where ``cfg`` ran out of memory: its knobs holding less, one step more
+    than it. First the repeated blocks' activations recomputed (a forward again, the
+    activations of one block kept), then weights, gradients and optimizer state sharded
+    over its ranks, then the micro-batch halved by accumulating; last, with ``widen`` (the
+    user's own configuration, one rank), the same batch over the most ranks, sharded. None
+    when no step is left (or the user pinned them off), and for a batch above the user's:
+    these knobs keep the user's batch; a larger one that holds a smaller one's micro-batch
+    trains at about the smaller one's speed."""
+    if cfg.batch_size > space.baseline.batch_size:
+        return None
+    allowed = space.choices
+    sharding = Sharding.FULL in allowed.get("sharding", ())
+    if not cfg.activation_checkpointing and True in allowed.get("activation_checkpointing", ()):
+        return cfg.replace(activation_checkpointing=True)
+    if cfg.sharding == Sharding.OFF and cfg.nprocs > 1 and not cfg.ipex and sharding:
+        return cfg.replace(sharding=Sharding.FULL.value)
+    doubled = cfg.grad_accum * 2
+    if doubled in allowed.get("grad_accum", ()) and cfg.batch_size % (cfg.nprocs * doubled) == 0:
+        return cfg.replace(grad_accum=doubled)
+    wider = [layout for layout in space.layouts if layout.nprocs > 1 and cfg.batch_size % layout.nprocs == 0]
+    if widen and cfg.nprocs == 1 and wider and sharding and not cfg.ipex:
+        most = max(wider, key=lambda layout: (layout.nprocs, layout.threads or 0))
+        return cfg.replace(nprocs=most.nprocs, threads=most.threads, sharding=Sharding.FULL.value, grad_accum=1)
+    return None
+
+
+def holding_as(ref: TrialConfig, cand: TrialConfig) -> TrialConfig | None:
+    """``ref`` with ``cand``'s memory knobs where it lacks them (sharding where it has the
+    ranks): a numerics reference that ran out of memory without them. None when that
+    changes nothing."""
+    try:
+        held = ref.replace(
+            activation_checkpointing=ref.activation_checkpointing or cand.activation_checkpointing,
+            grad_accum=max(ref.grad_accum, cand.grad_accum),
+            sharding=cand.sharding if ref.nprocs > 1 and ref.sharding == Sharding.OFF else ref.sharding)
+    except UsageError:
+        return None
+    return None if held == ref else held
+
+
+def oom_bound(failed: Iterable[TrialConfig], cfg: TrialConfig) -> int | None:
+    """The smallest batch that ran out of memory (``failed``) holding what ``cfg`` holds
+    but the batch, if any: ``cfg`` at that batch or above will too."""
+    sizes = [f.batch_size for f in failed if holds(f) == holds(cfg)]
+    return min(sizes) if sizes else None
+
+
+def predicted_over(measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]], cfg: TrialConfig) -> str | None:
+    """Why ``cfg`` would not fit in GPU memory, predicted from two measured batch sizes
+    of the same kind of configuration (``measured``: configurations with their trials'
+    summaries): a rank's peak grows linearly with its micro-batch (weights and optimizer
+    state fixed, activations per sample), so two points give both parts. None when it
+    fits, or when there is not enough to tell."""
+    if cfg.device != "cuda":
+        return None
+
+    def kind(c: TrialConfig) -> tuple[Any, ...]:  # what sets a rank's memory, but the batch
+        return (c.nprocs, c.precision, c.compile, c.channels_last, c.prune_ratio,
+                c.activation_checkpointing, c.sharding)
+
+    points: dict[int, tuple[float, float]] = {}
+    for other, result in measured:
+        peak, total = result.get("cuda_peak_mb"), result.get("cuda_total_mb")
+        if not peak or not total or kind(other) != kind(cfg):
+            continue
+        points[other.micro_batch] = (float(peak), float(total))
+    if len(points) < 2:
+        return None
+    (b1, (p1, _)), (b2, (p2, total)) = sorted(points.items())[-2:]
+    slope = (p2 - p1) / (b2 - b1)
+    if slope <= 0 or cfg.micro_batch <= b2:
+        return None
+    predicted = p2 + slope * (cfg.micro_batch - b2)
+    if predicted <= MEMORY_HEADROOM * total:
+        return None
+    scale = cfg.batch_size // cfg.micro_batch  # micro-batch to global batch
+    return (f"batch {cfg.batch_size} would need about {predicted:,.0f} MiB per GPU of "
+            f"{total:,.0f} MiB (from batches {b1 * scale} and {b2 * scale})")
+
+
+def holding(c: TrialConfig) -> tuple[Any, ...]:
+    """What sets how much a rank of ``c`` holds: configurations alike in it hold alike."""
+    return (c.batch_size, c.nprocs, c.precision, c.prune_ratio, c.compile, c.activation_checkpointing,
+            c.grad_accum, c.sharding)
+
+
+def known_to_fit(limit: MemoryLimit, *, baseline: TrialConfig,
+                 measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]],
+                 failed: Iterable[tuple[TrialConfig, str | None, str]]) -> Callable[[TrialConfig], bool]:
+    """Whether a configuration is known to fit: any, where memory never bound in the search
+    (nothing ran out of memory or over the limit, the user's configuration within it);
+    else what the search measured within the limit, or one holding as much: the same
+    batch, ranks, precision, pruning, compile mode and memory knobs."""
+    measured = list(measured)
+    bound = any(failure == Failure.OUT_OF_MEMORY for _, failure, _ in failed) or any(
+        cfg == baseline and limit.over(cfg, result) for cfg, result in measured)
+    if not bound:
+        return lambda cfg: True
+
+    within = {holding(cfg) for cfg, result in measured if not limit.over(cfg, result)}
+    return lambda cfg: holding(cfg) in within
+
+
+def knobs_on(cfg: TrialConfig) -> tuple[str, ...]:
+    """``cfg``'s memory knobs that are on, as the summary names them."""
+    return tuple(name for name, on in (
+        ("activation_checkpointing", cfg.activation_checkpointing),
+        (f"grad_accum={cfg.grad_accum}", cfg.grad_accum > 1),
+        (f"sharding={cfg.sharding}", cfg.sharding != Sharding.OFF)) if on)
+
+
+def without_memory_knobs(cfg: TrialConfig) -> TrialConfig:
+    return cfg.replace(activation_checkpointing=False, grad_accum=1, sharding=Sharding.OFF.value)
+
+
+def fit_of(limit: MemoryLimit, *, chosen: TrialConfig, user: TrialConfig, reference: TrialConfig,
+           user_result: Mapping[str, Any], measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]],
+           failed: Iterable[tuple[TrialConfig, str | None, str]]) -> MemoryFit:
+    """``chosen`` in memory, from the search's trials: ``measured`` (configuration, summary),
+    ``failed`` (configuration, failure, message); ``user``, the user's own configuration
+    (its trial's summary ``user_result``), ``reference`` what verification measured in
+    its place (``user`` unless it did not fit)."""
+    measured = list(measured)
+    results = dict(measured)
+
+    def peak(result: Mapping[str, Any]) -> float | None:
+        value = result.get("rank_peak_mb")
+        return float(value) if value is not None else None
+
+    ran_out = next((m for cfg, failure, m in failed if cfg == user and failure == Failure.OUT_OF_MEMORY), None)
+    # where verification simplified or contrasted what the search measured: one holding as much
+    alike = results.get(chosen) or next((r for c, r in measured if holding(c) == holding(chosen)), {})
+    fit = MemoryFit(limit_mb=limit.per_rank_mb(chosen), source=limit.source,
+                    chosen_peak_mb=peak(alike), baseline_peak_mb=peak(user_result),
+                    memory_knobs=knobs_on(chosen), baseline_over=ran_out,
+                    reference=reference.short() if reference != user else None)
+    if not fit.memory_knobs:
+        return fit
+    plain = without_memory_knobs(chosen)
+    ran_out_here = [(cfg, message) for cfg, failure, message in failed
+                    if failure == Failure.OUT_OF_MEMORY and cfg.batch_size == chosen.batch_size
+                    and not saves_memory(cfg)]
+    without = next((m for cfg, m in ran_out_here if cfg == plain), None) or (
+        ran_out_here[0][1] if ran_out_here else None)
+    fitting = [(cfg, result) for cfg, result in measured
+               if not saves_memory(cfg) and not limit.over(cfg, result)]
+    best = max(fitting, key=lambda item: float(item[1].get("value") or 0.0), default=None)
+    chosen_rate = alike.get("value")
+    best_without = None
+    if best is not None and chosen_rate and best[1].get("value"):
+        best_without = {"config": best[0].short(), "samples_per_s": float(best[1]["value"]),
+                        "chosen_samples_per_s": float(chosen_rate)}
+    return dataclasses.replace(fit, without=without, best_without=best_without)

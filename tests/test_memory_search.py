@@ -1,0 +1,163 @@
+"""Memory as the search knows it (autotune/search/memory.py): a configuration over
+--memory-limit is not chosen, one that ran out of memory or over the limit is retried with
+the memory knobs before its batch is written off, and the summary says how the winner sits
+in memory. On a recorded CPU machine with a stand-in runner that models a rank's peak."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.document.memory import MemoryFit
+from autotune.errors import UsageError
+from autotune.options import RunOptions, parse_size
+from autotune.search import memory
+from autotune.space import build_space
+from autotune.task import load_task
+
+from doubles import StandInRunner, recorded_machine, tune_stand_in
+from helpers import MODELS
+
+
+class MemoryStandIn(StandInRunner):
+    """A rank holds ``fixed_mb`` (weights, gradients, optimizer state; its share under
+    sharding) plus ``sample_mb`` per sample of its micro-batch, a quarter of that with
+    activation checkpointing. Checkpointing costs a quarter of the speed, accumulation a
+    tenth per doubling."""
+
+    def __init__(self, doc, *, fixed_mb=300.0, sample_mb=40.0):
+        super().__init__(doc)
+        self.fixed_mb, self.sample_mb = fixed_mb, sample_mb
+
+    def peak_mb(self, cfg: TrialConfig) -> float:
+        fixed = self.fixed_mb / (cfg.nprocs if cfg.sharding != "off" else 1)
+        return fixed + self.sample_mb * cfg.micro_batch * (0.25 if cfg.activation_checkpointing else 1.0)
+
+    def throughput(self, cfg: TrialConfig) -> float:
+        value = super().throughput(cfg)
+        return value * (0.75 if cfg.activation_checkpointing else 1.0) * 0.9 ** (cfg.grad_accum.bit_length() - 1)
+
+    def measured_done(self, cfg: TrialConfig) -> dict:
+        return {"rank_peak_mb": self.peak_mb(cfg)}
+
+
+@pytest.fixture(scope="module")
+def task():
+    # knob_cnn: batch 16, no BatchNorm; said to have repeated blocks, as a transformer has
+    return dataclasses.replace(load_task(MODELS / "knob_cnn.py"), blocks=("Block",))
+
+
+def test_the_users_batch_over_the_limit_is_kept_with_the_memory_knobs_and_the_winner_fits(task, tmp_path):
+    runner = MemoryStandIn(recorded_machine("avx2_epyc"))
+    # batch 16 holds 300 + 40 x 16 = 940 MiB a rank, and over two ranks 620: over 600;
+    # checkpointed, 460 on one rank
+    doc = tune_stand_in(task, tmp_path, runner, trials=10, fixed={"batch_size": 16}, memory_limit_mb=600.0)
+    assert doc["verified"]
+    chosen = TrialConfig.from_dict(doc["config"])
+    assert chosen.batch_size == 16 and memory.saves_memory(chosen), doc["config"]
+    assert runner.peak_mb(chosen) <= 600.0
+    fit = doc["memory"]
+    assert fit["limit_mb"] == 600.0 and fit["source"] == "--memory-limit"
+    assert fit["chosen_peak_mb"] == pytest.approx(runner.peak_mb(chosen))
+    # the user's configuration was measured as it is, and the speedup is over it as it fits
+    assert fit["baseline_peak_mb"] == pytest.approx(940.0)
+    reference = TrialConfig.from_dict(doc["baseline"]["config"])
+    assert reference == TrialConfig(batch_size=16, activation_checkpointing=True)
+    assert fit["reference"] == reference.short()
+    assert "over the --memory-limit" in fit["without"]
+    lines = "\n".join(MemoryFit.from_json(fit).lines())
+    assert ("your configuration held 940 MiB on a rank, over the --memory-limit (600 MiB a rank): "
+            f"the speedup is over it as it fits, {reference.short()}") in lines
+    assert "made it fit" in lines
+    # every configuration over the limit failed as out of memory, its message says by how much
+    over = [f for f in doc["search"]["failures"] if "over the --memory-limit" in f["message"]]
+    assert over and all(f["failure"] == "out_of_memory" for f in over)
+    # nothing over the limit was ranked
+    ranked = [TrialConfig.from_dict(c["config"]) for c in doc["candidates"]]
+    assert all(runner.peak_mb(c) <= 600.0 for c in ranked)
+
+
+def test_where_memory_does_not_bind_no_memory_knob_is_measured(task, tmp_path):
+    runner = MemoryStandIn(recorded_machine("avx2_epyc"), fixed_mb=100.0, sample_mb=1.0)
+    doc = tune_stand_in(task, tmp_path, runner, trials=8)
+    assert not [c for c in runner.measured if memory.saves_memory(c)]
+    assert doc["memory"]["memory_knobs"] == [] and doc["memory"]["limit_mb"] > 1000
+
+
+def space_for(task, name="avx2_epyc", **kw):
+    return build_space(recorded_machine(name), baseline_batch=task.batch_size, blocks=task.blocks, **kw)
+
+
+def test_the_rescue_recomputes_first_then_shards_then_accumulates(task):
+    space = space_for(task)
+    cfg = TrialConfig(nprocs=2, threads=1, batch_size=16)
+    steps = []
+    while cfg is not None:
+        steps.append(memory.knobs_on(cfg))
+        cfg = memory.rescue(cfg, space)
+    assert steps == [(), ("activation_checkpointing",), ("activation_checkpointing", "sharding=full"),
+                     ("activation_checkpointing", "grad_accum=2", "sharding=full"),
+                     ("activation_checkpointing", "grad_accum=4", "sharding=full"),
+                     ("activation_checkpointing", "grad_accum=8", "sharding=full")]  # micro-batch 1
+
+
+def test_a_batch_above_the_users_is_not_rescued_and_a_pin_is_kept(task):
+    space = space_for(task)
+    assert memory.rescue(TrialConfig(batch_size=32), space) is None
+    pinned = space_for(task, fixed={"activation_checkpointing": False})
+    assert memory.rescue(TrialConfig(batch_size=16), pinned) == TrialConfig(batch_size=16, grad_accum=2)
+
+
+def test_the_users_own_configuration_is_widened_over_the_ranks_once_one_rank_holds_nothing_less(task):
+    space = space_for(task, fixed={"activation_checkpointing": False, "grad_accum": 1})
+    assert memory.rescue(TrialConfig(batch_size=16), space) is None
+    widened = memory.rescue(TrialConfig(batch_size=16), space, widen=True)
+    assert widened.nprocs == 2 and widened.sharding == "full" and widened.batch_size == 16
+
+
+def test_the_memory_knobs_are_not_sampled_and_do_not_count_in_the_grid(task):
+    space = space_for(task)
+    assert space.choices["grad_accum"][0] == 1 and space.choices["sharding"][0] == "off"
+    plain = space_for(task, fixed={"activation_checkpointing": False, "grad_accum": 1, "sharding": "off"})
+    assert space.grid_size == plain.grid_size
+
+
+def test_a_model_without_repeated_blocks_or_with_batchnorm_has_no_such_knob(task):
+    space = build_space(recorded_machine("avx2_epyc"), baseline_batch=16, batchnorm_layers=("bn",))
+    assert "activation_checkpointing" not in space.choices and "grad_accum" not in space.choices
+    assert "repeated blocks" in space.excluded["activation_checkpointing"]
+    assert "BatchNorm" in space.excluded["grad_accum"]
+
+
+@pytest.mark.parametrize("text", ["6", "six GiB", "0GiB", "-1G"])
+def test_a_memory_limit_without_a_unit_or_positive_size_is_refused(text):
+    with pytest.raises(UsageError, match="--memory-limit .*: expected a size with its unit"):
+        parse_size(text)
+
+
+def test_memory_limit_sizes_read_in_binary_units():
+    assert parse_size("6GiB") == parse_size("6G") == 6144.0
+    assert parse_size("800MiB") == parse_size("800m") == 800.0
+    with pytest.raises(UsageError, match="--memory-limit"):
+        RunOptions(memory_limit_mb=0.0)
+
+
+def test_without_a_limit_a_cpu_rank_may_hold_its_share_of_the_machine_and_a_gpu_rank_its_device():
+    limit = memory.MemoryLimit(user_mb=None, host_mb=8000.0)
+    assert limit.per_rank_mb(TrialConfig(nprocs=2, batch_size=16)) == 4000.0
+    assert limit.per_rank_mb(TrialConfig(device="cuda", backend="nccl")) is None
+    assert limit.over(TrialConfig(nprocs=2, batch_size=16), {"rank_peak_mb": 4100.0})
+    assert limit.over(TrialConfig(nprocs=2, batch_size=16), {"rank_peak_mb": 3900.0}) is None
+
+
+def test_a_processs_host_peak_starts_afresh_for_each_configuration():
+    """A warm process measures several configurations: each one's peak is its own."""
+    from autotune.trials.memory import host_peak_mb, reset_host_peak
+
+    big = bytearray(200 * 2**20)
+    big[:: 4096] = b"x" * len(big[:: 4096])  # touched: resident
+    held = host_peak_mb()
+    del big
+    reset_host_peak()
+    assert host_peak_mb() < held - 150
