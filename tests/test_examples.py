@@ -30,12 +30,14 @@ def torch_threads():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fashion_cnn.py", "tiny_gpt.py", "augmented_images.py"])
+@pytest.mark.parametrize("name", ["fashion_cnn.py", "tiny_gpt.py", "augmented_images.py", "long_sequences.py"])
 def test_an_example_passes_the_contract_and_its_loss_falls(name, torch_threads):
     if name == "tiny_gpt.py":
         pytest.importorskip("transformers", reason="examples/tiny_gpt.py needs pip install 'autotune[examples]'")
     task = load_task(EXAMPLES / name)
     assert task.has_evaluate
+    if name == "long_sequences.py":  # the memory knobs' example: its repeated blocks are found
+        assert task.blocks == ("Block",)
     # one thread: this test's steps share the cores with the other test worker's (pytest -n 2)
     session = Session(str(EXAMPLES / name), {"batch_size": task.batch_size, "threads": 1})
     _, losses = session.run_steps(30)

@@ -12,12 +12,17 @@ from autotune.config import TrialConfig
 from autotune.document.memory import MemoryFit
 from autotune.errors import UsageError
 from autotune.options import RunOptions, parse_size
+from autotune.probes.software import find_native_libraries
 from autotune.search import memory
 from autotune.space import build_space
 from autotune.task import load_task
+from autotune.trials.protocol import Measurement
+from autotune.trials.runner import TrialRunner
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS
+from helpers import MODELS, machine_doc
+
+EXAMPLES = MODELS.parent.parent / "examples"
 
 
 class MemoryStandIn(StandInRunner):
@@ -161,3 +166,28 @@ def test_a_processs_host_peak_starts_afresh_for_each_configuration():
     del big
     reset_host_peak()
     assert host_peak_mb() < held - 150
+
+
+TCMALLOC = find_native_libraries()[0]["tcmalloc"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TCMALLOC is None, reason="tcmalloc is not installed (CI installs it: see .ci/run)")
+def test_a_real_trial_reports_less_held_with_checkpointing_and_with_accumulation(tmp_path):
+    """What the rescue relies on, in real trial processes: a rank's peak as the trial
+    reports it falls when activations are recomputed or the micro-batch is smaller. Under
+    tcmalloc, which returns what a step freed to itself: glibc's malloc keeps freed memory
+    resident in its arenas, and there a peak can rise when less is held at once."""
+    runner = TrialRunner(model_file=EXAMPLES / "long_sequences.py",
+                         machine={**machine_doc(), "allocators": {"tcmalloc": TCMALLOC}},
+                         workdir=tmp_path, measurement=Measurement(warmup_steps=2, window_s=0.3, windows=1),
+                         warm=False)
+    base = TrialConfig(batch_size=16, allocator="tcmalloc")
+    peaks = {}
+    for name, cfg in (("plain", base), ("checkpointed", base.replace(activation_checkpointing=True)),
+                      ("accumulated", base.replace(grad_accum=4))):
+        result = runner.run(cfg, name=name)
+        assert result.status == "ok", result.log_tail
+        peaks[name] = result.summary()["rank_peak_mb"]
+    assert peaks["checkpointed"] < peaks["plain"] - 50, peaks
+    assert peaks["accumulated"] < peaks["plain"] - 50, peaks
