@@ -57,6 +57,9 @@ class Task:
     # Names of BatchNorm layers: several ranks would each normalize over their own share
     # of the batch, so a multi-rank layout trains a different model (see space.py).
     batchnorm_layers: tuple[str, ...] = ()
+    # Class names of the model's repeated blocks (autotune.runtime.memory.repeated_blocks):
+    # what activation checkpointing and sharding act on; none, and those knobs cannot apply.
+    blocks: tuple[str, ...] = ()
     # The file calls the model its own way (training_step): the tuner cannot call it on a
     # batch's inputs, which tracing the model for pruning needs.
     has_training_step: bool = False
@@ -82,6 +85,7 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
         raise ContractError(result["error"])
     described = result["task"]
     described["batchnorm_layers"] = tuple(described.get("batchnorm_layers", ()))
+    described["blocks"] = tuple(described.get("blocks", ()))
     return Task(path=path.resolve(), check_s=time.monotonic() - started, **described)
 
 
@@ -441,6 +445,7 @@ def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
     import torch
 
     from autotune.runtime.data import tensors
+    from autotune.runtime.memory import block_names
 
     # An (inputs, targets) pair's inputs; any other item (a dict for training_step) whole:
     # its image need not come first, e.g. {"labels": ..., "pixel_values": ...}.
@@ -455,6 +460,7 @@ def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
         "parameters": sum(p.numel() for p in model.parameters()),
         "batchnorm_layers": [name for name, m in model.named_modules()
                              if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)],
+        "blocks": list(block_names(model)),
     }
 
 
