@@ -63,7 +63,9 @@ def build_optimizer(params) -> torch.optim.Optimizer:
 
 
 def evaluate(model: nn.Module) -> float:
+    device = next(model.parameters()).device  # the model's training device: a GPU in a CUDA run
     data = Points(64, seed=2)
+    points, labels = data.points.to(device), data.labels.to(device)
     with torch.no_grad():
-        predicted = model(data.points).argmax(1)
-    return float((predicted == data.labels).float().mean())
+        predicted = model(points).argmax(1)
+    return float((predicted == labels).float().mean())
