@@ -75,9 +75,11 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
                 and args and isinstance(args[0], torch.Tensor)):
             conv_inputs_channels_last.append(args[0].is_contiguous(memory_format=torch.channels_last))
 
-    compiled = type(session.model).__name__ == "OptimizedModule"
     uncompiled = getattr(session.model, "_orig_mod", session.model)
     base = unwrap_model(session.model)
+    # A sharded model is compiled block by block, in place (Module.compile)
+    compiled = (type(session.model).__name__ == "OptimizedModule"
+                or any(getattr(m, "_compiled_call_impl", None) is not None for m in base.modules()))
     # Hooks on a compiled model would make dynamo recompile twice (on adding and on
     # removing them), inside the warm-up that calibrates the windows: not for them.
     for module in base.modules() if not compiled else ():
