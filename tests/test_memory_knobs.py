@@ -18,6 +18,7 @@ from autotune.runtime import memory
 from autotune.runtime.distributed import Distributed
 from autotune.runtime.model import build_model, make_step
 from autotune.runtime.session import load_user_module
+from autotune.task import load_task
 from autotune.trials.protocol import Measurement
 from autotune.trials.runner import TrialRunner
 
@@ -62,6 +63,11 @@ def test_repeated_blocks_are_the_outermost_repeated_classes_with_modules_of_thei
     assert memory.block_names(encoder) == ("TransformerEncoderLayer",)
     assert len(memory.repeated_blocks(encoder)) == 3
     assert memory.block_names(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())) == ()
+
+
+@pytest.mark.slow
+def test_the_contract_check_names_the_block_classes():
+    assert load_task(BLOCKS).blocks == ("Block",)
 
 
 def test_checkpointing_a_model_without_blocks_is_a_clear_error_naming_it():
@@ -307,9 +313,11 @@ def test_train_tuned_applies_the_knobs_and_a_sharded_checkpoint_loads_into_the_p
     assert accumulated["facts"]["micro_batch"] == 4 and accumulated["facts"]["checkpointed_blocks"] == 4
     assert accumulated["losses"] == pytest.approx(replicated["losses"], rel=1e-5, abs=1e-6)
 
-    sharded_cfg = ddp.replace(sharding="full")
+    # checkpointed too: the checkpoint's names are the user's through both wrappers
+    sharded_cfg = ddp.replace(sharding="full", activation_checkpointing=True)
     sharded = train(sharded_cfg, "fsdp", "--max-steps", "6", "--checkpoint-every", "3")
     assert sharded["facts"]["sharded"] is True and sharded["facts"]["parameter_share"] == 0.5
+    assert sharded["facts"]["checkpointed_blocks"] == 4
     assert sharded["losses"] == pytest.approx(replicated["losses"], rel=1e-5, abs=1e-6)
     checkpoints = tmp_path / "fsdp-work" / "checkpoints"
     state = torch.load(checkpoints / "step-000000003.pt", weights_only=False)
