@@ -150,6 +150,27 @@ def test_accumulation_gives_the_losses_of_one_step_and_the_step_sees_micro_batch
     assert accumulated == pytest.approx(whole, rel=1e-5, abs=1e-6)  # to fp32 rounding: sums in another order
 
 
+def test_fp16_accumulation_scales_every_backward_and_steps_once():
+    user = load_user_module(str(BLOCKS))
+    calls = collections.Counter()
+
+    class Spy(torch.amp.GradScaler):
+        def scale(self, outputs):
+            calls["scale"] += 1
+            return super().scale(outputs)
+
+        def step(self, optimizer, *args, **kwargs):
+            calls["step"] += 1
+            return super().step(optimizer, *args, **kwargs)
+
+    cfg = {"batch_size": 16, "grad_accum": 4, "precision": "fp16"}
+    dist = Distributed({})
+    model, optimizer, _ = build_model(user, cfg, dist, None)
+    step = make_step(user, model, optimizer, cfg, dist.device, scaler=Spy("cpu"))
+    step((torch.randn(16, 16), torch.randint(0, 4, (16,))))
+    assert calls == {"scale": 4, "step": 1}
+
+
 # --- the stack files carry them -------------------------------------------------------------------
 
 
