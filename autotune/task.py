@@ -445,6 +445,7 @@ def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
     import torch
 
     from autotune.runtime.data import tensors
+    from autotune.runtime.memory import block_names
 
     # An (inputs, targets) pair's inputs; any other item (a dict for training_step) whole:
     # its image need not come first, e.g. {"labels": ..., "pixel_values": ...}.
@@ -459,6 +460,7 @@ def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
         "parameters": sum(p.numel() for p in model.parameters()),
         "batchnorm_layers": [name for name, m in model.named_modules()
                              if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)],
+        "blocks": list(block_names(model)),
     }
 
 

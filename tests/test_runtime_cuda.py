@@ -412,7 +412,7 @@ def test_several_cuda_ranks_get_syncbatchnorm_and_ddp_on_their_own_device(monkey
     user = types.SimpleNamespace(build_model=lambda: OnFakeDevice(torch.nn.Conv2d(3, 4, 3),
                                                                   torch.nn.BatchNorm2d(4)))
     dist = types.SimpleNamespace(device=torch.device("cuda", 0), local_rank=5, world=2, enabled=True)
-    model, optimizer = build_model(user, {}, dist, None)  # type: ignore[arg-type]
+    model, optimizer, _ = build_model(user, {}, dist, None)  # type: ignore[arg-type]
     assert isinstance(model, FakeDDP) and model.device_ids == [0]
     assert isinstance(model.module[1], torch.nn.SyncBatchNorm)
     assert {id(p) for p in model.parameters()} == {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -475,7 +475,8 @@ def test_every_rank_meets_after_rank_0s_evaluate(rank):
         return 0.25
 
     session = types.SimpleNamespace(user=types.SimpleNamespace(evaluate=user_evaluate),
-                                    model=torch.nn.Linear(2, 2), dist=FakeDist(rank, log))
+                                    model=torch.nn.Linear(2, 2), plain=None, dist=FakeDist(rank, log))
+    session.evaluation_model = lambda: Session.evaluation_model(session)  # type: ignore[arg-type]
     metric = evaluate(session)  # type: ignore[arg-type]
     assert log == (["evaluate", "barrier 0"] if rank == 0 else ["barrier 1"])
     assert metric == (0.25 if rank == 0 else None)

@@ -123,7 +123,7 @@ def launch_line(cfg: TrialConfig) -> str:
 def _write_files(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
                  description: str, tuned_for: dict[str, Any] | None = None,
                  baseline: TrialConfig | None = None,
-                 default_threads: int | None = None) -> dict[str, str]:
+                 default_threads: int | None = None, blocks: tuple[str, ...] = ()) -> dict[str, str]:
     """The script (see write_script) and launch.sh, and given the run's ``baseline`` the
     stack files (see stacks.write_stack_files); returns the outputs by name, relative to
     ``out_dir``, best_config.json included (the caller writes it)."""
@@ -134,7 +134,7 @@ def _write_files(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict
     outputs = {"config": CONFIG_NAME, "script": SCRIPT_NAME, "launcher": LAUNCHER_NAME}
     if baseline is not None:  # a run's result, not a candidate's: the same config for the user's own stack
         outputs.update(stacks.write_stack_files(out_dir, cfg=cfg, baseline=baseline, env=env,
-                                                default_threads=default_threads))
+                                                default_threads=default_threads, blocks=blocks))
     return outputs
 
 
@@ -148,10 +148,12 @@ def _model_paths(model_file: Path, out_dir: Path) -> tuple[str, str]:
 def write_outputs(
     out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
     document: RunDocument, description: str, default_threads: int | None = None,
+    blocks: tuple[str, ...] = (),
 ) -> RunDocument:
     """Write a run's result: best_config.json, launch.sh, the script (see write_script) and
     the stack files (threads left to PyTorch named as ``default_threads``, see
-    stacks.write_stack_files); returns the document as written to best_config.json. Its
+    stacks.write_stack_files, which name the model's repeated ``blocks``, Task.blocks);
+    returns the document as written to best_config.json. Its
     paths are relative to ``out_dir`` (``resolve`` reads them back), so a copied or moved
     folder still describes itself; where the model file was when tuned is kept beside."""
     fp = document.fingerprint
@@ -159,7 +161,7 @@ def write_outputs(
                  if fp.get(k) is not None}
     outputs = _write_files(out_dir, cfg=cfg, model_file=model_file, env=env, description=description,
                            tuned_for=tuned_for, baseline=document.baseline.config,
-                           default_threads=default_threads)
+                           default_threads=default_threads, blocks=blocks)
     relative, tuned = _model_paths(model_file, out_dir)
     written = dataclasses.replace(document, schema=SCHEMA, model_file=relative, model_file_tuned=tuned,
                                   launch=f"./{LAUNCHER_NAME}  # runs: {launch_line(cfg)}", outputs=outputs)

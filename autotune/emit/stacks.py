@@ -5,8 +5,10 @@ nodes (emit.slurm).
 
 Each tool expresses only some knobs; what one cannot (channels_last, interop threads,
 TF32, cuDNN's benchmark mode outside Lightning, the DataLoader's arguments under
-Accelerate, structured pruning, core pinning) is named in that file and covered by the
-loop snippet, never dropped silently. The process
+Accelerate, structured pruning, core pinning, activation checkpointing without
+sharding) is named in that file and covered by the loop snippet, never dropped silently.
+The memory knobs name the model's repeated block classes (``Task.blocks``): what is
+checkpointed and what each shards on its own. The process
 environment (threads, the allocator's preload) goes with each, since no tool sets it.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from autotune.config import TrialConfig
 from autotune.emit import nodes, slurm
 from autotune.emit.launch import keep_or_export
 from autotune.emit.outdir import write_atomically
-from autotune.runtime.knobs import CompileMode, Precision
+from autotune.runtime.knobs import CompileMode, Precision, Sharding
 
 ACCELERATE_NAME = "accelerate_config.yaml"
 LIGHTNING_NAME = "lightning_trainer.json"
@@ -65,9 +67,30 @@ def _compile_mode(cfg: TrialConfig) -> str | None:
     return cfg.compile
 
 
-def _not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str) -> list[str]:
+def _sharded(cfg: TrialConfig) -> bool:
+    return cfg.sharding != Sharding.OFF and cfg.nprocs > 1
+
+
+def _blocks_text(blocks: tuple[str, ...]) -> str:
+    """The block classes, as the stacks take them: names, comma-separated."""
+    return ",".join(blocks) if blocks else "YourBlock"
+
+
+def _checkpoint_line(blocks: tuple[str, ...]) -> str:
+    classes = ", ".join(blocks) if blocks else "YourBlock"
+    return ("apply_activation_checkpointing(model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, "
+            "checkpoint_impl=CheckpointImpl.NO_REENTRANT), "
+            f"check_fn=lambda m: isinstance(m, ({classes},)))  # from "
+            "torch.distributed.algorithms._checkpoint.checkpoint_wrapper")
+
+
+def _not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str,
+                     blocks: tuple[str, ...] = ()) -> list[str]:
     """The tuned knobs a tool's configuration cannot hold (see the loop snippet)."""
     out = []
+    if cfg.activation_checkpointing and not _sharded(cfg):
+        # Both tools checkpoint activations only as part of their FSDP configuration.
+        out.append(f"activation checkpointing of {_blocks_text(blocks)}: {_checkpoint_line(blocks)}")
     if cfg.channels_last != baseline.channels_last:
         out.append("channels_last: model.to(memory_format=torch.channels_last), inputs likewise")
     if cfg.interop_threads != baseline.interop_threads and cfg.interop_threads:
@@ -88,8 +111,9 @@ def _not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str) -> l
 
 
 def loader_kwargs(cfg: TrialConfig) -> dict[str, Any]:
-    """The DataLoader arguments of one process (the batch is the global one split over ranks)."""
-    kwargs: dict[str, Any] = {"batch_size": cfg.batch_size // cfg.nprocs, "num_workers": cfg.num_workers,
+    """The DataLoader arguments of one process: the global batch split over the ranks, and
+    with gradient accumulation over its micro-batches (the stacks accumulate loader batches)."""
+    kwargs: dict[str, Any] = {"batch_size": cfg.micro_batch, "num_workers": cfg.num_workers,
                               "pin_memory": cfg.pin_memory and cfg.device == "cuda", "drop_last": True}
     if cfg.num_workers:
         kwargs["persistent_workers"] = cfg.persistent_workers
@@ -102,12 +126,28 @@ def _loader_kwargs_text(cfg: TrialConfig) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in loader_kwargs(cfg).items())
 
 
-def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str]) -> str:
+def _accelerate_fsdp(cfg: TrialConfig, blocks: tuple[str, ...]) -> dict[str, Any]:
+    """Accelerate's FSDP2 settings: each block class its own unit (as the runtime shards),
+    resharded after forward or not, checkpointed or not, saved as one full state dict."""
+    return {"fsdp_version": 2, "fsdp_reshard_after_forward": cfg.sharding == Sharding.FULL,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": _blocks_text(blocks),
+            "fsdp_activation_checkpointing": cfg.activation_checkpointing,
+            "fsdp_state_dict_type": "FULL_STATE_DICT", "fsdp_offload_params": False,
+            "fsdp_cpu_ram_efficient_loading": False}
+
+
+def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str], *,
+                      blocks: tuple[str, ...] = ()) -> str:
     """``accelerate launch --config_file accelerate_config.yaml your_script.py``. Threads
     per process are not a config-file key: Accelerate takes them from OMP_NUM_THREADS (or
-    ``--num_cpu_threads_per_process``), so the command in the header sets them."""
+    ``--num_cpu_threads_per_process``), so the command in the header sets them; nor is
+    gradient accumulation, which Accelerator() reads from ACCELERATE_GRADIENT_ACCUMULATION_STEPS.
+    Sharding is Accelerate's FSDP2 over ``blocks``, the model's repeated block classes."""
     several = cfg.nprocs > 1
     distributed = ("MULTI_GPU" if cfg.device == "cuda" else "MULTI_CPU") if several else "NO"
+    if _sharded(cfg):
+        distributed = "FSDP"
     fields: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE", "debug": False, "distributed_type": distributed,
         "mixed_precision": _ACCELERATE_PRECISION[cfg.precision], "use_cpu": cfg.device == "cpu",
@@ -121,7 +161,11 @@ def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str,
         fields["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_mode": mode}
     if cfg.device == "cuda":
         fields["gpu_ids"] = "all"
+    if _sharded(cfg):
+        fields["fsdp_config"] = _accelerate_fsdp(cfg, blocks)
     shown_env = process_environment(env, for_train_tuned=False)
+    if cfg.grad_accum > 1:
+        shown_env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(cfg.grad_accum)
     threads = f" --num_cpu_threads_per_process {cfg.threads}" if cfg.threads and cfg.device == "cpu" else ""
     command = f"accelerate launch --config_file {ACCELERATE_NAME}{threads} your_script.py"
     lines = ["# Generated by autotune: the tuned configuration for Accelerate."]
@@ -133,6 +177,16 @@ def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str,
                      "ACCELERATE_MIXED_PRECISION": fields["mixed_precision"]}
         if mode is not None:
             shown_env.update(ACCELERATE_DYNAMO_BACKEND="INDUCTOR", ACCELERATE_DYNAMO_MODE=mode)
+        if _sharded(cfg):
+            # what accelerate launch sets from fsdp_config (accelerate.utils.launch)
+            fsdp = _accelerate_fsdp(cfg, blocks)
+            shown_env.update(
+                ACCELERATE_USE_FSDP="true", FSDP_VERSION="2",
+                FSDP_RESHARD_AFTER_FORWARD=str(fsdp["fsdp_reshard_after_forward"]).lower(),
+                FSDP_AUTO_WRAP_POLICY=fsdp["fsdp_auto_wrap_policy"],
+                FSDP_TRANSFORMER_CLS_TO_WRAP=fsdp["fsdp_transformer_layer_cls_to_wrap"],
+                FSDP_ACTIVATION_CHECKPOINTING=str(cfg.activation_checkpointing).lower(),
+                FSDP_STATE_DICT_TYPE=fsdp["fsdp_state_dict_type"])
         command = (f"python -m torch.distributed.run --nnodes 1 --nproc-per-node {cfg.nprocs} "
                    "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 your_script.py")
         lines.append("# Several CPU processes: accelerate launch starts them only through mpirun (add an "
@@ -141,8 +195,11 @@ def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str,
     lines += [f"# Run: {prefix + ' ' if prefix else ''}{command}",
               "# The environment in front carries what no config key holds (threads, the allocator).",
               f"# Per-process batch size: {cfg.batch_size // cfg.nprocs} (global {cfg.batch_size})."]
+    if cfg.grad_accum > 1:
+        lines.append(f"# Gradient accumulation: DataLoader batches of {cfg.micro_batch}, {cfg.grad_accum} per "
+                     "optimizer step; wrap each step in `with accelerator.accumulate(model):`.")
     lines += [f"# Not expressible here, do it in your script: {item}"
-              for item in _not_expressible(cfg, baseline, tool="accelerate")]
+              for item in _not_expressible(cfg, baseline, tool="accelerate", blocks=blocks)]
     if several:
         lines.append("# Several processes meet through torchrun's store, which listens on every interface;"
                      " autotune's launch.sh does not.")
@@ -185,28 +242,49 @@ def _yaml(fields: Mapping[str, Any], indent: str = "") -> list[str]:
     return out
 
 
-def lightning_arguments(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str]) -> dict[str, Any]:
+def _lightning_strategy(cfg: TrialConfig, blocks: tuple[str, ...]) -> dict[str, Any] | None:
+    """The strategy object's class and arguments: DDP, or with sharding FSDP over the block
+    classes (Lightning's FSDPStrategy is FSDP1: its SHARD_GRAD_OP is grad-op's counterpart)."""
+    if cfg.nprocs == 1:
+        return None
+    if not _sharded(cfg):
+        return {"class": "lightning.pytorch.strategies.DDPStrategy", "process_group_backend": cfg.backend,
+                "note": "Trainer(strategy=DDPStrategy(process_group_backend=...)) to keep the tuned "
+                        "backend; the string \"ddp\" picks gloo on CPU and nccl on GPUs"}
+    classes = list(blocks) or ["YourBlock"]
+    strategy: dict[str, Any] = {
+        "class": "lightning.pytorch.strategies.FSDPStrategy", "process_group_backend": cfg.backend,
+        "sharding_strategy": "FULL_SHARD" if cfg.sharding == Sharding.FULL else "SHARD_GRAD_OP",
+        "auto_wrap_policy": classes, "state_dict_type": "full",
+        "note": "auto_wrap_policy (and activation_checkpointing_policy) take the classes themselves: "
+                "{" + ", ".join(classes) + "} from your model file"}
+    if cfg.activation_checkpointing:
+        strategy["activation_checkpointing_policy"] = classes
+    return strategy
+
+
+def lightning_arguments(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str], *,
+                        blocks: tuple[str, ...] = ()) -> dict[str, Any]:
     """``Trainer(**doc["trainer"])`` with the strategy built as ``doc["strategy"]`` says (an
-    object JSON cannot hold), the DataLoader's arguments and the environment."""
+    object JSON cannot hold), the DataLoader's arguments and the environment. ``blocks``:
+    the model's repeated block classes, which sharding wraps and checkpointing recomputes."""
     several = cfg.nprocs > 1
-    trainer = {"accelerator": "gpu" if cfg.device == "cuda" else "cpu", "devices": cfg.nprocs,
-               "num_nodes": 1, "precision": _LIGHTNING_PRECISION[cfg.precision],
-               "strategy": "ddp" if several else "auto"}
+    trainer: dict[str, Any] = {"accelerator": "gpu" if cfg.device == "cuda" else "cpu", "devices": cfg.nprocs,
+                               "num_nodes": 1, "precision": _LIGHTNING_PRECISION[cfg.precision],
+                               "strategy": ("fsdp" if _sharded(cfg) else "ddp") if several else "auto"}
     if cfg.cudnn_benchmark:
         trainer["benchmark"] = True
+    if cfg.grad_accum > 1:
+        trainer["accumulate_grad_batches"] = cfg.grad_accum
     doc: dict[str, Any] = {
         "trainer": trainer,
-        "strategy": ({"class": "lightning.pytorch.strategies.DDPStrategy",
-                      "process_group_backend": cfg.backend,
-                      "note": "Trainer(strategy=DDPStrategy(process_group_backend=...)) to keep the tuned "
-                              "backend; the string \"ddp\" picks gloo on CPU and nccl on GPUs"}
-                     if several else None),
+        "strategy": _lightning_strategy(cfg, blocks),
         "dataloader": loader_kwargs(cfg),
         "environment": process_environment(env, for_train_tuned=False),
         "compile": ({"mode": _compile_mode(cfg), "how": "model = torch.compile(model, mode=...) in "
                                                         "configure_model() or before fit()"}
                     if cfg.compile != CompileMode.OFF else None),
-        "not_expressible": _not_expressible(cfg, baseline, tool="lightning"),
+        "not_expressible": _not_expressible(cfg, baseline, tool="lightning", blocks=blocks),
         "several_nodes": {
             "num_nodes": "N nodes: Trainer(num_nodes=N) on every node; devices stays the tuned count per node",
             "launch": (f"on each node: torchrun --nnodes N --node-rank R --nproc-per-node {cfg.nprocs} "
@@ -264,8 +342,56 @@ def render_torchrun(cfg: TrialConfig, env: Mapping[str, str], *, python: str = s
     return "\n".join(lines) + "\n"
 
 
-def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str]) -> str:
-    """The lines that differ from the user's baseline, for a hand-written loop."""
+def _memory_lines(cfg: TrialConfig, blocks: tuple[str, ...]) -> list[str]:
+    """Checkpointing and sharding, in PyTorch's order: checkpoint the blocks, shard each
+    block, then the whole model, and build the optimizer after (it takes the shards)."""
+    classes = ", ".join(blocks) if blocks else "YourBlock"
+    code = []
+    if cfg.activation_checkpointing:
+        code.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (")
+        code.append("    CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)")
+        code.append("import functools")
+        code.append(_checkpoint_line(blocks).split("  # from")[0]
+                    + "  # recompute each block's activations in backward")
+    if _sharded(cfg):
+        raf = cfg.sharding == Sharding.FULL
+        code.append("from torch.distributed.fsdp import fully_shard  # instead of DistributedDataParallel")
+        code.append(f"for block in [m for m in model.modules() if isinstance(m, ({classes},))]:")
+        code.append(f"    fully_shard(block, reshard_after_forward={raf})  # each block its own unit")
+        code.append(f"fully_shard(model, reshard_after_forward={raf})  # then the rest")
+        code.append("optimizer = torch.optim.AdamW(model.parameters())  # your optimizer, built after "
+                    "fully_shard: it takes the shards (DTensors)")
+        code.append("# checkpoints: torch.distributed.checkpoint.state_dict.get_model_state_dict(model, "
+                    "options=StateDictOptions(full_state_dict=True, cpu_offload=True)) on every rank")
+    return code
+
+
+def _accumulation_lines(cfg: TrialConfig) -> list[str]:
+    """The loop of gradient accumulation: the ranks synchronise on the last micro-batch only."""
+    n = cfg.grad_accum
+    lines = [f"# gradient accumulation: {n} loader batches of {cfg.micro_batch} per optimizer step",
+             "for i, (inputs, targets) in enumerate(loader):",
+             f"    last = (i + 1) % {n} == 0"]
+    if _sharded(cfg):
+        lines.append("    model.set_requires_gradient_sync(last)  # reduce-scatter on the last only")
+        body = "    "
+    elif cfg.nprocs > 1:
+        lines.append("    with contextlib.nullcontext() if last else model.no_sync():  # all-reduce on the last only")
+        body = "        "
+    else:
+        body = "    "
+    lines += [f"{body}loss = loss_fn(model(inputs), targets) / {n}  # the mean over the {n}",
+              f"{body}loss.backward()",
+              "    if last:",
+              "        optimizer.step()",
+              "        optimizer.zero_grad()"]
+    return lines
+
+
+def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str], *,
+                   blocks: tuple[str, ...] = ()) -> str:
+    """The lines that differ from the user's baseline, for a hand-written loop; ``blocks``:
+    the model's repeated block classes, which the memory knobs act on."""
     code: list[str] = []
     shell: list[str] = []
     cuda = cfg.device == "cuda"
@@ -301,9 +427,12 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
     if cfg.channels_last and not baseline.channels_last:
         code.append("model = model.to(memory_format=torch.channels_last)")
         code.append("# and each image batch: inputs = inputs.to(memory_format=torch.channels_last)")
-    if becomes_ddp:
+    if becomes_ddp and cuda:
+        code.append("model = model.to(local_rank)")
+    if (cfg.activation_checkpointing, cfg.sharding) != (baseline.activation_checkpointing, baseline.sharding):
+        code += _memory_lines(cfg, blocks)
+    if becomes_ddp and not _sharded(cfg):
         if cuda:
-            code.append("model = model.to(local_rank)")
             code.append("model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])")
         else:
             code.append("model = torch.nn.parallel.DistributedDataParallel(model)")
@@ -327,6 +456,8 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
             code.append(f"{TF32_LINES[1]}  # the legacy flag, in step: torch.compile still reads it")
     if new_loader and (several or (pinned and "pin_memory" in loader_changed)):
         code += _loop_lines(several=several, pinned=pinned, ddp_on_cuda=becomes_ddp and cuda)
+    if cfg.grad_accum != baseline.grad_accum and cfg.grad_accum > 1:
+        code += _accumulation_lines(cfg)
     if cfg.allocator != baseline.allocator and "LD_PRELOAD" in env:
         shell.append(f"export LD_PRELOAD={shlex.quote(env['LD_PRELOAD'])}  # the {cfg.allocator} allocator")
         if "MALLOC_CONF" in env:
@@ -342,6 +473,7 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
         out += ["Before starting Python:", "", "```bash", *shell, "```", ""]
     if code:
         imports = ["import os"] if any("os.environ" in line for line in code) else []
+        imports += ["import contextlib"] if any("contextlib." in line for line in code) else []
         out += ["In the script:", "", "```python", *imports, "import torch", "", *code, "```", ""]
     if cfg.prune_ratio:
         out += [f"Structured pruning ({cfg.prune_ratio:g} of channels) changes the model: train_tuned.py "
@@ -369,21 +501,24 @@ def _loop_lines(*, several: bool, pinned: bool, ddp_on_cuda: bool) -> list[str]:
 
 
 def write_stack_files(out_dir: Path, *, cfg: TrialConfig, baseline: TrialConfig,
-                      env: Mapping[str, str], default_threads: int | None = None) -> dict[str, str]:
+                      env: Mapping[str, str], default_threads: int | None = None,
+                      blocks: tuple[str, ...] = ()) -> dict[str, str]:
     """Write the stack files (and sbatch.sh, see emit.slurm) into ``out_dir``; returns their
     names (relative to it).
 
     A configuration that leaves the threads to PyTorch ran with ``default_threads``, the
     count PyTorch chose on this machine; the files name it, because the other launchers
     choose their own where none is given (accelerate launch all physical cores, whatever
-    the affinity mask; torchrun one per rank)."""
+    the affinity mask; torchrun one per rank). ``blocks``: the model's repeated block classes
+    (``Task.blocks``), which the memory knobs' settings name."""
     if default_threads:
         cfg, baseline = (c if c.threads else c.replace(threads=default_threads) for c in (cfg, baseline))
         env = {"OMP_NUM_THREADS": str(default_threads), **env}
-    write_atomically(out_dir / ACCELERATE_NAME, render_accelerate(cfg, baseline, env))
-    write_atomically(out_dir / LIGHTNING_NAME, json.dumps(lightning_arguments(cfg, baseline, env), indent=2) + "\n")
+    write_atomically(out_dir / ACCELERATE_NAME, render_accelerate(cfg, baseline, env, blocks=blocks))
+    write_atomically(out_dir / LIGHTNING_NAME,
+                     json.dumps(lightning_arguments(cfg, baseline, env, blocks=blocks), indent=2) + "\n")
     write_atomically(out_dir / TORCHRUN_NAME, render_torchrun(cfg, env), mode=0o755)
-    write_atomically(out_dir / SNIPPET_NAME, render_snippet(cfg, baseline, env))
+    write_atomically(out_dir / SNIPPET_NAME, render_snippet(cfg, baseline, env, blocks=blocks))
     write_atomically(out_dir / slurm.SBATCH_NAME, slurm.render_sbatch(cfg, env), mode=0o755)
     return {"accelerate": ACCELERATE_NAME, "lightning": LIGHTNING_NAME, "torchrun": TORCHRUN_NAME,
             "snippet": SNIPPET_NAME, "slurm": slurm.SBATCH_NAME}

@@ -14,6 +14,7 @@ imports nothing, so ``ranks`` can be imported that early.
 - ``knobs``: the knobs' vocabularies and the settings train_tuned.json carries (stdlib only)
 - ``distributed``: this process's place in the job
 - ``data``: the DataLoader, sharded over ranks; batches
+- ``memory``: the memory knobs: the repeated blocks, checkpointing, sharding, micro-batches
 - ``model``: the model with its knobs applied, one optimizer step
 - ``session``: everything one rank needs to train
 - ``facts``: what the knobs did, read from the process and a step

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from . import memory
 from .data import first_tensor
 from .model import unwrap_model
 from .session import Session
@@ -58,10 +59,13 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
     """Run one training step (its loss is returned) with hooks that record what the
     in-process knobs did:
     activation dtypes (precision), memory format of conv inputs (channels_last), the
-    per-rank batch, layer widths (pruning), compiled and DDP wrappers."""
+    per-rank batch, layer widths (pruning), compiled and DDP wrappers; the memory knobs'
+    checkpointed blocks, the model's calls in a step and what each got (grad_accum's
+    micro-batches), and whether the parameters are sharded with this rank's share."""
     dtypes: set[str] = set()
     conv_inputs_channels_last: list[bool] = []
     hooks = []
+    calls: list[int | None] = []  # per call of the model, its first input's dim 0
 
     def record(module: torch.nn.Module, args: tuple, output: Any) -> None:
         if isinstance(output, torch.Tensor) and output.is_floating_point():
@@ -71,14 +75,30 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
                 and args and isinstance(args[0], torch.Tensor)):
             conv_inputs_channels_last.append(args[0].is_contiguous(memory_format=torch.channels_last))
 
-    compiled = type(session.model).__name__ == "OptimizedModule"
     uncompiled = getattr(session.model, "_orig_mod", session.model)
     base = unwrap_model(session.model)
+    # A sharded model is compiled block by block, in place (Module.compile)
+    compiled = (type(session.model).__name__ == "OptimizedModule"
+                or any(getattr(m, "_compiled_call_impl", None) is not None for m in base.modules()))
     # Hooks on a compiled model would make dynamo recompile twice (on adding and on
     # removing them), inside the warm-up that calibrates the windows: not for them.
     for module in base.modules() if not compiled else ():
         if not list(module.children()):
             hooks.append(module.register_forward_hook(record))
+
+    def count(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        t = first_tensor((args, kwargs))
+        calls.append(int(t.shape[0]) if t is not None and t.dim() > 0 else None)
+
+    block_calls = [0]
+
+    def count_block(module: torch.nn.Module, args: tuple) -> None:
+        block_calls[0] += 1
+
+    if not compiled:
+        hooks.append(base.register_forward_pre_hook(count, with_kwargs=True))
+        # A checkpointed block runs its forward again in the backward pass.
+        hooks += [b.register_forward_pre_hook(count_block) for b in memory.inner_blocks(base)]
     batch = session.next_batch()
     first = first_tensor(batch)
     try:
@@ -86,18 +106,28 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
     finally:
         for h in hooks:
             h.remove()
+    held, total = memory.local_share(base)
     return loss, {
         "activation_dtypes": sorted(dtypes),
         "conv_inputs_channels_last": conv_inputs_channels_last[:1],
         "per_rank_batch": int(first.shape[0]) if first is not None and first.dim() > 0 else None,
         "layer_widths": {
-            name: (m.out_channels if hasattr(m, "out_channels") else m.out_features)
+            name.replace(memory.CHECKPOINT_PREFIX, ""):
+                (m.out_channels if hasattr(m, "out_channels") else m.out_features)
             for name, m in base.named_modules()
             if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear))
         },
         "parameters": sum(p.numel() for p in base.parameters()),
         "compiled": compiled,
         "ddp": isinstance(uncompiled, torch.nn.parallel.DistributedDataParallel),
+        "checkpointed_blocks": memory.checkpointed_blocks(base),
+        # None under compile, whose graphs the hook would change
+        "model_calls": len(calls) if not compiled else None,
+        "micro_batch": calls[0] if calls else None,
+        "block_calls": block_calls[0] if not compiled else None,
+        "sharded": memory.is_sharded(base),
+        "parameters_held": held,  # this rank's share of the parameters' elements
+        "parameter_share": held / total if total else None,
         "world": session.dist.world,
         "backend": session.dist.backend,
     }

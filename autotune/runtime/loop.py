@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from . import memory
 from .distributed import Distributed
 from .facts import process_facts, step_facts
 from .knobs import ConfigDict
@@ -84,12 +85,20 @@ class Checkpoints:
         if session.dist.enabled:
             states = [None] * session.dist.world
             torch.distributed.all_gather_object(states, rng_state(session.dist.device))
+        model = unwrap_model(session.model)
+        if memory.is_sharded(model):
+            # Gathered from every rank's share into the format an unsharded run saves: the
+            # user's names, loadable into the plain model and its plain optimizer.
+            weights = memory.full_model_state(model)
+            optimizer = memory.full_optimizer_state(model, session.optimizer)
+        elif session.dist.rank == 0:
+            weights, optimizer = model.state_dict(), session.optimizer.state_dict()
         if session.dist.rank != 0 or self.folder is None:
             return None
         os.makedirs(self.folder, exist_ok=True)
         path = os.path.join(self.folder, CHECKPOINT_NAME.format(step=step))
-        state = {"step": step, "model": unwrap_model(session.model).state_dict(),
-                 "optimizer": session.optimizer.state_dict(),
+        state = {"step": step, "model": weights,
+                 "optimizer": optimizer,
                  "scaler": session.scaler.state_dict() if session.scaler is not None else None,
                  "rng": states, "world": session.dist.world, "config": config}
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -105,8 +114,13 @@ class Checkpoints:
 def restore(session: Session, state: dict[str, Any]) -> list[str]:
     """Load a checkpoint into a session built at its step; returns warnings."""
     warnings = []
-    unwrap_model(session.model).load_state_dict(state["model"])
-    session.optimizer.load_state_dict(state["optimizer"])
+    model = unwrap_model(session.model)
+    if memory.is_sharded(model):
+        memory.load_full_state(model, session.optimizer, model_state=state["model"],
+                               optimizer_state=state["optimizer"])
+    else:
+        model.load_state_dict(state["model"])
+        session.optimizer.load_state_dict(state["optimizer"])
     if session.scaler is not None and state.get("scaler"):
         session.scaler.load_state_dict(state["scaler"])
     states = state["rng"]
@@ -178,8 +192,9 @@ class StopRequest:
 
 
 def evaluate(session: Session) -> float | None:
-    """The user's evaluate(model) on rank 0: the model unwrapped, on its training device,
-    back in training mode after it. The other ranks wait for it in a barrier, on the
+    """The user's evaluate(model) on rank 0: the model unwrapped (a sharded one's weights
+    gathered into a plain copy), on its training device, back in training mode after it.
+    The other ranks wait for it in a barrier, on the
     host: waiting in the next step's all-reduce instead, they would be torn down by
     NCCL's watchdog during an evaluation longer than its timeout, and rank 0's next
     step would be timed against ranks that had already taken it."""
@@ -187,12 +202,12 @@ def evaluate(session: Session) -> float | None:
     if user_evaluate is None:
         return None
     metric = None
-    if session.dist.rank == 0:
-        model = unwrap_model(session.model)
-        try:
-            metric = float(user_evaluate(model))
-        finally:
-            model.train()
+    with session.evaluation_model() as model:
+        if model is not None:
+            try:
+                metric = float(user_evaluate(model))
+            finally:
+                model.train()
     session.dist.barrier()
     return metric
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from . import memory
 from .data import move
 from .distributed import Distributed
-from .knobs import CompileMode, ConfigDict, Precision
+from .knobs import CompileMode, ConfigDict, Precision, Sharding
 
 
 class NonFiniteLoss(RuntimeError):
@@ -22,7 +23,9 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """The user's own model inside the wrappers build_model adds: torch.compile's
     OptimizedModule (its ``_orig_mod``) and DistributedDataParallel (its ``.module``).
     Its state_dict has the user's parameter names, without the wrappers' prefixes, and
-    calling it runs no DDP gradient synchronisation."""
+    calling it runs no DDP gradient synchronisation. A sharded model is its own (FSDP2
+    shards in place): its parameters are this rank's shares, and calling it gathers them,
+    a collective (see memory.gathered for the user's evaluate())."""
     model = getattr(model, "_orig_mod", model)
     if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
         model = model.module
@@ -68,10 +71,22 @@ def sync_batchnorm(model: torch.nn.Module, device: torch.device, world: int) -> 
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
-def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: Any) -> tuple[Any, Any]:
+class BuiltModel(NamedTuple):
+    """What build_model makes: the model as trained, its optimizer, and for a sharded model
+    the plain model's structure without weights (memory.skeleton), which the user's
+    evaluate() gets with the gathered weights (memory.gathered); None otherwise."""
+
+    model: Any
+    optimizer: Any
+    plain: torch.nn.Module | None
+
+
+def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: Any) -> BuiltModel:
     """Model and optimizer with every in-process knob applied, in the order that works:
-    prune, then memory format, SyncBatchNorm and device, then optimizer, IPEX, DDP and
-    compile."""
+    prune, then memory format, SyncBatchNorm and device, then activation checkpointing;
+    then optimizer, IPEX, DDP and compile, or with sharding over several ranks (PyTorch's
+    order for FSDP2): each repeated block compiled in place, fully_shard, and the optimizer
+    last, over the sharded parameters."""
     model = user.build_model()
     prune_ratio = float(cfg.get("prune_ratio") or 0.0)
     if prune_ratio > 0:
@@ -82,7 +97,24 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
     model = sync_batchnorm(model, dist.device, dist.world)
     model = model.to(dist.device)
     model.train()
+    sharding = str(cfg.get("sharding", Sharding.OFF))
+    sharded = dist.enabled and sharding != Sharding.OFF
+    plain = memory.skeleton(model) if sharded else None
+    if cfg.get("activation_checkpointing"):
+        memory.checkpoint_activations(model)
+    mode = str(cfg.get("compile", CompileMode.OFF))
+    compile_mode = None if mode == CompileMode.DEFAULT else mode
     make_optimizer = getattr(user, "build_optimizer", None)
+    if sharded:
+        if mode != CompileMode.OFF:
+            # Block by block, in place (the names stay the user's): FSDP2's hooks around
+            # each block stay outside the compiled code.
+            for block in memory.repeated_blocks(model):
+                block.compile(mode=compile_mode)
+        memory.shard(model, dist, reshard_after_forward=sharding == Sharding.FULL)
+        optimizer = (make_optimizer(model.parameters()) if make_optimizer
+                     else torch.optim.AdamW(model.parameters(), lr=1e-3))
+        return BuiltModel(model, optimizer, plain)
     optimizer = (
         make_optimizer(model.parameters())
         if make_optimizer
@@ -96,10 +128,9 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
     if dist.enabled:
         ids = [dist.device.index] if dist.device.type == "cuda" else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    mode = str(cfg.get("compile", CompileMode.OFF))
     if mode != CompileMode.OFF:
-        model = torch.compile(model, mode=None if mode == CompileMode.DEFAULT else mode)
-    return model, optimizer
+        model = torch.compile(model, mode=compile_mode)
+    return BuiltModel(model, optimizer, plain)
 
 
 def autocast(cfg: ConfigDict, device: torch.device) -> contextlib.AbstractContextManager:
@@ -126,31 +157,60 @@ def make_step(user: Any, model: Any, optimizer: Any, cfg: ConfigDict, device: to
     interval's). So the loss returned is a copy: under compile=reduce-overhead a loss
     computed inside the compiled model (``training_step = model(**batch).loss``) is an
     output of a CUDA graph, whose memory the next replay overwrites, and reading it then
-    raises. Each step also tells the CUDA graph trees that a new iteration begins."""
+    raises. Each step also tells the CUDA graph trees that a new iteration begins.
+
+    With ``grad_accum`` above 1 the batch is split into that many micro-batches along dim
+    0 (memory.micro_batches; the user's training_step gets each), their gradients add up
+    before the one optimizer step, and the loss returned is the micro-losses' mean: the
+    batch's loss, for a mean-reduced loss."""
     loss_fn = getattr(user, "loss_fn", None) or torch.nn.functional.cross_entropy
     training_step = getattr(user, "training_step", None)
     channels_last = bool(cfg.get("channels_last"))
     graphs = cfg.get("compile") == CompileMode.REDUCE_OVERHEAD
+
+    accumulate = int(cfg.get("grad_accum") or 1)
+
+    def forward_loss(batch: Any) -> torch.Tensor:
+        with autocast(cfg, device):
+            if training_step is not None:
+                return training_step(model, batch)
+            inputs, targets = batch
+            return loss_fn(call_model(model, inputs), targets)
+
+    def backward(loss: torch.Tensor) -> None:
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
 
     def step(batch: Any) -> torch.Tensor:
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
         batch = move(batch, device, channels_last=channels_last)
         optimizer.zero_grad(set_to_none=True)
-        with autocast(cfg, device):
-            if training_step is not None:
-                loss = training_step(model, batch)
-            else:
-                inputs, targets = batch
-                loss = loss_fn(call_model(model, inputs), targets)
+        if accumulate == 1:
+            loss = forward_loss(batch)
+            backward(loss)
+            total = loss.detach().clone()
+        else:
+            # Each micro-batch's loss over grad_accum: the gradients add up to the mean-
+            # reduced loss's over the whole batch; the ranks synchronise on the last only.
+            parts = memory.micro_batches(batch, accumulate)
+            micro_losses = []
+            for i, part in enumerate(parts):
+                if graphs and i:
+                    torch.compiler.cudagraph_mark_step_begin()
+                with memory.gradient_sync(model, on=i == accumulate - 1):
+                    loss = forward_loss(part) / accumulate
+                    backward(loss)
+                micro_losses.append(loss.detach())
+            total = torch.stack(micro_losses).sum()
         if scaler is not None:
-            scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
         else:
-            loss.backward()
             optimizer.step()
-        return loss.detach().clone()
+        return total
 
     return step
 

@@ -19,7 +19,8 @@ import torch
 from .data import batches, build_loader, global_batch_size, length
 from .distributed import DIST_TIMEOUT_MIN, Distributed
 from .knobs import CompileMode, ConfigDict, Precision
-from .model import build_model, check_finite, make_scaler, make_step
+from .memory import gathered
+from .model import build_model, check_finite, make_scaler, make_step, unwrap_model
 
 
 def load_user_module(path: str) -> Any:
@@ -178,7 +179,7 @@ class Session:
         self.batches = self._batches_from(start_step)
         first = next(self.batches)
         seed_everything(seed)  # identical initial weights whatever the loader consumed
-        self.model, self.optimizer = build_model(self.user, cfg, self.dist, first)
+        self.model, self.optimizer, self.plain = build_model(self.user, cfg, self.dist, first)
         self.scaler = make_scaler(cfg, self.dist.device)
         # One optimizer step on a given batch; step() takes the next batch of the loader.
         self.train_step = make_step(self.user, self.model, self.optimizer, cfg, self.dist.device,
@@ -213,6 +214,12 @@ class Session:
         elapsed = time.perf_counter() - start
         return elapsed, check_finite(losses)
 
+    def evaluation_model(self) -> contextlib.AbstractContextManager[torch.nn.Module | None]:
+        """The model the user's evaluate() takes, on rank 0 (None on the other ranks), as
+        memory.gathered gives it: every rank enters, since a sharded model's weights are
+        gathered from all of them."""
+        return gathered(unwrap_model(self.model), self.plain, self.dist)
+
     def release(self, *, worker_timeout_s: float = 10.0) -> None:
         """Leave the process as the next configuration must find it: this one's DataLoader
         workers ended, its model, optimizer and compiled graphs gone, its memory returned
@@ -221,7 +228,7 @@ class Session:
         self.batches.close()  # the loader's iterator and, with it, its workers
         shutdown_workers(self.loader, timeout_s=worker_timeout_s)
         compiled = self.cfg.get("compile", CompileMode.OFF) != CompileMode.OFF
-        self.loader = self.sampler = self.model = self.optimizer = self.scaler = None
+        self.loader = self.sampler = self.model = self.optimizer = self.scaler = self.plain = None
         self.train_step = None  # type: ignore[assignment]
         self._pending = []
         if compiled:

@@ -250,12 +250,14 @@ def trajectory(session: Session, steps: int) -> dict[str, Any]:
 def quality(session: Session, steps: int) -> dict[str, Any]:
     """A trajectory, then the user's evaluate() on rank 0 (the quality check reads the
     score, the numerics check the losses). No score after a loss that is not finite."""
-    from autotune.runtime.model import unwrap_model
-
     done = trajectory(session, steps)
     metric = None
-    if session.dist.rank == 0 and all(math.isfinite(v) for v in done["losses"]):
-        metric = float(session.user.evaluate(unwrap_model(session.model)))
+    # The losses are the ranks' mean: every rank takes this branch, as gathering a sharded
+    # model's weights for evaluate() needs.
+    if all(math.isfinite(v) for v in done["losses"]):
+        with session.evaluation_model() as model:
+            if model is not None:
+                metric = float(session.user.evaluate(model))
     return dict(done, metric=metric)
 
 
