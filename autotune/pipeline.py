@@ -493,7 +493,7 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
                                 document=dataclasses.replace(document, environment=env),
                                 description=f"Train {task.path.name} with the configuration "
                                             "autotune verified on this machine.",
-                                default_threads=machine.torch.get("num_threads"))
+                                default_threads=machine.torch.get("num_threads"), blocks=task.blocks)
     try:
         write_report(out, doc=doc, study=place.study)
     except Exception as exc:  # a finished run never fails over its report

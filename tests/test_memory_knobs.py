@@ -65,6 +65,22 @@ def test_repeated_blocks_are_the_outermost_repeated_classes_with_modules_of_thei
     assert memory.block_names(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())) == ()
 
 
+def test_a_sequential_of_blocks_that_hold_sequentials_is_their_container_not_a_block():
+    """examples/long_sequences.py's shape: the blocks sit in an nn.Sequential, and each
+    holds an nn.Sequential MLP; the blocks are chosen, not the container of all of them."""
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.mlp(x)
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(Mlp(), Mlp(), Mlp()))
+    assert memory.block_names(model) == ("Mlp",)
+    assert memory.repeated_blocks(model) == list(model[1])
+
+
 @pytest.mark.slow
 def test_the_contract_check_names_the_block_classes():
     assert load_task(BLOCKS).blocks == ("Block",)
@@ -312,9 +328,9 @@ def test_a_sharded_rank_holds_less_than_a_replicated_one(tmp_path):
     finally:
         trials.close()
     assert sharded.facts["parameter_share"] == 0.5
-    # rank 0's peak resident memory (getrusage): a per-rank peak, exact, where the runner's
-    # samples of the process tree can miss a short trial's
-    assert sharded.done["peak_rss_mb"] < replicated.done["peak_rss_mb"]
+    # the busiest rank's peak as the trial reports it (what --memory-limit bounds): exact,
+    # where the runner's samples of the process tree can miss a short trial's
+    assert sharded.summary()["rank_peak_mb"] < replicated.summary()["rank_peak_mb"]
 
 
 @pytest.mark.slow

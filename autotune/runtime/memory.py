@@ -33,15 +33,17 @@ def _runs_forward(module: torch.nn.Module) -> bool:
 def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's repeated blocks, in model order: modules (not the model itself) with
     children of their own whose class occurs at least twice, and outermost only: a block
-    inside another block is part of it."""
-    named = list(model.named_modules())[1:]
-    counts = collections.Counter(type(m) for _, m in named if _runs_forward(m) and any(True for _ in m.children()))
-    repeated = {cls for cls, n in counts.items() if n >= 2}
+    inside another block is part of it. A module holding others of its own class (an
+    ``nn.Sequential`` of blocks that hold an ``nn.Sequential`` MLP each) is their container,
+    not a block."""
+    named = [(name, m) for name, m in list(model.named_modules())[1:]
+             if _runs_forward(m) and any(True for _ in m.children())]
+    blocks = [(name, m) for name, m in named
+              if not any(type(inner) is type(m) for inner in list(m.modules())[1:])]
+    counts = collections.Counter(type(m) for _, m in blocks)
     chosen: list[tuple[str, torch.nn.Module]] = []
-    for name, module in named:
-        if type(module) not in repeated:
-            continue
-        if any(name.startswith(outer + ".") for outer, _ in chosen):
+    for name, module in blocks:
+        if counts[type(module)] < 2 or any(name.startswith(outer + ".") for outer, _ in chosen):
             continue
         chosen.append((name, module))
     return [m for _, m in chosen]
