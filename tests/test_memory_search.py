@@ -5,6 +5,9 @@ in memory. On a recorded CPU machine with a stand-in runner that models a rank's
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -22,7 +25,8 @@ from autotune.trials.runner import TrialRunner
 from doubles import StandInRunner, recorded_machine, tune_stand_in
 from helpers import MODELS, machine_doc
 
-EXAMPLES = MODELS.parent.parent / "examples"
+REPO = MODELS.parent.parent
+EXAMPLES = REPO / "examples"
 
 
 class MemoryStandIn(StandInRunner):
@@ -191,3 +195,26 @@ def test_a_real_trial_reports_less_held_with_checkpointing_and_with_accumulation
         peaks[name] = result.summary()["rank_peak_mb"]
     assert peaks["checkpointed"] < peaks["plain"] - 50, peaks
     assert peaks["accumulated"] < peaks["plain"] - 50, peaks
+
+
+RELEASE = """
+from autotune.runtime.session import return_freed_memory
+def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+blocks = [bytearray(1 << 20) for _ in range(300)]
+for b in blocks: b[::4096] = b"x" * len(b[::4096])
+del blocks, b
+freed = rss(); return_freed_memory()
+print(freed, rss())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(TCMALLOC is None, reason="tcmalloc is not installed (CI installs it: see .ci/run)")
+def test_what_a_configuration_freed_leaves_a_warm_process_under_tcmalloc():
+    """tcmalloc keeps what the program freed, and a warm process's next configuration would
+    start its measured peak from there: between configurations it goes back to the system."""
+    library = TCMALLOC
+    proc = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True,
+                          env={**os.environ, "LD_PRELOAD": library, "PYTHONPATH": str(REPO)})
+    freed, released = map(float, proc.stdout.split())
+    assert released < freed - 200, (freed, released)

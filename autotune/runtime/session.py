@@ -116,12 +116,25 @@ def shutdown_workers(loader: Any, *, timeout_s: float) -> None:
             child.join()
 
 
+# jemalloc's "all arenas" index (MALLCTL_ARENAS_ALL) in its mallctl names.
+_JEMALLOC_ALL_ARENAS = 4096
+
+
 def return_freed_memory() -> None:
-    """Give the memory freed by a finished configuration back to the system, where glibc's
-    allocator holds it (the others keep theirs, and keep reusing it): the next
-    configuration's memory is then its own."""
+    """Give the memory freed by a finished configuration back to the system, whichever
+    allocator holds it: glibc's (malloc_trim), tcmalloc's (ReleaseFreeMemory) or jemalloc's
+    (a purge of every arena), found among the process's symbols where it was preloaded.
+    The next configuration's memory, and its measured peak, are then its own, as in a
+    fresh process."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+    process = ctypes.CDLL(None)
+    with contextlib.suppress(AttributeError):
+        process.MallocExtension_ReleaseFreeMemory()
+    with contextlib.suppress(AttributeError):
+        mallctl = process.mallctl
+        mallctl.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        mallctl(f"arena.{_JEMALLOC_ALL_ARENAS}.purge".encode(), None, None, None, 0)
 
 
 class ProcessSetup:
