@@ -82,6 +82,9 @@ def test_the_users_batch_over_the_limit_is_kept_with_the_memory_knobs_and_the_wi
     # every configuration over the limit failed as out of memory, its message says by how much
     over = [f for f in doc["search"]["failures"] if "over the --memory-limit" in f["message"]]
     assert over and all(f["failure"] == "out_of_memory" for f in over)
+    # every trial of the budget measured something: a sampled configuration at a batch that
+    # ran out of memory is measured holding less, not skipped (the memory knobs are not sampled)
+    assert len(runner.measured) == 10
     # nothing over the limit was ranked
     ranked = [TrialConfig.from_dict(c["config"]) for c in doc["candidates"]]
     assert all(runner.peak_mb(c) <= 600.0 for c in ranked)

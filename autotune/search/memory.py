@@ -115,6 +115,18 @@ def oom_bound(failed: Iterable[TrialConfig], cfg: TrialConfig) -> int | None:
     return min(sizes) if sizes else None
 
 
+def bound(cfg: TrialConfig, *, ran_out: Iterable[TrialConfig],
+          measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> str | None:
+    """Why ``cfg`` will not fit, from the trials so far: ``ran_out`` (the configurations
+    that ran out of memory or over the limit) holds one of the same layout and memory
+    knobs at its batch or a smaller one, or on a GPU two ``measured`` batches predict it
+    (``predicted_over``); None when nothing says so."""
+    smallest = oom_bound(ran_out, cfg)
+    if smallest is not None and cfg.batch_size >= smallest:
+        return f"batch {smallest} ran out of memory with layout {cfg.layout}"
+    return predicted_over(measured, cfg)
+
+
 def predicted_over(measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]], cfg: TrialConfig) -> str | None:
     """Why ``cfg`` would not fit in GPU memory, predicted from two measured batch sizes
     of the same kind of configuration (``measured``: configurations with their trials'

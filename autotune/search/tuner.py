@@ -366,19 +366,12 @@ class Tuner:
         return None
 
     def _memory_bound(self, cfg: TrialConfig) -> str | None:
-        """Why ``cfg`` will not fit, from the trials so far: the same layout and memory
-        knobs ran out of memory at its batch or a smaller one, or on a GPU two measured
-        batches predict it (``memory.predicted_over``); None when nothing says so."""
+        """Why ``cfg`` will not fit, from the trials so far (``memory.bound``); None if nothing says so."""
         trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-        failed = [c for t in trials if t.state == TrialState.FAIL
-                  and t.user_attrs.get(StudyAttr.FAILURE) == Failure.OUT_OF_MEMORY
-                  and (c := _config_of(t)) is not None]
-        bound = memory.oom_bound(failed, cfg)
-        if bound is not None and cfg.batch_size >= bound:
-            return f"batch {bound} ran out of memory with layout {cfg.layout}"
-        return memory.predicted_over(
-            [(c, t.user_attrs.get(StudyAttr.RESULT, {})) for t in trials
-             if t.state == TrialState.COMPLETE and (c := _config_of(t)) is not None], cfg)
+        return memory.bound(cfg, ran_out=[c for t in trials if (c := _config_of(t)) and t.state == TrialState.FAIL
+                                          and t.user_attrs.get(StudyAttr.FAILURE) == Failure.OUT_OF_MEMORY],
+                            measured=[(c, t.user_attrs.get(StudyAttr.RESULT, {})) for t in trials
+                                      if (c := _config_of(t)) and t.state == TrialState.COMPLETE])
 
     # --- the loop ------------------------------------------------------------------
 
@@ -461,8 +454,9 @@ class Tuner:
             if role == Role.BASELINE:
                 held_less = trial.user_attrs.get(StudyAttr.BASELINE_CONFIG)
                 cfg = TrialConfig.from_dict(held_less) if held_less else self.space.baseline
-            else:
-                cfg = self.space.suggest(trial, late=role == Role.LATE, memory=role == Role.MEMORY)
+            else:  # as it can run: where the trials so far say it will not fit, holding less
+                cfg = self._held_to_fit(self.space.suggest(trial, late=role == Role.LATE,
+                                                           memory=role == Role.MEMORY))
         except Unsplittable as exc:  # costs no measurement, like a duplicate
             trial.set_user_attr(StudyAttr.SKIPPED, str(exc))
             self.study.tell(trial, state=TrialState.FAIL)
@@ -536,6 +530,14 @@ class Tuner:
             if result.failure == Failure.OUT_OF_MEMORY:
                 self._rescue(cfg, baseline=trial.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE)
         return summary.get("planned_s") if result.status == Status.OK else None
+
+    def _held_to_fit(self, cfg: TrialConfig) -> TrialConfig:
+        """``cfg``, or where the trials so far say it will not fit, it holding less
+        (``memory.rescue``) as far as a step is left: the memory knobs are not sampled, and
+        a sampled configuration at a batch that ran out of memory would never run."""
+        while self._memory_bound(cfg) is not None and (held := memory.rescue(cfg, self.space)) is not None:
+            cfg = held
+        return cfg
 
     def _rescue(self, cfg: TrialConfig, *, baseline: bool) -> None:
         """Queue ``cfg`` holding less (``memory.rescue``), which ran out of memory or over
