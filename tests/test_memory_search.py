@@ -221,3 +221,15 @@ def test_what_a_configuration_freed_leaves_a_warm_process_under_tcmalloc():
                           env={**os.environ, "LD_PRELOAD": library, "PYTHONPATH": str(REPO)})
     freed, released = map(float, proc.stdout.split())
     assert released < freed - 200, (freed, released)
+
+
+def test_what_ran_out_of_memory_bounds_only_what_holds_no_less():
+    """bf16 at batch 16 ran out: fp32 at 16 (larger activations) and bf16 at 32 will too;
+    fp32's failure says nothing of bf16, nor glibc's of tcmalloc, nor one without
+    checkpointing of one with it."""
+    bf16 = TrialConfig(batch_size=16, precision="bf16")
+    assert memory.oom_bound([bf16], TrialConfig(batch_size=16)) == 16
+    assert memory.oom_bound([bf16], bf16.replace(batch_size=32)) == 16
+    assert memory.oom_bound([TrialConfig(batch_size=16)], bf16) is None
+    assert memory.oom_bound([bf16], bf16.replace(allocator="tcmalloc")) is None
+    assert memory.oom_bound([bf16], bf16.replace(activation_checkpointing=True)) is None

@@ -15,7 +15,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.document.memory import MemoryFit
 from autotune.errors import UsageError
-from autotune.runtime.knobs import Sharding
+from autotune.runtime.knobs import Precision, Sharding
 from autotune.space import Space
 from autotune.trials.protocol import Failure
 
@@ -58,8 +58,15 @@ class MemoryLimit:
 
 
 def holds(cfg: TrialConfig) -> tuple[Any, ...]:
-    """What, besides the batch, sets how much a rank of ``cfg`` holds."""
-    return (cfg.layout, cfg.activation_checkpointing, cfg.grad_accum, cfg.sharding)
+    """What, besides the batch, sets how much a rank of ``cfg`` holds: its ranks (not their
+    threads), what its activations are made of (precision, pruning, compiled or not), the
+    host allocator (glibc's keeps freed memory resident: its peaks run higher) and the
+    memory knobs."""
+    return tuple(getattr(cfg, name) for name in _HOLDS)
+
+
+_HOLDS = ("nprocs", "precision", "prune_ratio", "compile", "allocator", "activation_checkpointing",
+          "grad_accum", "sharding")
 
 
 def saves_memory(cfg: TrialConfig) -> bool:
@@ -108,10 +115,25 @@ def holding_as(ref: TrialConfig, cand: TrialConfig) -> TrialConfig | None:
     return None if held == ref else held
 
 
+# Bytes per activation element under each precision: a configuration in fp32 holds at
+# least what the same one in bf16 holds.
+_ACTIVATION_BYTES = {Precision.FP32: 4, Precision.TF32: 4, Precision.BF16: 2, Precision.FP16: 2}
+
+
+def _holds_no_less(cfg: TrialConfig, than: TrialConfig) -> bool:
+    """Whether ``cfg`` holds at least what ``than`` holds, but for the batch: the same
+    otherwise, its activations no smaller (precision), its model no more pruned."""
+    def rest(c: TrialConfig) -> tuple[Any, ...]:
+        return tuple(v for v, name in zip(holds(c), _HOLDS) if name not in ("precision", "prune_ratio"))
+
+    return (rest(cfg) == rest(than) and cfg.prune_ratio <= than.prune_ratio
+            and _ACTIVATION_BYTES[Precision(cfg.precision)] >= _ACTIVATION_BYTES[Precision(than.precision)])
+
+
 def oom_bound(failed: Iterable[TrialConfig], cfg: TrialConfig) -> int | None:
-    """The smallest batch that ran out of memory (``failed``) holding what ``cfg`` holds
-    but the batch, if any: ``cfg`` at that batch or above will too."""
-    sizes = [f.batch_size for f in failed if holds(f) == holds(cfg)]
+    """The smallest batch that ran out of memory (``failed``) holding no more than ``cfg``
+    holds but for the batch, if any: ``cfg`` at that batch or above will too."""
+    sizes = [f.batch_size for f in failed if _holds_no_less(cfg, f)]
     return min(sizes) if sizes else None
 
 
@@ -123,7 +145,8 @@ def bound(cfg: TrialConfig, *, ran_out: Iterable[TrialConfig],
     (``predicted_over``); None when nothing says so."""
     smallest = oom_bound(ran_out, cfg)
     if smallest is not None and cfg.batch_size >= smallest:
-        return f"batch {smallest} ran out of memory with layout {cfg.layout}"
+        return (f"batch {smallest} ran out of memory with {cfg.nprocs} rank(s), {cfg.precision}, the {cfg.allocator} "
+                "allocator and these memory knobs")
     return predicted_over(measured, cfg)
 
 
@@ -160,27 +183,21 @@ def predicted_over(measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]], cf
             f"{total:,.0f} MiB (from batches {b1 * scale} and {b2 * scale})")
 
 
-def holding(c: TrialConfig) -> tuple[Any, ...]:
-    """What sets how much a rank of ``c`` holds: configurations alike in it hold alike."""
-    return (c.batch_size, c.nprocs, c.precision, c.prune_ratio, c.compile, c.activation_checkpointing,
-            c.grad_accum, c.sharding)
-
-
 def known_to_fit(limit: MemoryLimit, *, baseline: TrialConfig,
                  measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]],
                  failed: Iterable[tuple[TrialConfig, str | None, str]]) -> Callable[[TrialConfig], bool]:
     """Whether a configuration is known to fit: any, where memory never bound in the search
     (nothing ran out of memory or over the limit, the user's configuration within it);
-    else what the search measured within the limit, or one holding as much: the same
-    batch, ranks, precision, pruning, compile mode and memory knobs."""
+    else what the search measured within the limit, or one holding as much (the same
+    batch and ``holds``)."""
     measured = list(measured)
     bound = any(failure == Failure.OUT_OF_MEMORY for _, failure, _ in failed) or any(
         cfg == baseline and limit.over(cfg, result) for cfg, result in measured)
     if not bound:
         return lambda cfg: True
 
-    within = {holding(cfg) for cfg, result in measured if not limit.over(cfg, result)}
-    return lambda cfg: holding(cfg) in within
+    within = {(cfg.batch_size, holds(cfg)) for cfg, result in measured if not limit.over(cfg, result)}
+    return lambda cfg: (cfg.batch_size, holds(cfg)) in within
 
 
 def knobs_on(cfg: TrialConfig) -> tuple[str, ...]:
@@ -211,7 +228,8 @@ def fit_of(limit: MemoryLimit, *, chosen: TrialConfig, user: TrialConfig, refere
 
     ran_out = next((m for cfg, failure, m in failed if cfg == user and failure == Failure.OUT_OF_MEMORY), None)
     # where verification simplified or contrasted what the search measured: one holding as much
-    alike = results.get(chosen) or next((r for c, r in measured if holding(c) == holding(chosen)), {})
+    alike = results.get(chosen) or next((r for c, r in measured if c.batch_size == chosen.batch_size
+                                         and holds(c) == holds(chosen)), {})
     fit = MemoryFit(limit_mb=limit.per_rank_mb(chosen), source=limit.source,
                     chosen_peak_mb=peak(alike), baseline_peak_mb=peak(user_result),
                     memory_knobs=knobs_on(chosen), baseline_over=ran_out,
@@ -223,7 +241,7 @@ def fit_of(limit: MemoryLimit, *, chosen: TrialConfig, user: TrialConfig, refere
                     if failure == Failure.OUT_OF_MEMORY and cfg.batch_size == chosen.batch_size
                     and not saves_memory(cfg)]
     without = next((m for cfg, m in ran_out_here if cfg == plain), None) or (
-        ran_out_here[0][1] if ran_out_here else None)
+        f"{ran_out_here[0][0].short()} {ran_out_here[0][1]}" if ran_out_here else None)
     fitting = [(cfg, result) for cfg, result in measured
                if not saves_memory(cfg) and not limit.over(cfg, result)]
     best = max(fitting, key=lambda item: float(item[1].get("value") or 0.0), default=None)
