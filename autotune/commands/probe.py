@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autotune.space import build_space
+from autotune.space import LATE_KNOBS, MEMORY_KNOBS, build_space
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +26,9 @@ def main(args: argparse.Namespace) -> int:
     print(render_text(doc))
     print("\nsearch space on this machine (for a model with batch_size 32):")
     for knob, values in doc["space"]["included"].items():
-        print(f"  {knob}: {', '.join(map(str, values))}")
+        when = (" (tried on the best configuration at the end)" if knob in LATE_KNOBS
+                else " (tried where a configuration runs out of memory)" if knob in MEMORY_KNOBS else "")
+        print(f"  {knob}: {', '.join(map(str, values))}{when}")
     for knob, reason in doc["space"]["excluded"].items():
         print(f"  not searched: {knob}: {reason}")
     return 0

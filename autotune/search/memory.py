@@ -53,9 +53,6 @@ class MemoryLimit:
         return (f"held {float(peak):,.0f} MiB on a rank, over the {self.source} "
                 f"({limit:,.0f} MiB a rank)")
 
-    def to_json(self) -> dict[str, Any]:
-        return {"user_mb": self.user_mb, "host_mb": self.host_mb}
-
 
 def holds(cfg: TrialConfig) -> tuple[Any, ...]:
     """What, besides the batch, sets how much a rank of ``cfg`` holds: its ranks (not their
