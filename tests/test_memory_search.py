@@ -233,3 +233,28 @@ def test_what_ran_out_of_memory_bounds_only_what_holds_no_less():
     assert memory.oom_bound([TrialConfig(batch_size=16)], bf16) is None
     assert memory.oom_bound([bf16], bf16.replace(allocator="tcmalloc")) is None
     assert memory.oom_bound([bf16], bf16.replace(activation_checkpointing=True)) is None
+
+
+def test_a_knob_worth_nothing_stays_where_the_winner_without_it_is_not_known_to_fit():
+    """The allocator measured as idle is dropped, unless without it the configuration is not
+    known to fit: under glibc the same configuration peaks higher."""
+    from autotune.verify import ablation
+
+    winner = TrialConfig(batch_size=16, allocator="tcmalloc", activation_checkpointing=True)
+    variant = next(v for v in ablation.variants(winner, TrialConfig(batch_size=16)) if v.knob == "allocator")
+    idle = {"ratios": [1 / r for r in (1.01, 0.97, 1.03, 0.99, 1.0, 1.02)]}
+    dropped = ablation._knob_effect(variant, idle, winner, TrialConfig(batch_size=16), fits=True)
+    kept = ablation._knob_effect(variant, idle, winner, TrialConfig(batch_size=16), fits=False)
+    assert not dropped.kept and kept.kept and "not known to fit in memory" in kept.note
+
+
+def test_where_memory_bound_only_what_was_measured_within_the_limit_is_known_to_fit():
+    limit = memory.MemoryLimit(user_mb=500.0)
+    fits = TrialConfig(batch_size=16, allocator="tcmalloc", activation_checkpointing=True)
+    over = TrialConfig(batch_size=16)
+    measured = [(fits, {"rank_peak_mb": 440.0}), (over, {"rank_peak_mb": 640.0})]
+    known = memory.known_to_fit(limit, baseline=over, measured=measured, failed=[(over, "out_of_memory", "")])
+    assert known(fits) and known(fits.replace(threads=1, num_workers=2))  # holds as much
+    assert not known(over) and not known(fits.replace(allocator="default"))
+    unbound = memory.known_to_fit(limit, baseline=fits, measured=measured[:1], failed=[])
+    assert unbound(over)  # nothing ran out or over: memory never bound
