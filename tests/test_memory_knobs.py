@@ -205,28 +205,54 @@ def test_accelerate_shards_with_fsdp2_over_the_blocks_and_accumulates():
     run = next(line for line in text.splitlines() if line.startswith("# Run: "))
     assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS=2" in run
     assert "DataLoader batches of 8, 2 per optimizer step" in text  # 32 / (2 ranks x 2)
+    # On CPU Accelerator() takes no FSDP (MULTI_CPU wins, with DDP): the file shards in the
+    # script, checkpointing first, and prepares the rest (trained in test_stack_configs.py)
     cpu = stacks.render_accelerate(SHARDED, BASELINE, {}, blocks=("Block",))
     run = next(line for line in cpu.splitlines() if line.startswith("# Run: "))
-    for var in ("ACCELERATE_USE_FSDP=true", "FSDP_VERSION=2", "FSDP_RESHARD_AFTER_FORWARD=false",
-                "FSDP_TRANSFORMER_CLS_TO_WRAP=Block", "FSDP_ACTIVATION_CHECKPOINTING=true"):
-        assert var in run, var
+    assert "ACCELERATE_USE_FSDP" not in run and "FSDP" not in cpu.split("# Run: ")[0]
+    assert 'distributed_type: "MULTI_CPU"' in cpu and "fsdp_config" not in cpu
+    assert ("# Not expressible here, do it in your script: sharding (grad-op) of Block, activation checkpointing: "
+            "Accelerate runs FSDP on GPUs only") in cpu
+    code = [line[len("#     "):] for line in cpu.splitlines() if line.startswith("#     ")]
+    compile("\n".join(code), "accelerate_config.yaml", "exec")
+    assert code.index("fully_shard(model, reshard_after_forward=False)  # then the rest") > next(
+        i for i, line in enumerate(code) if line.startswith("apply_activation_checkpointing(model"))
+    assert any(line.startswith("optimizer, loader = accelerator.prepare(optimizer, loader)") for line in code)
+    assert "model.set_requires_gradient_sync(accelerator.sync_gradients)" in cpu
     # checkpointing without sharding: Accelerate holds it only in its FSDP settings
     alone = stacks.render_accelerate(BASELINE.replace(activation_checkpointing=True), BASELINE, {}, blocks=("Block",))
     assert "# Not expressible here, do it in your script: activation checkpointing of Block" in alone
 
 
 def test_lightning_shards_with_its_fsdp_strategy_and_accumulates_grad_batches():
-    doc = stacks.lightning_arguments(SHARDED, BASELINE, {}, blocks=("Block",))
+    doc = stacks.lightning_arguments(SHARDED.replace(device="cuda", backend="nccl"), BASELINE, {}, blocks=("Block",))
     assert doc["trainer"]["strategy"] == "fsdp" and doc["trainer"]["accumulate_grad_batches"] == 2
     strategy = doc["strategy"]
     assert strategy["class"] == "lightning.pytorch.strategies.FSDPStrategy"
     assert strategy["sharding_strategy"] == "SHARD_GRAD_OP"
     assert strategy["auto_wrap_policy"] == ["Block"] and strategy["activation_checkpointing_policy"] == ["Block"]
     assert doc["dataloader"]["batch_size"] == 8
-    full = stacks.lightning_arguments(SHARDED.replace(sharding="full", activation_checkpointing=False),
+    full = stacks.lightning_arguments(SHARDED.replace(sharding="full", activation_checkpointing=False,
+                                                      device="cuda", backend="nccl"),
                                       BASELINE, {}, blocks=("Block",))
     assert full["strategy"]["sharding_strategy"] == "FULL_SHARD"
     assert "activation_checkpointing_policy" not in full["strategy"]
+
+
+def test_lightning_shards_on_cpu_with_model_parallel_in_configure_model():
+    """FSDPStrategy refuses accelerator="cpu": FSDP2 there is ModelParallelStrategy's, with
+    the lines for configure_model() (trained in test_stack_configs.py)."""
+    doc = stacks.lightning_arguments(SHARDED, BASELINE, {}, blocks=("Block",))
+    assert doc["trainer"]["strategy"] == "ModelParallelStrategy" and doc["trainer"]["accumulate_grad_batches"] == 2
+    strategy = doc["strategy"]
+    assert strategy["class"] == "lightning.pytorch.strategies.ModelParallelStrategy"
+    assert (strategy["data_parallel_size"], strategy["tensor_parallel_size"]) == (2, 1)
+    assert strategy["process_group_backend"] == "gloo" and strategy["save_distributed_checkpoint"] is False
+    code = strategy["configure_model"]
+    compile("\n".join(code), "configure_model", "exec")
+    assert 'fully_shard(model, mesh=self.device_mesh["data_parallel"], reshard_after_forward=False)' in "\n".join(code)
+    assert any(line.startswith("apply_activation_checkpointing(model") for line in code)
+    assert doc["not_expressible"] == []  # checkpointing is in configure_model
 
 
 def test_the_snippet_shards_checkpoints_and_accumulates_in_valid_python():

@@ -23,6 +23,7 @@ from autotune.emit import stacks as stack_configs
 from helpers import MODELS, machine_doc, run_as_group, run_document
 
 TINY = MODELS / "tiny_cnn.py"
+BLOCKS = MODELS / "blocks_mlp.py"  # repeated blocks, for the memory knobs
 BASELINE = TrialConfig(batch_size=32)
 TUNED = TrialConfig(nprocs=2, threads=1, batch_size=64, num_workers=1, persistent_workers=True,
                     channels_last=True, precision="bf16", compile="max-autotune-no-cudagraphs",
@@ -214,31 +215,50 @@ def test_accelerates_own_loader_reads_the_file(tmp_path):
 
 # --- under the real tools ------------------------------------------------------------------------
 
-ACCELERATE_SCRIPT = '''
+ACCELERATE_SCRIPT = """
 import importlib.util, json, os, sys
 import torch
 from accelerate import Accelerator
+from torch.distributed.tensor import DTensor
 
 spec = importlib.util.spec_from_file_location("user", sys.argv[1])
 user = importlib.util.module_from_spec(spec); spec.loader.exec_module(user)
+batch_size, out = int(sys.argv[2]), sys.argv[3]
+memory = open(sys.argv[4]).read() if len(sys.argv) > 4 else ""  # the file's lines, up to the optimizer
 accelerator = Accelerator()
 model = user.build_model()
+blocks = [m for m in model.modules() if type(m).__name__ == "Block"]
+forwards = [0]
+for block in blocks:
+    block.register_forward_pre_hook(lambda *a: forwards.__setitem__(0, forwards[0] + 1))
+exec(memory, {**vars(user), "model": model})
 optimizer = user.build_optimizer(model.parameters())
-loader = torch.utils.data.DataLoader(user.build_dataset(), batch_size=16, shuffle=True, drop_last=True)
-model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+loader = torch.utils.data.DataLoader(user.build_dataset(), batch_size=batch_size, shuffle=True, drop_last=True)
+if memory:  # sharded: the file says prepare(model) would wrap the shards in DDP
+    optimizer, loader = accelerator.prepare(optimizer, loader)
+else:
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+steps = [0]
+optimizer.optimizer.register_step_post_hook(lambda *a: steps.__setitem__(0, steps[0] + 1))
 losses = []
 for step, (inputs, targets) in enumerate(loader):
-    with accelerator.autocast():
-        loss = torch.nn.functional.cross_entropy(model(inputs), targets)
-    accelerator.backward(loss)
-    optimizer.step(); optimizer.zero_grad()
+    with accelerator.accumulate(model):
+        if memory:
+            model.set_requires_gradient_sync(accelerator.sync_gradients)
+        with accelerator.autocast():
+            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+        accelerator.backward(loss)
+        optimizer.step(); optimizer.zero_grad()
     losses.append(loss.item())
-    if step == 4:
+    if step == 3:
         break
-with open(os.path.join(sys.argv[2], f"rank{accelerator.process_index}.json"), "w") as f:
+with open(os.path.join(out, f"rank{accelerator.process_index}.json"), "w") as f:
     json.dump({"mixed_precision": accelerator.mixed_precision, "processes": accelerator.num_processes,
                "threads": torch.get_num_threads(), "distributed": str(accelerator.distributed_type),
-               "compiled": type(model).__name__, "losses": losses}, f)
+               "compiled": type(model).__name__, "losses": losses,
+               "accumulation": accelerator.gradient_accumulation_steps, "optimizer_steps": steps[0],
+               "block_forwards_per_batch": forwards[0] / len(losses) / max(len(blocks), 1),
+               "sharded": all(isinstance(p, DTensor) for p in model.parameters())}, f)
 accelerator.wait_for_everyone()
 accelerator.end_training()  # the process group ends before the interpreter (gloo aborts otherwise)
 # Even so, gloo's threads can abort a rank at interpreter teardown ("terminate called
@@ -246,23 +266,53 @@ accelerator.end_training()  # the process group ends before the interpreter (glo
 # train_tuned.py does.
 sys.stdout.flush()
 os._exit(0)
-'''
+"""
+
+# All three memory knobs at once, on 2 CPU ranks over gloo: Accelerate shards only on GPUs,
+# so the file gives the lines that shard (and checkpoint) the model before prepare().
+MEMORY_KNOBS = TrialConfig(nprocs=2, threads=1, batch_size=32, precision="bf16", grad_accum=2, sharding="full",
+                           activation_checkpointing=True)
+
+
+def _accelerate_memory_lines(text: str) -> str:
+    """The lines the file gives for sharding on CPU, up to the user's optimizer; none where
+    it gives none (the script then prepares the model, as Accelerate's FSDP would)."""
+    lines = text.splitlines()
+    first = next((i + 1 for i, line in enumerate(lines) if line.startswith("#   shard the model yourself")), None)
+    if first is None:
+        return ""
+    code = []
+    for line in lines[first:]:
+        if not line.startswith("#     ") or line.startswith("#     optimizer = "):
+            break
+        code.append(line[len("#     "):])
+    assert "#     optimizer, loader = accelerator.prepare(optimizer, loader)" in text
+    return "\n".join(code)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cfg", [TrialConfig(threads=1, batch_size=16, precision="bf16"),
                                  TrialConfig(nprocs=2, threads=1, batch_size=32, precision="bf16"),
-                                 TrialConfig(batch_size=16, precision="bf16")],
-                         ids=["one-process", "two-processes", "pytorchs-threads"])
+                                 TrialConfig(batch_size=16, precision="bf16"),
+                                 MEMORY_KNOBS],
+                         ids=["one-process", "two-processes", "pytorchs-threads", "memory-knobs"])
 def test_the_accelerate_config_runs_under_accelerate_launch(tmp_path, cfg):
     pytest.importorskip("accelerate")
+    memory = cfg.grad_accum > 1
     env, _ = launch.environment(cfg, machine=machine_doc(), base_env={})
     # Where the tuned configuration left the threads to PyTorch, PyTorch chose 1 on the
     # tuning machine (say): accelerate launch must not choose its own (2 cores here).
-    stack_configs.write_stack_files(tmp_path, cfg=cfg, baseline=BASELINE, env=env, default_threads=1)
+    stack_configs.write_stack_files(tmp_path, cfg=cfg, baseline=BASELINE, env=env, default_threads=1,
+                                    blocks=("Block",) if memory else ())
+    text = (tmp_path / "accelerate_config.yaml").read_text()
     (tmp_path / "train.py").write_text(ACCELERATE_SCRIPT)
-    run = next(line for line in (tmp_path / "accelerate_config.yaml").read_text().splitlines()
-               if line.startswith("# Run: "))[len("# Run: "):].replace("your_script.py", f"train.py {TINY} {tmp_path}")
+    model = BLOCKS if memory else TINY
+    args = f"train.py {model} {stack_configs.loader_kwargs(cfg)['batch_size']} {tmp_path}"
+    if _accelerate_memory_lines(text):
+        (tmp_path / "memory.py").write_text(_accelerate_memory_lines(text))
+        args += f" {tmp_path / 'memory.py'}"
+    run = next(line for line in text.splitlines()
+               if line.startswith("# Run: "))[len("# Run: "):].replace("your_script.py", args)
     accelerate = Path(sys.executable).parent / "accelerate"
     run = run.replace("accelerate launch", f"{accelerate} launch").replace("python -m", f"{sys.executable} -m")
     proc = subprocess.run(["bash", "-c", run], cwd=tmp_path,
@@ -274,13 +324,19 @@ def test_the_accelerate_config_runs_under_accelerate_launch(tmp_path, cfg):
         assert rank["mixed_precision"] == "bf16" and rank["processes"] == cfg.nprocs
         assert rank["threads"] == 1
         assert rank["distributed"].endswith("MULTI_CPU" if cfg.nprocs > 1 else "NO")
-        assert len(rank["losses"]) == 5
+        assert len(rank["losses"]) == 4
+        # each knob took effect inside the rank: 4 loader batches, one step per 2; every
+        # parameter a shard; each block's forward again in the backward pass
+        assert rank["accumulation"] == cfg.grad_accum and rank["optimizer_steps"] == 4 // cfg.grad_accum
+        assert rank["sharded"] is memory
+        assert rank["block_forwards_per_batch"] == (2 if memory else 0)
 
 
-LIGHTNING_SCRIPT = '''
-import importlib.util, json, os, sys
+LIGHTNING_SCRIPT = """
+import importlib, importlib.util, json, os, sys
 import torch
 import lightning
+from torch.distributed.tensor import DTensor
 
 spec = importlib.util.spec_from_file_location("user", sys.argv[1])
 user = importlib.util.module_from_spec(spec); spec.loader.exec_module(user)
@@ -292,9 +348,18 @@ class Module(lightning.LightningModule):
     def __init__(self):
         super().__init__()
         self.model = user.build_model()
+        self.blocks = [m for m in self.model.modules() if type(m).__name__ == "Block"]
+        self.seen = {"batches": 0, "optimizer_steps": 0, "block_forwards": 0}
+        for block in self.blocks:
+            block.register_forward_pre_hook(lambda *a: self.seen.__setitem__(
+                "block_forwards", self.seen["block_forwards"] + 1))
+
+    def configure_model(self):  # where the file's lines go
+        exec("\\n".join((doc["strategy"] or {}).get("configure_model", [])), {**vars(user), "self": self})
 
     def training_step(self, batch, i):
         inputs, targets = batch
+        self.seen["batches"] += 1
         loss = torch.nn.functional.cross_entropy(self.model(inputs), targets)
         if i == 0:
             with open(os.path.join(out, f"rank{self.global_rank}.json"), "w") as f:
@@ -307,45 +372,66 @@ class Module(lightning.LightningModule):
                            "batch": len(targets)}, f)
         return loss
 
+    def on_before_optimizer_step(self, optimizer):
+        self.seen["optimizer_steps"] += 1
+
+    def on_train_end(self):
+        with open(os.path.join(out, f"end{self.global_rank}.json"), "w") as f:
+            json.dump({**self.seen, "blocks": len(self.blocks),
+                       "sharded": all(isinstance(p, DTensor) for p in self.parameters())}, f)
+
     def configure_optimizers(self):
         return user.build_optimizer(self.parameters())
 
 
 args = dict(doc["trainer"])
-if doc["strategy"]:
-    from lightning.pytorch.strategies import DDPStrategy
-    args["strategy"] = DDPStrategy(process_group_backend=doc["strategy"]["process_group_backend"])
-trainer = lightning.Trainer(**args, max_steps=3, logger=False, enable_checkpointing=False,
+if doc["strategy"]:  # the object the file describes: its class, built with its keyword arguments
+    module, name = doc["strategy"]["class"].rsplit(".", 1)
+    kwargs = {k: v for k, v in doc["strategy"].items() if k not in ("class", "note", "configure_model")}
+    args["strategy"] = getattr(importlib.import_module(module), name)(**kwargs)
+trainer = lightning.Trainer(**args, max_steps=2, logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False)
 loader = torch.utils.data.DataLoader(user.build_dataset(), shuffle=True, **doc["dataloader"])
 trainer.fit(Module(), loader)
-'''
+"""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cfg", [TrialConfig(threads=2, batch_size=32, precision="bf16"),
                                  TrialConfig(nprocs=2, threads=1, batch_size=32, num_workers=1,
-                                             persistent_workers=True, precision="bf16")],
-                         ids=["one-device", "two-devices-ddp"])
+                                             persistent_workers=True, precision="bf16"),
+                                 MEMORY_KNOBS],
+                         ids=["one-device", "two-devices-ddp", "memory-knobs"])
 def test_the_lightning_arguments_train_under_a_real_trainer(tmp_path, cfg):
     pytest.importorskip("lightning")
+    memory = cfg.grad_accum > 1
     env, _ = launch.environment(cfg, machine=machine_doc())
-    doc = stack_configs.lightning_arguments(cfg, BASELINE, env)
+    doc = stack_configs.lightning_arguments(cfg, BASELINE, env, blocks=("Block",) if memory else ())
     (tmp_path / "args.json").write_text(json.dumps(doc))
     (tmp_path / "fit.py").write_text(LIGHTNING_SCRIPT)
     # Lightning starts the second rank itself: run_as_group leaves none of its ranks behind
-    proc = run_as_group([sys.executable, "fit.py", str(TINY), "args.json", str(tmp_path)], cwd=tmp_path,
-                        timeout=240, env={**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
-                                          **doc["environment"]})
+    proc = run_as_group([sys.executable, "fit.py", str(BLOCKS if memory else TINY), "args.json", str(tmp_path)],
+                        cwd=tmp_path, timeout=240,
+                        env={**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
+                             **doc["environment"]})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     for rank in range(cfg.nprocs):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert seen["precision"] == "bf16-mixed" and seen["autocast_bf16"]
         assert seen["devices"] == cfg.nprocs and seen["world"] == cfg.nprocs
         assert seen["threads"] == cfg.threads
-        assert seen["batch"] == cfg.batch_size // cfg.nprocs
+        assert seen["batch"] == cfg.batch_size // cfg.nprocs // cfg.grad_accum
         if cfg.nprocs > 1:
-            assert seen["strategy"] == "DDPStrategy" and seen["backend"] == "gloo"
+            assert seen["backend"] == "gloo"
+            # FSDPStrategy refuses a CPU: FSDP2 there is ModelParallelStrategy's
+            assert seen["strategy"] == ("ModelParallelStrategy" if memory else "DDPStrategy")
+        end = json.loads((tmp_path / f"end{rank}.json").read_text())
+        # each knob took effect inside the rank: one optimizer step per grad_accum batches,
+        # every parameter a shard, each block's forward again in the backward pass
+        assert end["optimizer_steps"] == 2 and end["batches"] == 2 * cfg.grad_accum
+        assert end["sharded"] is memory
+        assert end["block_forwards"] == (2 * end["batches"] * end["blocks"] if memory else 0)
+        assert end["blocks"] == (4 if memory else 0)
 
 
 @pytest.mark.slow

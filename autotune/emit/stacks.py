@@ -6,9 +6,9 @@ nodes (emit.slurm).
 Each tool expresses only some knobs; what one cannot (channels_last, interop threads,
 TF32, cuDNN's benchmark mode outside Lightning, the DataLoader's arguments under
 Accelerate, structured pruning, core pinning, activation checkpointing without
-sharding) is named in that file and covered by the loop snippet, never dropped silently.
-The memory knobs name the model's repeated block classes (``Task.blocks``): what is
-checkpointed and what each shards on its own. The process
+sharding, Accelerate's sharding on CPU) is named in that file and covered by the loop
+snippet, never dropped silently. The memory knobs name the model's repeated block classes
+(``Task.blocks``): what is checkpointed and what each shards on its own. The process
 environment (threads, the allocator's preload) goes with each, since no tool sets it.
 """
 from __future__ import annotations
@@ -69,6 +69,13 @@ def _compile_mode(cfg: TrialConfig) -> str | None:
 
 def _sharded(cfg: TrialConfig) -> bool:
     return cfg.sharding != Sharding.OFF and cfg.nprocs > 1
+
+
+def _accelerate_shards(cfg: TrialConfig) -> bool:
+    """Whether Accelerate's own FSDP can hold the sharding: on accelerators only. On CPU its
+    Accelerator() chooses MULTI_CPU before it looks at ACCELERATE_USE_FSDP or an fsdp_plugin,
+    and wraps the model in DDP: the FSDP settings would be ignored without a word."""
+    return _sharded(cfg) and cfg.device == "cuda"
 
 
 def _blocks_text(blocks: tuple[str, ...]) -> str:
@@ -143,10 +150,12 @@ def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str,
     per process are not a config-file key: Accelerate takes them from OMP_NUM_THREADS (or
     ``--num_cpu_threads_per_process``), so the command in the header sets them; nor is
     gradient accumulation, which Accelerator() reads from ACCELERATE_GRADIENT_ACCUMULATION_STEPS.
-    Sharding is Accelerate's FSDP2 over ``blocks``, the model's repeated block classes."""
+    Sharding is Accelerate's FSDP2 over ``blocks``, the model's repeated block classes, on
+    GPUs; on CPU, where Accelerate has no FSDP, the file gives the lines that shard the model
+    before ``accelerator.prepare``, which then prepares the rest."""
     several = cfg.nprocs > 1
     distributed = ("MULTI_GPU" if cfg.device == "cuda" else "MULTI_CPU") if several else "NO"
-    if _sharded(cfg):
+    if _accelerate_shards(cfg):
         distributed = "FSDP"
     fields: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE", "debug": False, "distributed_type": distributed,
@@ -161,7 +170,7 @@ def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str,
         fields["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_mode": mode}
     if cfg.device == "cuda":
         fields["gpu_ids"] = "all"
-    if _sharded(cfg):
+    if _accelerate_shards(cfg):
         fields["fsdp_config"] = _accelerate_fsdp(cfg, blocks)
     shown_env = process_environment(env, for_train_tuned=False)
     if cfg.grad_accum > 1:
@@ -177,16 +186,6 @@ def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str,
                      "ACCELERATE_MIXED_PRECISION": fields["mixed_precision"]}
         if mode is not None:
             shown_env.update(ACCELERATE_DYNAMO_BACKEND="INDUCTOR", ACCELERATE_DYNAMO_MODE=mode)
-        if _sharded(cfg):
-            # what accelerate launch sets from fsdp_config (accelerate.utils.launch)
-            fsdp = _accelerate_fsdp(cfg, blocks)
-            shown_env.update(
-                ACCELERATE_USE_FSDP="true", FSDP_VERSION="2",
-                FSDP_RESHARD_AFTER_FORWARD=str(fsdp["fsdp_reshard_after_forward"]).lower(),
-                FSDP_AUTO_WRAP_POLICY=fsdp["fsdp_auto_wrap_policy"],
-                FSDP_TRANSFORMER_CLS_TO_WRAP=fsdp["fsdp_transformer_layer_cls_to_wrap"],
-                FSDP_ACTIVATION_CHECKPOINTING=str(cfg.activation_checkpointing).lower(),
-                FSDP_STATE_DICT_TYPE=fsdp["fsdp_state_dict_type"])
         command = (f"python -m torch.distributed.run --nnodes 1 --nproc-per-node {cfg.nprocs} "
                    "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 your_script.py")
         lines.append("# Several CPU processes: accelerate launch starts them only through mpirun (add an "
@@ -200,12 +199,38 @@ def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str,
                      "optimizer step; wrap each step in `with accelerator.accumulate(model):`.")
     lines += [f"# Not expressible here, do it in your script: {item}"
               for item in _not_expressible(cfg, baseline, tool="accelerate", blocks=blocks)]
+    if _sharded(cfg) and not _accelerate_shards(cfg):
+        lines += _accelerate_cpu_sharding(cfg, blocks)
     if several:
         lines.append("# Several processes meet through torchrun's store, which listens on every interface;"
                      " autotune's launch.sh does not.")
     lines += _several_nodes_accelerate(cfg, several=several)
     lines += _yaml(fields)
     return "\n".join(lines) + "\n"
+
+
+def _accelerate_cpu_sharding(cfg: TrialConfig, blocks: tuple[str, ...]) -> list[str]:
+    """Sharding on CPU, where Accelerate has no FSDP: the model is sharded (and checkpointed
+    first) in the script, and prepare() takes the rest, since it would wrap the shards in DDP."""
+    knobs = f"sharding ({cfg.sharding}) of {_blocks_text(blocks)}" + (
+        ", activation checkpointing" if cfg.activation_checkpointing else "")
+    code = (_checkpoint_code(blocks) if cfg.activation_checkpointing else []) + _shard_code(cfg, blocks)
+    code += ["optimizer = ...  # your optimizer, built after fully_shard: it takes the shards (DTensors)",
+             "optimizer, loader = accelerator.prepare(optimizer, loader)  # not the model: "
+             "prepare(model) would wrap the shards in DDP"]
+    if cfg.grad_accum > 1:
+        code.append("# in `with accelerator.accumulate(model):`, before backward: "
+                    "model.set_requires_gradient_sync(accelerator.sync_gradients)")
+    if cfg.precision in (Precision.BF16, Precision.FP16):
+        code.append("# the forward pass and the loss in `with accelerator.autocast():` (prepare(model) "
+                    "would have done it)")
+    mode = _compile_mode(cfg)
+    if mode is not None:
+        code.append(f'model.compile(mode="{mode}")  # after fully_shard (prepare(model) would have done it)')
+    return [f"# Not expressible here, do it in your script: {knobs}: Accelerate runs FSDP on GPUs only "
+            "(on CPU, Accelerator() ignores its FSDP settings and replicates the model with DDP);",
+            "#   shard the model yourself, before accelerator.prepare:",
+            *(f"#     {line}" for line in code)]
 
 
 def _several_nodes_accelerate(cfg: TrialConfig, *, several: bool) -> list[str]:
@@ -244,7 +269,10 @@ def _yaml(fields: Mapping[str, Any], indent: str = "") -> list[str]:
 
 def _lightning_strategy(cfg: TrialConfig, blocks: tuple[str, ...]) -> dict[str, Any] | None:
     """The strategy object's class and arguments: DDP, or with sharding FSDP over the block
-    classes (Lightning's FSDPStrategy is FSDP1: its SHARD_GRAD_OP is grad-op's counterpart)."""
+    classes (Lightning's FSDPStrategy is FSDP1: its SHARD_GRAD_OP is grad-op's counterpart).
+    FSDPStrategy refuses a CPU ("requires a GPU accelerator"): there ModelParallelStrategy
+    runs FSDP2 over gloo, applied by the lines it gives for ``configure_model()``. Every key
+    but class, note and configure_model is the constructor's keyword argument."""
     if cfg.nprocs == 1:
         return None
     if not _sharded(cfg):
@@ -252,6 +280,18 @@ def _lightning_strategy(cfg: TrialConfig, blocks: tuple[str, ...]) -> dict[str, 
                 "note": "Trainer(strategy=DDPStrategy(process_group_backend=...)) to keep the tuned "
                         "backend; the string \"ddp\" picks gloo on CPU and nccl on GPUs"}
     classes = list(blocks) or ["YourBlock"]
+    if cfg.device == "cpu":
+        code = ["model = self.model  # the network your LightningModule holds"]
+        code += _checkpoint_code(blocks) if cfg.activation_checkpointing else []
+        code += _shard_code(cfg, blocks, mesh='mesh=self.device_mesh["data_parallel"], ')
+        return {"class": "lightning.pytorch.strategies.ModelParallelStrategy",
+                "data_parallel_size": cfg.nprocs, "tensor_parallel_size": 1,
+                "process_group_backend": cfg.backend, "save_distributed_checkpoint": False,
+                "configure_model": code,
+                "note": "Lightning's FSDPStrategy refuses accelerator=\"cpu\" (it requires a GPU): on CPU "
+                        "ModelParallelStrategy runs FSDP2; put the configure_model lines in your "
+                        "LightningModule's configure_model(), and build the optimizer in "
+                        "configure_optimizers() from self.parameters() (the shards)"}
     strategy: dict[str, Any] = {
         "class": "lightning.pytorch.strategies.FSDPStrategy", "process_group_backend": cfg.backend,
         "sharding_strategy": "FULL_SHARD" if cfg.sharding == Sharding.FULL else "SHARD_GRAD_OP",
@@ -263,15 +303,24 @@ def _lightning_strategy(cfg: TrialConfig, blocks: tuple[str, ...]) -> dict[str, 
     return strategy
 
 
+def _lightning_strategy_name(cfg: TrialConfig) -> str:
+    """Trainer(strategy=...): a registered name, or where none exists (FSDP2 on CPU) the
+    class's, which Trainer refuses: ``doc["strategy"]`` builds the object."""
+    if cfg.nprocs == 1:
+        return "auto"
+    if not _sharded(cfg):
+        return "ddp"
+    return "fsdp" if cfg.device == "cuda" else "ModelParallelStrategy"
+
+
 def lightning_arguments(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str], *,
                         blocks: tuple[str, ...] = ()) -> dict[str, Any]:
     """``Trainer(**doc["trainer"])`` with the strategy built as ``doc["strategy"]`` says (an
     object JSON cannot hold), the DataLoader's arguments and the environment. ``blocks``:
     the model's repeated block classes, which sharding wraps and checkpointing recomputes."""
-    several = cfg.nprocs > 1
     trainer: dict[str, Any] = {"accelerator": "gpu" if cfg.device == "cuda" else "cpu", "devices": cfg.nprocs,
                                "num_nodes": 1, "precision": _LIGHTNING_PRECISION[cfg.precision],
-                               "strategy": ("fsdp" if _sharded(cfg) else "ddp") if several else "auto"}
+                               "strategy": _lightning_strategy_name(cfg)}
     if cfg.cudnn_benchmark:
         trainer["benchmark"] = True
     if cfg.grad_accum > 1:
@@ -342,23 +391,30 @@ def render_torchrun(cfg: TrialConfig, env: Mapping[str, str], *, python: str = s
     return "\n".join(lines) + "\n"
 
 
+def _checkpoint_code(blocks: tuple[str, ...]) -> list[str]:
+    return ["from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (",
+            "    CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)",
+            "import functools",
+            _checkpoint_line(blocks).split("  # from")[0] + "  # recompute each block's activations in backward"]
+
+
+def _shard_code(cfg: TrialConfig, blocks: tuple[str, ...], *, mesh: str = "") -> list[str]:
+    """fully_shard over each block, then the whole model; ``mesh``: the argument naming the
+    ranks' mesh where a tool holds one (Lightning's ``self.device_mesh``)."""
+    classes = ", ".join(blocks) if blocks else "YourBlock"
+    raf = f"{mesh}reshard_after_forward={cfg.sharding == Sharding.FULL}"
+    return ["from torch.distributed.fsdp import fully_shard  # instead of DistributedDataParallel",
+            f"for block in [m for m in model.modules() if isinstance(m, ({classes},))]:",
+            f"    fully_shard(block, {raf})  # each block its own unit",
+            f"fully_shard(model, {raf})  # then the rest"]
+
+
 def _memory_lines(cfg: TrialConfig, blocks: tuple[str, ...]) -> list[str]:
     """Checkpointing and sharding, in PyTorch's order: checkpoint the blocks, shard each
     block, then the whole model, and build the optimizer after (it takes the shards)."""
-    classes = ", ".join(blocks) if blocks else "YourBlock"
-    code = []
-    if cfg.activation_checkpointing:
-        code.append("from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (")
-        code.append("    CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)")
-        code.append("import functools")
-        code.append(_checkpoint_line(blocks).split("  # from")[0]
-                    + "  # recompute each block's activations in backward")
+    code = _checkpoint_code(blocks) if cfg.activation_checkpointing else []
     if _sharded(cfg):
-        raf = cfg.sharding == Sharding.FULL
-        code.append("from torch.distributed.fsdp import fully_shard  # instead of DistributedDataParallel")
-        code.append(f"for block in [m for m in model.modules() if isinstance(m, ({classes},))]:")
-        code.append(f"    fully_shard(block, reshard_after_forward={raf})  # each block its own unit")
-        code.append(f"fully_shard(model, reshard_after_forward={raf})  # then the rest")
+        code += _shard_code(cfg, blocks)
         code.append("optimizer = torch.optim.AdamW(model.parameters())  # your optimizer, built after "
                     "fully_shard: it takes the shards (DTensors)")
         code.append("# checkpoints: torch.distributed.checkpoint.state_dict.get_model_state_dict(model, "
