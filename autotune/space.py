@@ -116,7 +116,8 @@ class Space:
         """Ask an Optuna trial for every searched knob; pinned knobs stay pinned.
         Late knobs (LATE_KNOBS) are asked only when ``late``: they are tried on the best
         configuration at the end of the search, not sampled throughout; memory knobs
-        (MEMORY_KNOBS) only when ``memory``, where a configuration ran out of memory."""
+        (MEMORY_KNOBS) only when ``memory``: a trial enqueued with them (a configuration
+        holding less, or a refinement of one), never a sampled one."""
         params: dict[str, Any] = {}
         for name, values in self.choices.items():
             if (name in LATE_KNOBS and not late) or (name in MEMORY_KNOBS and not memory):

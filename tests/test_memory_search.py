@@ -85,6 +85,9 @@ def test_the_users_batch_over_the_limit_is_kept_with_the_memory_knobs_and_the_wi
     # every trial of the budget measured something: a sampled configuration at a batch that
     # ran out of memory is measured holding less, not skipped (the memory knobs are not sampled)
     assert len(runner.measured) == 10
+    # the end of the search refines the best configuration (compile on it) holding what it holds
+    late = [c for c in runner.measured if c.compile != "off"]
+    assert late and all(memory.saves_memory(c) for c in late), late
     # nothing over the limit was ranked
     ranked = [TrialConfig.from_dict(c["config"]) for c in doc["candidates"]]
     assert all(runner.peak_mb(c) <= 600.0 for c in ranked)

@@ -237,8 +237,11 @@ def fit_of(limit: MemoryLimit, *, chosen: TrialConfig, user: TrialConfig, refere
     ran_out_here = [(cfg, message) for cfg, failure, message in failed
                     if failure == Failure.OUT_OF_MEMORY and cfg.batch_size == chosen.batch_size
                     and not saves_memory(cfg)]
-    without = next((m for cfg, m in ran_out_here if cfg == plain), None) or (
-        f"{ran_out_here[0][0].short()} {ran_out_here[0][1]}" if ran_out_here else None)
+    # the winner without its memory knobs; else one that held what it would (the ablation
+    # may have simplified its placement); else any at its batch
+    nearest = sorted(ran_out_here, key=lambda item: (item[0] != plain, holds(item[0]) != holds(plain)))
+    without = (None if not nearest else nearest[0][1] if nearest[0][0] == plain
+               else f"{nearest[0][0].short()} {nearest[0][1]}")
     fitting = [(cfg, result) for cfg, result in measured
                if not saves_memory(cfg) and not limit.over(cfg, result)]
     best = max(fitting, key=lambda item: float(item[1].get("value") or 0.0), default=None)

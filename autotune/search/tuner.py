@@ -455,8 +455,9 @@ class Tuner:
                 held_less = trial.user_attrs.get(StudyAttr.BASELINE_CONFIG)
                 cfg = TrialConfig.from_dict(held_less) if held_less else self.space.baseline
             else:  # as it can run: where the trials so far say it will not fit, holding less
-                cfg = self._held_to_fit(self.space.suggest(trial, late=role == Role.LATE,
-                                                           memory=role == Role.MEMORY))
+                # an enqueued trial's params hold its memory knobs (a refinement of a
+                # configuration holding less keeps them); a sampled one's do not
+                cfg = self._held_to_fit(self.space.suggest(trial, late=role == Role.LATE, memory=role is not None))
         except Unsplittable as exc:  # costs no measurement, like a duplicate
             trial.set_user_attr(StudyAttr.SKIPPED, str(exc))
             self.study.tell(trial, state=TrialState.FAIL)
