@@ -572,4 +572,5 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         layout=layout_effect(verdicts, candidates[0], space, machine) if candidates else None,
         stages=fit.stages(fitted, records, budget),
         memory=fit_of(limit, chosen=chosen, user=space.baseline, reference=baseline_cfg,
-                      user_result=outcome.user_result, measured=measured, failed=failed))
+                      user_result=outcome.user_result, measured=measured, failed=failed,
+                      alone_peak_mb=winner.standalone.peak_mb if winner and winner.standalone else None))

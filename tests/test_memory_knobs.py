@@ -374,6 +374,8 @@ def test_train_tuned_applies_the_knobs_and_a_sharded_checkpoint_loads_into_the_p
     accumulated = train(ddp.replace(grad_accum=2, activation_checkpointing=True), "accum", "--max-steps", "6",
                         "--no-checkpoint")
     assert accumulated["facts"]["micro_batch"] == 4 and accumulated["facts"]["checkpointed_blocks"] == 4
+    # the busiest rank's peak, which autotune's memory report takes from the emitted script run alone
+    assert replicated["rank_peak_mb"] > 100 and accumulated["rank_peak_mb"] > 100
     assert accumulated["losses"] == pytest.approx(replicated["losses"], rel=1e-5, abs=1e-6)
 
     # checkpointed too: the checkpoint's names are the user's through both wrappers

@@ -130,6 +130,7 @@ class Standalone:
     served_over_alone: Mapping[str, float]  # candidate, baseline: side by side over alone
     cap: int | None = None  # the most pairs it would have run (--pairs)
     stopped: str | None = None  # why the pairs ended before the cap
+    peak_mb: float | None = None  # the emitted script's busiest rank at its peak, the most of its runs
 
     def to_json(self) -> dict[str, Any]:
         sp = self.speedup.to_json()
@@ -142,7 +143,8 @@ class Standalone:
                 "seconds_per_run": self.speedup.seconds_per_run, "wall_s": self.speedup.wall_s,
                 "side_by_side": sp["side_by_side"], "served_over_alone": dict(self.served_over_alone),
                 "covers": self.speedup.covers,
-                **optional_fields(unsteady=self.speedup.unsteady, cap=self.cap, stopped=self.stopped)}
+                **optional_fields(unsteady=self.speedup.unsteady, cap=self.cap, stopped=self.stopped,
+                                  peak_mb=self.peak_mb)}
 
     @classmethod
     def from_check(cls, check: Check | None) -> Standalone | None:
@@ -155,7 +157,8 @@ class Standalone:
                    baseline_samples_per_s=tuple(d["baseline_samples_per_s"]),
                    median_samples_per_s=d["median_samples_per_s"],
                    baseline_median_samples_per_s=d["baseline_median_samples_per_s"],
-                   served_over_alone=d["served_over_alone"], cap=d.get("cap"), stopped=d.get("stopped"))
+                   served_over_alone=d["served_over_alone"], cap=d.get("cap"), stopped=d.get("stopped"),
+                   peak_mb=d.get("peak_mb"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

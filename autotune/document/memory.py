@@ -28,6 +28,7 @@ class MemoryFit:
     # configuration verification measured in its place (it holding less)
     baseline_over: str | None = None
     reference: str | None = None
+    alone: bool = False  # the emitted peak is its script's, run alone (else the search's)
     without: str | None = None
     best_without: Mapping[str, Any] | None = None
 
@@ -37,7 +38,8 @@ class MemoryFit:
             return []
         where = (f", {self.chosen_peak_mb / self.limit_mb:.0%} of the {self.source} "
                  f"({self.limit_mb:,.0f} MiB a rank)" if self.limit_mb else "")
-        lines = [f"memory: the emitted configuration peaks at {self.chosen_peak_mb:,.0f} MiB a rank{where}."]
+        how = " (its script, run alone)" if self.alone else ""
+        lines = [f"memory: the emitted configuration peaks at {self.chosen_peak_mb:,.0f} MiB a rank{how}{where}."]
         if self.baseline_over:
             instead = (f": the speedup is over it as it fits, {self.reference}" if self.reference else "")
             lines.append(f"  your configuration {self.baseline_over}{instead}.")
@@ -57,7 +59,8 @@ class MemoryFit:
     def to_json(self) -> dict[str, Any]:
         return {"limit_mb": self.limit_mb, "source": self.source, "chosen_peak_mb": self.chosen_peak_mb,
                 "baseline_peak_mb": self.baseline_peak_mb, "memory_knobs": list(self.memory_knobs),
-                "baseline_over": self.baseline_over, "reference": self.reference, "without": self.without,
+                "baseline_over": self.baseline_over, "reference": self.reference, "alone": self.alone,
+                "without": self.without,
                 "best_without": dict(self.best_without) if self.best_without is not None else None}
 
     @classmethod
@@ -65,4 +68,5 @@ class MemoryFit:
         return cls(limit_mb=data["limit_mb"], source=data["source"], chosen_peak_mb=data["chosen_peak_mb"],
                    baseline_peak_mb=data["baseline_peak_mb"], memory_knobs=tuple(data["memory_knobs"]),
                    baseline_over=data.get("baseline_over"), reference=data.get("reference"),
+                   alone=bool(data.get("alone")),
                    without=data.get("without"), best_without=data.get("best_without"))

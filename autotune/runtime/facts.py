@@ -133,6 +133,17 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
     }
 
 
+def process_peak_mb(device: torch.device) -> float:
+    """What this process held at its peak, in MiB: its resident set's high-water mark on
+    CPU (train_tuned.py's process trains one configuration from its start), the caching
+    allocator's reservation on CUDA."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def cuda_memory(device: torch.device) -> dict[str, Any]:
     """This rank's GPU memory at its peak and the GPU's size, in MiB (None off CUDA).
     Reserved, not allocated: the caching allocator's reservation is what another batch

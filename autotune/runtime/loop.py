@@ -17,7 +17,7 @@ import torch
 
 from . import memory
 from .distributed import Distributed
-from .facts import process_facts, step_facts
+from .facts import process_facts, process_peak_mb, step_facts
 from .knobs import ConfigDict
 from .model import check_finite, unwrap_model
 from .session import Session
@@ -297,6 +297,8 @@ def train(session: Session, *, total: int, start: int, config: ConfigDict, check
         if stopped:
             break
     elapsed = clock.elapsed()
+    # the busiest rank's (collective: every rank reaches here), for autotune's memory report
+    rank_peak_mb = session.dist.agree_max(process_peak_mb(session.dist.device))
     timed = step - warm
     samples_per_s = timed * session.global_batch / elapsed if timed > 0 and elapsed > 0 and not stopped else None
     if rank0:
@@ -309,6 +311,6 @@ def train(session: Session, *, total: int, start: int, config: ConfigDict, check
             with open(report, "w") as f:
                 json.dump({"steps": step, "first_step": start + 1, "timed_steps": timed,
                            "samples_per_s": samples_per_s, "losses": losses, "facts": facts,
-                           "stopped_by": stopped or None}, f)
+                           "rank_peak_mb": rank_peak_mb, "stopped_by": stopped or None}, f)
     metrics.close()
     return 128 + stopped if stopped else 0

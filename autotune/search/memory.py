@@ -211,11 +211,12 @@ def without_memory_knobs(cfg: TrialConfig) -> TrialConfig:
 
 def fit_of(limit: MemoryLimit, *, chosen: TrialConfig, user: TrialConfig, reference: TrialConfig,
            user_result: Mapping[str, Any], measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]],
-           failed: Iterable[tuple[TrialConfig, str | None, str]]) -> MemoryFit:
+           failed: Iterable[tuple[TrialConfig, str | None, str]], alone_peak_mb: float | None = None) -> MemoryFit:
     """``chosen`` in memory, from the search's trials: ``measured`` (configuration, summary),
     ``failed`` (configuration, failure, message); ``user``, the user's own configuration
     (its trial's summary ``user_result``), ``reference`` what verification measured in
-    its place (``user`` unless it did not fit)."""
+    its place (``user`` unless it did not fit); ``alone_peak_mb``: the emitted script's
+    peak when run alone (the standalone check's), which is what the user will see."""
     measured = list(measured)
     results = dict(measured)
 
@@ -227,8 +228,9 @@ def fit_of(limit: MemoryLimit, *, chosen: TrialConfig, user: TrialConfig, refere
     # where verification simplified or contrasted what the search measured: one holding as much
     alike = results.get(chosen) or next((r for c, r in measured if c.batch_size == chosen.batch_size
                                          and holds(c) == holds(chosen)), {})
-    fit = MemoryFit(limit_mb=limit.per_rank_mb(chosen), source=limit.source,
-                    chosen_peak_mb=peak(alike), baseline_peak_mb=peak(user_result),
+    fit = MemoryFit(limit_mb=limit.per_rank_mb(chosen), source=limit.source, alone=alone_peak_mb is not None,
+                    chosen_peak_mb=alone_peak_mb if alone_peak_mb is not None else peak(alike),
+                    baseline_peak_mb=peak(user_result),
                     memory_knobs=knobs_on(chosen), baseline_over=ran_out,
                     reference=reference.short() if reference != user else None)
     if not fit.memory_knobs:

@@ -77,6 +77,7 @@ class Pairs:
     seconds_per_run: float
     cap: int = 0
     stopped: str | None = None
+    candidate_peak_mb: list[float] = dataclasses.field(default_factory=list)  # its busiest rank's, per run
 
     @property
     def ratios(self) -> list[float]:
@@ -108,6 +109,8 @@ def alternate(runner: ScriptRunner, *, baseline: Script, candidate: Script, pair
             if not rate:
                 raise ScriptFailed(role, f"{script.launcher} reported no throughput")
             rates[role].append(float(rate))
+            if role == "candidate" and report.get("rank_peak_mb") is not None:
+                done.candidate_peak_mb.append(float(report["rank_peak_mb"]))
         done.wall_s = time.monotonic() - started
         done.stopped = until(done)
         if done.stopped:
@@ -176,7 +179,8 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
         baseline_samples_per_s=tuple(pairs.baseline), baseline_median_samples_per_s=base_alone,
         served_over_alone={"candidate": served["median_samples_per_s"] / alone,
                            "baseline": served_baseline["median_samples_per_s"] / base_alone},
-        cap=pairs.cap, stopped=pairs.stopped)
+        cap=pairs.cap, stopped=pairs.stopped,
+        peak_mb=max(pairs.candidate_peak_mb) if pairs.candidate_peak_mb else None)
     detail = figures.to_json()
     if of_median["ci_low"] <= 1.0:
         detail["reason"] = (
