@@ -43,6 +43,19 @@ def parse_size(text: str, *, flag: str = "--memory-limit") -> float:
     return value * _UNITS[unit]
 
 
+def parse_batch_range(text: str) -> tuple[int, int]:
+    """``"16-1024"`` -> (16, 1024): the global batch sizes the search may try."""
+    low, sep, high = str(text).strip().partition("-")
+    try:
+        bounds = (int(low), int(high)) if sep else None
+    except ValueError:
+        bounds = None
+    if bounds is None or not 1 <= bounds[0] <= bounds[1]:
+        raise UsageError(f"--batch-range {text!r}: expected LOW-HIGH, two whole numbers with 1 <= LOW <= HIGH, "
+                         "e.g. --batch-range 16-1024")
+    return bounds
+
+
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
     """What a run is asked to do; the CLI's options, by name."""
@@ -70,6 +83,9 @@ class RunOptions:
     # --memory-limit: the most memory one rank may hold, in MiB (host memory on CPU, device
     # memory on CUDA); None: what the machine has, less a margin (search.memory).
     memory_limit_mb: float | None = None
+    # --batch-range: the global batch sizes the search may try (LOW, HIGH); None: a quarter
+    # to eight times the user's (space.build_space).
+    batch_range: tuple[int, int] | None = None
     # The ablation's path from the baseline, one knob added at a time: as many processes
     # again as the leave-one-out that decides what is emitted, and it decides nothing, so it
     # is measured only on request.
@@ -102,6 +118,11 @@ class RunOptions:
             raise UsageError("--train-steps and --epochs both describe the run you plan: give one of them")
         if self.memory_limit_mb is not None and not self.memory_limit_mb > 0:
             raise UsageError(f"--memory-limit {self.memory_limit_mb!r}: expected a positive size in MiB")
+        if self.batch_range is not None:
+            parse_batch_range("-".join(map(str, self.batch_range)))  # the same checks, the same message
+            if "batch_size" in self.fixed:
+                raise UsageError(f"--batch-range and --fix batch_size={self.fixed['batch_size']} both set the "
+                                 "batch size: give one of them")
         if self.max_quality_drop is not None and self.max_quality_drop < 0:
             raise UsageError("--max-quality-drop must be 0 or more")
         if self.exact:

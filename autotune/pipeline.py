@@ -35,7 +35,15 @@ from autotune.runtime.knobs import Allocator, Precision
 from autotune.search import shared
 from autotune.search.memory import MemoryLimit, fit_of, known_to_fit
 from autotune.search.objective import Plan, Pricing
-from autotune.search.study import database_storage, repair_journal, shown_url, storage_path, study_lock, study_name
+from autotune.search.study import (
+    database_storage,
+    repair_journal,
+    settle_space,
+    shown_url,
+    storage_path,
+    study_lock,
+    study_name,
+)
 from autotune.search.tuner import Candidate, SearchOutcome, Tuner, open_study, retry_stale
 from autotune.space import Space, build_space
 from autotune.task import Task, load_task
@@ -61,7 +69,7 @@ def build_task_space(task: Task, machine: Machine, options: RunOptions) -> Space
                        blocks=task.blocks,
                        has_evaluate=task.has_evaluate, has_training_step=task.has_training_step,
                        max_quality_drop=options.max_quality_drop,
-                       exact=options.exact, fixed=options.fixed)
+                       exact=options.exact, fixed=options.fixed, batch_range=options.batch_range)
 
 
 def memory_limit(options: RunOptions, machine: Machine) -> MemoryLimit:
@@ -404,6 +412,7 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     when the study began). Raises NotVerified when the baseline could not be measured:
     nothing could be compared with it."""
     place = open_place(task, out, options, machine=machine, space=space, reporter=reporter)
+    settle_space(place.study, space.choices, where=shown_url(options.storage) if options.storage else str(out))
     sharing: dict[str, Any] = {"started_at": started_at}
     if place.storage is not None:
         storage, notice = place.storage, once(reporter.warn)

@@ -279,17 +279,25 @@ def _layout_choice(device: str, cores: int, gpu_count: int, backends: Mapping[st
     return KnobChoice(layouts, excluded)
 
 
-def _batch_size_choice(baseline_batch: int, dataset_len: int | None, pinned: int | None) -> KnobChoice:
-    """Powers of two around the user's batch size, none larger than the dataset."""
+def _batch_size_choice(baseline_batch: int, dataset_len: int | None, pinned: int | None,
+                       batch_range: tuple[int, int] | None = None) -> KnobChoice:
+    """Powers of two around the user's batch size (a quarter to eight times it), or within
+    ``batch_range`` (``--batch-range LOW-HIGH``: its powers of two and its ends, the user's
+    batch where it lies within), none larger than the dataset."""
     if pinned is not None:
         return KnobChoice([pinned])
-    batches = _powers_of_two_around(baseline_batch)
-    if not dataset_len:
-        return KnobChoice(batches)
     excluded: dict[str, str] = {}
-    if any(b > dataset_len for b in batches):
+    if batch_range is None:
+        batches = _powers_of_two_around(baseline_batch)
+    else:
+        low, high = batch_range
+        batches = sorted({low, high, *(2**k for k in range(high.bit_length()) if low <= 2**k <= high),
+                          *([baseline_batch] if low <= baseline_batch <= high else [])})
+        excluded[f"batch_size<{low},>{high}"] = f"outside --batch-range {low}-{high}"
+    if dataset_len and any(b > dataset_len for b in batches):
         excluded[f"batch_size>{dataset_len}"] = "larger than the dataset"
-    return KnobChoice([b for b in batches if b <= dataset_len] or [baseline_batch], excluded)
+        batches = [b for b in batches if b <= dataset_len] or [baseline_batch]
+    return KnobChoice(batches, excluded)
 
 
 def _pairable(layouts: Sequence[str], batches: Sequence[int]) -> KnobChoice:
@@ -470,13 +478,15 @@ def build_space(
     max_quality_drop: float | None = None,
     exact: bool = False,
     fixed: Mapping[str, Any] | None = None,
+    batch_range: tuple[int, int] | None = None,
 ) -> Space:
     """The space for ``machine`` (a probe, or its saved document) and the model.
 
     ``fixed`` (``--fix``) pins knobs: a searched knob keeps only its pinned value; a pin
     of a knob the space leaves out stays in ``Space.fixed`` and applies to every trial.
     ``exact`` pins fp32 and no pruning. ``blocks``: the model's repeated block classes, which
-    activation checkpointing recomputes."""
+    activation checkpointing recomputes. ``batch_range``: the global batches the user allows
+    (``--batch-range``), else a quarter to eight times theirs."""
     probe = as_machine(machine)
     pins = dict(fixed or {})
     if exact:
@@ -489,7 +499,7 @@ def build_space(
     device = device_choice.values[0]
     layout = _layout_choice(device, cores, len(gpus), backends, batchnorm_layers=batchnorm_layers,
                             nprocs=pins.pop("nprocs", None), threads=pins.pop("threads", None))
-    batch = _batch_size_choice(baseline_batch, dataset_len, pins.pop("batch_size", None))
+    batch = _batch_size_choice(baseline_batch, dataset_len, pins.pop("batch_size", None), batch_range)
     split = _pairable(layout.values, batch.values)
     max_ranks = max(_ranks(s) for s in split.values)
     # Layout and batch size are pinned by their builders; the other knobs below.

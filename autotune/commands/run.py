@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from autotune.commands import add_common, positive, run_options
-from autotune.options import SEARCH_SHARE, STORAGE_ENV, RunOptions, parse_size
+from autotune.options import SEARCH_SHARE, STORAGE_ENV, RunOptions, parse_batch_range, parse_size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="best-ranked candidates re-measured in verification, besides the first one's "
                         "layout contrast, the best of the other process layout and the best exact "
                         f"and reduced-precision ones (default {RunOptions.top})")
+    p.add_argument("--batch-range", default=None, metavar="LOW-HIGH",
+                   help="the global batch sizes the search may try, e.g. 16-1024: their powers of two and "
+                        "both ends (default: a quarter to eight times the model file's batch_size)")
     p.add_argument("--memory-limit", default=None, metavar="SIZE",
                    help="the most memory one rank may hold, e.g. 6GiB: host memory per process on CPU, "
                         "memory per GPU on CUDA; a configuration over it is not chosen, and one that "
@@ -83,7 +86,8 @@ def main(args: argparse.Namespace) -> int:
                           train_steps=args.train_steps, epochs=args.epochs,
                           storage=args.storage or os.environ.get(STORAGE_ENV) or None, study=args.study,
                           heartbeat_s=args.heartbeat, verify_wait_s=args.verify_wait,
-                          memory_limit_mb=parse_size(args.memory_limit) if args.memory_limit else None)
+                          memory_limit_mb=parse_size(args.memory_limit) if args.memory_limit else None,
+                          batch_range=parse_batch_range(args.batch_range) if args.batch_range else None)
     out = output_folder(Path(args.model_file), args.out)
     doc = tune(Path(args.model_file), out=out, options=options, reporter=reporter, force=args.force)
     if args.json:

@@ -25,6 +25,7 @@ import optuna
 import optuna.storages.journal
 
 from autotune.errors import AutotuneError, UsageError
+from autotune.trials.protocol import StudyAttr
 
 JOURNAL_NAME = "study.journal"
 
@@ -195,6 +196,25 @@ def create_or_resume(*, storage: optuna.storages.BaseStorage | Path, study_name:
             storage=storage, study_name=study_name, direction="maximize",
             sampler=sampler, pruner=pruner, load_if_exists=True,
         )
+
+
+def settle_space(study: optuna.Study, choices: dict[str, list[Any]], *, where: str) -> None:
+    """Store the searched values per knob on a new study; refuse to resume one searched over
+    other values (another --batch-range, a machine that gained an allocator): Optuna cannot
+    sample a knob whose values changed ("dynamic value space"). A study stored before this
+    check holds no record, and is resumed as before."""
+    mine = json.loads(json.dumps(choices))
+    stored = study.user_attrs.get(StudyAttr.SPACE)
+    if stored is None:
+        if not study.get_trials(deepcopy=False):
+            study.set_user_attr(StudyAttr.SPACE, mine)
+        return
+    changed = sorted(k for k in set(stored) | set(mine) if stored.get(k) != mine.get(k))
+    if changed:
+        shown = "; ".join(f"{k}: {stored.get(k)} then, {mine.get(k)} now" for k in changed)
+        raise UsageError(f"the study in {where} searched other values of {', '.join(changed)} ({shown}). Its "
+                         "trials cannot be resumed over these: tune into another --out (or, for a shared study, "
+                         "another --study), or run with the options it was made with")
 
 
 def folder_of(out: str | os.PathLike[str]) -> Path:

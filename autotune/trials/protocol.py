@@ -161,6 +161,7 @@ class StudyAttr(str, enum.Enum):
     BATCH_ENQUEUED = "batch_enqueued"  # the batch-size neighbours of the best were queued
     LATE_ENQUEUED = "late_enqueued"    # the late knobs on the best were queued
     PLAN = "plan"                      # the planned run its values rank for (search.objective)
+    SPACE = "space"                    # the values searched per knob (search.study.settle_space)
 
     def __str__(self) -> str:
         return self.value
