@@ -80,9 +80,7 @@ def memory_limit(options: RunOptions, machine: Machine) -> MemoryLimit:
 
 def fits_in_memory(outcome: SearchOutcome, options: RunOptions, machine: Machine) -> Callable[[TrialConfig], bool]:
     """Whether a configuration is known to fit in memory, from the search's trials."""
-    assert outcome.baseline is not None
-    return known_to_fit(memory_limit(options, machine), baseline=outcome.baseline.config,
-                        measured=[(c.config, c.result) for c in outcome.ranked],
+    return known_to_fit(memory_limit(options, machine), measured=[(c.config, c.result) for c in outcome.ranked],
                         failed=[(f.config, f.failure, f.message) for f in outcome.failures])
 
 
@@ -532,7 +530,7 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     limit = memory_limit(options, machine)
     measured = [(c.config, c.result) for c in outcome.ranked]
     failed = [(f.config, f.failure, f.message) for f in outcome.failures]
-    fits = fits_in_memory(outcome, options, machine)
+    fits = known_to_fit(limit, measured=measured, failed=failed)
     pricing = Pricing(plan=plan, measured=tuple(c.measured for c in outcome.ranked)) if plan else None
     candidates = choose_candidates(ranked, top=options.top, space=space, machine=machine, fits=fits)
     summary = SearchSummary(

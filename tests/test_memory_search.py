@@ -266,8 +266,8 @@ def test_where_memory_bound_only_what_was_measured_within_the_limit_is_known_to_
     fits = TrialConfig(batch_size=16, allocator="tcmalloc", activation_checkpointing=True)
     over = TrialConfig(batch_size=16)
     measured = [(fits, {"rank_peak_mb": 440.0}), (over, {"rank_peak_mb": 640.0})]
-    known = memory.known_to_fit(limit, baseline=over, measured=measured, failed=[(over, "out_of_memory", "")])
+    known = memory.known_to_fit(limit, measured=measured, failed=[(over, "out_of_memory", "")])
     assert known(fits) and known(fits.replace(threads=1, num_workers=2))  # holds as much
     assert not known(over) and not known(fits.replace(allocator="default"))
-    unbound = memory.known_to_fit(limit, baseline=fits, measured=measured[:1], failed=[])
+    unbound = memory.known_to_fit(limit, measured=measured[:1], failed=[])
     assert unbound(over)  # nothing ran out or over: memory never bound

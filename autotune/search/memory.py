@@ -68,7 +68,7 @@ _HOLDS = ("nprocs", "precision", "prune_ratio", "compile", "allocator", "activat
 
 def saves_memory(cfg: TrialConfig) -> bool:
     """Whether a memory knob of ``cfg`` is on."""
-    return cfg.activation_checkpointing or cfg.grad_accum > 1 or cfg.sharding != Sharding.OFF
+    return bool(knobs_on(cfg))
 
 
 def rescue(cfg: TrialConfig, space: Space, *, widen: bool = False) -> TrialConfig | None:
@@ -180,17 +180,13 @@ def predicted_over(measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]], cf
             f"{total:,.0f} MiB (from batches {b1 * scale} and {b2 * scale})")
 
 
-def known_to_fit(limit: MemoryLimit, *, baseline: TrialConfig,
-                 measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]],
+def known_to_fit(limit: MemoryLimit, *, measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]],
                  failed: Iterable[tuple[TrialConfig, str | None, str]]) -> Callable[[TrialConfig], bool]:
     """Whether a configuration is known to fit: any, where memory never bound in the search
-    (nothing ran out of memory or over the limit, the user's configuration within it);
+    (nothing, the user's configuration included, ran out of memory or over the limit);
     else what the search measured within the limit, or one holding as much (the same
     batch and ``holds``)."""
-    measured = list(measured)
-    bound = any(failure == Failure.OUT_OF_MEMORY for _, failure, _ in failed) or any(
-        cfg == baseline and limit.over(cfg, result) for cfg, result in measured)
-    if not bound:
+    if not any(failure == Failure.OUT_OF_MEMORY for _, failure, _ in failed):
         return lambda cfg: True
 
     within = {(cfg.batch_size, holds(cfg)) for cfg, result in measured if not limit.over(cfg, result)}
