@@ -23,7 +23,7 @@ def tune(
     fix: Mapping[str, Any] | Iterable[str] = (), exact: bool = RunOptions.exact,
     max_quality_drop: float | None = RunOptions.max_quality_drop,
     train_steps: int | None = RunOptions.train_steps, epochs: int | None = RunOptions.epochs,
-    memory_limit: str | float | None = None,
+    memory_limit: str | float | None = None, scale_lr: str = RunOptions.scale_lr,
     force: bool = False, progress: bool = True, **measurement: Any,
 ) -> Result:
     """Tune ``model_file`` on this machine: the run ``autotune run`` makes, with the same
@@ -51,6 +51,10 @@ def tune(
         memory_limit: The most memory one rank may hold: a size (``"6GiB"``) or MiB (a
             number); host memory per process on CPU, memory per GPU on CUDA. None: what
             the machine has, less a margin.
+        scale_lr: How the learning rate follows a tuned batch size unlike the model
+            file's: ``"linear"`` multiplies every parameter group's ``lr`` by the tuned
+            global batch over yours, ``"sqrt"`` by that ratio's square root, in the trials,
+            the verification and the emitted script; ``"none"`` leaves it unchanged.
         force: Write into an existing folder that autotune did not make.
         progress: Print progress and the summary; False prints nothing.
         **measurement: The other options of a run by their ``RunOptions`` names:
@@ -78,7 +82,7 @@ def tune(
     items = [f"{k}={v}" for k, v in fix.items()] if isinstance(fix, Mapping) else list(fix)
     known = {f.name for f in dataclasses.fields(RunOptions)} - {
         "trials", "timeout_s", "fixed", "exact", "max_quality_drop", "train_steps", "epochs",
-        "memory_limit_mb"}
+        "memory_limit_mb", "scale_lr"}
     unknown = sorted(set(measurement) - known)
     if unknown:
         raise UsageError(f"tune(): unknown option {', '.join(unknown)}; the options are "
@@ -87,6 +91,7 @@ def tune(
                          max_quality_drop=max_quality_drop, train_steps=train_steps, epochs=epochs,
                          memory_limit_mb=(parse_size(memory_limit, flag="memory_limit")
                                           if isinstance(memory_limit, str) else memory_limit),
+                         scale_lr=scale_lr,
                          **measurement)
     folder = output_folder(Path(model_file), Path(out) if out is not None else None)
     doc = run_pipeline(Path(model_file), out=folder, options=options, reporter=Reporter(quiet=not progress),

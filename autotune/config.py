@@ -5,7 +5,7 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from autotune.errors import UsageError
-from autotune.runtime.knobs import Allocator, Backend, CompileMode, Precision, Sharding
+from autotune.runtime.knobs import Allocator, Backend, CompileMode, LrScaling, Precision, Sharding, lr_factor
 
 # The values, as the search space and the checks below list them.
 COMPILE_MODES = tuple(m.value for m in CompileMode)
@@ -13,6 +13,9 @@ PRECISIONS = tuple(p.value for p in Precision)
 ALLOCATORS = tuple(a.value for a in Allocator)
 BACKENDS = tuple(b.value for b in Backend)
 SHARDINGS = tuple(s.value for s in Sharding)
+LR_SCALINGS = tuple(r.value for r in LrScaling)
+# The learning-rate rule's fields: set once for the run (--scale-lr), not searched.
+LR_FIELDS = ("lr_scaling", "lr_batch")
 
 
 class Layout(NamedTuple):
@@ -77,6 +80,10 @@ class TrialConfig:
     activation_checkpointing: bool = False
     grad_accum: int = 1
     sharding: str = Sharding.OFF.value
+    # Not a knob the search turns: how the learning rate follows the batch size
+    # (--scale-lr), and the global batch the user's learning rate is for (theirs).
+    lr_scaling: str = LrScaling.NONE.value
+    lr_batch: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -107,9 +114,12 @@ class TrialConfig:
             ("affinity", ("none", "compact")),
             ("device", ("cpu", "cuda")),
             ("sharding", SHARDINGS),
+            ("lr_scaling", LR_SCALINGS),
         ):
             if getattr(self, name) not in allowed:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if self.lr_batch is not None and self.lr_batch < 1:
+            problems.append(f"lr_batch={self.lr_batch} must be at least 1")
         if not 0.0 <= self.prune_ratio < 1.0:
             problems.append(f"prune_ratio={self.prune_ratio} must be in [0, 1)")
         if self.sharding != Sharding.OFF and self.nprocs < 2:
@@ -127,6 +137,11 @@ class TrialConfig:
     def micro_batch(self) -> int:
         """What one rank's forward and backward hold at once."""
         return self.batch_size // (self.nprocs * self.grad_accum)
+
+    @property
+    def lr_factor(self) -> float:
+        """What the learning rate is multiplied by at this batch size, on one node."""
+        return lr_factor(self.lr_scaling, batch=self.batch_size, lr_batch=self.lr_batch)
 
     @property
     def exact(self) -> bool:
@@ -159,7 +174,7 @@ class TrialConfig:
         default = TrialConfig()
         parts = [f"layout={self.layout}", f"batch={self.batch_size}"]
         for f in dataclasses.fields(self):
-            if f.name in ("nprocs", "threads", "batch_size"):
+            if f.name in ("nprocs", "threads", "batch_size", *LR_FIELDS):
                 continue
             value = getattr(self, f.name)
             if value != getattr(default, f.name):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import UsageError
-from autotune.runtime.knobs import Precision
+from autotune.runtime.knobs import LrScaling, Precision
 
 # Where --storage is read from when not given: a URL with a password stays out of the
 # shell's history and the process list.
@@ -56,6 +56,16 @@ def parse_batch_range(text: str) -> tuple[int, int]:
     return bounds
 
 
+def parse_scale_lr(text: str) -> str:
+    """``"linear"`` -> ``LrScaling.LINEAR``'s value; anything else is refused with the choices."""
+    try:
+        return LrScaling(str(text).strip().lower()).value
+    except ValueError:
+        choices = ", ".join(r.value for r in LrScaling)
+        raise UsageError(f"--scale-lr {text!r}: expected one of {choices}, e.g. --scale-lr linear "
+                         "(the learning rate times the tuned batch over yours)") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
     """What a run is asked to do; the CLI's options, by name."""
@@ -80,6 +90,9 @@ class RunOptions:
     # check of longer runs measured (BENCHMARKS.md, "Tuning time").
     pair_seconds: float = 8.0
     max_quality_drop: float | None = None
+    # --scale-lr: how the learning rate follows a batch size unlike the user's (LrScaling);
+    # "none" leaves it as the model file sets it.
+    scale_lr: str = LrScaling.NONE.value
     # --memory-limit: the most memory one rank may hold, in MiB (host memory on CPU, device
     # memory on CUDA); None: what the machine has, less a margin (search.memory).
     memory_limit_mb: float | None = None
@@ -123,6 +136,8 @@ class RunOptions:
             if "batch_size" in self.fixed:
                 raise UsageError(f"--batch-range and --fix batch_size={self.fixed['batch_size']} both set the "
                                  "batch size: give one of them")
+        # the vocabulary's value (tune() may pass an LrScaling, or "Linear")
+        object.__setattr__(self, "scale_lr", parse_scale_lr(self.scale_lr))
         if self.max_quality_drop is not None and self.max_quality_drop < 0:
             raise UsageError("--max-quality-drop must be 0 or more")
         if self.exact:

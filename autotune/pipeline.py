@@ -69,7 +69,8 @@ def build_task_space(task: Task, machine: Machine, options: RunOptions) -> Space
                        blocks=task.blocks,
                        has_evaluate=task.has_evaluate, has_training_step=task.has_training_step,
                        max_quality_drop=options.max_quality_drop,
-                       exact=options.exact, fixed=options.fixed, batch_range=options.batch_range)
+                       exact=options.exact, fixed=options.fixed, batch_range=options.batch_range,
+                       scale_lr=options.scale_lr)
 
 
 def memory_limit(options: RunOptions, machine: Machine) -> MemoryLimit:
@@ -410,7 +411,7 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     when the study began). Raises NotVerified when the baseline could not be measured:
     nothing could be compared with it."""
     place = open_place(task, out, options, machine=machine, space=space, reporter=reporter)
-    settle_space(place.study, space.choices, where=shown_url(options.storage) if options.storage else str(out))
+    settle_space(place.study, space.recorded, where=shown_url(options.storage) if options.storage else str(out))
     sharing: dict[str, Any] = {"started_at": started_at}
     if place.storage is not None:
         storage, notice = place.storage, once(reporter.warn)

@@ -13,11 +13,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.config import Layout, TrialConfig
+from autotune.config import LR_FIELDS, LR_SCALINGS, Layout, TrialConfig
 from autotune.errors import UsageError
 from autotune.probes import Machine, as_machine
 from autotune.probes.gpu import GpuInfo, usable_gpus
-from autotune.runtime.knobs import Allocator, Backend, CompileMode, Precision, Sharding
+from autotune.runtime.knobs import Allocator, Backend, CompileMode, LrScaling, Precision, Sharding
 
 # Knobs whose every trial carries a long one-time cost (torch.compile takes tens of
 # seconds even for a small model on a few cores). Sampling them throughout would spend
@@ -65,9 +65,14 @@ def parse_fixes(items: list[str]) -> dict[str, Any]:
             except UsageError as exc:
                 raise UsageError(f"--fix {exc}") from None
             continue
+        if name in LR_FIELDS:
+            raise UsageError(f"--fix {name}: the learning rate's rule is not a knob; give --scale-lr "
+                             f"{{{','.join(LR_SCALINGS)}}} (scale_lr= in tune()), and it follows each "
+                             "configuration's batch size from yours")
         if name not in fields:
             raise UsageError(
-                f"--fix {name}: unknown knob. Knobs: {', '.join(sorted([*fields, 'layout']))}"
+                f"--fix {name}: unknown knob. Knobs: "
+                f"{', '.join(sorted([*(f for f in fields if f not in LR_FIELDS), 'layout']))}"
             )
         fixed[name] = _parse_value(fields[name], text.strip())
     try:
@@ -178,9 +183,18 @@ class Space:
             out[name] = value
         return out
 
+    @property
+    def recorded(self) -> dict[str, list[Any]]:
+        """The searched values as a study records them (search.study.settle_space, a shared
+        study's identity), with the learning-rate rule where there is one: the study's
+        configurations carry the rule they were measured with, so it is not resumed under
+        another --scale-lr."""
+        rule = self.baseline.lr_scaling
+        return {**self.choices, **({"lr_scaling": [rule]} if rule != LrScaling.NONE else {})}
+
     def describe(self) -> dict[str, Any]:
         return {
-            "included": dict(self.choices),
+            "included": self.recorded,
             "fixed": dict(self.fixed),
             "excluded": dict(self.excluded),
         }
@@ -479,6 +493,7 @@ def build_space(
     exact: bool = False,
     fixed: Mapping[str, Any] | None = None,
     batch_range: tuple[int, int] | None = None,
+    scale_lr: str = LrScaling.NONE.value,
 ) -> Space:
     """The space for ``machine`` (a probe, or its saved document) and the model.
 
@@ -486,7 +501,9 @@ def build_space(
     of a knob the space leaves out stays in ``Space.fixed`` and applies to every trial.
     ``exact`` pins fp32 and no pruning. ``blocks``: the model's repeated block classes, which
     activation checkpointing recomputes. ``batch_range``: the global batches the user allows
-    (``--batch-range``), else a quarter to eight times theirs."""
+    (``--batch-range``), else a quarter to eight times theirs. ``scale_lr``: how the learning
+    rate follows each configuration's batch size from the user's (``--scale-lr``); the
+    baseline carries it, and so every configuration made from it."""
     probe = as_machine(machine)
     pins = dict(fixed or {})
     if exact:
@@ -530,5 +547,8 @@ def build_space(
         if choice.values:
             choices[name] = [pins.pop(name)] if name in pins else choice.values
     baseline = TrialConfig(batch_size=baseline_batch, device=device,
-                           backend=Backend.NCCL if device == "cuda" else Backend.GLOO)
+                           backend=Backend.NCCL if device == "cuda" else Backend.GLOO,
+                           lr_scaling=str(scale_lr),
+                           # none: the configurations of a run without the rule, as before it
+                           lr_batch=None if scale_lr == LrScaling.NONE else baseline_batch)
     return Space(choices=choices, excluded=excluded, baseline=baseline, fixed=pins)

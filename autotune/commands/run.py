@@ -36,6 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-range", default=None, metavar="LOW-HIGH",
                    help="the global batch sizes the search may try, e.g. 16-1024: their powers of two and "
                         "both ends (default: a quarter to eight times the model file's batch_size)")
+    p.add_argument("--scale-lr", default=RunOptions.scale_lr, metavar="{none,linear,sqrt}",
+                   help="how the learning rate follows a tuned batch size unlike the model file's: "
+                        "linear multiplies it by the tuned batch over yours, sqrt by that ratio's square "
+                        "root, in every trial, the verification and the emitted script "
+                        f"(default {RunOptions.scale_lr}: unchanged)")
     p.add_argument("--memory-limit", default=None, metavar="SIZE",
                    help="the most memory one rank may hold, e.g. 6GiB: host memory per process on CPU, "
                         "memory per GPU on CUDA; a configuration over it is not chosen, and one that "
@@ -87,7 +92,8 @@ def main(args: argparse.Namespace) -> int:
                           storage=args.storage or os.environ.get(STORAGE_ENV) or None, study=args.study,
                           heartbeat_s=args.heartbeat, verify_wait_s=args.verify_wait,
                           memory_limit_mb=parse_size(args.memory_limit) if args.memory_limit else None,
-                          batch_range=parse_batch_range(args.batch_range) if args.batch_range else None)
+                          batch_range=parse_batch_range(args.batch_range) if args.batch_range else None,
+                          scale_lr=args.scale_lr)
     out = output_folder(Path(args.model_file), args.out)
     doc = tune(Path(args.model_file), out=out, options=options, reporter=reporter, force=args.force)
     if args.json:

@@ -24,7 +24,7 @@ from autotune.config import TrialConfig
 from autotune.emit import nodes, slurm
 from autotune.emit.launch import keep_or_export
 from autotune.emit.outdir import write_atomically
-from autotune.runtime.knobs import CompileMode, Precision, Sharding
+from autotune.runtime.knobs import CompileMode, LrScaling, Precision, Sharding
 
 ACCELERATE_NAME = "accelerate_config.yaml"
 LIGHTNING_NAME = "lightning_trainer.json"
@@ -91,10 +91,26 @@ def _checkpoint_line(blocks: tuple[str, ...]) -> str:
             "torch.distributed.algorithms._checkpoint.checkpoint_wrapper")
 
 
+def lr_line(cfg: TrialConfig) -> str | None:
+    """What --scale-lr asks of the user's own optimizer (None when the factor is 1): the
+    tools' files cannot hold it; train_tuned.py applies it itself."""
+    if cfg.lr_factor == 1.0:
+        return None
+    ratio = f"{cfg.batch_size}/{cfg.lr_batch}"
+    rule = ratio if cfg.lr_scaling == LrScaling.LINEAR else f"sqrt({ratio})"
+    return (f"learning rate (--scale-lr {cfg.lr_scaling}): multiply every parameter group's lr by "
+            f"{cfg.lr_factor:g} ({rule}, the global batch over yours): for group in optimizer.param_groups: "
+            f"group['lr'] *= {cfg.lr_factor:g}; on N nodes the global batch is N x {cfg.batch_size}, "
+            "and the factor follows it")
+
+
 def _not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str,
                      blocks: tuple[str, ...] = ()) -> list[str]:
     """The tuned knobs a tool's configuration cannot hold (see the loop snippet)."""
     out = []
+    lr = lr_line(cfg)
+    if lr:
+        out.append(lr)
     if cfg.activation_checkpointing and not _sharded(cfg):
         # Both tools checkpoint activations only as part of their FSDP configuration.
         out.append(f"activation checkpointing of {_blocks_text(blocks)}: {_checkpoint_line(blocks)}")
@@ -514,6 +530,10 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
         code += _loop_lines(several=several, pinned=pinned, ddp_on_cuda=becomes_ddp and cuda)
     if cfg.grad_accum != baseline.grad_accum and cfg.grad_accum > 1:
         code += _accumulation_lines(cfg)
+    if cfg.lr_factor != 1.0:
+        code.append("for group in optimizer.param_groups:  # --scale-lr "
+                    f"{cfg.lr_scaling}: the global batch {cfg.batch_size} over your {cfg.lr_batch}")
+        code.append(f"    group['lr'] *= {cfg.lr_factor:g}")
     if cfg.allocator != baseline.allocator and "LD_PRELOAD" in env:
         shell.append(f"export LD_PRELOAD={shlex.quote(env['LD_PRELOAD'])}  # the {cfg.allocator} allocator")
         if "MALLOC_CONF" in env:

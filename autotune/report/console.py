@@ -156,6 +156,10 @@ class Reporter:
             mark = "" if before == value else " ←"
             table.add_row(key, Text(_shown(before)), Text(f"{_shown(value)}{mark}"))
         self.out.print(table)
+        if doc.config.lr_factor != 1.0:
+            self.out.print(f"learning rate: x{doc.config.lr_factor:g} (--scale-lr {doc.config.lr_scaling}: the "
+                           f"batch {doc.config.batch_size} over your {doc.config.lr_batch}), applied by "
+                           "train_tuned.py; your own launcher must apply it (see its file)", markup=False)
         self.out.print(f"baseline: {base.samples_per_s:,.1f} samples/s")
         speed = doc.speedup
         if speed is not None:

@@ -11,7 +11,7 @@ import torch
 
 from . import memory
 from .data import first_tensor
-from .model import unwrap_model
+from .model import config_lr_factor, first_lr, unwrap_model
 from .session import Session
 
 
@@ -61,7 +61,8 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
     activation dtypes (precision), memory format of conv inputs (channels_last), the
     per-rank batch, layer widths (pruning), compiled and DDP wrappers; the memory knobs'
     checkpointed blocks, the model's calls in a step and what each got (grad_accum's
-    micro-batches), and whether the parameters are sharded with this rank's share."""
+    micro-batches), and whether the parameters are sharded with this rank's share; the
+    learning-rate factor and the first group's learning rate."""
     dtypes: set[str] = set()
     conv_inputs_channels_last: list[bool] = []
     hooks = []
@@ -130,6 +131,10 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
         "parameter_share": held / total if total else None,
         "world": session.dist.world,
         "backend": session.dist.backend,
+        # --scale-lr: the factor the learning rates were multiplied by, and the first
+        # parameter group's learning rate as the optimizer holds it
+        "lr_factor": config_lr_factor(session.cfg, nodes=session.dist.nodes),
+        "lr": first_lr(session.optimizer),
     }
 
 

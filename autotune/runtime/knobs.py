@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 from typing import Any, TypedDict
 
 
@@ -75,6 +76,28 @@ class Sharding(str, enum.Enum):
         return self.value
 
 
+class LrScaling(str, enum.Enum):
+    """How the learning rate follows a batch size unlike the one it was set for: NONE
+    leaves it; LINEAR multiplies it by the batches' ratio (Goyal et al.'s rule, for SGD);
+    SQRT by the ratio's square root (the rule often used with Adam)."""
+
+    NONE = "none"
+    LINEAR = "linear"
+    SQRT = "sqrt"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def lr_factor(rule: str, *, batch: int, lr_batch: int | None) -> float:
+    """What the learning rate is multiplied by at the global batch ``batch`` when it was set
+    for ``lr_batch`` (None: unknown, and then nothing is scaled)."""
+    if rule == LrScaling.NONE or lr_batch is None:
+        return 1.0
+    ratio = batch / lr_batch
+    return ratio if rule == LrScaling.LINEAR else math.sqrt(ratio)
+
+
 class ConfigDict(TypedDict, total=False):
     """A configuration as the runtime reads it: ``autotune.config.TrialConfig.to_dict()``,
     from a trial's spec or train_tuned.json. A knob left out reads as its default."""
@@ -100,6 +123,8 @@ class ConfigDict(TypedDict, total=False):
     activation_checkpointing: bool
     grad_accum: int
     sharding: str
+    lr_scaling: str
+    lr_batch: int | None
 
 
 @dataclasses.dataclass(frozen=True)

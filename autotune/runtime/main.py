@@ -16,6 +16,7 @@ from .distributed import DIST_TIMEOUT_MIN, lost_peer, report_lost_peer
 from .facts import machine_differences
 from .knobs import ScriptSettings
 from .loop import Checkpoints, Metrics, latest_checkpoint, read_checkpoint, restore, train
+from .model import config_lr_factor, first_lr
 from .session import Session
 
 
@@ -72,13 +73,22 @@ def restarted_by_torchrun() -> bool:
         return False
 
 
-def batch_note(batch: int, *, baseline_batch: int | None, nodes: int = 1) -> str | None:
+def batch_note(batch: int, *, baseline_batch: int | None, nodes: int = 1, lr_scaling: str = "none",
+               lr_factor: float = 1.0, lr: float | None = None) -> str | None:
     """What the batch of a step means for the learning rate: a tuned batch size unlike the
     user's, or on several nodes the global batch (``batch`` per node, tuned on one, times
-    ``nodes``); None when it is the user's (or one node's and the user's is unknown)."""
+    ``nodes``); None when it is the user's (or one node's and the user's is unknown).
+    ``lr_factor``: what --scale-lr (``lr_scaling``) multiplied the learning rates by, ``lr``
+    the first parameter group's after it."""
     total = batch * nodes
     what = (f"the global batch size {total} (the tuned {batch} per node x {nodes} nodes)" if nodes > 1
             else f"the tuned batch size {batch}")
+    if lr_factor != 1.0:
+        change = f": from {lr / lr_factor:g} to {lr:g} for the first parameter group" if lr is not None else ""
+        against = f" is {total / baseline_batch:g}x your {baseline_batch}" if baseline_batch else ""
+        return (f"note: {what}{against}, and the learning rate was scaled by {lr_factor:g} "
+                f"(--scale-lr {lr_scaling}){change}. autotune checked the loss and evaluate() at the "
+                "tuned batch for a short run only, so watch them in a long one.")
     if not baseline_batch:
         if nodes == 1:
             return None
@@ -123,7 +133,9 @@ def main(argv: list[str] | None = None, *, config_path: str) -> int:
             print(f"warning: this machine differs from the one this config was tuned on: {line}",
                   file=sys.stderr, flush=True)
         note = batch_note(int(settings.config["batch_size"]), baseline_batch=settings.baseline_batch,
-                          nodes=session.dist.nodes)
+                          nodes=session.dist.nodes, lr_scaling=str(settings.config.get("lr_scaling", "none")),
+                          lr_factor=config_lr_factor(settings.config, nodes=session.dist.nodes),
+                          lr=first_lr(session.optimizer))
         if note and not args.resume:
             print(note, file=sys.stderr, flush=True)
     if state is not None:

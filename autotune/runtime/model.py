@@ -12,7 +12,7 @@ import torch
 from . import memory
 from .data import move
 from .distributed import Distributed
-from .knobs import CompileMode, ConfigDict, Precision, Sharding
+from .knobs import CompileMode, ConfigDict, LrScaling, Precision, Sharding, lr_factor
 
 
 class NonFiniteLoss(RuntimeError):
@@ -71,6 +71,40 @@ def sync_batchnorm(model: torch.nn.Module, device: torch.device, world: int) -> 
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
+def config_lr_factor(cfg: ConfigDict, *, nodes: int = 1) -> float:
+    """The configuration's learning-rate factor (``lr_scaling``) at its global batch: its
+    ``batch_size`` on each of ``nodes`` (it was tuned on one; a job of several nodes
+    runs its layout on each)."""
+    batch = int(cfg.get("batch_size") or 1) * nodes
+    return lr_factor(str(cfg.get("lr_scaling", LrScaling.NONE)), batch=batch, lr_batch=cfg.get("lr_batch"))
+
+
+def scale_lr(optimizer: Any, factor: float) -> None:
+    """Every parameter group's learning rate times ``factor``. A tensor learning rate
+    (``lr=torch.tensor(...)``, for a compiled or capturable optimizer) is multiplied in
+    place: it stays a tensor, and the one the optimizer holds; one shared by several
+    groups is multiplied once."""
+    if factor == 1.0:
+        return
+    scaled: set[int] = set()
+    for group in optimizer.param_groups:
+        lr = group["lr"]
+        if isinstance(lr, torch.Tensor):
+            if id(lr) not in scaled:
+                scaled.add(id(lr))
+                with torch.no_grad():
+                    lr.mul_(factor)
+        else:
+            group["lr"] = lr * factor
+
+
+def first_lr(optimizer: Any) -> float | None:
+    """The first parameter group's learning rate, as a number."""
+    groups = getattr(optimizer, "param_groups", None) or [{}]
+    lr = groups[0].get("lr")
+    return float(lr) if lr is not None else None
+
+
 class BuiltModel(NamedTuple):
     """What build_model makes: the model as trained, its optimizer, and for a sharded model
     the plain model's structure without weights (memory.skeleton), which the user's
@@ -86,7 +120,9 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
     prune, then memory format, SyncBatchNorm and device, then activation checkpointing;
     then optimizer, IPEX, DDP and compile, or with sharding over several ranks (PyTorch's
     order for FSDP2): each repeated block compiled in place, fully_shard, and the optimizer
-    last, over the sharded parameters."""
+    last, over the sharded parameters. The optimizer's learning rates are scaled as
+    ``lr_scaling`` says (config_lr_factor), here alone: trials, verification and
+    train_tuned.py all build through this."""
     model = user.build_model()
     prune_ratio = float(cfg.get("prune_ratio") or 0.0)
     if prune_ratio > 0:
@@ -114,12 +150,15 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
         memory.shard(model, dist, reshard_after_forward=sharding == Sharding.FULL)
         optimizer = (make_optimizer(model.parameters()) if make_optimizer
                      else torch.optim.AdamW(model.parameters(), lr=1e-3))
+        scale_lr(optimizer, config_lr_factor(cfg, nodes=dist.nodes))
         return BuiltModel(model, optimizer, plain)
     optimizer = (
         make_optimizer(model.parameters())
         if make_optimizer
         else torch.optim.AdamW(model.parameters(), lr=1e-3)
     )
+    # Before IPEX, which may hand back an optimizer of its own made from this one.
+    scale_lr(optimizer, config_lr_factor(cfg, nodes=dist.nodes))
     if cfg.get("ipex"):
         import intel_extension_for_pytorch as ipex
 
