@@ -37,8 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
-from autotune.pipeline import build_task_space, heuristics
+from autotune.pipeline import build_task_space
 from autotune.probes import probe_machine
+from autotune.search.starts import heuristics
 from autotune.search.tuner import Tuner, open_study
 from autotune.task import load_task
 from autotune.trials.runner import Measurement, TrialRunner

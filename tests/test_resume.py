@@ -82,7 +82,7 @@ SIM = r'''
 import json, os, signal, sys
 from pathlib import Path
 
-from autotune.pipeline import heuristics
+from autotune.search.starts import heuristics
 from autotune.probes import as_machine
 from autotune.search.tuner import Tuner, open_study
 from autotune.space import build_space

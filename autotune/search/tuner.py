@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -28,40 +27,11 @@ from autotune.document.run import SearchFailure
 from autotune.errors import UsageError
 from autotune.search import memory
 from autotune.search.objective import Measured, Plan, described
+from autotune.search.pruner import ClearlySlowerPruner, config_of
 from autotune.search.study import create_or_resume, quiet_optuna
 from autotune.space import Space, Unsplittable
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Role, Status, StudyAttr
 from autotune.trials.runner import TrialResult, TrialRunnerLike
-
-
-class ClearlySlowerPruner(optuna.pruners.BasePruner):
-    """Stop a trial whose windows so far are clearly below the best trial of its kind.
-
-    Single windows on a shared machine vary by 20% or more, so only a wide gap
-    prunes: the median of the reported windows under ``ratio`` x the best value. Under a
-    planned run (``search.objective``) the best value is an effective throughput, and the
-    windows are steady throughput, which no trial's effective throughput exceeds (its
-    one-time cost only lowers it): a trial pruned is clearly slower still. Exact
-    (fp32, unpruned) trials are compared with exact ones only: where bf16 runs twice as
-    fast, every fp32 trial would otherwise be pruned, and the exact fallback that
-    verification keeps beside a reduced-precision winner would never be measured.
-    """
-
-    def __init__(self, *, ratio: float = 0.6, min_windows: int = 2) -> None:
-        self.ratio, self.min_windows = ratio, min_windows
-
-    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        if trial.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE:
-            return False
-        values = list(trial.intermediate_values.values())
-        if len(values) < self.min_windows:
-            return False
-        cfg = _config_of(trial)
-        best = max((t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                    if t.value is not None
-                    and (cfg is None or (c := _config_of(t)) is None or c.exact == cfg.exact)),
-                   default=None)
-        return best is not None and statistics.median(values) < self.ratio * best
 
 
 def open_study(*, storage_path: Path | None = None, storage: optuna.storages.BaseStorage | None = None,
@@ -129,11 +99,6 @@ class SearchOutcome:
     # the user's own configuration's trial summary: ``baseline`` is it, or, where it ran out
     # of memory or over the limit, it holding less (search.memory.rescue)
     user_result: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def _config_of(t: optuna.trial.FrozenTrial) -> TrialConfig | None:
-    data = t.user_attrs.get(StudyAttr.CONFIG)
-    return TrialConfig.from_dict(data) if data else None
 
 
 class Tuner:
@@ -226,7 +191,8 @@ class Tuner:
 
     def _precision_starts(self) -> list[TrialConfig]:
         """Each reduced precision the space offers, at the user's batch size and at the
-        largest one up to four times it, on the launcher defaults (or the baseline).
+        batch range's fastest (else the largest up to four times it), on the launcher
+        defaults (or the baseline).
 
         Left to the sampler, a precision can be tried once at a small batch size, where
         its fixed cost per step (casts, scaling) outweighs what it saves, lose, and never
@@ -237,7 +203,9 @@ class Tuner:
         sizes = sorted(self.space.choices.get("batch_size", []))
         larger = [b for b in sizes if start.batch_size < b <= 4 * start.batch_size
                   and b % start.nprocs == 0]
-        batches = [start.batch_size, *larger[-1:]]
+        # a start at a larger batch is the batch range's fastest (search.batch_range): there
+        ramped = max((h.batch_size for h in self.heuristics), default=0)
+        batches = [start.batch_size, *([ramped] if ramped > start.batch_size else larger[-1:])]
         return [start.replace(precision=p, batch_size=b)
                 for p in self.space.choices.get("precision", [])[1:] for b in batches]
 
@@ -269,7 +237,7 @@ class Tuner:
              if t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and t.value is not None),
             key=lambda t: t.value or 0.0, reverse=True)
         for best in done:
-            cfg = _config_of(best)
+            cfg = config_of(best)
             if cfg is None:
                 continue
             if several_ranks is not None and (cfg.nprocs > 1) != several_ranks:
@@ -360,7 +328,7 @@ class Tuner:
     def _previous(self, cfg: TrialConfig) -> optuna.trial.FrozenTrial | None:
         stale = self._stale()
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-            if (t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and _config_of(t) == cfg
+            if (t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and config_of(t) == cfg
                     and not self._interrupted(t, stale)):
                 return t
         return None
@@ -368,10 +336,10 @@ class Tuner:
     def _memory_bound(self, cfg: TrialConfig) -> str | None:
         """Why ``cfg`` will not fit, from the trials so far (``memory.bound``); None if nothing says so."""
         trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-        return memory.bound(cfg, ran_out=[c for t in trials if (c := _config_of(t)) and t.state == TrialState.FAIL
+        return memory.bound(cfg, ran_out=[c for t in trials if (c := config_of(t)) and t.state == TrialState.FAIL
                                           and t.user_attrs.get(StudyAttr.FAILURE) == Failure.OUT_OF_MEMORY],
                             measured=[(c, t.user_attrs.get(StudyAttr.RESULT, {})) for t in trials
-                                      if (c := _config_of(t)) and t.state == TrialState.COMPLETE])
+                                      if (c := config_of(t)) and t.state == TrialState.COMPLETE])
 
     # --- the loop ------------------------------------------------------------------
 
@@ -435,7 +403,7 @@ class Tuner:
             return f"--timeout {self.timeout_s:.0f} s reached"
         if self.enough is not None and (why := self.enough(self.outcome())):
             return why
-        if len({str(_config_of(t)) for t in measured}) >= self.space.grid_size:
+        if len({str(config_of(t)) for t in measured}) >= self.space.grid_size:
             return "every configuration of the space was measured"
         return None
 
@@ -573,7 +541,7 @@ class Tuner:
         failures = []
         stale = self._stale()
         for t in trials:
-            cfg = _config_of(t)
+            cfg = config_of(t)
             if cfg is None or t.user_attrs.get(StudyAttr.DUPLICATE_OF) is not None:
                 continue
             if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE and cfg == self.space.baseline:

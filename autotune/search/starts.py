@@ -1,0 +1,57 @@
+"""Where the search starts besides the user's configuration: what a practitioner would
+run first on this machine (PyTorch's CPU launcher defaults; on GPUs one rank per GPU in
+bf16). The tuner enqueues them after the baseline; the batch range is measured on the first."""
+from __future__ import annotations
+
+from autotune.config import TrialConfig
+from autotune.probes import Machine
+from autotune.runtime.knobs import Allocator, Precision
+from autotune.space import Space
+
+
+def gpu_start(space: Space, machine: Machine) -> list[TrialConfig]:
+    """What a practitioner starts from on GPUs: one rank per visible GPU over NCCL,
+    bf16 autocast where the GPUs have it (Ampere or later), pinned memory and DataLoader
+    workers, at the smallest searched batch from the user's up that the ranks split."""
+    params = {k: v[0] for k, v in space.choices.items()}
+    ranks = max(layout.nprocs for layout in space.layouts)
+    params["layout"] = next(str(layout) for layout in space.layouts if layout.nprocs == ranks)
+    sizes = sorted(space.choices.get("batch_size", [space.baseline.batch_size]))
+    split = [b for b in sizes if b % ranks == 0]
+    if not split:
+        return []
+    params["batch_size"] = next((b for b in split if b >= space.baseline.batch_size), split[-1])
+    for knob, wanted in (("precision", Precision.BF16), ("pin_memory", True)):
+        if wanted in space.choices.get(knob, []):
+            params[knob] = wanted
+    workers = [n for n in space.choices.get("num_workers", []) if n <= 4]
+    if workers:
+        params["num_workers"] = max(workers)
+    start = space.config_from_params(params)
+    # its fp32 twin: the exact configuration verification falls back on when bf16's
+    # numerics fail, measured early on all GPUs too
+    twin = space.config_from_params({**params, "precision": Precision.FP32})
+    return list(dict.fromkeys([start, twin]))
+
+
+def heuristics(space: Space, machine: Machine) -> list[TrialConfig]:
+    """The start points that are not the baseline: on GPUs ``gpu_start``; on CPU PyTorch's
+    CPU launcher defaults: one process on all usable cores, tcmalloc or jemalloc
+    preloaded where found, compact core pinning."""
+    if space.baseline.device == "cuda":
+        return gpu_start(space, machine)
+    if space.baseline.device != "cpu":
+        return []
+    cores = machine.cpu.usable_cores
+    params = {k: v[0] for k, v in space.choices.items()}
+    params.update(layout=f"1x{cores}", batch_size=space.baseline.batch_size, num_workers=0)
+    if params["layout"] not in space.choices["layout"]:
+        return []
+    allocators = space.choices.get("allocator", [])
+    for name in (Allocator.TCMALLOC, Allocator.JEMALLOC):
+        if name in allocators:
+            params["allocator"] = name
+            break
+    if "compact" in space.choices.get("affinity", []):
+        params["affinity"] = "compact"
+    return [space.config_from_params(params)]
