@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from autotune import __version__
 from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation
+from autotune.document.batch import BatchChoice
 from autotune.document.measures import Baseline, Best, Interval, LayoutEffect, PrecisionNote, Rejection
 from autotune.document.memory import MemoryFit
 from autotune.document.plan import PlannedRun
@@ -31,10 +32,10 @@ from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id, probe_machine
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
-from autotune.runtime.knobs import Allocator, Precision
-from autotune.search import shared
+from autotune.search import batch_range, shared
 from autotune.search.memory import MemoryLimit, fit_of, known_to_fit
 from autotune.search.objective import Plan, Pricing
+from autotune.search.starts import heuristics
 from autotune.search.study import (
     database_storage,
     repair_journal,
@@ -48,8 +49,9 @@ from autotune.search.tuner import Candidate, SearchOutcome, Tuner, open_study, r
 from autotune.space import Space, build_space
 from autotune.task import Task, load_task
 from autotune.trials import measure_lock, proctree
-from autotune.trials.protocol import Failure
+from autotune.trials.protocol import Failure, StudyAttr
 from autotune.trials.runner import TrialRunnerLike
+from autotune.verify import batch as verify_batch
 from autotune.verify import fit, gates, stats
 from autotune.verify.deadline import Budget, Costs, search_timeout
 from autotune.verify.trainings import work_key
@@ -83,54 +85,6 @@ def fits_in_memory(outcome: SearchOutcome, options: RunOptions, machine: Machine
     """Whether a configuration is known to fit in memory, from the search's trials."""
     return known_to_fit(memory_limit(options, machine), measured=[(c.config, c.result) for c in outcome.ranked],
                         failed=[(f.config, f.failure, f.message) for f in outcome.failures])
-
-
-def gpu_start(space: Space, machine: Machine) -> list[TrialConfig]:
-    """What a practitioner starts from on GPUs: one rank per visible GPU over NCCL,
-    bf16 autocast where the GPUs have it (Ampere or later), pinned memory and DataLoader
-    workers, at the smallest searched batch from the user's up that the ranks split."""
-    params = {k: v[0] for k, v in space.choices.items()}
-    ranks = max(layout.nprocs for layout in space.layouts)
-    params["layout"] = next(str(layout) for layout in space.layouts if layout.nprocs == ranks)
-    sizes = sorted(space.choices.get("batch_size", [space.baseline.batch_size]))
-    split = [b for b in sizes if b % ranks == 0]
-    if not split:
-        return []
-    params["batch_size"] = next((b for b in split if b >= space.baseline.batch_size), split[-1])
-    for knob, wanted in (("precision", Precision.BF16), ("pin_memory", True)):
-        if wanted in space.choices.get(knob, []):
-            params[knob] = wanted
-    workers = [n for n in space.choices.get("num_workers", []) if n <= 4]
-    if workers:
-        params["num_workers"] = max(workers)
-    start = space.config_from_params(params)
-    # its fp32 twin: the exact configuration verification falls back on when bf16's
-    # numerics fail, measured early on all GPUs too
-    twin = space.config_from_params({**params, "precision": Precision.FP32})
-    return list(dict.fromkeys([start, twin]))
-
-
-def heuristics(space: Space, machine: Machine) -> list[TrialConfig]:
-    """The start points that are not the baseline: on GPUs ``gpu_start``; on CPU PyTorch's
-    CPU launcher defaults: one process on all usable cores, tcmalloc or jemalloc
-    preloaded where found, compact core pinning."""
-    if space.baseline.device == "cuda":
-        return gpu_start(space, machine)
-    if space.baseline.device != "cpu":
-        return []
-    cores = machine.cpu.usable_cores
-    params = {k: v[0] for k, v in space.choices.items()}
-    params.update(layout=f"1x{cores}", batch_size=space.baseline.batch_size, num_workers=0)
-    if params["layout"] not in space.choices["layout"]:
-        return []
-    allocators = space.choices.get("allocator", [])
-    for name in (Allocator.TCMALLOC, Allocator.JEMALLOC):
-        if name in allocators:
-            params["allocator"] = name
-            break
-    if "compact" in space.choices.get("affinity", []):
-        params["affinity"] = "compact"
-    return [space.config_from_params(params)]
 
 
 def layout_contrast(top: TrialConfig, space: Space, machine: Machine) -> TrialConfig | None:
@@ -236,6 +190,7 @@ def build_document(
     verdicts: list[gates.Verdict], search: SearchSummary, ranked: Sequence[Candidate], exact: bool,
     layout: LayoutEffect | None, environment: Mapping[str, str], pricing: Pricing | None = None,
     stages: VerificationStages | None = None, memory: MemoryFit | None = None,
+    batch: BatchChoice | None = None,
 ) -> RunDocument:
     """The run's document, assembled once from what each stage built."""
     claim = winner.standalone if winner is not None else None
@@ -272,7 +227,7 @@ def build_document(
         search=search,
         space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
         layout_effect=layout, environment=environment,
-        ablation=winner.ablation if winner is not None else None, stages=stages, memory=memory,
+        ablation=winner.ablation if winner is not None else None, stages=stages, memory=memory, batch=batch,
         plan=None if pricing is None else PlannedRun.of(
             pricing, baseline=baseline_cfg, baseline_samples_per_s=baseline.samples_per_s, chosen=chosen,
             chosen_samples_per_s=best.samples_per_s if best is not None else baseline.samples_per_s))
@@ -405,12 +360,22 @@ def room_for_another(*, now: float, ends_at: float, trial_walls: Sequence[float]
 
 def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, space: Space,
            runner: TrialRunnerLike, reporter: Reporter,
-           plan: Plan | None = None, started_at: float | None = None) -> tuple[StudyPlace, SearchOutcome]:
+           plan: Plan | None = None, started_at: float | None = None
+           ) -> tuple[StudyPlace, SearchOutcome, Space]:
     """The search, resumed from the study in ``out`` (or the shared one) when there is one;
     under --timeout it has its share of the time from ``started_at`` (a shared study's: from
-    when the study began). Raises NotVerified when the baseline could not be measured:
-    nothing could be compared with it."""
+    when the study began). Returns the space it searched: ``space`` with the batch sizes of
+    the machine (``search.batch_range``). Raises NotVerified when the baseline could not be
+    measured: nothing could be compared with it."""
     place = open_place(task, out, options, machine=machine, space=space, reporter=reporter)
+    starts = heuristics(space, machine)
+    space, ramp = batch_range.settle(
+        place.study, space, runner=runner, start=starts[0] if starts else space.baseline,
+        has_evaluate=task.has_evaluate, dataset_len=task.dataset_len, limit=memory_limit(options, machine),
+        searched_by_user=options.batch_range is not None or place.shared, say=reporter.info)
+    fastest = ramp.fastest if ramp is not None else None
+    if starts and fastest is not None and fastest[0] in space.choices.get("batch_size", []):
+        starts = list(dict.fromkeys([*starts, starts[0].replace(batch_size=fastest[0])]))
     settle_space(place.study, space.recorded, where=shown_url(options.storage) if options.storage else str(out))
     sharing: dict[str, Any] = {"started_at": started_at}
     if place.storage is not None:
@@ -425,7 +390,7 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
                                         ends_at=began + options.timeout_s)
     tuner = Tuner(study=place.study, space=space, runner=runner, trials=options.trials,
                   timeout_s=search_timeout(options.timeout_s), progress=reporter.search,
-                  heuristics=heuristics(space, machine), plan=plan, enough=enough,
+                  heuristics=starts, plan=plan, enough=enough,
                   memory_limit=memory_limit(options, machine), **sharing)
     try:
         outcome = tuner.run()
@@ -448,7 +413,7 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
             f"default threads, fp32) failed: {detail}. {fix}; "
             f"trial logs are in {out / 'trials'}."
         )
-    return place, outcome
+    return place, outcome, space
 
 
 def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Mapping[str, Any],
@@ -472,7 +437,7 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
                    dataset_len=task.dataset_len)
     if plan is not None:
         reporter.info(f"ranking by the planned run's predicted time: {plan.describe()}")
-    place, outcome = search(task, out, options, machine=machine, space=space, runner=runner,
+    place, outcome, space = search(task, out, options, machine=machine, space=space, runner=runner,
                             reporter=reporter, plan=plan, started_at=started)
     ends_at = None if options.timeout_s is None else (place.started_at or started) + options.timeout_s
 
@@ -548,7 +513,8 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
                                pair_seconds=options.pair_seconds,
                                max_quality_drop=options.max_quality_drop, path=options.path,
                                pinned=frozenset(options.fixed), pricing=pricing, budget=budget,
-                               fits=fits)
+                               fits=fits, batch_allowed=None if task.has_evaluate
+                               else batch_range.allowed_unchecked(task.batch_size, options.batch_range))
     fitted = None
     if budget is not None and candidates:
         fitted = fit.fit(settings, candidates, baseline=baseline_cfg, budget=budget,
@@ -573,6 +539,12 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         base_speed = {"samples_per_s": [outcome.baseline.value],
                       "median_samples_per_s": outcome.baseline.value}
     chosen = winner.config if winner else baseline_cfg
+    batch = verify_batch.describe(
+        chosen=chosen, space=space, batch_range=options.batch_range, pinned=options.fixed.get("batch_size"),
+        has_evaluate=task.has_evaluate,
+        ramp=place.study.user_attrs.get(StudyAttr.BATCH_RAMP), checks=winner.checks if winner else {},
+        gated=[(v.config, v.checks) for v in verdicts],
+        speedup=winner.standalone.speedup.interval.median if winner and winner.standalone else None)
     return build_document(
         task=task, machine=machine, space=space, chosen=chosen, baseline_cfg=baseline_cfg,
         base_speed=base_speed, winner=winner, verdicts=verdicts, search=summary, ranked=outcome.ranked,
@@ -581,4 +553,5 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         stages=fit.stages(fitted, records, budget),
         memory=fit_of(limit, chosen=chosen, user=space.baseline, reference=baseline_cfg,
                       user_result=outcome.user_result, measured=measured, failed=failed,
-                      alone_peak_mb=winner.standalone.peak_mb if winner and winner.standalone else None))
+                      alone_peak_mb=winner.standalone.peak_mb if winner and winner.standalone else None),
+        batch=batch)

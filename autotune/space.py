@@ -89,6 +89,13 @@ def _powers_of_two_around(base: int, *, below: int = 2, above: int = 3) -> list[
     return sorted(v for v in values if v >= 1)
 
 
+def batch_ladder(base: int, top: int) -> list[int]:
+    """``base`` and ``top``, and the powers of two from a quarter of ``base`` up to ``top``."""
+    p = 2 ** round(math.log2(base))
+    values = {base, max(base, top)} | {p >> k for k in (1, 2)} | {p << k for k in range(64) if p << k <= top}
+    return sorted(v for v in values if v >= 1)
+
+
 class Unsplittable(UsageError):
     """A sampled global batch that the sampled ranks cannot split evenly: the pair is
     skipped, its knobs are kept."""
@@ -191,6 +198,23 @@ class Space:
         another --scale-lr."""
         rule = self.baseline.lr_scaling
         return {**self.choices, **({"lr_scaling": [rule]} if rule != LrScaling.NONE else {})}
+
+    def with_batch_top(self, top: int, *, why: str) -> Space:
+        """This space with the batch sizes from a quarter of the user's up to ``top``
+        (``search.batch_range``), ``why`` saying where ``top`` comes from."""
+        if len(self.choices.get("batch_size", [])) < 2:  # pinned
+            return self
+        base = self.baseline.batch_size
+        excluded = {k: v for k, v in self.excluded.items() if not k.startswith("batch_size>")}
+        excluded[f"batch_size>{top}"] = why
+        return dataclasses.replace(self, choices={**self.choices, "batch_size": batch_ladder(base, top)},
+                                   excluded=excluded)
+
+    def with_batches(self, batches: Sequence[int]) -> Space:
+        """This space with the batch sizes a stored study was searched over."""
+        if len(self.choices.get("batch_size", [])) < 2:  # pinned
+            return self
+        return dataclasses.replace(self, choices={**self.choices, "batch_size": sorted(batches)})
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -100,12 +100,12 @@ class Timed(StandInRunner):
 def test_the_document_and_the_summary_say_which_stages_a_deadline_shortened(task, tmp_path, capsys):
     for name in ("roomy", "tight"):
         (tmp_path / name).mkdir()
-    doc = tune_stand_in(task, tmp_path / "roomy", Timed(recorded_machine("avx2_epyc")), timeout_s=300)
+    doc = tune_stand_in(task, tmp_path / "roomy", Timed(recorded_machine("avx2_epyc")), timeout_s=400)
     stages = doc["verification_stages"]
-    assert stages["timeout_s"] == 300 and 0 < stages["left_s"] <= 300
+    assert stages["timeout_s"] == 400 and 0 < stages["left_s"] <= 400
     shortened = {s["stage"]: s["shortened"] for s in stages["stages"] if "shortened" in s}
-    assert shortened == {"ablation": "skipped to fit --timeout 300"}
-    assert doc["verified"] and doc["ablation"]["skipped"] == "skipped to fit --timeout 300"
+    assert shortened == {"ablation": "skipped to fit --timeout 400"}
+    assert doc["verified"] and doc["ablation"]["skipped"] == "skipped to fit --timeout 400"
     assert schemas.problem(doc, "best_config") is None
 
     tight = tune_stand_in(task, tmp_path / "tight", Timed(recorded_machine("avx2_epyc")), timeout_s=30)

@@ -411,7 +411,8 @@ def test_several_cuda_ranks_get_syncbatchnorm_and_ddp_on_their_own_device(monkey
     monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", FakeDDP)
     user = types.SimpleNamespace(build_model=lambda: OnFakeDevice(torch.nn.Conv2d(3, 4, 3),
                                                                   torch.nn.BatchNorm2d(4)))
-    dist = types.SimpleNamespace(device=torch.device("cuda", 0), local_rank=5, world=2, enabled=True)
+    dist = types.SimpleNamespace(device=torch.device("cuda", 0), local_rank=5, world=2, enabled=True,
+                                 nodes=1)
     model, optimizer, _ = build_model(user, {}, dist, None)  # type: ignore[arg-type]
     assert isinstance(model, FakeDDP) and model.device_ids == [0]
     assert isinstance(model.module[1], torch.nn.SyncBatchNorm)

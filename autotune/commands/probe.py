@@ -27,7 +27,10 @@ def main(args: argparse.Namespace) -> int:
     print("\nsearch space on this machine (for a model with batch_size 32):")
     for knob, values in doc["space"]["included"].items():
         when = (" (tried on the best configuration at the end)" if knob in LATE_KNOBS
-                else " (tried where a configuration runs out of memory)" if knob in MEMORY_KNOBS else "")
+                else " (tried where a configuration runs out of memory)" if knob in MEMORY_KNOBS
+                else " (the default; a run measures how far throughput rises with the batch first, "
+                     "and tries larger ones where the model file has evaluate() to check them)"
+                if knob == "batch_size" else "")
         print(f"  {knob}: {', '.join(map(str, values))}{when}")
     for knob, reason in doc["space"]["excluded"].items():
         print(f"  not searched: {knob}: {reason}")

@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation
+from autotune.document.batch import BatchChoice
 from autotune.document.measures import (
     Baseline,
     Best,
@@ -136,6 +137,7 @@ class RunDocument:
     stages: VerificationStages | None = None  # how verification's stages ran, and what --timeout shortened
     plan: PlannedRun | None = None  # None: no run was planned (--train-steps, --epochs)
     memory: MemoryFit | None = None  # None: a document from before memory was measured
+    batch: BatchChoice | None = None  # None: a document from before the batch was judged
     schema: int | None = None
     model_file_tuned: str | None = None
     launch: str | None = None
@@ -180,7 +182,8 @@ class RunDocument:
             "layout_effect": self.layout_effect.to_json() if self.layout_effect else None,
             **optional_fields(ablation=self.ablation.to_json() if self.ablation else None,
                               plan=self.plan.to_json() if self.plan else None,
-                              memory=self.memory.to_json() if self.memory else None),
+                              memory=self.memory.to_json() if self.memory else None,
+                              batch=self.batch.to_json() if self.batch else None),
             **optional_fields(verification_stages=self.stages.to_json() if self.stages else None),
             "environment": dict(self.environment),
             **optional_fields(model_file_tuned=self.model_file_tuned, launch=self.launch,
@@ -207,6 +210,7 @@ class RunDocument:
             ablation=Ablation.from_json(ablation) if ablation else None,
             plan=PlannedRun.from_json(plan) if plan else None,
             memory=MemoryFit.from_json(data["memory"]) if data.get("memory") else None,
+            batch=BatchChoice.from_json(data["batch"]) if data.get("batch") else None,
             stages=(VerificationStages.from_json(data["verification_stages"])
                     if data.get("verification_stages") else None),
             schema=data.get("schema"), model_file_tuned=data.get("model_file_tuned"),

@@ -365,7 +365,8 @@ def advise(doc: RunDocument, *, study: optuna.Study | None = None,
     out what the summary printed above it already (the ablation, the knobs not searched)."""
     lines = outcome_lines(doc)
     if not in_summary:
-        lines += ablation_lines(doc) + plan_lines(doc) + (doc.memory.lines() if doc.memory else [])
+        lines += (ablation_lines(doc) + plan_lines(doc) + (doc.memory.lines() if doc.memory else [])
+                  + (doc.batch.lines() if doc.batch else []))
     if study is not None:
         lines += search_lines(study, doc)
     if not in_summary:

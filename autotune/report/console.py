@@ -197,7 +197,8 @@ class Reporter:
                 f"({e.ci_level:.0%} interval {e.ci_low:.2f}-{e.ci_high:.2f}x, "
                 "other knobs equal, measured side by side)"
             )
-        for line in ablation_lines(doc) + plan_lines(doc) + (doc.memory.lines() if doc.memory else []):
+        for line in (ablation_lines(doc) + plan_lines(doc) + (doc.memory.lines() if doc.memory else [])
+                     + (doc.batch.lines() if doc.batch else [])):
             self.out.print(line, markup=False)
         for item in doc.rejected:
             self.out.print(f"  rejected {item.config.short()}: {item.reason}", markup=False)

@@ -162,6 +162,7 @@ class StudyAttr(str, enum.Enum):
     LATE_ENQUEUED = "late_enqueued"    # the late knobs on the best were queued
     PLAN = "plan"                      # the planned run its values rank for (search.objective)
     SPACE = "space"                    # the values searched per knob (search.study.settle_space)
+    BATCH_RAMP = "batch_ramp"          # what set the batch range (search.batch_range.Ramp)
 
     def __str__(self) -> str:
         return self.value

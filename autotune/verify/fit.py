@@ -51,9 +51,13 @@ class Plan:
 def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
                costs: Costs, has_evaluate: bool) -> float:
     """One short training per computation (``Trainings``): each candidate's and its
-    reference's, shared by what they compute, scored where a knob trades quality."""
+    reference's, shared by what they compute, scored where a knob trades quality; where
+    evaluate() judges a batch unlike the user's (``verify.batch``), the candidate over the
+    user's samples, and the user's configuration once."""
     seen: set[str] = set()
     total = 0.0
+    samples = baseline.batch_size * training_steps(baseline, evaluate=True, numerics_steps=settings.numerics_steps,
+                                                   quality_samples=settings.quality_samples)
     for cand in candidates:
         for cfg in (numerics_reference(baseline, cand), cand):
             if work_key(cfg) not in seen:
@@ -61,6 +65,9 @@ def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baselin
                 total += costs.process(samples=cfg.batch_size * training_steps(
                     cfg, evaluate=has_evaluate and trades_quality(cand), numerics_steps=settings.numerics_steps,
                     quality_samples=settings.quality_samples))
+        if has_evaluate and cand.batch_size != baseline.batch_size:
+            total += costs.process(samples=samples) * (1 if "batch" in seen else 2)
+            seen.add("batch")
     return total
 
 

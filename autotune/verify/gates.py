@@ -39,6 +39,7 @@ from autotune.search.objective import Pricing
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
 from autotune.verify import ablation, sequential, standalone
+from autotune.verify.batch import batch_check
 from autotune.verify.deadline import Budget
 from autotune.verify.side_by_side import Held, one_at_a_time, relative_to_level, speed_check
 from autotune.verify.trainings import Trainings
@@ -166,10 +167,13 @@ def trades_quality(cand: TrialConfig) -> bool:
 
 def numerics_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig) -> Check:
     """The candidate's first ``trainings.numerics_steps`` losses against its reference's,
-    which runs where fp32 fits (``_where_fp32_fits``). Where a knob trades quality the
-    trainings are the quality check's (scored), which it then reads without training again."""
-    scored = trades_quality(cand)
-    results, ran, notes = _where_fp32_fits(lambda cfg, role: trainings.of(cfg, role, scored=scored),
+    which runs where fp32 fits (``_where_fp32_fits``). Where a knob trades quality, or
+    evaluate() will judge a batch unlike the user's (``verify.batch``), the trainings are
+    scored, and those checks then read them without training again."""
+    quality = trades_quality(cand)
+    scored = {"reference": quality,
+              "candidate": quality or (trainings.evaluate and cand.batch_size != baseline.batch_size)}
+    results, ran, notes = _where_fp32_fits(lambda cfg, role: trainings.of(cfg, role, scored=scored[role]),
                                            numerics_reference(baseline, cand), cand)
     shrunk = {"checked_at_batch": ran.batch_size, "notes": notes} if notes else {}
     for role, result in results.items():
@@ -329,6 +333,8 @@ class Settings:
     # whether a configuration is known to fit in memory (search.memory.known_to_fit): the
     # ablation drops no knob without which it is not
     fits: Callable[[TrialConfig], bool] = lambda cfg: True
+    # the global batches allowed without evaluate() to check them (verify.batch); None: any
+    batch_allowed: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass
@@ -355,11 +361,15 @@ class Verdict:
 
 def gate(trainings: Trainings, baseline: TrialConfig, cfg: TrialConfig, *, settings: Settings) -> Verdict:
     """The checks that need no speed measurement, numerics then quality, from one short
-    training of the candidate and one of its reference (``trainings``)."""
+    training of the candidate and one of its reference (``trainings``), then the batch
+    check where its batch is not the user's."""
     verdict = Verdict(cfg, {}, {})
     verdict.checks["numerics"] = numerics_check(trainings, baseline, cfg)
     if verdict.passed:
         verdict.checks["quality"] = quality_check(trainings, baseline, cfg, max_drop=settings.max_quality_drop)
+    if verdict.passed:
+        verdict.checks["batch"] = batch_check(trainings, baseline, cfg, max_drop=settings.max_quality_drop,
+                                              allowed=settings.batch_allowed)
     return verdict
 
 
@@ -369,9 +379,12 @@ def screen(trainings: Trainings, baseline: TrialConfig, candidates: list[TrialCo
     """Gate every candidate before the speed check measures it, so that no measurement
     goes to a configuration a gate rejects. One that fails is replaced by the next of
     its kind (exact, or reduced precision/pruned) from ``reserve``, best first, up to
-    ``settings.replacements`` times per kind. Returns the survivors, in order, and the
-    verdicts of all that were gated. ``trainings``: the gates' runs, shared with later gating."""
+    ``settings.replacements`` times per kind; none at a batch no smaller than one the batch
+    check rejected (a batch that trains worse, trains no better larger). Returns the
+    survivors, in order, and the verdicts of all that were gated. ``trainings``: the
+    gates' runs, shared with later gating."""
     tried: set[TrialConfig] = set(candidates)
+    too_large: float = math.inf
     spent = {True: 0, False: 0}
     passed: list[TrialConfig] = []
     verdicts: list[Verdict] = []
@@ -385,9 +398,12 @@ def screen(trainings: Trainings, baseline: TrialConfig, candidates: list[TrialCo
             passed.append(cfg)
             continue
         progress(ProgressEvent.STEP, {"text": f"rejected {cfg.short()}: {verdict.reason}"})
+        if cfg.batch_size > baseline.batch_size and verdict.checks.get("batch", Check(None)).passed is False:
+            too_large = min(too_large, cfg.batch_size)
         if spent[cfg.exact] >= settings.replacements:
             continue
-        nxt = next((c for c in reserve if c.exact == cfg.exact and c not in tried), None)
+        nxt = next((c for c in reserve if c.exact == cfg.exact and c not in tried
+                    and c.batch_size < too_large), None)
         if nxt is not None:
             spent[cfg.exact] += 1
             tried.add(nxt)

@@ -51,11 +51,35 @@ class Trainings:
     quality_samples: int = 6400
     runs: dict[str, TrialResult] = dataclasses.field(default_factory=dict)
     scored: set[str] = dataclasses.field(default_factory=set)
+    # the batch check's trainings, by work_key and steps: over a number of samples fixed by
+    # the user's batch, not by the numerics check's steps
+    over_samples: dict[tuple[str, int], TrialResult] = dataclasses.field(default_factory=dict)
     ran: int = 0  # trainings run: numbers their folders
 
     def steps(self, cfg: TrialConfig, *, scored: bool = True) -> int:
         return training_steps(cfg, evaluate=scored and self.evaluate, numerics_steps=self.numerics_steps,
                               quality_samples=self.quality_samples)
+
+    def samples(self, cfg: TrialConfig) -> int:
+        """The samples of ``cfg``'s scored training: the batch check's budget, at the user's batch."""
+        return self.steps(cfg) * cfg.batch_size
+
+    @staticmethod
+    def steps_for(cfg: TrialConfig, samples: int) -> int:
+        return max(1, round(samples / cfg.batch_size))
+
+    def for_samples(self, cfg: TrialConfig, role: str, *, samples: int) -> TrialResult:
+        """``cfg`` trained over ``samples`` samples (to the nearest whole step) and scored:
+        the scored training ``of`` runs where it has as many steps."""
+        steps = self.steps_for(cfg, samples)
+        key = work_key(cfg)
+        if key in self.scored and self.steps(cfg) == steps:
+            return self.runs[key]
+        if (key, steps) not in self.over_samples:
+            name = f"verify-gates-{self.ran}-{role}"
+            self.ran += 1
+            self.over_samples[key, steps] = self.runner.run(cfg, name=name, quality_steps=steps)
+        return self.over_samples[key, steps]
 
     def of(self, cfg: TrialConfig, role: str, *, scored: bool = False) -> TrialResult:
         """``cfg``'s training (``role`` names its folder: reference or candidate)."""

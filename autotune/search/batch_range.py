@@ -1,0 +1,183 @@
+"""The global batch sizes the search tries, from the machine: how far throughput keeps
+rising with the batch.
+
+Before the search, one configuration (the launcher defaults, else the user's) is measured
+at the user's batch and at twice it, four times... until throughput has not risen by
+``FLAT`` over the best for ``PATIENCE`` steps, memory binds (a batch runs out of memory or
+over the limit), or the batch reaches the most allowed (the data set, ``MAX_MULTIPLE``
+times the user's). The search then tries a quarter of the user's batch up to twice the
+fastest batch measured, no further than the largest that fit, and where memory did not
+bind, no less than the default range (eight times the user's): a throughput that stopped
+rising for the ramp's configuration may rise again where another knob pays off only at a
+larger batch.
+
+Optuna cannot change a knob's values within a study, so the ramp runs before the study's
+first trial and its range is stored with the study (``StudyAttr.SPACE``); a resumed study
+keeps the range it was searched over.
+
+Without evaluate() nothing can check that a batch the user did not choose trains as well
+(``verify.batch``): the batches emitted then stay within ``UNCHECKED_MULTIPLE`` times the
+user's (``--batch-range`` sets other bounds), and the ramp goes one step beyond, to say
+whether a larger batch was faster.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import TrialConfig
+from autotune.search.memory import MemoryLimit
+from autotune.space import Space
+from autotune.trials.protocol import Failure, Status, StudyAttr
+from autotune.trials.runner import TrialRunnerLike
+
+if TYPE_CHECKING:
+    import optuna
+
+# A batch whose throughput is less than this much over the best measured so far has not
+# risen: a trial's windows on a shared machine scatter by a few percent.
+FLAT = 0.05
+# Steps without a rise before the ramp stops: one slow measurement does not end it.
+PATIENCE = 2
+# The ramp stops at this many times the user's batch, rising or not.
+MAX_MULTIPLE = 1024
+# Without evaluate(), the largest batch emitted: this many times the user's (a quarter of
+# it is the smallest, as in every range).
+UNCHECKED_MULTIPLE = 8
+
+
+def allowed_unchecked(user_batch: int, batch_range: tuple[int, int] | None) -> tuple[int, int]:
+    """The global batches a configuration may have without evaluate() to check it: the
+    user's --batch-range, else a quarter to ``UNCHECKED_MULTIPLE`` times the user's batch."""
+    if batch_range is not None:
+        return batch_range
+    p = 2 ** round(math.log2(user_batch))  # as the default range has always rounded
+    return min(user_batch, max(1, p // 4)), max(user_batch, p * UNCHECKED_MULTIPLE)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Ramp:
+    """What the ramp measured: ``config`` (short form) at each batch, ``rates`` as
+    (batch, samples/s) in the order measured, why it ``stopped``, and the largest batch
+    the search tries (``top``)."""
+
+    config: str
+    rates: tuple[tuple[int, float], ...]
+    stopped: str
+    top: int
+    memory_bound: bool = False  # it stopped where a batch ran out of memory or over the limit
+
+    @property
+    def fastest(self) -> tuple[int, float] | None:
+        return max(self.rates, key=lambda r: r[1]) if self.rates else None
+
+    def faster_beyond(self, largest: int) -> tuple[int, float, float] | None:
+        """The fastest batch measured beyond ``largest`` (the most allowed unchecked), when it
+        ran at least ``FLAT`` faster than the fastest up to it: (batch, its rate, that rate)."""
+        within = [r for b, r in self.rates if b <= largest]
+        beyond = [(b, r) for b, r in self.rates if b > largest]
+        if not within or not beyond:
+            return None
+        batch, rate = max(beyond, key=lambda r: r[1])
+        return (batch, rate, max(within)) if rate >= max(within) * (1 + FLAT) else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.config, "rates": [list(r) for r in self.rates], "stopped": self.stopped,
+                "top": self.top, "memory_bound": self.memory_bound}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Ramp:
+        return cls(config=data["config"], rates=tuple((int(b), float(r)) for b, r in data["rates"]),
+                   stopped=data["stopped"], top=int(data["top"]), memory_bound=bool(data.get("memory_bound")))
+
+
+def ramp(runner: TrialRunnerLike, start: TrialConfig, *, most: int, limit: MemoryLimit | None,
+         say: Callable[[str], None] = lambda text: None) -> Ramp:
+    """Measure ``start`` at its batch, twice it, four times... (see the module's text), no
+    batch over ``most``."""
+    rates: list[tuple[int, float]] = []
+    best_rate, best_batch, flat = 0.0, start.batch_size, 0
+    batch, stopped, memory_bound = start.batch_size, "", False
+    while True:
+        cfg = start.replace(batch_size=batch)
+        result = runner.run(cfg, name=f"batch-ramp-{batch}")
+        over = limit.over(cfg, result.summary()) if limit is not None and result.status == Status.OK else None
+        if result.status != Status.OK or result.value is None or over:
+            what = ("ran out of memory" if result.failure == Failure.OUT_OF_MEMORY
+                    else over or f"failed ({result.describe_failure()})")
+            stopped = f"batch {batch} {what}"
+            memory_bound = result.failure == Failure.OUT_OF_MEMORY or over is not None
+            break
+        rate = float(result.value)
+        rates.append((batch, rate))
+        say(f"batch range: batch {batch} at {rate:,.1f} samples/s")
+        if rate >= best_rate * (1 + FLAT):
+            best_rate, best_batch, flat = rate, batch, 0
+        else:
+            flat += 1
+        if flat >= PATIENCE:
+            stopped = f"throughput stopped rising after batch {best_batch}"
+            break
+        if batch * 2 > most:
+            stopped = f"batch {batch * 2} is over the most tried ({most})"
+            break
+        batch *= 2
+    fit = [b for b, _ in rates]
+    top = min(max(fit), 2 * best_batch) if fit else start.batch_size
+    return Ramp(config=start.short(), rates=tuple(rates), stopped=stopped, top=top, memory_bound=memory_bound)
+
+
+def most_tried(user_batch: int, *, dataset_len: int | None, has_evaluate: bool) -> int:
+    """The largest batch the ramp may measure: the data set's length and ``MAX_MULTIPLE``
+    times the user's batch; without evaluate() one step beyond what may be emitted."""
+    most = user_batch * MAX_MULTIPLE
+    if not has_evaluate:
+        most = min(most, 2 * allowed_unchecked(user_batch, None)[1])
+    return min(most, dataset_len) if dataset_len else most
+
+
+def settle(study: optuna.Study, space: Space, *, runner: TrialRunnerLike, start: TrialConfig,
+           has_evaluate: bool, dataset_len: int | None, limit: MemoryLimit | None, searched_by_user: bool,
+           say: Callable[[str], None] = lambda text: None) -> tuple[Space, Ramp | None]:
+    """The space with the batch sizes this study searches: the user's (``--fix batch_size``,
+    ``--batch-range``: ``searched_by_user``), those a resumed study was searched over, or
+    the ramp's, measured now from ``start`` and stored with the study. Returns the space and
+    the ramp (None where none set the range)."""
+    stored = study.user_attrs.get(StudyAttr.BATCH_RAMP)
+    found = Ramp.from_json(stored) if stored else None
+    if searched_by_user or len(space.choices.get("batch_size", [])) < 2:
+        return space, None
+    if study.get_trials(deepcopy=False):  # resumed: its range, whatever the machine says now
+        searched = (study.user_attrs.get(StudyAttr.SPACE) or {}).get("batch_size")
+        return (space.with_batches(searched) if searched else space), found
+    user = space.baseline.batch_size
+    found = ramp(runner, start, most=most_tried(user, dataset_len=dataset_len, has_evaluate=has_evaluate),
+                 limit=limit, say=say)
+    study.set_user_attr(StudyAttr.BATCH_RAMP, found.to_json())
+    if not found.rates:  # the ramp's first batch did not run: the default range, unmeasured
+        return space, found
+    top, why = found.top, found.stopped
+    unchecked = allowed_unchecked(user, None)[1]
+    if top < unchecked and not found.memory_bound:
+        # a throughput that stopped rising early may rise again where another knob (reduced
+        # precision, more ranks) pays off only at a larger batch: the default range stays
+        top, why = unchecked, f"{found.stopped}; the default range, eight times yours, is kept"
+    if not has_evaluate and top > unchecked:
+        top, why = unchecked, (f"without evaluate() in the model file no batch over {unchecked} is tried: "
+                               "nothing could check that it trains as well as yours")
+    space = space.with_batch_top(top, why=why)
+    sizes = space.choices["batch_size"]
+    say(f"batch sizes searched: {sizes[0]} to {sizes[-1]} ({why})")
+    return space, found
+
+
+def set_by(space: Space, *, batch_range: tuple[int, int] | None, pinned: int | None) -> str:
+    """What set the batch sizes ``space`` searches, in words (``pinned``: --fix batch_size)."""
+    if pinned is not None:
+        return f"--fix batch_size={pinned}"
+    if batch_range is not None:
+        return f"--batch-range {batch_range[0]}-{batch_range[1]}"
+    why = next((why for knob, why in space.excluded.items() if knob.startswith("batch_size>")), None)
+    return why or "a quarter to eight times yours, the default range"
