@@ -372,7 +372,9 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     space, ramp = batch_range.settle(
         place.study, space, runner=runner, start=starts[0] if starts else space.baseline,
         has_evaluate=task.has_evaluate, dataset_len=task.dataset_len, limit=memory_limit(options, machine),
-        searched_by_user=options.batch_range is not None or place.shared, say=reporter.info)
+        searched_by_user=options.batch_range is not None or place.shared, say=reporter.info,
+        ends_at=None if options.timeout_s is None else (started_at or time.time())
+        + (search_timeout(options.timeout_s) or 0.0) * batch_range.TIMEOUT_SHARE)
     fastest = ramp.fastest if ramp is not None else None
     if starts and fastest is not None and fastest[0] in space.choices.get("batch_size", []):
         starts = list(dict.fromkeys([*starts, starts[0].replace(batch_size=fastest[0])]))

@@ -146,3 +146,24 @@ def test_real_trainings_reject_a_larger_batch_at_the_users_learning_rate_and_acc
     check = batch_check(trainings, linear, linear.replace(batch_size=256), max_drop=None, allowed=None)
     assert check.passed, check.detail
     assert check.detail["candidate_metric"] > 0.99 and check.detail["lr_factor"] == 16
+
+
+def test_the_ramp_measures_in_short_windows_whatever_the_search_uses_and_gives_them_back():
+    """A user's --window 30 is for the search: the ramp only finds a range."""
+    class Recording(Rising):
+        measurement = Measurement(window_s=30.0, windows=5)
+
+        def run(self, cfg, **kw):
+            self.seen = getattr(self, "seen", []) + [self.measurement]
+            return super().run(cfg, **kw)
+
+    runner = Recording(recorded_machine("avx2_epyc"), knee=64)
+    batch_range.ramp(runner, TrialConfig(batch_size=16), most=1024, limit=None)
+    assert {(m.window_s, m.windows) for m in runner.seen} == {(1.0, 3)}
+    assert (runner.measurement.window_s, runner.measurement.windows) == (30.0, 5)
+
+
+def test_the_ramp_starts_no_step_after_its_share_of_the_timeout():
+    runner = Rising(recorded_machine("avx2_epyc"), knee=4096)
+    found = batch_range.ramp(runner, TrialConfig(batch_size=16), most=16 * 1024, limit=None, ends_at=0.0)
+    assert runner.ramped == [16] and found.stopped == "its share of --timeout was spent at batch 16"

@@ -152,6 +152,8 @@ class Reporter:
         table.add_column("chosen")
         before_all = base.config.to_dict()
         for key, value in doc.config.to_dict().items():
+            if key in ("lr_scaling", "lr_batch") and doc.config.lr_factor == 1.0:
+                continue  # not a knob: the line below the table says where it scaled the rate
             before = before_all.get(key)
             mark = "" if before == value else " ←"
             table.add_row(key, Text(_shown(before)), Text(f"{_shown(value)}{mark}"))

@@ -22,12 +22,15 @@ whether a larger batch was faster.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrialConfig
+from autotune.options import RunOptions
 from autotune.search.memory import MemoryLimit
 from autotune.space import Space
 from autotune.trials.protocol import Failure, Status, StudyAttr
@@ -43,6 +46,8 @@ FLAT = 0.05
 PATIENCE = 2
 # The ramp stops at this many times the user's batch, rising or not.
 MAX_MULTIPLE = 1024
+# Under --timeout, the share of the search's time the ramp may start steps in.
+TIMEOUT_SHARE = 0.25
 # Without evaluate(), the largest batch emitted: this many times the user's (a quarter of
 # it is the smallest, as in every range).
 UNCHECKED_MULTIPLE = 8
@@ -93,10 +98,34 @@ class Ramp:
                    stopped=data["stopped"], top=int(data["top"]), memory_bound=bool(data.get("memory_bound")))
 
 
+@contextlib.contextmanager
+def _short_windows(runner: TrialRunnerLike) -> Iterator[None]:
+    """The runner measuring no longer than the default windows: the ramp finds a range, which
+    the search then measures as the user asked (``--window``, ``--windows``)."""
+    measurement = getattr(runner, "measurement", None)
+    if measurement is None:  # a stand-in: nothing to shorten
+        yield
+        return
+    runner.measurement = dataclasses.replace(  # type: ignore[attr-defined]
+        measurement, window_s=min(measurement.window_s, RunOptions.window_s),
+        windows=min(measurement.windows, RunOptions.windows))
+    try:
+        yield
+    finally:
+        runner.measurement = measurement  # type: ignore[attr-defined]
+
+
 def ramp(runner: TrialRunnerLike, start: TrialConfig, *, most: int, limit: MemoryLimit | None,
-         say: Callable[[str], None] = lambda text: None) -> Ramp:
+         ends_at: float | None = None, say: Callable[[str], None] = lambda text: None) -> Ramp:
     """Measure ``start`` at its batch, twice it, four times... (see the module's text), no
-    batch over ``most``."""
+    batch over ``most``, in windows no longer than the defaults, and no step started after
+    ``ends_at`` (epoch seconds: its share of --timeout)."""
+    with _short_windows(runner):
+        return _ramp(runner, start, most=most, limit=limit, ends_at=ends_at, say=say)
+
+
+def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, most: int, limit: MemoryLimit | None,
+          ends_at: float | None, say: Callable[[str], None]) -> Ramp:
     rates: list[tuple[int, float]] = []
     best_rate, best_batch, flat = 0.0, start.batch_size, 0
     batch, stopped, memory_bound = start.batch_size, "", False
@@ -123,6 +152,9 @@ def ramp(runner: TrialRunnerLike, start: TrialConfig, *, most: int, limit: Memor
         if batch * 2 > most:
             stopped = f"batch {batch * 2} is over the most tried ({most})"
             break
+        if ends_at is not None and time.time() >= ends_at:
+            stopped = f"its share of --timeout was spent at batch {batch}"
+            break
         batch *= 2
     fit = [b for b, _ in rates]
     top = min(max(fit), 2 * best_batch) if fit else start.batch_size
@@ -140,11 +172,13 @@ def most_tried(user_batch: int, *, dataset_len: int | None, has_evaluate: bool) 
 
 def settle(study: optuna.Study, space: Space, *, runner: TrialRunnerLike, start: TrialConfig,
            has_evaluate: bool, dataset_len: int | None, limit: MemoryLimit | None, searched_by_user: bool,
-           say: Callable[[str], None] = lambda text: None) -> tuple[Space, Ramp | None]:
+           ends_at: float | None = None, say: Callable[[str], None] = lambda text: None
+           ) -> tuple[Space, Ramp | None]:
     """The space with the batch sizes this study searches: the user's (``--fix batch_size``,
     ``--batch-range``: ``searched_by_user``), those a resumed study was searched over, or
     the ramp's, measured now from ``start`` and stored with the study. Returns the space and
-    the ramp (None where none set the range)."""
+    the ramp (None where none set the range). ``ends_at``: when the ramp starts no more
+    steps (epoch seconds; None: no bound)."""
     stored = study.user_attrs.get(StudyAttr.BATCH_RAMP)
     found = Ramp.from_json(stored) if stored else None
     if searched_by_user or len(space.choices.get("batch_size", [])) < 2:
@@ -154,7 +188,7 @@ def settle(study: optuna.Study, space: Space, *, runner: TrialRunnerLike, start:
         return (space.with_batches(searched) if searched else space), found
     user = space.baseline.batch_size
     found = ramp(runner, start, most=most_tried(user, dataset_len=dataset_len, has_evaluate=has_evaluate),
-                 limit=limit, say=say)
+                 limit=limit, ends_at=ends_at, say=say)
     study.set_user_attr(StudyAttr.BATCH_RAMP, found.to_json())
     if not found.rates:  # the ramp's first batch did not run: the default range, unmeasured
         return space, found
