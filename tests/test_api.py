@@ -77,6 +77,9 @@ def test_importing_autotune_loads_neither_optuna_nor_torch():
     assert out.stdout.split() == ["False", "False"]
 
 
+BATCH = {"tiny_gpt.py": 16, "tiny_cnn.py": 16}  # the model files' own: no batch range to measure
+
+
 def _tuned_model() -> tuple[Path, float]:
     """The model the shared run tunes, and its measurement window: the transformers example
     (dict batches, a model computing its own loss) where transformers is installed, as the
@@ -95,14 +98,16 @@ def tuned(tmp_path_factory) -> SimpleNamespace:
     """One real run through the API, shared by the tests below: what tune() returned, the
     folder it wrote and what it printed on stderr. Three trials, short windows; the knobs that
     only lengthen the verification are fixed (compile, several ranks, allocators, pinning, and
-    precision: the gates run for real in tests/test_precision.py)."""
+    precision: the gates run for real in tests/test_precision.py; the batch, whose range
+    measurement and check tests/test_batch_judged.py runs)."""
     model, window_s = _tuned_model()
     out = tmp_path_factory.mktemp("tune") / "out"
     printed = io.StringIO()
     with contextlib.redirect_stderr(printed):
         result = autotune.tune(
             model, trials=3, out=out, progress=False,
-            fix={"nprocs": 1, "compile": "off", "allocator": "default", "affinity": "none", "precision": "fp32"},
+            fix={"nprocs": 1, "compile": "off", "allocator": "default", "affinity": "none", "precision": "fp32",
+                 "batch_size": BATCH[model.name]},
             window_s=window_s, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
     return SimpleNamespace(result=result, out=out, printed=printed.getvalue())
 

@@ -33,7 +33,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 LONG_TRIALS = [
     "--trials", "3", "--window", "30", "--windows", "2", "--trial-timeout", "300",
     "--fix", "nprocs=1", "--fix", "compile=off", "--fix", "allocator=default",
-    "--fix", "affinity=none", "--fix", "interop_threads=none",
+    "--fix", "affinity=none", "--fix", "interop_threads=none", "--fix", "batch_size=16",
 ]
 
 

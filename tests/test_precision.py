@@ -31,7 +31,7 @@ def test_a_model_bf16_breaks_gets_the_best_fp32_configuration(tmp_path):
         [sys.executable, "-m", "autotune", "run", str(MODELS / "bf16_cancels.py"), "--trials", "4",
          "--window", "0.2", "--windows", "2", "--rounds", "2", "--pairs", "2", "--pair-seconds", "0.5",
          "--fix", "nprocs=1", "--fix", "compile=off", "--fix", "allocator=default", "--fix", "affinity=none",
-         "--fix", "interop_threads=none", "--out", str(out)],
+         "--fix", "interop_threads=none", "--fix", "batch_size=32", "--out", str(out)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode in (0, 3), proc.stderr[-3000:]
     doc = json.loads((out / "best_config.json").read_text())
