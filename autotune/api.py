@@ -60,7 +60,9 @@ def tune(
         **measurement: The other options of a run by their ``RunOptions`` names:
             ``window_s``, ``windows``, ``top``, ``rounds``, ``pairs``, ``pair_seconds``,
             ``path`` (also measure the ablation's path from the baseline),
-            ``trial_timeout_s``, ``hang_timeout_s``; for a study shared by several machines,
+            ``batch_range`` (``(LOW, HIGH)``: the global batches the search may try, in place
+            of the range measured on the machine), ``trial_timeout_s``, ``hang_timeout_s``;
+            for a study shared by several machines,
             ``storage`` (a PostgreSQL URL), ``study``, ``heartbeat_s``, ``verify_wait_s``.
 
     Returns:

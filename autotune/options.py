@@ -96,8 +96,8 @@ class RunOptions:
     # --memory-limit: the most memory one rank may hold, in MiB (host memory on CPU, device
     # memory on CUDA); None: what the machine has, less a margin (search.memory).
     memory_limit_mb: float | None = None
-    # --batch-range: the global batch sizes the search may try (LOW, HIGH); None: a quarter
-    # to eight times the user's (space.build_space).
+    # --batch-range: the global batch sizes the search may try (LOW, HIGH); None: the range
+    # measured on the machine (search.batch_range).
     batch_range: tuple[int, int] | None = None
     # The ablation's path from the baseline, one knob added at a time: as many processes
     # again as the leave-one-out that decides what is emitted, and it decides nothing, so it
