@@ -20,8 +20,7 @@ from autotune.document.batch import BatchChoice
 from autotune.document.measures import Check
 from autotune.search.batch_range import Ramp, allowed_unchecked, set_by
 from autotune.space import Space
-from autotune.trials.protocol import Status
-from autotune.verify.trainings import Trainings
+from autotune.verify.trainings import Trainings, metrics
 
 # What evaluate() may lose to a batch unlike the user's when --max-quality-drop is not
 # given: this share of the user's configuration's metric (higher is better), as for
@@ -54,13 +53,9 @@ def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, 
     samples = max(trainings.samples(baseline), trainings.samples(cand))
     runs = {"reference": trainings.for_samples(baseline, "batch-reference", samples=samples),
             "candidate": trainings.for_samples(cand, "batch-candidate", samples=samples)}
-    scores: dict[str, float] = {}
-    for role, res in runs.items():
-        if res.status != Status.OK or res.done.get("metric") is None:
-            what = "your configuration" if role == "reference" else "the candidate"
-            return Check(False, {"reason": f"the batch check's training of {what} failed: "
-                                           f"{res.describe_failure()}"})
-        scores[role] = float(res.done["metric"])
+    scores, failed = metrics(runs)
+    if failed is not None:
+        return Check(False, {"reason": f"a training for the batch check failed: {failed}"})
     allowed_drop = max_drop if max_drop is not None else BATCH_QUALITY_DROP * abs(scores["reference"])
     drop = scores["reference"] - scores["candidate"]
     detail = {"reference_metric": scores["reference"], "candidate_metric": scores["candidate"],

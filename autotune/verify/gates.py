@@ -42,7 +42,7 @@ from autotune.verify import ablation, sequential, standalone
 from autotune.verify.batch import batch_check
 from autotune.verify.deadline import Budget
 from autotune.verify.side_by_side import Held, one_at_a_time, relative_to_level, speed_check
-from autotune.verify.trainings import Trainings
+from autotune.verify.trainings import Trainings, metrics
 
 # The numerics check's bound on ``loss_divergence(...)["max_of_initial"]``: the worst
 # step's loss difference from the fp32 reference, relative to the reference's first
@@ -220,12 +220,9 @@ def quality_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig
                                       "the numerics check is the gate"})
     results, ran, notes = _where_fp32_fits(lambda cfg, role: trainings.of(cfg, role, scored=True),
                                            quality_reference(baseline, cand), cand)
-    scores: dict[str, float] = {}
-    for role, res in results.items():
-        if res.status != Status.OK or res.done.get("metric") is None:
-            return Check(False, {"reason": f"{role} training for the quality check failed: "
-                                           f"{res.describe_failure()}"})
-        scores[role] = float(res.done["metric"])
+    scores, failed = metrics(results)
+    if failed is not None:
+        return Check(False, {"reason": f"a training for the quality check failed: {failed}"})
     allowed = max_drop if max_drop is not None else PRECISION_QUALITY_DROP * abs(scores["reference"])
     drop = scores["reference"] - scores["candidate"]
     detail = {"reference_metric": scores["reference"], "candidate_metric": scores["candidate"],

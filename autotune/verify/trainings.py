@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 
 from autotune.config import TrialConfig
+from autotune.trials.protocol import Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
 
 # Knobs that only place or feed the work (threads, allocator, pinning, DataLoader
@@ -27,6 +29,17 @@ def work_key(cfg: TrialConfig) -> str:
     """``cfg`` less its placement knobs: configurations with one key compute the same."""
     return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in PLACEMENT_KNOBS},
                       sort_keys=True)
+
+
+def metrics(results: Mapping[str, TrialResult]) -> tuple[dict[str, float], str | None]:
+    """evaluate()'s score of each scored training, by role; or the first role whose training
+    failed or has no score, and why."""
+    scores: dict[str, float] = {}
+    for role, res in results.items():
+        if res.status != Status.OK or res.done.get("metric") is None:
+            return scores, f"{role}: {res.describe_failure()}"
+        scores[role] = float(res.done["metric"])
+    return scores, None
 
 
 def training_steps(cfg: TrialConfig, *, evaluate: bool, numerics_steps: int, quality_samples: int) -> int:
