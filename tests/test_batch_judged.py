@@ -9,6 +9,7 @@ import math
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.document.batch import BatchChoice
 from autotune.search import batch_range
 from autotune.search.memory import MemoryLimit
 from autotune.task import load_task
@@ -124,6 +125,9 @@ def test_a_larger_batch_that_learns_less_is_rejected_with_both_metrics_and_linea
     assert rejected and all(int(b) > 64 for b in rejected)
     reason = next(iter(rejected.values()))
     assert "evaluate() 0.6 after" in reason and "against 0.9 at your batch 16" in reason
+    summary = BatchChoice.from_json(doc["batch"]).lines()  # what the summary and report.md print
+    assert any(line.strip().startswith(f"rejected batch {b}: ") and "evaluate() 0.6" in line
+               and "against 0.9" in line for line in summary for b in rejected), summary
     scaled = Rising(recorded_machine("avx2_epyc"), knee=4096, hurts=True)
     doc = tune_stand_in(task, tmp_path / "linear", scaled, trials=10, scale_lr="linear")
     assert doc["config"]["batch_size"] > 64 and not doc["batch"]["rejected"], doc["batch"]
