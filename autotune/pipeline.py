@@ -375,9 +375,6 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         searched_by_user=options.batch_range is not None or place.shared, say=reporter.info,
         ends_at=None if options.timeout_s is None else (started_at or time.time())
         + (search_timeout(options.timeout_s) or 0.0) * batch_range.TIMEOUT_SHARE)
-    fastest = ramp.fastest if ramp is not None else None
-    if starts and fastest is not None and fastest[0] in space.choices.get("batch_size", []):
-        starts = list(dict.fromkeys([*starts, starts[0].replace(batch_size=fastest[0])]))
     settle_space(place.study, space.recorded, where=shown_url(options.storage) if options.storage else str(out))
     sharing: dict[str, Any] = {"started_at": started_at}
     if place.storage is not None:
@@ -393,6 +390,7 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     tuner = Tuner(study=place.study, space=space, runner=runner, trials=options.trials,
                   timeout_s=search_timeout(options.timeout_s), progress=reporter.search,
                   heuristics=starts, plan=plan, enough=enough,
+                  fastest_batch=ramp.fastest[0] if ramp is not None and ramp.fastest else None,
                   memory_limit=memory_limit(options, machine), **sharing)
     try:
         outcome = tuner.run()

@@ -114,6 +114,7 @@ class Tuner:
         timeout_s: float | None,
         progress: Progress = lambda kind, info: None,
         heuristics: list[TrialConfig] | None = None,
+        fastest_batch: int | None = None,
         shared: bool = False,
         started_at: float | None = None,
         lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
@@ -136,6 +137,7 @@ class Tuner:
         self.trials, self.timeout_s = trials, timeout_s
         self.progress = progress
         self.heuristics = heuristics or []
+        self.fastest_batch = fastest_batch  # the batch range's fastest (search.batch_range)
         self.shared, self.lock, self.measuring = shared, lock, measuring
         self.started_at = time.time() if started_at is None else started_at
 
@@ -203,9 +205,10 @@ class Tuner:
         sizes = sorted(self.space.choices.get("batch_size", []))
         larger = [b for b in sizes if start.batch_size < b <= 4 * start.batch_size
                   and b % start.nprocs == 0]
-        # a start at a larger batch is the batch range's fastest (search.batch_range): there
-        ramped = max((h.batch_size for h in self.heuristics), default=0)
-        batches = [start.batch_size, *([ramped] if ramped > start.batch_size else larger[-1:])]
+        ramped = self.fastest_batch or 0
+        if ramped > start.batch_size and ramped in sizes and ramped % start.nprocs == 0:
+            larger = [ramped]
+        batches = [start.batch_size, *larger[-1:]]
         return [start.replace(precision=p, batch_size=b)
                 for p in self.space.choices.get("precision", [])[1:] for b in batches]
 
