@@ -171,3 +171,14 @@ def test_the_ramp_starts_no_step_after_its_share_of_the_timeout():
     runner = Rising(recorded_machine("avx2_epyc"), knee=4096)
     found = batch_range.ramp(runner, TrialConfig(batch_size=16), most=16 * 1024, limit=None, ends_at=0.0)
     assert runner.ramped == [16] and found.stopped == "its share of --timeout was spent at batch 16"
+
+
+def test_the_default_range_kept_after_an_early_flat_stops_at_the_dataset(tmp_path):
+    """A throughput that stops rising early keeps eight times the user's batch, but never a
+    batch larger than the data set."""
+    task = dataclasses.replace(load_task(MODELS / "knob_cnn.py"), dataset_len=64)  # batch 16
+    runner = Rising(recorded_machine("avx2_epyc"), knee=16)
+    doc = tune_stand_in(task, tmp_path, runner, trials=4)
+    assert runner.ramped == [16, 32, 64]
+    assert doc["space"]["included"]["batch_size"] == [4, 8, 16, 32, 64]
+    assert doc["space"]["excluded"]["batch_size>64"] == "larger than the dataset"

@@ -201,6 +201,8 @@ def settle(study: optuna.Study, space: Space, *, runner: TrialRunnerLike, start:
     if not has_evaluate and top > unchecked:
         top, why = unchecked, (f"without evaluate() in the model file no batch over {unchecked} is tried: "
                                "nothing could check that it trains as well as yours")
+    if dataset_len and top > dataset_len:
+        top, why = dataset_len, "larger than the dataset"
     space = space.with_batch_top(top, why=why)
     sizes = space.choices["batch_size"]
     say(f"batch sizes searched: {sizes[0]} to {sizes[-1]} ({why})")
