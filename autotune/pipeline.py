@@ -513,8 +513,7 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
                                pair_seconds=options.pair_seconds,
                                max_quality_drop=options.max_quality_drop, path=options.path,
                                pinned=frozenset(options.fixed), pricing=pricing, budget=budget,
-                               fits=fits, batch_allowed=None if task.has_evaluate
-                               else batch_range.allowed_unchecked(task.batch_size, options.batch_range))
+                               fits=fits)
     fitted = None
     if budget is not None and candidates:
         fitted = fit.fit(settings, candidates, baseline=baseline_cfg, budget=budget,

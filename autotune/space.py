@@ -82,11 +82,10 @@ def parse_fixes(items: list[str]) -> dict[str, Any]:
     return fixed
 
 
-def _powers_of_two_around(base: int, *, below: int = 2, above: int = 3) -> list[int]:
-    """base itself plus powers of two from base/2**below to base*2**above."""
-    p = 2 ** round(math.log2(base))
-    values = {base} | {int(p * 2.0**k) for k in range(-below, above + 1)}
-    return sorted(v for v in values if v >= 1)
+def default_batch_top(base: int) -> int:
+    """The largest batch of the default range: eight times the user's ``base``, rounded to
+    its nearest power of two (the range without --batch-range or a measured one)."""
+    return max(base, 2 ** round(math.log2(base)) * 8)
 
 
 def batch_ladder(base: int, top: int) -> list[int]:
@@ -326,7 +325,7 @@ def _batch_size_choice(baseline_batch: int, dataset_len: int | None, pinned: int
         return KnobChoice([pinned])
     excluded: dict[str, str] = {}
     if batch_range is None:
-        batches = _powers_of_two_around(baseline_batch)
+        batches = batch_ladder(baseline_batch, default_batch_top(baseline_batch))
     else:
         low, high = batch_range
         batches = sorted({low, high, *(2**k for k in range(high.bit_length()) if low <= 2**k <= high),

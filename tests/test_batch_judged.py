@@ -141,13 +141,13 @@ def test_real_trainings_reject_a_larger_batch_at_the_users_learning_rate_and_acc
     runner = TrialRunner(model_file=MODELS / "slow_learner.py", machine={}, workdir=tmp_path, measurement=SHORT)
     trainings = Trainings(runner, evaluate=True)
     user = TrialConfig(batch_size=16, lr_batch=16)
-    check = batch_check(trainings, user, user.replace(batch_size=256), max_drop=None, allowed=None)
+    check = batch_check(trainings, user, user.replace(batch_size=256), max_drop=None)
     assert check.passed is False, check.detail
     assert check.detail["samples"] == 40 * 256 and check.detail["candidate_steps"] == 40
     assert check.detail["reference_metric"] > 0.99 > 0.95 > check.detail["candidate_metric"]
     assert "evaluate()" in check.reason and "at your batch 16" in check.reason
     linear = user.replace(lr_scaling="linear")
-    check = batch_check(trainings, linear, linear.replace(batch_size=256), max_drop=None, allowed=None)
+    check = batch_check(trainings, linear, linear.replace(batch_size=256), max_drop=None)
     assert check.passed, check.detail
     assert check.detail["candidate_metric"] > 0.99 and check.detail["lr_factor"] == 16
 

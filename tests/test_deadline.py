@@ -209,3 +209,19 @@ def test_a_second_candidates_script_runs_alone_only_when_its_pairs_fit(task, tmp
     assert alone[0].ran == sequential.FEWEST and "not faster alone" in alone[0].stopped
     assert alone[1].ran is None and alone[1].shortened == "not run alone to fit --timeout 150"
     assert sum("standalone" in v.checks for v in verdicts) == 1
+
+
+def test_the_gates_estimate_counts_the_batch_checks_trainings_as_they_run():
+    """A bf16 candidate at 32 times the user's batch, judged by evaluate(): it and its fp32
+    reference train 40 steps of 512, and the user's configuration as many samples, once for
+    both candidates (they differ in placement alone); without evaluate(), not the last."""
+    base = TrialConfig(batch_size=16)
+    cands = [base.replace(batch_size=512, threads=1, precision="bf16"),
+             base.replace(batch_size=512, threads=2, precision="bf16")]
+    costs = Costs(start_s=0.0, window_s=1.0, sample_s=0.001, trial_start_s=0.0)
+    settings = gates.Settings()
+    judged = fit.gates_cost(settings, cands, baseline=base, costs=costs, has_evaluate=True)
+    unjudged = fit.gates_cost(settings, cands, baseline=base, costs=costs, has_evaluate=False)
+    # the reference's 40 steps, the candidate's 40 steps, the user's configuration over 40 x 512
+    assert judged == pytest.approx(0.001 * (40 * 512 + 40 * 512 + 40 * 512))
+    assert unjudged == pytest.approx(0.001 * (40 * 512 + 40 * 512))

@@ -141,6 +141,13 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
     mode = str(cfg.get("compile", CompileMode.OFF))
     compile_mode = None if mode == CompileMode.DEFAULT else mode
     make_optimizer = getattr(user, "build_optimizer", None)
+
+    def optimizer_of(params: Any) -> torch.optim.Optimizer:
+        optimizer = make_optimizer(params) if make_optimizer else torch.optim.AdamW(params, lr=1e-3)
+        # here, before IPEX (which may hand back an optimizer of its own made from this one)
+        scale_lr(optimizer, config_lr_factor(cfg, nodes=dist.nodes))
+        return optimizer
+
     if sharded:
         if mode != CompileMode.OFF:
             # Block by block, in place (the names stay the user's): FSDP2's hooks around
@@ -148,17 +155,8 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
             for block in memory.repeated_blocks(model):
                 block.compile(mode=compile_mode)
         memory.shard(model, dist, reshard_after_forward=sharding == Sharding.FULL)
-        optimizer = (make_optimizer(model.parameters()) if make_optimizer
-                     else torch.optim.AdamW(model.parameters(), lr=1e-3))
-        scale_lr(optimizer, config_lr_factor(cfg, nodes=dist.nodes))
-        return BuiltModel(model, optimizer, plain)
-    optimizer = (
-        make_optimizer(model.parameters())
-        if make_optimizer
-        else torch.optim.AdamW(model.parameters(), lr=1e-3)
-    )
-    # Before IPEX, which may hand back an optimizer of its own made from this one.
-    scale_lr(optimizer, config_lr_factor(cfg, nodes=dist.nodes))
+        return BuiltModel(model, optimizer_of(model.parameters()), plain)
+    optimizer = optimizer_of(model.parameters())
     if cfg.get("ipex"):
         import intel_extension_for_pytorch as ipex
 

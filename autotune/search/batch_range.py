@@ -16,7 +16,7 @@ first trial and its range is stored with the study (``StudyAttr.SPACE``); a resu
 keeps the range it was searched over.
 
 Without evaluate() nothing can check that a batch the user did not choose trains as well
-(``verify.batch``): the batches emitted then stay within ``UNCHECKED_MULTIPLE`` times the
+(``verify.batch``): the batches searched then stay within the default range, eight times the
 user's (``--batch-range`` sets other bounds), and the ramp goes one step beyond, to say
 whether a larger batch was faster.
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.search.memory import MemoryLimit
-from autotune.space import Space
+from autotune.space import Space, default_batch_top
 from autotune.trials.protocol import Failure, Status, StudyAttr
 from autotune.trials.runner import TrialRunnerLike
 
@@ -48,18 +47,12 @@ PATIENCE = 2
 MAX_MULTIPLE = 1024
 # Under --timeout, the share of the search's time the ramp may start steps in.
 TIMEOUT_SHARE = 0.25
-# Without evaluate(), the largest batch emitted: this many times the user's (a quarter of
-# it is the smallest, as in every range).
-UNCHECKED_MULTIPLE = 8
 
 
-def allowed_unchecked(user_batch: int, batch_range: tuple[int, int] | None) -> tuple[int, int]:
-    """The global batches a configuration may have without evaluate() to check it: the
-    user's --batch-range, else a quarter to ``UNCHECKED_MULTIPLE`` times the user's batch."""
-    if batch_range is not None:
-        return batch_range
-    p = 2 ** round(math.log2(user_batch))  # as the default range has always rounded
-    return min(user_batch, max(1, p // 4)), max(user_batch, p * UNCHECKED_MULTIPLE)
+def unchecked_top(user_batch: int, batch_range: tuple[int, int] | None) -> int:
+    """The largest global batch searched without evaluate() to check it: the top of the
+    user's --batch-range, else of the default range (``space.default_batch_top``)."""
+    return batch_range[1] if batch_range is not None else default_batch_top(user_batch)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -166,7 +159,7 @@ def most_tried(user_batch: int, *, dataset_len: int | None, has_evaluate: bool) 
     times the user's batch; without evaluate() one step beyond what may be emitted."""
     most = user_batch * MAX_MULTIPLE
     if not has_evaluate:
-        most = min(most, 2 * allowed_unchecked(user_batch, None)[1])
+        most = min(most, 2 * unchecked_top(user_batch, None))
     return min(most, dataset_len) if dataset_len else most
 
 
@@ -193,7 +186,7 @@ def settle(study: optuna.Study, space: Space, *, runner: TrialRunnerLike, start:
     if not found.rates:  # the ramp's first batch did not run: the default range, unmeasured
         return space, found
     top, why = found.top, found.stopped
-    unchecked = allowed_unchecked(user, None)[1]
+    unchecked = unchecked_top(user, None)
     if top < unchecked and not found.memory_bound:
         # a throughput that stopped rising early may rise again where another knob (reduced
         # precision, more ranks) pays off only at a larger batch: the default range stays

@@ -6,9 +6,9 @@ candidate with a reference at its own batch, so they cannot see it. Where the mo
 has evaluate(), the candidate and the user's configuration are trained from the same seed
 over the same samples (the quality check's budget of the two, the longer: ``Trainings.samples``)
 and the candidate passes when its metric is within the allowed drop of the user's.
-Without evaluate() nothing can judge a batch the user did not choose: a batch within the
-range the user allows (``--batch-range``, by default a quarter to eight times the user's)
-passes unchecked, and one beyond it is rejected.
+Without evaluate() nothing can judge a batch the user did not choose: the search keeps to
+the range the user allows (``--batch-range``, by default a quarter to eight times the
+user's: ``search.batch_range``), and such a batch passes unchecked.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.document.batch import BatchChoice
 from autotune.document.measures import Check
-from autotune.search.batch_range import Ramp, allowed_unchecked, set_by
+from autotune.search.batch_range import Ramp, set_by, unchecked_top
 from autotune.space import Space
 from autotune.verify.trainings import Trainings, metrics
 
@@ -35,18 +35,13 @@ def _lr(cand: TrialConfig) -> str:
 
 
 def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, *,
-                max_drop: float | None, allowed: tuple[int, int] | None) -> Check:
-    """``cand``'s global batch judged against the user's (``baseline``'s): by evaluate()
-    after the same samples where the model file has it, else by ``allowed``, the range of
-    global batches the user allows without a check (None: any)."""
+                max_drop: float | None) -> Check:
+    """``cand``'s global batch judged against the user's (``baseline``'s) by evaluate()
+    after the same samples, where the model file has it."""
     user, batch = baseline.batch_size, cand.batch_size
     if batch == user:
         return Check(None, {"reason": "your batch size"})
     if not trainings.evaluate:
-        if allowed is not None and not allowed[0] <= batch <= allowed[1]:
-            return Check(False, {"reason": f"batch {batch} is outside {allowed[0]}-{allowed[1]}, the batches "
-                                           "allowed unchecked: the model file has no evaluate() to check "
-                                           "that it trains as well as your batch"})
         return Check(None, {"reason": f"batch {batch} is within the range allowed unchecked; the model "
                                       "file has no evaluate() to check that it trains as well"})
     # the longer of the two scored trainings (the numerics check's 40 steps at the larger batch)
@@ -90,13 +85,13 @@ def describe(*, chosen: TrialConfig, space: Space, batch_range: tuple[int, int] 
     elif check is not None and chosen.batch_size != user:
         said = check.reason
     found = Ramp.from_json(ramp) if ramp else None
-    allowed = allowed_unchecked(user, batch_range)
+    largest = unchecked_top(user, batch_range)
     unchecked = None
-    beyond = found.faster_beyond(allowed[1]) if found is not None and not has_evaluate else None
+    beyond = found.faster_beyond(largest) if found is not None and not has_evaluate else None
     if found is not None and beyond is not None:
         batch, rate, within = beyond
         unchecked = (f"a larger batch was faster but unchecked: batch {batch} ran at {rate:,.1f} samples/s, "
-                     f"{rate / within:.2f}x the fastest up to {allowed[1]} ({found.config}, as the batch range "
+                     f"{rate / within:.2f}x the fastest up to {largest} ({found.config}, as the batch range "
                      "measured it); without evaluate(model) in the model file nothing checks that it trains as "
                      "well as yours. Add one, or allow it with --batch-range")
     batches = space.choices.get("batch_size") or [chosen.batch_size]

@@ -51,23 +51,28 @@ class Plan:
 def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
                costs: Costs, has_evaluate: bool) -> float:
     """One short training per computation (``Trainings``): each candidate's and its
-    reference's, shared by what they compute, scored where a knob trades quality; where
-    evaluate() judges a batch unlike the user's (``verify.batch``), the candidate over the
-    user's samples, and the user's configuration once."""
+    reference's, shared by what they compute, scored where a knob trades quality or
+    evaluate() judges a batch unlike the user's (``verify.batch``), which also trains the
+    user's configuration over the same samples."""
     seen: set[str] = set()
     total = 0.0
-    samples = baseline.batch_size * training_steps(baseline, evaluate=True, numerics_steps=settings.numerics_steps,
-                                                   quality_samples=settings.quality_samples)
+
+    def samples(cfg: TrialConfig, scored: bool) -> int:
+        return cfg.batch_size * training_steps(cfg, evaluate=scored, numerics_steps=settings.numerics_steps,
+                                               quality_samples=settings.quality_samples)
+
     for cand in candidates:
-        for cfg in (numerics_reference(baseline, cand), cand):
+        quality = has_evaluate and trades_quality(cand)
+        judged = has_evaluate and cand.batch_size != baseline.batch_size  # the candidate's run is scored
+        for cfg, scored in ((numerics_reference(baseline, cand), quality), (cand, quality or judged)):
             if work_key(cfg) not in seen:
                 seen.add(work_key(cfg))
-                total += costs.process(samples=cfg.batch_size * training_steps(
-                    cfg, evaluate=has_evaluate and trades_quality(cand), numerics_steps=settings.numerics_steps,
-                    quality_samples=settings.quality_samples))
-        if has_evaluate and cand.batch_size != baseline.batch_size:
-            total += costs.process(samples=samples) * (1 if "batch" in seen else 2)
-            seen.add("batch")
+                total += costs.process(samples=samples(cfg, scored))
+        if judged:  # the user's configuration over the longer of the two budgets, once per length
+            over = max(samples(baseline, True), samples(cand, True))
+            if f"batch:{over}" not in seen:
+                seen.add(f"batch:{over}")
+                total += costs.process(samples=over)
     return total
 
 

@@ -330,8 +330,6 @@ class Settings:
     # whether a configuration is known to fit in memory (search.memory.known_to_fit): the
     # ablation drops no knob without which it is not
     fits: Callable[[TrialConfig], bool] = lambda cfg: True
-    # the global batches allowed without evaluate() to check them (verify.batch); None: any
-    batch_allowed: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass
@@ -365,8 +363,7 @@ def gate(trainings: Trainings, baseline: TrialConfig, cfg: TrialConfig, *, setti
     if verdict.passed:
         verdict.checks["quality"] = quality_check(trainings, baseline, cfg, max_drop=settings.max_quality_drop)
     if verdict.passed:
-        verdict.checks["batch"] = batch_check(trainings, baseline, cfg, max_drop=settings.max_quality_drop,
-                                              allowed=settings.batch_allowed)
+        verdict.checks["batch"] = batch_check(trainings, baseline, cfg, max_drop=settings.max_quality_drop)
     return verdict
 
 
