@@ -54,6 +54,7 @@ from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import batch as verify_batch
 from autotune.verify import fit, gates, stats
 from autotune.verify.deadline import Budget, Costs, search_timeout
+from autotune.verify.device_room import DeviceRoom
 from autotune.verify.trainings import work_key
 
 if TYPE_CHECKING:
@@ -513,7 +514,7 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
                                pair_seconds=options.pair_seconds,
                                max_quality_drop=options.max_quality_drop, path=options.path,
                                pinned=frozenset(options.fixed), pricing=pricing, budget=budget,
-                               fits=fits)
+                               fits=fits, room=DeviceRoom.of(machine, measured))
     fitted = None
     if budget is not None and candidates:
         fitted = fit.fit(settings, candidates, baseline=baseline_cfg, budget=budget,

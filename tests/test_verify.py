@@ -10,7 +10,8 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.verify import gates as verify
-from autotune.verify import side_by_side, stats
+from autotune.verify import device_room, side_by_side, stats
+from autotune.verify.device_room import DeviceRoom
 from autotune.verify.trainings import Trainings
 
 from doubles import ScriptedRunner, ServingCounter
@@ -267,14 +268,16 @@ def test_an_fp16_trajectory_trailing_by_skipped_scaler_steps_is_not_divergence()
     assert not verify.compare_losses(reference, diverging, tolerance=0.10, max_lag=3).passed
 
 
-def test_gpu_configurations_are_measured_alone_in_turn_and_cpu_ones_side_by_side():
+def test_gpu_configurations_unknown_to_fit_together_are_visited_fresh_and_cpu_ones_held():
     runner = ServingCounter()
     base = TrialConfig(device="cuda", backend="nccl", batch_size=16)
     cands = [base.replace(batch_size=32), base.replace(batch_size=64)]
-    speed, checks = side_by_side.speed_check(runner, base, cands, rounds=9)
+    speed, checks = side_by_side.speed_check(runner, base, cands, rounds=9)  # no room: none held
     assert runner.most == 1  # never two processes on a GPU
-    visits = max(side_by_side.MIN_VISITS, 9 // side_by_side.WINDOWS_PER_VISIT)
-    assert len(runner.started) == 3 * visits and len(speed["samples_per_s"]) == visits
+    visits = 9 // side_by_side.WINDOWS_PER_VISIT
+    assert len(runner.started) == 3 * visits
+    # every window is a round, as the sequential rules count them
+    assert len(speed["samples_per_s"]) == visits * side_by_side.WINDOWS_PER_VISIT == speed["rounds"]
     assert [c.detail["median"] for c in checks] == pytest.approx([2.0, 4.0])
     # the rounds rotate: the baseline is not always measured first
     assert runner.started[:3] == ["verify-speed-0-0", "verify-speed-1-0", "verify-speed-2-0"]
@@ -283,6 +286,31 @@ def test_gpu_configurations_are_measured_alone_in_turn_and_cpu_ones_side_by_side
     side_by_side.speed_check(cpu, TrialConfig(batch_size=16), [TrialConfig(batch_size=32)],
                        rounds=3)
     assert cpu.most == 2 and len(cpu.started) == 2  # held side by side
+
+
+def test_gpu_configurations_that_fit_together_are_held_and_the_rest_visit_beside_them():
+    base = TrialConfig(device="cuda", backend="nccl", batch_size=16)
+    small, large = base.replace(batch_size=32), base.replace(batch_size=64)
+    peaks = {base: 1000.0, small: 2000.0, large: 30000.0}
+    roomy = DeviceRoom(capacity_mb=80000.0, peaks_mb=peaks)
+    runner = ServingCounter()
+    speed, _ = side_by_side.speed_check(runner, base, [small, large], rounds=6, room=roomy)
+    assert runner.most == 3 and len(runner.started) == 3  # each started once, held for every round
+    assert speed["rounds"] == 6
+    # two large ones fit beside the others one at a time: each starts for each of its visits
+    other = base.replace(batch_size=64, precision="bf16")
+    peaks[other] = 30000.0
+    tight = DeviceRoom(capacity_mb=34000.0 + 3 * device_room.CONTEXT_MB, peaks_mb=peaks)
+    assert tight.held_together([base, small, large, other]) == {0, 1}
+    runner = ServingCounter()
+    speed, checks = side_by_side.speed_check(runner, base, [small, large, other], rounds=6, room=tight)
+    assert runner.started.count("verify-speed-0") == runner.started.count("verify-speed-1") == 1
+    assert [n for n in runner.started if n.startswith("verify-speed-2-")] == ["verify-speed-2-0", "verify-speed-2-1"]
+    assert runner.most == 3 and speed["rounds"] == 6
+    assert [c.detail["median"] for c in checks] == pytest.approx([2.0, 4.0, 4.0])
+    # exclusive compute mode, MIG, or a configuration whose memory is not known: all fresh
+    assert DeviceRoom(capacity_mb=80000.0, fresh="exclusive", peaks_mb=peaks).held_together([base, small]) == set()
+    assert roomy.held_together([base, base.replace(batch_size=128)]) == set()
 
 
 def test_the_numerics_reference_runs_where_fp32_fits():

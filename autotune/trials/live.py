@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from autotune.trials import logs, measure_lock, proctree
-from autotune.trials.protocol import PROGRESS_EVENTS, Event, Failure, Status
+from autotune.trials.protocol import PROGRESS_EVENTS, Command, Event, Failure, Status
 from autotune.trials.result import TrialResult
 
 if TYPE_CHECKING:
@@ -71,9 +71,10 @@ class LiveTrial:
 
     def __init__(self, runner: TrialRunner | None, *, folder: Path | None, process: TrialProcess | None,
                  result: TrialResult, on_window: Callable[[int, float], bool] | None = None,
-                 serving: bool = False, locked: bool = False, spec: Path | None = None) -> None:
+                 serving: bool = False, locked: bool = False, spec: Path | None = None,
+                 warm_on_command: bool = False) -> None:
         self.runner, self.folder, self.result, self.process = runner, folder, result, process
-        self.on_window, self.serving = on_window, serving
+        self.on_window, self.serving, self.warm_on_command = on_window, serving, warm_on_command
         self.killed_for: tuple[Status | Failure, str] | None = None  # PRUNED, or the failure
         self.ready = False
         self.pending_since: float | None = None  # a requested window not yet reported
@@ -81,6 +82,8 @@ class LiveTrial:
         self.step_s = 0.0  # the trial's own step time, once seen: the hang limit scales with it
         self.finished = runner is None
         self.memory_checked = 0.0
+        self.setup_seen_at = 0.0
+        self.warm_sent_at: float | None = None
         if runner is None:
             return
         assert folder is not None and process is not None
@@ -113,6 +116,7 @@ class LiveTrial:
             self.last_progress = time.monotonic()
         if kind is Event.SETUP:
             result.setup = ev
+            self.setup_seen_at = time.monotonic()
         elif kind is Event.BEAT:
             if ev.get("step") == 1 and result.setup.get("t"):  # the first step's time
                 self.step_s = max(0.0, float(ev["t"]) - float(result.setup["t"]))
@@ -148,7 +152,7 @@ class LiveTrial:
             now = time.monotonic()
             runner = self.runner
             idle = self.serving and self.ready and self.pending_since is None
-            if not (self.serving and self.ready) and now - self.started > runner.timeout_s:
+            if not (self.serving and self.ready) and self._busy_s(now) > runner.timeout_s:
                 self.killed_for = (Failure.TIMEOUT, f"still running after {runner.timeout_s:.0f} s")
             elif not idle and self.last_progress is not None and now - self.last_progress > self.hang_limit:
                 self.killed_for = (Failure.HANG, f"no progress for {self.hang_limit:.0f} s while steps ran "
@@ -176,6 +180,15 @@ class LiveTrial:
             self._finish()
             return True
         return False
+
+    def _busy_s(self, now: float) -> float:
+        """Seconds since the start, less those spent set up and waiting for its turn to warm
+        up (``wait_ready``): verification sets up several processes at once on a GPU, and
+        the last one's turn may come after others' compiles."""
+        if not self.warm_on_command or not self.result.setup:
+            return now - self.started
+        waited_until = self.warm_sent_at if self.warm_sent_at is not None else now
+        return now - self.started - max(0.0, waited_until - self.setup_seen_at)
 
     def _reported(self) -> bool:
         """A warm process's trial ends with its report: its process lives on."""
@@ -211,20 +224,31 @@ class LiveTrial:
         return self.result
 
     def wait_ready(self) -> bool:
-        """For a serving trial: set up and warmed up, waiting for window commands."""
+        """For a serving trial: set up and warmed up, waiting for window commands. On a GPU
+        its warm-up starts now, once it is set up (``worker.serve``): called for one
+        process at a time, the others' first steps never overlap it."""
         try:
+            if self.warm_on_command and not self.ready:
+                if not self._wait_until(lambda: bool(self.result.setup)):
+                    return False
+                self._command(Command.WARM)
+                self.warm_sent_at = time.monotonic()
             return self._wait_until(lambda: self.ready)
         except BaseException:
             self.kill()
             raise
+
+    def _command(self, command: Command) -> None:
+        assert self.folder is not None
+        with open(self.folder / "control", "a") as f:
+            f.write(f"{command}\n")
 
     def window(self) -> float | None:
         """Run one measurement window now; its throughput, or None if the trial died."""
         assert self.folder is not None
         count = len(self.result.values)
         self.pending_since = self.last_progress = time.monotonic()
-        with open(self.folder / "control", "a") as f:
-            f.write("window\n")
+        self._command(Command.WINDOW)
         try:
             ok = self._wait_until(lambda: len(self.result.values) > count)
         except BaseException:

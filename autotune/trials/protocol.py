@@ -35,6 +35,16 @@ class Event(str, enum.Enum):
         return self.value
 
 
+class Command(str, enum.Enum):
+    """A line the tuner appends to a served trial's control file."""
+
+    WARM = "warm"      # on a GPU: warm up now (no other process's first steps run meanwhile)
+    WINDOW = "window"  # measure one window now
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # Events that show a trial is alive and making progress.
 PROGRESS_EVENTS = frozenset({Event.BEAT, Event.WINDOW, Event.WARMUP, Event.FACTS, Event.READY})
 

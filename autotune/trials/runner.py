@@ -302,6 +302,6 @@ class TrialRunner:
             raise
         process = TrialProcess(proc=proc, tmpdir=tmp, key=key, control=control, log=log)
         return LiveTrial(self, folder=folder, process=process, result=result, on_window=on_window,
-                         serving=serving, locked=True)
+                         serving=serving, locked=True, warm_on_command=serving and cfg.device == "cuda")
 
 

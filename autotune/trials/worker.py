@@ -215,7 +215,13 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
     """Warm up, then run one window per command appended to the control file, so the
     tuner can alternate windows of several live configurations (verification); the
     windows are sized at the first (``size_window``).
+    On a GPU the warm-up waits for a first command (``WARM``): processes set up side by
+    side, but each one's first steps (cuDNN's algorithm search, a compile's autotuning and
+    CUDA-graph capture, all timed on the device) run while no other process uses it.
     Every rank reads the commands itself: no collective is left waiting while idle."""
+    offset = 0
+    if session.dist.device.type == "cuda":
+        _, offset = next_line(control, offset)
     first_s, step_s = warm_up(session, spec, events)
     events.emit(Event.WARMUP, first_step_s=first_s, step_s=step_s)
     settled = session.loader.num_workers > 0
@@ -225,7 +231,6 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
     steps = None
     values: list[float] = []
     losses: list[float] = []
-    offset = 0
     while True:
         text = read_from(control, offset)
         complete = text[: text.rfind("\n") + 1]
@@ -310,9 +315,9 @@ def run_spec(spec: dict[str, Any], setup: ProcessSetup | None, events: Events) -
     return setup
 
 
-def next_spec(control: str, offset: int) -> tuple[str, int]:
-    """Wait for the next line of the control file: the path of the next configuration's
-    spec. Returns it and the offset after it."""
+def next_line(control: str, offset: int) -> tuple[str, int]:
+    """Wait for the next line of the control file (a warm process's next configuration's
+    spec, a served trial's first command). Returns it and the offset after it."""
     while True:
         text = read_from(control, offset)
         end = text.find("\n")
@@ -367,7 +372,7 @@ def main(argv: list[str]) -> int:
             os._exit(3)
         if not spec.get("next"):
             break  # a warm process waits for its next configuration until it is ended
-        spec_path, offset = next_spec(spec["next"], offset)
+        spec_path, offset = next_line(spec["next"], offset)
         with open(spec_path) as f:
             log_to(json.load(f)["log"])
     # The result is written. Tearing down gloo and torch's threads adds nothing to a

@@ -35,6 +35,7 @@ from autotune.errors import AutotuneError, UsageError
 from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import stats
+from autotune.verify.device_room import DeviceRoom
 from autotune.verify.sequential import FEWEST, Effects, settled
 from autotune.verify.side_by_side import Held, speed_check
 
@@ -164,7 +165,7 @@ def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig,
             pinned: Collection[str] = (), path: bool = False,
             measured: Mapping[TrialConfig, Sequence[float]] | None = None,
             progress: Progress = lambda kind, info: None, pool: Held | None = None,
-            fits: Callable[[TrialConfig], bool] = lambda cfg: True) -> Ablation:
+            fits: Callable[[TrialConfig], bool] = lambda cfg: True, room: DeviceRoom | None = None) -> Ablation:
     """Per knob, the winner's speed over the variant's (ratio > 1: the knob helps) with
     its interval, and whether it is kept; with ``path``, the path from the baseline. ``rounds`` is
     the session's cap; ``measured`` the speed check's rates per round, which spare the
@@ -172,7 +173,8 @@ def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig,
     from the baseline in none; ``skipped`` when the winner could not be held for it.
     ``pool``: processes the speed check left running (``side_by_side.Held``); ``fits``:
     whether a configuration is known to fit in memory (a knob without which the winner
-    is not is kept, whatever its effect)."""
+    is not is kept, whatever its effect); ``room``: what may be held on the GPUs
+    (``device_room``)."""
     found = variants(winner, baseline, pinned=pinned)
     steps = steps_from(winner, baseline) if path else []
     if not found and len(steps) < 2:
@@ -194,7 +196,7 @@ def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig,
         try:
             speed, checks = speed_check(runner, winner, held, rounds=rounds, progress=progress,
                                         name="verify-ablation", reference_label="reference", rule=rule,
-                                        held=pool)
+                                        held=pool, room=room)
         except AutotuneError as exc:
             return Ablation(skipped=f"the winner could not be held for the ablation: {exc}")
         detail.update({cfg: check.detail for cfg, check in zip(held, checks)})

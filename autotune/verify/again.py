@@ -25,6 +25,7 @@ from autotune.task import load_task
 from autotune.trials import measure_lock, proctree
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import gates
+from autotune.verify.device_room import DeviceRoom
 
 
 def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Reporter,
@@ -62,7 +63,8 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
                 settings=gates.Settings(rounds=options.rounds, pairs=options.pairs,
                                          pair_seconds=options.pair_seconds,
                                          max_quality_drop=options.max_quality_drop,
-                                         ablation=False),  # the configuration as emitted
+                                         ablation=False,  # the configuration as emitted
+                                         room=DeviceRoom.of(machine, [(cfg, doc.best.to_json())] if doc.best else [])),
                 has_evaluate=task.has_evaluate,
                 # the user's launch.sh as it is; the baseline's script written afresh
                 emit_candidate=lambda c, where: (outputs.resolve(doc, folder, "launcher") if c == cfg

@@ -21,7 +21,8 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.options import SEARCH_SHARE
-from autotune.verify.side_by_side import WINDOWS_PER_VISIT, one_at_a_time, visits_for
+from autotune.verify.device_room import DeviceRoom
+from autotune.verify.side_by_side import Plan
 
 
 def search_timeout(timeout_s: float | None) -> float | None:
@@ -61,13 +62,13 @@ class Costs:
         start = self.start_s if self.trial_start_s is None else self.trial_start_s
         return start + samples * self.sample_s
 
-    def side_by_side(self, configs: Sequence[TrialConfig], rounds: int) -> float:
-        """``configs`` measured side by side for ``rounds`` rounds: held, one window each;
-        on GPUs, alone in turn, a fresh process for each visit (``side_by_side``)."""
-        n = len(configs)
-        if one_at_a_time(configs):
-            return visits_for(rounds) * n * (self.start_s + WINDOWS_PER_VISIT * self.window_s)
-        return n * self.start_s + rounds * n * self.window_s
+    def side_by_side(self, configs: Sequence[TrialConfig], rounds: int, room: DeviceRoom | None = None) -> float:
+        """``configs`` measured side by side for ``rounds`` rounds (``side_by_side.Plan``):
+        those held started once, the others once a visit, and every round one window each."""
+        plan = Plan.of(configs, rounds, room)
+        fresh = len(configs) - len(plan.held)
+        return ((len(plan.held) + fresh * plan.visits) * self.start_s
+                + plan.cap * len(configs) * self.window_s)
 
     def pairs(self, pairs: int, seconds: float) -> float:
         """``pairs`` pairs of standalone runs of ``seconds`` of timed training each."""

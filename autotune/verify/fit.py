@@ -87,7 +87,7 @@ def ablation_cost(settings: Settings, candidates: Sequence[TrialConfig], *, base
     if not held:
         return 0.0
     rounds = ablation.rounds_for(len(held), speed_windows=settings.rounds * (len(candidates) + 1))
-    return (costs.side_by_side([top, *held], rounds)
+    return (costs.side_by_side([top, *held], rounds, settings.room)
             + costs.process(samples=settings.numerics_steps * top.batch_size))
 
 
@@ -96,7 +96,8 @@ def estimate(settings: Settings, candidates: Sequence[TrialConfig], *, baseline:
     """Seconds per stage, with every stage running to its cap (one candidate's pairs)."""
     return {
         Stage.GATES: gates_cost(settings, candidates, baseline=baseline, costs=costs, has_evaluate=has_evaluate),
-        Stage.SPEED: costs.side_by_side([baseline, *candidates], settings.rounds) if candidates else 0.0,
+        Stage.SPEED: (costs.side_by_side([baseline, *candidates], settings.rounds, settings.room)
+                      if candidates else 0.0),
         Stage.ABLATION: ablation_cost(settings, candidates, baseline=baseline, costs=costs),
         Stage.STANDALONE: costs.pairs(settings.pairs, settings.pair_seconds) if candidates else 0.0,
     }

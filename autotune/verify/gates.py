@@ -41,7 +41,8 @@ from autotune.trials.runner import TrialResult, TrialRunnerLike
 from autotune.verify import ablation, sequential, standalone
 from autotune.verify.batch import batch_check
 from autotune.verify.deadline import Budget
-from autotune.verify.side_by_side import Held, one_at_a_time, relative_to_level, speed_check
+from autotune.verify.device_room import DeviceRoom
+from autotune.verify.side_by_side import Held, relative_to_level, speed_check
 from autotune.verify.trainings import Trainings, metrics
 
 # The numerics check's bound on ``loss_divergence(...)["max_of_initial"]``: the worst
@@ -330,6 +331,8 @@ class Settings:
     # whether a configuration is known to fit in memory (search.memory.known_to_fit): the
     # ablation drops no knob without which it is not
     fits: Callable[[TrialConfig], bool] = lambda cfg: True
+    # what verification may hold on the GPUs at once (autotune.verify.device_room)
+    room: DeviceRoom | None = None
 
 
 @dataclasses.dataclass
@@ -418,7 +421,7 @@ def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, sett
     rounds = ablation.rounds_for(count, speed_windows=speed_windows)
     top.ablation = ablation.measure(runner, cfg, baseline, rounds=rounds, pinned=settings.pinned,
                                     path=settings.path, measured=measured, progress=progress, pool=pool,
-                                    fits=settings.fits)
+                                    fits=settings.fits, room=settings.room)
     simpler = ablation.simplified(cfg, baseline, top.ablation)
     if simpler in (cfg, baseline):
         return None
@@ -454,31 +457,31 @@ def verify_candidates(
     log = stages if stages is not None else []
     trainings = Trainings(runner, evaluate=has_evaluate, numerics_steps=settings.numerics_steps,
                           quality_samples=settings.quality_samples)
-    pool = None if one_at_a_time([baseline, *candidates]) else Held(runner)
+    pool = Held(runner)
     try:
         return _verify(runner, baseline=baseline, candidates=candidates, settings=settings,
                        emit_candidate=emit_candidate, workdir=workdir, reserve=reserve, progress=progress,
                        log=log, trainings=trainings, pool=pool)
     finally:
-        if pool is not None:
-            pool.close()
+        pool.close()
 
 
 def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[TrialConfig],
             settings: Settings, emit_candidate: Callable[[TrialConfig, Path], Path], workdir: Path,
             reserve: Sequence[TrialConfig], progress: Progress, log: list[StageRecord],
-            trainings: Trainings, pool: Held | None) -> tuple[Verdict | None, list[Verdict], dict[str, Any]]:
-    if pool is not None:
-        # started while the gates train (which measures nothing): ready by the speed check
+            trainings: Trainings, pool: Held) -> tuple[Verdict | None, list[Verdict], dict[str, Any]]:
+    if baseline.device != "cuda":
+        # started while the gates train (which measures nothing): ready by the speed check.
+        # Not on GPUs, where they would take device memory from the gates' trainings.
         pool.start([baseline, *candidates])
     survivors, gated = screen(trainings, baseline, candidates, list(reserve), settings=settings,
                               progress=progress)
     by_cfg = {v.config: v for v in gated}
-    if pool is not None:
-        pool.close(keeping=[baseline, *survivors])
+    pool.close(keeping=[baseline, *survivors])
     if survivors:
         base_speed, speed_checks = speed_check(runner, baseline, survivors, rounds=settings.rounds,
-                                               progress=progress, rule=sequential.Ranking(), held=pool)
+                                               progress=progress, rule=sequential.Ranking(), held=pool,
+                                               room=settings.room)
         log.append(_speed_record(base_speed, speed_checks))
     else:  # nothing left to measure: the baseline is emitted, at its search value
         base_speed, speed_checks = {}, []
@@ -492,8 +495,8 @@ def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[
     verdicts = list(by_cfg.values())
     ranked = [v for v in rank_by_rounds(verdicts, settings.pricing) if v.passed]
     simpler: Verdict | None = None
-    if pool is not None:  # the ablation holds the winner again, and the baseline for the path
-        pool.close(keeping=([baseline] if settings.path else []) + ([ranked[0].config] if ranked else []))
+    # the ablation holds the winner again, and the baseline for the path
+    pool.close(keeping=([baseline] if settings.path else []) + ([ranked[0].config] if ranked else []))
     if ranked and settings.ablation and _ablation_fits(settings, ranked[0].config, baseline, len(survivors)):
         measured = {baseline: base_speed["samples_per_s"],
                     **{v.config: v.speed["samples_per_s"] for v in verdicts if v.speed.get("samples_per_s")}}
@@ -509,8 +512,7 @@ def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[
     elif ranked and settings.ablation and settings.budget is not None:
         ranked[0].ablation = Ablation(skipped=f"skipped {settings.budget.why}")
         log.append(StageRecord(stage=Stage.ABLATION, shortened=f"skipped {settings.budget.why}"))
-    if pool is not None:
-        pool.close()  # the scripts run alone on the machine
+    pool.close()  # the scripts run alone on the machine
     base_script: standalone.Script | None = None
     for i, verdict in enumerate(ranked[:settings.standalone_attempts]):
         if i and not _pairs_fit(settings):
@@ -557,7 +559,7 @@ def _ablation_fits(settings: Settings, top: TrialConfig, baseline: TrialConfig, 
         return True
     held = ablation.session_configs(top, baseline, pinned=settings.pinned, path=settings.path)
     rounds = ablation.rounds_for(len(held), speed_windows=settings.rounds * (survivors + 1))
-    need = (budget.costs.side_by_side([top, *held], rounds)
+    need = (budget.costs.side_by_side([top, *held], rounds, settings.room)
             + budget.costs.pairs(settings.pairs, settings.pair_seconds))
     return budget.left() >= need
 

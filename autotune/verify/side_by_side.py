@@ -4,9 +4,9 @@ taken seconds apart, so that drift on a shared machine cancels out.
 
 The verification's speed check measures its candidates against the baseline this way
 (``autotune.verify.gates``), and the ablation the winner's variants against the winner
-(``autotune.verify.ablation``). On CPU the configurations are held alive side by side between
-windows (``_measure_held``); on GPUs each is started alone for each round
-(``_measure_in_turn``).
+(``autotune.verify.ablation``). The configurations are held alive side by side between
+windows, on GPUs those whose device memory fits together (``autotune.verify.device_room``);
+any other is started fresh for each of its turns (``Plan``).
 
 Rounds go on up to the cap; a sequential rule (``autotune.verify.sequential``) may stop a
 configuration, or the whole measurement, once what it decides is settled.
@@ -25,18 +25,19 @@ from autotune.document.measures import Check
 from autotune.errors import NotVerified
 from autotune.trials.protocol import Mode, Progress, ProgressEvent
 from autotune.trials.runner import LiveTrialLike, TrialRunnerLike
-from autotune.verify.sequential import Decision, Rule
+from autotune.verify.device_room import DeviceRoom
+from autotune.verify.sequential import FEWEST, Decision, Rule
 from autotune.verify.stats import ratio_interval
 
-# On GPUs each configuration is measured alone, in a fresh process per visit: a held
-# process keeps its CUDA context, workspaces and cached allocations, so the ones started
-# later would run out of device memory or settle on other cuDNN algorithms, and a GPU in
-# EXCLUSIVE_PROCESS compute mode admits one process at a time. Each visit pays a start
-# and a warm-up, so it measures several windows.
+# A configuration that cannot be held (on GPUs where it does not fit beside the others,
+# or where a GPU admits one process at a time: ``device_room``) is started fresh for each
+# visit, beside those held: a visit pays a start and a warm-up, so it measures several
+# windows, each one round, and every configuration measures as many in that block of
+# rounds.
 WINDOWS_PER_VISIT = 3
-MIN_VISITS = 3
-# Held processes set up this many at a time: a start is mostly an interpreter importing
-# torch and the model file, on one core, and another's overlaps it. Measuring never does.
+# Held processes set up this many at a time on a CPU: a start is mostly an interpreter
+# importing torch and the model file, on one core, and another's overlaps it. Measuring
+# never does. On GPUs all set up at once and warm up one at a time (``LiveTrial.wait_ready``).
 STARTING_TOGETHER = 2
 
 
@@ -75,9 +76,30 @@ def hold_within_budget(live: list[LiveTrialLike | None], failures: list[str | No
         live[largest] = None
 
 
-def one_at_a_time(configs: Sequence[TrialConfig]) -> bool:
-    """Whether these configurations must never run side by side: any of them on a GPU."""
-    return any(cfg.device == "cuda" for cfg in configs)
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How a session measures its configurations: ``held``, the indices held alive for the
+    whole session (all of them on a CPU; on GPUs those ``DeviceRoom`` fits together), the
+    others started fresh for each visit; ``per_visit`` windows (rounds) each configuration
+    measures in turn, one when all are held; ``visits`` such turns, up to the cap."""
+
+    held: frozenset[int]
+    per_visit: int
+    visits: int
+
+    @property
+    def cap(self) -> int:
+        """The most rounds."""
+        return self.per_visit * self.visits
+
+    @classmethod
+    def of(cls, configs: Sequence[TrialConfig], rounds: int, room: DeviceRoom | None = None) -> Plan:
+        held = frozenset((room or DeviceRoom()).held_together(configs))
+        if len(held) == len(configs):
+            return cls(held, 1, rounds)
+        # the sequential rules need FEWEST rounds before they can stop anything
+        return cls(held, WINDOWS_PER_VISIT,
+                   max(math.ceil(FEWEST / WINDOWS_PER_VISIT), math.ceil(rounds / WINDOWS_PER_VISIT)))
 
 
 @dataclasses.dataclass
@@ -136,22 +158,25 @@ class Session:
         return decision
 
 
-def _measure_held(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds: int,
-                  progress: Progress, name: str, reference_label: str,
-                  rule: Rule | None, held: Held | None = None) -> Session:
-    """All held alive, warmed up and idle, then one window each in turn, rotating, round
-    after round. They start STARTING_TOGETHER at a time, before any window: setting one up
-    never overlaps measuring another (each sizes its windows when its first one is asked).
-    Together they keep within one memory budget (``hold_within_budget``). One the rule
-    stops is ended at once, which frees its memory. ``held``: processes started earlier
-    are taken from it, and those still measuring at the end are left in it (else ended)."""
+def _measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Plan,
+             progress: Progress, name: str, reference_label: str,
+             rule: Rule | None, held: Held | None = None) -> Session:
+    """Round after round, rotating, each configuration measures ``plan.per_visit``
+    windows in its turn: those held (``plan.held``) in their process, the others each in
+    a process started for its turn and ended after it, so that nothing else of autotune's
+    runs beside the held processes. The held ones are set up before any window,
+    STARTING_TOGETHER at a time on a CPU and all at once on GPUs, each warmed up alone; they
+    keep within one host-memory budget (``hold_within_budget``). One the rule stops is
+    ended at once. ``held``: processes started earlier are taken from it, and those held
+    still measuring at the end are left in it (else ended)."""
     live: list[LiveTrialLike | None] = [None] * len(configs)
     session = Session(values=[[] for _ in configs], failures=[None] * len(configs),
-                      stopped=[None] * len(configs), cap=rounds)
+                      stopped=[None] * len(configs), cap=plan.cap)
     failures, values = session.failures, session.values
     budget = runner.memory_limit_bytes
     starting: list[tuple[int, LiveTrialLike]] = []
-    names = [f"{name}-{i}" for i in range(len(configs))]  # the trials' folders
+    names = [f"{name}-{i}" for i in range(len(configs))]  # the held trials' folders
+    together = len(configs) if any(cfg.device == "cuda" for cfg in configs) else STARTING_TOGETHER
 
     def ready(i: int, started: LiveTrialLike) -> None:
         if started.wait_ready():
@@ -160,41 +185,64 @@ def _measure_held(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds
         else:
             failures[i] = started.result.describe_failure()
 
+    def visit(i: int, r: int) -> list[float]:
+        if i in plan.held:
+            trial = live[i]
+            assert trial is not None
+            windows = _windows(trial, plan.per_visit)
+            if len(windows) < plan.per_visit:
+                live[i] = None
+                failures[i] = trial.result.describe_failure()
+            return windows
+        if r == 0:
+            progress(ProgressEvent.STEP, {"text": f"measuring {_role(i, reference_label)} "
+                                                  f"in a process of its own for each visit: {configs[i].short()}"})
+        started = runner.start(configs[i], name=f"{name}-{i}-{r}", mode={"mode": Mode.SERVE})
+        try:
+            windows = _windows(started, plan.per_visit) if started.wait_ready() else []
+        finally:
+            started.kill()
+        if len(windows) < plan.per_visit:
+            failures[i] = started.result.describe_failure()
+            names[i] = f"{name}-{i}-{r}"
+        return windows
+
     try:
-        kept = {i: t for i, cfg in enumerate(configs) if (t := held.take(cfg) if held else None) is not None}
-        if kept:
+        taken = {i: t for i, cfg in enumerate(configs) if (t := held.take(cfg) if held else None) is not None}
+        for i in [i for i in taken if i not in plan.held]:  # measured fresh here: no longer held
+            taken.pop(i)[0].kill()
+        if taken:
             # no new start will end the runner's idle warm processes: nothing else of ours
             # may share the machine with the windows
             runner.close()
         for i, cfg in enumerate(configs):
-            if i in kept:
-                process, names[i] = kept[i]
+            if i not in plan.held:
+                continue
+            if i in taken:
+                process, names[i] = taken[i]
                 starting.append((i, process))
             else:
                 progress(ProgressEvent.STEP,
                          {"text": f"starting {_role(i, reference_label)}: {cfg.short()}"})
-                starting.append((i, runner.start(cfg, name=f"{name}-{i}", mode={"mode": Mode.SERVE})))
-            if len(starting) >= STARTING_TOGETHER:
+                starting.append((i, runner.start(cfg, name=names[i], mode={"mode": Mode.SERVE})))
+            if len(starting) >= together:
                 ready(*starting.pop(0))
         while starting:
             ready(*starting.pop(0))
-        if live[0] is None:
+        if 0 in plan.held and live[0] is None:
             raise _reference_failed(failures[0], runner.workdir / names[0])
-        for r in range(rounds):
+        for r in range(plan.visits):
             hold_within_budget(live, failures, budget)
-            progress(ProgressEvent.SPEED, {"round": r + 1, "rounds": rounds})
+            progress(ProgressEvent.SPEED, {"round": r * plan.per_visit + 1, "rounds": plan.cap})
             for i in _rotation(len(configs), r):
-                trial = live[i]
-                if trial is None:
+                if failures[i] or session.stopped[i]:
                     continue
-                value = trial.window()
-                if value is None:
-                    failures[i] = trial.result.describe_failure()
-                    live[i] = None
+                windows = visit(i, r)
+                if len(windows) < plan.per_visit:
                     if i == 0:
                         raise _reference_failed(failures[0], runner.workdir / names[0])
                     continue
-                values[i].append(value)
+                values[i].extend(windows)
             for i in session.decide(rule).stop:
                 stopped = live[i]
                 if stopped is not None:
@@ -215,51 +263,15 @@ def _measure_held(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds
     return session
 
 
-def visits_for(rounds: int) -> int:
-    """Visits of each configuration on GPUs for ``rounds`` rounds: each measures several windows."""
-    return max(MIN_VISITS, math.ceil(rounds / WINDOWS_PER_VISIT))
-
-
-def _measure_in_turn(runner: TrialRunnerLike, configs: list[TrialConfig], *, rounds: int,
-                     progress: Progress, name: str, reference_label: str,
-                     rule: Rule | None) -> Session:
-    """Each configuration alone: started fresh, warmed up, measured for WINDOWS_PER_VISIT
-    windows (their median is its value for the round) and ended before the next starts,
-    in rotating order, round after round, as the standalone pairs alternate. Nothing else
-    of autotune's is alive on the GPUs while one measures. The rule counts visits as rounds."""
-    visits = visits_for(rounds)
-    session = Session(values=[[] for _ in configs], failures=[None] * len(configs),
-                      stopped=[None] * len(configs), cap=visits)
-    failures, values = session.failures, session.values
-    for r in range(visits):
-        progress(ProgressEvent.SPEED, {"round": r + 1, "rounds": visits})
-        for i in _rotation(len(configs), r):
-            if failures[i] or session.stopped[i]:
-                continue
-            if r == 0:
-                progress(ProgressEvent.STEP, {"text": f"measuring {_role(i, reference_label)} "
-                                                      f"alone: {configs[i].short()}"})
-            started = runner.start(configs[i], name=f"{name}-{i}-{r}", mode={"mode": Mode.SERVE})
-            windows: list[float] = []
-            try:
-                if started.wait_ready():
-                    for _ in range(WINDOWS_PER_VISIT):
-                        value = started.window()
-                        if value is None:
-                            break
-                        windows.append(value)
-            finally:
-                started.kill()
-            if len(windows) < WINDOWS_PER_VISIT:
-                failures[i] = started.result.describe_failure()
-                if i == 0:
-                    raise _reference_failed(failures[0], runner.workdir / f"{name}-0-{r}")
-                continue
-            values[i].append(statistics.median(windows))
-        session.decide(rule)
-        if session.ended:
+def _windows(trial: LiveTrialLike, count: int) -> list[float]:
+    """Up to ``count`` windows of ``trial``, fewer where it fails."""
+    out: list[float] = []
+    for _ in range(count):
+        value = trial.window()
+        if value is None:
             break
-    return session
+        out.append(value)
+    return out
 
 
 def _role(i: int, reference_label: str) -> str:
@@ -276,6 +288,7 @@ def speed_check(
     runner: TrialRunnerLike, reference: TrialConfig, others: list[TrialConfig], *,
     rounds: int, progress: Progress = _no_progress, name: str = "verify-speed",
     reference_label: str = "baseline", rule: Rule | None = None, held: Held | None = None,
+    room: DeviceRoom | None = None,
 ) -> tuple[dict[str, Any], list[Check]]:
     """``reference`` and ``others`` measured in turn, round after round, up to ``rounds``
     (``rule`` may stop a configuration or the whole earlier); per other, a check that
@@ -284,15 +297,12 @@ def speed_check(
     before the cap (``stopped``, absent when it did not), and the checks (a configuration
     the rule stopped says why in ``stopped``). ``name`` names the trials' folders;
     ``reference_label`` is what progress calls the reference (the ratios' denominator).
-    ``held``: processes to take and leave (CPU only; ``Held``).
+    ``held``: processes to take and leave (``Held``); ``room``: what may be held on the
+    GPUs (``device_room``; without it, every GPU configuration is visited fresh).
     Raises NotVerified when the reference fails: nothing can be compared with it."""
     configs = [reference, *others]
-    if one_at_a_time(configs):
-        session = _measure_in_turn(runner, configs, rounds=rounds, progress=progress, name=name,
-                                   reference_label=reference_label, rule=rule)
-    else:
-        session = _measure_held(runner, configs, rounds=rounds, progress=progress, name=name,
-                                reference_label=reference_label, rule=rule, held=held)
+    session = _measure(runner, configs, plan=Plan.of(configs, rounds, room), progress=progress, name=name,
+                       reference_label=reference_label, rule=rule, held=held)
     values, failures = session.values, session.failures
     base_values = values[0]
     checks = []

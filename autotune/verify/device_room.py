@@ -1,0 +1,111 @@
+"""Which configurations verification may hold on the GPUs at once.
+
+Verification measures configurations side by side, round after round, one window each in
+turn (``autotune.verify.side_by_side``). On a CPU every configuration is held alive between
+its windows. On GPUs a held process keeps its CUDA context and what its caching allocator
+reserved, so configurations are held together only where their device memory, as the
+search measured it, fits within a share of each GPU; the others are started fresh for each
+visit, alone with whatever is held. Under EXCLUSIVE_PROCESS compute mode a GPU admits one
+process at a time, and under MIG each process sees one slice: there every visit is fresh.
+
+Holding matters on GPUs more than anywhere: a fresh visit repeats the interpreter's start,
+the imports, ``build_dataset``, the CUDA context, the DataLoader's workers and, for a
+compiled configuration, Dynamo's trace and the CUDA-graph capture (the on-disk compile
+cache spares only the compilation itself), for a few seconds of measuring.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.probes import Machine
+
+# What processes held together may take of each GPU: the rest is slack for a peak the
+# search's windows did not reach (a DataLoader batch larger than usual, cuDNN workspaces).
+SHARE = 0.85
+# Per process and GPU, beside what its allocator reserved: the CUDA context and the
+# cuBLAS and cuDNN handles, which the allocator's peak does not count (about 0.5 GiB on an
+# H100 with torch 2.x; more is kept so that an estimate errs towards a fresh visit).
+CONTEXT_MB = 768.0
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRoom:
+    """What held processes may take of each GPU (``capacity_mb``; None: no GPU), why no
+    process may be held there (``fresh``: exclusive compute mode, MIG), and each measured
+    configuration's device peak per rank, in MiB, as the search's trials reported it."""
+
+    capacity_mb: float | None = None
+    fresh: str | None = None
+    peaks_mb: Mapping[TrialConfig, float] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, machine: Machine, measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> DeviceRoom:
+        """The room on ``machine``'s GPUs, with the search's ``measured`` trials
+        (configuration, result summary with ``cuda_peak_mb``)."""
+        devices = cuda_devices(machine)
+        if not devices:
+            return cls()
+        peaks = {cfg: float(result["cuda_peak_mb"]) for cfg, result in measured
+                 if result.get("cuda_peak_mb") is not None}
+        smallest = min(float(d["memory_bytes"]) for d in devices) / 2**20
+        for d in devices:
+            if d["mig"]:
+                return cls(smallest * SHARE, "the GPUs are MIG slices: each visit is started fresh", peaks)
+            if d["compute_mode"] in ("exclusive_process", "exclusive_thread", "prohibited"):
+                return cls(smallest * SHARE, f"the GPUs are in {d['compute_mode']} compute mode, which admits "
+                                             "one process at a time: each visit is started fresh", peaks)
+        return cls(smallest * SHARE, None, peaks)
+
+    def need_mb(self, cfg: TrialConfig) -> float | None:
+        """What a process of ``cfg`` holds on each of its GPUs: the peak measured for it, or
+        for the largest measured configuration at the same micro-batch with the same ranks
+        (a variant of a measured one, such as the ablation's), plus its context; None where
+        nothing measured tells."""
+        peak = self.peaks_mb.get(cfg)
+        if peak is None:
+            alike = [p for c, p in self.peaks_mb.items()
+                     if c.micro_batch >= cfg.micro_batch and c.nprocs == cfg.nprocs]
+            peak = max(alike, default=None)
+        return None if peak is None else peak + CONTEXT_MB
+
+    def held_together(self, configs: Sequence[TrialConfig]) -> set[int]:
+        """The indices of ``configs`` to hold alive for a whole side-by-side session;
+        the others are visited fresh, one at a time, beside those held. The reference
+        (index 0) first, then the others in order, each while it fits with room left for
+        the largest visitor. Every index on a CPU; none where the GPUs admit no held
+        process, or where a configuration's need is unknown and so might not fit."""
+        if not any(cfg.device == "cuda" for cfg in configs):
+            return set(range(len(configs)))
+        if self.capacity_mb is None or self.fresh is not None:
+            return set()
+        needs = [self.need_mb(cfg) for cfg in configs]
+        if any(n is None for n in needs):
+            return set()
+        sizes = [float(n) for n in needs if n is not None]
+        held: list[int] = []
+        for i in range(len(configs)):
+            trial = [*held, i]
+            visitors = [sizes[j] for j in range(len(configs)) if j not in trial]
+            if sum(sizes[j] for j in trial) + max(visitors, default=0.0) <= self.capacity_mb:
+                held = trial
+        return set(held)
+
+
+def cuda_devices(machine: Machine) -> list[dict[str, Any]]:
+    """The devices CUDA enumerates in a trial (torch's probe), each with its memory, its
+    compute mode and whether it is a MIG slice (from NVML's entry of the same PCI bus id
+    or UUID)."""
+    nvml = list(machine.gpus)
+    out = []
+    for dev in machine.torch.get("cuda_devices") or []:
+        if not dev.get("memory_bytes"):
+            continue
+        parent = next((g for g in nvml if (dev.get("pci_bus_id") and g.pci_bus_id == dev.get("pci_bus_id"))
+                       or (dev.get("uuid") and g.uuid == dev.get("uuid"))), None)
+        mode = dev.get("compute_mode") or (parent.compute_mode if parent else None) or "default"
+        mig = str(dev.get("uuid") or "").startswith("MIG-") or bool(parent and parent.mig)
+        out.append({"memory_bytes": dev["memory_bytes"], "compute_mode": mode, "mig": mig})
+    return out
