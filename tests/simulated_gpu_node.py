@@ -17,6 +17,16 @@ reading of it, so a wrong reading shows up as a wrong run):
 - compute modes: under EXCLUSIVE_PROCESS a second process on a device fails to create its
   context ("all CUDA-capable devices are busy or unavailable").
 
+- time (``clock``, simulated seconds, ``SimCosts``): a process's start (interpreter,
+  imports, data set, CUDA context, DataLoader workers), its warm-up, a compile (cold the
+  first time a configuration compiles on the node, from the on-disk cache after: Dynamo's
+  trace and the CUDA-graph capture remain), windows, trainings and script runs. A search
+  trial reuses the idle process of the one before where the runner would
+  (``runner.process_key``). A served process sets up in the background from its start and
+  warms up, on its GPUs, when ``wait_ready`` asks (as ``LiveTrial.wait_ready`` does);
+- what runs on each GPU and when: ``overlaps`` lists every window measured while another
+  process ran on one of its GPUs; ``compiles`` every compile, by trial name.
+
 Throughput grows with the per-GPU batch and the number of GPUs, reduced precision is
 faster on Ampere or later; losses and evaluate() as every stand-in's (``doubles.StandIn``).
 """
@@ -30,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.trials.runner import TrialResult
+from autotune.trials.runner import TrialResult, process_key
 
 from doubles import StandIn
 
@@ -44,6 +54,23 @@ class SimModel:
 
     fixed_bytes: int = 40 * GiB  # weights, gradients, Adam's two moments
     sample_bytes: int = 2 * GiB  # fp32 activations per sample; autocast halves them
+    rate: float = 1000.0  # samples/s of one GPU at a micro-batch of one, in fp32
+    saturation: int = 2**30  # the micro-batch past which a GPU runs no faster
+
+
+@dataclasses.dataclass(frozen=True)
+class SimCosts:
+    """Seconds, as a one-GPU H100 node paid them for the README example (a small CNN) in
+    autotune's first GPU run: about 16 s a fresh visit, for about 4 s of measuring; 20 to
+    100 s a cold compile."""
+
+    start_s: float = 8.0  # interpreter, imports, build_dataset, CUDA context, workers
+    warmup_s: float = 2.0  # warm-up steps, lead-in
+    compile_s: float = 40.0  # a cold compile (reduce-overhead, default)
+    autotune_s: float = 100.0  # a cold max-autotune compile
+    recompile_s: float = 6.0  # from the on-disk cache: Dynamo's trace and the graphs' capture
+    window_s: float = 1.0
+    evaluate_s: float = 1.0
 
 
 @dataclasses.dataclass
@@ -70,18 +97,29 @@ class _Process:
     """A live (served) configuration, a ``LiveTrialLike``: holds its devices until killed."""
 
     def __init__(self, node: SimulatedGpuNode, pid: int | None, cfg: TrialConfig,
-                 failure: TrialResult | None) -> None:
-        self.node, self.pid, self.cfg = node, pid, cfg
+                 failure: TrialResult | None, name: str) -> None:
+        self.node, self.pid, self.cfg, self.name = node, pid, cfg, name
         self.result = failure or TrialResult(status="ok")
         self.rounds = 0
 
+        self.set_up_at = node.clock + node.costs.start_s
+        self.warm = False
+
     def wait_ready(self) -> bool:
-        return self.pid is not None
+        if self.pid is None:
+            return False
+        if not self.warm:
+            self.node.clock = max(self.node.clock, self.set_up_at)
+            self.node.busy(self.pid, self.cfg, self.node.warm_up_s(self.cfg, self.name))
+            self.warm = True
+        return True
 
     def window(self) -> float | None:
         if self.pid is None:
             return None
+        assert self.warm, "measured before it was warmed up"
         self.rounds += 1
+        self.node.busy(self.pid, self.cfg, self.node.costs.window_s, measuring=True)
         return self.node.throughput(self.cfg) * (1 + 0.01 * (self.rounds % 3))
 
     def kill(self) -> None:
@@ -98,9 +136,16 @@ class SimulatedGpuNode(StandIn):
     document."""
 
     def __init__(self, doc: dict[str, Any], model: SimModel = SimModel(), *,
-                 diverge: bool = False) -> None:
+                 diverge: bool = False, costs: SimCosts = SimCosts()) -> None:
         super().__init__()
-        self.doc, self.model, self.diverge = doc, model, diverge
+        self.doc, self.model, self.diverge, self.costs = doc, model, diverge, costs
+        self.clock = 0.0
+        self.activity: list[tuple[float, float, int, tuple[int, ...], bool]] = []  # start, end, pid, GPUs, window
+        self.overlaps: list[str] = []
+        self.compiles: list[tuple[str, TrialConfig]] = []
+        self.cached: set[tuple[Any, ...]] = set()  # graphs compiled on this node: on disk since
+        self.idle_key: str | None = None  # the search's idle warm process
+        self.timeline: list[tuple[str, float]] = []  # (process name, clock at its start)
         self.devices = devices_of(doc)
         self.next_pid = 1
         self.max_per_device = 0  # most processes ever resident on one device at once
@@ -121,7 +166,7 @@ class SimulatedGpuNode(StandIn):
 
     def throughput(self, cfg: TrialConfig) -> float:
         fast = {"bf16": 2.0, "fp16": 1.9, "tf32": 1.4}.get(cfg.precision, 1.0)
-        per_gpu = 1000.0 * fast * (1 + 0.15 * math.log2(cfg.micro_batch))
+        per_gpu = self.model.rate * fast * (1 + 0.15 * math.log2(min(cfg.micro_batch, self.model.saturation)))
         per_gpu *= 0.75 if cfg.activation_checkpointing else 1.0  # a second forward per block
         per_gpu *= {"full": 0.93, "grad-op": 0.96}.get(cfg.sharding, 1.0)  # the gathers
         value = per_gpu * cfg.nprocs * 0.95 ** (cfg.nprocs - 1)
@@ -133,12 +178,41 @@ class SimulatedGpuNode(StandIn):
         return {"cuda_peak_mb": self.rank_bytes(cfg) / 2**20, "rank_peak_mb": self.rank_bytes(cfg) / 2**20,
                 "cuda_total_mb": self.devices[0].memory_bytes / 2**20}
 
+    def step_s(self, cfg: TrialConfig) -> float:
+        return cfg.batch_size / self.throughput(cfg)
+
+    def warm_up_s(self, cfg: TrialConfig, name: str) -> float:
+        """A process's warm-up: its steps, and the compile where ``cfg`` compiles."""
+        if cfg.compile == "off":
+            return self.costs.warmup_s
+        self.compiles.append((name, cfg))
+        # what the compiled graph depends on: a process knob (workers, threads) changes none
+        graph = (cfg.micro_batch, cfg.precision, cfg.channels_last, cfg.compile, cfg.prune_ratio,
+                 cfg.activation_checkpointing)
+        if graph in self.cached:
+            return self.costs.warmup_s + self.costs.recompile_s
+        self.cached.add(graph)
+        cold = self.costs.autotune_s if cfg.compile.startswith("max-autotune") else self.costs.compile_s
+        return self.costs.warmup_s + cold
+
+    def busy(self, pid: int, cfg: TrialConfig, seconds: float, *, measuring: bool = False) -> None:
+        """``pid`` runs on its GPUs for ``seconds`` from now; a window measured while
+        another process runs on one of them is recorded in ``overlaps``."""
+        start, end = self.clock, self.clock + seconds
+        gpus = tuple(range(cfg.nprocs))
+        for a, b, other, theirs, window in self.activity:
+            if other != pid and a < end and start < b and set(gpus) & set(theirs) and (measuring or window):
+                self.overlaps.append(f"process {pid} ({cfg.short()}) beside process {other} at {start:.1f} s")
+        self.activity.append((start, end, pid, gpus, measuring))
+        self.clock = end
+
     # --- processes on devices ------------------------------------------------------
 
     def admit(self, cfg: TrialConfig, name: str) -> tuple[int | None, TrialResult | None]:
         """Start ``cfg``'s process: its ranks take devices 0..N-1. Returns its id, or the
         failure CUDA would give it."""
         self.ran.append((name, cfg))
+        self.timeline.append((name, self.clock))
         if cfg.device != "cuda":
             return self._fail(name, "error", "this node's stand-in runs CUDA configurations only")
         if cfg.nprocs > len(self.devices):
@@ -176,19 +250,31 @@ class SimulatedGpuNode(StandIn):
     def run(self, cfg: TrialConfig, *, name: str, on_window: Any = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
             **kw: Any) -> TrialResult:
+        key = process_key(cfg) if trajectory_steps is None and quality_steps is None else None
+        if key is None or key != self.idle_key:
+            self.clock += self.costs.start_s
+        self.idle_key = key
         pid, failure = self.admit(cfg, name)
         if failure is not None:
+            self.idle_key = None
             return failure
         assert pid is not None
         try:
+            self.busy(pid, cfg, self.warm_up_s(cfg, name))
+            steps = trajectory_steps or quality_steps
+            if steps is not None:
+                self.busy(pid, cfg, steps * self.step_s(cfg) + (self.costs.evaluate_s if quality_steps else 0.0))
+            else:
+                self.busy(pid, cfg, 3 * self.costs.window_s, measuring=True)
             return self.result(cfg, on_window=on_window, trajectory_steps=trajectory_steps,
                                quality_steps=quality_steps)
         finally:
             self.release(pid)
 
     def start(self, cfg: TrialConfig, *, name: str, mode: Any = None, **kw: Any) -> _Process:
+        self.idle_key = None  # a served process ends the runner's idle one
         pid, failure = self.admit(cfg, name)
-        return _Process(self, pid, cfg, failure)
+        return _Process(self, pid, cfg, failure, name)
 
     def run_script(self, launcher: str | Path, *, steps: int, workdir: Path,
                    timeout_s: float) -> dict[str, Any]:
@@ -197,10 +283,14 @@ class SimulatedGpuNode(StandIn):
         self.scripts.append(Path(launcher))
         written = json.loads((Path(launcher).parent / "best_config.json").read_text())
         cfg = TrialConfig.from_dict(written.get("candidate") or written["config"])
+        self.idle_key = None
+        self.clock += self.costs.start_s
         pid, failure = self.admit(cfg, f"script:{launcher}")
         if failure is not None:
             raise RuntimeError(f"launch.sh failed: {failure.message}")
         assert pid is not None
+        self.busy(pid, cfg, self.warm_up_s(cfg, f"script:{launcher}"))
+        self.busy(pid, cfg, steps * self.step_s(cfg), measuring=True)
         self.release(pid)
         return {"samples_per_s": self.throughput(cfg)}
 
