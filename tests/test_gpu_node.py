@@ -204,7 +204,7 @@ def test_the_readme_example_verifies_within_minutes_on_a_simulated_gpu_node(read
     assert doc["verified"], [c["outcome"] for c in doc["candidates"]]
     verify_from = next(t for n, t in node.timeline if n.startswith("verify-"))
     # verification, from the gates to the last standalone pair, in simulated seconds
-    assert node.clock - verify_from <= 480, node.clock - verify_from
+    assert node.clock - verify_from <= 540, node.clock - verify_from
     # no window was measured while another process ran on one of its GPUs
     assert not node.overlaps, node.overlaps[:3]
     # a held configuration is set up, compiled and captured once, however many rounds

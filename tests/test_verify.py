@@ -9,8 +9,8 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.trials.runner import Measurement, TrialRunner
-from autotune.verify import gates as verify
 from autotune.verify import device_room, side_by_side, stats
+from autotune.verify import gates as verify
 from autotune.verify.device_room import DeviceRoom
 from autotune.verify.trainings import Trainings
 
@@ -308,9 +308,15 @@ def test_gpu_configurations_that_fit_together_are_held_and_the_rest_visit_beside
     assert [n for n in runner.started if n.startswith("verify-speed-2-")] == ["verify-speed-2-0", "verify-speed-2-1"]
     assert runner.most == 3 and speed["rounds"] == 6
     assert [c.detail["median"] for c in checks] == pytest.approx([2.0, 4.0, 4.0])
-    # exclusive compute mode, MIG, or a configuration whose memory is not known: all fresh
+    # exclusive compute mode, MIG, or nothing measured on the GPUs: all fresh
     assert DeviceRoom(capacity_mb=80000.0, fresh="exclusive", peaks_mb=peaks).held_together([base, small]) == set()
-    assert roomy.held_together([base, base.replace(batch_size=128)]) == set()
+    assert DeviceRoom(capacity_mb=80000.0).held_together([base, small]) == set()
+    # a configuration the search did not measure is estimated high: from a larger micro-batch
+    # measured, else scaled up from the largest; fp32 from a reduced precision's, twice
+    measured = DeviceRoom(capacity_mb=80000.0, peaks_mb={base: 1000.0, small: 2000.0, other: 3000.0})
+    assert measured.need_mb(other.replace(num_workers=2)) == 3000.0 + device_room.CONTEXT_MB
+    assert measured.need_mb(other.replace(batch_size=128)) == 6000.0 + device_room.CONTEXT_MB
+    assert measured.need_mb(other.replace(precision="fp32")) == 6000.0 + device_room.CONTEXT_MB
 
 
 def test_the_numerics_reference_runs_where_fp32_fits():

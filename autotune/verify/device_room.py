@@ -60,16 +60,27 @@ class DeviceRoom:
         return cls(smallest * SHARE, None, peaks)
 
     def need_mb(self, cfg: TrialConfig) -> float | None:
-        """What a process of ``cfg`` holds on each of its GPUs: the peak measured for it, or
-        for the largest measured configuration at the same micro-batch with the same ranks
-        (a variant of a measured one, such as the ablation's), plus its context; None where
-        nothing measured tells."""
+        """What a process of ``cfg`` holds on each of its GPUs, its context included: the
+        peak measured for it; for one the search did not measure (the ablation's variants),
+        an estimate that errs high (``_estimate``). None where nothing was measured."""
         peak = self.peaks_mb.get(cfg)
         if peak is None:
-            alike = [p for c, p in self.peaks_mb.items()
-                     if c.micro_batch >= cfg.micro_batch and c.nprocs == cfg.nprocs]
-            peak = max(alike, default=None)
+            peak = self._estimate(cfg)
         return None if peak is None else peak + CONTEXT_MB
+
+    def _estimate(self, cfg: TrialConfig) -> float | None:
+        """The largest peak measured at a micro-batch at least ``cfg``'s; else the peaks at
+        the largest micro-batch measured, scaled up in proportion (weights and optimizer
+        state do not grow with it). Twice that for fp32 from a reduced-precision peak:
+        autocast's activations are half fp32's at most."""
+        if not self.peaks_mb:
+            return None
+        above = [(c, p) for c, p in self.peaks_mb.items() if c.micro_batch >= cfg.micro_batch]
+        if not above:
+            largest = max(c.micro_batch for c in self.peaks_mb)
+            above = [(c, p * cfg.micro_batch / largest) for c, p in self.peaks_mb.items()
+                     if c.micro_batch == largest]
+        return max(p * (2.0 if cfg.exact and not c.exact else 1.0) for c, p in above)
 
     def held_together(self, configs: Sequence[TrialConfig]) -> set[int]:
         """The indices of ``configs`` to hold alive for a whole side-by-side session;
