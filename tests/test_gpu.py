@@ -277,8 +277,8 @@ def test_a_model_holding_most_of_a_gpu_is_verified_without_running_out_of_memory
         pytest.skip(f"the GPU is in use: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free")
     rc, doc = _run(MODELS / "fills_gpu_memory.py", tmp_path / "out", "--trials", "4",
                    "--fix", "device=cuda", "--fix", "compile=off")
-    # --timeout may cut verification short of a verdict: exit 3 then, never out of memory
-    assert rc == 3 or doc["verified"], [c["outcome"] for c in doc["candidates"]]
+    # --timeout may end verification before a verdict (exit 3): what it held must still fit
+    assert rc == 0 or all(c["outcome"] for c in doc["candidates"]), doc["candidates"]
     for c in doc["candidates"]:
         # held beside another configuration on one GPU, or an fp32 reference at a global batch
         assert "out of memory" not in c["outcome"], c["outcome"]
