@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# One short, unattended check of autotune on a GPU machine, most telling checks first, within
+# a time limit. Each check's result is written as soon as it ends, so a run cut short (by
+# --limit, or by whoever runs this) still leaves what ran.
+#
+#   bench/gpu_check.sh OUTDIR [--limit SECONDS]     (from anywhere; it runs from the repository root)
+#
+# Checks, in order (each under `timeout`, given at most what is left of --limit, default 480 s):
+#   env        nvidia-smi, torch and its CUDA, the wheels installed, imports (summary.txt only)
+#   probe      autotune probe --json                              -> probe.json
+#   fashion    autotune run examples/fashion_cnn.py --trials 12   -> fashion.log (+ its report.md),
+#              timed from start to exit; its best_config.json      -> best_config.json
+#   independent bench/independent_speedup.py on fashion's output  -> independent.log
+#   pytest     tests/test_gpu.py, cheapest tests first             -> pytest.log
+#   tiny_gpt   autotune run examples/tiny_gpt.py --trials 8, its --timeout what is left
+#                                                                 -> tiny_gpt.log (+ its best_config.json)
+# summary.txt gets a line per check: its name, exit code, seconds, and "CUT" when the limit
+# ended it (exit 124/137) or "skipped" when no time (or no input) was left. At most 7 files.
+#
+# Environment:
+#   PYTHON=python3       the interpreter (torch installed; optuna and jsonschema from .whl/ or installed)
+#   SKIP_WHEELS=1        do not install .whl/*.whl (the interpreter has optuna and jsonschema)
+#   FASHION_ARGS="--trials 12"   FASHION_CAP=330   the README example and the most seconds it gets
+#   INDEPENDENT_ARGS="--pairs 3 --seconds 4"   INDEPENDENT_CAP=120
+#   PYTEST_ARGS='-k "not end_to_end"'   PYTEST_CAP=300   (the examples run end to end above already)
+#   TINY_ARGS="--trials 8"   TINY_CAP=300
+#
+# Optuna and jsonschema (and their dependencies) are not on the GPU machine, which has no
+# network: download their wheels on a machine with pip into .whl/ at the repository root
+# (git-ignored; carried beside the tree), for the GPU machine's Python (3.12, x86_64):
+#
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl optuna alembic sqlalchemy Mako colorlog greenlet jsonschema jsonschema-specifications referencing rpds-py
+#
+# (about 6.5 MiB; optuna 5.0.0 and jsonschema 4.26.0 satisfy pyproject's optuna>=4.0 and
+# jsonschema>=4). They are installed with --no-deps into a temporary folder put on
+# PYTHONPATH; what they need beyond each other (numpy, packaging, PyYAML, tqdm,
+# typing-extensions, MarkupSafe, attrs) must already be installed: the env check imports
+# optuna and jsonschema and says so in summary.txt if one fails.
+#
+# Nothing is left running: every process started here carries GPU_CHECK_TAG in its
+# environment (autotune's trials and the scripts it runs start new sessions, out of reach
+# of `timeout`'s process group); after each check, and on exit, whatever still carries it
+# is killed.
+set -u
+
+usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 1 ] || usage
+OUTDIR=$1; shift
+LIMIT=480
+while [ $# -gt 0 ]; do
+  case $1 in
+    --limit) [ $# -ge 2 ] || usage; LIMIT=$2; shift 2 ;;
+    --limit=*) LIMIT=${1#--limit=}; shift ;;
+    -h|--help) usage ;;
+    *) echo "gpu_check.sh: unknown argument $1" >&2; usage ;;
+  esac
+done
+case $LIMIT in ''|*[!0-9]*) echo "gpu_check.sh: --limit takes whole seconds" >&2; exit 2 ;; esac
+
+PY=${PYTHON:-python3}
+MARGIN=5             # seconds kept back from each check for its kill and the copying after it
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 2
+mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd) || exit 2
+SUMMARY=$OUTDIR/summary.txt
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX") || exit 2
+export GPU_CHECK_TAG="gpu-check-$$-$RANDOM$RANDOM"
+T0=$(date +%s.%N)
+
+note() { printf '%s\n' "$*" >> "$SUMMARY"; }
+elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+left() { awk -v a="$T0" -v b="$(date +%s.%N)" -v l="$LIMIT" -v m="$MARGIN" 'BEGIN { printf "%d", l - (b - a) - m }'; }
+
+# Kill every process whose environment carries this run's tag (never this shell: its own
+# environment was fixed when it started, before the export above). Twice: a dying
+# launcher may fork meanwhile.
+tagged() {  # the pids, found by a shell whose own children do not carry the tag
+  env -u GPU_CHECK_TAG bash -c 'grep -lzx "GPU_CHECK_TAG=$1" /proc/[0-9]*/environ 2>/dev/null \
+    | sed -n "s#^/proc/\([0-9]*\)/environ\$#\1#p" | tr "\n" " "' _ "$GPU_CHECK_TAG"
+}
+kill_tagged() {
+  local round pids pid
+  for round in 1 2; do
+    pids=$(tagged)
+    [ -n "${pids// /}" ] || return 0
+    note "  left running, killed: $(for pid in $pids; do tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-80; echo -n '; '; done)"
+    for pid in $pids; do
+      [ "$pid" = "$$" ] || kill -KILL "$pid" 2>/dev/null
+    done
+    sleep 1
+  done
+  pids=$(tagged)
+  [ -z "${pids// /}" ] || note "  warning: still alive after the kill: $pids"
+}
+
+finish() {
+  kill_tagged
+  note "total $(elapsed) s (limit $LIMIT s)"
+  rm -rf "$WORK"
+}
+CHILD="" CHECK=""
+on_signal() {  # the check running is ended the way the limit ends it
+  note "interrupted at $(elapsed) s${CHECK:+, in $CHECK}"
+  if [ -n "$CHILD" ]; then kill -TERM "$CHILD" 2>/dev/null; wait "$CHILD"; fi
+  exit 130
+}
+trap finish EXIT
+trap on_signal INT TERM
+
+# run_check NAME CAP LOG CMD...: CMD under timeout, given at most CAP seconds and what is
+# left of the limit; its output to LOG; a line in summary.txt. Returns CMD's exit code
+# (124 or 137: cut; 125: not run, no time left).
+run_check() {
+  local name=$1 cap=$2 log=$3; shift 3
+  local budget rc t1 secs cut=""
+  budget=$(left)
+  [ "$budget" -lt "$cap" ] && cap=$budget
+  if [ "$cap" -lt 10 ]; then
+    note "$(printf '%-12s skipped: given %s s, %s s left of the limit' "$name" "$2" "$budget")"
+    return 125
+  fi
+  t1=$(date +%s.%N)
+  # in the background, so that a signal to this script is handled while it runs
+  timeout --kill-after=5 "$cap" "$@" > "$log" 2>&1 < /dev/null &
+  CHILD=$! CHECK=$name
+  wait "$CHILD"
+  rc=$?
+  CHILD="" CHECK=""
+  secs=$(awk -v a="$t1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  case $rc in 124|137) cut="  CUT at its $cap s" ;; esac
+  kill_tagged
+  note "$(printf '%-12s rc=%-3s %7s s%s' "$name" "$rc" "$secs" "$cut")"
+  return "$rc"
+}
+
+: > "$SUMMARY"
+note "gpu_check.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) limit=$LIMIT s  host=$(hostname)  nproc=$(nproc)"
+note "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with local changes)')"
+
+# --- env: the GPU, torch, the wheels ------------------------------------------------------------------
+{
+  echo "--- nvidia-smi"
+  timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1 || echo "(nvidia-smi failed: $?)"
+  echo "--- torch"
+  timeout 60 "$PY" -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "devices", torch.cuda.device_count())' 2>&1 || echo "(torch failed: $?)"
+} >> "$SUMMARY"
+
+SITE=""
+if [ -z "${SKIP_WHEELS:-}" ] && compgen -G ".whl/*.whl" > /dev/null; then
+  SITE=$WORK/site
+  note "--- wheels: $(cd .whl && ls *.whl | tr '\n' ' ')"
+  if ! timeout 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
+      --target "$SITE" .whl/*.whl >> "$SUMMARY" 2>&1; then
+    note "(pip install of .whl failed: unpacking the wheels instead, which is all --target does for them)"
+    for whl in .whl/*.whl; do "$PY" -m zipfile -e "$whl" "$SITE" >> "$SUMMARY" 2>&1; done
+  fi
+fi
+export PYTHONPATH="$ROOT${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
+note "--- imports"
+timeout 60 "$PY" -c '
+import importlib
+for name in ("optuna", "jsonschema", "transformers", "autotune.cli"):
+    try:
+        mod = importlib.import_module(name)
+        print("  " + name, getattr(mod, "__version__", ""))
+    except Exception as exc:
+        print("  " + name, "FAILED:", type(exc).__name__, exc)
+' >> "$SUMMARY" 2>&1
+note "--- checks (name, exit code, seconds) from $(elapsed) s"
+
+# --- probe -------------------------------------------------------------------------------------------
+run_check probe 90 "$WORK/probe.log" "$PY" -m autotune probe --json
+sed -n '/^{/,$p' "$WORK/probe.log" > "$OUTDIR/probe.json"
+[ -s "$OUTDIR/probe.json" ] || cp "$WORK/probe.log" "$OUTDIR/probe.json"
+"$PY" - "$OUTDIR/probe.json" >> "$SUMMARY" 2>&1 <<'EOF'
+import json, sys
+try:
+    doc = json.load(open(sys.argv[1]))
+    print("  gpus:", [g.get("name") for g in doc.get("gpus", [])],
+          " excluded:", doc.get("space", {}).get("excluded"))
+except Exception as exc:
+    print("  probe.json unreadable:", exc)
+EOF
+
+# --- the README example, timed -------------------------------------------------------------------------
+FASHION=$WORK/fashion
+# shellcheck disable=SC2086
+run_check fashion "${FASHION_CAP:-330}" "$OUTDIR/fashion.log" \
+  "$PY" -m autotune run examples/fashion_cnn.py ${FASHION_ARGS:---trials 12} --out "$FASHION"
+note "  (the command: autotune run examples/fashion_cnn.py ${FASHION_ARGS:---trials 12})"
+if [ -f "$FASHION/best_config.json" ]; then
+  cp "$FASHION/best_config.json" "$OUTDIR/best_config.json"
+  "$PY" - "$FASHION/best_config.json" >> "$SUMMARY" 2>&1 <<'EOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+speed = doc.get("speedup") or {}
+print("  verified:", doc.get("verified"), " speedup:", speed.get("median"), speed.get("interval", ""),
+      " config:", {k: v for k, v in (doc.get("config") or {}).items() if v not in (None, False, 0, "off", "none")})
+EOF
+fi
+[ -f "$FASHION/report.md" ] && { echo; echo "=== report.md ==="; cat "$FASHION/report.md"; } >> "$OUTDIR/fashion.log"
+
+# --- the speedup checked independently --------------------------------------------------------------
+if [ -f "$FASHION/best_config.json" ] && [ -f "$FASHION/launch.sh" ]; then
+  # shellcheck disable=SC2086
+  run_check independent "${INDEPENDENT_CAP:-120}" "$OUTDIR/independent.log" \
+    "$PY" bench/independent_speedup.py "$FASHION" ${INDEPENDENT_ARGS:---pairs 3 --seconds 4}
+else
+  note "$(printf '%-12s skipped: fashion left no best_config.json and launch.sh' independent)"
+fi
+
+# --- the GPU tests ------------------------------------------------------------------------------------------
+# eval: PYTEST_ARGS holds a quoted -k expression
+eval "set -- ${PYTEST_ARGS:--k \"not end_to_end\"}"
+pytest_budget=$(left)
+pytest_cap=${PYTEST_CAP:-300}
+[ "$pytest_budget" -lt "$pytest_cap" ] && pytest_cap=$pytest_budget
+run_check pytest "$pytest_cap" "$OUTDIR/pytest.log" \
+  "$PY" -m pytest tests/test_gpu.py -m gpu -q -p no:cacheprovider -rA --timeout "$((pytest_cap > 20 ? pytest_cap - 10 : 10))" "$@"
+[ -f "$OUTDIR/pytest.log" ] && grep -E '^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|skipped' "$OUTDIR/pytest.log" \
+  | tail -30 | sed 's/^/  /' >> "$SUMMARY"
+
+# --- the other example, its --timeout what is left ------------------------------------------------------
+tiny_budget=$(left)
+tiny_cap=${TINY_CAP:-300}
+[ "$tiny_budget" -lt "$tiny_cap" ] && tiny_cap=$tiny_budget
+# the run's own --timeout ends it with its files written, before `timeout` would cut it
+tiny_timeout=$((tiny_cap * 7 / 10 > 10 ? tiny_cap * 7 / 10 : 10))
+# shellcheck disable=SC2086
+run_check tiny_gpt "$tiny_cap" "$OUTDIR/tiny_gpt.log" \
+  "$PY" -m autotune run examples/tiny_gpt.py ${TINY_ARGS:---trials 8} --timeout "$tiny_timeout" --out "$WORK/tiny_gpt"
+[ $? = 125 ] || note "  (the command: autotune run examples/tiny_gpt.py ${TINY_ARGS:---trials 8} --timeout $tiny_timeout)"
+[ -f "$WORK/tiny_gpt/best_config.json" ] && { echo; echo "=== best_config.json ==="; cat "$WORK/tiny_gpt/best_config.json"; } >> "$OUTDIR/tiny_gpt.log"
+exit 0
