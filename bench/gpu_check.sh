@@ -8,20 +8,26 @@
 # Checks, in order (each under `timeout`, given at most what is left of --limit, default 480 s):
 #   env        nvidia-smi, torch and its CUDA, the wheels installed, imports (summary.txt only)
 #   probe      autotune probe --json                              -> probe.json
-#   fashion    autotune run examples/fashion_cnn.py --trials 12   -> fashion.log (+ its report.md),
+#   fashion    autotune run examples/fashion_cnn.py --trials 12 --timeout 300
+#                                                                 -> fashion.log (+ its report.md),
 #              timed from start to exit; its best_config.json      -> best_config.json
 #   independent bench/independent_speedup.py on fashion's output  -> independent.log
+#   held       bench/held_vs_fresh.py on fashion's output: a held process against fresh
+#              ones, for the emitted configuration and the baseline -> held.log
 #   pytest     tests/test_gpu.py, cheapest tests first             -> pytest.log
 #   tiny_gpt   autotune run examples/tiny_gpt.py --trials 8, its --timeout what is left
 #                                                                 -> tiny_gpt.log (+ its best_config.json)
 # summary.txt gets a line per check: its name, exit code, seconds, and "CUT" when the limit
-# ended it (exit 124/137) or "skipped" when no time (or no input) was left. At most 7 files.
+# ended it (exit 124/137) or "skipped" when no time (or no input) was left. At most 8 files.
 #
 # Environment:
 #   PYTHON=python3       the interpreter (torch installed; optuna and jsonschema from .whl/ or installed)
 #   SKIP_WHEELS=1        do not install .whl/*.whl (the interpreter has optuna and jsonschema)
-#   FASHION_ARGS="--trials 12"   FASHION_CAP=330   the README example and the most seconds it gets
+#   CHECKS="probe fashion independent held pytest tiny_gpt"   the checks to run (in this order)
+#   FASHION_ARGS="--trials 12 --timeout 300"   FASHION_CAP=330   the README example and the most seconds it gets
+#   FASHION_OUT=DIR      the README example's output folder (default: a temporary one)
 #   INDEPENDENT_ARGS="--pairs 3 --seconds 4"   INDEPENDENT_CAP=120
+#   HELD_ARGS="--visits 2"   HELD_CAP=120
 #   PYTEST_ARGS='-k "not end_to_end"'   PYTEST_CAP=300   (the examples run end to end above already)
 #   TINY_ARGS="--trials 8"   TINY_CAP=300
 #
@@ -168,7 +174,12 @@ for name in ("optuna", "jsonschema", "transformers", "autotune.cli"):
 ' >> "$SUMMARY" 2>&1
 note "--- checks (name, exit code, seconds) from $(elapsed) s"
 
+CHECKS=" ${CHECKS:-probe fashion independent held pytest tiny_gpt} "
+wanted() { case $CHECKS in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+FASHION=${FASHION_OUT:-$WORK/fashion}
+
 # --- probe -------------------------------------------------------------------------------------------
+if wanted probe; then
 run_check probe 90 "$WORK/probe.log" "$PY" -m autotune probe --json
 sed -n '/^{/,$p' "$WORK/probe.log" > "$OUTDIR/probe.json"
 [ -s "$OUTDIR/probe.json" ] || cp "$WORK/probe.log" "$OUTDIR/probe.json"
@@ -181,13 +192,14 @@ try:
 except Exception as exc:
     print("  probe.json unreadable:", exc)
 EOF
+fi
 
 # --- the README example, timed -------------------------------------------------------------------------
-FASHION=$WORK/fashion
+if wanted fashion; then
 # shellcheck disable=SC2086
 run_check fashion "${FASHION_CAP:-330}" "$OUTDIR/fashion.log" \
-  "$PY" -m autotune run examples/fashion_cnn.py ${FASHION_ARGS:---trials 12} --out "$FASHION"
-note "  (the command: autotune run examples/fashion_cnn.py ${FASHION_ARGS:---trials 12})"
+  "$PY" -m autotune run examples/fashion_cnn.py ${FASHION_ARGS:---trials 12 --timeout 300} --out "$FASHION"
+note "  (the command: autotune run examples/fashion_cnn.py ${FASHION_ARGS:---trials 12 --timeout 300})"
 if [ -f "$FASHION/best_config.json" ]; then
   cp "$FASHION/best_config.json" "$OUTDIR/best_config.json"
   "$PY" - "$FASHION/best_config.json" >> "$SUMMARY" 2>&1 <<'EOF'
@@ -199,9 +211,11 @@ print("  verified:", doc.get("verified"), " speedup:", speed.get("median"), spee
 EOF
 fi
 [ -f "$FASHION/report.md" ] && { echo; echo "=== report.md ==="; cat "$FASHION/report.md"; } >> "$OUTDIR/fashion.log"
+fi
 
 # --- the speedup checked independently --------------------------------------------------------------
-if [ -f "$FASHION/best_config.json" ] && [ -f "$FASHION/launch.sh" ]; then
+if ! wanted independent; then :
+elif [ -f "$FASHION/best_config.json" ] && [ -f "$FASHION/launch.sh" ]; then
   # shellcheck disable=SC2086
   run_check independent "${INDEPENDENT_CAP:-120}" "$OUTDIR/independent.log" \
     "$PY" bench/independent_speedup.py "$FASHION" ${INDEPENDENT_ARGS:---pairs 3 --seconds 4}
@@ -209,7 +223,19 @@ else
   note "$(printf '%-12s skipped: fashion left no best_config.json and launch.sh' independent)"
 fi
 
+# --- held processes against fresh ones ------------------------------------------------------------
+if ! wanted held; then :
+elif [ -f "$FASHION/best_config.json" ]; then
+  # shellcheck disable=SC2086
+  run_check held "${HELD_CAP:-120}" "$OUTDIR/held.log" \
+    "$PY" bench/held_vs_fresh.py "$FASHION" ${HELD_ARGS:---visits 2}
+  grep -E 'held/fresh|failed' "$OUTDIR/held.log" | sed 's/^/  /' >> "$SUMMARY"
+else
+  note "$(printf '%-12s skipped: fashion left no best_config.json' held)"
+fi
+
 # --- the GPU tests ------------------------------------------------------------------------------------------
+if wanted pytest; then
 # eval: PYTEST_ARGS holds a quoted -k expression
 eval "set -- ${PYTEST_ARGS:--k \"not end_to_end\"}"
 pytest_budget=$(left)
@@ -219,8 +245,10 @@ run_check pytest "$pytest_cap" "$OUTDIR/pytest.log" \
   "$PY" -m pytest tests/test_gpu.py -m gpu -q -p no:cacheprovider -rA --timeout "$((pytest_cap > 20 ? pytest_cap - 10 : 10))" "$@"
 [ -f "$OUTDIR/pytest.log" ] && grep -E '^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|skipped' "$OUTDIR/pytest.log" \
   | tail -30 | sed 's/^/  /' >> "$SUMMARY"
+fi
 
 # --- the other example, its --timeout what is left ------------------------------------------------------
+wanted tiny_gpt || exit 0
 tiny_budget=$(left)
 tiny_cap=${TINY_CAP:-300}
 [ "$tiny_budget" -lt "$tiny_cap" ] && tiny_cap=$tiny_budget
