@@ -158,9 +158,9 @@ class Session:
         return decision
 
 
-def _measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Plan,
-             progress: Progress, name: str, reference_label: str,
-             rule: Rule | None, held: Held | None = None) -> Session:
+def measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Plan,
+            progress: Progress, name: str, reference_label: str,
+            rule: Rule | None, held: Held | None = None) -> Session:
     """Round after round, rotating, each configuration measures ``plan.per_visit``
     windows in its turn: those held (``plan.held``) in their process, the others each in
     a process started for its turn and ended after it, so that nothing else of autotune's
@@ -301,8 +301,8 @@ def speed_check(
     GPUs (``device_room``; without it, every GPU configuration is visited fresh).
     Raises NotVerified when the reference fails: nothing can be compared with it."""
     configs = [reference, *others]
-    session = _measure(runner, configs, plan=Plan.of(configs, rounds, room), progress=progress, name=name,
-                       reference_label=reference_label, rule=rule, held=held)
+    session = measure(runner, configs, plan=Plan.of(configs, rounds, room), progress=progress, name=name,
+                      reference_label=reference_label, rule=rule, held=held)
     values, failures = session.values, session.failures
     base_values = values[0]
     checks = []
