@@ -250,6 +250,72 @@ def test_memory_exhaustion_is_stopped_by_the_tuner_not_the_kernel(run_trial):
         sentinel.wait()
 
 
+def _raised_under_forward(exc: BaseException) -> BaseException:
+    """``exc`` as torch raises it inside a model file's forward: the traceback holds a
+    frame of the model file, as every error from the user's step does."""
+    model = FAULTY / "raise_forward.py"
+    namespace: dict = {}
+    exec(compile("def forward(exc):\n    raise exc\n", str(model), "exec"), namespace)
+    try:
+        namespace["forward"](exc)
+    except BaseException as raised:
+        return raised
+    raise AssertionError("forward did not raise")
+
+
+@pytest.mark.parametrize("make", [
+    lambda torch: RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    lambda torch: RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+    lambda torch: RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"),
+    lambda torch: RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously "
+                               "reported at some other API call, so the stacktrace below might be incorrect."),
+    lambda torch: RuntimeError("CUDA driver error: CUDA_ERROR_OUT_OF_MEMORY"),
+    lambda torch: torch.cuda.OutOfMemoryError("Tried to allocate 20.00 GiB. GPU 0 has a total capacity "
+                                              "of 79.19 GiB of which 3.19 GiB is free."),
+], ids=["cublas-handle", "cudnn", "cudnn9-device", "cuda-async", "driver", "torch-type"])
+def test_an_allocation_failure_is_out_of_memory_whatever_its_words(make):
+    """The GPU had no memory for cuBLAS's handle, cuDNN's workspace or a tensor: each is a
+    configuration that held too much, not an error in the model file (whose forward it
+    was raised under), so the memory knobs are tried and the batch range stops there."""
+    import torch
+
+    from autotune.trials.protocol import Failure
+    from autotune.trials.worker import classify
+
+    exc = _raised_under_forward(make(torch))
+    assert classify(exc, str(FAULTY / "raise_forward.py")) == Failure.OUT_OF_MEMORY
+
+
+@pytest.mark.parametrize("message", [
+    # a full GPU can cause it, but so can a cuBLAS that does not load: no memory knob fixes that
+    "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`",
+    "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k)`",
+])
+def test_a_cuda_library_error_that_is_not_an_allocation_stays_the_model_files(message):
+    from autotune.trials.protocol import Failure
+    from autotune.trials.worker import classify
+
+    exc = _raised_under_forward(RuntimeError(message))
+    assert classify(exc, str(FAULTY / "raise_forward.py")) == Failure.USER_ERROR
+
+
+@pytest.mark.slow
+def test_the_batch_range_stops_as_memory_bound_at_an_allocation_failure(tmp_path):
+    """A real trial whose forward fails as cuBLAS does on a full GPU at batch 64: the batch
+    ramp stops there as bound by memory, so the search offers no larger batch (after a
+    failure of another kind it would keep the default range, eight times the user's batch)."""
+    from autotune.search import batch_range
+
+    runner = TrialRunner(model_file=FAULTY / "alloc_fails_at_big_batch.py", machine={}, workdir=tmp_path,
+                         measurement=MEASURE, timeout_s=90)
+    try:
+        found = batch_range.ramp(runner, TrialConfig(threads=1, batch_size=32), most=512, limit=None)
+    finally:
+        runner.close()
+    assert found.stopped == "batch 64 ran out of memory", found
+    assert found.memory_bound and found.top == 32, found
+
+
 # --- errors in the user's code ---------------------------------------------------------
 
 
