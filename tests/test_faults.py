@@ -242,7 +242,7 @@ def test_memory_exhaustion_is_stopped_by_the_tuner_not_the_kernel(run_trial):
         assert result.status == "failed" and result.failure == "out_of_memory", describe(result)
         assert "MiB" in result.message, result.message
         # Stopped near the limit (polled a few times a second), far from the machine's size.
-        assert result.peak_tree_rss_mb * 2**20 < limit + 2 * 2**30, result.peak_tree_rss_mb
+        assert result.peak_tree_mb * 2**20 < limit + 2 * 2**30, result.peak_tree_mb
         assert sentinel.poll() is None, "the sentinel process was killed"
         assert kernel_oom_kills() == before, "the kernel OOM killer fired"
     finally:
@@ -314,6 +314,73 @@ def test_the_batch_range_stops_as_memory_bound_at_an_allocation_failure(tmp_path
         runner.close()
     assert found.stopped == "batch 64 ran out of memory", found
     assert found.memory_bound and found.top == 32, found
+
+
+HELD_BYTES = 512 * 2**20  # tests/models/faulty/holds_a_data_set.py's
+
+
+@pytest.mark.slow
+def test_forked_dataloader_workers_count_their_parents_data_set_once(tmp_path):
+    """A process holds a data set in memory and four DataLoader workers fork from it: each
+    has the data set resident, but the machine holds it once, and so must the count that
+    the trial memory limit and the verification budget compare (a data set counted once
+    per worker, 72 times on 8 ranks of 8 workers, stops trials that fit)."""
+    from autotune.trials import proctree
+
+    script = tmp_path / "holds.py"
+    script.write_text(
+        "import sys, time, torch\n"
+        f"sys.path.insert(0, {str(FAULTY)!r})\n"
+        "from holds_a_data_set import build_dataset\n"
+        "loader = iter(torch.utils.data.DataLoader(build_dataset(), batch_size=8, num_workers=4))\n"
+        "next(loader)\n"  # the workers are started, each with the data set resident
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", str(script)], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        assert len(proctree.descendants(proc.pid)) >= 4
+        # the premise: summed resident sets count the data set once per process
+        assert proctree.tree_rss(proc.pid) > 4 * HELD_BYTES
+        counted = proctree.tree_memory(proc.pid)
+        assert HELD_BYTES < counted < 2 * HELD_BYTES, counted / 2**20
+    finally:
+        proctree.kill_tree(proc.pid)
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_a_trial_whose_workers_share_its_data_set_is_not_stopped_as_out_of_memory(tmp_path):
+    """The trial holds 512 MiB once and four workers share it, under a 1.5 GiB limit: it
+    measures. Its processes' resident sets summed pass the limit while it runs (that count
+    stopped it as out of memory)."""
+    limit = 3 * HELD_BYTES
+    runner = TrialRunner(model_file=FAULTY / "holds_a_data_set.py", machine={}, workdir=tmp_path,
+                         measurement=Measurement(warmup_steps=2, window_s=1.0, windows=3),
+                         timeout_s=120, memory_limit_bytes=limit)
+    summed, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            total = 0
+            for p in processes_of(str(tmp_path)):
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            summed[0] = max(summed[0], total)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = runner.run(TrialConfig(threads=1, batch_size=8, num_workers=4), name="trial")
+    finally:
+        stop.set()
+        sampler.join()
+        runner.close()
+    assert result.status == "ok", describe(result)
+    assert summed[0] > limit, summed[0] / 2**20  # the premise: summed resident sets pass it
+    assert HELD_BYTES / 2**20 < result.peak_tree_mb < limit / 2**20, result.peak_tree_mb
 
 
 # --- errors in the user's code ---------------------------------------------------------
