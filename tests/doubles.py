@@ -80,7 +80,7 @@ class ServedTrial:
     def kill(self) -> None:
         pass
 
-    def rss(self) -> int:
+    def memory(self) -> int:
         return 0
 
 
@@ -233,7 +233,7 @@ class _CountedTrial:
     def kill(self) -> None:
         self.counter.alive -= 1
 
-    def rss(self) -> int:
+    def memory(self) -> int:
         return 0
 
 
@@ -282,5 +282,5 @@ class _NoisyTrial:
             self.serving.events.append(("kill", self.name))
         self.killed = True
 
-    def rss(self) -> int:
+    def memory(self) -> int:
         return 0

@@ -127,7 +127,7 @@ class _Process:
             self.node.release(self.pid)
             self.pid = None
 
-    def rss(self) -> int:
+    def memory(self) -> int:
         return GiB  # host memory: not what binds on a GPU node
 
 

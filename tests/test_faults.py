@@ -242,12 +242,145 @@ def test_memory_exhaustion_is_stopped_by_the_tuner_not_the_kernel(run_trial):
         assert result.status == "failed" and result.failure == "out_of_memory", describe(result)
         assert "MiB" in result.message, result.message
         # Stopped near the limit (polled a few times a second), far from the machine's size.
-        assert result.peak_tree_rss_mb * 2**20 < limit + 2 * 2**30, result.peak_tree_rss_mb
+        assert result.peak_tree_mb * 2**20 < limit + 2 * 2**30, result.peak_tree_mb
         assert sentinel.poll() is None, "the sentinel process was killed"
         assert kernel_oom_kills() == before, "the kernel OOM killer fired"
     finally:
         sentinel.kill()
         sentinel.wait()
+
+
+def _raised_under_forward(exc: BaseException) -> BaseException:
+    """``exc`` as torch raises it inside a model file's forward: the traceback holds a
+    frame of the model file, as every error from the user's step does."""
+    model = FAULTY / "raise_forward.py"
+    namespace: dict = {}
+    exec(compile("def forward(exc):\n    raise exc\n", str(model), "exec"), namespace)
+    try:
+        namespace["forward"](exc)
+    except BaseException as raised:
+        return raised
+    raise AssertionError("forward did not raise")
+
+
+@pytest.mark.parametrize("make", [
+    lambda torch: RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    lambda torch: RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+    lambda torch: RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"),
+    lambda torch: RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously "
+                               "reported at some other API call, so the stacktrace below might be incorrect."),
+    lambda torch: RuntimeError("CUDA driver error: CUDA_ERROR_OUT_OF_MEMORY"),
+    lambda torch: torch.cuda.OutOfMemoryError("Tried to allocate 20.00 GiB. GPU 0 has a total capacity "
+                                              "of 79.19 GiB of which 3.19 GiB is free."),
+], ids=["cublas-handle", "cudnn", "cudnn9-device", "cuda-async", "driver", "torch-type"])
+def test_an_allocation_failure_is_out_of_memory_whatever_its_words(make):
+    """The GPU had no memory for cuBLAS's handle, cuDNN's workspace or a tensor: each is a
+    configuration that held too much, not an error in the model file (whose forward it
+    was raised under), so the memory knobs are tried and the batch range stops there."""
+    import torch
+
+    from autotune.trials.protocol import Failure
+    from autotune.trials.worker import classify
+
+    exc = _raised_under_forward(make(torch))
+    assert classify(exc, str(FAULTY / "raise_forward.py")) == Failure.OUT_OF_MEMORY
+
+
+@pytest.mark.parametrize("message", [
+    # a full GPU can cause it, but so can a cuBLAS that does not load: no memory knob fixes that
+    "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`",
+    "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k)`",
+])
+def test_a_cuda_library_error_that_is_not_an_allocation_stays_the_model_files(message):
+    from autotune.trials.protocol import Failure
+    from autotune.trials.worker import classify
+
+    exc = _raised_under_forward(RuntimeError(message))
+    assert classify(exc, str(FAULTY / "raise_forward.py")) == Failure.USER_ERROR
+
+
+@pytest.mark.slow
+def test_the_batch_range_stops_as_memory_bound_at_an_allocation_failure(tmp_path):
+    """A real trial whose forward fails as cuBLAS does on a full GPU at batch 64: the batch
+    ramp stops there as bound by memory, so the search offers no larger batch (after a
+    failure of another kind it would keep the default range, eight times the user's batch)."""
+    from autotune.search import batch_range
+
+    runner = TrialRunner(model_file=FAULTY / "alloc_fails_at_big_batch.py", machine={}, workdir=tmp_path,
+                         measurement=MEASURE, timeout_s=90)
+    try:
+        found = batch_range.ramp(runner, TrialConfig(threads=1, batch_size=32), most=512, limit=None)
+    finally:
+        runner.close()
+    assert found.stopped == "batch 64 ran out of memory", found
+    assert found.memory_bound and found.top == 32, found
+
+
+HELD_BYTES = 512 * 2**20  # tests/models/faulty/holds_a_data_set.py's
+
+
+@pytest.mark.slow
+def test_forked_dataloader_workers_count_their_parents_data_set_once(tmp_path):
+    """A process holds a data set in memory and four DataLoader workers fork from it: each
+    has the data set resident, but the machine holds it once, and so must the count that
+    the trial memory limit and the verification budget compare (a data set counted once
+    per worker, 72 times on 8 ranks of 8 workers, stops trials that fit)."""
+    from autotune.trials import proctree
+
+    script = tmp_path / "holds.py"
+    script.write_text(
+        "import sys, time, torch\n"
+        f"sys.path.insert(0, {str(FAULTY)!r})\n"
+        "from holds_a_data_set import build_dataset\n"
+        "loader = iter(torch.utils.data.DataLoader(build_dataset(), batch_size=8, num_workers=4))\n"
+        "next(loader)\n"  # the workers are started, each with the data set resident
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", str(script)], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        assert len(proctree.descendants(proc.pid)) >= 4
+        # the premise: summed resident sets count the data set once per process
+        assert proctree.tree_rss(proc.pid) > 4 * HELD_BYTES
+        counted = proctree.tree_memory(proc.pid)
+        assert HELD_BYTES < counted < 2 * HELD_BYTES, counted / 2**20
+    finally:
+        proctree.kill_tree(proc.pid)
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_a_trial_whose_workers_share_its_data_set_is_not_stopped_as_out_of_memory(tmp_path):
+    """The trial holds 512 MiB once and four workers share it, under a 1.5 GiB limit: it
+    measures. Its processes' resident sets summed pass the limit while it runs (that count
+    stopped it as out of memory)."""
+    limit = 3 * HELD_BYTES
+    runner = TrialRunner(model_file=FAULTY / "holds_a_data_set.py", machine={}, workdir=tmp_path,
+                         measurement=Measurement(warmup_steps=2, window_s=1.0, windows=3),
+                         timeout_s=120, memory_limit_bytes=limit)
+    summed, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            total = 0
+            for p in processes_of(str(tmp_path)):
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            summed[0] = max(summed[0], total)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = runner.run(TrialConfig(threads=1, batch_size=8, num_workers=4), name="trial")
+    finally:
+        stop.set()
+        sampler.join()
+        runner.close()
+    assert result.status == "ok", describe(result)
+    assert summed[0] > limit, summed[0] / 2**20  # the premise: summed resident sets pass it
+    assert HELD_BYTES / 2**20 < result.peak_tree_mb < limit / 2**20, result.peak_tree_mb
 
 
 # --- errors in the user's code ---------------------------------------------------------

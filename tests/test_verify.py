@@ -60,7 +60,7 @@ class _Held:
     def __init__(self, mib: int) -> None:
         self.mib, self.killed = mib, False
 
-    def rss(self) -> int:
+    def memory(self) -> int:
         return 0 if self.killed else self.mib * 2**20
 
     def kill(self) -> None:

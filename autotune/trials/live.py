@@ -93,6 +93,7 @@ class LiveTrial:
         self.started_epoch = time.time()  # events carry wall-clock stamps
         self.log_cut = 0  # bytes cut from the log (cap_log)
         self.reader = logs.EventReader(folder / "events.jsonl")
+        self.memory_watch = proctree.TreeMemory(process.proc.pid)
         if spec is not None:
             process.dispatch(spec)
 
@@ -168,12 +169,12 @@ class LiveTrial:
                 self.memory_checked = now
                 self._cap_log()
                 self.process.members.update(proctree.snapshot(self.process.proc.pid))
-                rss = proctree.tree_rss(self.process.proc.pid)
-                self.result.peak_tree_rss_mb = max(self.result.peak_tree_rss_mb, rss / 2**20)
-                if runner.memory_limit_bytes and rss > runner.memory_limit_bytes:
+                held = self.memory_watch.read()
+                self.result.peak_tree_mb = self.memory_watch.peak / 2**20
+                if runner.memory_limit_bytes and held is not None and held > runner.memory_limit_bytes:
                     self.killed_for = (
                         Failure.OUT_OF_MEMORY,
-                        f"used {rss / 2**20:.0f} MiB, over the trial limit of "
+                        f"used {held / 2**20:.0f} MiB, over the trial limit of "
                         f"{runner.memory_limit_bytes / 2**20:.0f} MiB",
                     )
         if self.killed_for is not None or not self.process.alive():
@@ -256,11 +257,11 @@ class LiveTrial:
             raise
         return self.result.values[count] if ok else None
 
-    def rss(self) -> int:
-        """Resident memory of the trial's whole process tree now, in bytes."""
+    def memory(self) -> int:
+        """What the trial's whole process tree holds now, each page once, in bytes."""
         if self.process is None or self.finished:
             return 0
-        return proctree.tree_rss(self.process.proc.pid)
+        return proctree.tree_memory(self.process.proc.pid)
 
     def kill(self) -> None:
         """End the trial now, with its process (a finished one's process is no longer its own)."""

@@ -21,7 +21,7 @@ class TrialResult:
     facts: dict[str, Any] = dataclasses.field(default_factory=dict)
     warmup: dict[str, Any] = dataclasses.field(default_factory=dict)
     done: dict[str, Any] = dataclasses.field(default_factory=dict)
-    peak_tree_rss_mb: float = 0.0
+    peak_tree_mb: float = 0.0  # what the trial's process tree held at its peak, each page once
     wall_s: float = 0.0
     window_seconds: list[float] = dataclasses.field(default_factory=list)
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -61,7 +61,8 @@ class TrialResult:
             "message": self.message[:1000],
             "log_tail": self.log_tail[-3000:],
             "one_time_s": self.one_time_s,
-            "peak_rss_mb": round(self.peak_tree_rss_mb, 1),
+            # the tree's peak (proctree.tree_memory), under the key studies already store
+            "peak_rss_mb": round(self.peak_tree_mb, 1),
             # the rank that held the most (host memory on CPU, device memory on CUDA):
             # what --memory-limit bounds
             **({"rank_peak_mb": round(float(self.done["rank_peak_mb"]), 1)}

@@ -60,7 +60,7 @@ def hold_within_budget(live: list[LiveTrialLike | None], failures: list[str | No
     if not budget:
         return
     while True:
-        sizes = [t.rss() if t is not None else 0 for t in live]
+        sizes = [t.memory() if t is not None else 0 for t in live]
         held = [i for i in range(1, len(live)) if live[i] is not None]
         if sum(sizes) <= budget or not held:
             return
