@@ -380,8 +380,13 @@ def _pin_memory_choice(device: str) -> KnobChoice:
     return KnobChoice([], {"pin_memory": "pinned memory only helps copies to a GPU"})
 
 
-def _interop_threads_choice() -> KnobChoice:
-    """torch's inter-op pool: its default size, or one thread."""
+def _interop_threads_choice(device: str) -> KnobChoice:
+    """torch's inter-op pool: its default size, or one thread, on CPU. On GPUs the pool
+    runs little (the work is on the device), and the knob is a process knob: each value
+    would cost a fresh process per trial for nothing."""
+    if device == "cuda":
+        return KnobChoice([], {"interop_threads": "torch's inter-op pool does little when the GPU does the "
+                                                  "work, and each value needs a process of its own"})
     return KnobChoice([None, 1])
 
 
@@ -549,7 +554,7 @@ def build_space(
         "backend": _backend_choice(device, backends, max_ranks),
         "num_workers": _num_workers_choice(device, cores, len(gpus)),
         "pin_memory": _pin_memory_choice(device),
-        "interop_threads": _interop_threads_choice(),
+        "interop_threads": _interop_threads_choice(device),
         "compile": _compile_choice(device, probe.compile),
         "precision": _precision_choice(device, gpus, probe.cpu.isa or {}, exact=exact),
         "channels_last": _channels_last_choice(image_inputs),
