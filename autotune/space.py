@@ -261,10 +261,13 @@ def _device_choice(gpus: Sequence[GpuInfo], hidden: Sequence[str], *, cuda_avail
 
 def _machine_layouts(device: str, cores: int, gpu_count: int, backends: Mapping[str, bool]) -> KnobChoice:
     """Layouts (``RANKSxTHREADS``) the hardware allows: on CPU every split of the usable
-    cores into ranks x threads; on CUDA one to ``gpu_count`` ranks, one per GPU, each
-    with an equal share of the cores. Several ranks need a working backend."""
+    cores into ranks x threads; on CUDA one to ``gpu_count`` ranks, one per GPU, several
+    each with an equal share of the cores, and one with PyTorch's default threads, as the
+    baseline has them: the GPU does the work, so a thread count of its own would only make
+    one rank differ from the baseline in nothing that matters (and the ablation measure
+    that difference). Several ranks need a working backend."""
     if device == "cuda":
-        layouts = [f"{n}x{max(1, cores // n)}" for n in range(1, gpu_count + 1)]
+        layouts = ["1xdefault"] + [f"{n}x{max(1, cores // n)}" for n in range(2, gpu_count + 1)]
         if gpu_count > 1 and not backends.get(Backend.NCCL):
             return KnobChoice(layouts[:1], {"nprocs>1": "NCCL did not initialise on this machine"})
         return KnobChoice(layouts)
@@ -306,7 +309,9 @@ def _layout_choice(device: str, cores: int, gpu_count: int, backends: Mapping[st
         excluded["nprocs>1"] = reason
     if nprocs is not None:
         layouts = [s for s in layouts if _ranks(s) == nprocs]
-    if threads is not None:
+    if threads is not None and device == "cuda":  # the GPUs' ranks with the pinned threads each
+        layouts = [str(Layout(n, threads)) for n in map(_ranks, layouts) if n * threads <= cores]
+    elif threads is not None:
         layouts = [s for s in layouts if Layout.parse(s).threads == threads]
     if not layouts:
         raise UsageError(

@@ -220,10 +220,12 @@ class Tuner:
         for role, cfg in starts:
             params = {}
             for name, values in self.space.choices.items():
-                if name == "layout":
+                if name == "layout" and cfg.layout not in values:  # default threads, not searched
                     threads = cfg.threads or max((layout.threads or 1 for layout in self.space.layouts
                                                   if layout.nprocs == 1), default=None)
                     value = str(Layout(cfg.nprocs, threads))
+                elif name == "layout":
+                    value = cfg.layout
                 else:
                     value = getattr(cfg, name)
                 if value in values:
