@@ -25,7 +25,8 @@ from optuna.trial import TrialState
 from autotune.config import Layout, TrialConfig
 from autotune.document.run import SearchFailure
 from autotune.errors import UsageError
-from autotune.search import memory
+from autotune.runtime.knobs import CompileMode
+from autotune.search import late, memory
 from autotune.search.objective import Measured, Plan, described
 from autotune.search.pruner import ClearlySlowerPruner, config_of
 from autotune.search.study import create_or_resume, quiet_optuna
@@ -291,12 +292,14 @@ class Tuner:
                 if self._previous(self.space.config_from_params(params)) is None]
 
     def _late_stage(self, best: TrialConfig) -> list[dict[str, Any]]:
-        """Each late knob's values on the best configuration; the first one (compile's
-        default mode) on the best of the other precision kind."""
-        stage = self.space.late_variants(best)
+        """Each late knob's values on the best configuration; the first one on the best of
+        the other precision kind. On GPUs the compile modes likeliest to win go first
+        (``late.ordered``), and once one is shown slower the rest are skipped (``_measure``)."""
+        stage = late.ordered(self.space.late_variants(best), best.device)
         other = self._best_config(exact=not best.exact)
         if other is not None:
-            stage += [p for p in self.space.late_variants(other)[:1] if p not in stage]
+            stage += [p for p in late.ordered(self.space.late_variants(other), other.device)[:1]
+                      if p not in stage]
         return stage
 
     def _enqueue_refinements(self) -> None:
@@ -433,6 +436,11 @@ class Tuner:
                 cfg = self._held_to_fit(self.space.suggest(trial, late=role == Role.LATE, memory=role is not None))
         except Unsplittable as exc:  # costs no measurement, like a duplicate
             trial.set_user_attr(StudyAttr.SKIPPED, str(exc))
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
+        if (role == Role.LATE and cfg.device == "cuda" and cfg.compile != CompileMode.OFF
+                and (lost := late.compile_lost(self.study.get_trials(deepcopy=False)))):
+            trial.set_user_attr(StudyAttr.SKIPPED, lost)  # its slot goes to the sampler
             self.study.tell(trial, state=TrialState.FAIL)
             return
         trial.set_user_attr(StudyAttr.CONFIG, cfg.to_dict())
