@@ -175,7 +175,8 @@ class SimulatedGpuNode(StandIn):
 
     def run(self, cfg: TrialConfig, *, name: str, on_window: Any = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
-            **kw: Any) -> TrialResult:
+            timeout_s: float | None = None, **kw: Any) -> TrialResult:
+        self.limits.append((cfg, timeout_s))
         pid, failure = self.admit(cfg, name)
         if failure is not None:
             return failure

@@ -25,6 +25,8 @@ def throughput(batch_size: int, num_workers: int, nprocs: int = 1) -> float:
 class ThroughputOfBatch:
     """Measures nothing: ``throughput`` of the configuration."""
 
+    timeout_s = 300.0  # a trial's limit: only compiled ones measured to compile long get more
+
     def __init__(self) -> None:
         self.measured = []
 
@@ -313,3 +315,40 @@ def test_a_compiled_mode_is_slower_when_pruned_or_under_the_best_by_more_than_no
     assert compile_lost([*plain, trial(compiled, 900.0)]) is None  # not the late stage's
     pruned = trial(compiled, 500.0, role=Role.LATE, state=optuna.trial.TrialState.PRUNED)
     assert "pruned" in compile_lost([*plain, pruned])
+
+
+class CompileTakes200s(Bf16Twice):
+    """Compiling pays off a little, after 200 s of compiling; records each trial's limit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limits = []
+
+    def run(self, cfg, *, name, on_window=None, timeout_s=None, **kwargs):
+        self.limits.append((cfg, timeout_s))
+        result = super().run(cfg, name=name, **kwargs)
+        compiled = cfg.compile != "off"
+        result.value *= 1.1 if compiled else 1.0
+        result.values = [result.value] * 3
+        result.setup = {**result.setup, "seconds": 1.0}
+        result.warmup = {"first_step_s": 200.1 if compiled else 0.1, "step_s": 0.1}
+        result.wall_s = result.one_time_s + 10.0
+        return result
+
+
+def test_a_compiled_trials_limit_follows_the_compile_its_mode_was_measured_to_take(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fixed = {"pin_memory": False, "cudnn_benchmark": False, "channels_last": False}
+    space = build_space(_h100x1(), baseline_batch=16, dataset_len=4096, fixed=fixed)
+    runner = CompileTakes200s()
+    study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
+    Tuner(study=study, space=space, runner=runner, trials=12, timeout_s=None).run()
+    compiled = [(cfg, limit) for cfg, limit in runner.limits if cfg.compile != "off"]
+    assert all(limit is None for cfg, limit in runner.limits if cfg.compile == "off")
+    # the first trial of each mode runs under the runner's limit; a later one of a measured
+    # mode (reduce-overhead again, on the other precision kind) gets 3 x 201 s + the rest
+    first = {cfg.compile: limit for cfg, limit in reversed(compiled)}
+    assert set(first.values()) == {None}, compiled
+    again = [(cfg, limit) for cfg, limit in compiled if limit is not None]
+    assert again and all(cfg.compile == "reduce-overhead" for cfg, _ in again), compiled
+    assert again[0][1] == pytest.approx(3 * 201.0 + 10.0)

@@ -5,7 +5,8 @@ A compiled trial on an H100 costs 20 to 104 s cold (BENCHMARKS.md, the GPU run),
 fresh process (``trials.runner.process_key``), and the late stage compiles up to four
 configurations. On GPUs the mode likeliest to win goes first; once one compiled mode is
 shown slower than the uncompiled best, the stage's other compiled trials are skipped: they
-compile the same model, and the budget's trials go back to the sampler.
+compile the same model, and the budget's trials go back to the sampler. A compiled trial's
+time limit follows what compiling in its mode was measured to cost (``trial_limit_s``).
 """
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autotune.config import TrialConfig
 from autotune.runtime.knobs import CompileMode
 from autotune.search.pruner import config_of
+from autotune.trials import limits
 from autotune.trials.protocol import Role, StudyAttr
 
 # On GPUs: CUDA graphs first (reduce-overhead: one launch replays a step's many small
@@ -68,3 +71,21 @@ def compile_lost(trials: Iterable[optuna.trial.FrozenTrial]) -> str | None:
             return (f"compile={cfg.compile} measured {t.value:,.0f} samples/s, under the uncompiled "
                     f"best's {best.value:,.0f} by more than noise ({margin:.0%})")
     return None
+
+
+def trial_limit_s(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig, *,
+                  least_s: float) -> float | None:
+    """The limit of a trial of ``cfg`` where it compiles (``limits.run_limit_s``): from the
+    slowest one-time cost the study measured in its compile mode on its device, and the
+    rest of that trial's time; None (the runner's ``least_s``) for an uncompiled one, or
+    before that mode was measured."""
+    if cfg.compile == CompileMode.OFF:
+        return None
+    costs = [(float(r["one_time_s"]), float(r.get("wall_s") or 0.0)) for t in trials
+             if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+             and (c := config_of(t)) is not None and (c.compile, c.device) == (cfg.compile, cfg.device)
+             and (r := t.user_attrs.get(StudyAttr.RESULT) or {}).get("one_time_s")]
+    if not costs:
+        return None
+    once, wall = max(costs)
+    return limits.run_limit_s(least_s, one_time_s=once, measuring_s=wall - once)

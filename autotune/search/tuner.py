@@ -472,7 +472,9 @@ class Tuner:
 
         try:
             with self.measuring():
-                result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window)
+                result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window,
+                                         timeout_s=late.trial_limit_s(self.study.get_trials(deepcopy=False),
+                                                                      cfg, least_s=self.runner.timeout_s))
         except BaseException:
             # Interrupted (Ctrl-C): this trial is measured again when the run resumes.
             trial.set_user_attr(StudyAttr.FAILURE, Failure.INTERRUPTED)
