@@ -52,7 +52,7 @@ from autotune.trials import measure_lock, proctree
 from autotune.trials.protocol import Failure, StudyAttr
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import batch as verify_batch
-from autotune.verify import fit, gates, stats
+from autotune.verify import fit, gates, standalone, stats
 from autotune.verify.deadline import Budget, Costs, search_timeout
 from autotune.verify.device_room import DeviceRoom
 from autotune.verify.trainings import work_key
@@ -510,8 +510,11 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         budget = Budget(timeout_s=options.timeout_s, ends_at=ends_at, costs=Costs.from_trials(
             [c.result for c in outcome.ranked], window_s=options.window_s,
             baseline_rate=outcome.baseline.measured.samples_per_s))
+    # a script that compiles as its trial did may need longer than the scripts' least
+    script_timeout_s = standalone.script_timeout_s(gates.Settings.script_timeout_s,
+                                                   [c.result for c in outcome.ranked], seconds=options.pair_seconds)
     settings = gates.Settings(rounds=options.rounds, pairs=options.pairs,
-                               pair_seconds=options.pair_seconds,
+                               pair_seconds=options.pair_seconds, script_timeout_s=script_timeout_s,
                                max_quality_drop=options.max_quality_drop, path=options.path,
                                pinned=frozenset(options.fixed), pricing=pricing, budget=budget,
                                fits=fits, room=DeviceRoom.of(machine, measured))

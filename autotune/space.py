@@ -261,10 +261,13 @@ def _device_choice(gpus: Sequence[GpuInfo], hidden: Sequence[str], *, cuda_avail
 
 def _machine_layouts(device: str, cores: int, gpu_count: int, backends: Mapping[str, bool]) -> KnobChoice:
     """Layouts (``RANKSxTHREADS``) the hardware allows: on CPU every split of the usable
-    cores into ranks x threads; on CUDA one to ``gpu_count`` ranks, one per GPU, each
-    with an equal share of the cores. Several ranks need a working backend."""
+    cores into ranks x threads; on CUDA one to ``gpu_count`` ranks, one per GPU, several
+    each with an equal share of the cores, and one with PyTorch's default threads, as the
+    baseline has them: the GPU does the work, so a thread count of its own would only make
+    one rank differ from the baseline in nothing that matters (and the ablation measure
+    that difference). Several ranks need a working backend."""
     if device == "cuda":
-        layouts = [f"{n}x{max(1, cores // n)}" for n in range(1, gpu_count + 1)]
+        layouts = ["1xdefault"] + [f"{n}x{max(1, cores // n)}" for n in range(2, gpu_count + 1)]
         if gpu_count > 1 and not backends.get(Backend.NCCL):
             return KnobChoice(layouts[:1], {"nprocs>1": "NCCL did not initialise on this machine"})
         return KnobChoice(layouts)
@@ -306,7 +309,9 @@ def _layout_choice(device: str, cores: int, gpu_count: int, backends: Mapping[st
         excluded["nprocs>1"] = reason
     if nprocs is not None:
         layouts = [s for s in layouts if _ranks(s) == nprocs]
-    if threads is not None:
+    if threads is not None and device == "cuda":  # the GPUs' ranks with the pinned threads each
+        layouts = [str(Layout(n, threads)) for n in map(_ranks, layouts) if n * threads <= cores]
+    elif threads is not None:
         layouts = [s for s in layouts if Layout.parse(s).threads == threads]
     if not layouts:
         raise UsageError(
@@ -380,8 +385,13 @@ def _pin_memory_choice(device: str) -> KnobChoice:
     return KnobChoice([], {"pin_memory": "pinned memory only helps copies to a GPU"})
 
 
-def _interop_threads_choice() -> KnobChoice:
-    """torch's inter-op pool: its default size, or one thread."""
+def _interop_threads_choice(device: str) -> KnobChoice:
+    """torch's inter-op pool: its default size, or one thread, on CPU. On GPUs the pool
+    runs little (the work is on the device), and the knob is a process knob: each value
+    would cost a fresh process per trial for nothing."""
+    if device == "cuda":
+        return KnobChoice([], {"interop_threads": "torch's inter-op pool does little when the GPU does the "
+                                                  "work, and each value needs a process of its own"})
     return KnobChoice([None, 1])
 
 
@@ -549,7 +559,7 @@ def build_space(
         "backend": _backend_choice(device, backends, max_ranks),
         "num_workers": _num_workers_choice(device, cores, len(gpus)),
         "pin_memory": _pin_memory_choice(device),
-        "interop_threads": _interop_threads_choice(),
+        "interop_threads": _interop_threads_choice(device),
         "compile": _compile_choice(device, probe.compile),
         "precision": _precision_choice(device, gpus, probe.cpu.isa or {}, exact=exact),
         "channels_last": _channels_last_choice(image_inputs),

@@ -29,6 +29,7 @@ from typing import Any
 
 from autotune import pipeline
 from autotune.config import TrialConfig
+from autotune.options import RunOptions
 from autotune.report.console import Reporter
 from autotune.task import Task
 from autotune.trials.runner import LiveTrialLike, TrialResult
@@ -49,9 +50,11 @@ class RunnerDouble:
 
     workdir: Path = Path("trials")
     memory_limit_bytes: int | None = None  # verification's shared budget: not measured here
+    timeout_s: float = RunOptions.trial_timeout_s
 
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
-            trajectory_steps: int | None = None, quality_steps: int | None = None) -> TrialResult:
+            trajectory_steps: int | None = None, quality_steps: int | None = None,
+            timeout_s: float | None = None) -> TrialResult:
         raise NotImplementedError(f"{type(self).__name__} runs no trial ({name})")
 
     def start(self, cfg: TrialConfig, *, name: str, mode: Any = None) -> LiveTrialLike:
@@ -92,6 +95,7 @@ class StandIn(RunnerDouble):
     def __init__(self) -> None:
         self.gated: list[TrialConfig] = []  # configurations the gates trained
         self.measured: list[TrialConfig] = []  # configurations the search measured
+        self.limits: list[tuple[TrialConfig, float | None]] = []  # each run's timeout_s, as given
 
     def throughput(self, cfg: TrialConfig) -> float:
         raise NotImplementedError
@@ -161,7 +165,9 @@ class StandInRunner(StandIn):
     def threads_seen(self, cfg: TrialConfig) -> int:
         return cfg.threads or self.doc["cpu"]["usable_cores"]
 
-    def run(self, cfg, *, name, on_window=None, trajectory_steps=None, quality_steps=None, **kw):
+    def run(self, cfg, *, name, on_window=None, trajectory_steps=None, quality_steps=None, timeout_s=None,
+            **kw):
+        self.limits.append((cfg, timeout_s))
         return self.result(cfg, on_window=on_window, trajectory_steps=trajectory_steps,
                            quality_steps=quality_steps)
 

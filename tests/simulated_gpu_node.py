@@ -249,7 +249,8 @@ class SimulatedGpuNode(StandIn):
 
     def run(self, cfg: TrialConfig, *, name: str, on_window: Any = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
-            **kw: Any) -> TrialResult:
+            timeout_s: float | None = None, **kw: Any) -> TrialResult:
+        self.limits.append((cfg, timeout_s))
         key = process_key(cfg) if trajectory_steps is None and quality_steps is None else None
         if key is None or key != self.idle_key:
             self.clock += self.costs.start_s

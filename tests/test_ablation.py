@@ -35,6 +35,19 @@ def test_a_revert_that_makes_no_valid_configuration_is_left_out():
     assert [v.knob for v in ablation.variants(winner, odd)] == ["layout"]
 
 
+def test_no_variant_runs_as_the_winner_and_one_that_runs_as_the_baseline_is_the_baseline():
+    """A revert of knobs that do nothing on the winner's device (pinned memory on CPU, core
+    pinning on GPUs) would measure the winner against itself; a variant that runs as the
+    baseline is held as the baseline, once."""
+    cpu = TrialConfig(batch_size=64, pin_memory=True, channels_last=True)
+    assert [v.knob for v in ablation.variants(cpu, BASELINE)] == ["batch_size", "channels_last"]
+    gpu_base = TrialConfig(batch_size=32, device="cuda", backend="nccl")
+    gpu = gpu_base.replace(precision="bf16", affinity="compact")
+    found = ablation.variants(gpu, gpu_base)
+    assert [(v.knob, v.config) for v in found] == [("precision", gpu_base)]
+    assert ablation.session_configs(gpu, gpu_base, path=True) == [gpu_base]
+
+
 def test_rounds_stay_within_the_speed_checks_windows():
     assert ablation.rounds_for(4, speed_windows=50) == 10
     assert ablation.rounds_for(9, speed_windows=50) == 5

@@ -260,6 +260,17 @@ def test_gpu_machine_tunes_on_the_gpus_with_their_knobs():
     assert "allocator" not in space.choices and "allocator" in space.excluded
 
 
+def test_interop_threads_are_searched_on_cpu_only():
+    """On GPUs the inter-op pool does little, and each of its values is a process of its
+    own (a process knob): not searched, with the reason; a pin still applies."""
+    gpu = build_space(_gpu_machine(1, "9.0"), baseline_batch=64)
+    assert "interop_threads" not in gpu.choices
+    assert "process" in gpu.excluded["interop_threads"]
+    assert build_space(probe(4), baseline_batch=32).choices["interop_threads"] == [None, 1]
+    pinned = build_space(_gpu_machine(1, "9.0"), baseline_batch=64, fixed={"interop_threads": 1})
+    assert pinned.fixed == {"interop_threads": 1} and "interop_threads" not in pinned.choices
+
+
 def test_pre_ampere_gpu_has_no_bf16_or_tf32():
     space = build_space(_gpu_machine(1, "7.0"), baseline_batch=64)
     assert set(space.choices["precision"]) == {"fp32", "fp16"}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune import pipeline
-from autotune.config import TrialConfig
+from autotune.config import Layout, TrialConfig
 from autotune.report.console import Reporter
 from autotune.task import load_task
 
@@ -72,6 +72,28 @@ def test_a_model_that_fills_a_gpu_is_verified_with_one_process_per_device(task, 
         assert "reference failed" not in c["outcome"], c["outcome"]
     if name == "h100x8":
         assert chosen.nprocs == 8, "eight GPUs beat one for a model that fills one"
+
+
+@pytest.mark.parametrize("name", ["h100x1", "h100x8"])
+def test_no_ablation_variant_runs_as_the_winner_or_the_baseline(task, name, tmp_path):
+    """Each knob the ablation reverts changes what runs: its baseline and winner values
+    differ, a layout in its ranks (threads alone are the host's on a GPU: one rank leaves
+    them to PyTorch, as the baseline does); no configuration held beside the winner is
+    it or the baseline with other threads."""
+    doc, node = tune(task, name, tmp_path)
+    found = doc["ablation"]
+    assert found["knobs"], found
+    for knob in found["knobs"]:
+        assert knob["baseline"] != knob["winner"], knob
+        if knob["knob"] == "layout":
+            assert Layout.parse(knob["baseline"]).nprocs != Layout.parse(knob["winner"]).nprocs, knob
+    assert "layout" not in (found.get("simplified") or {}).get("dropped", []), found["simplified"]
+
+    def runs_as(cfg: TrialConfig) -> TrialConfig:  # one rank on a GPU: its threads are the host's
+        return cfg.replace(threads=None) if cfg.nprocs == 1 else cfg
+
+    held = {cfg for stage, cfg in node.ran if stage.startswith("verify-ablation")}
+    assert len({runs_as(c) for c in held}) == len(held), sorted(c.short() for c in held)
 
 
 def test_the_fp32_reference_of_an_eight_gpu_candidate_runs_on_its_eight_gpus(task, tmp_path):

@@ -101,6 +101,7 @@ class StandInRunner:
     # Measures nothing: a throughput from the config. SIGKILLs its own process (the
     # tuner) when asked for its kill_at-th measurement, as a killed tuner would die.
     calls = 0
+    timeout_s = 300.0
 
     def run(self, cfg, *, name, on_window=None, **kwargs):
         n, StandInRunner.calls = StandInRunner.calls, StandInRunner.calls + 1

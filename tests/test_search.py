@@ -25,6 +25,8 @@ def throughput(batch_size: int, num_workers: int, nprocs: int = 1) -> float:
 class ThroughputOfBatch:
     """Measures nothing: ``throughput`` of the configuration."""
 
+    timeout_s = 300.0  # a trial's limit: only compiled ones measured to compile long get more
+
     def __init__(self) -> None:
         self.measured = []
 
@@ -239,3 +241,114 @@ def test_a_batch_predicted_not_to_fit_in_gpu_memory_is_skipped_unmeasured(tmp_pa
     # another kind of configuration (fp32 activations, other ranks): nothing to predict from
     assert tuner._memory_bound(base.replace(batch_size=64, precision="fp32")) is None
     assert tuner._memory_bound(TrialConfig(batch_size=4096)) is None  # CPU: not a GPU's memory
+
+
+# --- compiled trials on a GPU -----------------------------------------------------------
+
+def _h100x1() -> dict:
+    import json
+
+    return json.loads((Path(__file__).parent / "fixtures" / "machines" / "h100x1.json").read_text())
+
+
+class CompileSlower(Bf16Twice):
+    """bf16 twice as fast; every compiled configuration a fifth slower."""
+
+    def run(self, cfg, *, name, on_window=None, **kwargs):
+        result = super().run(cfg, name=name, **kwargs)
+        if cfg.compile != "off":
+            result.value *= 0.8
+            result.values = [result.value] * 3
+        return result
+
+
+def test_on_a_gpu_compiling_starts_with_cuda_graphs_and_stops_once_a_mode_is_slower(tmp_path, monkeypatch):
+    """On a GPU the late stage compiles reduce-overhead first; shown slower than the
+    uncompiled best, the stage's other compiled trials (three more here) are skipped,
+    unmeasured, and their slots go to the sampler."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fixed = {"pin_memory": False, "cudnn_benchmark": False, "channels_last": False}
+    space = build_space(_h100x1(), baseline_batch=16, dataset_len=4096, fixed=fixed)
+    assert len(space.choices["compile"]) == 4 and space.baseline.device == "cuda"
+    runner = CompileSlower()
+    study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
+    Tuner(study=study, space=space, runner=runner, trials=12, timeout_s=None).run()
+    compiled = [cfg for cfg in runner.measured if cfg.compile != "off"]
+    assert [cfg.compile for cfg in compiled] == ["reduce-overhead"], [c.short() for c in compiled]
+    skipped = [t for t in study.trials if t.user_attrs.get("role") == Role.LATE and t.user_attrs.get("skipped")]
+    assert len(skipped) == 3 and "reduce-overhead" in skipped[0].user_attrs["skipped"]
+    assert len(runner.measured) == 12, "the skipped trials cost no measurement"
+
+
+def test_compiled_modes_are_all_tried_on_a_gpu_while_compiling_wins(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fixed = {"pin_memory": False, "cudnn_benchmark": False, "channels_last": False}
+    space = build_space(_h100x1(), baseline_batch=16, dataset_len=4096, fixed=fixed)
+    runner = Bf16Twice()  # compiling costs nothing here
+    study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
+    Tuner(study=study, space=space, runner=runner, trials=12, timeout_s=None).run()
+    late = [t.user_attrs["config"]["compile"] for t in study.trials if t.user_attrs.get("role") == Role.LATE]
+    assert late[:3] == ["reduce-overhead", "default", "max-autotune-no-cudagraphs"], late
+    assert len(late) == 4 and not [t for t in study.trials if t.user_attrs.get("skipped")]
+
+
+def test_a_compiled_mode_is_slower_when_pruned_or_under_the_best_by_more_than_noise():
+    import optuna
+
+    from autotune.config import TrialConfig
+    from autotune.search.late import compile_lost
+
+    base = TrialConfig(device="cuda", backend="nccl", batch_size=16)
+
+    def trial(cfg, value, *, role=None, state=optuna.trial.TrialState.COMPLETE, iqr=0.0):
+        return optuna.trial.create_trial(
+            state=state, value=value if state == optuna.trial.TrialState.COMPLETE else None,
+            params={}, distributions={},
+            user_attrs={"config": cfg.to_dict(), "role": role, "result": {"value": value, "iqr": iqr}})
+
+    plain = [trial(base, 1000.0), trial(base.replace(precision="bf16"), 2000.0)]
+    compiled = base.replace(compile="reduce-overhead")
+    assert compile_lost(plain) is None
+    assert compile_lost([*plain, trial(compiled, 960.0, role=Role.LATE)]) is None  # within 5%
+    assert "by more than noise" in compile_lost([*plain, trial(compiled, 900.0, role=Role.LATE)])
+    assert compile_lost([*plain, trial(compiled, 900.0, role=Role.LATE, iqr=150.0)]) is None  # noisy windows
+    assert compile_lost([*plain, trial(compiled, 900.0)]) is None  # not the late stage's
+    pruned = trial(compiled, 500.0, role=Role.LATE, state=optuna.trial.TrialState.PRUNED)
+    assert "pruned" in compile_lost([*plain, pruned])
+
+
+class CompileTakes200s(Bf16Twice):
+    """Compiling pays off a little, after 200 s of compiling; records each trial's limit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limits = []
+
+    def run(self, cfg, *, name, on_window=None, timeout_s=None, **kwargs):
+        self.limits.append((cfg, timeout_s))
+        result = super().run(cfg, name=name, **kwargs)
+        compiled = cfg.compile != "off"
+        result.value *= 1.1 if compiled else 1.0
+        result.values = [result.value] * 3
+        result.setup = {**result.setup, "seconds": 1.0}
+        result.warmup = {"first_step_s": 200.1 if compiled else 0.1, "step_s": 0.1}
+        result.wall_s = result.one_time_s + 10.0
+        return result
+
+
+def test_a_compiled_trials_limit_follows_the_compile_its_mode_was_measured_to_take(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fixed = {"pin_memory": False, "cudnn_benchmark": False, "channels_last": False}
+    space = build_space(_h100x1(), baseline_batch=16, dataset_len=4096, fixed=fixed)
+    runner = CompileTakes200s()
+    study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
+    Tuner(study=study, space=space, runner=runner, trials=12, timeout_s=None).run()
+    compiled = [(cfg, limit) for cfg, limit in runner.limits if cfg.compile != "off"]
+    assert all(limit is None for cfg, limit in runner.limits if cfg.compile == "off")
+    # the first trial of each mode runs under the runner's limit; a later one of a measured
+    # mode (reduce-overhead again, on the other precision kind) gets 3 x 201 s + the rest
+    first = {cfg.compile: limit for cfg, limit in reversed(compiled)}
+    assert set(first.values()) == {None}, compiled
+    again = [(cfg, limit) for cfg, limit in compiled if limit is not None]
+    assert again and all(cfg.compile == "reduce-overhead" for cfg, _ in again), compiled
+    assert again[0][1] == pytest.approx(3 * 201.0 + 10.0)

@@ -19,6 +19,8 @@ from autotune.space import (
     build_space,
 )
 
+from doubles import recorded_machine
+
 
 def gpu(index: int, capability: str | None = "9.0", uuid: str | None = None) -> GpuInfo:
     return GpuInfo(index=index, name="NVIDIA H100", memory_bytes=None,
@@ -68,9 +70,22 @@ def test_layout_builder_without_a_working_backend_keeps_one_rank():
     cpu = _layout_choice("cpu", 2, 0, {"gloo": False}, batchnorm_layers=(), nprocs=None, threads=None)
     assert cpu.values == ["1x1", "1x2"] and "gloo" in cpu.excluded["nprocs>1"]
     cuda = _layout_choice("cuda", 16, 4, {"nccl": False}, batchnorm_layers=(), nprocs=None, threads=None)
-    assert cuda.values == ["1x16"] and "NCCL" in cuda.excluded["nprocs>1"]
+    assert cuda.values == ["1xdefault"] and "NCCL" in cuda.excluded["nprocs>1"]
     both = _layout_choice("cuda", 16, 4, {"nccl": True}, batchnorm_layers=(), nprocs=None, threads=None)
-    assert both.values == ["1x16", "2x8", "3x5", "4x4"] and both.excluded == {}
+    assert both.values == ["1xdefault", "2x8", "3x5", "4x4"] and both.excluded == {}
+
+
+def test_one_gpu_rank_leaves_its_threads_to_pytorch_as_the_baseline_does_unless_pinned(monkeypatch):
+    """One rank on a GPU runs with PyTorch's default threads, as the baseline: a count of its
+    own would differ from the baseline in nothing that matters. Several ranks share the
+    host's cores; pinned threads apply to every rank count that holds them."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    space = build_space(recorded_machine("h100x1"), baseline_batch=16)
+    assert space.choices["layout"] == ["1xdefault"]
+    assert space.layouts[0].threads == space.baseline.threads is None
+    pinned = _layout_choice("cuda", 16, 4, {"nccl": True}, batchnorm_layers=(), nprocs=None, threads=4)
+    assert pinned.values == ["1x4", "2x4", "3x4", "4x4"]
+    assert _layout_choice("cuda", 16, 4, {"nccl": True}, batchnorm_layers=(), nprocs=2, threads=8).values == ["2x8"]
 
 
 def test_layout_builder_applies_pinned_ranks_and_threads():

@@ -184,3 +184,38 @@ def test_autotune_verify_runs_a_copied_folder_and_trains_the_model_file_it_is_gi
     assert seen["model_file"] == str(other_model)  # what both scripts train
     assert os.environ["MODEL_FILE"] == "the user's own"  # restored afterwards
     assert (copy / "reverify.json").is_file()
+
+
+def test_a_compiled_runs_limit_grows_with_its_measured_compile():
+    from autotune.trials.limits import run_limit_s
+
+    assert run_limit_s(300.0, one_time_s=None, measuring_s=50.0) == 300.0  # nothing measured
+    assert run_limit_s(300.0, one_time_s=20.0, measuring_s=30.0) == 300.0  # a short compile
+    assert run_limit_s(300.0, one_time_s=240.0, measuring_s=30.0) == 3 * 240.0 + 30.0  # max-autotune
+    results = [{"one_time_s": 1.0, "wall_s": 20.0}, {"one_time_s": 200.0, "wall_s": 230.0}, {"one_time_s": None}]
+    assert standalone.script_timeout_s(300.0, results, seconds=8.0) == 3 * 200.0 + 30.0 + 8.0
+    assert standalone.script_timeout_s(300.0, [{"one_time_s": None}], seconds=8.0) == 300.0
+
+
+class LongCompile(StandInRunner):
+    """Compiling pays off here, after 200 s of compiling; records each script's limit."""
+
+    def __init__(self, doc: dict) -> None:
+        super().__init__(doc)
+        self.script_limits: list[float] = []
+
+    def one_time_s(self, cfg: TrialConfig) -> float:
+        return 200.0 if cfg.compile != "off" else 0.0
+
+    def run_script(self, launcher, *, steps, workdir, timeout_s):
+        self.script_limits.append(timeout_s)
+        return super().run_script(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s)
+
+
+def test_the_scripts_of_a_model_that_compiles_long_get_the_time_it_took(task, tmp_path):
+    """A compiled winner whose trial spent 200 s compiling: its script, run alone, is not
+    killed at the scripts' 300 s while it compiles again."""
+    runner = LongCompile(recorded_machine("avx2_epyc"))
+    doc = tune_stand_in(task, tmp_path, runner, trials=12)
+    assert doc["verified"] and doc["config"]["compile"] != "off", doc["config"]
+    assert runner.script_limits and min(runner.script_limits) >= 3 * 200.0

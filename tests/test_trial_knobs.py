@@ -203,6 +203,8 @@ class _StubRunner:
     """Stands in for TrialRunner: every trial 'measures' instantly; the baseline (default
     threads, which are 2 here as the worker would report) is the fastest."""
 
+    timeout_s = 300.0
+
     def __init__(self) -> None:
         self.configs: list[TrialConfig] = []
 

@@ -25,7 +25,8 @@ from optuna.trial import TrialState
 from autotune.config import Layout, TrialConfig
 from autotune.document.run import SearchFailure
 from autotune.errors import UsageError
-from autotune.search import memory
+from autotune.runtime.knobs import CompileMode
+from autotune.search import late, memory
 from autotune.search.objective import Measured, Plan, described
 from autotune.search.pruner import ClearlySlowerPruner, config_of
 from autotune.search.study import create_or_resume, quiet_optuna
@@ -220,10 +221,12 @@ class Tuner:
         for role, cfg in starts:
             params = {}
             for name, values in self.space.choices.items():
-                if name == "layout":
+                if name == "layout" and cfg.layout not in values:  # default threads, not searched
                     threads = cfg.threads or max((layout.threads or 1 for layout in self.space.layouts
                                                   if layout.nprocs == 1), default=None)
                     value = str(Layout(cfg.nprocs, threads))
+                elif name == "layout":
+                    value = cfg.layout
                 else:
                     value = getattr(cfg, name)
                 if value in values:
@@ -289,12 +292,14 @@ class Tuner:
                 if self._previous(self.space.config_from_params(params)) is None]
 
     def _late_stage(self, best: TrialConfig) -> list[dict[str, Any]]:
-        """Each late knob's values on the best configuration; the first one (compile's
-        default mode) on the best of the other precision kind."""
-        stage = self.space.late_variants(best)
+        """Each late knob's values on the best configuration; the first one on the best of
+        the other precision kind. On GPUs the compile modes likeliest to win go first
+        (``late.ordered``), and once one is shown slower the rest are skipped (``_measure``)."""
+        stage = late.ordered(self.space.late_variants(best), best.device)
         other = self._best_config(exact=not best.exact)
         if other is not None:
-            stage += [p for p in self.space.late_variants(other)[:1] if p not in stage]
+            stage += [p for p in late.ordered(self.space.late_variants(other), other.device)[:1]
+                      if p not in stage]
         return stage
 
     def _enqueue_refinements(self) -> None:
@@ -433,6 +438,11 @@ class Tuner:
             trial.set_user_attr(StudyAttr.SKIPPED, str(exc))
             self.study.tell(trial, state=TrialState.FAIL)
             return
+        if (role == Role.LATE and cfg.device == "cuda" and cfg.compile != CompileMode.OFF
+                and (lost := late.compile_lost(self.study.get_trials(deepcopy=False)))):
+            trial.set_user_attr(StudyAttr.SKIPPED, lost)  # its slot goes to the sampler
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
         trial.set_user_attr(StudyAttr.CONFIG, cfg.to_dict())
 
         previous = self._previous(cfg)
@@ -462,7 +472,9 @@ class Tuner:
 
         try:
             with self.measuring():
-                result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window)
+                result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window,
+                                         timeout_s=late.trial_limit_s(self.study.get_trials(deepcopy=False),
+                                                                      cfg, least_s=self.runner.timeout_s))
         except BaseException:
             # Interrupted (Ctrl-C): this trial is measured again when the run resumes.
             trial.set_user_attr(StudyAttr.FAILURE, Failure.INTERRUPTED)

@@ -72,8 +72,10 @@ class LiveTrial:
     def __init__(self, runner: TrialRunner | None, *, folder: Path | None, process: TrialProcess | None,
                  result: TrialResult, on_window: Callable[[int, float], bool] | None = None,
                  serving: bool = False, locked: bool = False, spec: Path | None = None,
-                 warm_on_command: bool = False) -> None:
+                 warm_on_command: bool = False, timeout_s: float | None = None) -> None:
         self.runner, self.folder, self.result, self.process = runner, folder, result, process
+        # this trial's limit: the runner's, or one of its own (a compile measured to be long)
+        self.timeout_s = timeout_s if timeout_s is not None else runner.timeout_s if runner else 0.0
         self.on_window, self.serving, self.warm_on_command = on_window, serving, warm_on_command
         self.killed_for: tuple[Status | Failure, str] | None = None  # PRUNED, or the failure
         self.ready = False
@@ -153,8 +155,8 @@ class LiveTrial:
             now = time.monotonic()
             runner = self.runner
             idle = self.serving and self.ready and self.pending_since is None
-            if not (self.serving and self.ready) and self._busy_s(now) > runner.timeout_s:
-                self.killed_for = (Failure.TIMEOUT, f"still running after {runner.timeout_s:.0f} s")
+            if not (self.serving and self.ready) and self._busy_s(now) > self.timeout_s:
+                self.killed_for = (Failure.TIMEOUT, f"still running after {self.timeout_s:.0f} s")
             elif not idle and self.last_progress is not None and now - self.last_progress > self.hang_limit:
                 self.killed_for = (Failure.HANG, f"no progress for {self.hang_limit:.0f} s while steps ran "
                                          f"(a step took {self.step_s:.1f} s)")

@@ -134,8 +134,10 @@ class TrialRunnerLike(Protocol):
 
     workdir: Path
     memory_limit_bytes: int | None
+    timeout_s: float  # a trial's limit, unless its run gives another (a long compile)
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
-            trajectory_steps: int | None = None, quality_steps: int | None = None) -> TrialResult: ...
+            trajectory_steps: int | None = None, quality_steps: int | None = None,
+            timeout_s: float | None = None) -> TrialResult: ...
     def start(self, cfg: TrialConfig, *, name: str, mode: Mapping[str, Any] | None = None) -> LiveTrialLike: ...
     def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> dict[str, Any]: ...
     def close(self) -> None: ...
@@ -209,16 +211,18 @@ class TrialRunner:
 
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
-            extra_env: Mapping[str, str] | None = None) -> TrialResult:
+            extra_env: Mapping[str, str] | None = None, timeout_s: float | None = None) -> TrialResult:
         """Measure ``cfg``; or, with ``trajectory_steps``, record that many losses; or,
         with ``quality_steps``, record that many losses and then score with ``evaluate``.
-        ``on_window(i, samples_per_s)`` returning True prunes the trial."""
+        ``on_window(i, samples_per_s)`` returning True prunes the trial; ``timeout_s``: its
+        limit, where not the runner's (``limits.run_limit_s``)."""
         mode: dict[str, Any] = {}
         if trajectory_steps is not None:
             mode = {"mode": Mode.TRAJECTORY, "steps": trajectory_steps}
         elif quality_steps is not None:
             mode = {"mode": Mode.QUALITY, "steps": quality_steps}
-        live = self.start(cfg, name=name, on_window=on_window, mode=mode, extra_env=extra_env)
+        live = self.start(cfg, name=name, on_window=on_window, mode=mode, extra_env=extra_env,
+                          timeout_s=timeout_s)
         return live.wait()
 
     def run_script(self, launcher: Path, *, steps: int, workdir: Path,
@@ -229,9 +233,11 @@ class TrialRunner:
                             cwd=self.cwd)
 
     def start(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
-              mode: Mapping[str, Any] | None = None, extra_env: Mapping[str, str] | None = None) -> LiveTrial:
+              mode: Mapping[str, Any] | None = None, extra_env: Mapping[str, str] | None = None,
+              timeout_s: float | None = None) -> LiveTrial:
         """Start ``cfg``'s process tree, or hand ``cfg`` to a warm process that can run it,
-        and return the handle that watches it."""
+        and return the handle that watches it (killed after ``timeout_s``, default the
+        runner's)."""
         mode = dict(mode or {})
         serving = mode.get("mode") == Mode.SERVE
         if serving:
@@ -264,7 +270,7 @@ class TrialRunner:
             assert warm.control is not None
             spec_path.write_text(json.dumps({**spec, "next": str(warm.control)}, indent=1))
             return LiveTrial(self, folder=folder, process=warm, result=result, on_window=on_window,
-                             spec=spec_path)
+                             spec=spec_path, timeout_s=timeout_s)
         if cfg.device == "cuda":
             # An idle process keeps its CUDA context (and cuDNN's workspaces) on the GPUs
             # this one will measure on: what it holds would be missing from this one.
@@ -302,6 +308,7 @@ class TrialRunner:
             raise
         process = TrialProcess(proc=proc, tmpdir=tmp, key=key, control=control, log=log)
         return LiveTrial(self, folder=folder, process=process, result=result, on_window=on_window,
-                         serving=serving, locked=True, warm_on_command=serving and cfg.device == "cuda")
+                         serving=serving, locked=True, warm_on_command=serving and cfg.device == "cuda",
+                         timeout_s=timeout_s)
 
 

@@ -77,11 +77,26 @@ def _value(cfg: TrialConfig, knob: str) -> Any:
     return getattr(cfg, KNOB_GROUPS[knob][0])
 
 
+# Knobs that do nothing on a device: pinned memory and cuDNN's search need a GPU; GPU
+# ranks are not pinned to cores (``emit.launch.environment``).
+_INERT = {"cpu": ("pin_memory", "cudnn_benchmark"), "cuda": ("affinity",)}
+
+
+def _in_effect(cfg: TrialConfig) -> TrialConfig:
+    """``cfg`` as it runs: its knobs that do nothing on its device at their defaults."""
+    return cfg.replace(**{f: getattr(TrialConfig, f) for f in _INERT.get(cfg.device, ())})
+
+
 def variants(winner: TrialConfig, baseline: TrialConfig, *,
              pinned: Collection[str] = ()) -> list[Variant]:
     """One variant per knob group where the winner differs from the baseline. A knob the
     user pinned (``--fix``; field names) is theirs, not measured or dropped; a revert
-    that makes no valid configuration (a batch the ranks cannot split) is left out."""
+    that makes no valid configuration (a batch the ranks cannot split) is left out.
+
+    No variant runs as the winner does: one that differs from it only in knobs that do
+    nothing on its device (pinned memory and cuDNN's search on CPU, core pinning on GPUs)
+    would measure the winner against itself, and is left out. One that runs as the
+    baseline does is the baseline itself, held once (``session_configs``)."""
     out = []
     for knob, fields in KNOB_GROUPS.items():
         if any(f in pinned for f in fields):
@@ -90,9 +105,12 @@ def variants(winner: TrialConfig, baseline: TrialConfig, *,
         if not changes:
             continue
         try:
-            out.append(Variant(knob, winner.replace(**changes)))
+            cfg = winner.replace(**changes)
         except UsageError:
             continue
+        if _in_effect(cfg) == _in_effect(winner):
+            continue
+        out.append(Variant(knob, baseline if _in_effect(cfg) == _in_effect(baseline) else cfg))
     return out
 
 
@@ -130,9 +148,10 @@ def session_configs(winner: TrialConfig, baseline: TrialConfig, *,
     """What the ablation holds beside the winner: the leave-one-out variants and, with
     ``path``, the baseline and the path's intermediate configurations, each once."""
     configs = [v.config for v in variants(winner, baseline, pinned=pinned)]
-    if path:
-        configs += [baseline] + [s.config for s in steps_from(winner, baseline)[:-1]]
-    return list(dict.fromkeys(c for c in configs if c != winner))
+    if path:  # a step that runs as the winner (or the baseline) is measured as it: its knobs go with the next
+        configs += [baseline] + [s.config for s in steps_from(winner, baseline)[:-1]
+                                 if _in_effect(s.config) not in (_in_effect(winner), _in_effect(baseline))]
+    return list(dict.fromkeys(c for c in configs if _in_effect(c) != _in_effect(winner)))
 
 
 def rounds_for(variant_count: int, *, speed_windows: int) -> int:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.config import TrialConfig
 from autotune.document.measures import Check, Interval, Speedup, Standalone
 from autotune.errors import NotVerified
+from autotune.trials import limits
 from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.verify import sequential
 from autotune.verify.stats import ratio_interval, rerun_interval, spread
@@ -37,6 +38,19 @@ RERUN_LEVEL = 0.95
 # (other tenants, power or thermal limits) and stay there for minutes, which stretches
 # the pairs far beyond their usual run-to-run spread (BENCHMARKS.md).
 UNSTEADY_SPREAD = 1.3
+
+
+def script_timeout_s(least_s: float, measured: Iterable[Mapping[str, Any]], *, seconds: float) -> float:
+    """The limit of one standalone run of a script: ``least_s`` (``Settings.script_timeout_s``),
+    or, where a configuration whose script may run alone (``measured``: the search's trial
+    results, ``TrialResult.summary``) measured a long one-time cost (compiling), the limit
+    ``limits.run_limit_s`` gives the slowest: its one-time cost, then the rest of its trial
+    and ``seconds`` of timed training."""
+    costs = [(float(r["one_time_s"]), float(r.get("wall_s") or 0.0)) for r in measured if r.get("one_time_s")]
+    if not costs:
+        return least_s
+    once, wall = max(costs)
+    return limits.run_limit_s(least_s, one_time_s=once, measuring_s=max(0.0, wall - once) + seconds)
 
 
 class ScriptRunner(Protocol):

@@ -1,0 +1,91 @@
+"""The late stage's compiled trials on GPUs: which compile mode is tried first, and when the
+rest are not tried at all.
+
+A compiled trial on an H100 costs 20 to 104 s cold (BENCHMARKS.md, the GPU run), each in a
+fresh process (``trials.runner.process_key``), and the late stage compiles up to four
+configurations. On GPUs the mode likeliest to win goes first; once one compiled mode is
+shown slower than the uncompiled best, the stage's other compiled trials are skipped: they
+compile the same model, and the budget's trials go back to the sampler. A compiled trial's
+time limit follows what compiling in its mode was measured to cost (``trial_limit_s``).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config import TrialConfig
+from autotune.runtime.knobs import CompileMode
+from autotune.search.pruner import config_of
+from autotune.trials import limits
+from autotune.trials.protocol import Role, StudyAttr
+
+# On GPUs: CUDA graphs first (reduce-overhead: one launch replays a step's many small
+# kernels, whose launch overhead dominates the models a search measures; it won on the
+# H100 of BENCHMARKS.md's GPU run), then the default mode; the autotuning modes, the
+# slowest to compile by far, last.
+CUDA_COMPILE_ORDER = (CompileMode.REDUCE_OVERHEAD, CompileMode.DEFAULT,
+                      CompileMode.MAX_AUTOTUNE_NO_CUDAGRAPHS, CompileMode.MAX_AUTOTUNE)
+# A compiled trial is shown slower when its value is under the uncompiled best's by more
+# than this, or than either trial's spread of windows (IQR over median) where that is wider.
+NOISE = 0.05
+
+
+def ordered(variants: Sequence[Mapping[str, Any]], device: str) -> list[dict[str, Any]]:
+    """The late stage's params (``Space.late_variants``), on GPUs in ``CUDA_COMPILE_ORDER``."""
+    out = [dict(p) for p in variants]
+    if device != "cuda":
+        return out
+    rank = {m.value: i for i, m in enumerate(CUDA_COMPILE_ORDER)}
+    return sorted(out, key=lambda p: rank.get(str(p.get("compile")), len(rank)))
+
+
+def _spread(t: optuna.trial.FrozenTrial) -> float:
+    result = t.user_attrs.get(StudyAttr.RESULT) or {}
+    value, iqr = result.get("value"), result.get("iqr")
+    return float(iqr) / float(value) if value and iqr else 0.0
+
+
+def compile_lost(trials: Iterable[optuna.trial.FrozenTrial]) -> str | None:
+    """Why the late stage's compiled trials still queued are not measured: one compiled
+    late trial was pruned, or measured slower than the best uncompiled trial of its kind
+    (exact or reduced precision, as the pruner compares) by more than noise; None while
+    none was."""
+    done = [(t, c) for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and (c := config_of(t)) is not None]
+    for t, cfg in done:
+        if t.user_attrs.get(StudyAttr.ROLE) != Role.LATE or cfg.compile == CompileMode.OFF:
+            continue
+        if t.state == TrialState.PRUNED:
+            return f"compile={cfg.compile} was pruned: clearly slower than the best uncompiled trial"
+        plain = [u for u, c in done if c.compile == CompileMode.OFF and c.exact == cfg.exact
+                 and u.state == TrialState.COMPLETE and u.value is not None]
+        if t.value is None or not plain:
+            continue
+        best = max(plain, key=lambda u: u.value or 0.0)
+        assert best.value is not None
+        margin = max(NOISE, _spread(t), _spread(best))
+        if t.value < best.value * (1 - margin):
+            return (f"compile={cfg.compile} measured {t.value:,.0f} samples/s, under the uncompiled "
+                    f"best's {best.value:,.0f} by more than noise ({margin:.0%})")
+    return None
+
+
+def trial_limit_s(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig, *,
+                  least_s: float) -> float | None:
+    """The limit of a trial of ``cfg`` where it compiles (``limits.run_limit_s``): from the
+    slowest one-time cost the study measured in its compile mode on its device, and the
+    rest of that trial's time; None (the runner's ``least_s``) for an uncompiled one, or
+    before that mode was measured."""
+    if cfg.compile == CompileMode.OFF:
+        return None
+    costs = [(float(r["one_time_s"]), float(r.get("wall_s") or 0.0)) for t in trials
+             if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+             and (c := config_of(t)) is not None and (c.compile, c.device) == (cfg.compile, cfg.device)
+             and (r := t.user_attrs.get(StudyAttr.RESULT) or {}).get("one_time_s")]
+    if not costs:
+        return None
+    once, wall = max(costs)
+    return limits.run_limit_s(least_s, one_time_s=once, measuring_s=wall - once)
