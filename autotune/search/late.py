@@ -28,6 +28,10 @@ from autotune.trials.protocol import Role, StudyAttr
 # slowest to compile by far, last.
 CUDA_COMPILE_ORDER = (CompileMode.REDUCE_OVERHEAD, CompileMode.DEFAULT,
                       CompileMode.MAX_AUTOTUNE_NO_CUDAGRAPHS, CompileMode.MAX_AUTOTUNE)
+# A compile on a GPU in a mode the study has not measured yet, cold: tens of seconds for a
+# small model on an H100 (reduce-overhead and default modes; the autotuning modes take longer
+# and are tried last).
+COLD_COMPILE_S = 40.0
 # A compiled trial is shown slower when its value is under the uncompiled best's by more
 # than this, or than either trial's spread of windows (IQR over median) where that is wider.
 NOISE = 0.05
@@ -73,6 +77,15 @@ def compile_lost(trials: Iterable[optuna.trial.FrozenTrial]) -> str | None:
     return None
 
 
+def _compiles(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig) -> list[tuple[float, float]]:
+    """(one-time cost, wall time) of each trial the study measured in ``cfg``'s compile
+    mode on its device."""
+    return [(float(r["one_time_s"]), float(r.get("wall_s") or 0.0)) for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and (c := config_of(t)) is not None and (c.compile, c.device) == (cfg.compile, cfg.device)
+            and (r := t.user_attrs.get(StudyAttr.RESULT) or {}).get("one_time_s")]
+
+
 def trial_limit_s(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig, *,
                   least_s: float) -> float | None:
     """The limit of a trial of ``cfg`` where it compiles (``limits.run_limit_s``): from the
@@ -81,11 +94,23 @@ def trial_limit_s(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig, 
     before that mode was measured."""
     if cfg.compile == CompileMode.OFF:
         return None
-    costs = [(float(r["one_time_s"]), float(r.get("wall_s") or 0.0)) for t in trials
-             if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-             and (c := config_of(t)) is not None and (c.compile, c.device) == (cfg.compile, cfg.device)
-             and (r := t.user_attrs.get(StudyAttr.RESULT) or {}).get("one_time_s")]
+    costs = _compiles(trials, cfg)
     if not costs:
         return None
     once, wall = max(costs)
     return limits.run_limit_s(least_s, one_time_s=once, measuring_s=wall - once)
+
+
+def too_late(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig, *, left_s: float) -> str | None:
+    """Why a compiled trial of ``cfg`` on a GPU does not start with ``left_s`` seconds left of
+    the search's share of --timeout: its compile (the slowest measured in its mode, else
+    ``COLD_COMPILE_S``) would not end within them, and the trial would overrun into the
+    time verification was left. None where it fits, or on a CPU, where eager and compiled
+    trials cost alike enough for the longest trial so far to bound the next."""
+    if cfg.compile == CompileMode.OFF or cfg.device != "cuda":
+        return None
+    need = max((once for once, _ in _compiles(trials, cfg)), default=COLD_COMPILE_S)
+    if need <= left_s:
+        return None
+    return (f"compile={cfg.compile} would compile for about {need:.0f} s, past the search's share of "
+            f"--timeout ({max(0.0, left_s):.0f} s left)")

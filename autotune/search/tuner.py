@@ -443,6 +443,12 @@ class Tuner:
             trial.set_user_attr(StudyAttr.SKIPPED, lost)  # its slot goes to the sampler
             self.study.tell(trial, state=TrialState.FAIL)
             return
+        if self.timeout_s is not None and (late_why := late.too_late(
+                self.study.get_trials(deepcopy=False), cfg,
+                left_s=self.timeout_s - (time.time() - self.started_at))):
+            trial.set_user_attr(StudyAttr.SKIPPED, late_why)
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
         trial.set_user_attr(StudyAttr.CONFIG, cfg.to_dict())
 
         previous = self._previous(cfg)

@@ -83,7 +83,8 @@ class Budget:
     timeout_s: float
     ends_at: float
     costs: Costs
-    clock: Callable[[], float] = time.time
+    # time.time looked up at each call, so that a test's clock (a simulated node's) applies
+    clock: Callable[[], float] = lambda: time.time()  # noqa: E731
 
     def left(self) -> float:
         return self.ends_at - self.clock()
