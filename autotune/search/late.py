@@ -1,12 +1,12 @@
 """The late stage's compiled trials on GPUs: which compile mode is tried first, and when the
 rest are not tried at all.
 
-A compiled trial on an H100 costs 20 to 104 s cold (BENCHMARKS.md, the GPU run), each in a
-fresh process (``trials.runner.process_key``), and the late stage compiles up to four
-configurations. On GPUs the mode likeliest to win goes first; once one compiled mode is
+A compiled trial on a GPU costs tens of seconds cold, each in a fresh process
+(``trials.runner.process_key``), and the late stage compiles up to four configurations. On GPUs the mode likeliest to win goes first; once one compiled mode is
 shown slower than the uncompiled best, the stage's other compiled trials are skipped: they
 compile the same model, and the budget's trials go back to the sampler. A compiled trial's
-time limit follows what compiling in its mode was measured to cost (``trial_limit_s``).
+time limit follows what compiling in its mode was measured to cost (``trial_limit_s``), and
+under --timeout it starts only where its compile ends within the search's share (``too_late``).
 """
 from __future__ import annotations
 
@@ -23,9 +23,8 @@ from autotune.trials import limits
 from autotune.trials.protocol import Role, StudyAttr
 
 # On GPUs: CUDA graphs first (reduce-overhead: one launch replays a step's many small
-# kernels, whose launch overhead dominates the models a search measures; it won on the
-# H100 of BENCHMARKS.md's GPU run), then the default mode; the autotuning modes, the
-# slowest to compile by far, last.
+# kernels, whose launch overhead dominates the models a search measures), then the default
+# mode; the autotuning modes, the slowest to compile by far, last.
 CUDA_COMPILE_ORDER = (CompileMode.REDUCE_OVERHEAD, CompileMode.DEFAULT,
                       CompileMode.MAX_AUTOTUNE_NO_CUDAGRAPHS, CompileMode.MAX_AUTOTUNE)
 # A compile on a GPU in a mode the study has not measured yet, cold: tens of seconds for a
