@@ -2,11 +2,12 @@
 rest are not tried at all.
 
 A compiled trial on a GPU costs tens of seconds cold, each in a fresh process
-(``trials.runner.process_key``), and the late stage compiles up to four configurations. On GPUs the mode likeliest to win goes first; once one compiled mode is
-shown slower than the uncompiled best, the stage's other compiled trials are skipped: they
-compile the same model, and the budget's trials go back to the sampler. A compiled trial's
-time limit follows what compiling in its mode was measured to cost (``trial_limit_s``), and
-under --timeout it starts only where its compile ends within the search's share (``too_late``).
+(``trials.runner.process_key``), and the late stage compiles up to four configurations. On
+GPUs the mode likeliest to win goes first; once one compiled mode is shown slower than the
+uncompiled best, the stage's other compiled trials are skipped: they compile the same model,
+and the budget's trials go back to the sampler. A compiled trial's time limit follows what
+compiling in its mode was measured to cost (``trial_limit_s``), and under --timeout it starts
+only where its compile ends within the search's share (``too_late``).
 """
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ class Budget:
     ends_at: float
     costs: Costs
     # time.time looked up at each call, so that a test's clock (a simulated node's) applies
-    clock: Callable[[], float] = lambda: time.time()  # noqa: E731
+    clock: Callable[[], float] = lambda: time.time()
 
     def left(self) -> float:
         return self.ends_at - self.clock()
