@@ -2,8 +2,9 @@
 Ctrl-C or a killed tuner leaves no process behind, two runs never share an output
 folder, and a memory-hungry trial is stopped before the kernel has to step in.
 
-The runs here measure the small valid model with 30-second windows, so that a trial is
-certainly still running when the tuner is interrupted.
+The runs here measure the small valid model with 90-second windows, so that a trial is
+certainly still running when the tuner is interrupted: the second run on the same folder,
+which comes first, took over a minute to be refused on a loaded 2-core machine.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ FAULTY = Path(__file__).resolve().parent / "models" / "faulty"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 LONG_TRIALS = [
-    "--trials", "3", "--window", "30", "--windows", "2", "--trial-timeout", "300",
+    "--trials", "3", "--window", "90", "--windows", "2", "--trial-timeout", "300",
     "--fix", "nprocs=1", "--fix", "compile=off", "--fix", "allocator=default",
     "--fix", "affinity=none", "--fix", "interop_threads=none", "--fix", "batch_size=16",
 ]
@@ -120,7 +121,7 @@ def test_second_run_on_the_same_folder_refuses(interrupted):
 def test_ctrl_c_ends_the_trial_tree_and_the_tuner(interrupted):
     assert interrupted.trial_procs, "no trial process was running when Ctrl-C came"
     assert interrupted.first.returncode == 130, interrupted.log[-3000:]
-    # stopped mid-measurement, not left to finish its two 30-second windows
+    # stopped mid-measurement, not left to finish its two 90-second windows
     assert interrupted.windows < 2, "the tuner let the trial finish before it stopped"
     assert "Run the same command again to resume" in interrupted.log
     assert not interrupted.left, f"processes survived the Ctrl-C: {interrupted.left}"
