@@ -23,6 +23,7 @@
 # Environment:
 #   PYTHON=python3       the interpreter (torch installed; optuna and jsonschema from .whl/ or installed)
 #   SKIP_WHEELS=1        do not install .whl/*.whl (the interpreter has optuna and jsonschema)
+#   GPU_CHECK_COMMIT=SHA the commit the tree was sent from, for summary.txt (a copy's .git may not know it)
 #   CHECKS="probe fashion independent held pytest tiny_gpt"   the checks to run (in this order)
 #   FASHION_ARGS="--trials 12 --timeout 300"   FASHION_CAP=330   the README example and the most seconds it gets
 #   FASHION_OUT=DIR      the README example's output folder (default: a temporary one)
@@ -141,7 +142,8 @@ run_check() {
 
 : > "$SUMMARY"
 note "gpu_check.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) limit=$LIMIT s  host=$(hostname)  nproc=$(nproc)"
-note "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with local changes)')"
+# a copied tree's .git may not be the one its files came from: the caller can name the commit
+note "commit ${GPU_CHECK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?') (as the git of this copy says)}$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with local changes)')"
 
 # --- env: the GPU, torch, the wheels ------------------------------------------------------------------
 {
