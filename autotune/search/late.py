@@ -94,11 +94,7 @@ def trial_limit_s(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig, 
     before that mode was measured."""
     if cfg.compile == CompileMode.OFF:
         return None
-    costs = _compiles(trials, cfg)
-    if not costs:
-        return None
-    once, wall = max(costs)
-    return limits.run_limit_s(least_s, one_time_s=once, measuring_s=wall - once)
+    return limits.slowest_limit_s(least_s, _compiles(trials, cfg))
 
 
 def too_late(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig, *, left_s: float) -> str | None:

@@ -438,14 +438,14 @@ class Tuner:
             trial.set_user_attr(StudyAttr.SKIPPED, str(exc))
             self.study.tell(trial, state=TrialState.FAIL)
             return
+        so_far = self.study.get_trials(deepcopy=False)
         if (role == Role.LATE and cfg.device == "cuda" and cfg.compile != CompileMode.OFF
-                and (lost := late.compile_lost(self.study.get_trials(deepcopy=False)))):
+                and (lost := late.compile_lost(so_far))):
             trial.set_user_attr(StudyAttr.SKIPPED, lost)  # its slot goes to the sampler
             self.study.tell(trial, state=TrialState.FAIL)
             return
         if self.timeout_s is not None and (late_why := late.too_late(
-                self.study.get_trials(deepcopy=False), cfg,
-                left_s=self.timeout_s - (time.time() - self.started_at))):
+                so_far, cfg, left_s=self.timeout_s - (time.time() - self.started_at))):
             trial.set_user_attr(StudyAttr.SKIPPED, late_why)
             self.study.tell(trial, state=TrialState.FAIL)
             return
@@ -479,8 +479,7 @@ class Tuner:
         try:
             with self.measuring():
                 result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window,
-                                         timeout_s=late.trial_limit_s(self.study.get_trials(deepcopy=False),
-                                                                      cfg, least_s=self.runner.timeout_s))
+                                         timeout_s=late.trial_limit_s(so_far, cfg, least_s=self.runner.timeout_s))
         except BaseException:
             # Interrupted (Ctrl-C): this trial is measured again when the run resumes.
             trial.set_user_attr(StudyAttr.FAILURE, Failure.INTERRUPTED)

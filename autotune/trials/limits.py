@@ -8,6 +8,8 @@ slowest compile everywhere would let a hung uncompiled run hang that long.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 # What was measured once may take this many times as long again: a colder compile cache, a
 # busier machine, a model compiled at another batch size.
 COMPILE_MARGIN = 3.0
@@ -20,3 +22,13 @@ def run_limit_s(least_s: float, *, one_time_s: float | None, measuring_s: float 
     if not one_time_s:
         return least_s
     return max(least_s, COMPILE_MARGIN * one_time_s + max(0.0, measuring_s))
+
+
+def slowest_limit_s(least_s: float, runs: Iterable[tuple[float, float]], *, more_s: float = 0.0) -> float | None:
+    """``run_limit_s`` for the slowest of ``runs`` measured (one-time cost, wall time each),
+    with ``more_s`` beyond its wall time; None where none was measured."""
+    measured = list(runs)
+    if not measured:
+        return None
+    once, wall = max(measured)
+    return run_limit_s(least_s, one_time_s=once, measuring_s=max(0.0, wall - once) + more_s)

@@ -46,11 +46,9 @@ def script_timeout_s(least_s: float, measured: Iterable[Mapping[str, Any]], *, s
     results, ``TrialResult.summary``) measured a long one-time cost (compiling), the limit
     ``limits.run_limit_s`` gives the slowest: its one-time cost, then the rest of its trial
     and ``seconds`` of timed training."""
-    costs = [(float(r["one_time_s"]), float(r.get("wall_s") or 0.0)) for r in measured if r.get("one_time_s")]
-    if not costs:
-        return least_s
-    once, wall = max(costs)
-    return limits.run_limit_s(least_s, one_time_s=once, measuring_s=max(0.0, wall - once) + seconds)
+    runs = [(float(r["one_time_s"]), float(r.get("wall_s") or 0.0)) for r in measured if r.get("one_time_s")]
+    limit = limits.slowest_limit_s(least_s, runs, more_s=seconds)
+    return least_s if limit is None else limit
 
 
 class ScriptRunner(Protocol):
