@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -344,6 +345,42 @@ def test_forked_dataloader_workers_count_their_parents_data_set_once(tmp_path):
         assert proctree.tree_rss(proc.pid) > 4 * HELD_BYTES
         counted = proctree.tree_memory(proc.pid)
         assert HELD_BYTES < counted < 2 * HELD_BYTES, counted / 2**20
+    finally:
+        proctree.kill_tree(proc.pid)
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_a_tree_growing_past_its_limit_is_read_at_once_however_costly_its_last_reading(monkeypatch):
+    """Reading what a tree holds is rationed by its cost (a slow reading puts the next one
+    seconds off), but not when the tree may have passed its limit: a process that touches
+    gigabytes a second would be far past it by then. And while it grows towards the limit,
+    it is looked at more often than once a second."""
+    from autotune.trials import proctree
+
+    measured = proctree.tree_memory
+
+    def slow(pid: int) -> int:  # the kernel's walk of a large tree: the next reading is 10 s off
+        time.sleep(0.5)
+        return measured(pid)
+
+    monkeypatch.setattr(proctree, "tree_memory", slow)
+    proc = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys\nsys.stdin.readline()\nheld = b'x' * (512 * 2**20)\n"
+         "print('held', flush=True)\nsys.stdin.readline()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        watch = proctree.TreeMemory(proc.pid, limit=384 * 2**20)
+        first = watch.read()
+        assert first is not None and first < 128 * 2**20, first
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"held\n"
+        held = watch.read()
+        assert held is not None and held > 384 * 2**20, held
+        assert watch.check_s < proctree.CHECK_S, watch.check_s
     finally:
         proctree.kill_tree(proc.pid)
         proc.wait()

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 # The tuner stays all but idle while a trial measures: it reads the event file a few
 # times a second and the trial's memory (and its log's size) once a second.
 POLL_S = 0.1
-MEMORY_CHECK_S = 1.0
 # A model whose step takes longer than --hang-timeout is slow, not hung: it is hung
 # once this many of its own steps pass without one finishing.
 HANG_STEPS = 5
@@ -95,7 +94,7 @@ class LiveTrial:
         self.started_epoch = time.time()  # events carry wall-clock stamps
         self.log_cut = 0  # bytes cut from the log (cap_log)
         self.reader = logs.EventReader(folder / "events.jsonl")
-        self.memory_watch = proctree.TreeMemory(process.proc.pid)
+        self.memory_watch = proctree.TreeMemory(process.proc.pid, limit=runner.memory_limit_bytes)
         if spec is not None:
             process.dispatch(spec)
 
@@ -165,9 +164,9 @@ class LiveTrial:
                 self.killed_for = (Failure.HANG, f"not set up after {runner.setup_hang_s:.0f} s: stuck in "
                                          "setup (importing the model file, build_dataset, "
                                          "build_model or the DataLoader's first batch)")
-            elif now - self.memory_checked >= MEMORY_CHECK_S:
-                # Walking the process table costs CPU; a trial measuring meanwhile must
-                # not pay for it more than once a second.
+            elif now - self.memory_checked >= self.memory_watch.check_s:
+                # Walking the process table costs CPU; a trial measuring meanwhile pays
+                # for it once a second, more often only while it grows towards its limit.
                 self.memory_checked = now
                 self._cap_log()
                 self.process.members.update(proctree.snapshot(self.process.proc.pid))

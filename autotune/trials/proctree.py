@@ -132,26 +132,54 @@ def _proportional(p: psutil.Process) -> int:
 PSS_SHARE = 0.05
 
 
+# How often a trial's tree is looked at: once a second while its memory stays put, down to
+# ten times a second while it grows towards its limit (a tensor loop touches gigabytes a
+# second, so a second's lag would let it pass the limit by as much).
+CHECK_S = 1.0
+FAST_CHECK_S = 0.1
+
+
 class TreeMemory:
     """What a tree holds, each page once (``tree_memory``), read only where it may have
     risen past the peak read so far (the summed resident sets, cheap, bound it from above)
     and no more often than ``PSS_SHARE`` of a core allows: the larger the tree, the longer
-    between readings."""
+    between readings. With a ``limit``, it is read at once whenever it may have passed the
+    limit, whatever that costs: the resident sets grew since the last reading by more than
+    the room that reading left. (A forked worker writing to a page it shares grows the tree
+    without growing a resident set; the readings the share allows catch that.)"""
 
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak = pid, 0
+    def __init__(self, pid: int, *, limit: int | None = None) -> None:
+        self.pid, self.peak, self.limit = pid, 0, limit
+        self.check_s = CHECK_S  # when to look again (``read``)
         self._due = 0.0
+        self._reading = (0, 0)  # what was held and the resident sets' sum at the last reading
+        self._resident = (time.monotonic(), 0)  # the resident sets' sum, and when it was taken
 
     def read(self) -> int | None:
         """What the tree holds now, in bytes (raising ``peak``); None where it cannot have
-        risen past the peak or a reading is not due."""
+        risen past the peak or the limit, and a reading is not due."""
         start = time.monotonic()
-        if start < self._due or tree_rss(self.pid) <= self.peak:
+        resident = tree_rss(self.pid)
+        (then, before), (held, at) = self._resident, self._reading
+        self._resident = (start, resident)
+        # A page first touched adds as much to the resident sets as to what is held.
+        bound = held + max(0, resident - at)
+        over = self.limit is not None and bound > self.limit
+        self.check_s = self._next_check_s(bound, (resident - before) / max(start - then, 1e-3))
+        if not over and (start < self._due or resident <= self.peak):
             return None
         held = tree_memory(self.pid)
         self._due = start + (time.monotonic() - start) / PSS_SHARE
+        self._reading = (held, resident)
         self.peak = max(self.peak, held)
         return held
+
+    def _next_check_s(self, bound: int, growth: float) -> float:
+        """Sooner than ``CHECK_S`` where the tree, growing as it did since the last look,
+        would pass its limit before then."""
+        if self.limit is None or growth <= 0:
+            return CHECK_S
+        return min(CHECK_S, max(FAST_CHECK_S, (self.limit - bound) / growth))
 
 
 def kill_tree(pid: int) -> None:
