@@ -370,13 +370,17 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     measured: nothing could be compared with it."""
     place = open_place(task, out, options, machine=machine, space=space, reporter=reporter)
     starts = heuristics(space, machine)
-    space, ramp = batch_range.settle(
-        place.study, space, runner=runner, start=starts[0] if starts else space.baseline,
-        has_evaluate=task.has_evaluate, dataset_len=task.dataset_len, limit=memory_limit(options, machine),
-        searched_by_user=options.batch_range is not None or place.shared, say=reporter.info,
-        ends_at=None if options.timeout_s is None else (started_at or time.time())
-        + (search_timeout(options.timeout_s) or 0.0) * batch_range.TIMEOUT_SHARE)
-    settle_space(place.study, space.recorded, where=shown_url(options.storage) if options.storage else str(out))
+    # a shared study's ramp is measured once, by the first worker; the others wait for it
+    with (study_lock(place.storage, f"{place.name}:ramp") if place.storage is not None
+          else contextlib.nullcontext()):
+        space, ramp = batch_range.settle(
+            place.study, space, runner=runner, start=starts[0] if starts else space.baseline,
+            has_evaluate=task.has_evaluate, dataset_len=task.dataset_len, limit=memory_limit(options, machine),
+            batch_range=options.batch_range, say=reporter.info,
+            ends_at=None if options.timeout_s is None else (started_at or time.time())
+            + (search_timeout(options.timeout_s) or 0.0) * batch_range.TIMEOUT_SHARE)
+        settle_space(place.study, space.recorded,
+                     where=shown_url(options.storage) if options.storage else str(out))
     sharing: dict[str, Any] = {"started_at": started_at}
     if place.storage is not None:
         storage, notice = place.storage, once(reporter.warn)

@@ -91,7 +91,7 @@ def test_a_resumed_study_keeps_the_range_it_was_searched_over(tmp_path):
     assert again.ramped == [] and doc["space"]["included"]["batch_size"][-1] == 128
 
 
-def test_a_pinned_batch_or_a_given_range_is_not_ramped(tmp_path):
+def test_a_pinned_batch_is_not_ramped_and_a_given_range_only_inside_it(tmp_path):
     task = load_task(MODELS / "knob_cnn.py")
     runner = Rising(recorded_machine("avx2_epyc"), knee=4096)
     (tmp_path / "fixed").mkdir()
@@ -99,7 +99,8 @@ def test_a_pinned_batch_or_a_given_range_is_not_ramped(tmp_path):
     doc = tune_stand_in(task, tmp_path / "fixed", runner, trials=4, fixed={"batch_size": 16})
     assert runner.ramped == [] and doc["batch"]["set_by"] == "--fix batch_size=16"
     doc = tune_stand_in(task, tmp_path / "range", runner, trials=4, batch_range=(8, 64))
-    assert runner.ramped == [] and doc["batch"]["set_by"] == "--batch-range 8-64"
+    assert runner.ramped == [16, 32, 64] and doc["batch"]["set_by"] == "--batch-range 8-64"
+    assert doc["space"]["included"]["batch_size"] == [8, 16, 32, 64]
 
 
 def test_without_evaluate_the_batch_stays_within_eight_times_and_a_faster_one_is_named(tmp_path):

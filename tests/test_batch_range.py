@@ -61,3 +61,49 @@ def test_a_study_is_not_resumed_over_another_range(tmp_path):
                       batch_range=(64, 2048))
     again = tune_stand_in(task, tmp_path, StandInRunner(recorded_machine("avx2_epyc")), trials=6)
     assert again["verified"]  # the same options resume it
+
+
+class NamedStandIn(StandInRunner):
+    """``StandInRunner``, keeping each run's name: the ramp's are ``batch-ramp-N``."""
+
+    def __init__(self, doc: dict) -> None:
+        super().__init__(doc)
+        self.names: list[tuple[str, TrialConfig]] = []
+
+    def run(self, cfg, *, name, **kw):
+        self.names.append((name, cfg))
+        return super().run(cfg, name=name, **kw)
+
+
+def test_the_ramp_climbs_inside_the_users_range_and_the_search_starts_at_its_fastest(tmp_path):
+    """--batch-range 4-2048 from batch 16, on a machine where throughput rises all the way:
+    the ramp measures the range's batches from the user's up to the largest the data set
+    holds (512; none outside the range), the range searched stays the user's, and the
+    search starts a trial at the ramp's fastest batch (a sampler left to find it among
+    eight batch sizes may never come near it)."""
+    task = load_task(MODELS / "knob_cnn.py")  # batch_size 16
+    runner = NamedStandIn(recorded_machine("avx2_epyc"))
+    doc = tune_stand_in(task, tmp_path, runner, trials=10, batch_range=(4, 2048))
+    ramped = [cfg.batch_size for name, cfg in runner.names if name.startswith("batch-ramp-")]
+    assert ramped == [16, 32, 64, 128, 256, 512], ramped
+    trials = [cfg for name, cfg in runner.names if name.startswith("trial-")]
+    assert 512 in [c.batch_size for c in trials[:3]], [c.batch_size for c in trials]
+    assert doc["batch"]["set_by"] == "--batch-range 4-2048" and doc["batch"]["searched"] == [4, 512]
+    assert TrialConfig.from_dict(doc["config"]).batch_size == 512
+
+
+def test_a_shared_studys_ramp_is_measured_once_and_taken_by_the_next_worker(tmp_path):
+    """The first worker of a study measures the ramp and stores it; a worker that joins
+    before any trial ran takes the stored one and measures nothing, so both search the
+    same batch sizes."""
+    from autotune.search import batch_range
+    from autotune.search.tuner import open_study
+
+    space = build_space(recorded_machine("avx2_epyc"), baseline_batch=16, dataset_len=100_000)
+    study = open_study(storage_path=tmp_path / "study.journal", study_name="shared")
+    first, second = (NamedStandIn(recorded_machine("avx2_epyc")) for _ in range(2))
+    settled = [batch_range.settle(study, space, runner=runner, start=space.baseline, has_evaluate=True,
+                                  dataset_len=100_000, limit=None) for runner in (first, second)]
+    assert first.names and not second.names
+    assert settled[0][0].choices["batch_size"] == settled[1][0].choices["batch_size"]
+    assert settled[0][1] == settled[1][1]

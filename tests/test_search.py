@@ -8,7 +8,7 @@ import pytest
 
 from autotune.search.study import StudyDamaged, repair_journal
 from autotune.search.tuner import Tuner, open_study
-from autotune.space import build_space
+from autotune.space import MEMORY_KNOBS, build_space
 from autotune.trials.protocol import Role
 from autotune.trials.runner import TrialResult
 
@@ -59,28 +59,60 @@ def _search(tmp_path: Path, *, trials: int, fixed: dict, one_process: bool = Tru
     return space, runner, roles
 
 
-def test_best_is_tried_at_other_batch_sizes_then_with_compile(tmp_path):
+def _best_before(roles: list, i: int, value=None) -> dict:
+    """The best configuration measured before the ``i``-th trial of ``roles``."""
+    return max((cfg for _, cfg in roles[:i]), key=value or _value)
+
+
+def test_the_best_climbs_its_batch_and_workers_then_is_compiled(tmp_path):
+    """Throughput rises with the batch and with workers: the refinement moves the best of
+    its time along those knobs until it holds the largest of each, then the late stage
+    tries compile on that best."""
     space, runner, roles = _search(tmp_path, trials=12, fixed={})
     assert len(runner.measured) == 12
-    sizes = sorted(space.choices["batch_size"])
-    batch = [cfg for role, cfg in roles if role == Role.BATCH]
+    refined = [i for i, (role, _) in enumerate(roles) if role in (Role.BATCH, Role.EDGE)]
     late = [cfg for role, cfg in roles if role == Role.LATE]
-    assert batch and len(late) == len(space.choices["compile"]) - 1, roles
-    assert any(cfg.to_dict() == batch[0] for cfg in runner.measured), "the batch stage measured nothing"
-    first_batch = roles.index((Role.BATCH, batch[0]))
-    best_before = max((cfg for _, cfg in roles[:first_batch]), key=_value)
-    # the same knobs, only the batch size moved: its neighbours and the largest one
-    for cfg in batch:
-        assert _but_batch(cfg) == _but_batch(best_before)
-    i = sizes.index(best_before["batch_size"])
-    expected = {sizes[j] for j in (i - 1, i + 1) if 0 <= j < len(sizes)} | {sizes[-1]}
-    known = {c["batch_size"] for _, c in roles[:first_batch]
-             if _but_batch(c) == _but_batch(best_before)}
-    assert {c["batch_size"] for c in batch} == expected - known
-    # compile comes last, on the best configuration after the batch stage
+    assert refined and len(late) == len(space.choices["compile"]) - 1, roles
+    for i in refined:  # each on the best of its time, along one ordered knob
+        moved = {k for k, v in roles[i][1].items() if _best_before(roles, i)[k] != v}
+        assert moved in ({"batch_size"}, {"num_workers"}), (roles[i], moved)
+    best = _best_before(roles, len(roles) - len(late))
+    assert best["batch_size"] == max(space.choices["batch_size"]), best
+    assert best["num_workers"] == max(space.choices["num_workers"]), best
+    # compile comes last, on the best configuration after the refinement
     assert roles[-len(late):] == [(Role.LATE, cfg) for cfg in late]
     assert {c["compile"] for c in late} == set(space.choices["compile"]) - {"off"}
-    assert all(c["batch_size"] == sizes[-1] for c in late), late
+    assert all({**c, "compile": "off"} == best for c in late), late
+
+
+def test_a_batch_whose_throughput_peaks_far_from_the_samples_is_climbed_to(tmp_path):
+    """A range opened wide (--batch-range 4-2048) and a throughput that rises up to batch
+    256 and falls beyond: the sampler's best sits well below 256, and one step from it, or
+    the range's end, is slower than 256. The refinement climbs there, step after step."""
+    fixed = {"affinity": "none", "allocator": "default", "interop_threads": None, "nprocs": 1,
+             "threads": 2, "num_workers": 0, "compile": "off", "channels_last": False, "pin_memory": False}
+    space = build_space(MACHINE, baseline_batch=16, dataset_len=8192, fixed=fixed, batch_range=(4, 2048))
+    sampled = [k for k, v in space.choices.items() if len(v) > 1 and k not in MEMORY_KNOBS]
+    assert sampled == ["batch_size"], space.choices
+    peak = 256
+
+    class PeaksAt256(ThroughputOfBatch):
+        def run(self, cfg, *, name, on_window=None, **kwargs):
+            self.measured.append(cfg)
+            b = cfg.batch_size
+            value = 1000.0 * (b / peak if b <= peak else peak / b) ** 0.5
+            return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
+                               setup={"threads": cfg.threads or 2})
+
+    study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
+    runner = PeaksAt256()
+    # the sampler's part over before it reaches 256: three trials below it, then the
+    # refinement's three slots
+    for b in (16, 32, 64):
+        study.enqueue_trial(space.params_of(space.baseline.replace(batch_size=b, threads=2)))
+    Tuner(study=study, space=space, runner=runner, trials=6, timeout_s=None).run()
+    measured = [c.batch_size for c in runner.measured]
+    assert peak in measured, measured
 
 
 def test_a_pinned_batch_size_goes_straight_to_compile(tmp_path):
@@ -101,12 +133,10 @@ def test_the_best_of_the_other_process_kind_is_tried_at_larger_batches(tmp_path)
     best_ranks = max((c for c in before if c["nprocs"] > 1), key=_value)
     assert best_ranks["batch_size"] < sizes[-1], "nothing larger to try: the test shows nothing"
     ranks = [c for c in batch if c["nprocs"] > 1]
-    # the same knobs as the best several-rank configuration, at the next larger batch and
-    # the largest: not smaller ones
+    # the same knobs as the best several-rank configuration, at larger batches: not smaller ones
     for cfg in ranks:
         assert _but_batch(cfg) == _but_batch(best_ranks)
-    i = sizes.index(best_ranks["batch_size"])
-    assert ranks and {c["batch_size"] for c in ranks} <= {sizes[i + 1], sizes[-1]}
+    assert ranks and all(c["batch_size"] > best_ranks["batch_size"] for c in ranks), ranks
     assert [c for c in batch if c["nprocs"] == 1], "the best itself was not tried at other batches"
     assert [r for r, _ in roles][-len(space.choices["compile"]) + 1:] == \
            [Role.LATE] * (len(space.choices["compile"]) - 1), "compile no longer fits after the stage"
@@ -149,8 +179,9 @@ def test_both_precision_kinds_are_measured_early_and_refined_at_the_end(tmp_path
                        if t.state.name == "COMPLETE"),
                       key=lambda c: _value(c) * (2 if c["precision"] == "bf16" else 1))
     assert best_before["precision"] == "bf16"
-    # the winner's knobs in fp32 are tried, and both kinds at other batch sizes
-    assert {**best_before, "precision": "fp32"} in batch, batch
+    # a bf16 winner's knobs in fp32 are tried, and both kinds at other batch sizes
+    bf16 = [t.user_attrs["config"] for t in trials if t.user_attrs["config"]["precision"] == "bf16"]
+    assert any({**c, "precision": "bf16"} in bf16 for c in batch if c["precision"] == "fp32"), batch
     assert {c["precision"] for c in batch} == {"fp32", "bf16"}
     late = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == Role.LATE]
     assert {c["precision"] for c in late} == {"fp32", "bf16"}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrialConfig
@@ -109,20 +109,33 @@ def _short_windows(runner: TrialRunnerLike) -> Iterator[None]:
 
 
 def ramp(runner: TrialRunnerLike, start: TrialConfig, *, most: int, limit: MemoryLimit | None,
-         ends_at: float | None = None, say: Callable[[str], None] = lambda text: None) -> Ramp:
+         ends_at: float | None = None, say: Callable[[str], None] = lambda text: None,
+         ladder: Sequence[int] | None = None) -> Ramp:
     """Measure ``start`` at its batch, twice it, four times... (see the module's text), no
     batch over ``most``, in windows no longer than the defaults, and no step started after
-    ``ends_at`` (epoch seconds: its share of --timeout)."""
+    ``ends_at`` (epoch seconds: its share of --timeout). ``ladder``: the batches to step
+    through instead (those of a --batch-range from ``start``'s up)."""
+    steps = [b for b in (ladder if ladder is not None else doublings(start.batch_size, most)) if b <= most]
+    end = (f"batch {steps[-1] if steps else most} is the top of the range searched" if ladder is not None
+           else f"batch {steps[-1] * 2 if steps else most} is over the most tried ({most})")
     with _short_windows(runner):
-        return _ramp(runner, start, most=most, limit=limit, ends_at=ends_at, say=say)
+        return _ramp(runner, start, steps=steps, end=end, limit=limit, ends_at=ends_at, say=say)
 
 
-def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, most: int, limit: MemoryLimit | None,
-          ends_at: float | None, say: Callable[[str], None]) -> Ramp:
+def doublings(first: int, most: int) -> list[int]:
+    """``first``, twice it, four times... up to the first over ``most`` (named where the ramp stops)."""
+    out = [first]
+    while out[-1] <= most:
+        out.append(out[-1] * 2)
+    return out
+
+
+def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, steps: Sequence[int], end: str,
+          limit: MemoryLimit | None, ends_at: float | None, say: Callable[[str], None]) -> Ramp:
     rates: list[tuple[int, float]] = []
     best_rate, best_batch, flat = 0.0, start.batch_size, 0
-    batch, stopped, memory_bound = start.batch_size, "", False
-    while True:
+    stopped, memory_bound = "", False
+    for at, batch in enumerate(steps):
         cfg = start.replace(batch_size=batch)
         result = runner.run(cfg, name=f"batch-ramp-{batch}")
         over = limit.over(cfg, result.summary()) if limit is not None and result.status == Status.OK else None
@@ -142,13 +155,12 @@ def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, most: int, limit: Memo
         if flat >= PATIENCE:
             stopped = f"throughput stopped rising after batch {best_batch}"
             break
-        if batch * 2 > most:
-            stopped = f"batch {batch * 2} is over the most tried ({most})"
+        if at + 1 == len(steps):
+            stopped = end
             break
         if ends_at is not None and time.time() >= ends_at:
             stopped = f"its share of --timeout was spent at batch {batch}"
             break
-        batch *= 2
     fit = [b for b, _ in rates]
     top = min(max(fit), 2 * best_batch) if fit else start.batch_size
     return Ramp(config=start.short(), rates=tuple(rates), stopped=stopped, top=top, memory_bound=memory_bound)
@@ -164,26 +176,38 @@ def most_tried(user_batch: int, *, dataset_len: int | None, has_evaluate: bool) 
 
 
 def settle(study: optuna.Study, space: Space, *, runner: TrialRunnerLike, start: TrialConfig,
-           has_evaluate: bool, dataset_len: int | None, limit: MemoryLimit | None, searched_by_user: bool,
-           ends_at: float | None = None, say: Callable[[str], None] = lambda text: None
-           ) -> tuple[Space, Ramp | None]:
-    """The space with the batch sizes this study searches: the user's (``--fix batch_size``,
-    ``--batch-range``: ``searched_by_user``), those a resumed study was searched over, or
-    the ramp's, measured now from ``start`` and stored with the study. Returns the space and
-    the ramp (None where none set the range). ``ends_at``: when the ramp starts no more
-    steps (epoch seconds; None: no bound)."""
+           has_evaluate: bool, dataset_len: int | None, limit: MemoryLimit | None,
+           batch_range: tuple[int, int] | None = None, ends_at: float | None = None,
+           say: Callable[[str], None] = lambda text: None) -> tuple[Space, Ramp | None]:
+    """The space with the batch sizes this study searches: the user's (``--fix batch_size``;
+    ``batch_range``, --batch-range), those a resumed study was searched over, or the
+    ramp's. The ramp is measured from ``start`` once per study and stored with it: a
+    worker joining a shared study (under ``search.study.study_lock``) takes the one stored.
+    Within a --batch-range it climbs the range's batches from the user's, to tell the
+    search where throughput stops rising; the range stays the user's. Returns the space and
+    the ramp (None where none was measured). ``ends_at``: when the ramp starts no more steps
+    (epoch seconds; None: no bound)."""
     stored = study.user_attrs.get(StudyAttr.BATCH_RAMP)
     found = Ramp.from_json(stored) if stored else None
-    if searched_by_user or len(space.choices.get("batch_size", [])) < 2:
+    sizes = sorted(space.choices.get("batch_size", []))
+    if len(sizes) < 2:
         return space, None
     if study.get_trials(deepcopy=False):  # resumed: its range, whatever the machine says now
         searched = (study.user_attrs.get(StudyAttr.SPACE) or {}).get("batch_size")
-        return (space.with_batches(searched) if searched else space), found
+        # (the user's range is kept to be compared with it: search.study.settle_space)
+        return (space.with_batches(searched) if searched and batch_range is None else space), found
     user = space.baseline.batch_size
-    found = ramp(runner, start, most=most_tried(user, dataset_len=dataset_len, has_evaluate=has_evaluate),
-                 limit=limit, ends_at=ends_at, say=say)
-    study.set_user_attr(StudyAttr.BATCH_RAMP, found.to_json())
-    if not found.rates:  # the ramp's first batch did not run: the default range, unmeasured
+    if found is None:
+        if batch_range is not None:
+            first = next((b for b in sizes if b >= user), sizes[-1])
+            found = ramp(runner, start.replace(batch_size=first), most=sizes[-1], limit=limit,
+                         ends_at=ends_at, say=say, ladder=[b for b in sizes if b >= first])
+        else:
+            found = ramp(runner, start, most=most_tried(user, dataset_len=dataset_len, has_evaluate=has_evaluate),
+                         limit=limit, ends_at=ends_at, say=say)
+        study.set_user_attr(StudyAttr.BATCH_RAMP, found.to_json())
+    if batch_range is not None or not found.rates:
+        # the user's range; or the default range, unmeasured: the ramp's first batch did not run
         return space, found
     top, why = found.top, found.stopped
     unchecked = unchecked_top(user, None)

@@ -26,7 +26,7 @@ from autotune.config import Layout, TrialConfig
 from autotune.document.run import SearchFailure
 from autotune.errors import UsageError
 from autotune.runtime.knobs import CompileMode
-from autotune.search import late, memory
+from autotune.search import climb, late, memory
 from autotune.search.objective import Measured, Plan, described
 from autotune.search.pruner import ClearlySlowerPruner, config_of
 from autotune.search.study import create_or_resume, quiet_optuna
@@ -213,10 +213,23 @@ class Tuner:
         return [start.replace(precision=p, batch_size=b)
                 for p in self.space.choices.get("precision", [])[1:] for b in batches]
 
+    def _ramped_start(self) -> list[TrialConfig]:
+        """The first start at the batch range's fastest batch, where that is another than its
+        own: the ramp measured it outside the study, and a sampler that never learns of it
+        may not come near it (a --batch-range opened to 128 times the user's batch holds
+        ten batch sizes)."""
+        start = self.heuristics[0] if self.heuristics else self.space.baseline
+        ramped = self.fastest_batch
+        if (ramped is None or ramped == start.batch_size or ramped % start.nprocs
+                or ramped not in self.space.choices.get("batch_size", [])):
+            return []
+        return [start.replace(batch_size=ramped)]
+
     def _enqueue_start(self) -> None:
         if self.study.get_trials(deepcopy=False):
             return
         starts = ([(Role.BASELINE, self.space.baseline)] + [(Role.HEURISTIC, c) for c in self.heuristics]
+                  + [(Role.HEURISTIC, c) for c in self._ramped_start()]
                   + [(Role.PRECISION, c) for c in self._precision_starts()])
         for role, cfg in starts:
             params = {}
@@ -261,16 +274,17 @@ class Tuner:
         return None
 
     def _batch_stage(self, best: TrialConfig) -> list[dict[str, Any]]:
-        """Groups taken in turns: the best configuration at other batch sizes; the best
-        configuration in the other precision kind (exact against reduced), and that
-        kind's own best at other batch sizes, so that the fallback verification keeps
-        for a reduced-precision winner is refined too; and the best of the other
-        process kind (several ranks against one) at larger sizes.
+        """Groups taken in turns: the best configuration in the other precision kind (exact
+        against reduced), and that kind's own best at other batch sizes, so that the
+        fallback verification keeps for a reduced-precision winner is refined too; the
+        best of the other process kind (several ranks against one) at larger sizes; and
+        the best configuration at other batch sizes, last: the climb (``_refinement``)
+        moves it along its batch while that wins.
 
-        The last is for a noisy search that settles on one kind early and never samples
-        the other at the sizes where it wins: ranks split the batch, so their cost per
-        step falls most as the batch grows."""
-        groups = [self.space.batch_variants(best)]
+        The other process kind is for a noisy search that settles on one kind early and
+        never samples the other at the sizes where it wins: ranks split the batch, so
+        their cost per step falls most as the batch grows."""
+        groups = []
         other_precision = self._best_config(exact=not best.exact)
         if other_precision is not None:
             # the winner's other knobs (workers, memory format, layout) in the other
@@ -284,6 +298,7 @@ class Tuner:
         if other is not None:
             groups.append([params for params in self.space.batch_variants(other)
                            if params["batch_size"] > other.batch_size])
+        groups.append(self.space.batch_variants(best))
         stage: list[dict[str, Any]] = []
         for turn in itertools.zip_longest(*groups):
             stage += [params for params in turn if params is not None and params not in stage]
@@ -302,12 +317,32 @@ class Tuner:
                       if p not in stage]
         return stage
 
+    def _refinement(self, best: TrialConfig, *, turn: int) -> tuple[Role, dict[str, Any]] | None:
+        """The refinement's next trial, taken in turns from two kinds (either where the
+        other has none): ``best`` one value beyond an edge of what was tried
+        (``climb.steps``), which climbs while each step wins; and the next of the batch
+        stage (``_batch_stage``). None once neither has one."""
+        tried = [c for t in self.study.get_trials(deepcopy=False) if (c := config_of(t)) is not None]
+        beyond: list[tuple[Role, dict[str, Any]]] = []
+        for knob, cfg in climb.steps(best, space=self.space, tried=tried):
+            try:
+                params = self.space.params_of(cfg)
+            except ValueError:  # a knob outside the space: not searchable
+                continue
+            if self._memory_bound(cfg) is None:
+                beyond.append((Role.BATCH if knob == "batch_size" else Role.EDGE, params))
+        stage = [(Role.BATCH, params) for params in self._batch_stage(best)]
+        kinds = (beyond, stage) if turn % 2 == 0 else (stage, beyond)
+        return next((pick for kind in kinds for pick in kind), None)
+
     def _enqueue_refinements(self) -> None:
-        """Spend the end of the budget on the best configurations so far: first at other
-        batch sizes (``_batch_stage``, at most a third of the budget: the sampler keeps
-        the rest), then, on the best after those, each late knob (``_late_stage``). Each
-        stage is queued once per study, when nothing else is queued (a retry, the start)
-        and the budget left equals what the stages still to come need."""
+        """Spend the end of the budget on the best configurations so far: first the
+        refinement (``_refinement``, at most a third of the budget: the sampler keeps the
+        rest), one trial at a time, each on the best as it stands then; then, on the best
+        after those, each late knob (``_late_stage``). Each stage starts when nothing else
+        is queued (a retry, the start) and the budget left equals what the stages still to
+        come need; the refinement's slots are stored with the study
+        (``StudyAttr.BATCH_ENQUEUED``)."""
         if (self.study.user_attrs.get(StudyAttr.LATE_ENQUEUED)
                 or self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
             return
@@ -316,16 +351,20 @@ class Tuner:
             return
         left = self.trials - len(self._measured()) - len(self._running())
         late = self._late_stage(cfg)
-        if not self.study.user_attrs.get(StudyAttr.BATCH_ENQUEUED):
-            batch = self._batch_stage(cfg)[:max(3, self.trials // 3)]
-            if left > len(batch) + len(late):
+        slots = self.study.user_attrs.get(StudyAttr.BATCH_ENQUEUED)
+        if slots is None:
+            planned = max(3, self.trials // 3) if self._refinement(cfg, turn=0) is not None else 0
+            if left > planned + len(late):
                 return
             # the best may have changed since the last trial: the late stage must still fit
-            batch = batch[:max(0, left - len(late))]
-            for params in batch:
-                self.study.enqueue_trial(params, user_attrs={StudyAttr.ROLE: Role.BATCH})
-            self.study.set_user_attr(StudyAttr.BATCH_ENQUEUED, True)
-            if batch:
+            slots = max(0, min(planned, left - len(late)))
+            self.study.set_user_attr(StudyAttr.BATCH_ENQUEUED, slots)
+        if slots is not True:  # True: an older study queued its batch stage at once
+            taken = sum(1 for t in self.study.get_trials(deepcopy=False)
+                        if t.user_attrs.get(StudyAttr.ROLE) in (Role.BATCH, Role.EDGE))
+            if taken < slots and (pick := self._refinement(cfg, turn=taken)) is not None:
+                role, params = pick
+                self.study.enqueue_trial(params, user_attrs={StudyAttr.ROLE: role})
                 return
         if not late or left > len(late):  # late_enqueued: returned above
             return

@@ -123,6 +123,7 @@ class Role(str, enum.Enum):
     BATCH = "batch"          # the best configuration at neighbouring batch sizes
     LATE = "late"            # the best configuration with the late knobs (torch.compile)
     MEMORY = "memory"        # a configuration that ran out of memory, holding less (search.memory)
+    EDGE = "edge"            # the best one value beyond the edge of an ordered knob's values tried (search.climb)
 
     def __str__(self) -> str:
         return self.value
@@ -168,7 +169,7 @@ class StudyAttr(str, enum.Enum):
     IDENTITY = "identity"              # what a shared study was created for (search.shared)
     STARTED_AT = "started_at"          # when a shared study's first worker began (epoch s)
     PUBLISHED = "published"            # a shared study's verified result, for every worker
-    BATCH_ENQUEUED = "batch_enqueued"  # the batch-size neighbours of the best were queued
+    BATCH_ENQUEUED = "batch_enqueued"  # the refinement's trials (batch sizes, edges): how many; True in older studies
     LATE_ENQUEUED = "late_enqueued"    # the late knobs on the best were queued
     PLAN = "plan"                      # the planned run its values rank for (search.objective)
     SPACE = "space"                    # the values searched per knob (search.study.settle_space)
