@@ -70,6 +70,7 @@ README_RUN_ARGS = "--trials 12"  # the README's example command
 RUN_ARGS: dict[str, str] = {}  # per-workload defaults; none differs from the README's yet
 KINDS = ("independent", "wallclock")  # round 1, 2, 3, ...: alternating
 RECORDS = "calibration.jsonl"
+INDEPENDENT_SCRIPT = ROOT / "bench" / "independent_speedup.py"
 # rank-group variables a launched script must not inherit (it starts its own ranks)
 DIST_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                   "MASTER_PORT", "TORCHELASTIC_RUN_ID")
@@ -408,7 +409,7 @@ def independent_check(run: Mapping[str, Any], folder: Path, *, pairs: int | None
     sp = run["speedup"]
     pairs = pairs or sp["pairs"]
     seconds = seconds or sp.get("seconds_per_run") or 8.0
-    argv = [sys.executable, str(ROOT / "bench" / "independent_speedup.py"), run["out"], "--pairs", str(pairs),
+    argv = [sys.executable, str(INDEPENDENT_SCRIPT), run["out"], "--pairs", str(pairs),
             "--seconds", str(seconds)]
     result = Path(run["out"]) / "independent" / "result.json"
     result.unlink(missing_ok=True)
@@ -492,7 +493,7 @@ def wallclock_check(run: Mapping[str, Any], folder: Path, *, pairs: int, short_s
 
 
 def measure(args: argparse.Namespace) -> int:
-    folder: Path = args.out
+    folder: Path = args.out.absolute()  # the runs' folders are recorded absolute: the checks run from ROOT
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / RECORDS
     records = read_records(path)
@@ -548,7 +549,7 @@ def measure(args: argparse.Namespace) -> int:
             done[name].append(t)
             sp = runs[name]["speedup"]
             m = check.get("median")
-            print(f"  {name} {kind}: " + (f"failed: {check.get('error')}" if m is None else
+            print(f"  {name} {kind}: " + (f"failed: {check.get('error') or 'no pair gave a rate'}" if m is None else
                   f"{m:.2f}x, {'inside' if inside(m, sp['low'], sp['high']) else 'OUTSIDE'} "
                   f"{sp['low']:.2f}-{sp['high']:.2f}") + f" ({check['wall_s']:.0f} s)", flush=True)
     print(render_table(read_records(path), workload_rows(read_records(path))), flush=True)

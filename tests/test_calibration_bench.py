@@ -159,3 +159,41 @@ def test_run_args_for_every_workload_or_one():
     args = cal._run_args(["--trials 4 --timeout 300", "tiny_lm=--trials 2"])
     assert args["fashion_cnn"] == ["--trials", "4", "--timeout", "300"]
     assert args["tiny_lm"] == ["--trials", "2"]
+
+
+def test_measure_runs_first_then_rounds_round_robin_alternating_and_resumes(tmp_path, monkeypatch):
+    calls = []
+    fig = {"median": 1.5, "low": 1.2, "high": 1.8, "level": 0.95, "pairs": 5}
+
+    def tune(name, args, folder, *, timeout_s):
+        calls.append(("run", name, tuple(args)))
+        return {"kind": "run", "workload": name, "out": str(folder / name), "exit_code": 0 if name != "c" else 3,
+                "t": 0.0, "speedup": fig if name != "c" else None, "baseline_rates": [1.0] * 5,
+                "candidate_rates": [1.5] * 5}
+
+    def check(kind):
+        def fake(run, folder, **kwargs):
+            calls.append((kind, run["workload"]))
+            if len(calls) == 7:
+                raise RuntimeError("a script failed")
+            return {"median": 1.4, "baseline_rates": [1.0], "candidate_rates": [1.4]}
+        return fake
+
+    monkeypatch.setattr(cal, "WORKLOADS", {"a": "a.py", "b": "b.py", "c": "c.py"})
+    monkeypatch.setattr(cal, "tune", tune)
+    monkeypatch.setattr(cal, "independent_check", check("independent"))
+    monkeypatch.setattr(cal, "wallclock_check", check("wallclock"))
+    monkeypatch.setattr(cal, "_git", lambda *args: "abc1234")
+    monkeypatch.setattr(cal.time, "sleep", lambda s: None)
+    argv = ["--out", str(tmp_path), "--workloads", "a", "b", "c", "--rounds", "3", "--run-args=--trials 4"]
+    assert cal.main(argv) == 0
+    assert calls == [("run", "a", ("--trials", "4")), ("run", "b", ("--trials", "4")), ("run", "c", ("--trials", "4")),
+                     ("independent", "a"), ("independent", "b"), ("wallclock", "a"), ("wallclock", "b"),
+                     ("independent", "a"), ("independent", "b")]
+    records = cal.read_records(tmp_path / cal.RECORDS)
+    failed = [r for r in records if r.get("error")]
+    assert len(failed) == 1 and failed[0]["median"] is None and failed[0]["method"] == "wallclock"
+    assert cal.main(argv) == 2  # records there: --resume, or another folder
+    calls.clear()
+    assert cal.main([*argv, "--rounds", "4", "--resume"]) == 0
+    assert calls == [("wallclock", "a"), ("wallclock", "b")]  # runs and rounds done are kept
