@@ -28,13 +28,19 @@ lock where it measures):
     .venv/bin/python bench/calibration.py --table               # the Markdown table, from the records
     .venv/bin/python bench/calibration.py --rescore             # coverage of another interval formula
 
-On a 2-core machine a run with the README's arguments (--trials 12) takes about 8-10
-minutes, an independent re-check of 6 pairs of 8 s about 3-4 minutes, a wall-clock re-check
-(3 pairs) about 2-3 minutes: the four default workloads with 4 rounds take about 40 min of
-runs and 50 min of re-checks, 1.5 hours in all. --table and --rescore measure nothing:
---rescore recomputes each run's interval from its stored pair rates with
-autotune.verify.stats.speedup_interval (or --interval-function MODULE:NAME; without either,
-the current rerun_interval on the per-pair ratios) and reports the coverage it would have had.
+How long: a run with the README's arguments (--trials 12) takes 7-9 minutes on a quiet
+2-core machine (BENCHMARKS.md: 400-550 s for fashion_cnn, most of it verification), an
+independent re-check of 6 pairs of 8 s about 2.5 minutes, a wall-clock re-check (3 pairs of
+4 processes) about 2 minutes; slow_setup pays its ~20 s setup in every process (+4 minutes
+a re-check, +5 a run). The four default workloads with 4 rounds: about 30-35 minutes of
+runs, then 4 rounds of about 9 minutes (--min-gap-s 400 never waits with four workloads),
+70-80 minutes in all; with tabular_mlp and slow_setup too, about 2 hours.
+
+--table and --rescore measure nothing. --rescore recomputes each run's interval from its
+stored pair rates with autotune.verify.stats.speedup_interval (or --interval-function
+MODULE:NAME, a function of (baseline_rates, candidate_rates, level); where neither exists,
+the current rerun_interval on the per-pair ratios) and reports the coverage it would have
+had, and how often a re-check stayed above its one-sided lower bound.
 """
 from __future__ import annotations
 
@@ -97,6 +103,14 @@ def steps_for(seconds: float, samples_per_s: float, batch_size: int, *, least: i
 def paired_ratios(candidate: Sequence[float | None], baseline: Sequence[float | None]) -> list[float]:
     """Candidate over baseline, pair by pair; a pair with a side missing is left out."""
     return [c / b for c, b in zip(candidate, baseline) if c is not None and b is not None and b > 0]
+
+
+def pair_order(index: int) -> list[tuple[str, int]]:
+    """The four processes of wall-clock pair ``index`` (0-based), as (script, 0 for N1 or 1
+    for N2): B1 B2 C1 C2, then C2 C1 B2 B1, and so on, so that neither script nor step
+    count always goes first while the machine drifts."""
+    order = [("baseline", 0), ("baseline", 1), ("candidate", 0), ("candidate", 1)]
+    return order if index % 2 == 0 else order[::-1]
 
 
 def kind_of_round(index: int) -> str:
@@ -213,9 +227,10 @@ def render_table(records: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[st
     dates = sorted({s["date"][:10] for s in starts}) or ["unknown"]
     cpu = starts[0]["cpu"] if starts else "unknown CPU"
     cores = starts[0].get("cores") if starts else None
+    column = "printed interval" if title == "printed interval" else "recomputed interval"
     lines = [f"Calibration of the {title}: commit {', '.join(commits)}, {', '.join(dates)}, "
              f"{cpu}{f' ({cores} cores)' if cores else ''}; `bench/calibration.py`.", "",
-             f"| workload | {title} (level, pairs) | emitted | re-checks, in order (I: independent_speedup.py, "
+             f"| workload | {column} (level, pairs) | emitted | re-checks, in order (I: independent_speedup.py, "
              "W: wall clock) | spread | inside |",
              "| --- | --- | --- | --- | --- | --- |"]
     mark = {"independent": "I", "wallclock": "W"}
@@ -383,7 +398,10 @@ def tune(name: str, args: list[str], folder: Path, *, timeout_s: float) -> dict[
     t, when = _now()
     print(f"[{when}] autotune run {name}: {shlex.join(argv[2:])}", flush=True)
     start = time.perf_counter()
-    code = _run_logged(argv, folder / "logs" / f"{name}-run.log", timeout_s=timeout_s)
+    try:
+        code: int | None = _run_logged(argv, folder / "logs" / f"{name}-run.log", timeout_s=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None  # ended at --run-timeout-s; a document it wrote is still read
     record: dict[str, Any] = {"kind": "run", "workload": name, "model_file": WORKLOADS[name], "run_args": args,
                               "out": str(out), "exit_code": code, "wall_s": round(time.perf_counter() - start, 1),
                               "t": t, "time": when}
@@ -461,7 +479,7 @@ def time_script(launcher: Path, steps: int, log: Path, *, timeout_s: float) -> f
 def wallclock_check(run: Mapping[str, Any], folder: Path, *, pairs: int, short_s: float, long_s: float,
                     timeout_s: float) -> dict[str, Any]:
     """The emitted launch.sh and the baseline's script, each for N1 and N2 steps, timed
-    whole; pairs alternate which script goes first."""
+    whole, in the order of ``pair_order``."""
     scripts = {"baseline": (baseline_launcher(run), run["baseline_batch_size"], run["baseline_samples_per_s"]),
                "candidate": (tuned_launcher(run), run["batch_size"], run["samples_per_s"])}
     steps = {name: (steps_for(short_s, rate, batch), steps_for(long_s, rate, batch)) for name, (_, batch, rate)
@@ -471,14 +489,13 @@ def wallclock_check(run: Mapping[str, Any], folder: Path, *, pairs: int, short_s
     rates: dict[str, list[float | None]] = {"baseline": [], "candidate": []}
     runs = []
     for i in range(pairs):
-        order = ["baseline", "candidate"] if i % 2 == 0 else ["candidate", "baseline"]
-        for name in order:
-            launcher, batch, _ = scripts[name]
-            n1, n2 = steps[name]
-            t1 = time_script(launcher, n1, log, timeout_s=timeout_s)
-            t2 = time_script(launcher, n2, log, timeout_s=timeout_s)
+        times: dict[tuple[str, int], float] = {}
+        for name, which in pair_order(i):
+            times[name, which] = time_script(scripts[name][0], steps[name][which], log, timeout_s=timeout_s)
+        for name in ("baseline", "candidate"):
+            (n1, n2), (t1, t2) = steps[name], (times[name, 0], times[name, 1])
             try:
-                rate: float | None = two_step_rate(n1, t1, n2, t2, batch)
+                rate: float | None = two_step_rate(n1, t1, n2, t2, scripts[name][1])
             except ValueError as exc:
                 print(f"  pair {i + 1} {name}: {exc}", flush=True)
                 rate = None

@@ -40,6 +40,12 @@ def test_kinds_alternate_from_round_to_round():
     assert [cal.kind_of_round(i) for i in range(4)] == ["independent", "wallclock", "independent", "wallclock"]
 
 
+def test_wallclock_pairs_alternate_script_and_step_count():
+    assert cal.pair_order(0) == [("baseline", 0), ("baseline", 1), ("candidate", 0), ("candidate", 1)]
+    assert cal.pair_order(1) == [("candidate", 1), ("candidate", 0), ("baseline", 1), ("baseline", 0)]
+    assert cal.pair_order(2) == cal.pair_order(0)
+
+
 def test_run_record_reads_the_printed_interval_and_the_raw_pairs():
     doc = json.loads((ROOT / "tests" / "fixtures" / "report" / "best_config.json").read_text())
     r = cal.run_record(doc)
