@@ -65,7 +65,8 @@ def main() -> int:
         low, high, level = median_interval(ratios, confidence=0.8)
         results.append({
             "out": str(out), "config": cfgs[name].short(),
-            "ratios": ratios, "median": statistics.median(ratios), "min": min(ratios),
+            "ratios": ratios, "samples_per_s": values[name], "baseline_samples_per_s": values["baseline"],
+            "median": statistics.median(ratios), "min": min(ratios),
             "max": max(ratios), "interval": [low, high], "interval_level": level,
             "reported": doc.speedup.to_json() if doc.speedup else None,
             "median_inside_reported_interval": None if doc.speedup is None
