@@ -137,13 +137,10 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
     (``alternate``). It must run, and be faster: the interval of the pairs'
     ratios must exclude 1. Its median and interval are the speedup autotune prints.
     ``served`` and ``served_baseline`` are the side-by-side measurements, kept beside
-    the standalone ones: their quotient is how far the cheap ranking strayed, and the
-    spread of ``served``'s rounds is the noise floor the pairs stop at
-    (``sequential.PairsRule``). Under --timeout they stop, never below the fewest, when
-    the next pair would overrun."""
-    rule = sequential.PairsRule(cap=settings.pairs, confidence=STANDALONE_CONFIDENCE, level=RERUN_LEVEL,
-                                floor=sequential.noise_floor(served.get("ratios") or [], cap=settings.pairs,
-                                                             level=RERUN_LEVEL))
+    the standalone ones: their quotient is how far the cheap ranking strayed. A pass runs
+    every pair up to --pairs (``sequential.PairsRule``); under --timeout they stop, never
+    below the fewest, when the next pair would overrun."""
+    rule = sequential.PairsRule(cap=settings.pairs, confidence=STANDALONE_CONFIDENCE)
     budget = settings.budget
     began = budget.clock() if budget is not None else 0.0
 
