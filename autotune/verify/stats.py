@@ -72,23 +72,6 @@ def t_quantile(p: float, df: int) -> float:
     return (low + high) / 2
 
 
-def rerun_interval(ratios: Sequence[float], *, level: float = 0.95,
-                   rerun: int | None = None) -> tuple[float, float]:
-    """Where the mean ratio of a re-measurement of ``rerun`` pairs (as many as these by
-    default) is expected to land, with probability ``level``: a prediction interval on
-    the log ratios, mean +- t * s * sqrt(1/n + 1/m). It is wider than an interval for the
-    median itself because the re-measurement has noise of its own; it covers the spread
-    the machine showed while these pairs ran, not a state it enters later."""
-    n = len(ratios)
-    if n < 2:
-        raise ValueError("an interval needs at least two ratios")
-    logs = [math.log(r) for r in ratios]
-    m = rerun or n
-    half = t_quantile(0.5 + level / 2, n - 1) * statistics.stdev(logs) * math.sqrt(1 / n + 1 / m)
-    centre = statistics.fmean(logs)
-    return math.exp(centre - half), math.exp(centre + half)
-
-
 def geometric_interval(ratios: Sequence[float], *, level: float = 0.95) -> dict[str, float]:
     """Geometric mean of the ratios and a t interval for it (on the log ratios). Unlike
     medians, geometric means of paired ratios telescope: the steps of a path measured in
