@@ -258,25 +258,28 @@ def alone_check(runner, tmp_path, *, pairs: int = 6):
                             workdir=tmp_path, progress=lambda kind, info: None)
 
 
-def test_a_baseline_that_runs_at_two_speeds_is_named_and_the_interval_covers_a_rerun_at_either(tmp_path):
-    """Seeded: the pairs' baseline landed four times at the slower speed and twice at the
-    faster, interleaved. A re-run of as many pairs lands in the printed interval, and above
-    the printed lower bound, at least 90% of the time."""
-    runner = TwoSpeeds(seed=29)
+@pytest.mark.parametrize(("seed", "slow", "fast"), [(2, 1, 5), (29, 3, 3)])
+def test_a_baseline_that_runs_at_two_speeds_is_named_and_the_interval_covers_a_rerun_at_either(
+        tmp_path, seed, slow, fast):
+    """Seeded sessions of six pairs: in the first the baseline landed once at the slower
+    speed and five times at the faster (a session that saw mostly one speed, as the MLP's
+    did), in the second three times at each, interleaved. A re-run of as many pairs lands in
+    the printed interval, and above the printed lower bound, at least 90% of the time."""
+    runner = TwoSpeeds(seed=seed)
     check = alone_check(runner, tmp_path)
     assert check.passed
     detail = check.detail
-    shift = detail["speed_shift"]
-    assert re.search(r"the baseline ran at two speeds, about 14,\d{3} and 19,\d{3} samples/s", shift), shift
-    assert "from one run to the next" in shift
-    assert detail["lower_bound"] <= detail["ci_low"] * 1.05 and detail["lower_bound"] < detail["median"]
     m, reruns = detail["pairs"], 200
     inside = above = 0
     for _ in range(reruns):
         again = statistics.median(runner.candidate() / runner.baseline() for _ in range(m))
         inside += detail["ci_low"] <= again <= detail["ci_high"]
-        above += again >= detail["lower_bound"]
+        above += again >= detail.get("lower_bound", detail["ci_low"])
     assert inside / reruns >= 0.9 and above / reruns >= 0.9, (inside, above, detail["ci_low"], detail["ci_high"])
+    shift = detail["speed_shift"]
+    assert re.search(r"the baseline ran at two speeds, about 14,\d{3} and 19,\d{3} samples/s "
+                     rf"\({slow} and {fast} of its runs\), from one run to the next", shift), shift
+    assert detail["lower_bound"] < detail["median"]
     # the figures and the sentence come back from the document
     figures = Standalone.from_check(Check.from_json({"passed": True, **detail}))
     assert figures is not None and figures.speedup.speed_shift == shift
