@@ -115,3 +115,17 @@ def test_at_a_terminal_the_bar_shows_the_configuration_measured_now_against_base
     reporter.end_search()
     assert "2.50x the baseline" in screen.getvalue()
     assert "window 1" not in screen.getvalue()  # windows are lines only with -v
+
+
+def test_the_summary_leads_with_the_speedup_a_rerun_stays_above(capsys):
+    whole = load_doc()
+    assert whole.speedup is not None
+    shift = ("the baseline ran at two speeds, about 14,500 and 19,500 samples/s (3 and 3 of its runs), "
+             "from one run to the next: the interval covers a re-run at either speed")
+    speedup = dataclasses.replace(whole.speedup, lower_bound=1.62, speed_shift=shift)
+    Reporter().summary(dataclasses.replace(whole, speedup=speedup), Path("/out"))
+    out = " ".join(capsys.readouterr().out.split())
+    iv = speedup.interval
+    assert (f"speedup 1.62x or more in 95% of re-runs (median {iv.median:.2f}x, 95% of re-runs within "
+            f"{iv.ci_low:.2f}-{iv.ci_high:.2f}x; 6 pairs of standalone runs)") in out, out
+    assert shift in out

@@ -205,3 +205,21 @@ def test_report_html_renders_offline_in_a_headless_browser(written, tmp_path):
     assert (rgb < 240).any(axis=1).mean() > 0.03
     coloured = (rgb.max(axis=1).astype(int) - rgb.min(axis=1)) > 60  # the plots' blue, green, orange
     assert coloured.mean() > 0.002, coloured.mean()
+
+
+def test_report_md_leads_the_speedup_with_the_figure_a_rerun_stays_above(tmp_path, monkeypatch):
+    hide_matplotlib(monkeypatch)
+    doc = load_doc()
+    assert doc.speedup is not None
+    shift = "the baseline's speed drifted from 3,251 to 3,821 samples/s over the pairs"
+    doc = dataclasses.replace(doc, speedup=dataclasses.replace(doc.speedup, lower_bound=1.62, speed_shift=shift))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "best_config.json").write_text(json.dumps(doc.to_json(), indent=1))
+    write_report(out)
+    md = (out / "report.md").read_text()
+    iv = doc.speedup.interval
+    assert (f"| speedup | 1.62x or more in 95% of re-runs (median {iv.median:.2f}x, 95% of re-runs within "
+            f"{iv.ci_low:.2f}-{iv.ci_high:.2f}x), 6 standalone pairs |") in md, md[:2000]
+    assert f"| while verifying | {shift} |" in md
+    assert "1.62x or more in 95% of re-runs" in (out / "report.html").read_text()

@@ -223,10 +223,12 @@ def alone(runner: Scripts, tmp_path: Path, *, pairs: int, budget=None, sbs_noise
                             workdir=tmp_path, progress=lambda kind, info: None)
 
 
-def test_pairs_stop_early_on_a_steady_machine_and_run_to_the_cap_on_a_noisy_one(tmp_path):
+def test_a_pass_runs_every_pair_to_the_cap_and_a_settled_failure_stops_early(tmp_path):
+    """No optional stopping: pairs that happen to agree early (a steady machine's) are
+    not where a pass ends, since stopping on a narrow spread prints an interval narrower
+    than the runs after it show."""
     steady = alone(Scripts(ratio=3.0, noise=0.005), tmp_path, pairs=8)
-    assert steady.passed and steady.detail["pairs"] == sequential.FEWEST
-    assert "as narrow as this machine's noise allows" in steady.detail["stopped"]
+    assert steady.passed and steady.detail["pairs"] == 8 and "stopped" not in steady.detail
     noisy = alone(Scripts(ratio=3.0, noise=0.08), tmp_path, pairs=8)
     assert noisy.passed and noisy.detail["pairs"] == 8 and "stopped" not in noisy.detail
     # a candidate clearly not faster alone stops as soon as that is settled

@@ -11,7 +11,9 @@ from autotune.config import TrialConfig
 # Where the printed speedup's interval comes from, as best_config.json tells its reader.
 STANDALONE_COVERS = ("where a re-measurement of as many pairs of the emitted launch.sh against "
                      "the baseline's script, each run alone on this machine, alternating, is "
-                     "expected to land, from the run-to-run spread seen while verifying")
+                     "expected to land: the run-to-run spread seen while verifying, a drift from "
+                     "one session to the next, and any drift or second speed either side showed "
+                     "over the pairs")
 
 
 def optional_fields(**fields: Any) -> dict[str, Any]:
@@ -81,9 +83,12 @@ class Check:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Speedup:
     """The printed speedup: the standalone pairs' median ratio and where a re-measurement
-    of as many pairs lands (``interval``); ``median_interval`` is the median's own
-    distribution-free interval (what the check tests against 1.0); ``side_by_side`` the
-    same two configurations' ratio in the verification's side-by-side rounds."""
+    of as many pairs lands (``interval``); ``lower_bound`` the figure a re-measurement stays
+    above, as often as ``interval.ci_level`` says (one-sided; None in documents from before
+    it); ``median_interval`` is the median's own distribution-free interval (what the check
+    tests against 1.0); ``side_by_side`` the same two configurations' ratio in the
+    verification's side-by-side rounds; ``speed_shift`` names a side that ran at two
+    speeds or drifted over the pairs (``autotune.verify.standalone.speed_shift``)."""
 
     interval: Interval
     pairs: int
@@ -93,18 +98,21 @@ class Speedup:
     side_by_side: Interval
     unsteady: str | None = None  # why the figure may not hold, when the pairs ranged widely
     covers: str = STANDALONE_COVERS
+    lower_bound: float | None = None
+    speed_shift: str | None = None
 
     def headline(self) -> dict[str, Any]:
         """The figures a re-verification prints and compares (reverify.json)."""
-        return {**self.interval.to_json(), "pairs": self.pairs}
+        return {**self.interval.to_json(), "pairs": self.pairs, **optional_fields(lower_bound=self.lower_bound)}
 
     def to_json(self) -> dict[str, Any]:
         mi = self.median_interval
-        return {**self.interval.to_json(), "pairs": self.pairs,
+        return {**self.interval.to_json(), **optional_fields(lower_bound=self.lower_bound), "pairs": self.pairs,
                 "seconds_per_run": self.seconds_per_run, "wall_s": self.wall_s,
                 "covers": self.covers,
                 "median_interval": {"low": mi.ci_low, "high": mi.ci_high, "level": mi.ci_level},
-                "side_by_side": self.side_by_side.to_json(), **optional_fields(unsteady=self.unsteady)}
+                "side_by_side": self.side_by_side.to_json(),
+                **optional_fields(unsteady=self.unsteady, speed_shift=self.speed_shift)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Speedup:
@@ -114,7 +122,8 @@ class Speedup:
                    median_interval=Interval(median=data["median"], ci_low=mi["low"],
                                             ci_high=mi["high"], ci_level=mi["level"]),
                    side_by_side=Interval.from_json(data["side_by_side"]),
-                   unsteady=data.get("unsteady"), covers=data["covers"])
+                   unsteady=data.get("unsteady"), covers=data["covers"],
+                   lower_bound=data.get("lower_bound"), speed_shift=data.get("speed_shift"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,6 +144,7 @@ class Standalone:
     def to_json(self) -> dict[str, Any]:
         sp = self.speedup.to_json()
         return {**self.speedup.interval.to_json(), "interval": "rerun",
+                **optional_fields(lower_bound=self.speedup.lower_bound),
                 "median_interval": sp["median_interval"], "pairs": self.speedup.pairs,
                 "ratios": list(self.ratios), "samples_per_s": list(self.samples_per_s),
                 "median_samples_per_s": self.median_samples_per_s,
@@ -143,8 +153,8 @@ class Standalone:
                 "seconds_per_run": self.speedup.seconds_per_run, "wall_s": self.speedup.wall_s,
                 "side_by_side": sp["side_by_side"], "served_over_alone": dict(self.served_over_alone),
                 "covers": self.speedup.covers,
-                **optional_fields(unsteady=self.speedup.unsteady, cap=self.cap, stopped=self.stopped,
-                                  peak_mb=self.peak_mb)}
+                **optional_fields(unsteady=self.speedup.unsteady, speed_shift=self.speedup.speed_shift,
+                                  cap=self.cap, stopped=self.stopped, peak_mb=self.peak_mb)}
 
     @classmethod
     def from_check(cls, check: Check | None) -> Standalone | None:

@@ -103,9 +103,14 @@ def _facts(doc: RunDocument) -> Table:
     if doc.speedup is not None:
         iv = doc.speedup.interval
         level = f" ({iv.ci_level:.0%})" if iv.ci_level else ""
+        lower = doc.speedup.lower_bound
+        said = (f"{iv.median:.2f}x, interval {_interval(iv)}{level}" if lower is None else
+                f"{lower:.2f}x or more in {iv.ci_level:.0%} of re-runs (median {iv.median:.2f}x, "
+                f"{iv.ci_level:.0%} of re-runs within {_interval(iv)}x)")
         rows += [["tuned samples/s", _rate(doc.best.samples_per_s if doc.best is not None else None)],
-                 ["speedup", f"{iv.median:.2f}x, interval {_interval(iv)}{level}, "
-                             f"{doc.speedup.pairs} standalone pairs"]]
+                 ["speedup", f"{said}, {doc.speedup.pairs} standalone pairs"]]
+        if doc.speedup.speed_shift:
+            rows.append(["while verifying", doc.speedup.speed_shift])
     if doc.plan is not None:
         rows.append(["planned run", f"{doc.plan.plan.describe()}: predicted {duration(doc.plan.chosen.predicted_s)}, "
                                     f"the baseline {duration(doc.plan.baseline.predicted_s)}"])
@@ -219,7 +224,9 @@ def _path_table(found: AblationPath, total: Effect, speed: Speedup | None) -> Ta
     if speed is not None and speed.side_by_side.ci_low:
         note += f"; the winner's speedup side by side: interval {_interval(speed.side_by_side)}"
     if speed is not None and speed.pairs:
-        note += (f"; the verified speedup (scripts alone): {speed.interval.median:.2f}x, "
+        at_least = (f"{speed.lower_bound:.2f}x or more in {speed.interval.ci_level:.0%} of re-runs, "
+                    if speed.lower_bound is not None else "")
+        note += (f"; the verified speedup (scripts alone): {at_least}median {speed.interval.median:.2f}x, "
                  f"interval {_interval(speed.interval)}")
     return Table("The path from the baseline: each knob added to those before it",
                  ["step", "change", "ratio", "interval", ""], rows, note)

@@ -9,8 +9,9 @@ earlier once the decision it exists for is settled:
   no more; the check ends once every remaining candidate's verdict against the baseline
   is settled and the leader is clear, or no other candidate can be ``ALIKE`` faster;
 - the ablation (``Effects``): each knob's effect is measured until it is settled;
-- the standalone pairs (``PairsRule``): once the pass/fail decision is settled and the
-  re-run interval is as narrow as this machine's noise allows.
+- the standalone pairs (``PairsRule``): once a failure is settled; a pass runs to the cap,
+  since stopping when the pairs happen to agree would print an interval narrower than
+  the machine's spread.
 
 A decision is settled when its distribution-free interval (``stats.ratio_interval``, at
 ``CONFIDENCE``) lies wholly above or wholly below 1. Nothing stops before ``FEWEST``
@@ -23,12 +24,10 @@ side of it, which keeps that small.
 from __future__ import annotations
 
 import dataclasses
-import math
-import statistics
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
-from autotune.verify.stats import ratio_interval, rerun_interval, t_quantile
+from autotune.verify.stats import ratio_interval
 
 CONFIDENCE = 0.9
 # Candidates this close are alike for the ranking: once none can be this much faster than
@@ -141,31 +140,16 @@ class Effects:
         return Decision(stop, done=None if open_ else "every knob's effect settled")
 
 
-def noise_floor(side_by_side: Sequence[float], *, cap: int, level: float) -> float | None:
-    """The narrowest re-run interval (its half-width, in log ratio) this machine's noise
-    allows ``cap`` pairs: ``stats.rerun_interval``'s width at the spread of the same two
-    configurations' side-by-side rounds. Those were held warm and measured seconds apart,
-    with no process start between them: the standalone pairs, each a fresh start, cannot be
-    expected to be steadier. None when there are too few rounds to tell a spread."""
-    if cap < 2 or len(side_by_side) < 3 or min(side_by_side) <= 0:
-        return None
-    spread = statistics.stdev(math.log(r) for r in side_by_side)
-    return t_quantile(0.5 + level / 2, cap - 1) * spread * math.sqrt(2 / cap)
-
-
 @dataclasses.dataclass(frozen=True)
 class PairsRule:
     """The standalone pairs: the candidate passes when the median's interval (at
-    ``confidence``) lies above 1. They stop before ``cap`` once that is settled either
-    way and, for a pass, once the re-run interval (at ``level``, the printed one) is no
-    wider than ``floor`` (``noise_floor``): running to the cap would make it narrower
-    only on a machine steadier than this one measured. A settled failure needs no narrow
-    interval: its figures are not printed."""
+    ``confidence``) lies above 1. They stop before ``cap`` once a failure is settled: its
+    figures are not printed. A pass runs to the cap: stopping once the pairs look narrow
+    enough (optional stopping) picks the runs that happened to agree, and prints an
+    interval narrower than the spread of the runs that follow."""
 
     cap: int
-    floor: float | None
     confidence: float = CONFIDENCE
-    level: float = 0.95
     fewest: int = FEWEST
 
     def after_pair(self, ratios: Sequence[float]) -> str | None:
@@ -175,9 +159,4 @@ class PairsRule:
         decided = ratio_interval(ratios, confidence=self.confidence)
         if decided["ci_high"] < 1.0:
             return f"not faster alone, settled after {n} pairs: {describe(decided)}"
-        if decided["ci_low"] <= 1.0 or self.floor is None:
-            return None
-        low, high = rerun_interval(ratios, level=self.level)
-        if math.log(high / low) / 2 <= self.floor:
-            return f"interval {low:.2f}-{high:.2f}x as narrow as this machine's noise allows"
         return None

@@ -23,7 +23,7 @@ from autotune.errors import NotVerified
 from autotune.trials import limits
 from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.verify import sequential
-from autotune.verify.stats import ratio_interval, rerun_interval, spread
+from autotune.verify.stats import Side, ratio_interval, speedup_interval, spread
 
 if TYPE_CHECKING:
     from autotune.verify.gates import Settings
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 # The standalone pairs must show the candidate faster: the median's distribution-free
 # interval (with 5 or 6 pairs, the lowest and highest ratio) must exclude 1.
 STANDALONE_CONFIDENCE = 0.9
-# The printed interval: where a re-measurement of as many pairs lands (stats.rerun_interval).
+# The printed interval: where a re-measurement of as many pairs lands, and the figure it
+# stays above, at this level (stats.speedup_interval).
 RERUN_LEVEL = 0.95
 # Pairs whose highest ratio passes their lowest by more than this: the machine changed
 # speed while it was measured. On a shared machine a configuration's speed can step
@@ -130,20 +131,42 @@ def alternate(runner: ScriptRunner, *, baseline: Script, candidate: Script, pair
     return done
 
 
+def speed_shift(baseline: Side, candidate: Side) -> str | None:
+    """A sentence naming a side that ran at two speeds from one run to the next, stepped from
+    one speed to another, or drifted over the pairs (``stats.speedup_interval`` read them);
+    None where neither did."""
+    said = []
+    for name, side in (("the baseline", baseline), ("the emitted script", candidate)):
+        if side.step is not None:
+            said.append(f"{name}'s speed stepped from about {side.step[0]:,.0f} to {side.step[1]:,.0f} "
+                        "samples/s over the pairs")
+        elif side.two_speeds:
+            slow, fast = side.runs
+            said.append(f"{name} ran at two speeds, about {side.speeds[0]:,.0f} and {side.speeds[1]:,.0f} "
+                        f"samples/s ({slow} and {fast} of its runs), from one run to the next")
+        if side.drift is not None:
+            said.append(f"{name}'s speed drifted from {side.drift[0]:,.0f} to {side.drift[1]:,.0f} "
+                        "samples/s over the pairs")
+    if not said:
+        return None
+    either = any(s.two_speeds for s in (baseline, candidate))
+    return ("; ".join(said) + ": the interval " + ("covers a re-run at either speed" if either
+                                                   else "is widened for it")
+            + ", but a re-run may find this machine in yet another state")
+
+
 def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: dict[str, Any],
           served_baseline: dict[str, Any], settings: Settings, workdir: Path,
           progress: Progress) -> Check:
     """The emitted launch.sh against the baseline's script, each run alone, alternating
     (``alternate``). It must run, and be faster: the interval of the pairs'
-    ratios must exclude 1. Its median and interval are the speedup autotune prints.
+    ratios must exclude 1. Its median, the figure a re-run stays above and the interval a
+    re-run lands in (``stats.speedup_interval``) are the speedup autotune prints.
     ``served`` and ``served_baseline`` are the side-by-side measurements, kept beside
-    the standalone ones: their quotient is how far the cheap ranking strayed, and the
-    spread of ``served``'s rounds is the noise floor the pairs stop at
-    (``sequential.PairsRule``). Under --timeout they stop, never below the fewest, when
-    the next pair would overrun."""
-    rule = sequential.PairsRule(cap=settings.pairs, confidence=STANDALONE_CONFIDENCE, level=RERUN_LEVEL,
-                                floor=sequential.noise_floor(served.get("ratios") or [], cap=settings.pairs,
-                                                             level=RERUN_LEVEL))
+    the standalone ones: their quotient is how far the cheap ranking strayed. A pass runs
+    every pair up to --pairs (``sequential.PairsRule``); under --timeout they stop, never
+    below the fewest, when the next pair would overrun."""
+    rule = sequential.PairsRule(cap=settings.pairs, confidence=STANDALONE_CONFIDENCE)
     budget = settings.budget
     began = budget.clock() if budget is not None else 0.0
 
@@ -172,7 +195,7 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
     ratios = pairs.ratios
     of_median = ratio_interval(ratios, confidence=STANDALONE_CONFIDENCE)
     median = of_median["median"]
-    low, high = rerun_interval(ratios, level=RERUN_LEVEL)
+    rerun = speedup_interval(pairs.baseline, pairs.candidate, level=RERUN_LEVEL)
     alone, base_alone = statistics.median(pairs.candidate), statistics.median(pairs.baseline)
     unsteady = None
     if spread(ratios) > UNSTEADY_SPREAD:
@@ -182,11 +205,12 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
             "may not hold - run `autotune verify` on the output folder later to measure it again")
     figures = Standalone(
         speedup=Speedup(
-            interval=Interval(median=median, ci_low=min(low, median), ci_high=max(high, median),
-                              ci_level=RERUN_LEVEL),
+            interval=Interval(median=median, ci_low=rerun.low, ci_high=rerun.high, ci_level=RERUN_LEVEL),
+            lower_bound=rerun.lower,
             median_interval=Interval.from_json(of_median), pairs=len(ratios),
             seconds_per_run=pairs.seconds_per_run, wall_s=round(pairs.wall_s, 1),
-            side_by_side=Interval.from_json(served), unsteady=unsteady),
+            side_by_side=Interval.from_json(served), unsteady=unsteady,
+            speed_shift=speed_shift(rerun.baseline, rerun.candidate)),
         ratios=tuple(ratios), samples_per_s=tuple(pairs.candidate), median_samples_per_s=alone,
         baseline_samples_per_s=tuple(pairs.baseline), baseline_median_samples_per_s=base_alone,
         served_over_alone={"candidate": served["median_samples_per_s"] / alone,

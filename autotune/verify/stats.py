@@ -8,6 +8,8 @@ a slow minute slows both sides of the ratio.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -47,6 +49,7 @@ def spread(values: Sequence[float]) -> float:
     return max(values) / low if low > 0 else math.inf
 
 
+@functools.cache
 def t_quantile(p: float, df: int) -> float:
     """Student's t quantile, by bisection on its distribution function (integrated
     numerically): exact enough for an interval's ends, with no scipy dependency."""
@@ -69,23 +72,6 @@ def t_quantile(p: float, df: int) -> float:
     return (low + high) / 2
 
 
-def rerun_interval(ratios: Sequence[float], *, level: float = 0.95,
-                   rerun: int | None = None) -> tuple[float, float]:
-    """Where the mean ratio of a re-measurement of ``rerun`` pairs (as many as these by
-    default) is expected to land, with probability ``level``: a prediction interval on
-    the log ratios, mean +- t * s * sqrt(1/n + 1/m). It is wider than an interval for the
-    median itself because the re-measurement has noise of its own; it covers the spread
-    the machine showed while these pairs ran, not a state it enters later."""
-    n = len(ratios)
-    if n < 2:
-        raise ValueError("an interval needs at least two ratios")
-    logs = [math.log(r) for r in ratios]
-    m = rerun or n
-    half = t_quantile(0.5 + level / 2, n - 1) * statistics.stdev(logs) * math.sqrt(1 / n + 1 / m)
-    centre = statistics.fmean(logs)
-    return math.exp(centre - half), math.exp(centre + half)
-
-
 def geometric_interval(ratios: Sequence[float], *, level: float = 0.95) -> dict[str, float]:
     """Geometric mean of the ratios and a t interval for it (on the log ratios). Unlike
     medians, geometric means of paired ratios telescope: the steps of a path measured in
@@ -97,3 +83,189 @@ def geometric_interval(ratios: Sequence[float], *, level: float = 0.95) -> dict[
     return {"ratio": math.exp(centre), "ci_low": math.exp(centre - half),
             "ci_high": math.exp(centre + half) if half != math.inf else math.inf,
             "ci_level": level, "rounds": len(logs)}
+
+
+# --- the printed speedup: where a re-run of the standalone pairs lands -------------------
+
+# Between sessions, a ratio moves by more than the pairs of one session show: the machine's
+# state (neighbours, clocks, caches, which cores a process lands on) changes over minutes,
+# and every pair of one session shares it. The standard deviation of the difference between
+# two sessions' log ratios (a re-check's median against the first session's), beyond what
+# the pairs' own noise explains: measured by bench/calibration.py (re-checks of stored
+# sessions' pairs, re-scored with ``speedup_interval``); until its data sets it, 0.06 (about
+# 6%), from the README example's re-check, 1.87x printed and 2.02x measured minutes later.
+SESSION_DRIFT_SD = 0.06
+# How much of one side's own drift over the pairs (its rate, not the ratio) a re-run's ratio
+# is taken to follow: the README example's baseline rose 17% within two minutes and its
+# ratio 8%. Also to be set from bench/calibration.py's data.
+SIDE_DRIFT_SHARE = 0.5
+# A series drifts when it is this monotone across the pairs (Kendall's tau, |tau|): at 5 or 6
+# pairs, at most two or three out-of-order couples of the ten or fifteen.
+TREND_TAU = 0.6
+# A drift is named in the summary from this much over the pairs (log: 10%); a smaller one
+# still widens the interval.
+TREND_NAMED = math.log(1.1)
+# Two speeds: the rates sorted and split at their largest gap, the gap at least
+# TWO_SPEEDS_GAP of the slower group's rate (log) and TWO_SPEEDS_SPREAD times the widest
+# group's own range (log), each group at least two runs. A single run apart from the rest
+# (at least TWO_SPEEDS_ALONE_AMONG runs) counts as a second speed when its gap is
+# TWO_SPEEDS_ALONE_SPREAD times the others' range: at 5 or 6 pairs, a baseline that lands at
+# either of two speeds from one start to the next shows one run at the other speed one time
+# in four or five.
+TWO_SPEEDS_GAP = math.log(1.1)
+TWO_SPEEDS_SPREAD = 3.0
+TWO_SPEEDS_ALONE_AMONG = 4
+TWO_SPEEDS_ALONE_SPREAD = 4.0
+
+
+def two_speeds(rates: Sequence[float]) -> list[int] | None:
+    """Whether ``rates`` (one side's runs) fall into two groups, a clear gap between them:
+    for each run 0 (the slower group) or 1 (the faster); None for one group. A unimodal
+    noisy sample's largest gap is not several times its groups' own ranges."""
+    n = len(rates)
+    if n < 4 or min(rates) <= 0:
+        return None
+    logs = sorted(math.log(r) for r in rates)
+    least = 1 if n > TWO_SPEEDS_ALONE_AMONG else 2
+    cut = max(range(least, n - least + 1), key=lambda i: logs[i] - logs[i - 1])
+    gap = logs[cut] - logs[cut - 1]
+    within = max(logs[cut - 1] - logs[0], logs[-1] - logs[cut])
+    alone = cut == 1 or cut == n - 1
+    if gap < TWO_SPEEDS_GAP or gap < (TWO_SPEEDS_ALONE_SPREAD if alone else TWO_SPEEDS_SPREAD) * within:
+        return None
+    split = (logs[cut - 1] + logs[cut]) / 2
+    return [int(math.log(r) > split) for r in rates]
+
+
+def kendall_tau(values: Sequence[float]) -> float:
+    """Kendall's tau of ``values`` against their order: 1 rising throughout, -1 falling."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    s = sum((values[j] > values[i]) - (values[j] < values[i]) for i in range(n) for j in range(i + 1, n))
+    return s / (n * (n - 1) / 2)
+
+
+def theil_sen(values: Sequence[float]) -> float:
+    """The median of the slopes between every two of ``values`` (per step of their order):
+    a trend one disturbed point cannot set."""
+    slopes = [(values[j] - values[i]) / (j - i) for i in range(len(values)) for j in range(i + 1, len(values))]
+    return statistics.median(slopes) if slopes else 0.0
+
+
+def drift(values: Sequence[float]) -> float:
+    """How far (in the units of ``values``, logs here) a series moved from its first to its
+    last, where it moved monotonically (``TREND_TAU``); 0.0 where it did not."""
+    if len(values) < 4 or abs(kendall_tau(values)) < TREND_TAU:
+        return 0.0
+    return theil_sen(values) * (len(values) - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side's rates over the pairs, as the interval read them: ``speeds`` the median
+    rate of each group (one, or two, slower first, where it ran at two speeds) and
+    ``drift`` its fitted rate at the first pair and the last where it drifted (None where
+    it did not); ``step``: where its two speeds came one after the other, not from run to
+    run, the first speed and the second; ``runs`` how many runs each speed had."""
+
+    speeds: tuple[float, ...]
+    drift: tuple[float, float] | None
+    step: tuple[float, float] | None = None
+    runs: tuple[int, ...] = ()
+
+    @property
+    def two_speeds(self) -> bool:
+        return len(self.speeds) == 2
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedupInterval:
+    """``speedup_interval``'s figures: the pairs' median ratio; where a re-run's median
+    ratio lands with probability ``level`` (``low``-``high``) and the figure it stays above
+    with probability ``level`` (``lower``); the parts that made them (log ratios); and what
+    each side's rates showed."""
+
+    median: float
+    low: float
+    high: float
+    lower: float
+    level: float
+    pairs: int
+    rerun: int
+    noise_sd: float  # the pairs' own spread, each side's speeds and drift taken out
+    session_sd: float  # SESSION_DRIFT_SD
+    trend: float  # how far the pairs drifted, as counted
+    baseline: Side
+    candidate: Side
+
+
+def _side(rates: Sequence[float]) -> tuple[Side, list[float], list[int]]:
+    """A side's shape, its log rates less their group's mean, and each run's group."""
+    logs = [math.log(r) for r in rates]
+    groups = two_speeds(rates) or [0] * len(rates)
+    means = {g: statistics.fmean(x for x, k in zip(logs, groups) if k == g) for g in set(groups)}
+    residual = [x - means[g] for x, g in zip(logs, groups)]
+    speeds = tuple(statistics.median(r for r, k in zip(rates, groups) if k == g) for g in sorted(means))
+    moved = drift(residual)
+    fitted = None
+    if abs(moved) >= TREND_NAMED:
+        centre = statistics.fmean(logs)
+        fitted = (math.exp(centre - moved / 2), math.exp(centre + moved / 2))
+    step = None
+    if (len(speeds) == 2 and min(groups.count(0), groups.count(1)) >= 2
+            and sum(a != b for a, b in zip(groups, groups[1:])) == 1):
+        step = (speeds[groups[0]], speeds[groups[-1]])
+    runs = tuple(groups.count(g) for g in sorted(means))
+    return Side(speeds=speeds, drift=fitted, step=step, runs=runs), residual, groups
+
+
+def speedup_interval(baseline_rates: Sequence[float], candidate_rates: Sequence[float], *,
+                     level: float = 0.95, rerun: int | None = None,
+                     session_sd: float = SESSION_DRIFT_SD) -> SpeedupInterval:
+    """Where the median ratio of a re-run of ``rerun`` standalone pairs (as many as these by
+    default) lands, from the pairs' raw rates alone, pair i being ``candidate_rates[i]``
+    against ``baseline_rates[i]``. Pure: a calibration script re-scores stored pairs with it.
+
+    On the log ratios it adds, root-sum-square, three parts, each at its quantile: the pairs'
+    own noise (t with the pairs' degrees of freedom, s * sqrt(1/n + pi/(2m)): our mean and a
+    re-run's median of m), a between-session drift (``session_sd``, normal) and the drift
+    within the pairs (normal): the most the ratios moved monotonically over them, or
+    ``SIDE_DRIFT_SHARE`` of the most either side's rate did. A side that ran at two speeds
+    (``two_speeds``) is read as two groups: the noise is what is left about each group's mean,
+    and the interval runs from the lowest ratio of a group's speed against a group's speed to
+    the highest, so that it covers a re-run whose runs land in either group."""
+    n = len(baseline_rates)
+    if n != len(candidate_rates):
+        raise ValueError("as many baseline rates as candidate rates: one of each a pair")
+    if n < 2:
+        raise ValueError("an interval needs at least two pairs")
+    if min(*baseline_rates, *candidate_rates) <= 0:
+        raise ValueError("rates must be positive")
+    m = rerun or n
+    base, base_left, base_groups = _side(baseline_rates)
+    cand, cand_left, cand_groups = _side(candidate_rates)
+    left = [c - b for c, b in zip(cand_left, base_left)]
+    df = max(1, n - len(base.speeds) - len(cand.speeds) + 1)
+    noise = math.sqrt(sum(e * e for e in left) / df)
+    trend = max(abs(drift(left)), SIDE_DRIFT_SHARE * abs(drift(base_left)),
+                SIDE_DRIFT_SHARE * abs(drift(cand_left)))
+
+    def mean_log(rates: Sequence[float], groups: list[int], g: int) -> float:
+        return statistics.fmean(math.log(r) for r, k in zip(rates, groups) if k == g)
+
+    centres = [mean_log(candidate_rates, cand_groups, gc) - mean_log(baseline_rates, base_groups, gb)
+               for gc in set(cand_groups) for gb in set(base_groups)]
+
+    def half(p: float) -> float:
+        z = statistics.NormalDist().inv_cdf(p)
+        own = t_quantile(p, df) * noise * math.sqrt(1 / n + math.pi / (2 * m))
+        return math.sqrt(own ** 2 + (z * session_sd) ** 2 + (z * trend) ** 2)
+
+    two_sided = half(0.5 + level / 2)
+    median = statistics.median(c / b for c, b in zip(candidate_rates, baseline_rates))
+    return SpeedupInterval(
+        median=median, low=min(median, math.exp(min(centres) - two_sided)),
+        high=max(median, math.exp(max(centres) + two_sided)),
+        lower=min(median, math.exp(min(centres) - half(level))), level=level, pairs=n, rerun=m,
+        noise_sd=noise, session_sd=session_sd, trend=trend, baseline=base, candidate=cand)
