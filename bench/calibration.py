@@ -37,15 +37,16 @@ runs, then 4 rounds of about 9 minutes (--min-gap-s 400 never waits with four wo
 70-80 minutes in all; with tabular_mlp and slow_setup too, about 2 hours.
 
 --table and --rescore measure nothing. --rescore recomputes each run's interval from its
-stored pair rates with autotune.verify.stats.speedup_interval (or --interval-function
-MODULE:NAME, a function of (baseline_rates, candidate_rates, level); where neither exists,
-the current rerun_interval on the per-pair ratios) and reports the coverage it would have
-had, and how often a re-check stayed above its one-sided lower bound.
+stored pair rates with autotune.verify.stats.speedup_interval (--session-sd X: with X as
+its between-session drift; or --interval-function MODULE:NAME, a function of
+(baseline_rates, candidate_rates, level)) and reports the coverage it would have had, and
+how often a re-check stayed above its one-sided lower bound.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib
 import json
 import os
@@ -284,32 +285,18 @@ def _as_interval(result: Any, level: float) -> Interval:
     return {**out, "level": level}
 
 
-def rerun_fallback(baseline: Sequence[float], candidate: Sequence[float], level: float) -> Interval:
-    """The interval as autotune prints it today (autotune.verify.standalone): the pairs'
-    median ratio, stats.rerun_interval around it (stretched to hold the median); the
-    one-sided lower bound at ``level`` is the two-sided interval's low end at 2 level - 1."""
-    from autotune.verify.stats import rerun_interval
-
-    ratios = paired_ratios(candidate, baseline)
-    median = statistics.median(ratios)
-    low, high = rerun_interval(ratios, level=level)
-    lower, _ = rerun_interval(ratios, level=2 * level - 1)
-    return {"median": median, "low": min(low, median), "high": max(high, median),
-            "lower": min(lower, median), "level": level}
-
-
-def interval_function(spec: str | None = None) -> tuple[str, IntervalFunction]:
+def interval_function(spec: str | None = None, *, session_sd: float | None = None
+                      ) -> tuple[str, IntervalFunction]:
     """The function --rescore uses, and its name: ``spec`` (MODULE:NAME), else
-    autotune.verify.stats.speedup_interval where it exists, else ``rerun_fallback``. The
-    function takes (baseline_rates, candidate_rates, level)."""
-    if spec is None:
-        from autotune.verify import stats
-
-        if not hasattr(stats, "speedup_interval"):
-            return "autotune.verify.stats.rerun_interval (speedup_interval does not exist yet)", rerun_fallback
-        spec = "autotune.verify.stats:speedup_interval"
+    autotune.verify.stats.speedup_interval, with ``session_sd`` in place of its
+    between-session drift where given. The function takes (baseline_rates,
+    candidate_rates, level)."""
+    spec = spec or "autotune.verify.stats:speedup_interval"
     module, _, name = spec.partition(":")
     fn = getattr(importlib.import_module(module), name)
+    if session_sd is not None:
+        fn = functools.partial(fn, session_sd=session_sd)
+        spec = f"{spec} (session_sd={session_sd})"
 
     def adapted(baseline: Sequence[float], candidate: Sequence[float], level: float) -> Interval:
         try:
@@ -604,7 +591,9 @@ def main(argv: list[str] | None = None) -> int:
                         "under it; measure nothing")
     p.add_argument("--interval-function", default=None, metavar="MODULE:NAME",
                    help="--rescore with this function of (baseline_rates, candidate_rates, level) "
-                        "(default autotune.verify.stats:speedup_interval, else rerun_interval)")
+                        "(default autotune.verify.stats:speedup_interval)")
+    p.add_argument("--session-sd", type=float, default=None,
+                   help="--rescore with this between-session drift (log-ratio SD) in speedup_interval")
     args = p.parse_args(argv)
     if args.table or args.rescore:
         records = read_records(args.out / RECORDS)
@@ -614,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.table:
             print(render_table(records, workload_rows(records)))
         if args.rescore:
-            name, fn = interval_function(args.interval_function)
+            name, fn = interval_function(args.interval_function, session_sd=args.session_sd)
             print(render_table(records, workload_rows(records, rescore=fn),
                                title=f"interval recomputed by {name}"))
         return 0

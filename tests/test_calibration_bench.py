@@ -120,24 +120,21 @@ def test_table_is_markdown_with_a_header_line():
     assert "3 of 5 (60%)" in text and "independent 2 of 3 (67%); wallclock 1 of 2 (50%)" in text
 
 
-def test_rescore_with_the_fallback_recomputes_from_the_raw_rates():
-    rows = {row["workload"]: row for row in cal.workload_rows(RECORDS, rescore=cal.rerun_fallback)}
+def test_rescore_recomputes_each_interval_from_the_raw_rates():
+    from autotune.verify.stats import speedup_interval
+
+    name, fn = cal.interval_function(session_sd=0.0)
+    assert "session_sd=0.0" in name
+    rows = {row["workload"]: row for row in cal.workload_rows(RECORDS, rescore=fn)}
     iv = rows["a"]["interval"]
-    assert iv["median"] == pytest.approx(1.5)
+    want = speedup_interval([100.0] * 5, [150.0, 160.0, 140.0, 155.0, 145.0], level=0.95, session_sd=0.0)
+    assert (iv["median"], iv["low"], iv["high"], iv["lower"]) == pytest.approx(
+        (want.median, want.low, want.high, want.lower))
     assert iv["low"] < iv["lower"] < iv["median"] < iv["high"]
     assert [d["inside"] for d in rows["a"]["rechecks"]] == [True, False, None]
     assert rows["a"]["rechecks"][0]["above_lower"] is True
     text = cal.render_table(RECORDS, list(rows.values()), title="interval recomputed by x")
     assert "lower bound" in text and "Above the one-sided lower bound" in text
-
-
-def test_the_fallback_is_the_printed_interval_of_today():
-    from autotune.verify.stats import rerun_interval
-
-    ratios = [1.5, 1.6, 1.4, 1.55, 1.45]
-    low, high = rerun_interval(ratios, level=0.95)
-    iv = cal.rerun_fallback([100.0] * 5, [r * 100 for r in ratios], 0.95)
-    assert (iv["low"], iv["high"]) == (pytest.approx(low), pytest.approx(high))
 
 
 @pytest.mark.parametrize("result", [
