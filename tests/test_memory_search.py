@@ -271,3 +271,17 @@ def test_where_memory_bound_only_what_was_measured_within_the_limit_is_known_to_
     assert not known(over) and not known(fits.replace(allocator="default"))
     unbound = memory.known_to_fit(limit, measured=measured[:1], failed=[])
     assert unbound(over)  # nothing ran out or over: memory never bound
+
+
+def test_the_users_configuration_holding_less_ends_with_every_knob_on_over_the_most_ranks(task):
+    """Widened over the ranks, it keeps its micro-batches: one rank's step before it held
+    micro-batches of 1, and two ranks over the whole batch would hold 8 each."""
+    space = space_for(task)
+    steps = [TrialConfig(batch_size=16)]
+    while (held := memory.rescue(steps[-1], space, widen=True)) is not None:
+        steps.append(held)
+    assert [memory.knobs_on(c) for c in steps[:2]] == [(), ("activation_checkpointing",)]
+    assert steps[-2].nprocs == 1 and steps[-2].micro_batch == 1
+    least = steps[-1]
+    assert least.nprocs == max(layout.nprocs for layout in space.layouts) and least.sharding == "full"
+    assert least.activation_checkpointing and least.micro_batch == 1 and least.batch_size == 16

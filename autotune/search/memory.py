@@ -76,10 +76,11 @@ def rescue(cfg: TrialConfig, space: Space, *, widen: bool = False) -> TrialConfi
     than it. First the repeated blocks' activations recomputed (a forward again, the
     activations of one block kept), then weights, gradients and optimizer state sharded
     over its ranks, then the micro-batch halved by accumulating; last, with ``widen`` (the
-    user's own configuration, one rank), the same batch over the most ranks, sharded. None
-    when no step is left (or the user pinned them off), and for a batch above the user's:
-    these knobs keep the user's batch; a larger one that holds a smaller one's micro-batch
-    trains at about the smaller one's speed."""
+    user's own configuration, one rank), the same batch over the most ranks with every knob
+    on together (recomputed, sharded, the most micro-batches the batch splits into): the
+    least the knobs can hold. None when no step is left (or the user pinned them off), and
+    for a batch above the user's: these knobs keep the user's batch; a larger one that
+    holds a smaller one's micro-batch trains at about the smaller one's speed."""
     if cfg.batch_size > space.baseline.batch_size:
         return None
     allowed = space.choices
@@ -94,7 +95,11 @@ def rescue(cfg: TrialConfig, space: Space, *, widen: bool = False) -> TrialConfi
     wider = [layout for layout in space.layouts if layout.nprocs > 1 and cfg.batch_size % layout.nprocs == 0]
     if widen and cfg.nprocs == 1 and wider and sharding and not cfg.ipex:
         most = max(wider, key=lambda layout: (layout.nprocs, layout.threads or 0))
-        return cfg.replace(nprocs=most.nprocs, threads=most.threads, sharding=Sharding.FULL.value, grad_accum=1)
+        accum = max((a for a in allowed.get("grad_accum", ()) if cfg.batch_size % (most.nprocs * a) == 0),
+                    default=1)
+        return cfg.replace(nprocs=most.nprocs, threads=most.threads, sharding=Sharding.FULL.value, grad_accum=accum,
+                           activation_checkpointing=cfg.activation_checkpointing
+                           or True in allowed.get("activation_checkpointing", ()))
     return None
 
 
