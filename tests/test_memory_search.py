@@ -93,8 +93,9 @@ def test_the_users_batch_over_the_limit_is_kept_with_the_memory_knobs_and_the_wi
     over = [f for f in doc["search"]["failures"] if "over the --memory-limit" in f["message"]]
     assert over and all(f["failure"] == "out_of_memory" for f in over)
     # every trial of the budget measured something: a sampled configuration at a batch that
-    # ran out of memory is measured holding less, not skipped (the memory knobs are not sampled)
-    assert len(runner.measured) == 10
+    # ran out of memory is measured holding less, not skipped (the memory knobs are not sampled);
+    # the user's configuration holding less (the reference) costs none of it
+    assert len(runner.measured) == 10 + 1
     # the end of the search refines the best configuration (compile on it) holding what it holds
     late = [c for c in runner.measured if c.compile != "off"]
     assert late and all(memory.saves_memory(c) for c in late), late
@@ -271,6 +272,24 @@ def test_where_memory_bound_only_what_was_measured_within_the_limit_is_known_to_
     assert not known(over) and not known(fits.replace(allocator="default"))
     unbound = memory.known_to_fit(limit, measured=measured[:1], failed=[])
     assert unbound(over)  # nothing ran out or over: memory never bound
+
+
+def test_the_users_configuration_holding_less_is_found_first_and_costs_no_trial(task, tmp_path):
+    """The user's batch 16 holds 940 MiB a rank, over a 350 MiB limit: checkpointed 460,
+    then with 2 micro-batches 380, with 4 340. Each step is measured at once after the
+    user's configuration, before any start or sampled trial, and none counts against
+    --trials: the search still gets all of them."""
+    runner = MemoryStandIn(recorded_machine("avx2_epyc"))
+    doc = tune_stand_in(task, tmp_path, runner, trials=6, fixed={"batch_size": 16}, memory_limit_mb=350.0)
+    assert {c.layout for c in runner.measured[:4]} == {runner.measured[0].layout}
+    assert [memory.knobs_on(c) for c in runner.measured[:4]] == [
+        (), ("activation_checkpointing",), ("activation_checkpointing", "grad_accum=2"),
+        ("activation_checkpointing", "grad_accum=4")], runner.measured[:4]
+    assert [runner.peak_mb(c) <= 350.0 for c in runner.measured[:4]] == [False, False, False, True]
+    assert TrialConfig.from_dict(doc["baseline"]["config"]) == runner.measured[3]  # the reference
+    # the user's configuration is trial 1 of the 6, as where it fits; its steps holding less cost none
+    assert len(runner.measured) == 6 + 3 and doc["search"]["measured"] == 6 + 3
+    assert doc["verified"]
 
 
 def test_the_users_configuration_holding_less_ends_with_every_knob_on_over_the_most_ranks(task):

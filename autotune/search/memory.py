@@ -103,6 +103,15 @@ def rescue(cfg: TrialConfig, space: Space, *, widen: bool = False) -> TrialConfi
     return None
 
 
+def ladder(cfg: TrialConfig, space: Space) -> list[TrialConfig]:
+    """``cfg`` (the user's own configuration) and each step ``rescue`` takes from it, each
+    holding less, to the least the knobs can hold."""
+    steps = [cfg]
+    while len(steps) < 64 and (held := rescue(steps[-1], space, widen=True)) is not None:
+        steps.append(held)
+    return steps
+
+
 def holding_as(ref: TrialConfig, cand: TrialConfig) -> TrialConfig | None:
     """``ref`` with ``cand``'s memory knobs where it lacks them (sharding where it has the
     ranks): a numerics reference that ran out of memory without them. None when that
