@@ -304,3 +304,37 @@ def test_the_users_configuration_holding_less_ends_with_every_knob_on_over_the_m
     least = steps[-1]
     assert least.nprocs == max(layout.nprocs for layout in space.layouts) and least.sharding == "full"
     assert least.activation_checkpointing and least.micro_batch == 1 and least.batch_size == 16
+
+
+def test_where_nothing_fits_the_error_names_the_least_held_and_what_would_fit(task, tmp_path):
+    """Weights and optimizer state alone hold 300 MiB, 150 on each of two ranks sharded: under
+    a 150 MiB limit nothing fits. The whole ladder is walked (the search's trials are not
+    spent on it), and the error names the least it held, and the limit that would hold it."""
+    from autotune.errors import NotVerified
+
+    runner = MemoryStandIn(recorded_machine("avx2_epyc"))
+    with pytest.raises(NotVerified) as caught:
+        tune_stand_in(task, tmp_path, runner, trials=4, fixed={"batch_size": 16}, memory_limit_mb=150.0)
+    message = str(caught.value)
+    # one rank: recomputed, then 2 to 16 micro-batches; last, every knob on over two ranks
+    assert [memory.knobs_on(c) for c in runner.measured[:7]] == [
+        (), ("activation_checkpointing",), *[("activation_checkpointing", f"grad_accum={n}") for n in (2, 4, 8, 16)],
+        ("activation_checkpointing", "grad_accum=8", "sharding=full")], runner.measured[:7]
+    least = runner.measured[6]
+    assert least.nprocs == 2 and least.micro_batch == 1 and runner.peak_mb(least) == pytest.approx(160.0)
+    assert len(runner.measured) == 7 + 3  # and the search's own 3 trials after the user's
+    assert (f"the least it held was 160 MiB a rank, as {least.short()}, over the --memory-limit (150 MiB a rank). "
+            "It would need a --memory-limit of at least 160 MiB a rank") in message, message
+
+
+def test_what_the_user_held_least_says_the_limit_and_the_batch_that_would_fit():
+    """A rank's peak falls no faster than its batch: 16 x 400 / 460 bounds the batch that fits."""
+    limit = memory.MemoryLimit(user_mb=400.0)
+    plain, held = TrialConfig(batch_size=16), TrialConfig(batch_size=16, activation_checkpointing=True)
+    text = memory.nothing_fits(limit, [(plain, {"rank_peak_mb": 940.0}), (held, {"rank_peak_mb": 460.0})])
+    assert f"the least it held was 460 MiB a rank, as {held.short()}, over the --memory-limit" in text, text
+    assert "a --memory-limit of at least 460 MiB a rank, or a batch size of at most 13" in text, text
+    # stopped on the host before its end: it held at least its tree's peak
+    stopped = memory.nothing_fits(memory.MemoryLimit(host_mb=1000.0), [(plain, {"peak_rss_mb": 1200.0})])
+    assert "1,200 MiB a rank when it was stopped" in stopped and "more than 1,200 MiB of this machine" in stopped
+    assert memory.nothing_fits(limit, [(plain, {})]) is None

@@ -112,6 +112,51 @@ def ladder(cfg: TrialConfig, space: Space) -> list[TrialConfig]:
     return steps
 
 
+def least_held(tried: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> tuple[TrialConfig, float, bool] | None:
+    """Of ``tried`` (configurations with their trials' summaries), the one that held least
+    on a rank: it, that peak (MiB), and whether its trial ran to its end (else it was
+    stopped there, over the limit, and would have held more). A trial that ran to its end
+    reports its busiest rank's peak; one stopped on the host, its process tree's, shared
+    here among its ranks. None when no trial says."""
+    least: tuple[TrialConfig, float, bool] | None = None
+    for cfg, result in tried:
+        if result.get("rank_peak_mb") is not None:
+            peak, whole = float(result["rank_peak_mb"]), True
+        elif cfg.device != "cuda" and result.get("peak_rss_mb"):
+            peak, whole = float(result["peak_rss_mb"]) / cfg.nprocs, False
+        else:
+            continue
+        if least is None or peak < least[1]:
+            least = (cfg, peak, whole)
+    return least
+
+
+def nothing_fits(limit: MemoryLimit, tried: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> str | None:
+    """Where the user's configuration did not fit even holding less (``tried``: it and each
+    step of its ``ladder`` measured, with their trials' summaries): the least it held, and
+    what would fit. A rank's peak falls no faster than its micro-batch (weights, gradients
+    and optimizer state stay), so the batch that fits is below the user's batch scaled by
+    the limit over that peak. None when no trial reported what it held."""
+    least = least_held(tried)
+    if least is None:
+        return None
+    cfg, peak, whole = least
+    held = f"{peak:,.0f} MiB a rank" + ("" if whole else " when it was stopped")
+    text = f"the least it held was {held}, as {cfg.short()}"
+    per_rank = limit.per_rank_mb(cfg)
+    if per_rank is None:
+        return f"{text}: it needs more memory than that"
+    step = cfg.nprocs * cfg.grad_accum  # the batch splits into this many micro-batches
+    below = int(cfg.batch_size * per_rank / peak) // step * step
+    text += f", over the {limit.source} ({per_rank:,.0f} MiB a rank). It would need "
+    text += (f"a --memory-limit of {'more than' if not whole else 'at least'} {peak:,.0f} MiB a rank"
+             if limit.user_mb is not None else f"{'more than ' if not whole else ''}{peak * cfg.nprocs:,.0f} MiB "
+             "of this machine's memory")
+    if below >= step:
+        text += f", or a batch size of at most {below} in the model file (with those knobs)"
+    return text
+
+
 def holding_as(ref: TrialConfig, cand: TrialConfig) -> TrialConfig | None:
     """``ref`` with ``cand``'s memory knobs where it lacks them (sharding where it has the
     ranks): a numerics reference that ran out of memory without them. None when that

@@ -115,6 +115,9 @@ class SearchOutcome:
     # the user's own configuration's trial summary: ``baseline`` is it, or, where it ran out
     # of memory or over the limit, it holding less (search.memory.rescue)
     user_result: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the user's configuration and each step of its ladder measured (search.memory.ladder),
+    # with their trials' summaries
+    reference_tried: list[tuple[TrialConfig, dict[str, Any]]] = dataclasses.field(default_factory=list)
 
 
 class Tuner:
@@ -614,6 +617,7 @@ class Tuner:
         trials = self.study.get_trials(deepcopy=False)
         baseline = None
         user_result: dict[str, Any] = {}
+        reference_tried: list[tuple[TrialConfig, dict[str, Any]]] = []
         ranked: dict[str, Candidate] = {}
         failures = []
         stale = self._stale()
@@ -623,6 +627,9 @@ class Tuner:
                 continue
             if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE and cfg == self.space.baseline:
                 user_result = t.user_attrs.get(StudyAttr.RESULT, {}) or user_result
+            if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE and t.state in (TrialState.COMPLETE,
+                                                                                  TrialState.FAIL):
+                reference_tried.append((cfg, t.user_attrs.get(StudyAttr.RESULT, {})))
             if t.state == TrialState.COMPLETE:
                 cand = Candidate(t.number, cfg, float(t.value or 0.0), t.user_attrs.get(StudyAttr.RESULT, {}))
                 if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE:
@@ -639,6 +646,7 @@ class Tuner:
                     log_tail=result.get("log_tail", "")))
         order = sorted(ranked.values(), key=lambda c: c.value, reverse=True)
         return SearchOutcome(study=self.study, baseline=baseline, ranked=order, failures=failures,
-                             measured=len(self._measured(rungs=True)), user_result=user_result)
+                             measured=len(self._measured(rungs=True)), user_result=user_result,
+                             reference_tried=reference_tried)
 
 
