@@ -338,3 +338,48 @@ def test_what_the_user_held_least_says_the_limit_and_the_batch_that_would_fit():
     stopped = memory.nothing_fits(memory.MemoryLimit(host_mb=1000.0), [(plain, {"peak_rss_mb": 1200.0})])
     assert "1,200 MiB a rank when it was stopped" in stopped and "more than 1,200 MiB of this machine" in stopped
     assert memory.nothing_fits(limit, [(plain, {})]) is None
+
+
+# warnings.catch_warnings, which open_study silences the sampler's with, is not thread-safe
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_workers_sharing_a_study_take_each_step_of_the_reference_once(task, tmp_path):
+    """Two workers of one study (threads here, each with its own storage handle, one lock):
+    whichever worker takes a step, no step is measured twice, each comes after the one
+    before it ran out, the steps cost none of the study's budget, and both find the reference."""
+    import threading
+    import time
+
+    from autotune.search.tuner import Tuner, open_study
+
+    class Slow(MemoryStandIn):  # the workers' trials overlap
+        def run(self, cfg, **kw):
+            time.sleep(0.05)
+            return super().run(cfg, **kw)
+
+    space = space_for(task, fixed={"batch_size": 16})
+    lock, outcomes, runners = threading.RLock(), {}, {}
+
+    def worker(name):
+        runners[name] = runner = Slow(recorded_machine("avx2_epyc"))
+        study = open_study(storage_path=tmp_path / "study.journal", study_name="shared")
+        tuner = Tuner(study=study, space=space, runner=runner, trials=6, timeout_s=None, shared=True,
+                      lock=lambda: lock, memory_limit=memory.MemoryLimit(user_mb=350.0))
+        tuner.POLL_S = 0.01
+        outcomes[name] = tuner.run()
+
+    threads = [threading.Thread(target=worker, args=(name,)) for name in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert set(outcomes) == {"a", "b"}
+    held = space.baseline.replace(activation_checkpointing=True)
+    steps = [space.baseline, held, held.replace(grad_accum=2), held.replace(grad_accum=4)]  # 340 MiB fits
+    measured = runners["a"].measured + runners["b"].measured
+    # where the other worker's trial ran out holding as much, a step is skipped unmeasured
+    taken = [measured.count(c) for c in steps]
+    assert max(taken) == 1 and taken[-1] == 1, (taken, measured)
+    assert all(outcome.baseline is not None and outcome.baseline.config == steps[3] for outcome in outcomes.values())
+    # the search had all the study's 6 trials, the user's configuration one of them (two workers
+    # may both start the last one: each looks at the budget, then asks for a trial)
+    assert len(measured) - sum(taken[1:]) in (6, 7), (taken, measured)
