@@ -145,7 +145,7 @@ def nothing_fits(limit: MemoryLimit, tried: Iterable[tuple[TrialConfig, Mapping[
     text = f"the least it held was {held}, as {cfg.short()}"
     per_rank = limit.per_rank_mb(cfg)
     if per_rank is None:
-        return f"{text}: it needs more memory than that"
+        return f"{text}: give a smaller batch size in the model file, or more memory"
     step = cfg.nprocs * cfg.grad_accum  # the batch splits into this many micro-batches
     below = int(cfg.batch_size * per_rank / peak) // step * step
     text += f", over the {limit.source} ({per_rank:,.0f} MiB a rank). It would need "
