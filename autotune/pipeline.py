@@ -33,7 +33,7 @@ from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id, pr
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
 from autotune.search import batch_range, shared
-from autotune.search.memory import MemoryLimit, fit_of, known_to_fit
+from autotune.search.memory import MemoryLimit, fit_of, known_to_fit, nothing_fits
 from autotune.search.objective import Plan, Pricing
 from autotune.search.starts import heuristics
 from autotune.search.study import (
@@ -411,8 +411,13 @@ def search(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
             tried = [f.config.short() for f in outcome.failures
                      if f.failure == Failure.OUT_OF_MEMORY and f.config != space.baseline
                      and f.config.batch_size == space.baseline.batch_size]
-            fix = ("It ran out of memory" + (f", and so did it holding less ({'; '.join(tried)})" if tried else "")
-                   + ": give a smaller batch size in the model file, or more memory")
+            least = nothing_fits(memory_limit(options, machine), outcome.reference_tried)
+            if least is not None:  # what it held, as it is and holding less, says what would fit
+                fix = ("It ran out of memory" + (f", and so did it holding less ({len(tried)} configurations "
+                                                 "at its batch)" if tried else "") + f": {least}")
+            else:
+                fix = ("It ran out of memory" + (f", and so did it holding less ({'; '.join(tried)})" if tried else "")
+                       + ": give a smaller batch size in the model file, or more memory")
         raise NotVerified(
             "no configuration can be verified: the baseline (your batch size, one process, "
             f"default threads, fp32) failed: {detail}. {fix}; "

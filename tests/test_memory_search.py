@@ -93,8 +93,9 @@ def test_the_users_batch_over_the_limit_is_kept_with_the_memory_knobs_and_the_wi
     over = [f for f in doc["search"]["failures"] if "over the --memory-limit" in f["message"]]
     assert over and all(f["failure"] == "out_of_memory" for f in over)
     # every trial of the budget measured something: a sampled configuration at a batch that
-    # ran out of memory is measured holding less, not skipped (the memory knobs are not sampled)
-    assert len(runner.measured) == 10
+    # ran out of memory is measured holding less, not skipped (the memory knobs are not sampled);
+    # the user's configuration holding less (the reference) costs none of it
+    assert len(runner.measured) == 10 + 1
     # the end of the search refines the best configuration (compile on it) holding what it holds
     late = [c for c in runner.measured if c.compile != "off"]
     assert late and all(memory.saves_memory(c) for c in late), late
@@ -271,3 +272,114 @@ def test_where_memory_bound_only_what_was_measured_within_the_limit_is_known_to_
     assert not known(over) and not known(fits.replace(allocator="default"))
     unbound = memory.known_to_fit(limit, measured=measured[:1], failed=[])
     assert unbound(over)  # nothing ran out or over: memory never bound
+
+
+def test_the_users_configuration_holding_less_is_found_first_and_costs_no_trial(task, tmp_path):
+    """The user's batch 16 holds 940 MiB a rank, over a 350 MiB limit: checkpointed 460,
+    then with 2 micro-batches 380, with 4 340. Each step is measured at once after the
+    user's configuration, before any start or sampled trial, and none counts against
+    --trials: the search still gets all of them."""
+    runner = MemoryStandIn(recorded_machine("avx2_epyc"))
+    doc = tune_stand_in(task, tmp_path, runner, trials=6, fixed={"batch_size": 16}, memory_limit_mb=350.0)
+    assert {c.layout for c in runner.measured[:4]} == {runner.measured[0].layout}
+    assert [memory.knobs_on(c) for c in runner.measured[:4]] == [
+        (), ("activation_checkpointing",), ("activation_checkpointing", "grad_accum=2"),
+        ("activation_checkpointing", "grad_accum=4")], runner.measured[:4]
+    assert [runner.peak_mb(c) <= 350.0 for c in runner.measured[:4]] == [False, False, False, True]
+    assert TrialConfig.from_dict(doc["baseline"]["config"]) == runner.measured[3]  # the reference
+    # the user's configuration is trial 1 of the 6, as where it fits; its steps holding less cost none
+    assert len(runner.measured) == 6 + 3 and doc["search"]["measured"] == 6 + 3
+    assert doc["verified"]
+
+
+def test_the_users_configuration_holding_less_ends_with_every_knob_on_over_the_most_ranks(task):
+    """Widened over the ranks, it keeps its micro-batches: one rank's step before it held
+    micro-batches of 1, and two ranks over the whole batch would hold 8 each."""
+    space = space_for(task)
+    steps = [TrialConfig(batch_size=16)]
+    while (held := memory.rescue(steps[-1], space, widen=True)) is not None:
+        steps.append(held)
+    assert [memory.knobs_on(c) for c in steps[:2]] == [(), ("activation_checkpointing",)]
+    assert steps[-2].nprocs == 1 and steps[-2].micro_batch == 1
+    least = steps[-1]
+    assert least.nprocs == max(layout.nprocs for layout in space.layouts) and least.sharding == "full"
+    assert least.activation_checkpointing and least.micro_batch == 1 and least.batch_size == 16
+
+
+def test_where_nothing_fits_the_error_names_the_least_held_and_what_would_fit(task, tmp_path):
+    """Weights and optimizer state alone hold 300 MiB, 150 on each of two ranks sharded: under
+    a 150 MiB limit nothing fits. The whole ladder is walked (the search's trials are not
+    spent on it), and the error names the least it held, and the limit that would hold it."""
+    from autotune.errors import NotVerified
+
+    runner = MemoryStandIn(recorded_machine("avx2_epyc"))
+    with pytest.raises(NotVerified) as caught:
+        tune_stand_in(task, tmp_path, runner, trials=4, fixed={"batch_size": 16}, memory_limit_mb=150.0)
+    message = str(caught.value)
+    # one rank: recomputed, then 2 to 16 micro-batches; last, every knob on over two ranks
+    assert [memory.knobs_on(c) for c in runner.measured[:7]] == [
+        (), ("activation_checkpointing",), *[("activation_checkpointing", f"grad_accum={n}") for n in (2, 4, 8, 16)],
+        ("activation_checkpointing", "grad_accum=8", "sharding=full")], runner.measured[:7]
+    least = runner.measured[6]
+    assert least.nprocs == 2 and least.micro_batch == 1 and runner.peak_mb(least) == pytest.approx(160.0)
+    assert len(runner.measured) == 7 + 3  # and the search's own 3 trials after the user's
+    assert (f"the least it held was 160 MiB a rank, as {least.short()}, over the --memory-limit (150 MiB a rank). "
+            "It would need a --memory-limit of at least 160 MiB a rank") in message, message
+
+
+def test_what_the_user_held_least_says_the_limit_and_the_batch_that_would_fit():
+    """A rank's peak falls no faster than its batch: 16 x 400 / 460 bounds the batch that fits."""
+    limit = memory.MemoryLimit(user_mb=400.0)
+    plain, held = TrialConfig(batch_size=16), TrialConfig(batch_size=16, activation_checkpointing=True)
+    text = memory.nothing_fits(limit, [(plain, {"rank_peak_mb": 940.0}), (held, {"rank_peak_mb": 460.0})])
+    assert f"the least it held was 460 MiB a rank, as {held.short()}, over the --memory-limit" in text, text
+    assert "a --memory-limit of at least 460 MiB a rank, or a batch size of at most 13" in text, text
+    # stopped on the host before its end: it held at least its tree's peak
+    stopped = memory.nothing_fits(memory.MemoryLimit(host_mb=1000.0), [(plain, {"peak_rss_mb": 1200.0})])
+    assert "1,200 MiB a rank when it was stopped" in stopped and "more than 1,200 MiB of this machine" in stopped
+    assert memory.nothing_fits(limit, [(plain, {})]) is None
+
+
+# warnings.catch_warnings, which open_study silences the sampler's with, is not thread-safe
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_workers_sharing_a_study_take_each_step_of_the_reference_once(task, tmp_path):
+    """Two workers of one study (threads here, each with its own storage handle, one lock):
+    whichever worker takes a step, no step is measured twice, each comes after the one
+    before it ran out, the steps cost none of the study's budget, and both find the reference."""
+    import threading
+    import time
+
+    from autotune.search.tuner import Tuner, open_study
+
+    class Slow(MemoryStandIn):  # the workers' trials overlap
+        def run(self, cfg, **kw):
+            time.sleep(0.05)
+            return super().run(cfg, **kw)
+
+    space = space_for(task, fixed={"batch_size": 16})
+    lock, outcomes, runners = threading.RLock(), {}, {}
+
+    def worker(name):
+        runners[name] = runner = Slow(recorded_machine("avx2_epyc"))
+        study = open_study(storage_path=tmp_path / "study.journal", study_name="shared")
+        tuner = Tuner(study=study, space=space, runner=runner, trials=6, timeout_s=None, shared=True,
+                      lock=lambda: lock, memory_limit=memory.MemoryLimit(user_mb=350.0))
+        tuner.POLL_S = 0.01
+        outcomes[name] = tuner.run()
+
+    threads = [threading.Thread(target=worker, args=(name,)) for name in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert set(outcomes) == {"a", "b"}
+    held = space.baseline.replace(activation_checkpointing=True)
+    steps = [space.baseline, held, held.replace(grad_accum=2), held.replace(grad_accum=4)]  # 340 MiB fits
+    measured = runners["a"].measured + runners["b"].measured
+    # where the other worker's trial ran out holding as much, a step is skipped unmeasured
+    taken = [measured.count(c) for c in steps]
+    assert max(taken) == 1 and taken[-1] == 1, (taken, measured)
+    assert all(outcome.baseline is not None and outcome.baseline.config == steps[3] for outcome in outcomes.values())
+    # the search had all the study's 6 trials, the user's configuration one of them (two workers
+    # may both start the last one: each looks at the budget, then asks for a trial)
+    assert len(measured) - sum(taken[1:]) in (6, 7), (taken, measured)

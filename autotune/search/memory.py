@@ -76,10 +76,11 @@ def rescue(cfg: TrialConfig, space: Space, *, widen: bool = False) -> TrialConfi
     than it. First the repeated blocks' activations recomputed (a forward again, the
     activations of one block kept), then weights, gradients and optimizer state sharded
     over its ranks, then the micro-batch halved by accumulating; last, with ``widen`` (the
-    user's own configuration, one rank), the same batch over the most ranks, sharded. None
-    when no step is left (or the user pinned them off), and for a batch above the user's:
-    these knobs keep the user's batch; a larger one that holds a smaller one's micro-batch
-    trains at about the smaller one's speed."""
+    user's own configuration, one rank), the same batch over the most ranks with every knob
+    on together (recomputed, sharded, the most micro-batches the batch splits into): the
+    least the knobs can hold. None when no step is left (or the user pinned them off), and
+    for a batch above the user's: these knobs keep the user's batch; a larger one that
+    holds a smaller one's micro-batch trains at about the smaller one's speed."""
     if cfg.batch_size > space.baseline.batch_size:
         return None
     allowed = space.choices
@@ -94,8 +95,66 @@ def rescue(cfg: TrialConfig, space: Space, *, widen: bool = False) -> TrialConfi
     wider = [layout for layout in space.layouts if layout.nprocs > 1 and cfg.batch_size % layout.nprocs == 0]
     if widen and cfg.nprocs == 1 and wider and sharding and not cfg.ipex:
         most = max(wider, key=lambda layout: (layout.nprocs, layout.threads or 0))
-        return cfg.replace(nprocs=most.nprocs, threads=most.threads, sharding=Sharding.FULL.value, grad_accum=1)
+        accum = max((a for a in allowed.get("grad_accum", ()) if cfg.batch_size % (most.nprocs * a) == 0),
+                    default=1)
+        return cfg.replace(nprocs=most.nprocs, threads=most.threads, sharding=Sharding.FULL.value, grad_accum=accum,
+                           activation_checkpointing=cfg.activation_checkpointing
+                           or True in allowed.get("activation_checkpointing", ()))
     return None
+
+
+def ladder(cfg: TrialConfig, space: Space) -> list[TrialConfig]:
+    """``cfg`` (the user's own configuration) and each step ``rescue`` takes from it, each
+    holding less, to the least the knobs can hold."""
+    steps = [cfg]
+    while len(steps) < 64 and (held := rescue(steps[-1], space, widen=True)) is not None:
+        steps.append(held)
+    return steps
+
+
+def least_held(tried: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> tuple[TrialConfig, float, bool] | None:
+    """Of ``tried`` (configurations with their trials' summaries), the one that held least
+    on a rank: it, that peak (MiB), and whether its trial ran to its end (else it was
+    stopped there, over the limit, and would have held more). A trial that ran to its end
+    reports its busiest rank's peak; one stopped on the host, its process tree's, shared
+    here among its ranks. None when no trial says."""
+    least: tuple[TrialConfig, float, bool] | None = None
+    for cfg, result in tried:
+        if result.get("rank_peak_mb") is not None:
+            peak, whole = float(result["rank_peak_mb"]), True
+        elif cfg.device != "cuda" and result.get("peak_rss_mb"):
+            peak, whole = float(result["peak_rss_mb"]) / cfg.nprocs, False
+        else:
+            continue
+        if least is None or peak < least[1]:
+            least = (cfg, peak, whole)
+    return least
+
+
+def nothing_fits(limit: MemoryLimit, tried: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> str | None:
+    """Where the user's configuration did not fit even holding less (``tried``: it and each
+    step of its ``ladder`` measured, with their trials' summaries): the least it held, and
+    what would fit. A rank's peak falls no faster than its micro-batch (weights, gradients
+    and optimizer state stay), so the batch that fits is below the user's batch scaled by
+    the limit over that peak. None when no trial reported what it held."""
+    least = least_held(tried)
+    if least is None:
+        return None
+    cfg, peak, whole = least
+    held = f"{peak:,.0f} MiB a rank" + ("" if whole else " when it was stopped")
+    text = f"the least it held was {held}, as {cfg.short()}"
+    per_rank = limit.per_rank_mb(cfg)
+    if per_rank is None:
+        return f"{text}: give a smaller batch size in the model file, or more memory"
+    step = cfg.nprocs * cfg.grad_accum  # the batch splits into this many micro-batches
+    below = int(cfg.batch_size * per_rank / peak) // step * step
+    text += f", over the {limit.source} ({per_rank:,.0f} MiB a rank). It would need "
+    text += (f"a --memory-limit of {'more than' if not whole else 'at least'} {peak:,.0f} MiB a rank"
+             if limit.user_mb is not None else f"{'more than ' if not whole else ''}{peak * cfg.nprocs:,.0f} MiB "
+             "of this machine's memory")
+    if below >= step:
+        text += f", or a batch size of at most {below} in the model file (with those knobs)"
+    return text
 
 
 def holding_as(ref: TrialConfig, cand: TrialConfig) -> TrialConfig | None:

@@ -35,6 +35,20 @@ from autotune.trials.protocol import Failure, Progress, ProgressEvent, Role, Sta
 from autotune.trials.runner import TrialResult, TrialRunnerLike
 
 
+def _rung(trial: optuna.trial.FrozenTrial | optuna.Trial) -> bool:
+    """Whether ``trial`` measures a step of the reference's ladder (``Tuner._next_rung``):
+    the user's configuration holding less, which costs no trial of the budget."""
+    return (trial.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE
+            and bool(trial.user_attrs.get(StudyAttr.BASELINE_CONFIG)))
+
+
+def _baseline_config(trial: optuna.trial.FrozenTrial | optuna.Trial, space: Space) -> TrialConfig:
+    """What a baseline-role trial measures (or would have): the user's configuration, or
+    it holding less."""
+    held_less = trial.user_attrs.get(StudyAttr.BASELINE_CONFIG)
+    return TrialConfig.from_dict(held_less) if held_less else space.baseline
+
+
 def open_study(*, storage_path: Path | None = None, storage: optuna.storages.BaseStorage | None = None,
                study_name: str, seed: int = 0,
                sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
@@ -56,9 +70,10 @@ def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     """``trial`` was left running by a tuner that died (killed; in a shared study, its
     heartbeat stopped) and is failed now: it costs no budget, and it is measured again,
     once. Optuna cannot annotate a finished trial: the study records it, one key per
-    trial (workers of a shared study may record at once)."""
+    trial (workers of a shared study may record at once). A step of the reference's ladder
+    (``Tuner._next_rung``) is not queued: the ladder takes it again, ahead of the queue."""
     study.set_user_attr(f"{StudyAttr.STALE_TRIAL}:{trial.number}", True)
-    if not trial.user_attrs.get(StudyAttr.RETRY):
+    if not trial.user_attrs.get(StudyAttr.RETRY) and not _rung(trial):
         study.enqueue_trial(
             trial.params, user_attrs={StudyAttr.ROLE: trial.user_attrs.get(StudyAttr.ROLE), StudyAttr.RETRY: True},
             skip_if_exists=False)
@@ -100,6 +115,9 @@ class SearchOutcome:
     # the user's own configuration's trial summary: ``baseline`` is it, or, where it ran out
     # of memory or over the limit, it holding less (search.memory.rescue)
     user_result: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the user's configuration and each step of its ladder measured (search.memory.ladder),
+    # with their trials' summaries
+    reference_tried: list[tuple[TrialConfig, dict[str, Any]]] = dataclasses.field(default_factory=list)
 
 
 class Tuner:
@@ -144,8 +162,9 @@ class Tuner:
 
     # --- bookkeeping over the stored trials ------------------------------------------
 
-    def _measured(self) -> list[optuna.trial.FrozenTrial]:
-        """Trials that cost a measurement (finished, not a duplicate, not skipped)."""
+    def _measured(self, *, rungs: bool = False) -> list[optuna.trial.FrozenTrial]:
+        """Trials that cost a measurement of the budget (finished, not a duplicate, not
+        skipped); with ``rungs``, the reference's ladder's too (``_rung``), which costs none."""
         stale = self._stale()
         return [
             t for t in self.study.get_trials(deepcopy=False)
@@ -153,14 +172,17 @@ class Tuner:
             and t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None
             and not t.user_attrs.get(StudyAttr.SKIPPED)
             and not self._interrupted(t, stale)  # retried: costs no budget
+            and (rungs or not _rung(t))
         ]
 
-    def _running(self) -> list[optuna.trial.FrozenTrial]:
-        """Trials other workers of a shared study are measuring now."""
+    def _running(self, *, rungs: bool = False) -> list[optuna.trial.FrozenTrial]:
+        """Trials other workers of a shared study are measuring now, of the budget; with
+        ``rungs``, steps of the reference's ladder too."""
         if not self.shared:
             return []
         return [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and not t.user_attrs.get(StudyAttr.SKIPPED)]
+                if t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and not t.user_attrs.get(StudyAttr.SKIPPED)
+                and (rungs or not _rung(t))]
 
     def _stale(self) -> set[int]:
         """Numbers of the trials whose tuner died while they ran."""
@@ -388,6 +410,46 @@ class Tuner:
                             measured=[(c, t.user_attrs.get(StudyAttr.RESULT, {})) for t in trials
                                       if (c := config_of(t)) and t.state == TrialState.COMPLETE])
 
+    def _next_rung(self) -> optuna.Trial | None:
+        """The next step of the reference's ladder, started for this worker to measure, or
+        None. Where the user's configuration ran out of memory or over the limit, the search
+        needs it holding less to compare with before it spends its budget: each step of
+        ``memory.ladder`` after the last one that ran out, one at a time, until one fits or
+        none is left. Its trials (baseline-role, ``BASELINE_CONFIG`` the step) cost no
+        trial of --trials, and are started here, RUNNING, not queued: the queue holds the
+        starts ahead of them. None while a baseline-role trial is queued or running
+        (another worker's step, whose result decides the next), once one fitted, once the
+        last step measured failed otherwise (or was skipped), or no step is left.
+
+        Decided under the study's lock: in a shared study one worker takes each step."""
+        def pending() -> list[TrialConfig] | None:
+            trials = [t for t in self.study.get_trials(deepcopy=False)
+                      if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE
+                      and t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None]
+            if any(t.state != TrialState.FAIL for t in trials):  # fitted, queued or running
+                return None
+            stale = self._stale()
+            failures = {_baseline_config(t, self.space): t.user_attrs.get(StudyAttr.FAILURE)
+                        for t in trials if not self._interrupted(t, stale)}
+            steps = memory.ladder(self.space.baseline, self.space)
+            reached = [i for i, cfg in enumerate(steps) if cfg in failures]
+            if not reached or failures[steps[reached[-1]]] != Failure.OUT_OF_MEMORY:
+                return None
+            return steps[reached[-1] + 1:] or None
+
+        if pending() is None:  # most of the time: asked without the lock
+            return None
+        with self.lock():
+            left = pending()
+            if left is None:
+                return None
+            template = optuna.trial.create_trial(
+                state=TrialState.RUNNING,
+                user_attrs={StudyAttr.ROLE: Role.BASELINE, StudyAttr.BASELINE_CONFIG: left[0].to_dict()})
+            # as Study.ask creates a trial, but for this step, ahead of the queue
+            trial_id = self.study._storage.create_new_trial(self.study._study_id, template_trial=template)
+        return optuna.Trial(self.study, trial_id)
+
     # --- the loop ------------------------------------------------------------------
 
     def run(self) -> SearchOutcome:
@@ -406,13 +468,17 @@ class Tuner:
                 self._recover_stale()
             measured = self._measured()
             stop = stop or self._stop_reason(measured)
+            if stop is None and (rung := self._next_rung()) is not None:
+                with _heartbeat(self.study, rung):  # the reference, before the budget is spent
+                    self._measure(rung)
+                continue
             if stop is None and asks_left > 0 and len(measured) + len(self._running()) < self.trials:
                 asks_left -= 1
                 with self.lock():
                     self._enqueue_refinements()
                 self._one_trial()
                 continue
-            if self._running():
+            if self._running(rungs=True):
                 # another worker's trial still measures: its result belongs to the ranking
                 # that verification starts from (and if its worker died, its retry is ours)
                 time.sleep(self.POLL_S)
@@ -467,8 +533,7 @@ class Tuner:
         role = trial.user_attrs.get(StudyAttr.ROLE)
         try:
             if role == Role.BASELINE:
-                held_less = trial.user_attrs.get(StudyAttr.BASELINE_CONFIG)
-                cfg = TrialConfig.from_dict(held_less) if held_less else self.space.baseline
+                cfg = _baseline_config(trial, self.space)
             else:  # as it can run: where the trials so far say it will not fit, holding less
                 # an enqueued trial's params hold its memory knobs (a refinement of a
                 # configuration holding less keeps them); a sampled one's do not
@@ -523,7 +588,7 @@ class Tuner:
             # Interrupted (Ctrl-C): this trial is measured again when the run resumes.
             trial.set_user_attr(StudyAttr.FAILURE, Failure.INTERRUPTED)
             self.study.tell(trial, state=TrialState.FAIL)
-            if not trial.user_attrs.get(StudyAttr.RETRY):
+            if not trial.user_attrs.get(StudyAttr.RETRY) and not _rung(trial):  # the ladder takes it again
                 self.study.enqueue_trial(trial.params, user_attrs={StudyAttr.ROLE: role, StudyAttr.RETRY: True})
             raise
         planned_s = self._tell(trial, cfg, result)
@@ -555,8 +620,8 @@ class Tuner:
         else:
             trial.set_user_attr(StudyAttr.FAILURE, result.failure)
             self.study.tell(trial, state=TrialState.FAIL)
-            if result.failure == Failure.OUT_OF_MEMORY:
-                self._rescue(cfg, baseline=trial.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE)
+            if result.failure == Failure.OUT_OF_MEMORY and trial.user_attrs.get(StudyAttr.ROLE) != Role.BASELINE:
+                self._rescue(cfg)  # the baseline's: the reference's ladder (_next_rung)
         return summary.get("planned_s") if result.status == Status.OK else None
 
     def _held_to_fit(self, cfg: TrialConfig) -> TrialConfig:
@@ -567,17 +632,12 @@ class Tuner:
             cfg = held
         return cfg
 
-    def _rescue(self, cfg: TrialConfig, *, baseline: bool) -> None:
+    def _rescue(self, cfg: TrialConfig) -> None:
         """Queue ``cfg`` holding less (``memory.rescue``), which ran out of memory or over
-        the limit: its batch is written off only once nothing is left to try. The baseline
-        that ran out of memory is measured holding less: what its user would have to run."""
-        held_less = memory.rescue(cfg, self.space, widen=baseline)
+        the limit: its batch is written off only once nothing is left to try. (The
+        baseline that did is measured holding less at once: ``_next_rung``.)"""
+        held_less = memory.rescue(cfg, self.space)
         if held_less is None:
-            return
-        if baseline:
-            with self.lock():
-                self.study.enqueue_trial({}, user_attrs={StudyAttr.ROLE: Role.BASELINE,
-                                                         StudyAttr.BASELINE_CONFIG: held_less.to_dict()})
             return
         try:
             params = self.space.params_of(held_less)
@@ -596,6 +656,7 @@ class Tuner:
         trials = self.study.get_trials(deepcopy=False)
         baseline = None
         user_result: dict[str, Any] = {}
+        reference_tried: list[tuple[TrialConfig, dict[str, Any]]] = []
         ranked: dict[str, Candidate] = {}
         failures = []
         stale = self._stale()
@@ -605,6 +666,9 @@ class Tuner:
                 continue
             if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE and cfg == self.space.baseline:
                 user_result = t.user_attrs.get(StudyAttr.RESULT, {}) or user_result
+            if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE and t.state in (TrialState.COMPLETE,
+                                                                                  TrialState.FAIL):
+                reference_tried.append((cfg, t.user_attrs.get(StudyAttr.RESULT, {})))
             if t.state == TrialState.COMPLETE:
                 cand = Candidate(t.number, cfg, float(t.value or 0.0), t.user_attrs.get(StudyAttr.RESULT, {}))
                 if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE:
@@ -621,6 +685,7 @@ class Tuner:
                     log_tail=result.get("log_tail", "")))
         order = sorted(ranked.values(), key=lambda c: c.value, reverse=True)
         return SearchOutcome(study=self.study, baseline=baseline, ranked=order, failures=failures,
-                             measured=len(self._measured()), user_result=user_result)
+                             measured=len(self._measured(rungs=True)), user_result=user_result,
+                             reference_tried=reference_tried)
 
 
