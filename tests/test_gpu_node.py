@@ -220,8 +220,9 @@ def test_the_readme_example_verifies_within_minutes_on_a_simulated_gpu_node(read
     assert doc["verified"], [c["outcome"] for c in doc["candidates"]]
     verify_from = next(t for n, t in node.timeline if n.startswith("verify-"))
     # verification, from the gates to the last standalone pair, in simulated seconds (925 and
-    # 973 where every visit of a GPU configuration was a fresh process)
-    assert node.clock - verify_from <= 540, node.clock - verify_from
+    # 973 where every visit of a GPU configuration was a fresh process; a passing candidate
+    # runs all six standalone pairs, which once stopped at five)
+    assert node.clock - verify_from <= 570, node.clock - verify_from
     # no window was measured while another process ran on one of its GPUs
     assert not node.overlaps, node.overlaps[:3]
     # a held configuration is set up, compiled and captured once, however many rounds
