@@ -267,11 +267,11 @@ def test_a_batch_predicted_not_to_fit_in_gpu_memory_is_skipped_unmeasured(tmp_pa
             user_attrs={"config": base.replace(batch_size=batch).to_dict(),
                         "result": {"cuda_peak_mb": peak, "cuda_total_mb": total}}))
     tuner = Tuner(study=study, space=space, runner=ThroughputOfBatch(), trials=1, timeout_s=None)
-    assert tuner._memory_bound(base.replace(batch_size=32)) is None  # 56,000 MiB: fits
-    assert "MiB per GPU" in tuner._memory_bound(base.replace(batch_size=64))  # 88,000 MiB
+    assert tuner.ledger.memory_bound(base.replace(batch_size=32)) is None  # 56,000 MiB: fits
+    assert "MiB per GPU" in tuner.ledger.memory_bound(base.replace(batch_size=64))  # 88,000 MiB
     # another kind of configuration (fp32 activations, other ranks): nothing to predict from
-    assert tuner._memory_bound(base.replace(batch_size=64, precision="fp32")) is None
-    assert tuner._memory_bound(TrialConfig(batch_size=4096)) is None  # CPU: not a GPU's memory
+    assert tuner.ledger.memory_bound(base.replace(batch_size=64, precision="fp32")) is None
+    assert tuner.ledger.memory_bound(TrialConfig(batch_size=4096)) is None  # CPU: not a GPU's memory
 
 
 # --- compiled trials on a GPU -----------------------------------------------------------

@@ -2,16 +2,14 @@
 
 The study is stored by ``autotune.search.study`` (one per model file and machine, resumed by
 running the same command again). Trials are run with Optuna's ask-and-tell interface:
-each one is measured in its own process tree by ``autotune.trials.runner``. The start (the
-baseline, heuristic starts, each reduced precision), TPE's samples and the refinements
-at the end (``Tuner._enqueue_refinements``) are told apart by the trial's
-``StudyAttr.ROLE``.
+each one is measured in its own process tree by ``autotune.trials.runner``. The start and the
+refinements at the end (``search.stages``) and TPE's samples are told apart by the
+trial's ``StudyAttr.ROLE``.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -22,31 +20,19 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.config import Layout, TrialConfig
+from autotune.config import TrialConfig
 from autotune.document.run import SearchFailure
 from autotune.errors import UsageError
 from autotune.runtime.knobs import CompileMode
-from autotune.search import climb, late, memory
+from autotune.search import late, memory
+from autotune.search.ledger import Ledger, baseline_config, is_rung
 from autotune.search.objective import Measured, Plan, described
 from autotune.search.pruner import ClearlySlowerPruner, config_of
+from autotune.search.stages import Stages
 from autotune.search.study import create_or_resume, quiet_optuna
 from autotune.space import Space, Unsplittable
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Role, Status, StudyAttr
 from autotune.trials.runner import TrialResult, TrialRunnerLike
-
-
-def _rung(trial: optuna.trial.FrozenTrial | optuna.Trial) -> bool:
-    """Whether ``trial`` measures a step of the reference's ladder (``Tuner._next_rung``):
-    the user's configuration holding less, which costs no trial of the budget."""
-    return (trial.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE
-            and bool(trial.user_attrs.get(StudyAttr.BASELINE_CONFIG)))
-
-
-def _baseline_config(trial: optuna.trial.FrozenTrial | optuna.Trial, space: Space) -> TrialConfig:
-    """What a baseline-role trial measures (or would have): the user's configuration, or
-    it holding less."""
-    held_less = trial.user_attrs.get(StudyAttr.BASELINE_CONFIG)
-    return TrialConfig.from_dict(held_less) if held_less else space.baseline
 
 
 def open_study(*, storage_path: Path | None = None, storage: optuna.storages.BaseStorage | None = None,
@@ -73,7 +59,7 @@ def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     trial (workers of a shared study may record at once). A step of the reference's ladder
     (``Tuner._next_rung``) is not queued: the ladder takes it again, ahead of the queue."""
     study.set_user_attr(f"{StudyAttr.STALE_TRIAL}:{trial.number}", True)
-    if not trial.user_attrs.get(StudyAttr.RETRY) and not _rung(trial):
+    if not trial.user_attrs.get(StudyAttr.RETRY) and not is_rung(trial):
         study.enqueue_trial(
             trial.params, user_attrs={StudyAttr.ROLE: trial.user_attrs.get(StudyAttr.ROLE), StudyAttr.RETRY: True},
             skip_if_exists=False)
@@ -155,45 +141,10 @@ class Tuner:
         self.plan, self.enough, self.memory_limit = plan, enough, memory_limit
         self.trials, self.timeout_s = trials, timeout_s
         self.progress = progress
-        self.heuristics = heuristics or []
-        self.fastest_batch = fastest_batch  # the batch range's fastest (search.batch_range)
         self.shared, self.lock, self.measuring = shared, lock, measuring
+        self.ledger = Ledger(study, space, shared=shared)
+        self.stages = Stages(self.ledger, trials=trials, heuristics=heuristics, fastest_batch=fastest_batch)
         self.started_at = time.time() if started_at is None else started_at
-
-    # --- bookkeeping over the stored trials ------------------------------------------
-
-    def _measured(self, *, rungs: bool = False) -> list[optuna.trial.FrozenTrial]:
-        """Trials that cost a measurement of the budget (finished, not a duplicate, not
-        skipped); with ``rungs``, the reference's ladder's too (``_rung``), which costs none."""
-        stale = self._stale()
-        return [
-            t for t in self.study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-            and t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None
-            and not t.user_attrs.get(StudyAttr.SKIPPED)
-            and not self._interrupted(t, stale)  # retried: costs no budget
-            and (rungs or not _rung(t))
-        ]
-
-    def _running(self, *, rungs: bool = False) -> list[optuna.trial.FrozenTrial]:
-        """Trials other workers of a shared study are measuring now, of the budget; with
-        ``rungs``, steps of the reference's ladder too."""
-        if not self.shared:
-            return []
-        return [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and not t.user_attrs.get(StudyAttr.SKIPPED)
-                and (rungs or not _rung(t))]
-
-    def _stale(self) -> set[int]:
-        """Numbers of the trials whose tuner died while they ran."""
-        attrs = self.study.user_attrs
-        prefix = f"{StudyAttr.STALE_TRIAL}:"
-        return ({int(k[len(prefix):]) for k in attrs if k.startswith(prefix)}
-                | set(attrs.get(StudyAttr.STALE, [])))  # as studies of autotune 0.x recorded them
-
-    def _interrupted(self, t: optuna.trial.FrozenTrial, stale: set[int] | None = None) -> bool:
-        return (t.user_attrs.get(StudyAttr.FAILURE) == Failure.INTERRUPTED
-                or t.number in (self._stale() if stale is None else stale))
 
     def _recover_stale(self) -> None:
         """Trials left RUNNING by a killed tuner are failed and retried once. In a shared
@@ -206,209 +157,13 @@ class Tuner:
                 optuna.storages.fail_stale_trials(self.study)
             now = {t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
             for number in sorted(before - now):
-                if number in self._stale():
+                if number in self.ledger.stale():
                     self.progress(ProgressEvent.STALE, {"number": number})
             return
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             self.study.tell(t.number, state=TrialState.FAIL)
             retry_stale(self.study, t)
             self.progress(ProgressEvent.STALE, {"number": t.number})
-
-    def _precision_starts(self) -> list[TrialConfig]:
-        """Each reduced precision the space offers, at the user's batch size and at the
-        batch range's fastest (else the largest up to four times it), on the launcher
-        defaults (or the baseline).
-
-        Left to the sampler, a precision can be tried once at a small batch size, where
-        its fixed cost per step (casts, scaling) outweighs what it saves, lose, and never
-        be tried again, though at a larger batch it would win: its cost per step falls
-        with the batch, so each is measured early at two sizes and the sampler learns
-        from both."""
-        start = self.heuristics[0] if self.heuristics else self.space.baseline
-        sizes = sorted(self.space.choices.get("batch_size", []))
-        larger = [b for b in sizes if start.batch_size < b <= 4 * start.batch_size
-                  and b % start.nprocs == 0]
-        ramped = self.fastest_batch or 0
-        if ramped > start.batch_size and ramped in sizes and ramped % start.nprocs == 0:
-            larger = [ramped]
-        batches = [start.batch_size, *larger[-1:]]
-        return [start.replace(precision=p, batch_size=b)
-                for p in self.space.choices.get("precision", [])[1:] for b in batches]
-
-    def _ramped_start(self) -> list[TrialConfig]:
-        """The first start at the batch range's fastest batch, where that is another than its
-        own: the ramp measured it outside the study, and a sampler that never learns of it
-        may not come near it (a --batch-range opened to 128 times the user's batch holds
-        ten batch sizes)."""
-        start = self.heuristics[0] if self.heuristics else self.space.baseline
-        ramped = self.fastest_batch
-        if (ramped is None or ramped == start.batch_size or ramped % start.nprocs
-                or ramped not in self.space.choices.get("batch_size", [])):
-            return []
-        return [start.replace(batch_size=ramped)]
-
-    def _enqueue_start(self) -> None:
-        if self.study.get_trials(deepcopy=False):
-            return
-        starts = ([(Role.BASELINE, self.space.baseline)] + [(Role.HEURISTIC, c) for c in self.heuristics]
-                  + [(Role.HEURISTIC, c) for c in self._ramped_start()]
-                  + [(Role.PRECISION, c) for c in self._precision_starts()])
-        for role, cfg in starts:
-            params = {}
-            for name, values in self.space.choices.items():
-                if name == "layout" and cfg.layout not in values:  # default threads, not searched
-                    threads = cfg.threads or max((layout.threads or 1 for layout in self.space.layouts
-                                                  if layout.nprocs == 1), default=None)
-                    value = str(Layout(cfg.nprocs, threads))
-                elif name == "layout":
-                    value = cfg.layout
-                else:
-                    value = getattr(cfg, name)
-                if value in values:
-                    params[name] = value
-            self.study.enqueue_trial(params, user_attrs={StudyAttr.ROLE: role})
-
-    def _best_config(self, *, several_ranks: bool | None = None,
-                     exact: bool | None = None) -> TrialConfig | None:
-        """The best configuration so far (of one process kind, when ``several_ranks`` is
-        given; exact or reduced-precision, when ``exact`` is), as params of the space
-        can select it."""
-        done = sorted(
-            (t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-             if t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and t.value is not None),
-            key=lambda t: t.value or 0.0, reverse=True)
-        for best in done:
-            cfg = config_of(best)
-            if cfg is None:
-                continue
-            if several_ranks is not None and (cfg.nprocs > 1) != several_ranks:
-                continue
-            if exact is not None and cfg.exact != exact:
-                continue
-            for candidate in (cfg, cfg.replace(threads=int(
-                    best.user_attrs.get(StudyAttr.RESULT, {}).get("threads_seen") or 1))):
-                try:  # the baseline's default threads are outside the sampled space
-                    self.space.params_of(candidate)
-                    return candidate
-                except ValueError:
-                    continue
-            return None  # its layout is not searched at all (--fix threads/nprocs)
-        return None
-
-    def _batch_stage(self, best: TrialConfig) -> list[dict[str, Any]]:
-        """Groups taken in turns: the best configuration in the other precision kind (exact
-        against reduced), and that kind's own best at other batch sizes, so that the
-        fallback verification keeps for a reduced-precision winner is refined too; the
-        best of the other process kind (several ranks against one) at larger sizes; and
-        the best configuration at other batch sizes, last: the climb (``_refinement``)
-        moves it along its batch while that wins.
-
-        The other process kind is for a noisy search that settles on one kind early and
-        never samples the other at the sizes where it wins: ranks split the batch, so
-        their cost per step falls most as the batch grows."""
-        groups = []
-        other_precision = self._best_config(exact=not best.exact)
-        if other_precision is not None:
-            # the winner's other knobs (workers, memory format, layout) in the other
-            # precision kind first: they tend to carry over, and its own best has had
-            # fewer samples
-            moved = best.replace(precision=other_precision.precision,
-                                 prune_ratio=other_precision.prune_ratio)
-            groups.append([self.space.params_of(moved)])
-            groups.append(self.space.batch_variants(other_precision))
-        other = self._best_config(several_ranks=best.nprocs == 1)
-        if other is not None:
-            groups.append([params for params in self.space.batch_variants(other)
-                           if params["batch_size"] > other.batch_size])
-        groups.append(self.space.batch_variants(best))
-        stage: list[dict[str, Any]] = []
-        for turn in itertools.zip_longest(*groups):
-            stage += [params for params in turn if params is not None and params not in stage]
-        # one measured before costs no trial and tells nothing new: its slot goes to TPE
-        return [params for params in stage
-                if self._previous(self.space.config_from_params(params)) is None]
-
-    def _late_stage(self, best: TrialConfig) -> list[dict[str, Any]]:
-        """Each late knob's values on the best configuration; the first one on the best of
-        the other precision kind. On GPUs the compile modes likeliest to win go first
-        (``late.ordered``), and once one is shown slower the rest are skipped (``_measure``)."""
-        stage = late.ordered(self.space.late_variants(best), best.device)
-        other = self._best_config(exact=not best.exact)
-        if other is not None:
-            stage += [p for p in late.ordered(self.space.late_variants(other), other.device)[:1]
-                      if p not in stage]
-        return stage
-
-    def _refinement(self, best: TrialConfig, *, turn: int) -> tuple[Role, dict[str, Any]] | None:
-        """The refinement's next trial, taken in turns from two kinds (either where the
-        other has none): ``best`` one value beyond an edge of what was tried
-        (``climb.steps``), which climbs while each step wins; and the next of the batch
-        stage (``_batch_stage``). None once neither has one."""
-        tried = [c for t in self.study.get_trials(deepcopy=False) if (c := config_of(t)) is not None]
-        beyond: list[tuple[Role, dict[str, Any]]] = []
-        for knob, cfg in climb.steps(best, space=self.space, tried=tried):
-            try:
-                params = self.space.params_of(cfg)
-            except ValueError:  # a knob outside the space: not searchable
-                continue
-            if self._memory_bound(cfg) is None:
-                beyond.append((Role.BATCH if knob == "batch_size" else Role.EDGE, params))
-        stage = [(Role.BATCH, params) for params in self._batch_stage(best)]
-        kinds = (beyond, stage) if turn % 2 == 0 else (stage, beyond)
-        return next((pick for kind in kinds for pick in kind), None)
-
-    def _enqueue_refinements(self) -> None:
-        """Spend the end of the budget on the best configurations so far: first the
-        refinement (``_refinement``, at most a third of the budget: the sampler keeps the
-        rest), one trial at a time, each on the best as it stands then; then, on the best
-        after those, each late knob (``_late_stage``). Each stage starts when nothing else
-        is queued (a retry, the start) and the budget left equals what the stages still to
-        come need; the refinement's slots are stored with the study
-        (``StudyAttr.BATCH_ENQUEUED``)."""
-        if (self.study.user_attrs.get(StudyAttr.LATE_ENQUEUED)
-                or self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
-            return
-        cfg = self._best_config()
-        if cfg is None:
-            return
-        left = self.trials - len(self._measured()) - len(self._running())
-        late = self._late_stage(cfg)
-        slots = self.study.user_attrs.get(StudyAttr.BATCH_ENQUEUED)
-        if slots is None:
-            planned = max(3, self.trials // 3) if self._refinement(cfg, turn=0) is not None else 0
-            if left > planned + len(late):
-                return
-            # the best may have changed since the last trial: the late stage must still fit
-            slots = max(0, min(planned, left - len(late)))
-            self.study.set_user_attr(StudyAttr.BATCH_ENQUEUED, slots)
-        if slots is not True:  # True: an older study queued its batch stage at once
-            taken = sum(1 for t in self.study.get_trials(deepcopy=False)
-                        if t.user_attrs.get(StudyAttr.ROLE) in (Role.BATCH, Role.EDGE))
-            if taken < slots and (pick := self._refinement(cfg, turn=taken)) is not None:
-                role, params = pick
-                self.study.enqueue_trial(params, user_attrs={StudyAttr.ROLE: role})
-                return
-        if not late or left > len(late):  # late_enqueued: returned above
-            return
-        for params in late:
-            self.study.enqueue_trial(params, user_attrs={StudyAttr.ROLE: Role.LATE})
-        self.study.set_user_attr(StudyAttr.LATE_ENQUEUED, True)
-
-    def _previous(self, cfg: TrialConfig) -> optuna.trial.FrozenTrial | None:
-        stale = self._stale()
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-            if (t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None and config_of(t) == cfg
-                    and not self._interrupted(t, stale)):
-                return t
-        return None
-
-    def _memory_bound(self, cfg: TrialConfig) -> str | None:
-        """Why ``cfg`` will not fit, from the trials so far (``memory.bound``); None if nothing says so."""
-        trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
-        return memory.bound(cfg, ran_out=[c for t in trials if (c := config_of(t)) and t.state == TrialState.FAIL
-                                          and t.user_attrs.get(StudyAttr.FAILURE) == Failure.OUT_OF_MEMORY],
-                            measured=[(c, t.user_attrs.get(StudyAttr.RESULT, {})) for t in trials
-                                      if (c := config_of(t)) and t.state == TrialState.COMPLETE])
 
     def _next_rung(self) -> optuna.Trial | None:
         """The next step of the reference's ladder, started for this worker to measure, or
@@ -428,9 +183,9 @@ class Tuner:
                       and t.user_attrs.get(StudyAttr.DUPLICATE_OF) is None]
             if any(t.state != TrialState.FAIL for t in trials):  # fitted, queued or running
                 return None
-            stale = self._stale()
-            failures = {_baseline_config(t, self.space): t.user_attrs.get(StudyAttr.FAILURE)
-                        for t in trials if not self._interrupted(t, stale)}
+            stale = self.ledger.stale()
+            failures = {baseline_config(t, self.space): t.user_attrs.get(StudyAttr.FAILURE)
+                        for t in trials if not self.ledger.interrupted(t, stale)}
             steps = memory.ladder(self.space.baseline, self.space)
             reached = [i for i, cfg in enumerate(steps) if cfg in failures]
             if not reached or failures[steps[reached[-1]]] != Failure.OUT_OF_MEMORY:
@@ -460,25 +215,25 @@ class Tuner:
         with self.lock():
             self._settle_plan()
             self._recover_stale()
-            self._enqueue_start()
+            self.stages.enqueue_start()
         asks_left = 5 * self.trials + 10  # duplicates and skips cost no measurement
         stop: str | None = None
         while True:
             if self.shared:
                 self._recover_stale()
-            measured = self._measured()
+            measured = self.ledger.measured()
             stop = stop or self._stop_reason(measured)
             if stop is None and (rung := self._next_rung()) is not None:
                 with _heartbeat(self.study, rung):  # the reference, before the budget is spent
                     self._measure(rung)
                 continue
-            if stop is None and asks_left > 0 and len(measured) + len(self._running()) < self.trials:
+            if stop is None and asks_left > 0 and len(measured) + len(self.ledger.running()) < self.trials:
                 asks_left -= 1
                 with self.lock():
-                    self._enqueue_refinements()
+                    self.stages.enqueue_refinements()
                 self._one_trial()
                 continue
-            if self._running(rungs=True):
+            if self.ledger.running(rungs=True):
                 # another worker's trial still measures: its result belongs to the ranking
                 # that verification starts from (and if its worker died, its retry is ours)
                 time.sleep(self.POLL_S)
@@ -533,7 +288,7 @@ class Tuner:
         role = trial.user_attrs.get(StudyAttr.ROLE)
         try:
             if role == Role.BASELINE:
-                cfg = _baseline_config(trial, self.space)
+                cfg = baseline_config(trial, self.space)
             else:  # as it can run: where the trials so far say it will not fit, holding less
                 # an enqueued trial's params hold its memory knobs (a refinement of a
                 # configuration holding less keeps them); a sampled one's do not
@@ -555,7 +310,7 @@ class Tuner:
             return
         trial.set_user_attr(StudyAttr.CONFIG, cfg.to_dict())
 
-        previous = self._previous(cfg)
+        previous = self.ledger.previous(cfg)
         if previous is not None and role != Role.BASELINE and not trial.user_attrs.get(StudyAttr.RETRY):
             trial.set_user_attr(StudyAttr.DUPLICATE_OF, previous.number)
             if previous.state == TrialState.COMPLETE:
@@ -564,14 +319,14 @@ class Tuner:
                 trial.set_user_attr(StudyAttr.FAILURE, previous.user_attrs.get(StudyAttr.FAILURE))
                 self.study.tell(trial, state=TrialState.FAIL)
             return
-        too_big = self._memory_bound(cfg)
+        too_big = self.ledger.memory_bound(cfg)
         if too_big is not None:
             trial.set_user_attr(StudyAttr.SKIPPED, too_big)
             trial.set_user_attr(StudyAttr.FAILURE, Failure.OUT_OF_MEMORY)
             self.study.tell(trial, state=TrialState.FAIL)
             return
 
-        number = len(self._measured()) + max(1, len(self._running()))  # this one is running too
+        number = len(self.ledger.measured()) + max(1, len(self.ledger.running()))  # this one is running too
         self.progress(ProgressEvent.START, {"number": number, "of": self.trials, "config": cfg, "role": role,
                                 "elapsed": time.time() - self.started_at})
 
@@ -588,7 +343,7 @@ class Tuner:
             # Interrupted (Ctrl-C): this trial is measured again when the run resumes.
             trial.set_user_attr(StudyAttr.FAILURE, Failure.INTERRUPTED)
             self.study.tell(trial, state=TrialState.FAIL)
-            if not trial.user_attrs.get(StudyAttr.RETRY) and not _rung(trial):  # the ladder takes it again
+            if not trial.user_attrs.get(StudyAttr.RETRY) and not is_rung(trial):  # the ladder takes it again
                 self.study.enqueue_trial(trial.params, user_attrs={StudyAttr.ROLE: role, StudyAttr.RETRY: True})
             raise
         planned_s = self._tell(trial, cfg, result)
@@ -628,7 +383,7 @@ class Tuner:
         """``cfg``, or where the trials so far say it will not fit, it holding less
         (``memory.rescue``) as far as a step is left: the memory knobs are not sampled, and
         a sampled configuration at a batch that ran out of memory would never run."""
-        while self._memory_bound(cfg) is not None and (held := memory.rescue(cfg, self.space)) is not None:
+        while self.ledger.memory_bound(cfg) is not None and (held := memory.rescue(cfg, self.space)) is not None:
             cfg = held
         return cfg
 
@@ -659,7 +414,7 @@ class Tuner:
         reference_tried: list[tuple[TrialConfig, dict[str, Any]]] = []
         ranked: dict[str, Candidate] = {}
         failures = []
-        stale = self._stale()
+        stale = self.ledger.stale()
         for t in trials:
             cfg = config_of(t)
             if cfg is None or t.user_attrs.get(StudyAttr.DUPLICATE_OF) is not None:
@@ -680,12 +435,13 @@ class Tuner:
                 result = t.user_attrs.get(StudyAttr.RESULT, {})
                 failures.append(SearchFailure(
                     number=t.number, config=cfg,
-                    failure=Failure.INTERRUPTED if self._interrupted(t, stale) else t.user_attrs.get(StudyAttr.FAILURE),
+                    failure=(Failure.INTERRUPTED if self.ledger.interrupted(t, stale)
+                             else t.user_attrs.get(StudyAttr.FAILURE)),
                     message=t.user_attrs.get(StudyAttr.SKIPPED) or result.get("message", ""),
                     log_tail=result.get("log_tail", "")))
         order = sorted(ranked.values(), key=lambda c: c.value, reverse=True)
         return SearchOutcome(study=self.study, baseline=baseline, ranked=order, failures=failures,
-                             measured=len(self._measured(rungs=True)), user_result=user_result,
+                             measured=len(self.ledger.measured(rungs=True)), user_result=user_result,
                              reference_tried=reference_tried)
 
 
