@@ -37,6 +37,8 @@ def test_load_reads_a_run_and_refuses_what_it_cannot_read(tmp_path):
     assert result.verified and result.config == autotune.TrialConfig.from_dict(doc["config"])
     assert result.speedup.median == pytest.approx(doc["speedup"]["median"])
     assert "pairs of standalone runs" in str(result.speedup)
+    assert result.speedup.lower == pytest.approx(doc["speedup"]["lower_bound"])
+    assert str(result.speedup).startswith(f"{result.speedup.lower:.2f}x or more in 95% of re-runs")
     assert result.launcher == tmp_path / "out" / "launch.sh" and result.launcher.exists()
     assert autotune.load(tmp_path / "out" / "best_config.json") == result
 
