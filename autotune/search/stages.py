@@ -27,6 +27,11 @@ class Stages:
         self.ledger, self.study, self.space = ledger, ledger.study, ledger.space
         self.trials, self.heuristics, self.fastest_batch = trials, heuristics or [], fastest_batch
 
+    @property
+    def _first_start(self) -> TrialConfig:
+        """The first start point: the launcher defaults (or the user's configuration)."""
+        return self.heuristics[0] if self.heuristics else self.space.baseline
+
     def _precision_starts(self) -> list[TrialConfig]:
         """Each reduced precision the space offers, at the user's batch size and at the
         batch range's fastest (else the largest up to four times it), on the launcher
@@ -37,7 +42,7 @@ class Stages:
         be tried again, though at a larger batch it would win: its cost per step falls
         with the batch, so each is measured early at two sizes and the sampler learns
         from both."""
-        start = self.heuristics[0] if self.heuristics else self.space.baseline
+        start = self._first_start
         sizes = sorted(self.space.choices.get("batch_size", []))
         larger = [b for b in sizes if start.batch_size < b <= 4 * start.batch_size
                   and b % start.nprocs == 0]
@@ -53,7 +58,7 @@ class Stages:
         own: the ramp measured it outside the study, and a sampler that never learns of it
         may not come near it (a --batch-range opened to 128 times the user's batch holds
         ten batch sizes)."""
-        start = self.heuristics[0] if self.heuristics else self.space.baseline
+        start = self._first_start
         ramped = self.fastest_batch
         if (ramped is None or ramped == start.batch_size or ramped % start.nprocs
                 or ramped not in self.space.choices.get("batch_size", [])):
