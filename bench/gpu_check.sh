@@ -17,8 +17,15 @@
 #   pytest     tests/test_gpu.py, cheapest tests first             -> pytest.log
 #   tiny_gpt   autotune run examples/tiny_gpt.py --trials 8, its --timeout what is left
 #                                                                 -> tiny_gpt.log (+ its best_config.json)
+#   gpt2_mfu   bench/gpu_mfu.py on bench/workloads/gpt2_small.py: the baseline and tuned
+#              configurations, each in a fresh process, their share of the dense bf16 peak,
+#              the fused optimizer step's and float8's effect, a profile of one
+#                                                                 -> gpt2_mfu.log, gpt2_mfu.json
+#   gpt2       autotune run bench/workloads/gpt2_small.py, its --timeout what is left
+#                                                                 -> gpt2.log (+ gpt2_best_config.json)
 # summary.txt gets a line per check: its name, exit code, seconds, and "CUT" when the limit
-# ended it (exit 124/137) or "skipped" when no time (or no input) was left. At most 8 files.
+# ended it (exit 124/137) or "skipped" when no time (or no input) was left. One or two files
+# a check (at most 12 in all).
 #
 # Environment:
 #   PYTHON=python3       the interpreter (torch installed; optuna and jsonschema from .whl/ or installed)
@@ -31,6 +38,8 @@
 #   HELD_ARGS="--visits 2"   HELD_CAP=120
 #   PYTEST_ARGS='-k "not end_to_end"'   PYTEST_CAP=300   (the examples run end to end above already)
 #   TINY_ARGS="--trials 8"   TINY_CAP=300
+#   GPT2_MFU_ARGS="--config ... --profile ..."   GPT2_MFU_CAP=300   (see bench/gpu_mfu.py)
+#   GPT2_ARGS="--trials 8"   GPT2_CAP=400
 #
 # Optuna and jsonschema (and their dependencies) are not on the GPU machine, which has no
 # network: download their wheels on a machine with pip into .whl/ at the repository root
@@ -247,6 +256,32 @@ run_check pytest "$pytest_cap" "$OUTDIR/pytest.log" \
   "$PY" -m pytest tests/test_gpu.py -m gpu -q -p no:cacheprovider -rA --timeout "$((pytest_cap > 20 ? pytest_cap - 10 : 10))" "$@"
 [ -f "$OUTDIR/pytest.log" ] && grep -E '^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|skipped' "$OUTDIR/pytest.log" \
   | tail -30 | sed 's/^/  /' >> "$SUMMARY"
+fi
+
+# --- GPT-2 small: how close to the peak, and what the fused step and float8 are worth ----------------------
+if wanted gpt2_mfu; then
+T="precision=bf16,compile=default,batch_size=16"
+# shellcheck disable=SC2086
+run_check gpt2_mfu "${GPT2_MFU_CAP:-300}" "$OUTDIR/gpt2_mfu.log" \
+  "$PY" bench/gpu_mfu.py bench/workloads/gpt2_small.py --out "$WORK/gpt2_mfu" --timeout 150 \
+  ${GPT2_MFU_ARGS:---config baseline: --config bf16c:$T --config fused:$T,optimizer_step=fused \
+   --config float8:$T,optimizer_step=fused,float8=true --profile fused --seconds 3 --windows 3}
+[ -f "$WORK/gpt2_mfu/mfu.json" ] && cp "$WORK/gpt2_mfu/mfu.json" "$OUTDIR/gpt2_mfu.json"
+grep -E '"name"|x the first|"profile"' "$OUTDIR/gpt2_mfu.log" 2>/dev/null | cut -c1-400 | sed 's/^/  /' >> "$SUMMARY"
+fi
+
+# --- GPT-2 small tuned, its --timeout what is left ----------------------------------------------------------
+if wanted gpt2; then
+gpt2_budget=$(left)
+gpt2_cap=${GPT2_CAP:-400}
+[ "$gpt2_budget" -lt "$gpt2_cap" ] && gpt2_cap=$gpt2_budget
+gpt2_timeout=$((gpt2_cap * 8 / 10 > 10 ? gpt2_cap * 8 / 10 : 10))
+# shellcheck disable=SC2086
+run_check gpt2 "$gpt2_cap" "$OUTDIR/gpt2.log" \
+  "$PY" -m autotune run bench/workloads/gpt2_small.py ${GPT2_ARGS:---trials 8} --timeout "$gpt2_timeout" --out "$WORK/gpt2"
+[ $? = 125 ] || note "  (the command: autotune run bench/workloads/gpt2_small.py ${GPT2_ARGS:---trials 8} --timeout $gpt2_timeout)"
+[ -f "$WORK/gpt2/best_config.json" ] && cp "$WORK/gpt2/best_config.json" "$OUTDIR/gpt2_best_config.json"
+[ -f "$WORK/gpt2/report.md" ] && { echo; echo "=== report.md ==="; cat "$WORK/gpt2/report.md"; } >> "$OUTDIR/gpt2.log"
 fi
 
 # --- the other example, its --timeout what is left ------------------------------------------------------

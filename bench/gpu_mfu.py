@@ -1,0 +1,252 @@
+"""How close configurations of one model run to the device's peak, each in a fresh process,
+built by autotune's runtime exactly as a trial and train_tuned.py build them: samples/s,
+achieved FLOP/s (the step's FLOPs counted once by torch.utils.flop_counter), the share of the
+device's dense peak for its precision, and for the named ones where their step goes
+(torch.profiler).
+
+    python bench/gpu_mfu.py bench/workloads/gpt2_small.py --out OUT \\
+        --config baseline: --config bf16c:precision=bf16,compile=default,batch_size=16 \\
+        --config fused:precision=bf16,compile=default,batch_size=16,optimizer_step=fused \\
+        --profile fused --seconds 4 --windows 3
+
+A configuration is NAME:KNOB=VALUE,... over the model file's own batch size and autotune's
+baseline (fp32, nothing turned); values are read as JSON where they parse (16, true),
+else as strings. Configurations run one after another, each once (a compile is paid once
+per process); each reports the median and range of its windows. OUT/mfu.json holds it all.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def parse_config(text: str) -> tuple[str, dict[str, Any]]:
+    name, _, knobs = text.partition(":")
+    cfg: dict[str, Any] = {}
+    for item in filter(None, knobs.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            cfg[key] = json.loads(value)
+        except json.JSONDecodeError:
+            cfg[key] = value
+    return name, cfg
+
+
+def child(model_file: str, name: str, knobs: dict[str, Any], *, seconds: float, windows: int,
+          warmup: int, profile: bool, out: Path) -> dict[str, Any]:
+    """One configuration in this process: build, warm up, time windows, optionally profile."""
+    import torch
+
+    from autotune.config import TrialConfig
+    from autotune.runtime.session import Session, load_user_module
+
+    user = load_user_module(model_file)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base = {"batch_size": int(getattr(user, "batch_size", 32)), "device": device,
+            "backend": "nccl" if device == "cuda" else "gloo"}
+    cfg = TrialConfig.from_dict({**base, **knobs}).to_dict()
+    t0 = time.perf_counter()
+    session = Session(model_file, cfg)  # type: ignore[arg-type]
+    build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    session.run_steps(warmup)
+    warmup_s = time.perf_counter() - t0
+    # steps per window from one timed step after warm-up
+    one, _ = session.run_steps(1)
+    steps = max(2, int(seconds / max(one, 1e-4)))
+    rates = []
+    for _ in range(windows):
+        elapsed, _ = session.run_steps(steps)
+        rates.append(steps * session.global_batch / elapsed)
+    result: dict[str, Any] = {
+        "name": name, "config": TrialConfig.from_dict(cfg).short(), "build_s": round(build_s, 1),
+        "warmup_s": round(warmup_s, 1), "steps_per_window": steps, "samples_per_s": rates,
+        "median_samples_per_s": statistics.median(rates),
+        "peak_memory_gib": (torch.cuda.max_memory_allocated() / 2**30) if device == "cuda" else None,
+    }
+    if profile:
+        result["profile"] = profile_steps(session, steps=max(3, min(steps, 10)), out=out / f"trace-{name}.json")
+    return result
+
+
+def profile_steps(session: Any, *, steps: int, out: Path) -> dict[str, Any]:
+    """Kernel time by kind over ``steps`` steps, against their wall time; the rest is time the
+    device waited (launch gaps, the host's data loading and Python)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    session.dist.synchronize()
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            session.step()
+        session.dist.synchronize()
+        wall = time.perf_counter() - t0
+    kinds: dict[str, float] = {}
+    intervals = []
+    for event in prof.events():
+        if torch.cuda.is_available() and event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if not torch.cuda.is_available() and (event.cpu_parent is not None):
+            continue
+        dur = event.device_time_total if torch.cuda.is_available() else event.cpu_time_total
+        if dur <= 0:
+            continue
+        kinds[kind_of(event.name)] = kinds.get(kind_of(event.name), 0.0) + dur / 1e6
+        start = event.time_range.start / 1e6
+        intervals.append((start, start + dur / 1e6))
+    busy = union_length(intervals)
+    top = [(e.key, round(e.device_time_total / 1e3 / steps if torch.cuda.is_available()
+                         else e.cpu_time_total / 1e3 / steps, 3))
+           for e in sorted(prof.key_averages(), key=lambda e: -(e.device_time_total if torch.cuda.is_available()
+                                                                else e.self_cpu_time_total))[:15]]
+    with open(out, "w") as f:
+        f.write(prof.key_averages().table(sort_by="cuda_time_total" if torch.cuda.is_available()
+                                          else "self_cpu_time_total", row_limit=25))
+    return {"steps": steps, "step_ms": 1e3 * wall / steps,
+            "shares": {k: v / wall for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "busy_share": busy / wall, "idle_share": max(0.0, 1 - busy / wall),
+            "top_ms_per_step": top}
+
+
+_KINDS = (
+    ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention", "cudnn_generated_fort_native_sdpa")),
+    ("optimizer", ("adam", "multi_tensor_apply", "foreach", "_fused_")),
+    ("communication", ("nccl", "allreduce", "all_reduce", "c10d")),
+    ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "matmul", "aten::mm", "aten::addmm", "aten::bmm",
+                "sm90_", "sm80_")),
+)
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    for kind, marks in _KINDS:
+        if any(m in low for m in marks):
+            return kind
+    return "other kernels"
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def count_flops(model_file: str) -> dict[str, Any]:
+    """FLOPs of one sample's forward and backward, on the plain model in fp32."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from autotune.runtime.session import load_user_module
+
+    user = load_user_module(model_file)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = user.build_model().to(device)
+    item = user.build_dataset()[0]
+    batch = [torch.as_tensor(x).unsqueeze(0).to(device) for x in item]
+    step = getattr(user, "training_step", None)
+    with FlopCounterMode(display=False) as counter:
+        loss = step(model, batch) if step else torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+        loss.backward()
+    return {"flops_per_sample": counter.get_total_flops(),
+            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
+
+
+# Dense (no sparsity) tensor-core peaks, TFLOP/s, from NVIDIA's datasheets.
+PEAKS_TFLOPS = (
+    ("H100 PCIe", {"bf16": 756.0, "fp32": 51.2}),
+    ("H100 NVL", {"bf16": 835.0, "fp32": 60.0}),
+    ("H100", {"bf16": 989.4, "fp32": 66.9}),
+    ("H200", {"bf16": 989.4, "fp32": 66.9}),
+    ("A100", {"bf16": 312.0, "fp32": 19.5}),
+)
+
+
+def peak_of(device: str) -> dict[str, float] | None:
+    for name, peaks in PEAKS_TFLOPS:
+        if name.lower() in device.lower():
+            return peaks
+    return None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_file")
+    p.add_argument("--config", action="append", default=[], help="NAME:KNOB=VALUE,...")
+    p.add_argument("--profile", action="append", default=[], help="a configuration's name to profile")
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--timeout", type=float, default=300, help="most seconds one configuration gets")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.child == "flops":
+        print(json.dumps(count_flops(args.model_file)))
+        return 0
+    if args.child:
+        name, knobs = parse_config(args.child)
+        print(json.dumps(child(args.model_file, name, knobs, seconds=args.seconds, windows=args.windows,
+                               warmup=args.warmup, profile=name in args.profile, out=args.out)))
+        return 0
+
+    def run(child_arg: str) -> dict[str, Any]:
+        cmd = [sys.executable, __file__, args.model_file, "--child", child_arg, "--out", str(args.out),
+               "--seconds", str(args.seconds), "--windows", str(args.windows), "--warmup", str(args.warmup),
+               *sum((["--profile", n] for n in args.profile), [])]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                  env={**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"})
+        except subprocess.TimeoutExpired:
+            return {"name": child_arg, "error": f"timed out after {args.timeout} s"}
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode or not lines:
+            return {"name": child_arg, "error": (done.stderr or done.stdout)[-2000:]}
+        return json.loads(lines[-1])
+
+    doc: dict[str, Any] = {"model_file": args.model_file, "flops": run("flops"), "configs": []}
+    flops = doc["flops"].get("flops_per_sample")
+    peaks = peak_of(doc["flops"].get("device", ""))
+    print(json.dumps(doc["flops"]), flush=True)
+    for text in args.config or ["baseline:"]:
+        t0 = time.perf_counter()
+        result = run(text)
+        result["wall_s"] = round(time.perf_counter() - t0, 1)
+        if flops and "median_samples_per_s" in result:
+            achieved = flops * result["median_samples_per_s"]
+            result["tflops"] = achieved / 1e12
+            if peaks:
+                result["mfu_bf16_dense"] = achieved / (peaks["bf16"] * 1e12)
+        doc["configs"].append(result)
+        (args.out / "mfu.json").write_text(json.dumps(doc, indent=2))
+        shown = {k: result.get(k) for k in ("name", "config", "median_samples_per_s", "tflops", "mfu_bf16_dense",
+                                            "peak_memory_gib", "build_s", "warmup_s", "wall_s", "error")}
+        print(json.dumps(shown), flush=True)
+        if "profile" in result:
+            print(json.dumps({"profile": result["profile"]["shares"], "idle": result["profile"]["idle_share"],
+                              "step_ms": result["profile"]["step_ms"]}), flush=True)
+    base = doc["configs"][0].get("median_samples_per_s")
+    for result in doc["configs"][1:]:
+        if base and result.get("median_samples_per_s"):
+            print(f"{result['name']}: {result['median_samples_per_s'] / base:.2f}x the first", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
