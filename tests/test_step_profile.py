@@ -85,7 +85,9 @@ def _gpu_timeline() -> list[Event]:
         Event("aten::linear", 100, 5), Event("Optimizer.step#AdamW.step", 120, 10),  # host ops: not counted
         Event("sm90_xmma_gemm_f32f32_f32f32_f32_tn_n", 100, 200, k),
         Event("flash_fwd_kernel", 300, 100, k),
-        Event("multi_tensor_apply_kernel", 400, 50, k),
+        # the optimizer's range on the device's timeline holds its kernels; our step's holds all
+        Event("Optimizer.step#AdamW.step", 395, 60, EventKind.ANNOTATION), Event(STEP, 0, 1000, EventKind.ANNOTATION),
+        Event("vectorized_elementwise_kernel<AddFunctor>", 400, 50, k),
         Event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 450, 50, k),
         Event("vectorized_elementwise_kernel", 460, 20, k, thread=7),  # another stream, under the all-reduce
         # gap [500, 600): the host was in next(batches)
@@ -102,6 +104,25 @@ def test_gpu_kernels_divide_the_window_and_its_gaps_are_data_wait_or_idle():
                    Category.COMMUNICATION: 50, Category.OTHER: 300, Category.DATA_WAIT: 200, Category.IDLE: 100}
     assert {c: round(v * 1000) for c, v in shares.ms.items()} == expected_us
     assert sum(shares.shares.values()) == pytest.approx(1.0)
+
+
+def test_recorded_h100_events_put_cudnn_sdpa_in_attention_and_the_hosts_sleep_in_data_wait():
+    """Four steps on an H100 (linear, causal sdpa in bf16, AdamW; a 3 ms sleep in each data
+    wait), as torch 2.11's profiler recorded them: the device-side ranges of the steps
+    and the optimizer are not kernels, the GPU idle while the host slept is data wait."""
+    data = json.loads((FIXTURES / "gpu_sdpa_h100.json").read_text())
+    events = recorded("gpu_sdpa_h100.json")
+    shares = step_shares(events)
+    assert shares.source == "gpu kernels" and shares.steps == 4
+    assert sum(shares.shares.values()) == pytest.approx(1.0)
+    assert shares.window_ms == pytest.approx(data["measured_window_ms"], rel=0.1)
+    assert 11.0 <= shares.ms[Category.DATA_WAIT] <= 12.5  # 4 x 3 ms, less the kernels still running
+    kernels = [e for e in events if e.kind == EventKind.KERNEL]
+    sdpa = sum(e.duration for e in kernels if "sdpa" in e.name) / 1000.0
+    assert sdpa > 0 and shares.ms[Category.ATTENTION] >= sdpa
+    assert shares.ms[Category.MATMUL] >= sum(e.duration for e in kernels if e.name.startswith("nvjet")) / 1000.0 > 0
+    assert shares.ms[Category.OPTIMIZER] > 0
+    assert shares.shares[Category.OTHER] < 0.1  # elementwise and loss kernels: a small part here
 
 
 def test_events_without_a_window_are_refused():

@@ -28,11 +28,17 @@ MIN_STEPS = 5
 MAX_STEPS = 50
 
 
+def _kind(event: Any) -> EventKind:
+    if event.device_type == torch.autograd.DeviceType.CPU:
+        return EventKind.CPU
+    # the device-side copy of a record_function range (the optimizer's, ours), not work
+    return EventKind.ANNOTATION if getattr(event, "is_user_annotation", False) else EventKind.KERNEL
+
+
 def events_of(prof: Any) -> list[Event]:
     """The profiler's events as ``shares.Event``s: host ops and ranges, and device work."""
-    cpu = torch.autograd.DeviceType.CPU
     return [Event(name=e.name, start=float(e.time_range.start), duration=float(e.time_range.elapsed_us()),
-                  kind=EventKind.CPU if e.device_type == cpu else EventKind.KERNEL, thread=int(e.thread))
+                  kind=_kind(e), thread=int(e.thread))
             for e in prof.events()]
 
 

@@ -54,6 +54,9 @@ _LABELS = {
 class EventKind(str, enum.Enum):
     CPU = "cpu"  # a host op or record_function range, on one thread
     KERNEL = "kernel"  # device work: a kernel, a memcpy or memset
+    # a record_function range on the device's timeline: where the device ran the work
+    # launched inside it (the optimizer step's kernels lie inside its range)
+    ANNOTATION = "annotation"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,13 +82,16 @@ _RULES: tuple[tuple[Category, tuple[str, ...]], ...] = (
                           "fused_adam", "fused_sgd", "fusedadam", "fusedsgd")),
     (Category.COMMUNICATION, ("nccl", "gloo", "c10d::", "record_param_comms", "all_reduce", "allreduce",
                               "reduce_scatter", "all_gather", "allgather")),
-    (Category.ATTENTION, ("scaled_dot_product", "scaleddotproduct", "attention", "flash", "fmha", "sdpa")),
+    (Category.ATTENTION, ("scaled_dot_product", "scaleddotproduct", "attention", "flash", "fmha", "sdpa",
+                          # cuDNN's attention backward, beside its sdpa kernel
+                          "compute_dot_do_o", "convert_dq_to_16bits")),
     (Category.MATMUL, ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::matmul",
                        "aten::linear", "aten::conv", "aten::_convolution", "aten::mkldnn_convolution",
                        "aten::_addmm_activation", "aten::einsum", "mkldnn_matmul",
                        "mmbackward", "bmmbackward", "convolutionbackward", "linearbackward",
-                       "gemm", "gemv", "cutlass", "cublas", "xmma", "sm90_", "sm80_", "sm86_", "sm89_", "sm100_",
-                       "ampere_", "hopper_", "volta_", "turing_", "implicit_convolve", "winograd",
+                       "gemm", "gemv", "nvjet", "cutlass", "cublas", "xmma",
+                       "sm90_", "sm80_", "sm86_", "sm89_", "sm100_", "ampere_", "hopper_", "volta_", "turing_",
+                       "implicit_convolve", "winograd",
                        "wgrad", "dgrad", "fprop")),
 )
 
@@ -194,6 +200,8 @@ def _kernel_shares(events: Sequence[Event], window: Event) -> dict[Category, flo
     kernels = sorted((e for e in events if e.kind == EventKind.KERNEL and e.end > window.start
                       and e.start < window.end), key=lambda e: e.start)
     waits = sorted((e.start, e.end) for e in events if e.kind == EventKind.CPU and e.name == DATA_WAIT)
+    optimizer = [(e.start, e.end) for e in events
+                 if e.kind == EventKind.ANNOTATION and category_of(e.name) == Category.OPTIMIZER]
     ms = {c: 0.0 for c in Category}
     gaps: list[tuple[float, float]] = []
     covered_until = window.start
@@ -203,6 +211,8 @@ def _kernel_shares(events: Sequence[Event], window: Event) -> dict[Category, flo
             gaps.append((covered_until, k.start))
         if end > start:
             category = category_of(k.name)
+            if category is None and any(a <= (k.start + k.end) / 2 < b for a, b in optimizer):
+                category = Category.OPTIMIZER
             ms[category if category not in (None, Category.DATA_WAIT) else Category.OTHER] += end - start
         covered_until = max(covered_until, end)
     if covered_until < window.end:
