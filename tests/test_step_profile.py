@@ -150,6 +150,18 @@ def test_the_emitted_script_profiles_a_window_whose_shares_add_up_to_its_measure
     assert profile["shares"]["communication"] == 0 and profile["shares"]["attention"] == 0
 
 
+@pytest.mark.slow
+def test_with_two_ranks_rank_0_is_profiled_and_its_all_reduce_is_communication(tmp_path, no_autotune_env):
+    out = tmp_path / "out"
+    emit_outputs(out, TrialConfig(nprocs=2, threads=1, batch_size=16), MODELS / "dropout_cnn.py")
+    proc = run_launch_sh(out, tmp_path / "work", no_autotune_env, "--profile", "--no-checkpoint",
+                         "--report", "r.json")
+    assert proc.stdout.count("where the step goes") == 1  # rank 0's
+    profile = json.loads((tmp_path / "work" / "r.json").read_text())["step_profile"]
+    assert profile["shares"]["communication"] > 0
+    assert sum(profile["shares"].values()) * profile["step_ms"] == pytest.approx(profile["measured_step_ms"], rel=0.1)
+
+
 def _profiled(data_wait: float, *, config: TrialConfig | None = None, source: str = "cpu ops",
               idle: float = 0.1):
     doc = load_doc()
@@ -195,3 +207,19 @@ def test_a_stand_in_runner_measures_nothing_so_nothing_is_profiled(tmp_path):
     doc = load_doc()
     reporter = Reporter(quiet=True)
     assert profile_emitted(tmp_path, doc, runner=RunnerDouble(), options=RunOptions(), reporter=reporter) is doc
+
+
+def test_no_profile_on_the_command_line_turns_the_profile_off(monkeypatch, tmp_path):
+    from autotune import cli, pipeline
+
+    seen = []
+
+    def tune(model_file, *, out, options, reporter, force=False):
+        seen.append(options.profile)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(pipeline, "tune", tune)
+    for argv in (["run", str(tmp_path / "m.py"), "--no-profile"], ["run", str(tmp_path / "m.py")]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+    assert seen == [False, True]
