@@ -106,6 +106,9 @@ class RunOptions:
     # Configurations with the same process knobs measured one after another in one process
     # (autotune.trials.runner.process_key); False: each in a fresh process.
     warm_trials: bool = True
+    # After the outputs are written, one window of the emitted script under torch.profiler:
+    # where its step goes (best_config.json's step_profile); False: --no-profile.
+    profile: bool = True
     # The run the user plans (autotune.search.objective.Plan): steps at their own batch
     # size, or passes over the data set; at most one. None of them: the search ranks by
     # steady throughput, as for a run of endless length.

@@ -52,7 +52,7 @@ from autotune.trials import measure_lock, proctree
 from autotune.trials.protocol import Failure, StudyAttr
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import batch as verify_batch
-from autotune.verify import fit, gates, standalone, stats
+from autotune.verify import fit, gates, standalone, stats, step_profile
 from autotune.verify.deadline import Budget, Costs, search_timeout
 from autotune.verify.device_room import DeviceRoom
 from autotune.verify.trainings import work_key
@@ -477,6 +477,7 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
                                 description=f"Train {task.path.name} with the configuration "
                                             "autotune verified on this machine.",
                                 default_threads=machine.torch.get("num_threads"), blocks=task.blocks)
+    doc = step_profile.profile_emitted(out, doc, runner=runner, options=options, reporter=reporter)
     try:
         write_report(out, doc=doc, study=place.study)
     except Exception as exc:  # a finished run never fails over its report

@@ -132,3 +132,23 @@ def test_a_real_runs_whole_document_conforms_and_reads_back(tuned):
     doc = json.loads((tuned.out / "best_config.json").read_text())
     assert schemas.problem(doc, "best_config") is None
     assert RunDocument.from_json(doc).to_json() == doc
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # the shared run, where this test is the first to need it
+def test_the_report_shows_where_the_picks_step_goes(tuned):
+    """After verification the emitted script ran one window under torch.profiler: its
+    shares are in best_config.json, add up to the step its own clock measured, and the
+    report's table and advice show them."""
+    profile = json.loads((tuned.out / "best_config.json").read_text())["step_profile"]
+    assert profile["device"] == "cpu" and profile["source"] == "cpu ops" and profile["steps"] >= 5
+    shares = profile["shares"]
+    assert sum(shares.values()) * profile["step_ms"] == pytest.approx(profile["measured_step_ms"], rel=0.1)
+    assert shares["matmul"] > 0 and shares["optimizer"] > 0 and shares["communication"] == 0
+    if _tuned_model()[0].name == "tiny_gpt.py":  # GPT-2 in transformers attends with sdpa
+        assert shares["attention"] > 0
+    assert tuned.result.document["step_profile"] == profile
+    report = (tuned.out / "report.md").read_text()
+    assert "Where the step goes" in report and "matrix products (mm, linear, convolutions)" in report
+    assert "where the step goes (" in report  # the advice's line
+    assert (tuned.out / "profile" / "script-log.txt").is_file()

@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also measure the path from the baseline to the winner, one knob added at a "
                         "time (the steps multiply to the whole speedup); as many processes again as "
                         "the ablation's knob-by-knob measurement")
+    p.add_argument("--no-profile", action="store_true",
+                   help="skip the step profile: one window of the emitted script under torch.profiler, "
+                        "a few seconds after verification, that says where its step goes")
     planned = p.add_argument_group(
         "the run you plan",
         "Rank configurations by the predicted wall time of that run, one-time costs (compiling, "
@@ -93,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
                           heartbeat_s=args.heartbeat, verify_wait_s=args.verify_wait,
                           memory_limit_mb=parse_size(args.memory_limit) if args.memory_limit else None,
                           batch_range=parse_batch_range(args.batch_range) if args.batch_range else None,
-                          scale_lr=args.scale_lr)
+                          scale_lr=args.scale_lr, profile=not args.no_profile)
     out = output_folder(Path(args.model_file), args.out)
     doc = tune(Path(args.model_file), out=out, options=options, reporter=reporter, force=args.force)
     if args.json:

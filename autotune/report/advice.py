@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import Layout, TrialConfig
 from autotune.document.measures import Effect, Interval
 from autotune.document.run import RunDocument
+from autotune.report import profile
 from autotune.search.objective import duration
 from autotune.search.study import quiet_optuna
 from autotune.trials.protocol import StudyAttr
@@ -367,6 +368,7 @@ def advise(doc: RunDocument, *, study: optuna.Study | None = None,
     if not in_summary:
         lines += (ablation_lines(doc) + plan_lines(doc) + (doc.memory.lines() if doc.memory else [])
                   + (doc.batch.lines() if doc.batch else []))
+    lines += profile.advice_lines(doc, workers_tried=_tried(study, "num_workers") if study is not None else None)
     if study is not None:
         lines += search_lines(study, doc)
     if not in_summary:

@@ -29,7 +29,7 @@ from autotune.document.ablation import Ablation, AblationPath
 from autotune.document.measures import CandidateOutcome, Effect, Interval, Rounds, Speedup
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
-from autotune.report import advice
+from autotune.report import advice, profile
 from autotune.result import read_document
 from autotune.search.objective import duration
 from autotune.search.study import folder_of, load_study
@@ -242,6 +242,8 @@ def report_tables(doc: RunDocument, study: optuna.Study | None) -> list[Table]:
     if path is not None and path.steps and path.total is not None:
         tables.append(_path_table(path, path.total, doc.speedup))
     tables += _verification_tables(doc)
+    if doc.step_profile is not None:
+        tables.append(Table(profile.TITLE, list(profile.HEADERS), profile.table_rows(doc), profile.table_note(doc)))
     if doc.candidates:
         tables.append(Table("Candidates in verification", ["configuration", "side by side", "interval", "outcome"],
                             [[c.config.short(), f"{c.median:.2f}x" if c.median else "",

@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from . import profile
 from .distributed import DIST_TIMEOUT_MIN, lost_peer, report_lost_peer
 from .facts import machine_differences
 from .knobs import ScriptSettings
@@ -59,6 +60,9 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
     parser.add_argument("--report", default=None, help="write a JSON summary (throughput, losses) here")
     parser.add_argument("--no-evaluate", action="store_true",
                         help="skip evaluate() at the end of each epoch")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of training: warm up, then profile about a second of steps with "
+                             "torch.profiler (rank 0) and print where the step goes (into --report too)")
     parser.add_argument("--dist-timeout-min", type=float, default=DIST_TIMEOUT_MIN, metavar="MIN",
                         help="with several ranks: how long a rank waits for the others (while rank 0 "
                              "evaluates, say) before the job is ended (default %(default)g)")
@@ -156,10 +160,13 @@ def main(argv: list[str] | None = None, *, config_path: str) -> int:
     folder = None if args.no_checkpoint else args.checkpoint_dir
     metrics_path = args.metrics or (os.path.join(folder, "metrics.jsonl") if folder else None)
     try:
-        code = train(session, total=total, start=start, config=settings.config,
-                     checkpoints=Checkpoints(folder, every=args.checkpoint_every, keep=args.keep_checkpoints),
-                     metrics=Metrics(metrics_path, tensorboard=args.tensorboard, enabled=rank0),
-                     log_every=args.log_every, report=args.report, evaluate_each_epoch=not args.no_evaluate)
+        if args.profile:
+            code = profile.run(session, report=args.report)
+        else:
+            code = train(session, total=total, start=start, config=settings.config,
+                         checkpoints=Checkpoints(folder, every=args.checkpoint_every, keep=args.keep_checkpoints),
+                         metrics=Metrics(metrics_path, tensorboard=args.tensorboard, enabled=rank0),
+                         log_every=args.log_every, report=args.report, evaluate_each_epoch=not args.no_evaluate)
         if session.dist.enabled:
             torch.distributed.barrier()  # no rank leaves while another still needs it
     except RuntimeError as e:  # gloo's and NCCL's errors (DistBackendError is one)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -78,11 +78,12 @@ TRIAL_DIR_VARIABLE = "AUTOTUNE_TRIAL_DIR"
 
 
 def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
-                 cwd: Path | None = None) -> dict[str, Any]:
+                 cwd: Path | None = None, extra: Sequence[str] = ()) -> dict[str, Any]:
     """Run an emitted launch.sh for a few steps, from ``cwd`` (default: this process's
     working directory, where the user runs it from); returns its JSON report, written
     with its log into ``workdir``. Without evaluate(): the runs compared are timed, and
-    two configurations cross different numbers of epoch ends in the same time."""
+    two configurations cross different numbers of epoch ends in the same time. ``extra``:
+    more arguments for the script (``--profile``)."""
     workdir = workdir.absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     report = workdir / "script-report.json"
@@ -90,7 +91,7 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
     log = workdir / "script-log.txt"
     tmp = tempfile.mkdtemp(prefix="autotune-script-")  # as a trial's (TrialRunner.start)
     argv = ["bash", str(launcher.absolute()), "--max-steps", str(steps), "--no-checkpoint",
-            "--no-evaluate", "--log-every", str(max(1, steps)), "--report", str(report)]
+            "--no-evaluate", "--log-every", str(max(1, steps)), "--report", str(report), *extra]
     with open(log, "wb") as out, measure_lock.held():
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=str(cwd or Path.cwd()), stdin=subprocess.DEVNULL,

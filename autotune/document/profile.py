@@ -1,0 +1,44 @@
+"""Where the emitted configuration's step goes (best_config.json's ``step_profile``): one
+window of its script run under torch.profiler (``train_tuned.py --profile``), as shares of
+the step by category (``autotune.runtime.shares.Category``)."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.document.measures import optional_fields
+from autotune.runtime.shares import Category
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepProfile:
+    """``step_ms``: the profiled step, from the profiler's window; ``measured_step_ms``:
+    the same window by the script's own clock; ``shares``: each category's part of the
+    step (they add up to 1); ``source``: "cpu ops" or "gpu kernels"; ``device``: where
+    the step ran; ``steps``: how many were profiled, after the warm-up."""
+
+    step_ms: float
+    steps: int
+    device: str
+    source: str
+    shares: Mapping[str, float]
+    measured_step_ms: float | None = None
+
+    def share(self, category: Category) -> float:
+        return float(self.shares.get(category.value, 0.0))
+
+    def ranked(self) -> list[tuple[Category, float]]:
+        """The categories with a share, largest first."""
+        return sorted(((c, self.share(c)) for c in Category if self.share(c) > 0), key=lambda cs: -cs[1])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step_ms": self.step_ms, "steps": self.steps, "device": self.device, "source": self.source,
+                "shares": {c.value: self.share(c) for c in Category},
+                **optional_fields(measured_step_ms=self.measured_step_ms)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StepProfile:
+        return cls(step_ms=float(data["step_ms"]), steps=int(data["steps"]), device=str(data["device"]),
+                   source=str(data["source"]), shares={k: float(v) for k, v in data["shares"].items()},
+                   measured_step_ms=data.get("measured_step_ms"))

@@ -1,0 +1,103 @@
+"""train_tuned.py --profile: one short window of training under torch.profiler, and
+where its step goes (``shares.step_shares``).
+
+Warm-up first (at least ``WARM_STEPS`` and ``WARM_S``: compiling, cuDNN's choices and
+the DataLoader's workers starting are not the steady step), then about ``WINDOW_S`` of
+steps, at least ``MIN_STEPS``, under the profiler. With several ranks every rank takes
+the same steps (their collectives must meet) and rank 0 alone is profiled.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from typing import Any
+
+import torch
+
+from .model import check_finite
+from .session import Session
+from .shares import DATA_WAIT, STEP, WINDOW, Event, EventKind, step_shares, table_lines
+
+WARM_STEPS = 3
+WARM_S = 1.0
+MAX_WARM_STEPS = 200
+WINDOW_S = 1.0
+MIN_STEPS = 5
+MAX_STEPS = 50
+
+
+def _kind(event: Any) -> EventKind:
+    if event.device_type == torch.autograd.DeviceType.CPU:
+        return EventKind.CPU
+    # the device-side copy of a record_function range (the optimizer's, ours), not work
+    return EventKind.ANNOTATION if getattr(event, "is_user_annotation", False) else EventKind.KERNEL
+
+
+def events_of(prof: Any) -> list[Event]:
+    """The profiler's events as ``shares.Event``s: host ops and ranges, and device work."""
+    return [Event(name=e.name, start=float(e.time_range.start), duration=float(e.time_range.elapsed_us()),
+                  kind=_kind(e), thread=int(e.thread))
+            for e in prof.events()]
+
+
+def warm_up(session: Session) -> float:
+    """Steps until the warm-up is over on every rank; returns the seconds of one steady
+    step (those after the first ``WARM_STEPS``), as the slowest rank took them."""
+    began = time.perf_counter()
+    steady_from, steps, losses = began, 0, []
+    while True:
+        losses.append(session.step())
+        steps += 1
+        if steps == WARM_STEPS:
+            session.dist.synchronize()
+            steady_from = time.perf_counter()
+        if steps > WARM_STEPS:
+            session.dist.synchronize()
+            now = time.perf_counter()
+            # agreed: every rank leaves the warm-up after the same step
+            if session.dist.agree_max(now - began) >= WARM_S or steps >= MAX_WARM_STEPS:
+                check_finite(losses)
+                return session.dist.agree_max((now - steady_from) / (steps - WARM_STEPS))
+
+
+def window(session: Session, steps: int, *, profiled: bool) -> tuple[Any, float]:
+    """``steps`` steps, each its data wait and its training, under the profiler where
+    ``profiled``; returns the profiler (None where not profiled) and the window's seconds."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if session.dist.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(activities=activities) if profiled else None
+    losses = []
+    with prof if prof is not None else contextlib.nullcontext(), torch.profiler.record_function(WINDOW):
+        began = time.perf_counter()
+        for _ in range(steps):
+            with torch.profiler.record_function(STEP):
+                with torch.profiler.record_function(DATA_WAIT):
+                    batch = session.next_batch()
+                losses.append(session.train_step(batch))
+        session.dist.synchronize()
+        seconds = time.perf_counter() - began
+    check_finite(losses)
+    return prof, seconds
+
+
+def run(session: Session, *, report: str | None) -> int:
+    """Warm up, profile one window, print where its step goes and write it into
+    ``report`` (as ``"step_profile"``); returns the exit code."""
+    per_step = warm_up(session)
+    steps = min(MAX_STEPS, max(MIN_STEPS, math.ceil(WINDOW_S / max(per_step, 1e-6))))
+    steps = int(session.dist.agree_max(float(steps)))
+    rank0 = session.dist.rank == 0
+    prof, seconds = window(session, steps, profiled=rank0)
+    if not rank0:
+        return 0
+    shares = step_shares(events_of(prof))
+    profile = shares.to_json(device=session.dist.device.type, measured_step_ms=seconds * 1000.0 / steps)
+    for line in table_lines(profile):
+        print(line, flush=True)
+    if report:
+        with open(report, "w") as f:
+            json.dump({"steps": steps, "step_profile": profile}, f)
+    return 0

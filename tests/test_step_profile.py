@@ -1,0 +1,225 @@
+"""Where the pick's step goes: the categoriser over recorded profiler events (CPU) and a
+synthetic GPU timeline with gaps, the emitted script's --profile on a real model, and the
+profile in best_config.json, the report and the advice."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune import schemas
+from autotune.config import TrialConfig
+from autotune.document.profile import StepProfile
+from autotune.options import RunOptions
+from autotune.report import advice
+from autotune.report.files import report_tables
+from autotune.report.profile import advice_lines
+from autotune.runtime.shares import DATA_WAIT, STEP, WINDOW, Category, Event, EventKind, category_of, step_shares
+
+from helpers import MODELS, emit_outputs, run_launch_sh
+from recorded_run import load_doc
+
+FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
+
+
+def recorded(name: str) -> list[Event]:
+    data = json.loads((FIXTURES / name).read_text())
+    return [Event(name=n, start=s, duration=d, kind=EventKind(k), thread=t) for n, s, d, k, t in data["events"]]
+
+
+@pytest.mark.parametrize(("name", "category"), [
+    ("aten::scaled_dot_product_attention", Category.ATTENTION),
+    ("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionForCpuBackward0", Category.ATTENTION),
+    ("fmha_cutlassF_f32_aligned_64x64_rf_sm80", Category.ATTENTION),  # a cutlass kernel, but attention's
+    ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", Category.ATTENTION),
+    ("aten::linear", Category.MATMUL),
+    ("autograd::engine::evaluate_function: ConvolutionBackward0", Category.MATMUL),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", Category.MATMUL),
+    ("Optimizer.step#AdamW.step", Category.OPTIMIZER),
+    ("Optimizer.zero_grad#SGD.zero_grad", Category.OPTIMIZER),
+    ("void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>>", Category.OPTIMIZER),
+    (DATA_WAIT, Category.DATA_WAIT),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", Category.COMMUNICATION),
+    ("c10d::allreduce_", Category.COMMUNICATION),
+    ("gloo:all_reduce", Category.COMMUNICATION),
+    ("aten::relu", None),
+    ("Torch-Compiled Region: 0/0", None),
+])
+def test_an_event_is_categorised_by_its_name(name, category):
+    assert category_of(name) == category
+
+
+def test_recorded_cpu_events_divide_the_window_once_with_sdpa_in_attention():
+    """Two steps of linear + scaled_dot_product_attention with SGD, each after a 2 ms data
+    wait, as torch.profiler recorded them: nested ops (aten::linear holds aten::addmm) are
+    counted once, so the shares add up to the window."""
+    events = recorded("cpu_sdpa.json")
+    shares = step_shares(events)
+    assert shares.steps == 2 and shares.source == "cpu ops"
+    assert sum(shares.shares.values()) == pytest.approx(1.0, abs=1e-6)
+    assert sum(shares.ms.values()) == pytest.approx(shares.window_ms, rel=1e-6)
+
+    def total_ms(name: str) -> float:
+        return sum(e.duration for e in events if e.name == name) / 1000.0
+
+    # the sdpa ops, forward and backward, all in attention; the optimizer's ranges in optimizer
+    assert shares.ms[Category.ATTENTION] == pytest.approx(
+        total_ms("aten::scaled_dot_product_attention")
+        + total_ms("autograd::engine::evaluate_function: ScaledDotProductFlashAttentionForCpuBackward0"))
+    assert shares.ms[Category.OPTIMIZER] == pytest.approx(
+        total_ms("Optimizer.step#SGD.step") + total_ms("Optimizer.zero_grad#SGD.zero_grad"))
+    assert shares.ms[Category.DATA_WAIT] == pytest.approx(total_ms(DATA_WAIT)) and total_ms(DATA_WAIT) >= 4.0
+    assert shares.ms[Category.MATMUL] >= total_ms("aten::linear") > 0
+    assert shares.ms[Category.COMMUNICATION] == 0.0
+
+
+def _gpu_timeline() -> list[Event]:
+    """One step on a GPU, microseconds: the host waits for data over [0, 100) and
+    [500, 600); kernels on two streams, with gaps."""
+    k = EventKind.KERNEL
+    return [
+        Event(WINDOW, 0, 1000), Event(STEP, 0, 990),
+        Event(DATA_WAIT, 0, 100), Event(DATA_WAIT, 500, 100),
+        Event("aten::linear", 100, 5), Event("Optimizer.step#AdamW.step", 120, 10),  # host ops: not counted
+        Event("sm90_xmma_gemm_f32f32_f32f32_f32_tn_n", 100, 200, k),
+        Event("flash_fwd_kernel", 300, 100, k),
+        # the optimizer's range on the device's timeline holds its kernels; our step's holds all
+        Event("Optimizer.step#AdamW.step", 395, 60, EventKind.ANNOTATION), Event(STEP, 0, 1000, EventKind.ANNOTATION),
+        Event("vectorized_elementwise_kernel<AddFunctor>", 400, 50, k),
+        Event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 450, 50, k),
+        Event("vectorized_elementwise_kernel", 460, 20, k, thread=7),  # another stream, under the all-reduce
+        # gap [500, 600): the host was in next(batches)
+        Event("vectorized_elementwise_kernel", 600, 300, k),
+        # gap [900, 1000): nothing runs and the host was not waiting for data
+        Event("late_kernel_after_the_window", 1100, 50, k),
+    ]
+
+
+def test_gpu_kernels_divide_the_window_and_its_gaps_are_data_wait_or_idle():
+    shares = step_shares(_gpu_timeline())
+    assert shares.source == "gpu kernels" and shares.steps == 1 and shares.window_ms == pytest.approx(1.0)
+    expected_us = {Category.MATMUL: 200, Category.ATTENTION: 100, Category.OPTIMIZER: 50,
+                   Category.COMMUNICATION: 50, Category.OTHER: 300, Category.DATA_WAIT: 200, Category.IDLE: 100}
+    assert {c: round(v * 1000) for c, v in shares.ms.items()} == expected_us
+    assert sum(shares.shares.values()) == pytest.approx(1.0)
+
+
+def test_recorded_h100_events_put_cudnn_sdpa_in_attention_and_the_hosts_sleep_in_data_wait():
+    """Four steps on an H100 (linear, causal sdpa in bf16, AdamW; a 3 ms sleep in each data
+    wait), as torch 2.11's profiler recorded them: the device-side ranges of the steps
+    and the optimizer are not kernels, the GPU idle while the host slept is data wait."""
+    data = json.loads((FIXTURES / "gpu_sdpa_h100.json").read_text())
+    events = recorded("gpu_sdpa_h100.json")
+    shares = step_shares(events)
+    assert shares.source == "gpu kernels" and shares.steps == 4
+    assert sum(shares.shares.values()) == pytest.approx(1.0)
+    assert shares.window_ms == pytest.approx(data["measured_window_ms"], rel=0.1)
+    assert 11.0 <= shares.ms[Category.DATA_WAIT] <= 12.5  # 4 x 3 ms, less the kernels still running
+    kernels = [e for e in events if e.kind == EventKind.KERNEL]
+    sdpa = sum(e.duration for e in kernels if "sdpa" in e.name) / 1000.0
+    assert sdpa > 0 and shares.ms[Category.ATTENTION] >= sdpa
+    assert shares.ms[Category.MATMUL] >= sum(e.duration for e in kernels if e.name.startswith("nvjet")) / 1000.0 > 0
+    assert shares.ms[Category.OPTIMIZER] > 0
+    assert shares.shares[Category.OTHER] < 0.1  # elementwise and loss kernels: a small part here
+
+
+def test_events_without_a_window_are_refused():
+    with pytest.raises(ValueError, match="autotune.window"):
+        step_shares([Event("aten::mm", 0, 10)])
+
+
+@pytest.mark.slow
+def test_the_emitted_script_profiles_a_window_whose_shares_add_up_to_its_measured_step(tmp_path, no_autotune_env):
+    """train_tuned.py --profile on a real model: the shares (from the profiler's events)
+    times the step (the profiler's window) add up to the step the script's own clock
+    measured, within 10%; the model's matrix products, its optimizer step and its
+    DataLoader show."""
+    out = tmp_path / "out"
+    emit_outputs(out, TrialConfig(threads=1, batch_size=16), MODELS / "dropout_cnn.py")
+    proc = run_launch_sh(out, tmp_path / "work", no_autotune_env, "--profile", "--no-checkpoint",
+                         "--report", "r.json")
+    assert "where the step goes" in proc.stdout
+    profile = json.loads((tmp_path / "work" / "r.json").read_text())["step_profile"]
+    assert profile["device"] == "cpu" and profile["source"] == "cpu ops" and profile["steps"] >= 5
+    explained_ms = sum(profile["shares"].values()) * profile["step_ms"]
+    assert explained_ms == pytest.approx(profile["measured_step_ms"], rel=0.1)
+    for category in ("matmul", "optimizer", "data_wait"):
+        assert profile["shares"][category] > 0, category
+    assert profile["shares"]["communication"] == 0 and profile["shares"]["attention"] == 0
+
+
+@pytest.mark.slow
+def test_with_two_ranks_rank_0_is_profiled_and_its_all_reduce_is_communication(tmp_path, no_autotune_env):
+    out = tmp_path / "out"
+    emit_outputs(out, TrialConfig(nprocs=2, threads=1, batch_size=16), MODELS / "dropout_cnn.py")
+    proc = run_launch_sh(out, tmp_path / "work", no_autotune_env, "--profile", "--no-checkpoint",
+                         "--report", "r.json")
+    assert proc.stdout.count("where the step goes") == 1  # rank 0's
+    profile = json.loads((tmp_path / "work" / "r.json").read_text())["step_profile"]
+    assert profile["shares"]["communication"] > 0
+    assert sum(profile["shares"].values()) * profile["step_ms"] == pytest.approx(profile["measured_step_ms"], rel=0.1)
+
+
+def _profiled(data_wait: float, *, config: TrialConfig | None = None, source: str = "cpu ops",
+              idle: float = 0.1):
+    doc = load_doc()
+    shares = {c.value: 0.0 for c in Category}
+    shares.update(data_wait=data_wait, idle=idle, matmul=1.0 - data_wait - idle)
+    profile = StepProfile(step_ms=4.0, steps=20, device="cpu", source=source, shares=shares, measured_step_ms=4.1)
+    return dataclasses.replace(doc, step_profile=profile, config=config or doc.config)
+
+
+def test_the_step_profile_is_in_best_config_json_the_report_and_the_advice():
+    doc = _profiled(0.38)
+    written = doc.to_json()
+    assert schemas.problem(written, "best_config") is None
+    assert type(doc).from_json(written) == doc
+    broken = {**written, "step_profile": {**written["step_profile"], "shares": {"matmul": 1.0}}}
+    assert "'attention' is a required property" in schemas.problem(broken, "best_config")
+    table = next(t for t in report_tables(doc, None) if t.title == "Where the step goes")
+    assert table.rows[0] == ["matrix products (mm, linear, convolutions)", "52.0%", "2.08"]
+    assert ["waiting for data (next batch)", "38.0%", "1.52"] in table.rows
+    lines = advice.advise(doc)
+    assert any(line.startswith("where the step goes (4.00 ms, profiled)") for line in lines)
+    assert any("waits on the DataLoader 38% of the time" in line and "__getitem__" in line for line in lines)
+    assert not any("DataLoader" in line for line in advice.advise(_profiled(0.05)))
+
+
+def test_the_data_advice_says_what_the_search_did_with_more_workers():
+    doc = _profiled(0.4, config=load_doc().config.replace(num_workers=1))
+    space = [str(v) for v in doc.included["num_workers"]]
+    more = [v for v in space if int(v) > 1]
+    assert more, "the recorded space holds more workers than the emitted 1"
+    tried = advice_lines(doc, workers_tried=["0", "1", *more])
+    assert f"more workers ({', '.join(more)}) were tried and lost to 1" in tried[1]
+    untried = advice_lines(doc, workers_tried=["0", "1"])
+    assert f"{', '.join(more)} workers were not tried" in untried[1]
+
+
+def test_a_stand_in_runner_measures_nothing_so_nothing_is_profiled(tmp_path):
+    from autotune.report.console import Reporter
+    from autotune.verify.step_profile import profile_emitted
+
+    from doubles import RunnerDouble
+
+    doc = load_doc()
+    reporter = Reporter(quiet=True)
+    assert profile_emitted(tmp_path, doc, runner=RunnerDouble(), options=RunOptions(), reporter=reporter) is doc
+
+
+def test_no_profile_on_the_command_line_turns_the_profile_off(monkeypatch, tmp_path):
+    from autotune import cli, pipeline
+
+    seen = []
+
+    def tune(model_file, *, out, options, reporter, force=False):
+        seen.append(options.profile)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(pipeline, "tune", tune)
+    for argv in (["run", str(tmp_path / "m.py"), "--no-profile"], ["run", str(tmp_path / "m.py")]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+    assert seen == [False, True]
