@@ -75,76 +75,24 @@ def child(model_file: str, name: str, knobs: dict[str, Any], *, seconds: float, 
         "peak_memory_gib": (torch.cuda.max_memory_allocated() / 2**30) if device == "cuda" else None,
     }
     if profile:
-        result["profile"] = profile_steps(session, steps=max(3, min(steps, 10)), out=out / f"trace-{name}.json")
+        result["profile"] = profile_steps(session, steps=max(3, min(steps, 10)), out=out / f"profile-{name}.txt")
     return result
 
 
 def profile_steps(session: Any, *, steps: int, out: Path) -> dict[str, Any]:
-    """Kernel time by kind over ``steps`` steps, against their wall time; the rest is time the
-    device waited (launch gaps, the host's data loading and Python)."""
+    """Where the step goes over ``steps`` steps, as train_tuned.py --profile divides it
+    (autotune.runtime.shares); the profiler's own table of ops and kernels to ``out``."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    session.dist.synchronize()
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            session.step()
-        session.dist.synchronize()
-        wall = time.perf_counter() - t0
-    kinds: dict[str, float] = {}
-    intervals = []
-    for event in prof.events():
-        if torch.cuda.is_available() and event.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        if not torch.cuda.is_available() and (event.cpu_parent is not None):
-            continue
-        dur = event.device_time_total if torch.cuda.is_available() else event.cpu_time_total
-        if dur <= 0:
-            continue
-        kinds[kind_of(event.name)] = kinds.get(kind_of(event.name), 0.0) + dur / 1e6
-        start = event.time_range.start / 1e6
-        intervals.append((start, start + dur / 1e6))
-    busy = union_length(intervals)
-    top = [(e.key, round(e.device_time_total / 1e3 / steps if torch.cuda.is_available()
-                         else e.cpu_time_total / 1e3 / steps, 3))
-           for e in sorted(prof.key_averages(), key=lambda e: -(e.device_time_total if torch.cuda.is_available()
-                                                                else e.self_cpu_time_total))[:15]]
-    with open(out, "w") as f:
-        f.write(prof.key_averages().table(sort_by="cuda_time_total" if torch.cuda.is_available()
-                                          else "self_cpu_time_total", row_limit=25))
-    return {"steps": steps, "step_ms": 1e3 * wall / steps,
-            "shares": {k: v / wall for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
-            "busy_share": busy / wall, "idle_share": max(0.0, 1 - busy / wall),
-            "top_ms_per_step": top}
+    from autotune.runtime.profile import events_of, window
+    from autotune.runtime.shares import step_shares
 
-
-_KINDS = (
-    ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention", "cudnn_generated_fort_native_sdpa")),
-    ("optimizer", ("adam", "multi_tensor_apply", "foreach", "_fused_")),
-    ("communication", ("nccl", "allreduce", "all_reduce", "c10d")),
-    ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "matmul", "aten::mm", "aten::addmm", "aten::bmm",
-                "sm90_", "sm80_")),
-)
-
-
-def kind_of(name: str) -> str:
-    low = name.lower()
-    for kind, marks in _KINDS:
-        if any(m in low for m in marks):
-            return kind
-    return "other kernels"
-
-
-def union_length(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
+    prof, seconds = window(session, steps, profiled=True)
+    cuda = torch.cuda.is_available()
+    out.write_text(prof.key_averages().table(sort_by="device_time_total" if cuda else "self_cpu_time_total",
+                                             row_limit=30))
+    return step_shares(events_of(prof)).to_json(device="cuda" if cuda else "cpu",
+                                                measured_step_ms=1e3 * seconds / steps)
 
 
 def count_flops(model_file: str) -> dict[str, Any]:
@@ -239,8 +187,7 @@ def main() -> int:
                                             "peak_memory_gib", "build_s", "warmup_s", "wall_s", "error")}
         print(json.dumps(shown), flush=True)
         if "profile" in result:
-            print(json.dumps({"profile": result["profile"]["shares"], "idle": result["profile"]["idle_share"],
-                              "step_ms": result["profile"]["step_ms"]}), flush=True)
+            print(json.dumps({"profile": result["profile"]}), flush=True)
     base = doc["configs"][0].get("median_samples_per_s")
     for result in doc["configs"][1:]:
         if base and result.get("median_samples_per_s"):
