@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.emit import launch
+from autotune.emit import hf_trainer, launch
 from autotune.emit import outputs as emit
 from autotune.emit import stacks as stack_configs
 
@@ -207,7 +207,10 @@ def test_threads_left_to_pytorch_are_named_with_the_count_it_chose(tmp_path):
     accelerate = (tmp_path / "accelerate_config.yaml").read_text()
     assert "OMP_NUM_THREADS=3 accelerate launch" in accelerate and "--num_cpu_threads_per_process 3" in accelerate
     assert json.loads((tmp_path / "lightning_trainer.json").read_text())["environment"]["OMP_NUM_THREADS"] == "3"
-    assert json.loads((tmp_path / "hf_training_args.json").read_text())["env"]["OMP_NUM_THREADS"] == "3"
+    hf_trainer.write_hf_arguments(tmp_path, cfg=BASELINE, baseline=BASELINE, env={}, default_threads=3)
+    hf = json.loads((tmp_path / "hf_training_args.json").read_text())
+    assert hf["env"]["OMP_NUM_THREADS"] == "3" and hf["launch"] == "OMP_NUM_THREADS=3 python your_script.py"
+    assert "OMP_NUM_THREADS=3" in hf["not_expressible"][0]
     assert "OMP_NUM_THREADS" in (tmp_path / "torchrun.sh").read_text()
     assert "Nothing differs" in (tmp_path / "apply_to_your_loop.md").read_text()
 

@@ -1,5 +1,5 @@
 """hf_training_args.json: the tuned configuration as Hugging Face ``TrainingArguments``,
-written beside the other stack files (emit.stacks).
+written beside the other stack files (emit.stacks; emit.outputs writes both).
 
 ``TrainingArguments(output_dir=..., **doc["training_args"])`` builds the Trainer's
 arguments; ``launch`` is the command that starts the ranks, ``env`` what no argument holds
@@ -161,7 +161,12 @@ def hf_document(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str],
 
 
 def write_hf_arguments(out_dir: Path, *, cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str],
-                       blocks: tuple[str, ...] = ()) -> dict[str, str]:
-    """Write hf_training_args.json into ``out_dir``; returns its name by output key."""
+                       default_threads: int | None = None, blocks: tuple[str, ...] = ()) -> dict[str, str]:
+    """Write hf_training_args.json into ``out_dir``; returns its name by output key. Threads
+    left to PyTorch are named as ``default_threads``, the count it chose here, as the other
+    stack files name them (stacks.write_stack_files): torchrun would choose 1 per rank."""
+    if default_threads:
+        cfg, baseline = (c if c.threads else c.replace(threads=default_threads) for c in (cfg, baseline))
+        env = {"OMP_NUM_THREADS": str(default_threads), **env}
     write_atomically(out_dir / HF_NAME, json.dumps(hf_document(cfg, baseline, env, blocks=blocks), indent=2) + "\n")
     return {"hf_trainer": HF_NAME}

@@ -1,5 +1,5 @@
-"""The tuned configuration for the user's own stack, written beside best_config.json: an Accelerate
-config file, the Lightning ``Trainer`` arguments (Hugging Face's: emit.hf_trainer), a torchrun script, the
+"""The tuned configuration for the user's own stack, written beside best_config.json:
+an Accelerate config file, the Lightning ``Trainer`` arguments, a torchrun script, the
 lines to change in a hand-written training loop, and a Slurm batch script for several
 nodes (emit.slurm).
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.emit import hf_trainer, nodes, slurm
+from autotune.emit import nodes, slurm
 from autotune.emit.launch import keep_or_export
 from autotune.emit.outdir import write_atomically
 from autotune.runtime.knobs import CompileMode, LrScaling, Precision, Sharding
@@ -46,7 +46,8 @@ _LIGHTNING_PRECISION: dict[str, str] = {
 # one (torch.compile's inductor, torch.get_float32_matmul_precision()) raises when only the
 # new one was set. cuDNN's convolutions already use TF32 by default: forcing them either way
 # would move the user off the defaults the baseline ran with.
-TF32_LINES = ('torch.backends.cuda.matmul.fp32_precision = "tf32"', "torch.backends.cuda.matmul.allow_tf32 = True")
+TF32_LINES = ('torch.backends.cuda.matmul.fp32_precision = "tf32"',
+              "torch.backends.cuda.matmul.allow_tf32 = True")
 CUDNN_BENCHMARK_LINE = "torch.backends.cudnn.benchmark = True"
 
 
@@ -595,6 +596,5 @@ def write_stack_files(out_dir: Path, *, cfg: TrialConfig, baseline: TrialConfig,
     write_atomically(out_dir / TORCHRUN_NAME, render_torchrun(cfg, env), mode=0o755)
     write_atomically(out_dir / SNIPPET_NAME, render_snippet(cfg, baseline, env, blocks=blocks))
     write_atomically(out_dir / slurm.SBATCH_NAME, slurm.render_sbatch(cfg, env), mode=0o755)
-    hf = hf_trainer.write_hf_arguments(out_dir, cfg=cfg, baseline=baseline, env=env, blocks=blocks)
     return {"accelerate": ACCELERATE_NAME, "lightning": LIGHTNING_NAME, "torchrun": TORCHRUN_NAME,
-            "snippet": SNIPPET_NAME, "slurm": slurm.SBATCH_NAME, **hf}
+            "snippet": SNIPPET_NAME, "slurm": slurm.SBATCH_NAME}
