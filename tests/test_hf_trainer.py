@@ -25,7 +25,7 @@ class WithStep(TrialConfig):
 CPU_BASELINE = TrialConfig(batch_size=32)
 CPU_TUNED = WithStep(nprocs=2, threads=1, batch_size=64, grad_accum=2, num_workers=2, prefetch_factor=4,
                      persistent_workers=True, compile="default", channels_last=True, affinity="compact",
-                     allocator="tcmalloc", lr_scaling="linear", lr_batch=32)
+                     allocator="tcmalloc", lr_scaling="linear", lr_batch=32, activation_checkpointing=True)
 CPU_ENV = {"OMP_NUM_THREADS": "1", "TUNED_NPROCS": "2", "LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4"}
 CUDA_BASELINE = TrialConfig(device="cuda", batch_size=32)
 CUDA_TUNED = WithStep(device="cuda", nprocs=2, backend="nccl", batch_size=256, precision="bf16",
@@ -81,6 +81,7 @@ def test_the_cpu_arguments_build_trainingarguments_in_a_gloo_rank(one_rank, tmp_
     assert (args.dataloader_num_workers, args.dataloader_prefetch_factor) == (2, 4)
     assert args.dataloader_persistent_workers and not args.dataloader_pin_memory
     assert not args.bf16 and not args.fp16 and args.optim == "adamw_torch"
+    assert args.gradient_checkpointing  # the Trainer checkpoints a transformers model's layers
     assert doc["launch"].endswith("torchrun --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d "
                                   "--rdzv-endpoint 127.0.0.1:0 your_script.py")
     assert "OMP_NUM_THREADS=1" in doc["launch"] and "TUNED_NPROCS" not in doc["launch"]
@@ -123,7 +124,7 @@ def test_the_cuda_arguments_hold_bf16_compile_and_the_fused_step(monkeypatch, tm
     assert args.fsdp and args.fsdp_config["reshard_after_forward"] is False  # grad-op keeps them gathered
     assert args.fsdp_config["transformer_layer_cls_to_wrap"] == ["Block"]
     assert args.fsdp_config["activation_checkpointing"] is True
-    assert not args.activation_checkpointing  # FSDP's own, not the Trainer's (a second all-gather)
+    assert not args.gradient_checkpointing  # FSDP's own, not the Trainer's (a second all-gather)
     assert args.tf32 is True and args.optim == "adamw_torch"  # no step tuned: torch's own
     assert "ddp_find_unused_parameters" not in sharded["training_args"]
     assert "fsdp" in sharded["key_names"]
@@ -135,8 +136,8 @@ def test_what_the_trainer_cannot_hold_is_named_not_dropped():
                            prune_ratio=0.25, optimizer_step="foreach")
     doc = _doc(cpu_sharded, TrialConfig(batch_size=8), {})
     assert "fsdp" not in doc["training_args"] and doc["training_args"]["ddp_find_unused_parameters"] is False
-    assert doc["training_args"]["activation_checkpointing"] is True
-    assert doc["key_names"] == {"activation_checkpointing": hf_trainer.KEY_NAMES["activation_checkpointing"]}
+    assert doc["training_args"]["gradient_checkpointing"] is True  # the name 5.17 (the GPU machine's) knows
+    assert doc["key_names"] == {"gradient_checkpointing": hf_trainer.KEY_NAMES["gradient_checkpointing"]}
     said = doc["not_expressible"]
     assert any(s.startswith("Sharding (full)") for s in said)
     assert any("Structured pruning (0.25" in s for s in said)

@@ -4,9 +4,9 @@ written beside the other stack files (emit.stacks; emit.outputs writes both).
 ``TrainingArguments(output_dir=..., **doc["training_args"])`` builds the Trainer's
 arguments; ``launch`` is the command that starts the ranks, ``env`` what no argument holds
 (threads, the allocator), and ``not_expressible`` names, a sentence each, what the Trainer
-cannot set, so that nothing is dropped silently. Every key exists in transformers 5.x's
-TrainingArguments (checked against 5.24); where a name changed, the current one is used
-and ``key_names`` says what older releases call it.
+cannot set, so that nothing is dropped silently. Every key exists in TrainingArguments
+of transformers 5.17 and 5.24; where a name changed, the one both accept is used (FSDP's
+is the current one), and ``key_names`` says what the other releases call it.
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ HF_NAME = "hf_training_args.json"
 
 # The names that changed, as a user of an older transformers needs them.
 KEY_NAMES = {
-    "activation_checkpointing": "gradient_checkpointing in transformers 4.x (a deprecated alias in 5.x)",
+    # the newer name breaks the older releases (5.17 has no such field), the older works in all
+    "gradient_checkpointing": ("activation_checkpointing in transformers releases after 5.17 (gradient_checkpointing "
+                               "is a deprecated alias there, to be removed in v6); 5.17 and 4.x know only this one"),
     "fsdp": ("fsdp=True with fsdp_config's reshard_after_forward (FSDP2) in 5.x; transformers 4.x took "
              "fsdp=\"full_shard\" (reshard_after_forward true) or \"shard_grad_op\" (false)"),
 }
@@ -71,7 +73,7 @@ def training_args(cfg: TrialConfig, *, blocks: tuple[str, ...] = ()) -> dict[str
         # left unset, torch_compile turns TF32 on (matrix products too), which the tuned run did not
         args["tf32"] = False
     if cfg.activation_checkpointing and not _trainer_shards(cfg):
-        args["activation_checkpointing"] = True
+        args["gradient_checkpointing"] = True
     if cfg.nprocs > 1:
         args["ddp_backend"] = cfg.backend
     if _trainer_shards(cfg):
@@ -113,14 +115,15 @@ def not_expressible(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, s
     if cfg.cudnn_benchmark:
         out.append(f"cuDNN benchmark mode: {stacks.CUDNN_BENCHMARK_LINE} before training.")
     if cfg.device == "cuda" and cfg.compile != CompileMode.OFF and cfg.precision != Precision.TF32:
-        out.append("tf32=False keeps torch.compile from turning TF32 on; it turns it off in cuDNN's "
-                   "convolutions too, which the tuned run left on (PyTorch's default): set "
+        out.append("tf32=False keeps torch.compile from turning TF32 on; where transformers sets it for all "
+                   "of torch (torch.backends.fp32_precision, as 5.24 does) it turns it off in cuDNN's convolutions "
+                   "too, which the tuned run left on (PyTorch's default): set "
                    'torch.backends.cudnn.conv.fp32_precision = "tf32" after building TrainingArguments.')
     if cfg.ipex:
         out.append("IPEX: model, optimizer = intel_extension_for_pytorch.optimize(model, optimizer=optimizer), "
                    "then pass both to the Trainer (optimizers=(optimizer, None)).")
     if cfg.activation_checkpointing and not _trainer_shards(cfg):
-        out.append("activation_checkpointing=True calls model.gradient_checkpointing_enable(), which a "
+        out.append("gradient_checkpointing=True calls model.gradient_checkpointing_enable(), which a "
                    f"transformers model has; for another torch module, checkpoint {stacks._blocks_text(blocks)} "
                    f"yourself: {stacks._checkpoint_line(blocks)}.")
     if stacks._sharded(cfg) and not _trainer_shards(cfg):
