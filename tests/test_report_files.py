@@ -223,3 +223,33 @@ def test_report_md_leads_the_speedup_with_the_figure_a_rerun_stays_above(tmp_pat
             f"{iv.ci_low:.2f}-{iv.ci_high:.2f}x), 6 standalone pairs |") in md, md[:2000]
     assert f"| while verifying | {shift} |" in md
     assert "1.62x or more in 95% of re-runs" in (out / "report.html").read_text()
+
+
+def test_the_report_leads_with_the_answer_then_the_tables(written):
+    """The speedup a re-run stays above and the plot of what each knob is worth come before
+    the first table, in report.html and report.md alike."""
+    out, _ = written
+    page = (out / "report.html").read_text()
+    first_table = page.index("<table")
+    speedup = page.index("Verified speedup: ")
+    worth = page.index('<img alt="Ablation: what each knob is worth"')
+    assert speedup < worth < first_table
+    assert page.index("knob") > speedup  # the knob table follows
+    md = (out / "report.md").read_text()
+    first_md_table = md.index("\n| ")
+    assert md.index("**Verified speedup: ") < md.index("](report/ablation.png)") < first_md_table
+    assert md.index("## Result") > md.index("## The answer")
+    assert md.count("](report/ablation.png)") == 1  # shown once, in the answer
+
+
+def test_a_further_answer_block_slots_in_after_the_speedup(tmp_path, monkeypatch):
+    from autotune.report import render
+
+    hide_matplotlib(monkeypatch)
+    monkeypatch.setattr(render, "ANSWERS", [*render.ANSWERS,
+                                            lambda doc: render.Answer("Utilisation", ["GPU busy 91% of steps."]),
+                                            lambda doc: None])
+    out = make_outdir(tmp_path / "out", study=False)
+    write_report(out)
+    for text, table in (((out / "report.html").read_text(), "<table"), ((out / "report.md").read_text(), "\n| ")):
+        assert text.index("Verified speedup: ") < text.index("GPU busy 91% of steps.") < text.index(table)

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.emit import launch
+from autotune.emit import hf_trainer, launch
 from autotune.emit import outputs as emit
 from autotune.emit import stacks as stack_configs
 
@@ -183,8 +183,16 @@ def test_a_run_writes_them_beside_best_config_and_names_them_in_outputs(tmp_path
     doc = emit.write_outputs(tmp_path, cfg=tuned, model_file=TINY, env=env,
                              document=run_document(tuned, baseline=BASELINE), description="t")
     for key, name in (("accelerate", "accelerate_config.yaml"), ("lightning", "lightning_trainer.json"),
-                      ("torchrun", "torchrun.sh"), ("snippet", "apply_to_your_loop.md")):
+                      ("torchrun", "torchrun.sh"), ("snippet", "apply_to_your_loop.md"),
+                      ("hf_trainer", "hf_training_args.json")):
         assert doc.outputs[key] == name and (tmp_path / name).is_file()
+    hf = json.loads((tmp_path / "hf_training_args.json").read_text())
+    assert hf["training_args"]["per_device_train_batch_size"] == 32 and hf["training_args"]["ddp_backend"] == "gloo"
+    assert hf["env"]["OMP_NUM_THREADS"] == "1"
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    what_you_get = readme.split("## What you get")[1].split("\n## ")[0]
+    for name in doc.outputs.values():  # every file a run writes is documented where users look
+        assert f"`{name}`" in what_you_get, name
     assert os.access(tmp_path / "torchrun.sh", os.X_OK)
     candidate = emit.write_candidate(tmp_path / "candidate", cfg=TUNED, model_file=TINY, env=env,
                                      description="t")
@@ -199,6 +207,10 @@ def test_threads_left_to_pytorch_are_named_with_the_count_it_chose(tmp_path):
     accelerate = (tmp_path / "accelerate_config.yaml").read_text()
     assert "OMP_NUM_THREADS=3 accelerate launch" in accelerate and "--num_cpu_threads_per_process 3" in accelerate
     assert json.loads((tmp_path / "lightning_trainer.json").read_text())["environment"]["OMP_NUM_THREADS"] == "3"
+    hf_trainer.write_hf_arguments(tmp_path, cfg=BASELINE, baseline=BASELINE, env={}, default_threads=3)
+    hf = json.loads((tmp_path / "hf_training_args.json").read_text())
+    assert hf["env"]["OMP_NUM_THREADS"] == "3" and hf["launch"] == "OMP_NUM_THREADS=3 python your_script.py"
+    assert "OMP_NUM_THREADS=3" in hf["not_expressible"][0]
     assert "OMP_NUM_THREADS" in (tmp_path / "torchrun.sh").read_text()
     assert "Nothing differs" in (tmp_path / "apply_to_your_loop.md").read_text()
 

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from autotune.config import TrialConfig
 from autotune.document.run import CandidateDocument, RunDocument
-from autotune.emit import launch, nodes, stacks
+from autotune.emit import hf_trainer, launch, nodes, stacks
 from autotune.emit.outdir import write_atomically
 from autotune.errors import UsageError
 from autotune.runtime.knobs import ConfigDict, ScriptSettings
@@ -125,7 +125,7 @@ def _write_files(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict
                  baseline: TrialConfig | None = None,
                  default_threads: int | None = None, blocks: tuple[str, ...] = ()) -> dict[str, str]:
     """The script (see write_script) and launch.sh, and given the run's ``baseline`` the
-    stack files (see stacks.write_stack_files); returns the outputs by name, relative to
+    stack files (see stacks.write_stack_files, hf_trainer.write_hf_arguments); returns the outputs by name, relative to
     ``out_dir``, best_config.json included (the caller writes it)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     write_script(out_dir, cfg=cfg, model_file=model_file, description=description, tuned_for=tuned_for,
@@ -135,6 +135,8 @@ def _write_files(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict
     if baseline is not None:  # a run's result, not a candidate's: the same config for the user's own stack
         outputs.update(stacks.write_stack_files(out_dir, cfg=cfg, baseline=baseline, env=env,
                                                 default_threads=default_threads, blocks=blocks))
+        outputs.update(hf_trainer.write_hf_arguments(out_dir, cfg=cfg, baseline=baseline, env=env,
+                                                     default_threads=default_threads, blocks=blocks))
     return outputs
 
 

@@ -3,18 +3,16 @@
 inline, nothing fetched from anywhere) that opens offline and can be mailed or attached
 to a CI job.
 
-Both hold the summary (the chosen configuration against the baseline), the advice
-(``autotune.report.advice``) and the tables behind it: every trial of the search, verification's
-per-round ratios, the ablation. Plots need matplotlib (a dependency of autotune);
+Both lead with the answer (the verified speedup and what each knob is worth, see
+``autotune.report.render``), then hold the summary (the chosen configuration against the
+baseline), the advice (``autotune.report.advice``) and the tables behind it: every trial of
+the search, verification's per-round ratios, the ablation. Plots need matplotlib (a dependency of autotune);
 without it the tables are all there and the report says how to get the plots. The study
 is only read, never written: reading it with ``optuna.create_study(load_if_exists=True)``
 would append to the journal.
 """
 from __future__ import annotations
 
-import base64
-import dataclasses
-import html
 import os
 import statistics
 from collections.abc import Callable
@@ -30,6 +28,7 @@ from autotune.document.measures import CandidateOutcome, Effect, Interval, Round
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 from autotune.report import advice, profile
+from autotune.report.render import Plot, Table, answers, render_html, render_markdown
 from autotune.result import read_document
 from autotune.search.objective import duration
 from autotune.search.study import folder_of, load_study
@@ -40,20 +39,6 @@ HTML_NAME = "report.html"
 PLOTS_DIR = "report"
 PLOT_NAMES = ("history.png", "knobs.png", "ablation.png", "path.png", "verification.png")
 PLOTS_HINT = "pip install matplotlib"
-
-
-@dataclasses.dataclass
-class Table:
-    title: str
-    headers: list[str]
-    rows: list[list[str]]
-    note: str = ""
-
-
-@dataclasses.dataclass
-class Plot:
-    title: str
-    path: Path
 
 
 def write_report(out: str | os.PathLike[str], *, doc: RunDocument | None = None,
@@ -77,8 +62,9 @@ def write_report(out: str | os.PathLike[str], *, doc: RunDocument | None = None,
     if plots is None:
         notes.append(f"Plots need matplotlib: {PLOTS_HINT}, then `autotune report {folder}`.")
     md, page = folder / MARKDOWN_NAME, folder / HTML_NAME
-    md.write_text(render_markdown(doc, lines, tables, plots or [], notes, base=folder))
-    page.write_text(render_html(doc, lines, tables, plots or [], notes))
+    blocks = answers(doc)
+    md.write_text(render_markdown(doc, lines, tables, plots or [], notes, base=folder, blocks=blocks))
+    page.write_text(render_html(doc, lines, tables, plots or [], notes, blocks=blocks))
     return [md, page, *(p.path for p in plots or [])]
 
 
@@ -451,80 +437,3 @@ def _draw_verification(figure: Callable[[float, float], Figure], doc: RunDocumen
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     return fig
-
-
-# --- rendering --------------------------------------------------------------------------
-
-
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _md_table(table: Table) -> list[str]:
-    out = [f"## {table.title}", ""]
-    if table.note:
-        out += [table.note, ""]
-    out += ["| " + " | ".join(_md_cell(h) for h in table.headers) + " |",
-            "|" + "---|" * len(table.headers)]
-    out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows]
-    return [*out, ""]
-
-
-def _md_line(line: str) -> str:
-    return f"  - {line.strip()}" if line.startswith("  ") else f"- {line}"
-
-
-def render_markdown(doc: RunDocument, lines: list[str], tables: list[Table], plots: list[Plot],
-                    notes: list[str], *, base: Path) -> str:
-    """The report as Markdown; plots linked relative to ``base`` (the output folder)."""
-    out = [f"# autotune report: {Path(doc.model_file).name}", ""]
-    out += [f"> {note}" for note in notes] + ([""] if notes else [])
-    out += _md_table(tables[0]) + _md_table(tables[1])
-    out += ["## Advice", "", *(_md_line(line) for line in lines), ""]
-    if plots:
-        out += ["## Plots", ""]
-        out += [f"![{p.title}]({p.path.relative_to(base).as_posix()})\n" for p in plots]
-    for table in tables[2:]:
-        out += _md_table(table)
-    return "\n".join(out)
-
-
-_CSS = """
-body { font-family: sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
-th { background: #f0f0f0; } tr:nth-child(even) td { background: #fafafa; }
-.note { color: #555; font-size: 0.9em; } .warn { background: #fff6d6; padding: 0.5em; }
-li.sub { margin-left: 1.5em; list-style: circle; } img { max-width: 100%; display: block; margin: 0.5em 0; }
-"""
-
-
-def _html_table(table: Table) -> str:
-    e = html.escape
-    head = "".join(f"<th>{e(h)}</th>" for h in table.headers)
-    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in table.rows)
-    note = f'<p class="note">{e(table.note)}</p>' if table.note else ""
-    return f"<h2>{e(table.title)}</h2>{note}<table><tr>{head}</tr>{body}</table>"
-
-
-def render_html(doc: RunDocument, lines: list[str], tables: list[Table], plots: list[Plot],
-                notes: list[str]) -> str:
-    """The report as one self-contained HTML page: plots inlined as data URIs, inline CSS,
-    no reference to anything outside the file."""
-    e = html.escape
-    title = f"autotune report: {Path(doc.model_file).name}"
-    parts = [f"<h1>{e(title)}</h1>", *(f'<p class="warn">{e(n)}</p>' for n in notes),
-             _html_table(tables[0]), _html_table(tables[1]), "<h2>Advice</h2><ul>"]
-    parts += [f'<li class="sub">{e(line.strip())}</li>' if line.startswith("  ") else f"<li>{e(line)}</li>"
-              for line in lines]
-    parts.append("</ul>")
-    if plots:
-        parts.append("<h2>Plots</h2>")
-    for p in plots:
-        data = base64.b64encode(p.path.read_bytes()).decode("ascii")
-        parts.append(f'<figure><img alt="{e(p.title)}" src="data:image/png;base64,{data}">'
-                     f"<figcaption>{e(p.title)}</figcaption></figure>")
-    parts += [_html_table(t) for t in tables[2:]]
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
-            f"<style>{_CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
