@@ -24,9 +24,10 @@ DEFAULT_OPTIMIZER = "torch.optim.adamw.AdamW"
 PREFETCH_FACTORS: list[int | None] = [None, 4, 8]
 
 # The torch.optim classes whose step torch fuses, per device, in torch 2.4 and later (the
-# fused CPU kernels arrived in 2.4). Adagrad's fused kernel was CPU-only when it arrived;
-# torch 2.13 no longer refuses it on CUDA, but the older torch the GPU machines run is not
-# known to take it there, so it is not searched on CUDA.
+# fused CPU kernels arrived in 2.4). Adagrad's fused kernel is CPU-only: torch 2.11+cu130
+# refuses fused=True for CUDA parameters at its first step (seen on an H100, where fused
+# Adam, AdamW and SGD stepped on both devices); torch 2.13 no longer checks, but the
+# torch a GPU machine runs may, so Adagrad is not searched on CUDA.
 FUSED_CLASSES: dict[str, tuple[str, ...]] = {
     "cpu": ("Adam", "AdamW", "SGD", "Adagrad"),
     "cuda": ("Adam", "AdamW", "SGD"),
