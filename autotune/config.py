@@ -5,7 +5,16 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from autotune.errors import UsageError
-from autotune.runtime.knobs import Allocator, Backend, CompileMode, LrScaling, Precision, Sharding, lr_factor
+from autotune.runtime.knobs import (
+    Allocator,
+    Backend,
+    CompileMode,
+    LrScaling,
+    OptimizerStep,
+    Precision,
+    Sharding,
+    lr_factor,
+)
 
 # The values, as the search space and the checks below list them.
 COMPILE_MODES = tuple(m.value for m in CompileMode)
@@ -14,6 +23,7 @@ ALLOCATORS = tuple(a.value for a in Allocator)
 BACKENDS = tuple(b.value for b in Backend)
 SHARDINGS = tuple(s.value for s in Sharding)
 LR_SCALINGS = tuple(r.value for r in LrScaling)
+OPTIMIZER_STEPS = tuple(s.value for s in OptimizerStep)
 # The learning-rate rule's fields: set once for the run (--scale-lr), not searched.
 LR_FIELDS = ("lr_scaling", "lr_batch")
 
@@ -80,12 +90,23 @@ class TrialConfig:
     activation_checkpointing: bool = False
     grad_accum: int = 1
     sharding: str = Sharding.OFF.value
+    # The optimizer's step implementation (runtime.optimizer_step): rounding only, like the
+    # layouts, so ``exact`` holds and the numerics check compares it with the fp32 reference.
+    optimizer_step: str = OptimizerStep.DEFAULT.value
     # Not a knob the search turns: how the learning rate follows the batch size
     # (--scale-lr), and the global batch the user's learning rate is for (theirs).
     lr_scaling: str = LrScaling.NONE.value
     lr_batch: int | None = None
 
     def __post_init__(self) -> None:
+        # Knobs that mean nothing beside another's value take their default there, so two
+        # configurations that run alike are one (the search counts a repeat as a duplicate):
+        # prefetching needs workers; IPEX and sharding keep the optimizer as built (see
+        # runtime.optimizer_step.STEP_APPLIES).
+        if self.num_workers == 0 and self.prefetch_factor is not None:
+            object.__setattr__(self, "prefetch_factor", None)
+        if (self.ipex or self.sharding != Sharding.OFF) and self.optimizer_step != OptimizerStep.DEFAULT:
+            object.__setattr__(self, "optimizer_step", OptimizerStep.DEFAULT.value)
         problems = []
         if self.nprocs < 1:
             problems.append(f"nprocs={self.nprocs} must be at least 1")
@@ -106,6 +127,8 @@ class TrialConfig:
             problems.append(f"grad_accum={self.grad_accum} must be at least 1")
         if self.num_workers < 0:
             problems.append(f"num_workers={self.num_workers} must be 0 or more")
+        if self.prefetch_factor is not None and self.prefetch_factor < 1:
+            problems.append(f"prefetch_factor={self.prefetch_factor} must be at least 1")
         for name, allowed in (
             ("compile", COMPILE_MODES),
             ("precision", PRECISIONS),
@@ -114,6 +137,7 @@ class TrialConfig:
             ("affinity", ("none", "compact")),
             ("device", ("cpu", "cuda")),
             ("sharding", SHARDINGS),
+            ("optimizer_step", OPTIMIZER_STEPS),
             ("lr_scaling", LR_SCALINGS),
         ):
             if getattr(self, name) not in allowed:

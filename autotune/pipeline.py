@@ -69,7 +69,7 @@ EXIT_NOT_VERIFIED = 3
 def build_task_space(task: Task, machine: Machine, options: RunOptions) -> Space:
     return build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
                        image_inputs=task.image_inputs, batchnorm_layers=task.batchnorm_layers,
-                       blocks=task.blocks,
+                       blocks=task.blocks, optimizer=task.optimizer,
                        has_evaluate=task.has_evaluate, has_training_step=task.has_training_step,
                        max_quality_drop=options.max_quality_drop,
                        exact=options.exact, fixed=options.fixed, batch_range=options.batch_range,

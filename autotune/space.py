@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune import space_conditional as conditional
 from autotune.config import LR_FIELDS, LR_SCALINGS, Layout, TrialConfig
 from autotune.errors import UsageError
 from autotune.probes import Machine, as_machine
@@ -113,8 +114,9 @@ class Space:
     def grid_size(self) -> int:
         """How many configurations the space holds: what an exhaustive grid would measure
         (the (layout, batch) pairs whose ranks split the batch)."""
-        others = math.prod(len(v) for k, v in self.choices.items()
-                           if k not in ("layout", "batch_size", *MEMORY_KNOBS))
+        product, paired = conditional.conditional_count(self.choices, self.fixed, self.baseline)
+        others = product * math.prod(len(v) for k, v in self.choices.items()
+                                         if k not in ("layout", "batch_size", *MEMORY_KNOBS, *paired))
         batches = self.choices.get("batch_size") or [self.fixed.get("batch_size", self.baseline.batch_size)]
         pairs = sum(1 for layout in self.layouts for b in batches if b % layout.nprocs == 0)
         return others * max(1, pairs)
@@ -527,6 +529,7 @@ def build_space(
     fixed: Mapping[str, Any] | None = None,
     batch_range: tuple[int, int] | None = None,
     scale_lr: str = LrScaling.NONE.value,
+    optimizer: str = conditional.DEFAULT_OPTIMIZER,
 ) -> Space:
     """The space for ``machine`` (a probe, or its saved document) and the model.
 
@@ -536,7 +539,8 @@ def build_space(
     activation checkpointing recomputes. ``batch_range``: the global batches the user allows
     (``--batch-range``), else a quarter to eight times theirs. ``scale_lr``: how the learning
     rate follows each configuration's batch size from the user's (``--scale-lr``); the
-    baseline carries it, and so every configuration made from it."""
+    baseline carries it, and so every configuration made from it. ``optimizer``: the model
+    file's optimizer class (Task.optimizer), whose step may be fused."""
     probe = as_machine(machine)
     pins = dict(fixed or {})
     if exact:
@@ -555,9 +559,11 @@ def build_space(
     # Layout and batch size are pinned by their builders; the other knobs below.
     choices: dict[str, list[Any]] = {"layout": split.values, "batch_size": batch.values}
     excluded = {**device_choice.excluded, **layout.excluded, **batch.excluded, **split.excluded}
+    workers = _num_workers_choice(device, cores, len(gpus))
     knobs = {
         "backend": _backend_choice(device, backends, max_ranks),
-        "num_workers": _num_workers_choice(device, cores, len(gpus)),
+        "num_workers": workers,
+        "prefetch_factor": KnobChoice(*conditional.prefetch_factor_choice(workers.values, pins.get("num_workers"))),
         "pin_memory": _pin_memory_choice(device),
         "interop_threads": _interop_threads_choice(device),
         "compile": _compile_choice(device, probe.compile),
@@ -574,6 +580,8 @@ def build_space(
         "activation_checkpointing": _checkpointing_choice(blocks),
         "grad_accum": _grad_accum_choice(batchnorm_layers),
         "sharding": _sharding_choice(max_ranks),
+        "optimizer_step": KnobChoice(*conditional.optimizer_step_choice(device, optimizer,
+                                                                         torch=probe.torch.get("version"))),
     }
     for name, choice in knobs.items():
         excluded.update(choice.excluded)

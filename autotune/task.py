@@ -27,6 +27,7 @@ from typing import Any
 
 from autotune.errors import ContractError
 from autotune.runtime.knobs import Precision
+from autotune.space_conditional import DEFAULT_OPTIMIZER
 from autotune.trials import proctree
 
 REQUIRED = ("build_model", "build_dataset")
@@ -63,6 +64,10 @@ class Task:
     # The file calls the model its own way (training_step): the tuner cannot call it on a
     # batch's inputs, which tracing the model for pruning needs.
     has_training_step: bool = False
+    # The optimizer's class as build_optimizer(params) builds it (module.qualname; torch's
+    # AdamW, the runtime's own, without one): whether its step can be fused
+    # (autotune.space_conditional), known here without building it again.
+    optimizer: str = DEFAULT_OPTIMIZER
     check_s: float = 0.0  # how long the check took: import, build_dataset, build_model, a step
 
 
@@ -236,10 +241,10 @@ def _check(path: str, device: str | None = None) -> dict[str, Any]:
     has_training_step = getattr(module, "training_step", None) is not None
     if not has_training_step:
         _check_item_is_pair(file, items[0])
-    _check_training_step(file, module, model, items, has_training_step, device)
+    optimizer = _check_training_step(file, module, model, items, has_training_step, device)
     if getattr(module, "evaluate", None) is not None:
         _check_evaluate(file, module, model, device)
-    return _describe(module, model, items[0], batch_size=batch_size, dataset_len=n)
+    return {**_describe(module, model, items[0], batch_size=batch_size, dataset_len=n), "optimizer": optimizer}
 
 
 def _import(file: _UserFile) -> Any:
@@ -384,9 +389,10 @@ def _check_optimizer(file: _UserFile, module: Any, model: Any) -> Any:
 
 
 def _check_training_step(file: _UserFile, module: Any, model: Any, items: list[Any],
-                         has_training_step: bool, device: str = "cpu") -> None:
+                         has_training_step: bool, device: str = "cpu") -> str:
     """One real training step on the first two items, on ``device`` in fp32: a shape or dtype
-    mistake shows here, named, instead of failing every trial. The loss must be a scalar tensor."""
+    mistake shows here, named, instead of failing every trial. The loss must be a scalar tensor.
+    Returns the optimizer's class (Task.optimizer)."""
     import torch
 
     from autotune.runtime.model import make_step
@@ -404,6 +410,8 @@ def _check_training_step(file: _UserFile, module: Any, model: Any, items: list[A
             + (f" of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else "")
             + "; expected a scalar loss tensor."
         )
+    cls = type(optimizer)
+    return DEFAULT_OPTIMIZER if isinstance(optimizer, _NoUpdate) else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _check_evaluate(file: _UserFile, module: Any, model: Any, device: str = "cpu") -> None:

@@ -53,15 +53,19 @@ CHECKS = {
     "channels_last off": lambda f: f["conv_inputs_channels_last"] == [False],
     "prune_ratio=0.5": widths_halved,
     "compile": lambda f: f["compiled"] is True,
+    "optimizer_step=fused": lambda f: f["optimizer"]["class"] == "AdamW" and f["optimizer"]["fused"] is True,
+    "optimizer_step=default": lambda f: f["optimizer"]["fused"] is None and f["optimizer"]["foreach"] is None,
+    "prefetch_factor=4": lambda f: f["loader_prefetch_factor"] == 4,
 }
 
 # (configuration, the allocator it adds where installed, the knobs it shows)
 KNOBS = {
     "one thread": (TrialConfig(threads=1, interop_threads=1, precision="bf16", channels_last=True, prune_ratio=0.5),
                    "jemalloc", ["threads=1", "interop_threads=1", "precision=bf16", "channels_last",
-                                "prune_ratio=0.5", "allocator=jemalloc"]),
-    "two threads": (TrialConfig(threads=2), "tcmalloc",
-                    ["threads=2", "precision=fp32", "channels_last off", "allocator=tcmalloc"]),
+                                "prune_ratio=0.5", "allocator=jemalloc", "optimizer_step=default"]),
+    "two threads": (TrialConfig(threads=2, optimizer_step="fused", num_workers=1, prefetch_factor=4), "tcmalloc",
+                    ["threads=2", "precision=fp32", "channels_last off", "allocator=tcmalloc",
+                     "optimizer_step=fused", "prefetch_factor=4"]),
     "two ranks": (TrialConfig(nprocs=2, threads=1, affinity="compact"), None, ["nprocs=2 gloo", "affinity=compact"]),
     "compiled": (TrialConfig(compile="default"), None, ["compile"]),
 }

@@ -90,7 +90,8 @@ def test_a_batch_whose_throughput_peaks_far_from_the_samples_is_climbed_to(tmp_p
     256 and falls beyond: the sampler's best sits well below 256, and one step from it, or
     the range's end, is slower than 256. The refinement climbs there, step after step."""
     fixed = {"affinity": "none", "allocator": "default", "interop_threads": None, "nprocs": 1,
-             "threads": 2, "num_workers": 0, "compile": "off", "channels_last": False, "pin_memory": False}
+             "threads": 2, "num_workers": 0, "compile": "off", "channels_last": False, "pin_memory": False,
+             "optimizer_step": "default"}
     space = build_space(MACHINE, baseline_batch=16, dataset_len=8192, fixed=fixed, batch_range=(4, 2048))
     sampled = [k for k, v in space.choices.items() if len(v) > 1 and k not in MEMORY_KNOBS]
     assert sampled == ["batch_size"], space.choices

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.emit import nodes, slurm
+from autotune.emit import nodes, optimizer, slurm
 from autotune.emit.launch import keep_or_export
 from autotune.emit.outdir import write_atomically
 from autotune.runtime.knobs import CompileMode, LrScaling, Precision, Sharding
@@ -107,10 +107,7 @@ def lr_line(cfg: TrialConfig) -> str | None:
 def _not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str,
                      blocks: tuple[str, ...] = ()) -> list[str]:
     """The tuned knobs a tool's configuration cannot hold (see the loop snippet)."""
-    out = []
-    lr = lr_line(cfg)
-    if lr:
-        out.append(lr)
+    out = [line for line in (lr_line(cfg), optimizer.step_line(cfg)) if line]
     if cfg.activation_checkpointing and not _sharded(cfg):
         # Both tools checkpoint activations only as part of their FSDP configuration.
         out.append(f"activation checkpointing of {_blocks_text(blocks)}: {_checkpoint_line(blocks)}")
@@ -530,6 +527,7 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
         code += _loop_lines(several=several, pinned=pinned, ddp_on_cuda=becomes_ddp and cuda)
     if cfg.grad_accum != baseline.grad_accum and cfg.grad_accum > 1:
         code += _accumulation_lines(cfg)
+    code += optimizer.step_code(cfg)
     if cfg.lr_factor != 1.0:
         code.append("for group in optimizer.param_groups:  # --scale-lr "
                     f"{cfg.lr_scaling}: the global batch {cfg.batch_size} over your {cfg.lr_batch}")

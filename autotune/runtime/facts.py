@@ -11,7 +11,9 @@ import torch
 
 from . import memory
 from .data import first_tensor
+from .knobs import OptimizerStep
 from .model import config_lr_factor, first_lr, unwrap_model
+from .optimizer_step import optimizer_facts
 from .session import Session
 
 
@@ -62,7 +64,8 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
     per-rank batch, layer widths (pruning), compiled and DDP wrappers; the memory knobs'
     checkpointed blocks, the model's calls in a step and what each got (grad_accum's
     micro-batches), and whether the parameters are sharded with this rank's share; the
-    learning-rate factor and the first group's learning rate."""
+    learning-rate factor and the first group's learning rate; the optimizer's step
+    implementation and the loader's prefetch factor."""
     dtypes: set[str] = set()
     conv_inputs_channels_last: list[bool] = []
     hooks = []
@@ -135,6 +138,12 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
         # parameter group's learning rate as the optimizer holds it
         "lr_factor": config_lr_factor(session.cfg, nodes=session.dist.nodes),
         "lr": first_lr(session.optimizer),
+        # optimizer_step: the class, its fused/foreach flags and groups as the step runs them
+        "optimizer": optimizer_facts(session.optimizer,
+                                     str(session.cfg.get("optimizer_step") or OptimizerStep.DEFAULT)),
+        # prefetch_factor: the batches each worker loads ahead (torch's 2 where unset; None
+        # without workers)
+        "loader_prefetch_factor": getattr(session.loader, "prefetch_factor", None),
     }
 
 

@@ -76,6 +76,20 @@ class Sharding(str, enum.Enum):
         return self.value
 
 
+class OptimizerStep(str, enum.Enum):
+    """How the optimizer's step runs over the parameters: DEFAULT as the user built it
+    (torch picks: foreach on CUDA, a loop over the tensors on CPU); FOREACH, one kernel per
+    operation over all tensors; FUSED, the whole update in one kernel per group (a torch.optim
+    class with a ``fused`` argument: Adam, AdamW, SGD, Adagrad). See runtime.optimizer_step."""
+
+    DEFAULT = "default"
+    FOREACH = "foreach"
+    FUSED = "fused"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class LrScaling(str, enum.Enum):
     """How the learning rate follows a batch size unlike the one it was set for: NONE
     leaves it; LINEAR multiplies it by the batches' ratio (Goyal et al.'s rule, for SGD);
@@ -123,6 +137,7 @@ class ConfigDict(TypedDict, total=False):
     activation_checkpointing: bool
     grad_accum: int
     sharding: str
+    optimizer_step: str
     lr_scaling: str
     lr_batch: int | None
 

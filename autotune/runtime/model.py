@@ -13,6 +13,7 @@ from . import memory
 from .data import move
 from .distributed import Distributed
 from .knobs import CompileMode, ConfigDict, LrScaling, Precision, Sharding, lr_factor
+from .optimizer_step import step_applies, with_step
 
 
 class NonFiniteLoss(RuntimeError):
@@ -118,11 +119,11 @@ class BuiltModel(NamedTuple):
 def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: Any) -> BuiltModel:
     """Model and optimizer with every in-process knob applied, in the order that works:
     prune, then memory format, SyncBatchNorm and device, then activation checkpointing;
-    then optimizer, IPEX, DDP and compile, or with sharding over several ranks (PyTorch's
-    order for FSDP2): each repeated block compiled in place, fully_shard, and the optimizer
-    last, over the sharded parameters. The optimizer's learning rates are scaled as
-    ``lr_scaling`` says (config_lr_factor), here alone: trials, verification and
-    train_tuned.py all build through this."""
+    then optimizer (with its step, ``optimizer_step``), IPEX, DDP and compile, or with
+    sharding over several ranks (PyTorch's order for FSDP2): each repeated block compiled
+    in place, fully_shard, and the optimizer last, over the sharded parameters. The
+    optimizer's learning rates are scaled as ``lr_scaling`` says (config_lr_factor), here
+    alone: trials, verification and train_tuned.py all build through this."""
     model = user.build_model()
     prune_ratio = float(cfg.get("prune_ratio") or 0.0)
     if prune_ratio > 0:
@@ -141,9 +142,12 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
     mode = str(cfg.get("compile", CompileMode.OFF))
     compile_mode = None if mode == CompileMode.DEFAULT else mode
     make_optimizer = getattr(user, "build_optimizer", None)
+    step = step_applies(cfg, sharded=sharded)
 
     def optimizer_of(params: Any) -> torch.optim.Optimizer:
         optimizer = make_optimizer(params) if make_optimizer else torch.optim.AdamW(params, lr=1e-3)
+        # the step implementation first: the rebuilt optimizer is the one whose lr is scaled
+        optimizer = with_step(optimizer, step)
         # here, before IPEX (which may hand back an optimizer of its own made from this one)
         scale_lr(optimizer, config_lr_factor(cfg, nodes=dist.nodes))
         return optimizer

@@ -43,7 +43,9 @@ from autotune.verify.side_by_side import Held, speed_check
 KNOB_GROUPS: dict[str, tuple[str, ...]] = {
     "layout": ("nprocs", "threads", "backend"),
     "batch_size": ("batch_size",),
-    "num_workers": ("num_workers", "persistent_workers", "prefetch_factor"),
+    # without workers a configuration prefetches nothing (TrialConfig): reverting them
+    # reverts prefetch_factor too, and prefetch_factor alone reverts to torch's default
+    "num_workers": ("num_workers", "persistent_workers"),
     "pin_memory": ("pin_memory",),
     "interop_threads": ("interop_threads",),
     "compile": ("compile",),
@@ -54,6 +56,8 @@ KNOB_GROUPS: dict[str, tuple[str, ...]] = {
     "affinity": ("affinity",),
     "ipex": ("ipex",),
     "cudnn_benchmark": ("cudnn_benchmark",),
+    "prefetch_factor": ("prefetch_factor",),  # after num_workers: on the path it needs them
+    "optimizer_step": ("optimizer_step",),
 }
 MIN_ROUNDS = 3  # with many knobs: the path and the leave-one-out in the speed check's windows
 MAX_ROUNDS = 10

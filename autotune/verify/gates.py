@@ -246,6 +246,8 @@ def describe_checks(verdict: Verdict) -> str:
             Precision.FP16: "fp16 autocast with GradScaler"}[Precision(cfg.precision)]
     if cfg.prune_ratio:
         what += f", {cfg.prune_ratio:.0%} of channels pruned"
+    if cfg.optimizer_step != "default":  # rounding only: checked against the default step's losses
+        what += f", {cfg.optimizer_step} optimizer step"
     parts = []
     numerics = verdict.checks.get("numerics")
     if numerics is not None and numerics.passed:
