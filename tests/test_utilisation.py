@@ -4,6 +4,7 @@ else a matmul measured here), and the share in best_config.json, the summary and
 report."""
 from __future__ import annotations
 
+import io
 import json
 import time
 
@@ -104,3 +105,77 @@ def test_the_measured_cpu_matmul_peak_is_short_and_names_its_threads():
     assert time.perf_counter() - started < 1.0
     assert peak.flop_per_s > 1e8
     assert peak.source == f"measured:cpu fp32 matmul, {torch.get_num_threads()} threads"
+
+
+def test_a_runs_document_carries_the_baselines_and_the_picks_share_and_the_summary_shows_it(tmp_path):
+    from autotune import schemas
+    from autotune.document.run import RunDocument
+    from autotune.report.console import Reporter
+    from autotune.report.files import report_tables
+    from autotune.task import load_task
+
+    from doubles import StandInRunner, recorded_machine, tune_stand_in
+
+    doc = tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
+    assert schemas.problem(doc, "best_config") is None
+    found = doc["utilisation"]
+    assert found["flops_per_sample"] == 1e7 and "FlopCounterMode" in found["counted"]
+    for who, rate in (("baseline", doc["baseline"]["samples_per_s"]), ("pick", doc["best"]["samples_per_s"])):
+        share = found[who]
+        assert share["flop_per_s"] == pytest.approx(1e7 * rate)
+        assert share["share"] == pytest.approx(share["flop_per_s"] / share["peak_flop_per_s"])
+        assert share["peak_source"].startswith("measured:cpu fp32 matmul, ")
+    broken = {**doc, "utilisation": {**found, "pick": {**found["pick"], "peak_source": "guessed"}}}
+    assert "utilisation.pick" in schemas.problem(broken, "best_config")
+
+    read = RunDocument.from_json(doc)
+    printed = io.StringIO()
+    reporter = Reporter()
+    reporter.out.file = printed
+    reporter.summary(read, tmp_path / "out")
+    line = next(s for s in printed.getvalue().splitlines() if s.startswith("utilisation:"))
+    assert (f"baseline {found['baseline']['share']:.1%} -> pick {found['pick']['share']:.1%} of the measured "
+            "cpu fp32 matmul peak on ") in line
+    table = next(t for t in report_tables(read, None) if t.title == "Utilisation")
+    assert [row[0] for row in table.rows] == ["baseline", "pick"]
+    assert table.rows[1][4] == f"{found['pick']['share']:.1%}"
+
+
+def test_a_known_gpus_share_is_of_its_datasheet_peak_times_its_ranks(tmp_path):
+    from autotune.document.utilisation import Utilisation
+
+    peak = peaks.device_peak(device_type="cuda", gpu_name="NVIDIA H100 80GB HBM3", precision="bf16", ranks=8,
+                             measure=lambda p: pytest.fail("a known GPU is not measured"))
+    assert peak.flop_per_s == 8 * 989e12 and peak.source == "table:H100 SXM bf16 dense x 8 ranks"
+    facts = {"flops_per_sample": 6e9, **peak.to_json()}
+    found = Utilisation.of(baseline_facts=facts, baseline_samples_per_s=1000.0,
+                           pick_facts=facts, pick_samples_per_s=40000.0)
+    assert found is not None and found.pick.share == pytest.approx(6e9 * 4e4 / (8 * 989e12))
+    assert found.lines()[0] == ("utilisation: baseline 0.1% -> pick 3.0% of the datasheet's H100 SXM bf16 "
+                                "dense peak on 8 ranks (6 TFLOP/s -> 240 TFLOP/s of 7.91 PFLOP/s)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg, source", [
+    ({"threads": 1, "batch_size": 16, "grad_accum": 2}, r"measured:cpu fp32 matmul, 1 threads"),
+    # two DDP ranks: the model counted outside DDP's wrapper (no gradient sync), and both
+    # ranks' matmuls measured side by side and added up
+    ({"nprocs": 2, "threads": 1, "batch_size": 32, "backend": "gloo"}, r"measured:cpu fp32 matmul, 1 threads x 2 ranks"),
+], ids=["grad_accum", "ddp"])
+def test_a_trial_reports_its_flops_per_sample_and_its_ranks_peak(tmp_path, cfg, source):
+    import os
+
+    from autotune.config import TrialConfig
+    from autotune.trials.runner import Measurement, TrialRunner
+
+    from helpers import machine_doc
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable cores")
+    runner = TrialRunner(model_file=MODELS / "blocks_mlp.py", machine=machine_doc(), workdir=tmp_path,
+                         measurement=Measurement(warmup_steps=2, window_s=0.2, windows=2), timeout_s=150, hang_s=60)
+    result = runner.run(TrialConfig(**cfg), name="trial")
+    assert result.status == "ok", f"{result.failure}: {result.message}\n{result.log_tail}"
+    found = result.facts["utilisation"]
+    assert found["flops_per_sample"] == BLOCKS_MLP_PER_SAMPLE
+    assert found["peak_source"] == source and found["peak_flop_per_s"] > 1e8

@@ -30,6 +30,7 @@ from autotune.document.measures import CandidateOutcome, Effect, Interval, Round
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 from autotune.report import advice
+from autotune.report.utilisation import utilisation_tables
 from autotune.result import read_document
 from autotune.search.objective import duration
 from autotune.search.study import folder_of, load_study
@@ -241,7 +242,7 @@ def report_tables(doc: RunDocument, study: optuna.Study | None) -> list[Table]:
     path = ablation.path if ablation is not None else None
     if path is not None and path.steps and path.total is not None:
         tables.append(_path_table(path, path.total, doc.speedup))
-    tables += _verification_tables(doc)
+    tables += _verification_tables(doc) + [Table(*fields) for fields in utilisation_tables(doc)]
     if doc.candidates:
         tables.append(Table("Candidates in verification", ["configuration", "side by side", "interval", "outcome"],
                             [[c.config.short(), f"{c.median:.2f}x" if c.median else "",

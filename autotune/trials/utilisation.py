@@ -6,6 +6,7 @@ every timed window; the tuner multiplies FLOPs per sample by the samples/s it me
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,10 +18,11 @@ if TYPE_CHECKING:
 _PEAKS: dict[str, Peak] = {}
 
 
-def rank_peak(session: Session) -> Peak:
+def rank_peak(session: Session, *, settle: Callable[[], None]) -> Peak:
     """The peak of all the session's ranks in its precision: a known GPU's table peak
     times the ranks, else the ranks' matmuls measured side by side (each on its own cores
-    or GPU, as they train) and added up."""
+    or GPU, as they train) and added up. ``settle``: waits for the DataLoader's workers
+    to go idle (worker.settle)."""
     import torch
 
     from autotune.probes import peaks
@@ -33,8 +35,6 @@ def rank_peak(session: Session) -> Peak:
 
     def measure(wanted: str) -> Peak:
         if device.type == "cpu" and session.loader.num_workers:
-            from autotune.trials.worker import settle
-
             settle()  # the DataLoader's workers filling their queue would slow the matmuls
         dist.barrier()
         one = peaks.measured_peak(device=device, precision=wanted)
@@ -49,7 +49,7 @@ def rank_peak(session: Session) -> Peak:
     return peak
 
 
-def utilisation_facts(session: Session) -> dict[str, Any]:
+def utilisation_facts(session: Session, *, settle: Callable[[], None]) -> dict[str, Any]:
     """The FACTS event's utilisation fields: ``flops_per_sample`` (None where it could
     not be counted) and the ranks' ``peak_flop_per_s`` with its ``peak_source``. Every
     rank calls this: a measured peak is added up over them."""
@@ -64,6 +64,6 @@ def utilisation_facts(session: Session) -> dict[str, Any]:
         counted = None
         if session.dist.device.type == "cuda":
             torch.cuda.empty_cache()
-    peak = rank_peak(session)
+    peak = rank_peak(session, settle=settle)
     return {"flops_per_sample": counted.per_sample if counted is not None else None,
             **peak.to_json()}

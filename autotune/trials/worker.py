@@ -56,7 +56,7 @@ def probe_step_facts(session: Session) -> dict[str, Any]:
 
     _, facts = step_facts(session)
     facts["loader_worker_pids"] = [c.pid for c in psutil.Process().children()]
-    facts["utilisation"] = utilisation_facts(session)
+    facts["utilisation"] = utilisation_facts(session, settle=settle)
     return facts
 
 
