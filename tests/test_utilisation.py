@@ -179,3 +179,29 @@ def test_a_trial_reports_its_flops_per_sample_and_its_ranks_peak(tmp_path, cfg, 
     found = result.facts["utilisation"]
     assert found["flops_per_sample"] == BLOCKS_MLP_PER_SAMPLE
     assert found["peak_source"] == source and found["peak_flop_per_s"] > 1e8
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_a_gpu_a_compiled_bf16_step_counts_the_models_flops_and_its_peak_is_the_gpus():
+    session = Session(str(MODELS / "blocks_mlp.py"), {"batch_size": 16, "device": "cuda", "precision": "bf16",
+                                                      "compile": "default"})
+    try:
+        session.step()  # compiled: the count runs the model uncompiled all the same
+        counted = step_flops(session)
+        assert counted is not None and counted.per_sample == BLOCKS_MLP_PER_SAMPLE
+    finally:
+        session.close()
+    name = torch.cuda.get_device_name(0)
+    started = time.perf_counter()
+    measured = peaks.measured_peak(device=torch.device("cuda", 0), precision="bf16")
+    assert time.perf_counter() - started < 5.0
+    known = peaks.table_peak(name, "bf16")
+    print(f"{name}: table {known}, measured {measured}")
+    assert measured.source == f"measured:{name} bf16 matmul"
+    if known is not None:
+        # a bf16 matmul reaches most of the datasheet's dense peak, never more
+        assert 0.3 * known.flop_per_s < measured.flop_per_s < 1.05 * known.flop_per_s
