@@ -205,3 +205,21 @@ def test_on_a_gpu_a_compiled_bf16_step_counts_the_models_flops_and_its_peak_is_t
     if known is not None:
         # a bf16 matmul reaches most of the datasheet's dense peak, never more
         assert 0.3 * known.flop_per_s < measured.flop_per_s < 1.05 * known.flop_per_s
+
+
+def test_a_peak_that_could_not_be_measured_leaves_the_share_out_not_the_trial(monkeypatch):
+    from autotune.document.utilisation import Share
+    from autotune.trials import utilisation
+
+    def fails(**kw):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(utilisation, "_PEAKS", {})
+    monkeypatch.setattr(peaks, "measured_peak", fails)
+    session = Session(str(MODELS / "blocks_mlp.py"), {"batch_size": 16, "threads": 1})
+    try:
+        facts = utilisation.utilisation_facts(session, settle=lambda: None)
+    finally:
+        session.close()
+    assert facts["flops_per_sample"] == BLOCKS_MLP_PER_SAMPLE and facts["peak_flop_per_s"] == 0.0
+    assert Share.of(facts, samples_per_s=100.0) is None

@@ -37,9 +37,17 @@ def rank_peak(session: Session, *, settle: Callable[[], None]) -> Peak:
         if device.type == "cpu" and session.loader.num_workers:
             settle()  # the DataLoader's workers filling their queue would slow the matmuls
         dist.barrier()
-        one = peaks.measured_peak(device=device, precision=wanted)
+        try:
+            one = peaks.measured_peak(device=device, precision=wanted)
+        except Exception as exc:  # out of memory beside the model, say: no peak, the trial goes on
+            print(f"autotune: matmul peak not measured: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            one = peaks.Peak(flop_per_s=0.0, source=f"measured:{device.type} {wanted} matmul failed")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        # every rank meets in both collectives, whichever failed
+        failed = dist.agree_max(0.0 if one.flop_per_s else 1.0)
         total = float(dist.mean(torch.tensor(one.flop_per_s, dtype=torch.float64, device=device))) * dist.world
-        return one.times(dist.world, total=total)
+        return one.times(dist.world, total=0.0 if failed else total)
 
     peak = peaks.device_peak(
         device_type=device.type, precision=precision, measure=measure, ranks=dist.world,
