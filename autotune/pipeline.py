@@ -24,6 +24,7 @@ from autotune.document.memory import MemoryFit
 from autotune.document.plan import PlannedRun
 from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
 from autotune.document.stages import Stage, StageRecord, VerificationStages
+from autotune.document.utilisation import Utilisation, pick_facts, trial_facts
 from autotune.emit import launch, outdir, outputs
 from autotune.errors import NotVerified
 from autotune.harness import candidate_emitter, make_runner
@@ -191,7 +192,7 @@ def build_document(
     verdicts: list[gates.Verdict], search: SearchSummary, ranked: Sequence[Candidate], exact: bool,
     layout: LayoutEffect | None, environment: Mapping[str, str], pricing: Pricing | None = None,
     stages: VerificationStages | None = None, memory: MemoryFit | None = None,
-    batch: BatchChoice | None = None,
+    batch: BatchChoice | None = None, baseline_result: Mapping[str, Any] | None = None,
 ) -> RunDocument:
     """The run's document, assembled once from what each stage built."""
     claim = winner.standalone if winner is not None else None
@@ -229,6 +230,10 @@ def build_document(
         space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
         layout_effect=layout, environment=environment,
         ablation=winner.ablation if winner is not None else None, stages=stages, memory=memory, batch=batch,
+        utilisation=Utilisation.of(
+            baseline_facts=trial_facts(baseline_result), baseline_samples_per_s=baseline.samples_per_s,
+            pick_facts=pick_facts(chosen, [(c.config, c.result) for c in ranked], work_key=work_key) if best else None,
+            pick_samples_per_s=best.samples_per_s if best else None),
         plan=None if pricing is None else PlannedRun.of(
             pricing, baseline=baseline_cfg, baseline_samples_per_s=baseline.samples_per_s, chosen=chosen,
             chosen_samples_per_s=best.samples_per_s if best is not None else baseline.samples_per_s))
@@ -567,4 +572,4 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         memory=fit_of(limit, chosen=chosen, user=space.baseline, reference=baseline_cfg,
                       user_result=outcome.user_result, measured=measured, failed=failed,
                       alone_peak_mb=winner.standalone.peak_mb if winner and winner.standalone else None),
-        batch=batch)
+        batch=batch, baseline_result=outcome.baseline.result)

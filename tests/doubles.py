@@ -113,6 +113,21 @@ class StandIn(RunnerDouble):
         """What a measured trial reports at its end, beside its windows."""
         return {}
 
+    def utilisation(self, cfg: TrialConfig) -> dict[str, Any]:
+        """What a trial's first step reports for utilisation (trials.utilisation): the
+        model's FLOPs per sample and its ranks' peak, the datasheet's for a GPU the
+        machine document names, else a matmul's 50 GFLOP/s a thread."""
+        from autotune.probes import peaks
+
+        doc = getattr(self, "doc", None) or {}  # the recorded machine, where the double has one
+        gpu = (doc.get("gpus") or [{}])[0].get("name") if cfg.device == "cuda" else None
+        threads = self.threads_seen(cfg)
+        peak = peaks.device_peak(
+            device_type=cfg.device, gpu_name=gpu, precision=cfg.precision, ranks=cfg.nprocs,
+            measure=lambda p: peaks.Peak(flop_per_s=5e10 * threads, source=f"measured:cpu {p} matmul, {threads} "
+                                         "threads").times(cfg.nprocs))
+        return {"flops_per_sample": 1e7, **peak.to_json()}
+
     def losses(self, cfg: TrialConfig, steps: int) -> list[float]:
         if self.diverge and not cfg.exact:
             return [2.3 * 1.03 ** i for i in range(steps)]
@@ -138,6 +153,7 @@ class StandIn(RunnerDouble):
         step_s = cfg.batch_size / value
         return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
                            setup={"threads": self.threads_seen(cfg), "seconds": 0.0},
+                           facts={"utilisation": self.utilisation(cfg)},
                            warmup={"first_step_s": step_s + self.one_time_s(cfg), "step_s": step_s},
                            done=self.measured_done(cfg))
 

@@ -152,3 +152,23 @@ def test_the_report_shows_where_the_picks_step_goes(tuned):
     assert "Where the step goes" in report and "matrix products (mm, linear, convolutions)" in report
     assert "where the step goes (" in report  # the advice's line
     assert (tuned.out / "profile" / "script-log.txt").is_file()
+def test_a_real_runs_summary_shows_the_baselines_and_the_picks_share_of_the_measured_peak(tuned):
+    """The FLOPs per sample the trials counted, times the measured samples/s, against the
+    fp32 matmul peak measured in the trials with their threads."""
+    from autotune.report.console import Reporter
+
+    doc = RunDocument.from_json(json.loads((tuned.out / "best_config.json").read_text()))
+    found = doc.utilisation
+    assert found is not None and found.flops_per_sample > 0
+    shares = [found.baseline, found.pick] if doc.verified else [found.baseline]
+    for share in shares:
+        assert share is not None and share.peak_source.startswith("measured:cpu fp32 matmul, ")
+        assert 0 < share.share < 1.5, "a CPU's matmul peak is about the most a step reaches"
+    printed = io.StringIO()
+    reporter = Reporter()
+    reporter.out.file = printed
+    reporter.summary(doc, tuned.out)
+    line = next(s for s in printed.getvalue().splitlines() if s.startswith("utilisation:"))
+    said = (f"baseline {found.baseline.share:.1%} -> pick {found.pick.share:.1%} of " if doc.verified
+            else f"baseline {found.baseline.share:.1%} of ")
+    assert said in line and "the measured cpu fp32 matmul peak on " in line, line

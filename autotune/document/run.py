@@ -27,6 +27,7 @@ from autotune.document.memory import MemoryFit
 from autotune.document.plan import PlannedRun
 from autotune.document.profile import StepProfile
 from autotune.document.stages import VerificationStages
+from autotune.document.utilisation import Utilisation
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -140,6 +141,7 @@ class RunDocument:
     memory: MemoryFit | None = None  # None: a document from before memory was measured
     batch: BatchChoice | None = None  # None: a document from before the batch was judged
     step_profile: StepProfile | None = None  # None: not profiled (--no-profile, or it failed)
+    utilisation: Utilisation | None = None  # None: no FLOPs counted (or a document from before)
     schema: int | None = None
     model_file_tuned: str | None = None
     launch: str | None = None
@@ -186,7 +188,8 @@ class RunDocument:
                               plan=self.plan.to_json() if self.plan else None,
                               memory=self.memory.to_json() if self.memory else None,
                               batch=self.batch.to_json() if self.batch else None,
-                              step_profile=self.step_profile.to_json() if self.step_profile else None),
+                              step_profile=self.step_profile.to_json() if self.step_profile else None,
+                              utilisation=self.utilisation.to_json() if self.utilisation else None),
             **optional_fields(verification_stages=self.stages.to_json() if self.stages else None),
             "environment": dict(self.environment),
             **optional_fields(model_file_tuned=self.model_file_tuned, launch=self.launch,
@@ -215,6 +218,7 @@ class RunDocument:
             memory=MemoryFit.from_json(data["memory"]) if data.get("memory") else None,
             batch=BatchChoice.from_json(data["batch"]) if data.get("batch") else None,
             step_profile=StepProfile.from_json(data["step_profile"]) if data.get("step_profile") else None,
+            utilisation=Utilisation.from_json(data["utilisation"]) if data.get("utilisation") else None,
             stages=(VerificationStages.from_json(data["verification_stages"])
                     if data.get("verification_stages") else None),
             schema=data.get("schema"), model_file_tuned=data.get("model_file_tuned"),

@@ -177,6 +177,8 @@ class Reporter:
         else:
             self.out.print("[bold red]no configuration was verified faster than the baseline;[/] "
                            "the baseline is recommended.")
+        for line in doc.utilisation.lines() if doc.utilisation is not None else []:
+            self.out.print(line, markup=False)
         # the stages that stopped once they knew, or that --timeout shortened
         for line in doc.stages.lines() if doc.stages is not None else []:
             self.out.print(f"  {line}", markup=False)

@@ -29,6 +29,7 @@ from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 from autotune.report import advice, profile
 from autotune.report.render import Plot, Table, answers, render_html, render_markdown
+from autotune.report.utilisation import utilisation_tables
 from autotune.result import read_document
 from autotune.search.objective import duration
 from autotune.search.study import folder_of, load_study
@@ -227,7 +228,7 @@ def report_tables(doc: RunDocument, study: optuna.Study | None) -> list[Table]:
     path = ablation.path if ablation is not None else None
     if path is not None and path.steps and path.total is not None:
         tables.append(_path_table(path, path.total, doc.speedup))
-    tables += _verification_tables(doc)
+    tables += _verification_tables(doc) + [Table(*fields) for fields in utilisation_tables(doc)]
     if doc.step_profile is not None:
         tables.append(Table(profile.TITLE, list(profile.HEADERS), profile.table_rows(doc), profile.table_note(doc)))
     if doc.candidates:

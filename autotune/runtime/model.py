@@ -189,6 +189,19 @@ def make_scaler(cfg: ConfigDict, device: torch.device) -> torch.amp.GradScaler |
     return torch.amp.GradScaler(device.type) if cfg.get("precision") == Precision.FP16 else None
 
 
+def user_loss(user: Any, model: Any, batch: Any, *, cfg: ConfigDict, device: torch.device) -> torch.Tensor:
+    """The loss of one (micro-)batch already on ``device``, under the configuration's
+    autocast: the user's training_step(model, batch), else loss_fn (cross-entropy by
+    default) of the model's output and the targets."""
+    with autocast(cfg, device):
+        training_step = getattr(user, "training_step", None)
+        if training_step is not None:
+            return training_step(model, batch)
+        loss_fn = getattr(user, "loss_fn", None) or torch.nn.functional.cross_entropy
+        inputs, targets = batch
+        return loss_fn(call_model(model, inputs), targets)
+
+
 def make_step(user: Any, model: Any, optimizer: Any, cfg: ConfigDict, device: torch.device, *,
               scaler: torch.amp.GradScaler | None = None) -> Callable[[Any], torch.Tensor]:
     """A function doing one optimizer step on one batch (moved to ``device``); it returns
@@ -204,19 +217,13 @@ def make_step(user: Any, model: Any, optimizer: Any, cfg: ConfigDict, device: to
     0 (memory.micro_batches; the user's training_step gets each), their gradients add up
     before the one optimizer step, and the loss returned is the micro-losses' mean: the
     batch's loss, for a mean-reduced loss."""
-    loss_fn = getattr(user, "loss_fn", None) or torch.nn.functional.cross_entropy
-    training_step = getattr(user, "training_step", None)
     channels_last = bool(cfg.get("channels_last"))
     graphs = cfg.get("compile") == CompileMode.REDUCE_OVERHEAD
 
     accumulate = int(cfg.get("grad_accum") or 1)
 
     def forward_loss(batch: Any) -> torch.Tensor:
-        with autocast(cfg, device):
-            if training_step is not None:
-                return training_step(model, batch)
-            inputs, targets = batch
-            return loss_fn(call_model(model, inputs), targets)
+        return user_loss(user, model, batch, cfg=cfg, device=device)
 
     def backward(loss: torch.Tensor) -> None:
         if scaler is not None:

@@ -215,6 +215,12 @@ class Session:
         """The next batch to train on: the one drawn to build the model comes first."""
         return self._pending.pop() if self._pending else next(self.batches)
 
+    def peek_batch(self) -> Any:
+        """The batch next_batch() returns next, left there for it."""
+        if not self._pending:
+            self._pending.append(next(self.batches))
+        return self._pending[-1]
+
     def step(self) -> torch.Tensor:
         """One optimizer step on the next batch; returns its loss, not synchronised."""
         return self.train_step(self.next_batch())

@@ -52,9 +52,11 @@ class Events:
 
 def probe_step_facts(session: Session) -> dict[str, Any]:
     from autotune.runtime.facts import step_facts
+    from autotune.trials.utilisation import utilisation_facts
 
     _, facts = step_facts(session)
     facts["loader_worker_pids"] = [c.pid for c in psutil.Process().children()]
+    facts["utilisation"] = utilisation_facts(session, settle=settle)
     return facts
 
 

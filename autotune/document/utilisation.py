@@ -1,0 +1,143 @@
+"""How close the baseline and the pick run to the hardware's peak: their achieved FLOP/s
+(the FLOPs per sample their trial counted, times the samples/s measured for them) and
+its share of the peak FLOP/s of their ranks in their precision, as best_config.json's
+``utilisation`` holds it and the summary and the report show it."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autotune.config import TrialConfig
+
+COUNTED = ("FlopCounterMode on one real batch: the model's forward and backward passes, "
+           "uncompiled and without activation checkpointing's recomputation; the optimizer's "
+           "element-wise update is not counted")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Share:
+    """One configuration's achieved FLOP/s and its share of the peak it runs against."""
+
+    flops_per_sample: float
+    samples_per_s: float
+    flop_per_s: float
+    peak_flop_per_s: float
+    peak_source: str
+    share: float
+
+    @classmethod
+    def of(cls, facts: Mapping[str, Any] | None, *, samples_per_s: float | None) -> Share | None:
+        """From a trial's utilisation facts and the samples/s measured for it; None where
+        its FLOPs were not counted or it has no peak."""
+        if not facts or not samples_per_s:
+            return None
+        flops, peak = facts.get("flops_per_sample"), facts.get("peak_flop_per_s")
+        if not flops or not peak:
+            return None
+        achieved = float(flops) * float(samples_per_s)
+        return cls(flops_per_sample=float(flops), samples_per_s=float(samples_per_s), flop_per_s=achieved,
+                   peak_flop_per_s=float(peak), peak_source=str(facts.get("peak_source") or "unknown"),
+                   share=achieved / float(peak))
+
+    @property
+    def peak_words(self) -> str:
+        """The peak's source in words: ``measured:cpu fp32 matmul, 2 threads x 2 ranks`` as
+        ``the measured cpu fp32 matmul peak on 2 threads x 2 ranks``."""
+        kind, _, what = self.peak_source.partition(":")
+        ranks = re.search(r" x (\d+) ranks$", what)
+        what = what[: ranks.start()] if ranks else what
+        what, _, threads = what.partition(", ")
+        on = [part for part in (threads, f"{ranks.group(1)} ranks" if ranks else "") if part]
+        source = "datasheet's" if kind == "table" else kind
+        return f"the {source} {what} peak" + (f" on {' x '.join(on)}" if on else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Share:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+
+
+def flop_rate(value: float) -> str:
+    """FLOP/s in the unit that reads best: ``41 GFLOP/s``."""
+    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.3g} FLOP/s"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Utilisation:
+    """best_config.json's ``utilisation``: the user's model's FLOPs per sample, and the
+    baseline's and the pick's share of their peak (the pick's None where the baseline
+    is emitted, or where its FLOPs or peak were not measured)."""
+
+    flops_per_sample: float
+    baseline: Share | None
+    pick: Share | None
+    counted: str = COUNTED
+
+    @classmethod
+    def of(cls, *, baseline_facts: Mapping[str, Any] | None, baseline_samples_per_s: float,
+           pick_facts: Mapping[str, Any] | None, pick_samples_per_s: float | None) -> Utilisation | None:
+        baseline = Share.of(baseline_facts, samples_per_s=baseline_samples_per_s)
+        pick = Share.of(pick_facts, samples_per_s=pick_samples_per_s)
+        counted = baseline or pick
+        if counted is None:
+            return None
+        return cls(flops_per_sample=counted.flops_per_sample, baseline=baseline, pick=pick)
+
+    def lines(self) -> list[str]:
+        """The summary's line: ``utilisation: baseline 3.1% -> pick 9.8% of the measured
+        cpu fp32 matmul peak (41 GFLOP/s of 420 GFLOP/s)``."""
+        b, p = self.baseline, self.pick
+        if b is not None and p is not None:
+            same = b.peak_source == p.peak_source
+            text = (f"utilisation: baseline {b.share:.1%} -> pick {p.share:.1%} of "
+                    + (f"{p.peak_words} ({flop_rate(b.flop_per_s)} -> {flop_rate(p.flop_per_s)} "
+                       f"of {flop_rate(p.peak_flop_per_s)})" if same else
+                       f"their peaks (baseline {flop_rate(b.flop_per_s)} of {b.peak_words}, "
+                       f"{flop_rate(b.peak_flop_per_s)}; pick {flop_rate(p.flop_per_s)} of {p.peak_words}, "
+                       f"{flop_rate(p.peak_flop_per_s)})"))
+        else:
+            one, who = (b, "baseline") if b is not None else (p, "pick")
+            assert one is not None
+            text = (f"utilisation: {who} {one.share:.1%} of {one.peak_words} "
+                    f"({flop_rate(one.flop_per_s)} of {flop_rate(one.peak_flop_per_s)})")
+        return [text, f"  {self.flops_per_sample:.4g} FLOPs per sample (forward and backward)"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"flops_per_sample": self.flops_per_sample, "counted": self.counted,
+                "baseline": self.baseline.to_json() if self.baseline else None,
+                "pick": self.pick.to_json() if self.pick else None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Utilisation:
+        return cls(flops_per_sample=data["flops_per_sample"], counted=data.get("counted", COUNTED),
+                   baseline=Share.from_json(data["baseline"]) if data.get("baseline") else None,
+                   pick=Share.from_json(data["pick"]) if data.get("pick") else None)
+
+
+def trial_facts(result: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The utilisation facts a search trial's stored result carries (None before them)."""
+    return ((result or {}).get("facts") or {}).get("utilisation")
+
+
+def pick_facts(chosen: TrialConfig, measured: Sequence[tuple[TrialConfig, Mapping[str, Any]]],
+               *, work_key: Any) -> Mapping[str, Any] | None:
+    """The pick's utilisation facts: its own trial's, else those of a trial of the same
+    work (ablation may drop a placement knob) whose peak is the pick's too: the same
+    ranks, and the same threads where the peak was measured with them."""
+    for cfg, result in measured:
+        if cfg == chosen and trial_facts(result):
+            return trial_facts(result)
+    for cfg, result in measured:
+        facts = trial_facts(result)
+        if not facts or work_key(cfg) != work_key(chosen) or cfg.nprocs != chosen.nprocs:
+            continue
+        if str(facts.get("peak_source", "")).startswith("table:") or cfg.threads == chosen.threads:
+            return facts
+    return None
