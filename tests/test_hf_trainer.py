@@ -3,7 +3,6 @@ arguments build a real ``transformers.TrainingArguments`` (unknown keys, a prefe
 without workers, bf16 without a GPU are all refused there), and hold the tuned knobs."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import socket
 
@@ -13,25 +12,16 @@ import torch
 from autotune.config import TrialConfig
 from autotune.emit import hf_trainer
 
-
-@dataclasses.dataclass(frozen=True)
-class WithStep(TrialConfig):
-    """A configuration with the optimizer step (default/foreach/fused), a field TrialConfig
-    gains in another change; hf_trainer reads it where it is there."""
-
-    optimizer_step: str = "default"
-
-
 CPU_BASELINE = TrialConfig(batch_size=32)
-CPU_TUNED = WithStep(nprocs=2, threads=1, batch_size=64, grad_accum=2, num_workers=2, prefetch_factor=4,
+CPU_TUNED = TrialConfig(nprocs=2, threads=1, batch_size=64, grad_accum=2, num_workers=2, prefetch_factor=4,
                      persistent_workers=True, compile="default", channels_last=True, affinity="compact",
                      allocator="tcmalloc", lr_scaling="linear", lr_batch=32, activation_checkpointing=True)
 CPU_ENV = {"OMP_NUM_THREADS": "1", "TUNED_NPROCS": "2", "LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4"}
 CUDA_BASELINE = TrialConfig(device="cuda", batch_size=32)
-CUDA_TUNED = WithStep(device="cuda", nprocs=2, backend="nccl", batch_size=256, precision="bf16",
+CUDA_TUNED = TrialConfig(device="cuda", nprocs=2, backend="nccl", batch_size=256, precision="bf16",
                       compile="max-autotune", optimizer_step="fused", num_workers=4, pin_memory=True,
                       cudnn_benchmark=True)
-CUDA_SHARDED = WithStep(device="cuda", nprocs=4, backend="nccl", batch_size=64, sharding="grad-op",
+CUDA_SHARDED = TrialConfig(device="cuda", nprocs=4, backend="nccl", batch_size=64, sharding="grad-op",
                         activation_checkpointing=True, precision="tf32")
 
 
@@ -80,7 +70,7 @@ def test_the_cpu_arguments_build_trainingarguments_in_a_gloo_rank(one_rank, tmp_
     assert args.torch_compile and args.torch_compile_mode is None  # mode "default": no mode given
     assert (args.dataloader_num_workers, args.dataloader_prefetch_factor) == (2, 4)
     assert args.dataloader_persistent_workers and not args.dataloader_pin_memory
-    assert not args.bf16 and not args.fp16 and args.optim == "adamw_torch"
+    assert not args.bf16 and not args.fp16 and "optim" not in doc["training_args"]  # the Trainer's own
     assert args.gradient_checkpointing  # the Trainer checkpoints a transformers model's layers
     assert doc["launch"].endswith("torchrun --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d "
                                   "--rdzv-endpoint 127.0.0.1:0 your_script.py")
@@ -125,15 +115,15 @@ def test_the_cuda_arguments_hold_bf16_compile_and_the_fused_step(monkeypatch, tm
     assert args.fsdp_config["transformer_layer_cls_to_wrap"] == ["Block"]
     assert args.fsdp_config["activation_checkpointing"] is True
     assert not args.gradient_checkpointing  # FSDP's own, not the Trainer's (a second all-gather)
-    assert args.tf32 is True and args.optim == "adamw_torch"  # no step tuned: torch's own
+    assert args.tf32 is True and "optim" not in sharded["training_args"]  # no step tuned: the Trainer's own
     assert "ddp_find_unused_parameters" not in sharded["training_args"]
     assert "fsdp" in sharded["key_names"]
 
 
 def test_what_the_trainer_cannot_hold_is_named_not_dropped():
     # on CPU Accelerate (the Trainer's) has no FSDP: the sharding goes to not_expressible
-    cpu_sharded = WithStep(nprocs=2, batch_size=8, sharding="full", activation_checkpointing=True,
-                           prune_ratio=0.25, optimizer_step="foreach")
+    cpu_sharded = TrialConfig(nprocs=2, batch_size=8, sharding="full", activation_checkpointing=True,
+                              prune_ratio=0.25)
     doc = _doc(cpu_sharded, TrialConfig(batch_size=8), {})
     assert "fsdp" not in doc["training_args"] and doc["training_args"]["ddp_find_unused_parameters"] is False
     assert doc["training_args"]["gradient_checkpointing"] is True  # the name 5.17 (the GPU machine's) knows
@@ -141,7 +131,13 @@ def test_what_the_trainer_cannot_hold_is_named_not_dropped():
     said = doc["not_expressible"]
     assert any(s.startswith("Sharding (full)") for s in said)
     assert any("Structured pruning (0.25" in s for s in said)
-    assert any("foreach=True" in s for s in said)
+    # the optimizer step: a sharded configuration keeps the user's (TrialConfig resets it)
+    assert not any("optimizer step" in s for s in said)
+    foreach = _doc(TrialConfig(batch_size=8, optimizer_step="foreach"), TrialConfig(batch_size=8), {})
+    assert any("foreach=True" in s for s in foreach["not_expressible"]) and "optim" not in foreach["training_args"]
+    fused = _doc(TrialConfig(batch_size=8, optimizer_step="fused"), TrialConfig(batch_size=8), {})
+    assert fused["training_args"]["optim"] == "adamw_torch_fused"
+    assert any("for another torch.optim class build it with fused=True" in s for s in fused["not_expressible"])
     one = _doc(TrialConfig(batch_size=8), TrialConfig(batch_size=8), {})
     assert one["launch"] == "python your_script.py" and one["not_expressible"] == []
     assert "ddp_backend" not in one["training_args"] and "dataloader_prefetch_factor" not in one["training_args"]

@@ -19,7 +19,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.emit import stacks
 from autotune.emit.outdir import write_atomically
-from autotune.runtime.knobs import CompileMode, Precision, Sharding
+from autotune.runtime.knobs import CompileMode, OptimizerStep, Precision, Sharding
 
 HF_NAME = "hf_training_args.json"
 
@@ -39,11 +39,6 @@ def _trainer_shards(cfg: TrialConfig) -> bool:
     return stacks._accelerate_shards(cfg)
 
 
-def _optimizer_step(cfg: TrialConfig) -> str:
-    # a field another change adds to TrialConfig; a configuration without it ran torch's default
-    return str(getattr(cfg, "optimizer_step", "default"))
-
-
 def training_args(cfg: TrialConfig, *, blocks: tuple[str, ...] = ()) -> dict[str, Any]:
     """``TrainingArguments`` keyword arguments for ``cfg``; ``blocks``: the model's repeated
     block classes, which FSDP wraps each on its own."""
@@ -58,8 +53,10 @@ def training_args(cfg: TrialConfig, *, blocks: tuple[str, ...] = ()) -> dict[str
         "dataloader_pin_memory": bool(stacks.loader_kwargs(cfg)["pin_memory"]),
         "dataloader_persistent_workers": cfg.persistent_workers and cfg.num_workers > 0,
         "dataloader_drop_last": True,  # as the trials and train_tuned.py load
-        "optim": "adamw_torch_fused" if _optimizer_step(cfg) == "fused" else "adamw_torch",
     }
+    if cfg.optimizer_step == OptimizerStep.FUSED:
+        # the Trainer builds its optimizer from `optim`; the user's own class is named in not_expressible
+        args["optim"] = "adamw_torch_fused"
     if cfg.num_workers and cfg.prefetch_factor:  # TrainingArguments refuses it without workers
         args["dataloader_prefetch_factor"] = cfg.prefetch_factor
     if cfg.compile != CompileMode.OFF:
@@ -129,7 +126,10 @@ def not_expressible(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, s
     if stacks._sharded(cfg) and not _trainer_shards(cfg):
         out.append(f"Sharding ({cfg.sharding}): the Trainer's FSDP runs on GPUs only (on CPU Accelerate "
                    "replicates the model with DDP); apply_to_your_loop.md shards it with fully_shard.")
-    if _optimizer_step(cfg) == "foreach" and cfg.device == "cpu":
+    if cfg.optimizer_step == OptimizerStep.FUSED:
+        out.append("The fused optimizer step: optim=adamw_torch_fused is AdamW's; for another torch.optim "
+                   "class build it with fused=True and pass it (optimizers=(optimizer, None)).")
+    if cfg.optimizer_step == OptimizerStep.FOREACH and cfg.device == "cpu":
         out.append("The foreach optimizer step: optim=adamw_torch picks it on CUDA only; on CPU build "
                    "torch.optim.AdamW(..., foreach=True) and pass it (optimizers=(optimizer, None)).")
     lr = stacks.lr_line(cfg)
