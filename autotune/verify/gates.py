@@ -246,6 +246,8 @@ def describe_checks(verdict: Verdict) -> str:
             Precision.FP16: "fp16 autocast with GradScaler"}[Precision(cfg.precision)]
     if cfg.prune_ratio:
         what += f", {cfg.prune_ratio:.0%} of channels pruned"
+    if cfg.float8:  # judged as bf16 is: against the fp32 reference, and by evaluate()
+        what += ", float8 matmuls"
     parts = []
     numerics = verdict.checks.get("numerics")
     if numerics is not None and numerics.passed:
