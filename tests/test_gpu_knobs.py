@@ -359,3 +359,52 @@ def test_the_stack_files_carry_the_gpu_knobs():
     assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in snippet
     plain = stacks.lightning_arguments(baseline.replace(nprocs=2, threads=4), baseline, env)
     assert "static_graph" not in plain["strategy"]  # off: DDPStrategy's defaults
+
+
+# --- on a GPU (skipped without one) -------------------------------------------------------
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+
+def cuda_trial(tmp_path, cfg: TrialConfig, model=TINY):
+    runner = TrialRunner(model_file=model, machine={**machine_doc(), "backends": {"nccl": True}},
+                         workdir=tmp_path / "trials", measurement=Measurement(warmup_steps=2, window_s=0.2, windows=2),
+                         timeout_s=300, hang_s=120, warm=False)
+    try:
+        result = runner.run(cfg, name="gpu")
+    finally:
+        runner.close()
+    assert result.status == "ok", f"{result.failure}: {result.message}\n{result.log_tail}"
+    return result
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_cuda
+def test_on_a_gpu_expandable_segments_reach_the_allocator(tmp_path, monkeypatch):
+    monkeypatch.delenv(gpu_knobs.ALLOC_CONF, raising=False)
+    base = TrialConfig(device="cuda", backend="nccl", batch_size=16)
+    assert cuda_trial(tmp_path / "off", base).facts["cuda_expandable_segments"] is False
+    on = cuda_trial(tmp_path / "on", base.replace(expandable_segments=True))
+    assert on.setup["env"][gpu_knobs.ALLOC_CONF] == "expandable_segments:True"
+    assert on.facts["cuda_expandable_segments"] is True
+
+
+def _float8_missing() -> str | None:
+    if not CUDA:
+        return "needs a CUDA GPU"
+    if torch.cuda.get_device_capability() < (8, 9):
+        return "float8 needs compute capability 8.9"
+    return gpu_space.torchao_float8()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(_float8_missing() is not None, reason=str(_float8_missing()))
+def test_on_a_gpu_float8_converts_the_model_and_trains(tmp_path):
+    cfg = TrialConfig(device="cuda", backend="nccl", batch_size=16, precision="bf16", compile="default",
+                      float8=True)
+    result = cuda_trial(tmp_path, cfg, MODELS / "blocks_mlp.py")
+    assert result.facts["float8_layers"] == [f"blocks.{i}.linear" for i in range(4)]  # not stem, not head
+    assert result.losses and all(v == v for v in result.losses)

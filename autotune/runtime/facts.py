@@ -124,6 +124,7 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
         "ddp": isinstance(uncompiled, torch.nn.parallel.DistributedDataParallel),
         **gpu_knobs.ddp_facts(uncompiled),
         "float8_layers": gpu_knobs.float8_layers(base),
+        "cuda_expandable_segments": gpu_knobs.expandable_in_use(session.dist.device),
         "checkpointed_blocks": memory.checkpointed_blocks(base),
         # None under compile, whose graphs the hook would change
         "model_calls": len(calls) if not compiled else None,

@@ -96,3 +96,14 @@ def ddp_facts(model: Any) -> Mapping[str, Any]:
     """What the DDP knobs did to a DistributedDataParallel ``model`` (None where it is not one)."""
     return {"ddp_bucket_view": getattr(model, "gradient_as_bucket_view", None),
             "ddp_static_graph": getattr(model, "static_graph", None)}
+
+
+def expandable_in_use(device: torch.device) -> bool | None:
+    """Whether the CUDA caching allocator maps its memory as expandable segments (the
+    segments of its snapshot say so); None off CUDA, or before it holds any memory."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    segments = torch.cuda.memory_snapshot()
+    return any(bool(s.get("is_expandable")) for s in segments) if segments else None
