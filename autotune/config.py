@@ -97,6 +97,13 @@ class TrialConfig:
     # (--scale-lr), and the global batch the user's learning rate is for (theirs).
     lr_scaling: str = LrScaling.NONE.value
     lr_batch: int | None = None
+    # GPU knobs (runtime.gpu_knobs): the CUDA allocator's expandable segments (a process
+    # knob, set in the environment); float8 matmuls through torchao, which pay only
+    # compiled and under bf16 autocast; DDP's gradients as bucket views and static graph.
+    expandable_segments: bool = False
+    float8: bool = False
+    ddp_bucket_view: bool = False
+    ddp_static_graph: bool = False
 
     def __post_init__(self) -> None:
         # Knobs that mean nothing beside another's value take their default there, so two
@@ -150,6 +157,9 @@ class TrialConfig:
             problems.append(f"sharding={self.sharding} shards over several ranks: it needs nprocs of 2 or more")
         if self.sharding != Sharding.OFF and self.ipex:
             problems.append(f"sharding={self.sharding} and ipex=true: IPEX optimizes an unsharded model")
+        if self.float8 and (self.precision != Precision.BF16 or self.compile == CompileMode.OFF):
+            problems.append("float8=true needs precision=bf16 and a compile mode: uncompiled or "
+                            "outside bf16 autocast its casts cost more than its matmuls save")
         if problems:
             raise UsageError("invalid configuration: " + "; ".join(problems))
 
@@ -171,7 +181,7 @@ class TrialConfig:
     def exact(self) -> bool:
         """fp32 throughout and the model as the user wrote it: nothing that could change
         what training computes beyond rounding order."""
-        return self.precision == Precision.FP32 and self.prune_ratio == 0.0
+        return self.precision == Precision.FP32 and self.prune_ratio == 0.0 and not self.float8
 
     @property
     def layout(self) -> str:

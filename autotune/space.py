@@ -16,6 +16,7 @@ from typing import Any
 from autotune import space_conditional as conditional
 from autotune.config import LR_FIELDS, LR_SCALINGS, Layout, TrialConfig
 from autotune.errors import UsageError
+from autotune.gpu_space import gpu_knob_choices, late_params, normalised
 from autotune.probes import Machine, as_machine
 from autotune.probes.gpu import GpuInfo, usable_gpus
 from autotune.runtime.knobs import Allocator, Backend, CompileMode, LrScaling, Precision, Sharding
@@ -23,7 +24,7 @@ from autotune.runtime.knobs import Allocator, Backend, CompileMode, LrScaling, P
 # Knobs whose every trial carries a long one-time cost (torch.compile takes tens of
 # seconds even for a small model on a few cores). Sampling them throughout would spend
 # the budget compiling; they are tried on the best configuration near the end instead.
-LATE_KNOBS = ("compile",)
+LATE_KNOBS = ("compile", "float8")  # float8 pays only compiled (gpu_space.late_params)
 # Knobs that spend speed to save memory: a configuration that fits needs none of them, so
 # they are not sampled; a trial that retries one that ran out of memory (``Role.MEMORY``,
 # ``autotune.search.memory.rescue``) asks for them.
@@ -150,7 +151,7 @@ class Space:
         for name in LATE_KNOBS:
             for value in self.choices.get(name, [])[1:]:
                 if base.get(name) != value:
-                    out.append({**base, name: value})
+                    out.append(late_params(base, name, value, self.choices))
         return out
 
     def batch_variants(self, cfg: TrialConfig) -> list[dict[str, Any]]:
@@ -179,7 +180,7 @@ class Space:
         # Workers re-spawned every epoch are pure overhead in a long training run.
         base["persistent_workers"] = base["num_workers"] > 0
         base.update(self.fixed)
-        return TrialConfig(**base)
+        return TrialConfig(**normalised(base))
 
     def params_of(self, cfg: TrialConfig) -> dict[str, Any]:
         """The Optuna params that select ``cfg`` (for enqueueing known configurations)."""
@@ -587,6 +588,9 @@ def build_space(
         excluded.update(choice.excluded)
         if choice.values:
             choices[name] = [pins.pop(name)] if name in pins else choice.values
+    gpu_values, gpu_excluded = gpu_knob_choices(device, gpus, max_ranks, choices)
+    excluded.update(gpu_excluded)
+    choices.update({name: [pins.pop(name)] if name in pins else values for name, values in gpu_values.items()})
     baseline = TrialConfig(batch_size=baseline_batch, device=device,
                            backend=Backend.NCCL if device == "cuda" else Backend.GLOO,
                            lr_scaling=str(scale_lr),

@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.probes import Machine, as_machine
+from autotune.runtime import gpu_knobs
 from autotune.runtime.knobs import Allocator, CompileMode
 
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
@@ -39,7 +40,8 @@ def environment(
 ) -> tuple[dict[str, str], list[str]]:
     """Variables this configuration sets, and a warning for each one the user had
     already set: theirs is kept, never overridden silently (autotune's own
-    PROTOCOL_VARIABLES excepted: those are always this configuration's)."""
+    PROTOCOL_VARIABLES excepted: those are always this configuration's; the CUDA
+    allocator's options are merged, expandable segments added to the user's)."""
     machine = as_machine(machine)
     base_env = os.environ if base_env is None else base_env
     wanted: dict[str, str] = {}
@@ -85,6 +87,10 @@ def environment(
             )
             continue
         chosen[key] = value
+    if cfg.expandable_segments:
+        # the user's allocator options are kept and ours added to them, not dropped
+        chosen[gpu_knobs.ALLOC_CONF], warning = gpu_knobs.merged_alloc_conf(base_env.get(gpu_knobs.ALLOC_CONF))
+        warnings += [warning] if warning else []
     return chosen, warnings
 
 
@@ -130,7 +136,20 @@ def keep_or_export(key: str, value: str, *, script: str, export: str | None = No
     warning (never overridden silently); else ``export`` (by default ``export KEY=value``)
     runs."""
     q = shlex.quote(value)
+    if key == gpu_knobs.ALLOC_CONF:  # merged, not kept or replaced
+        return alloc_conf_line(value, script=script)
     export = export or f"export {key}={q}"
     return (f'if [ -n "${{{key}+x}}" ] && [ "${{{key}}}" != {q} ]; then '
             f'echo "{script}: keeping your {key}=${{{key}}} (tuned value: "{q}")" >&2; '
             f"else {export}; fi")
+
+
+def alloc_conf_line(value: str, *, script: str) -> str:
+    """As keep_or_export for the CUDA allocator's options, merged as ``environment`` merges
+    them: the user's options kept, expandable segments added unless they name them."""
+    key, q = gpu_knobs.ALLOC_CONF, shlex.quote(value)
+    option = shlex.quote(gpu_knobs.EXPANDABLE)
+    return (f'if [ -z "${{{key}:-}}" ]; then export {key}={q}; else case "${{{key}}}" in '
+            f'*expandable_segments*) echo "{script}: keeping your {key}=${{{key}}}" >&2;; '
+            f'*) export {key}="${{{key}}}",{option}; '
+            f'echo "{script}: added "{option}" to your {key}" >&2;; esac; fi')

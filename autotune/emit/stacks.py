@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.emit import nodes, optimizer, slurm
+from autotune.emit import gpu_stacks, nodes, optimizer, slurm
 from autotune.emit.launch import keep_or_export
 from autotune.emit.outdir import write_atomically
 from autotune.runtime.knobs import CompileMode, LrScaling, Precision, Sharding
@@ -127,7 +127,7 @@ def _not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str,
         out.append("ipex: model, optimizer = intel_extension_for_pytorch.optimize(model, optimizer=optimizer)")
     if tool == "accelerate":
         out.append(f"DataLoader: {_loader_kwargs_text(cfg)} (Accelerate takes your DataLoader as it is)")
-    return out
+    return out + gpu_stacks.not_expressible(cfg, tool=tool)
 
 
 def loader_kwargs(cfg: TrialConfig) -> dict[str, Any]:
@@ -290,8 +290,8 @@ def _lightning_strategy(cfg: TrialConfig, blocks: tuple[str, ...]) -> dict[str, 
         return None
     if not _sharded(cfg):
         return {"class": "lightning.pytorch.strategies.DDPStrategy", "process_group_backend": cfg.backend,
-                "note": "Trainer(strategy=DDPStrategy(process_group_backend=...)) to keep the tuned "
-                        "backend; the string \"ddp\" picks gloo on CPU and nccl on GPUs"}
+                **gpu_stacks.ddp_kwargs(cfg), "note": "Trainer(strategy=DDPStrategy(process_group_backend=..., "
+                "...)) to keep the tuned backend; the string \"ddp\" picks gloo on CPU and nccl on GPUs"}
     classes = list(blocks) or ["YourBlock"]
     if cfg.device == "cpu":
         code = ["model = self.model  # the network your LightningModule holds"]
@@ -462,7 +462,7 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
     """The lines that differ from the user's baseline, for a hand-written loop; ``blocks``:
     the model's repeated block classes, which the memory knobs act on."""
     code: list[str] = []
-    shell: list[str] = []
+    shell: list[str] = gpu_stacks.snippet_shell(cfg, baseline, env)
     cuda = cfg.device == "cuda"
     several = cfg.nprocs > 1
     becomes_ddp = several and baseline.nprocs == 1
@@ -498,13 +498,11 @@ def render_snippet(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, st
         code.append("# and each image batch: inputs = inputs.to(memory_format=torch.channels_last)")
     if becomes_ddp and cuda:
         code.append("model = model.to(local_rank)")
+    code += gpu_stacks.model_code(cfg, baseline, becomes_ddp=becomes_ddp)
     if (cfg.activation_checkpointing, cfg.sharding) != (baseline.activation_checkpointing, baseline.sharding):
         code += _memory_lines(cfg, blocks)
     if becomes_ddp and not _sharded(cfg):
-        if cuda:
-            code.append("model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])")
-        else:
-            code.append("model = torch.nn.parallel.DistributedDataParallel(model)")
+        code.append(gpu_stacks.ddp_call(cfg, "device_ids=[local_rank]" if cuda else ""))
     mode = cfg.compile if cfg.compile != CompileMode.OFF else None
     if mode and mode != baseline.compile:
         code.append(f'model = torch.compile(model, mode="{mode}")' if mode != CompileMode.DEFAULT

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from . import memory
+from . import gpu_knobs, memory
 from .data import first_tensor
 from .knobs import OptimizerStep
 from .model import config_lr_factor, first_lr, unwrap_model
@@ -53,7 +53,8 @@ def process_facts() -> dict[str, Any]:
         "libraries": mapped_libraries(),
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_CONF",
                                                 "OMP_PROC_BIND", "OMP_PLACES", "TUNED_CPUS_PER_RANK",
-                                                "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")},
+                                                "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+                                                gpu_knobs.ALLOC_CONF)},
     }
 
 
@@ -124,6 +125,9 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
         "parameters": sum(p.numel() for p in base.parameters()),
         "compiled": compiled,
         "ddp": isinstance(uncompiled, torch.nn.parallel.DistributedDataParallel),
+        **gpu_knobs.ddp_facts(uncompiled),
+        "float8_layers": gpu_knobs.float8_layers(base),
+        "cuda_expandable_segments": gpu_knobs.expandable_in_use(session.dist.device),
         "checkpointed_blocks": memory.checkpointed_blocks(base),
         # None under compile, whose graphs the hook would change
         "model_calls": len(calls) if not compiled else None,

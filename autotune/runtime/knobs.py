@@ -140,6 +140,11 @@ class ConfigDict(TypedDict, total=False):
     optimizer_step: str
     lr_scaling: str
     lr_batch: int | None
+    # GPU knobs (runtime.gpu_knobs)
+    expandable_segments: bool
+    float8: bool
+    ddp_bucket_view: bool
+    ddp_static_graph: bool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import memory
+from . import gpu_knobs, memory
 from .data import move
 from .distributed import Distributed
 from .knobs import CompileMode, ConfigDict, LrScaling, Precision, Sharding, lr_factor
@@ -118,12 +118,13 @@ class BuiltModel(NamedTuple):
 
 def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: Any) -> BuiltModel:
     """Model and optimizer with every in-process knob applied, in the order that works:
-    prune, then memory format, SyncBatchNorm and device, then activation checkpointing;
-    then optimizer (with its step, ``optimizer_step``), IPEX, DDP and compile, or with
-    sharding over several ranks (PyTorch's order for FSDP2): each repeated block compiled
-    in place, fully_shard, and the optimizer last, over the sharded parameters. The
-    optimizer's learning rates are scaled as ``lr_scaling`` says (config_lr_factor), here
-    alone: trials, verification and train_tuned.py all build through this."""
+    prune, then memory format, SyncBatchNorm and device, then float8 (torchao), then
+    activation checkpointing; then optimizer (with its step, ``optimizer_step``), IPEX, DDP
+    and compile, or with sharding over several ranks (PyTorch's order for FSDP2): each
+    repeated block compiled in place, fully_shard, and the optimizer last, over the sharded
+    parameters. The optimizer's learning rates are scaled as ``lr_scaling`` says
+    (config_lr_factor), here alone: trials, verification and train_tuned.py all build
+    through this."""
     model = user.build_model()
     prune_ratio = float(cfg.get("prune_ratio") or 0.0)
     if prune_ratio > 0:
@@ -137,6 +138,8 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
     sharding = str(cfg.get("sharding", Sharding.OFF))
     sharded = dist.enabled and sharding != Sharding.OFF
     plain = memory.skeleton(model) if sharded else None
+    if cfg.get("float8"):  # on the device, before checkpointing, sharding, DDP and compile wrap it
+        gpu_knobs.convert_to_float8(model)
     if cfg.get("activation_checkpointing"):
         memory.checkpoint_activations(model)
     mode = str(cfg.get("compile", CompileMode.OFF))
@@ -168,7 +171,7 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
         model, optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype)
     if dist.enabled:
         ids = [dist.device.index] if dist.device.type == "cuda" else None
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, **gpu_knobs.ddp_options(cfg))
     if mode != CompileMode.OFF:
         model = torch.compile(model, mode=compile_mode)
     return BuiltModel(model, optimizer, plain)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from . import gpu_knobs
 from .data import batches, build_loader, global_batch_size, length
 from .distributed import DIST_TIMEOUT_MIN, Distributed
 from .knobs import CompileMode, ConfigDict, Precision
@@ -85,6 +86,8 @@ def apply_process_knobs(cfg: ConfigDict, *, strict_fp32: bool = False) -> None:
     against a slower baseline. "tf32" adds matmul TF32 to them. ``strict_fp32`` forces
     IEEE fp32 everywhere: the numerics check compares trajectories with true fp32
     arithmetic, not with cuDNN's TF32 convolutions."""
+    # before CUDA starts (Distributed sets the device), which reads the allocator's options once
+    gpu_knobs.set_expandable_segments(cfg)
     threads, interop_threads = cfg.get("threads"), cfg.get("interop_threads")
     if threads:
         torch.set_num_threads(int(threads))

@@ -34,7 +34,7 @@ from autotune.trials.result import TrialResult
 # torch's process-wide settings): configurations that agree on them share a warm
 # process, which imports torch and the model file and builds the data set once.
 PROCESS_KNOBS = ("nprocs", "threads", "backend", "interop_threads", "allocator", "affinity", "ipex",
-                 "device", "cudnn_benchmark")
+                 "device", "cudnn_benchmark", "expandable_segments")
 # Idle warm processes kept, least recently used ended first. On GPUs one, and none
 # while a process of other knobs measures: an idle one holds its CUDA context.
 WARM_PROCESSES = {"cpu": 2, "cuda": 1}

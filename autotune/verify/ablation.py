@@ -32,6 +32,7 @@ from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation, AblationPath, KnobEffect, PathStep
 from autotune.document.measures import Effect
 from autotune.errors import AutotuneError, UsageError
+from autotune.gpu_space import normalised
 from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import stats
@@ -58,6 +59,11 @@ KNOB_GROUPS: dict[str, tuple[str, ...]] = {
     "cudnn_benchmark": ("cudnn_benchmark",),
     "prefetch_factor": ("prefetch_factor",),  # after num_workers: on the path it needs them
     "optimizer_step": ("optimizer_step",),
+    # the GPU knobs (gpu_space): float8 after precision and compile, which it needs
+    "expandable_segments": ("expandable_segments",),
+    "float8": ("float8",),
+    "ddp_bucket_view": ("ddp_bucket_view",),
+    "ddp_static_graph": ("ddp_static_graph",),
 }
 MIN_ROUNDS = 3  # with many knobs: the path and the leave-one-out in the speed check's windows
 MAX_ROUNDS = 10
@@ -83,7 +89,8 @@ def _value(cfg: TrialConfig, knob: str) -> Any:
 
 # Knobs that do nothing on a device: pinned memory and cuDNN's search need a GPU; GPU
 # ranks are not pinned to cores (``emit.launch.environment``).
-_INERT = {"cpu": ("pin_memory", "cudnn_benchmark"), "cuda": ("affinity",)}
+# The CUDA allocator's options likewise.
+_INERT = {"cpu": ("pin_memory", "cudnn_benchmark", "expandable_segments"), "cuda": ("affinity",)}
 
 
 def _in_effect(cfg: TrialConfig) -> TrialConfig:
@@ -108,8 +115,8 @@ def variants(winner: TrialConfig, baseline: TrialConfig, *,
         changes = {f: getattr(baseline, f) for f in fields if getattr(winner, f) != getattr(baseline, f)}
         if not changes:
             continue
-        try:
-            cfg = winner.replace(**changes)
+        try:  # without the knobs the reverted one leaves nothing to act on (float8 without bf16)
+            cfg = TrialConfig(**normalised({**winner.to_dict(), **changes}))
         except UsageError:
             continue
         if _in_effect(cfg) == _in_effect(winner):

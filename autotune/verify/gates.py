@@ -248,6 +248,8 @@ def describe_checks(verdict: Verdict) -> str:
         what += f", {cfg.prune_ratio:.0%} of channels pruned"
     if cfg.optimizer_step != "default":  # rounding only: checked against the default step's losses
         what += f", {cfg.optimizer_step} optimizer step"
+    if cfg.float8:  # judged as bf16 is: against the fp32 reference, and by evaluate()
+        what += ", float8 matmuls"
     parts = []
     numerics = verdict.checks.get("numerics")
     if numerics is not None and numerics.passed:
