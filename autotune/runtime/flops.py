@@ -37,6 +37,35 @@ class StepFlops:
         return self.flops / self.samples
 
 
+_CPU_SDPA_REGISTERED = False
+
+
+def _register_cpu_attention() -> None:
+    """FlopCounterMode knows the CUDA attention kernels (flash, memory-efficient, cuDNN) but
+    not the one scaled_dot_product_attention runs on CPU, whose FLOPs it would leave out: the
+    same formulas, registered once for it (a model counted on CPU then counts what it does on
+    a GPU)."""
+    global _CPU_SDPA_REGISTERED
+    aten = torch.ops.aten
+    forward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    backward = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if _CPU_SDPA_REGISTERED or forward is None or backward is None:
+        return
+    from torch.utils import flop_counter
+
+    if forward not in flop_counter.flop_registry:
+        @flop_counter.register_flop_formula(forward)
+        def _forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return flop_counter.sdpa_flop_count(query, key, value)
+
+    if backward not in flop_counter.flop_registry:
+        @flop_counter.register_flop_formula(backward)
+        def _backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+            return flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
+
+    _CPU_SDPA_REGISTERED = True
+
+
 def count_flops(loss_of: Callable[[], torch.Tensor], *, recomputed: Sequence[torch.nn.Module] = ()) -> int:
     """The FLOPs of ``loss_of()`` and its backward pass. ``recomputed``: modules whose
     forward runs again in the backward pass (checkpointed blocks): their forward is
@@ -44,6 +73,7 @@ def count_flops(loss_of: Callable[[], torch.Tensor], *, recomputed: Sequence[tor
     from torch.utils.checkpoint import set_checkpoint_early_stop
     from torch.utils.flop_counter import FlopCounterMode
 
+    _register_cpu_attention()
     counter = FlopCounterMode(display=False)
     started: dict[int, int] = {}
     again = [0]
