@@ -167,6 +167,42 @@ def test_a_known_gpus_share_is_of_its_datasheet_peak_times_its_ranks(tmp_path):
                                 "dense peak on 8 ranks (6 TFLOP/s -> 240 TFLOP/s of 7.91 PFLOP/s)")
 
 
+def test_an_fp32_baseline_on_a_gpu_is_also_put_against_the_dense_bf16_peak_the_field_quotes():
+    """An fp32 baseline's share of its fp32 peak says how well it runs fp32, not how far it
+    is from what the GPU can do: MFU is quoted against the dense bf16 peak (measured on an
+    H100: GPT-2 small's fp32 baseline ran 65% of the fp32 peak, 4.4% of the bf16 one)."""
+    from autotune.document.utilisation import Utilisation
+
+    def facts(precision: str) -> dict:
+        peak = peaks.device_peak(device_type="cuda", gpu_name="NVIDIA H100 80GB HBM3", precision=precision,
+                                 ranks=1, measure=lambda p: pytest.fail("a known GPU is not measured"))
+        return {"flops_per_sample": 8.945e11, **peak.to_json()}
+
+    found = Utilisation.of(baseline_facts=facts("fp32"), baseline_samples_per_s=49.0,
+                           pick_facts=facts("bf16"), pick_samples_per_s=388.0)
+    lines = found.lines()
+    assert lines[0].startswith("utilisation: baseline 65.5% -> pick 35.1% of their peaks")
+    assert lines[1] == "  of the dense bf16 peak (MFU): baseline 4.4% of 989 TFLOP/s"
+    alone = Utilisation.of(baseline_facts=facts("bf16"), baseline_samples_per_s=388.0,
+                           pick_facts=None, pick_samples_per_s=None)
+    assert not any("MFU" in line for line in alone.lines())  # its share is already the MFU
+    assert peaks.mfu_peak("measured:cpu fp32 matmul, 2 threads") is None
+    assert peaks.mfu_peak("table:H100 SXM fp32 dense x 8 ranks").flop_per_s == 8 * 989e12
+
+
+def test_the_report_opens_with_the_utilisation(tmp_path):
+    from autotune.report.files import write_report
+    from autotune.task import load_task
+
+    from doubles import StandInRunner, recorded_machine, tune_stand_in
+
+    tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
+    out = tmp_path / "out"
+    write_report(out)
+    page = (out / "report.html").read_text()
+    assert page.index("Verified speedup: ") < page.index("utilisation: baseline ") < page.index("<table")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cfg, source", [
     ({"threads": 1, "batch_size": 16, "grad_accum": 2}, r"measured:cpu fp32 matmul, 1 threads"),

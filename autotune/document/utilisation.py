@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.probes.peaks import mfu_peak
 
 COUNTED = ("FlopCounterMode on one real batch: the model's forward and backward passes, "
            "uncompiled and without activation checkpointing's recomputation; the optimizer's "
@@ -107,7 +108,15 @@ class Utilisation:
             assert one is not None
             text = (f"utilisation: {who} {one.share:.1%} of {one.peak_words} "
                     f"({flop_rate(one.flop_per_s)} of {flop_rate(one.peak_flop_per_s)})")
-        return [text, f"  {self.flops_per_sample:.4g} FLOPs per sample (forward and backward)"]
+        lines = [text]
+        mfu = [(who, one, peak) for who, one in (("baseline", b), ("pick", p))
+               if one is not None and (peak := mfu_peak(one.peak_source)) is not None
+               and peak.source != one.peak_source]
+        if mfu:
+            lines.append("  of the dense bf16 peak (MFU): " + ", ".join(
+                f"{who} {one.flop_per_s / peak.flop_per_s:.1%}" for who, one, peak in mfu)
+                + f" of {flop_rate(mfu[0][2].flop_per_s)}")
+        return [*lines, f"  {self.flops_per_sample:.4g} FLOPs per sample (forward and backward)"]
 
     def to_json(self) -> dict[str, Any]:
         return {"flops_per_sample": self.flops_per_sample, "counted": self.counted,

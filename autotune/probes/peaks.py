@@ -90,6 +90,24 @@ def peak_precision(precision: str, *, device_type: str, native_half: bool = True
     return "fp32"
 
 
+def mfu_peak(source: str) -> Peak | None:
+    """The dense bf16 peak of the GPU a table peak (``source``, as ``Peak.source``) names:
+    the figure MFU is quoted against whatever the precision (an fp32 baseline's share of
+    its fp32 peak says how well it runs, not how far it is from what the GPU can do).
+    None where the source is measured, or the GPU has no bf16."""
+    kind, _, what = source.partition(":")
+    ranks = 1
+    if " x " in what and what.endswith(" ranks"):
+        what, _, count = what.partition(" x ")
+        ranks = int(count.split()[0])
+    if kind != "table":
+        return None
+    for _, device in GPU_PEAKS:
+        if what.startswith(device.label + " ") and "bf16" in device.peaks:
+            return Peak(flop_per_s=device.peaks["bf16"], source=f"table:{device.label} bf16 dense").times(ranks)
+    return None
+
+
 def table_peak(gpu_name: str | None, precision: str) -> Peak | None:
     """A known GPU's dense datasheet peak in ``precision``; None for a GPU (or a precision
     of it) the table does not hold."""

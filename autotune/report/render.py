@@ -60,8 +60,16 @@ def speedup_answer(doc: RunDocument) -> Answer:
     return Answer("Speed", lines)
 
 
+def utilisation_answer(doc: RunDocument) -> Answer | None:
+    """How close the baseline and the pick run to the hardware's peak (the table follows
+    with the others)."""
+    if doc.utilisation is None:
+        return None
+    return Answer("Utilisation", [line.strip() for line in doc.utilisation.lines()])
+
+
 # The answer blocks, in order; each returns None where the document holds nothing for it.
-ANSWERS: list[Callable[[RunDocument], Answer | None]] = [speedup_answer]
+ANSWERS: list[Callable[[RunDocument], Answer | None]] = [speedup_answer, utilisation_answer]
 
 
 def answers(doc: RunDocument) -> list[Answer]:
