@@ -460,10 +460,23 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
         return verify(task, out, options, machine=machine, space=space, place=place, outcome=outcome,
                       runner=runner, reporter=reporter, plan=plan, ends_at=ends_at)
 
+    def emit(document: RunDocument) -> RunDocument:
+        env, warnings = launch.environment(document.config, machine=machine)
+        for w in warnings:
+            reporter.warn(w)
+        doc = outputs.write_outputs(out, cfg=document.config, model_file=task.path, env=env,
+                                    document=dataclasses.replace(document, environment=env),
+                                    description=f"Train {task.path.name} with the configuration "
+                                                "autotune verified on this machine.",
+                                    default_threads=machine.torch.get("num_threads"), blocks=task.blocks)
+        return step_profile.profile_emitted(out, doc, runner=runner, options=options, reporter=reporter)
+
     if place.shared:
         def verify_for_all() -> dict[str, Any]:
+            # emitted and profiled before it is published: the workers that take it write the
+            # same document, the step profile included (profile_emitted keeps one it finds)
             with measure_lock.held(notice=reporter.warn):
-                return verify_here().to_json()
+                return emit(verify_here()).to_json()
 
         assert place.storage is not None
         published, here = shared.verify_once(place.study, place.storage, lock_name=f"{place.name}:verify",
@@ -471,18 +484,9 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
                                              notice=reporter.info)
         if not here:
             reporter.info("another worker of the study verified its result: writing the same outputs here")
-        document = RunDocument.from_json(published)
+        doc = emit(RunDocument.from_json(published))
     else:
-        document = verify_here()
-    env, warnings = launch.environment(document.config, machine=machine)
-    for w in warnings:
-        reporter.warn(w)
-    doc = outputs.write_outputs(out, cfg=document.config, model_file=task.path, env=env,
-                                document=dataclasses.replace(document, environment=env),
-                                description=f"Train {task.path.name} with the configuration "
-                                            "autotune verified on this machine.",
-                                default_threads=machine.torch.get("num_threads"), blocks=task.blocks)
-    doc = step_profile.profile_emitted(out, doc, runner=runner, options=options, reporter=reporter)
+        doc = emit(verify_here())
     try:
         write_report(out, doc=doc, study=place.study)
     except Exception as exc:  # a finished run never fails over its report
