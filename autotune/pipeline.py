@@ -34,6 +34,7 @@ from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id, pr
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
 from autotune.search import batch_range, shared
+from autotune.search.ledger import measured_trials
 from autotune.search.memory import MemoryLimit, fit_of, known_to_fit, nothing_fits
 from autotune.search.objective import Plan, Pricing
 from autotune.search.starts import heuristics
@@ -193,8 +194,10 @@ def build_document(
     layout: LayoutEffect | None, environment: Mapping[str, str], pricing: Pricing | None = None,
     stages: VerificationStages | None = None, memory: MemoryFit | None = None,
     batch: BatchChoice | None = None, baseline_result: Mapping[str, Any] | None = None,
+    trials: Sequence[tuple[TrialConfig, Mapping[str, Any]]] = (),
 ) -> RunDocument:
-    """The run's document, assembled once from what each stage built."""
+    """The run's document, assembled once from what each stage built; ``trials``: every
+    measured trial of the study, pruned ones too (their first step's facts)."""
     claim = winner.standalone if winner is not None else None
     if winner is not None and claim is None:
         raise AssertionError("a winner passed its standalone check, which has figures")
@@ -232,7 +235,8 @@ def build_document(
         ablation=winner.ablation if winner is not None else None, stages=stages, memory=memory, batch=batch,
         utilisation=Utilisation.of(
             baseline_facts=trial_facts(baseline_result), baseline_samples_per_s=baseline.samples_per_s,
-            pick_facts=pick_facts(chosen, [(c.config, c.result) for c in ranked], work_key=work_key) if best else None,
+            pick_facts=pick_facts(chosen, [(c.config, c.result) for c in ranked] + list(trials), work_key=work_key)
+            if best else None,
             pick_samples_per_s=best.samples_per_s if best else None),
         plan=None if pricing is None else PlannedRun.of(
             pricing, baseline=baseline_cfg, baseline_samples_per_s=baseline.samples_per_s, chosen=chosen,
@@ -576,4 +580,4 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
         memory=fit_of(limit, chosen=chosen, user=space.baseline, reference=baseline_cfg,
                       user_result=outcome.user_result, measured=measured, failed=failed,
                       alone_peak_mb=winner.standalone.peak_mb if winner and winner.standalone else None),
-        batch=batch, baseline_result=outcome.baseline.result)
+        batch=batch, baseline_result=outcome.baseline.result, trials=measured_trials(place.study))

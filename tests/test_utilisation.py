@@ -273,3 +273,28 @@ def test_a_peak_that_could_not_be_measured_leaves_the_share_out_not_the_trial(mo
         session.close()
     assert facts["flops_per_sample"] == BLOCKS_MLP_PER_SAMPLE and facts["peak_flop_per_s"] == 0.0
     assert Share.of(facts, samples_per_s=100.0) is None
+
+
+def test_a_pick_no_trial_ran_takes_the_models_flops_and_the_peak_of_a_trial_on_its_ranks_and_threads():
+    """The README example emitted 2 ranks x 1 thread at batch 1024, a layout verification made
+    from the search's 1 x 2 winner: no trial ran it, and its summary gave the baseline's share
+    alone. The model's FLOPs per sample are any trial's; the peak is that of a trial on the same
+    ranks, threads and precision (a pruned trial's first step measured it)."""
+    from autotune.config import TrialConfig
+    from autotune.document.utilisation import pick_facts
+    from autotune.verify.trainings import work_key
+
+    def result(source: str, peak: float) -> dict:
+        return {"facts": {"utilisation": {"flops_per_sample": 2.5e7, "peak_flop_per_s": peak, "peak_source": source}}}
+
+    one = "measured:cpu fp32 matmul, 2 threads"
+    two = "measured:cpu fp32 matmul, 1 threads x 2 ranks"
+    trials = [(TrialConfig(batch_size=1024, threads=2, allocator="tcmalloc"), result(one, 1.4e11)),
+              (TrialConfig(nprocs=2, threads=1, batch_size=16, allocator="jemalloc"), result(two, 1.3e11))]
+    chosen = TrialConfig(nprocs=2, threads=1, batch_size=1024, allocator="tcmalloc")
+    facts = pick_facts(chosen, trials, work_key=work_key)
+    assert facts == {"flops_per_sample": 2.5e7, "peak_flop_per_s": 1.3e11, "peak_source": two}
+    # a pruned pick computes less: the unpruned model's count is not its count
+    assert pick_facts(chosen.replace(prune_ratio=0.25), trials, work_key=work_key) is None
+    # nor is another thread count's peak its peak
+    assert pick_facts(chosen.replace(threads=2), trials, work_key=work_key) is None

@@ -139,7 +139,10 @@ def pick_facts(chosen: TrialConfig, measured: Sequence[tuple[TrialConfig, Mappin
                *, work_key: Any) -> Mapping[str, Any] | None:
     """The pick's utilisation facts: its own trial's, else those of a trial of the same
     work (ablation may drop a placement knob) whose peak is the pick's too: the same
-    ranks, and the same threads where the peak was measured with them."""
+    ranks, and the same threads where the peak was measured with them. Else, for a pick
+    no trial ran (a layout verification made from another), the model's FLOPs per sample
+    from a trial of the same model (pruned alike) and the peak of a trial of the same
+    device, precision, ranks and threads: a peak is the hardware's, whatever the work."""
     for cfg, result in measured:
         if cfg == chosen and trial_facts(result):
             return trial_facts(result)
@@ -149,4 +152,12 @@ def pick_facts(chosen: TrialConfig, measured: Sequence[tuple[TrialConfig, Mappin
             continue
         if str(facts.get("peak_source", "")).startswith("table:") or cfg.threads == chosen.threads:
             return facts
-    return None
+    counted = [(cfg, facts) for cfg, result in measured if (facts := trial_facts(result))]
+    flops = next((f["flops_per_sample"] for cfg, f in counted
+                  if f.get("flops_per_sample") and cfg.prune_ratio == chosen.prune_ratio), None)
+    peak = next((f for cfg, f in counted if f.get("peak_flop_per_s") and (cfg.device, cfg.precision, cfg.nprocs)
+                 == (chosen.device, chosen.precision, chosen.nprocs)
+                 and (str(f.get("peak_source", "")).startswith("table:") or cfg.threads == chosen.threads)), None)
+    if flops is None or peak is None:
+        return None
+    return {"flops_per_sample": flops, "peak_flop_per_s": peak["peak_flop_per_s"], "peak_source": peak["peak_source"]}

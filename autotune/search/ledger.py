@@ -21,6 +21,14 @@ def is_rung(trial: optuna.trial.FrozenTrial | optuna.Trial) -> bool:
             and bool(trial.user_attrs.get(StudyAttr.BASELINE_CONFIG)))
 
 
+def measured_trials(study: optuna.Study) -> list[tuple[TrialConfig, dict]]:
+    """Every trial that measured something, with what it reported, pruned ones too: their
+    first step's facts (the model's FLOPs, the peak of their ranks) are as good as any."""
+    return [(c, t.user_attrs[StudyAttr.RESULT]) for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs.get(StudyAttr.RESULT)
+            and (c := config_of(t)) is not None]
+
+
 def baseline_config(trial: optuna.trial.FrozenTrial | optuna.Trial, space: Space) -> TrialConfig:
     """What a baseline-role trial measures (or would have): the user's configuration, or
     it holding less."""
