@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.trials.protocol import Status
@@ -29,6 +30,17 @@ def work_key(cfg: TrialConfig) -> str:
     """``cfg`` less its placement knobs: configurations with one key compute the same."""
     return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in PLACEMENT_KNOBS},
                       sort_keys=True)
+
+
+def slowest_rates(measured: Sequence[tuple[TrialConfig, Mapping[str, Any]]]) -> dict[str, float]:
+    """The slowest samples/s measured of each computation (``work_key``)."""
+    rates: dict[str, float] = {}
+    for cfg, result in measured:
+        rate = result.get("samples_per_s")
+        if rate:
+            key = work_key(cfg)
+            rates[key] = min(rates.get(key, float(rate)), float(rate))
+    return rates
 
 
 def metrics(results: Mapping[str, TrialResult]) -> tuple[dict[str, float], str | None]:
@@ -68,6 +80,21 @@ class Trainings:
     # the user's batch, not by the numerics check's steps
     over_samples: dict[tuple[str, int], TrialResult] = dataclasses.field(default_factory=dict)
     ran: int = 0  # trainings run: numbers their folders
+    # samples/s the search measured, by work_key (the slowest of each): a training of a
+    # computation that slow gets the time its steps take, where the runner's limit is less
+    rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def limit_s(self, cfg: TrialConfig, steps: int) -> float | None:
+        """The time a training of ``steps`` steps of ``cfg`` may take where the runner's
+        trial limit would end it first: three times the steps at the rate the search
+        measured, and two minutes to start; None (the runner's own) where that is less or
+        the rate is not known."""
+        rate = self.rates.get(work_key(cfg))
+        own = getattr(self.runner, "timeout_s", None)
+        if not rate or own is None:
+            return None
+        needed = 3.0 * steps * cfg.batch_size / rate + 120.0
+        return needed if needed > own else None
 
     def steps(self, cfg: TrialConfig, *, scored: bool = True) -> int:
         return training_steps(cfg, evaluate=scored and self.evaluate, numerics_steps=self.numerics_steps,
@@ -91,7 +118,8 @@ class Trainings:
         if (key, steps) not in self.over_samples:
             name = f"verify-gates-{self.ran}-{role}"
             self.ran += 1
-            self.over_samples[key, steps] = self.runner.run(cfg, name=name, quality_steps=steps)
+            self.over_samples[key, steps] = self.runner.run(cfg, name=name, quality_steps=steps,
+                                                            timeout_s=self.limit_s(cfg, steps))
         return self.over_samples[key, steps]
 
     def of(self, cfg: TrialConfig, role: str, *, scored: bool = False) -> TrialResult:
@@ -103,8 +131,10 @@ class Trainings:
             self.ran += 1
             steps = self.steps(cfg, scored=scored)
             if scored:
-                self.runs[key] = self.runner.run(cfg, name=name, quality_steps=steps)
+                self.runs[key] = self.runner.run(cfg, name=name, quality_steps=steps,
+                                                 timeout_s=self.limit_s(cfg, steps))
                 self.scored.add(key)
             else:
-                self.runs[key] = self.runner.run(cfg, name=name, trajectory_steps=steps)
+                self.runs[key] = self.runner.run(cfg, name=name, trajectory_steps=steps,
+                                                 timeout_s=self.limit_s(cfg, steps))
         return self.runs[key]

@@ -1,0 +1,37 @@
+"""The gates' short trainings get the time their steps take: a model the search measured at
+10 samples/s at its batch of 64 needs 40 numerics steps, 256 s, and more to start; under the
+runner's 300-second trial limit its fp32 reference was ended as "still running", and a
+memory-bound conv stack verified nothing (exit 3)."""
+from __future__ import annotations
+
+from autotune.config import TrialConfig
+from autotune.trials.protocol import Status
+from autotune.trials.result import TrialResult
+from autotune.verify.trainings import Trainings, slowest_rates, work_key
+
+
+class RecordingRunner:
+    timeout_s = 300.0
+
+    def __init__(self) -> None:
+        self.limits: dict[str, float | None] = {}
+
+    def run(self, cfg, *, name, timeout_s=None, **mode):
+        self.limits[name] = timeout_s
+        return TrialResult(status=Status.OK)
+
+
+def test_a_training_slower_than_the_trial_limit_gets_the_time_its_steps_take():
+    slow = TrialConfig(batch_size=64, activation_checkpointing=True)
+    fast = TrialConfig(batch_size=64, nprocs=1, threads=2, grad_accum=2, activation_checkpointing=True)
+    rates = slowest_rates([(slow, {"samples_per_s": 12.0}), (slow.replace(threads=2), {"samples_per_s": 9.7}),
+                           (fast, {"samples_per_s": 400.0}), (fast, {})])
+    assert rates == {work_key(slow): 9.7, work_key(fast): 400.0}  # threads are placement: one computation
+    runner = RecordingRunner()
+    trainings = Trainings(runner, evaluate=False, numerics_steps=40, rates=rates)
+    trainings.of(slow, "reference")
+    trainings.of(fast, "candidate")
+    trainings.of(TrialConfig(batch_size=32), "unmeasured")
+    limits = list(runner.limits.values())
+    assert limits[0] == 3.0 * 40 * 64 / 9.7 + 120.0  # about 912 s, past the runner's 300
+    assert limits[1] is None and limits[2] is None  # the runner's own limit is enough, or no rate is known
