@@ -57,7 +57,7 @@ from autotune.verify import batch as verify_batch
 from autotune.verify import fit, gates, standalone, stats, step_profile
 from autotune.verify.deadline import Budget, Costs, search_timeout
 from autotune.verify.device_room import DeviceRoom
-from autotune.verify.trainings import slowest_rates, work_key
+from autotune.verify.trainings import slowest_rate, work_key
 
 if TYPE_CHECKING:
     import optuna
@@ -557,7 +557,7 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
             settings=settings, has_evaluate=task.has_evaluate,
             emit_candidate=candidate_emitter(task, machine),
             workdir=out / "verify", progress=reporter.verify, stages=records,
-            rates=slowest_rates(measured_trials(place.study)))
+            slowest=slowest_rate(measured_trials(place.study)))
     else:
         winner, verdicts, base_speed = None, [], {}
     if winner is not None and fitted is not None and Stage.ABLATION in fitted.shortened:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from autotune.config import TrialConfig
 from autotune.trials.protocol import Status
 from autotune.trials.result import TrialResult
-from autotune.verify.trainings import Trainings, slowest_rates, work_key
+from autotune.verify.trainings import Trainings, slowest_rate
 
 
 class RecordingRunner:
@@ -22,16 +22,19 @@ class RecordingRunner:
 
 
 def test_a_training_slower_than_the_trial_limit_gets_the_time_its_steps_take():
+    # the user's configuration with checkpointing, the search's slowest; the reference the
+    # gates train (fp32, eager, default threads, with the candidate's memory knobs) ran in
+    # no trial, and ran as slow as it
     slow = TrialConfig(batch_size=64, activation_checkpointing=True)
     fast = TrialConfig(batch_size=64, nprocs=1, threads=2, grad_accum=2, activation_checkpointing=True)
-    rates = slowest_rates([(slow, {"samples_per_s": 12.0}), (slow.replace(threads=2), {"samples_per_s": 9.7}),
-                           (fast, {"samples_per_s": 400.0}), (fast, {})])
-    assert rates == {work_key(slow): 9.7, work_key(fast): 400.0}  # threads are placement: one computation
+    slowest = slowest_rate([(slow, {"samples_per_s": 12.0}), (slow.replace(threads=2), {"samples_per_s": 9.7}),
+                            (fast, {"samples_per_s": 400.0}), (fast, {})])
+    assert slowest == 9.7
     runner = RecordingRunner()
-    trainings = Trainings(runner, evaluate=False, numerics_steps=40, rates=rates)
-    trainings.of(slow, "reference")
-    trainings.of(fast, "candidate")
-    trainings.of(TrialConfig(batch_size=32), "unmeasured")
+    trainings = Trainings(runner, evaluate=False, numerics_steps=40, slowest=slowest)
+    trainings.of(fast.replace(threads=None), "reference")
+    trainings.of(TrialConfig(batch_size=4), "small")
     limits = list(runner.limits.values())
     assert limits[0] == 3.0 * 40 * 64 / 9.7 + 120.0  # about 912 s, past the runner's 300
-    assert limits[1] is None and limits[2] is None  # the runner's own limit is enough, or no rate is known
+    assert limits[1] is None  # 3 x 40 x 4 / 9.7 + 120 s is within the runner's own limit
+    assert Trainings(RecordingRunner(), evaluate=False).limit_s(slow, 40) is None  # no rate known

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -450,18 +450,18 @@ def verify_candidates(
     emit_candidate: Callable[[TrialConfig, Path], Path], workdir: Path,
     reserve: Sequence[TrialConfig] = (),
     progress: Progress = lambda kind, info: None,
-    stages: list[StageRecord] | None = None, rates: Mapping[str, float] | None = None,
+    stages: list[StageRecord] | None = None, slowest: float | None = None,
 ) -> tuple[Verdict | None, list[Verdict], dict[str, Any]]:
     """Gate the candidates (numerics, quality; ``screen``), measure the survivors'
     speed side by side with the baseline, then run the scripts of the fastest first
     alone against the baseline's (at most ``settings.standalone_attempts``); the first
     to pass all four checks wins (the simplified one of ``ablate`` first, when there is
     one). ``emit_candidate(cfg, folder)`` writes a candidate's launch.sh and returns its
-    path. Each stage's record (``StageRecord``) is appended to ``stages``. ``rates``: the
-    search's samples/s by work_key, which size the gates' trainings' time limits."""
+    path. Each stage's record (``StageRecord``) is appended to ``stages``. ``slowest``: the
+    slowest samples/s the search measured, which sizes the gates' trainings' time limits."""
     log = stages if stages is not None else []
     trainings = Trainings(runner, evaluate=has_evaluate, numerics_steps=settings.numerics_steps,
-                          quality_samples=settings.quality_samples, rates=dict(rates or {}))
+                          quality_samples=settings.quality_samples, slowest=slowest)
     pool = Held(runner)
     try:
         return _verify(runner, baseline=baseline, candidates=candidates, settings=settings,

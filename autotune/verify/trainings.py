@@ -32,15 +32,11 @@ def work_key(cfg: TrialConfig) -> str:
                       sort_keys=True)
 
 
-def slowest_rates(measured: Sequence[tuple[TrialConfig, Mapping[str, Any]]]) -> dict[str, float]:
-    """The slowest samples/s measured of each computation (``work_key``)."""
-    rates: dict[str, float] = {}
-    for cfg, result in measured:
-        rate = result.get("samples_per_s")
-        if rate:
-            key = work_key(cfg)
-            rates[key] = min(rates.get(key, float(rate)), float(rate))
-    return rates
+def slowest_rate(measured: Sequence[tuple[TrialConfig, Mapping[str, Any]]]) -> float | None:
+    """The slowest samples/s the search measured (None where it measured none): a gate's
+    training may run that slow, for its reference is not a configuration the search ran
+    (fp32, eager, default threads, the candidate's batch)."""
+    return min((float(r) for _, result in measured if (r := result.get("samples_per_s"))), default=None)
 
 
 def metrics(results: Mapping[str, TrialResult]) -> tuple[dict[str, float], str | None]:
@@ -80,20 +76,19 @@ class Trainings:
     # the user's batch, not by the numerics check's steps
     over_samples: dict[tuple[str, int], TrialResult] = dataclasses.field(default_factory=dict)
     ran: int = 0  # trainings run: numbers their folders
-    # samples/s the search measured, by work_key (the slowest of each): a training of a
-    # computation that slow gets the time its steps take, where the runner's limit is less
-    rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # the slowest samples/s the search measured: a training gets the time its steps would
+    # take that slow, where the runner's limit is less
+    slowest: float | None = None
 
     def limit_s(self, cfg: TrialConfig, steps: int) -> float | None:
         """The time a training of ``steps`` steps of ``cfg`` may take where the runner's
-        trial limit would end it first: three times the steps at the rate the search
+        trial limit would end it first: three times the steps at the slowest rate the search
         measured, and two minutes to start; None (the runner's own) where that is less or
-        the rate is not known."""
-        rate = self.rates.get(work_key(cfg))
+        no rate is known."""
         own = getattr(self.runner, "timeout_s", None)
-        if not rate or own is None:
+        if not self.slowest or own is None:
             return None
-        needed = 3.0 * steps * cfg.batch_size / rate + 120.0
+        needed = 3.0 * steps * cfg.batch_size / self.slowest + 120.0
         return needed if needed > own else None
 
     def steps(self, cfg: TrialConfig, *, scored: bool = True) -> int:
