@@ -293,8 +293,10 @@ class LiveTrial:
             return
         assert self.process is not None and self.runner is not None
         process = self.process
-        for ev in self.reader.read():  # lines written just before the end
-            if ev.get("e") in (Event.DONE, Event.ERROR):
+        # lines written just before the end: a configuration that failed at once ended its
+        # process right after its setup line, which the last poll may not have read
+        for ev in self.reader.read():
+            if ev.get("e") in (Event.SETUP, Event.FACTS, Event.DONE, Event.ERROR):
                 self._handle(ev)
         kept = (process.key is not None and self.killed_for is None and bool(self.result.done)
                 and self.result.failure is None and process.alive())
