@@ -96,40 +96,21 @@ def profile_steps(session: Any, *, steps: int, out: Path) -> dict[str, Any]:
 
 
 def count_flops(model_file: str) -> dict[str, Any]:
-    """FLOPs of one sample's forward and backward, on the plain model in fp32."""
+    """FLOPs of one sample's forward and backward (autotune's own count, runtime.flops), on
+    the plain model."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
+    from autotune.runtime.flops import count_flops as counted
+    from autotune.runtime.model import user_loss
     from autotune.runtime.session import load_user_module
 
     user = load_user_module(model_file)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = user.build_model().to(device)
-    item = user.build_dataset()[0]
-    batch = [torch.as_tensor(x).unsqueeze(0).to(device) for x in item]
-    step = getattr(user, "training_step", None)
-    with FlopCounterMode(display=False) as counter:
-        loss = step(model, batch) if step else torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
-        loss.backward()
-    return {"flops_per_sample": counter.get_total_flops(),
-            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu"}
-
-
-# Dense (no sparsity) tensor-core peaks, TFLOP/s, from NVIDIA's datasheets.
-PEAKS_TFLOPS = (
-    ("H100 PCIe", {"bf16": 756.0, "fp32": 51.2}),
-    ("H100 NVL", {"bf16": 835.0, "fp32": 60.0}),
-    ("H100", {"bf16": 989.4, "fp32": 66.9}),
-    ("H200", {"bf16": 989.4, "fp32": 66.9}),
-    ("A100", {"bf16": 312.0, "fp32": 19.5}),
-)
-
-
-def peak_of(device: str) -> dict[str, float] | None:
-    for name, peaks in PEAKS_TFLOPS:
-        if name.lower() in device.lower():
-            return peaks
-    return None
+    batch = [torch.as_tensor(x).unsqueeze(0).to(device) for x in user.build_dataset()[0]]
+    flops = counted(lambda: user_loss(user, model, batch, cfg={}, device=device))
+    return {"flops_per_sample": flops,
+            "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"}
 
 
 def main() -> int:
@@ -170,7 +151,9 @@ def main() -> int:
 
     doc: dict[str, Any] = {"model_file": args.model_file, "flops": run("flops"), "configs": []}
     flops = doc["flops"].get("flops_per_sample")
-    peaks = peak_of(doc["flops"].get("device", ""))
+    from autotune.probes.peaks import table_peak
+
+    peak = table_peak(doc["flops"].get("device", ""), "bf16")
     print(json.dumps(doc["flops"]), flush=True)
     for text in args.config or ["baseline:"]:
         t0 = time.perf_counter()
@@ -179,8 +162,8 @@ def main() -> int:
         if flops and "median_samples_per_s" in result:
             achieved = flops * result["median_samples_per_s"]
             result["tflops"] = achieved / 1e12
-            if peaks:
-                result["mfu_bf16_dense"] = achieved / (peaks["bf16"] * 1e12)
+            if peak is not None:
+                result["mfu_bf16_dense"] = achieved / peak.flop_per_s
         doc["configs"].append(result)
         (args.out / "mfu.json").write_text(json.dumps(doc, indent=2))
         shown = {k: result.get(k) for k in ("name", "config", "median_samples_per_s", "tflops", "mfu_bf16_dense",
