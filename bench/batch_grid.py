@@ -6,7 +6,9 @@ with the emitted script's template, independently of autotune's search and verif
 Each grid point is the emitted configuration with another batch size (and, with --layouts,
 another ranks x threads), at the emitted precision; the emitted configuration itself is
 measured in every round too. Rounds rotate the order; each point's rate is its median over
-the rounds, and the emitted one's share of the grid's best is computed round by round.
+the rounds, and the emitted one's share of the grid's best is computed round by round: against the point with
+the best median (paired, its range over the rounds), and against each round's fastest point
+(biased low: the largest of many noisy runs).
 """
 from __future__ import annotations
 
@@ -70,8 +72,14 @@ def main() -> int:
     grid = [n for n in names if n != "emitted"]
     shares = [rates["emitted"][i] / max(rates[n][i] for n in grid) for i in range(args.rounds)]
     best = max(grid, key=lambda n: statistics.median(rates[n]))
+    # paired: the emitted configuration against the grid's best point (by medians), round by round
+    paired = sorted(rates["emitted"][i] / rates[best][i] for i in range(args.rounds))
     result = {"emitted": doc.config.short(), "rates": {n: statistics.median(v) for n, v in rates.items()},
-              "best": best, "emitted_share_of_best_per_round": shares,
+              "best": best,
+              "emitted_over_best_medians": statistics.median(rates["emitted"]) / statistics.median(rates[best]),
+              "emitted_over_best_paired": {"median": statistics.median(paired), "rounds": paired,
+                                           "low": paired[0], "high": paired[-1]},
+              "emitted_share_of_best_per_round": shares,
               "emitted_share_of_best": statistics.median(shares)}
     text = json.dumps(result, indent=1)
     print(text)
