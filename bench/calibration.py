@@ -69,6 +69,7 @@ WORKLOADS = {
     "small_batch_mlp": "bench/workloads/small_batch_mlp.py",
     "pipeline_bound": "bench/workloads/pipeline_bound.py",  # bound by its data pipeline
     "tiny_lm": "bench/workloads/tiny_lm.py",  # a transformer (examples/tiny_gpt.py needs transformers, and is slower)
+    "small_batch_lm": "bench/workloads/small_batch_lm.py",  # a transformer at batch 4 (tune with --batch-range)
     "tabular_mlp": "bench/workloads/tabular_mlp.py",
     "slow_setup": "bench/workloads/slow_setup.py",  # ~20 s of setup per process
 }

@@ -8,6 +8,9 @@
 # Checks, in order (each under `timeout`, given at most what is left of --limit, default 480 s):
 #   env        nvidia-smi, torch and its CUDA, the wheels installed, imports (summary.txt only)
 #   probe      autotune probe --json                              -> probe.json
+#   quality    bench/quality_spread.py on bench/workloads/gpt2_small.py: the quality check's own
+#              trainings of the fp32 reference and of bf16 over more seeds: does bf16 lose
+#              more on evaluate() than fp32 loses to another seed?   -> quality.log, quality.json
 #   fashion    autotune run examples/fashion_cnn.py --trials 12 --timeout 300
 #                                                                 -> fashion.log (+ its report.md),
 #              timed from start to exit; its best_config.json      -> best_config.json
@@ -40,6 +43,7 @@
 #   TINY_ARGS="--trials 8"   TINY_CAP=300
 #   GPT2_MFU_ARGS="--config ... --profile ..."   GPT2_MFU_CAP=300   (see bench/gpu_mfu.py)
 #   GPT2_ARGS="--trials 8"   GPT2_CAP=400
+#   QUALITY_ARGS="--seeds 1,2 --candidate-seeds 0,1"   QUALITY_CAP=420
 #
 # Optuna and jsonschema (and their dependencies) are not on the GPU machine, which has no
 # network: download their wheels on a machine with pip into .whl/ at the repository root
@@ -203,6 +207,16 @@ try:
 except Exception as exc:
     print("  probe.json unreadable:", exc)
 EOF
+fi
+
+# --- bf16's quality loss on GPT-2 small against fp32's spread over seeds ------------------------------------
+if wanted quality; then
+# shellcheck disable=SC2086
+run_check quality "${QUALITY_CAP:-420}" "$OUTDIR/quality.log" \
+  "$PY" bench/quality_spread.py bench/workloads/gpt2_small.py --candidate precision=bf16 --out "$WORK/quality" \
+  ${QUALITY_ARGS:---seeds 1,2 --candidate-seeds 0,1}
+[ -f "$WORK/quality/quality_spread.json" ] && cp "$WORK/quality/quality_spread.json" "$OUTDIR/quality.json"
+grep -E '"role"|summary' "$OUTDIR/quality.log" 2>/dev/null | cut -c1-300 | sed 's/^/  /' >> "$SUMMARY"
 fi
 
 # --- the README example, timed -------------------------------------------------------------------------
