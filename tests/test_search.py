@@ -2,6 +2,7 @@
 sizes, then with each late knob (compile) — measured here by a stand-in runner."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -384,3 +385,16 @@ def test_a_compiled_trials_limit_follows_the_compile_its_mode_was_measured_to_ta
     again = [(cfg, limit) for cfg, limit in compiled if limit is not None]
     assert again and all(cfg.compile == "reduce-overhead" for cfg, _ in again), compiled
     assert again[0][1] == pytest.approx(3 * 201.0 + 10.0)
+
+
+def test_the_users_configuration_is_measured_when_the_time_ran_out_before_the_first_trial(tmp_path):
+    """Under a short --timeout whose search share the probe and the ramp already spent (a
+    GPU machine's probe), the search still measures the baseline and nothing else: without
+    it the run has nothing to compare with and ends with an error."""
+    space = build_space(MACHINE, baseline_batch=16, dataset_len=4096, fixed={})
+    runner = ThroughputOfBatch()
+    study = open_study(storage_path=tmp_path / "study.journal", study_name="late")
+    tuner = Tuner(study=study, space=space, runner=runner, trials=8, timeout_s=10.0, started_at=time.time() - 60)
+    outcome = tuner.run()
+    assert runner.measured == [space.baseline]
+    assert outcome.baseline is not None and outcome.baseline.config == space.baseline

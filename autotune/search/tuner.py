@@ -223,9 +223,15 @@ class Tuner:
                 self._recover_stale()
             measured = self.ledger.measured()
             stop = stop or self._stop_reason(measured)
-            if stop is None and (rung := self._next_rung()) is not None:
-                with _heartbeat(self.study, rung):  # the reference, before the budget is spent
+            # The reference is measured whatever the budget says: without it nothing the
+            # search found could be compared, and a run that used its time before the first
+            # trial (a slow probe under a short --timeout) would end with nothing
+            if (rung := self._next_rung()) is not None:
+                with _heartbeat(self.study, rung):
                     self._measure(rung)
+                continue
+            if stop is not None and self._user_config_queued():
+                self._one_trial()  # the queue's head: the baseline, enqueued first
                 continue
             if stop is None and asks_left > 0 and len(measured) + len(self.ledger.running()) < self.trials:
                 asks_left -= 1
@@ -242,6 +248,11 @@ class Tuner:
         if stop is not None:
             self.progress(ProgressEvent.BUDGET, {"reason": stop})
         return self.outcome()
+
+    def _user_config_queued(self) -> bool:
+        """Whether the user's configuration waits in the queue, not yet started."""
+        return any(t.state == TrialState.WAITING and t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE
+                   for t in self.study.get_trials(deepcopy=False))
 
     def _settle_plan(self) -> None:
         """The plan the study's values are for, stored on it when new. A study resumed with
