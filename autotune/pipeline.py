@@ -33,7 +33,7 @@ from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id, probe_machine
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
-from autotune.search import batch_range, shared
+from autotune.search import batch_range, late, shared
 from autotune.search.ledger import measured_trials
 from autotune.search.memory import MemoryLimit, fit_of, known_to_fit, nothing_fits
 from autotune.search.objective import Plan, Pricing
@@ -108,12 +108,36 @@ def layout_contrast(top: TrialConfig, space: Space, machine: Machine) -> TrialCo
     return other if other.layout in space.choices["layout"] else None
 
 
+def batch_rival(ranked: Sequence[Candidate]) -> TrialConfig | None:
+    """The best configuration at another batch size than the search's best, of its
+    precision kind, where its search value is within the noise of the best's (the larger of
+    ``late.NOISE`` and either trial's spread between windows); None otherwise. Two batch
+    sizes a few percent apart in one trial each are not told apart by the search; side by
+    side, verification tells them apart."""
+    if not ranked:
+        return None
+    first = ranked[0]
+    other = next((c for c in ranked[1:] if c.config.batch_size != first.config.batch_size
+                  and c.config.exact == first.config.exact), None)
+    if other is None:
+        return None
+
+    def spread(c: Candidate) -> float:
+        value, iqr = c.result.get("value"), c.result.get("iqr")
+        return float(iqr) / float(value) if value and iqr else 0.0
+
+    margin = max(late.NOISE, spread(first), spread(other))
+    return other.config if other.value >= first.value * (1 - margin) else None
+
+
 def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space, machine: Machine,
-                      fits: Callable[[TrialConfig], bool] = lambda cfg: True) -> list[TrialConfig]:
+                      fits: Callable[[TrialConfig], bool] = lambda cfg: True,
+                      rival: TrialConfig | None = None) -> list[TrialConfig]:
     """What verification re-measures: the ``top`` best by search value; the first one's
     layout contrast; when the top ones are all several-rank or all one-process, the
-    best-measured configuration of the other kind; and the best exact (fp32, unpruned)
-    and best reduced-precision configurations, whichever are not among them yet.
+    best-measured configuration of the other kind; the best exact (fp32, unpruned)
+    and best reduced-precision configurations; and ``rival`` (``batch_rival``), whichever
+    are not among them yet.
 
     The other process kind: a search trial's value is one process measured once, and on
     a shared machine that drifts by as much as the top configurations differ;
@@ -131,7 +155,7 @@ def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space, mach
     kinds = {c.nprocs > 1 for c in ranked[:top]}
     extra = [next((c for c in ranked if (c.nprocs > 1) not in kinds), None),
              next((c for c in ranked if c.exact), None),
-             next((c for c in ranked if not c.exact), None)]
+             next((c for c in ranked if not c.exact), None), rival]
     for cfg in extra:
         if cfg is not None and cfg not in candidates:
             candidates.append(cfg)
@@ -345,9 +369,9 @@ def leave_for_verification(task: Task, options: RunOptions, *, space: Space, mac
         if outcome.baseline is None or not outcome.ranked:
             return None
         baseline = outcome.baseline.config
-        candidates = choose_candidates([c.config for c in outcome.ranked if c.config != baseline],
-                                       top=options.top, space=space, machine=machine,
-                                       fits=fits_in_memory(outcome, options, machine))
+        others = [c for c in outcome.ranked if c.config != baseline]
+        candidates = choose_candidates([c.config for c in others], top=options.top, space=space, machine=machine,
+                                       fits=fits_in_memory(outcome, options, machine), rival=batch_rival(others))
         costs = Costs.from_trials([c.result for c in outcome.ranked], window_s=options.window_s,
                                   baseline_rate=outcome.baseline.measured.samples_per_s)
         need = fit.least(settings, candidates, baseline=baseline, costs=costs,
@@ -522,7 +546,8 @@ def verify(task: Task, out: Path, options: RunOptions, *, machine: Machine, spac
     failed = [(f.config, f.failure, f.message) for f in outcome.failures]
     fits = known_to_fit(limit, measured=measured, failed=failed)
     pricing = Pricing(plan=plan, measured=tuple(c.measured for c in outcome.ranked)) if plan else None
-    candidates = choose_candidates(ranked, top=options.top, space=space, machine=machine, fits=fits)
+    candidates = choose_candidates(ranked, top=options.top, space=space, machine=machine, fits=fits,
+                                   rival=batch_rival([c for c in outcome.ranked if not same_as_baseline(c.config)]))
     summary = SearchSummary(
         trials=len(place.study.trials), measured=outcome.measured, failures=tuple(outcome.failures),
         ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.measured.samples_per_s,

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from autotune.config import TrialConfig
-from autotune.pipeline import choose_candidates
+from autotune.pipeline import batch_rival, choose_candidates
 from autotune.probes import as_machine
+from autotune.search.tuner import Candidate
 from autotune.space import build_space
 
 MACHINE = as_machine({"cpu": {"usable_cores": 2, "usable_cpus": [0, 1], "isa": {}},
@@ -41,3 +42,32 @@ def test_nothing_is_added_twice_or_where_there_is_no_other_kind():
     ranked = [one(32), one(64)]
     assert choose_candidates(ranked, top=1, space=single, machine=MACHINE) == [one(32)]
     assert choose_candidates([], top=2, space=SPACE, machine=MACHINE) == []
+
+
+def _ranked(*rows) -> list[Candidate]:
+    """(config, search value, spread between windows as a share of it), best first."""
+    return [Candidate(number=i, config=cfg, value=value, result={"value": value, "iqr": value * spread})
+            for i, (cfg, value, spread) in enumerate(rows)]
+
+
+def test_a_batch_size_within_noise_of_the_best_is_verified_beside_it():
+    """cifar_cnn in BENCHMARKS.md: one process only (BatchNorm), all fp32; the search
+    measured batch 256 at 1,430 and 512 at 1,396 samples/s (each with an 8% spread), and
+    verification took batch 256 alone; a grid measured right after ran 512 1.16x faster."""
+    best, rival = one(256, channels_last=True), one(512, channels_last=True)
+    ranked = _ranked((best, 1430.0, 0.08), (rival, 1396.0, 0.08), (one(128), 1096.0, 0.2))
+    assert batch_rival(ranked) == rival
+    single = build_space(MACHINE, baseline_batch=64, batchnorm_layers=("bn",))
+    got = choose_candidates([c.config for c in ranked], top=1, space=single, machine=MACHINE,
+                            rival=batch_rival(ranked))
+    assert got == [best, rival]
+
+
+def test_no_rival_when_the_other_batch_is_clearly_slower_or_of_the_other_precision_kind():
+    assert batch_rival(_ranked((one(256), 1430.0, 0.02), (one(512), 1200.0, 0.02))) is None
+    # the same batch at other knobs is not a rival: the batch is what is in doubt
+    assert batch_rival(_ranked((one(256), 1430.0, 0.02), (one(256, num_workers=1), 1420.0, 0.02))) is None
+    assert batch_rival(_ranked((one(256), 1430.0, 0.02), (one(512, precision="bf16"), 1425.0, 0.02))) is None
+    # within the 5% floor even where the trials' spreads are smaller
+    assert batch_rival(_ranked((one(256), 1430.0, 0.0), (one(512), 1370.0, 0.0))) == one(512)
+    assert batch_rival([]) is None
