@@ -11,7 +11,7 @@ fp32's spread over seeds beside the candidate's drop at each seed.
         --seeds 0,1 --candidate-seeds 0,1,2 --out OUT
 
 A configuration is KNOB=VALUE,... over the model file's own batch size and autotune's
-baseline (fp32, nothing turned), read as in bench/gpu_mfu.py. OUT/quality_spread.json holds
+baseline (fp32, nothing turned), read by bench/gpu_mfu.py's parse_config. OUT/quality_spread.json holds
 every training's losses and score.
 """
 from __future__ import annotations
@@ -33,17 +33,7 @@ from autotune.runtime.session import load_user_module
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.verify import gates
 from autotune.verify.trainings import training_steps
-
-
-def parse_knobs(text: str) -> dict[str, Any]:
-    knobs: dict[str, Any] = {}
-    for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        try:
-            knobs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            knobs[key] = value
-    return knobs
+from bench.gpu_mfu import parse_config
 
 
 def main() -> int:
@@ -62,7 +52,7 @@ def main() -> int:
     user = load_user_module(str(Path(args.model_file).resolve()))
     baseline = TrialConfig.from_dict({"batch_size": int(getattr(user, "batch_size", 32)), "device": device,
                                       "backend": "nccl" if device == "cuda" else "gloo"})
-    cand = TrialConfig.from_dict({**baseline.to_dict(), **parse_knobs(args.candidate)})
+    cand = TrialConfig.from_dict({**baseline.to_dict(), **parse_config(f'candidate:{args.candidate}')[1]})
     ref = gates.quality_reference(baseline, cand)
     steps = training_steps(cand, evaluate=True, numerics_steps=40, quality_samples=args.samples)
     seeds = [int(s) for s in args.seeds.split(",")]
