@@ -87,7 +87,7 @@ class RunOptions:
     pairs: int = 6
     # Timed training per standalone run, after its warm-up: DataLoader workers ramp up
     # over the first seconds, and shorter runs printed speedups below what an independent
-    # check of longer runs measured (BENCHMARKS.md, "Tuning time").
+    # check of longer runs measured (BENCHMARKS.md, "Standalone runs of 8 s").
     pair_seconds: float = 8.0
     max_quality_drop: float | None = None
     # --scale-lr: how the learning rate follows a batch size unlike the user's (LrScaling);

@@ -48,8 +48,7 @@ def process_key(cfg: TrialConfig) -> str | None:
     glibc's allocator on the CPU: how many pages a step faults in there depends on what
     the process allocated and freed before (``minor_faults_per_step`` in a trial's
     result), enough to reverse the order of two batch sizes measured warm; tcmalloc
-    faults the same warm as fresh and kept their order (BENCHMARKS.md, "Why warm trials
-    were biased")."""
+    faults the same warm as fresh and kept their order (BENCHMARKS.md, "Method")."""
     if cfg.compile != CompileMode.OFF:
         return None
     if cfg.device == "cpu" and cfg.allocator == Allocator.DEFAULT:
