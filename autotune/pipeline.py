@@ -33,7 +33,7 @@ from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, fingerprint, fingerprint_id, probe_machine
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
-from autotune.search import batch_range, late, shared
+from autotune.search import batch_range, shared
 from autotune.search.ledger import measured_trials
 from autotune.search.memory import MemoryLimit, fit_of, known_to_fit, nothing_fits
 from autotune.search.objective import Plan, Pricing
@@ -55,6 +55,7 @@ from autotune.trials.protocol import Failure, StudyAttr
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import batch as verify_batch
 from autotune.verify import fit, gates, standalone, stats, step_profile
+from autotune.verify.candidates import batch_rival, choose_candidates, layout_contrast
 from autotune.verify.deadline import Budget, Costs, search_timeout
 from autotune.verify.device_room import DeviceRoom
 from autotune.verify.trainings import slowest_rate, work_key
@@ -88,78 +89,6 @@ def fits_in_memory(outcome: SearchOutcome, options: RunOptions, machine: Machine
     """Whether a configuration is known to fit in memory, from the search's trials."""
     return known_to_fit(memory_limit(options, machine), measured=[(c.config, c.result) for c in outcome.ranked],
                         failed=[(f.config, f.failure, f.message) for f in outcome.failures])
-
-
-def layout_contrast(top: TrialConfig, space: Space, machine: Machine) -> TrialConfig | None:
-    """The top candidate with the other process layout (several ranks <-> one process
-    on all cores), every other knob equal: verification measures it alongside, which
-    gives the layout's own effect with an interval."""
-    if top.device != "cpu":
-        return None
-    cores = machine.cpu.usable_cores
-    if top.nprocs > 1:
-        other = top.replace(nprocs=1, threads=cores)
-    else:
-        ranks = next((layout.nprocs for layout in space.layouts
-                      if layout.nprocs > 1 and layout.threads == 1), None)
-        if ranks is None or top.batch_size % ranks:
-            return None
-        other = top.replace(nprocs=ranks, threads=cores // ranks)
-    return other if other.layout in space.choices["layout"] else None
-
-
-def batch_rival(ranked: Sequence[Candidate]) -> TrialConfig | None:
-    """The best configuration at another batch size than the search's best, of its
-    precision kind, where its search value is within the noise of the best's (the larger of
-    ``late.NOISE`` and either trial's spread between windows); None otherwise. Two batch
-    sizes a few percent apart in one trial each are not told apart by the search; side by
-    side, verification tells them apart."""
-    if not ranked:
-        return None
-    first = ranked[0]
-    other = next((c for c in ranked[1:] if c.config.batch_size != first.config.batch_size
-                  and c.config.exact == first.config.exact), None)
-    if other is None:
-        return None
-
-    def spread(c: Candidate) -> float:
-        value, iqr = c.result.get("value"), c.result.get("iqr")
-        return float(iqr) / float(value) if value and iqr else 0.0
-
-    margin = max(late.NOISE, spread(first), spread(other))
-    return other.config if other.value >= first.value * (1 - margin) else None
-
-
-def choose_candidates(ranked: list[TrialConfig], *, top: int, space: Space, machine: Machine,
-                      fits: Callable[[TrialConfig], bool] = lambda cfg: True,
-                      rival: TrialConfig | None = None) -> list[TrialConfig]:
-    """What verification re-measures: the ``top`` best by search value; the first one's
-    layout contrast; when the top ones are all several-rank or all one-process, the
-    best-measured configuration of the other kind; the best exact (fp32, unpruned)
-    and best reduced-precision configurations; and ``rival`` (``batch_rival``), whichever
-    are not among them yet.
-
-    The other process kind: a search trial's value is one process measured once, and on
-    a shared machine that drifts by as much as the top configurations differ;
-    verification's alternating windows resolve such differences. The exact one: a
-    reduced-precision candidate can fail the numerics or quality check, and then the
-    fastest exact configuration is what the user should get, not the baseline. The layout
-    contrast, which the search did not measure, only where it is known to fit in memory
-    (``fits``: search.memory.known_to_fit)."""
-    candidates = ranked[:top]
-    if not candidates:
-        return []
-    contrast = layout_contrast(candidates[0], space, machine)
-    if contrast is not None and contrast not in candidates and fits(contrast):
-        candidates.append(contrast)
-    kinds = {c.nprocs > 1 for c in ranked[:top]}
-    extra = [next((c for c in ranked if (c.nprocs > 1) not in kinds), None),
-             next((c for c in ranked if c.exact), None),
-             next((c for c in ranked if not c.exact), None), rival]
-    for cfg in extra:
-        if cfg is not None and cfg not in candidates:
-            candidates.append(cfg)
-    return candidates
 
 
 def layout_effect(verdicts: list[gates.Verdict], top: TrialConfig, space: Space,

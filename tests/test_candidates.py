@@ -1,11 +1,11 @@
-"""Which configurations verification re-measures (autotune/pipeline.py)."""
+"""Which configurations verification re-measures (autotune/verify/candidates.py)."""
 from __future__ import annotations
 
 from autotune.config import TrialConfig
-from autotune.pipeline import batch_rival, choose_candidates
 from autotune.probes import as_machine
 from autotune.search.tuner import Candidate
 from autotune.space import build_space
+from autotune.verify.candidates import batch_rival, choose_candidates
 
 MACHINE = as_machine({"cpu": {"usable_cores": 2, "usable_cpus": [0, 1], "isa": {}},
                       "backends": {"gloo": True}, "gpus": []})
