@@ -46,10 +46,14 @@ def ordered(variants: Sequence[Mapping[str, Any]], device: str) -> list[dict[str
     return sorted(out, key=lambda p: rank.get(str(p.get("compile")), len(rank)))
 
 
-def _spread(t: optuna.trial.FrozenTrial) -> float:
-    result = t.user_attrs.get(StudyAttr.RESULT) or {}
+def spread(result: Mapping[str, Any]) -> float:
+    """A trial's spread between its windows, as a share of its value (0 where unknown)."""
     value, iqr = result.get("value"), result.get("iqr")
     return float(iqr) / float(value) if value and iqr else 0.0
+
+
+def _spread(t: optuna.trial.FrozenTrial) -> float:
+    return spread(t.user_attrs.get(StudyAttr.RESULT) or {})
 
 
 def compile_lost(trials: Iterable[optuna.trial.FrozenTrial]) -> str | None:

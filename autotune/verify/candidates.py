@@ -43,12 +43,7 @@ def batch_rival(ranked: Sequence[Candidate]) -> TrialConfig | None:
                   and c.config.exact == first.config.exact), None)
     if other is None:
         return None
-
-    def spread(c: Candidate) -> float:
-        value, iqr = c.result.get("value"), c.result.get("iqr")
-        return float(iqr) / float(value) if value and iqr else 0.0
-
-    margin = max(late.NOISE, spread(first), spread(other))
+    margin = max(late.NOISE, late.spread(first.result), late.spread(other.result))
     return other.config if other.value >= first.value * (1 - margin) else None
 
 
