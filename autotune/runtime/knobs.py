@@ -14,6 +14,27 @@ import math
 from typing import Any, TypedDict
 
 
+class Device(str, enum.Enum):
+    """Where a trial trains: the host's cores, or NVIDIA GPUs (one per rank)."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Affinity(str, enum.Enum):
+    """How a CPU rank's threads are placed: NONE leaves them to the scheduler; COMPACT pins
+    each rank's threads to its own consecutive cores."""
+
+    NONE = "none"
+    COMPACT = "compact"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class Precision(str, enum.Enum):
     FP32 = "fp32"
     BF16 = "bf16"
