@@ -1,5 +1,5 @@
 """How far reduced-precision losses stray from fp32 on healthy models: the data behind
-``verify.NUMERICS_TOLERANCE``.
+``verify.numerics.NUMERICS_TOLERANCE``.
 
 For each workload and batch size, the fp32 one-process eager reference and the reduced
 precision run train from the same seed, weights and batches (real trials, the numerics
@@ -23,7 +23,7 @@ from autotune.config import TrialConfig
 from autotune.probes import probe_machine
 from autotune.task import load_task
 from autotune.trials.runner import Measurement, TrialRunner
-from autotune.verify import gates as verify
+from autotune.verify import numerics
 
 WORKLOADS = [ROOT / "examples" / "fashion_cnn.py",
              *sorted((ROOT / "bench" / "workloads").glob("*.py"))]
@@ -53,7 +53,7 @@ def main() -> int:
                                  "failed": ref.describe_failure() if ref.status != "ok"
                                  else cand.describe_failure()})
                     continue
-                stats = verify.loss_divergence(ref.losses, cand.losses)
+                stats = numerics.loss_divergence(ref.losses, cand.losses)
                 rows.append({"workload": path.stem, "batch_size": base.batch_size, **stats,
                              "reference_losses": ref.losses, "candidate_losses": cand.losses})
                 print(f"{path.stem:16s} batch {base.batch_size:5d}  "

@@ -31,7 +31,8 @@ from autotune.config import TrialConfig
 from autotune.probes import probe_machine
 from autotune.runtime.session import load_user_module
 from autotune.trials.runner import Measurement, TrialRunner
-from autotune.verify import gates
+from autotune.verify.quality import PRECISION_QUALITY_DROP
+from autotune.verify.reference import quality_reference
 from autotune.verify.trainings import training_steps
 from bench.gpu_mfu import parse_config
 
@@ -53,7 +54,7 @@ def main() -> int:
     baseline = TrialConfig.from_dict({"batch_size": int(getattr(user, "batch_size", 32)), "device": device,
                                       "backend": "nccl" if device == "cuda" else "gloo"})
     cand = TrialConfig.from_dict({**baseline.to_dict(), **parse_config(f'candidate:{args.candidate}')[1]})
-    ref = gates.quality_reference(baseline, cand)
+    ref = quality_reference(baseline, cand)
     steps = training_steps(cand, evaluate=True, numerics_steps=40, quality_samples=args.samples)
     seeds = [int(s) for s in args.seeds.split(",")]
     cand_seeds = [int(s) for s in (args.candidate_seeds or args.seeds).split(",")]
@@ -80,7 +81,7 @@ def main() -> int:
               for role in ("fp32", "candidate")}
     if scores["fp32"] and scores["candidate"]:
         f, c = scores["fp32"], scores["candidate"]
-        allowed = gates.PRECISION_QUALITY_DROP * abs(f[0])
+        allowed = PRECISION_QUALITY_DROP * abs(f[0])
         summary = {"fp32": f, "candidate": c, "fp32_spread": max(f) - min(f),
                    "drop_of_medians": statistics.median(f) - statistics.median(c),
                    "allowed_by_the_check": allowed,

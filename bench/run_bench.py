@@ -37,11 +37,13 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
-from autotune.pipeline import build_task_space
 from autotune.probes import probe_machine
+from autotune.search.budget import SearchBudget
 from autotune.search.starts import heuristics
 from autotune.search.tuner import Tuner, open_study
+from autotune.sections import SearchOptions
 from autotune.task import load_task
+from autotune.task_space import build_task_space
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.verify import side_by_side, stats
 
@@ -55,12 +57,12 @@ WORKLOADS = {
 
 
 def search(name: str, task, machine, out: Path, *, trials: int, sampler) -> tuple[TrialConfig, dict]:
-    space = build_task_space(task, machine, RunOptions())
+    space = build_task_space(task, machine, SearchOptions.of(RunOptions(), task=task))
     runner = TrialRunner(model_file=task.path, machine=machine, workdir=out / name,
                          measurement=Measurement())
     study = open_study(storage_path=out / f"{name}.journal", study_name=name, sampler=sampler)
     started = time.monotonic()
-    outcome = Tuner(study=study, space=space, runner=runner, trials=trials, timeout_s=None).run()
+    outcome = Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=trials)).run()
     wall = time.monotonic() - started
     best = outcome.ranked[0]
     return best.config, {"wall_s": wall, "trials": trials, "best_search_value": best.value}
@@ -119,7 +121,8 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
     machine = probe_machine()
     task = load_task(path)
     out.mkdir(parents=True, exist_ok=True)
-    space = build_task_space(task, machine, RunOptions())  # the space `autotune run` searches
+    # the space `autotune run` searches
+    space = build_task_space(task, machine, SearchOptions.of(RunOptions(), task=task))
     grid = space.grid_size
     results: dict[str, dict] = {}
 

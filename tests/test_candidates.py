@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from autotune.config import TrialConfig
 from autotune.probes import as_machine
-from autotune.search.tuner import Candidate
+from autotune.search.outcome import Candidate
 from autotune.space import build_space
 from autotune.verify.candidates import batch_rival, choose_candidates
 

@@ -16,10 +16,13 @@ from autotune.harness import candidate_emitter
 from autotune.options import SEARCH_SHARE
 from autotune.probes import as_machine
 from autotune.report.console import Reporter
+from autotune.search import stage as search_stage
 from autotune.task import load_task
 from autotune.trials.protocol import ProgressEvent
 from autotune.verify import fit, gates, sequential
 from autotune.verify.deadline import Budget, Costs
+from autotune.verify.reserve import room_for_another
+from autotune.verify.settings import Settings
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
 from helpers import MODELS
@@ -38,20 +41,20 @@ def task():
     return load_task(MODELS / "knob_cnn.py")
 
 
-def planned(left: float, settings: gates.Settings | None = None) -> fit.Plan:
+def planned(left: float, settings: Settings | None = None) -> fit.Plan:
     budget = Budget(timeout_s=600, ends_at=left, costs=COSTS, clock=lambda: 0.0)
-    return fit.fit(settings or gates.Settings(), CANDIDATES, baseline=BASE, budget=budget,
+    return fit.fit(settings or Settings(), CANDIDATES, baseline=BASE, budget=budget,
                    has_evaluate=True, shortest_run_s=3.0)
 
 
-def cost(settings: gates.Settings, candidates=CANDIDATES) -> float:
+def cost(settings: Settings, candidates=CANDIDATES) -> float:
     """What a plan needs left to be made as ``settings`` say: its estimate and the margin."""
     return fit.MARGIN * sum(fit.estimate(settings, candidates, baseline=BASE, costs=COSTS,
                                          has_evaluate=True).values())
 
 
 def test_a_deadline_shortens_the_stages_in_the_documented_order():
-    asked = gates.Settings()
+    asked = Settings()
     assert not planned(cost(asked)).shortened, "what fits is not shortened"
     assert planned(cost(asked) / fit.MARGIN).shortened, "the estimate alone leaves no margin"
     # each step of the order is taken only once the ones before it are at their least
@@ -83,7 +86,7 @@ def test_a_deadline_shortens_the_stages_in_the_documented_order():
 
 
 def test_a_cap_the_user_set_below_the_fewest_is_kept():
-    plan = planned(1.0, gates.Settings(rounds=3, pairs=3))
+    plan = planned(1.0, Settings(rounds=3, pairs=3))
     assert (plan.settings.rounds, plan.settings.pairs) == (3, 3)
 
 
@@ -137,15 +140,15 @@ def test_without_a_timeout_nothing_is_shortened(task, tmp_path):
 
 def test_the_search_gets_its_share_of_the_timeout(task, tmp_path, monkeypatch):
     seen = {}
-    real = pipeline.Tuner
+    real = search_stage.Tuner
 
     def tuner(**kw):
         seen.update(kw)
         return real(**kw)
 
-    monkeypatch.setattr(pipeline, "Tuner", tuner)
+    monkeypatch.setattr(search_stage, "Tuner", tuner)
     tune_stand_in(task, tmp_path, Timed(recorded_machine("avx2_epyc")), timeout_s=200)
-    assert seen["timeout_s"] == pytest.approx(SEARCH_SHARE * 200)
+    assert seen["budget"].timeout_s == pytest.approx(SEARCH_SHARE * 200)
 
 
 def test_the_search_leaves_verification_at_least_its_least(task, tmp_path, monkeypatch):
@@ -154,7 +157,7 @@ def test_the_search_leaves_verification_at_least_its_least(task, tmp_path, monke
     stops once it has a baseline and a candidate, and says why. With time to spare it runs
     its trials."""
     reasons: list[str] = []
-    real = pipeline.Tuner
+    real = search_stage.Tuner
 
     def tuner(**kw):
         said = kw["progress"]
@@ -162,7 +165,7 @@ def test_the_search_leaves_verification_at_least_its_least(task, tmp_path, monke
                                              else None, said(kind, info))
         return real(**kw)
 
-    monkeypatch.setattr(pipeline, "Tuner", tuner)
+    monkeypatch.setattr(search_stage, "Tuner", tuner)
     for name in ("short", "long"):
         (tmp_path / name).mkdir()
     short = tune_stand_in(task, tmp_path / "short", Timed(recorded_machine("avx2_epyc")), timeout_s=60, trials=12)
@@ -177,8 +180,8 @@ def test_the_search_keeps_room_for_its_longest_trial_and_a_margin_on_verificatio
     estimated at 85 s, another trial may be a fresh one and the estimate may grow: no room.
     With 120 s left there is."""
     walls = [3.0, 3.0, 3.0, 12.0]
-    assert not pipeline.room_for_another(now=0.0, ends_at=100.0, trial_walls=walls, need_s=85.0)
-    assert pipeline.room_for_another(now=0.0, ends_at=120.0, trial_walls=walls, need_s=85.0)
+    assert not room_for_another(now=0.0, ends_at=100.0, trial_walls=walls, need_s=85.0)
+    assert room_for_another(now=0.0, ends_at=120.0, trial_walls=walls, need_s=85.0)
 
 
 def test_a_second_candidates_script_runs_alone_only_when_its_pairs_fit(task, tmp_path):
@@ -202,7 +205,7 @@ def test_a_second_candidates_script_runs_alone_only_when_its_pairs_fit(task, tmp
     records: list = []
     winner, verdicts, _ = gates.verify_candidates(
         runner, baseline=BASE, candidates=[first, second], has_evaluate=False,
-        settings=gates.Settings(ablation=False, pairs=6, budget=budget),
+        settings=Settings(ablation=False, pairs=6, budget=budget),
         emit_candidate=candidate_emitter(task, as_machine(machine)), workdir=tmp_path, stages=records)
     assert winner is None
     alone = [r for r in records if r.stage is Stage.STANDALONE]
@@ -219,7 +222,7 @@ def test_the_gates_estimate_counts_the_batch_checks_trainings_as_they_run():
     cands = [base.replace(batch_size=512, threads=1, precision="bf16"),
              base.replace(batch_size=512, threads=2, precision="bf16")]
     costs = Costs(start_s=0.0, window_s=1.0, sample_s=0.001, trial_start_s=0.0)
-    settings = gates.Settings()
+    settings = Settings()
     judged = fit.gates_cost(settings, cands, baseline=base, costs=costs, has_evaluate=True)
     unjudged = fit.gates_cost(settings, cands, baseline=base, costs=costs, has_evaluate=False)
     # the reference's 40 steps, the candidate's 40 steps, the user's configuration over 40 x 512

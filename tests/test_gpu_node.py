@@ -16,7 +16,9 @@ import pytest
 from autotune import pipeline
 from autotune.config import Layout, TrialConfig
 from autotune.report.console import Reporter
+from autotune.sections import SearchOptions
 from autotune.task import load_task
+from autotune.task_space import build_task_space
 
 from doubles import recorded_machine
 from helpers import MODELS, written_document
@@ -45,7 +47,7 @@ def tune(task, name: str, tmp_path: Path, *, model: SimModel = SimModel(), diver
 
 
 def ranks_offered(task, name: str) -> set[int]:
-    space = pipeline.build_task_space(task, recorded_machine(name), pipeline.RunOptions())
+    space = build_task_space(task, recorded_machine(name), SearchOptions.of(pipeline.RunOptions(), task=task))
     return {int(s.split("x")[0]) for s in space.choices["layout"]}
 
 

@@ -19,7 +19,9 @@ from autotune import pipeline
 from autotune.config import TrialConfig
 from autotune.document.run import RunDocument
 from autotune.report.console import Reporter
+from autotune.sections import SearchOptions
 from autotune.task import load_task
+from autotune.task_space import build_task_space
 from autotune.trials.runner import TrialResult
 
 from doubles import StandInRunner, recorded_machine
@@ -61,7 +63,7 @@ EXPECTED_PRECISIONS = {"avx2_epyc": ["fp32"], "amx_spr": ["fp32", "bf16"],
 @pytest.mark.parametrize("name", MACHINES)
 def test_each_machine_offers_its_own_knobs(task, name):
     doc = recorded_machine(name)
-    space = pipeline.build_task_space(task, doc, pipeline.RunOptions())
+    space = build_task_space(task, doc, SearchOptions.of(pipeline.RunOptions(), task=task))
     assert space.choices["precision"] == EXPECTED_PRECISIONS[name]
     gpus = len(doc["gpus"])
     if gpus:
@@ -77,7 +79,7 @@ def test_each_machine_offers_its_own_knobs(task, name):
         assert set(space.choices["allocator"]) == {"default", "jemalloc", "tcmalloc"}
     if name == "avx2_epyc":
         assert "avx512_bf16" in space.excluded["precision=bf16"]
-    exact = pipeline.build_task_space(task, doc, pipeline.RunOptions(exact=True))
+    exact = build_task_space(task, doc, SearchOptions.of(pipeline.RunOptions(exact=True), task=task))
     assert exact.choices["precision"] == ["fp32"]
     assert "prune_ratio" not in exact.choices
 
@@ -195,7 +197,7 @@ def test_cuda_visible_devices_narrows_the_gpus(task, monkeypatch, visible, ranks
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    space = pipeline.build_task_space(task, recorded_machine("h100x8"), pipeline.RunOptions())
+    space = build_task_space(task, recorded_machine("h100x8"), SearchOptions.of(pipeline.RunOptions(), task=task))
     assert space.baseline.device == device
     if device == "cuda":
         assert max(int(s.split("x")[0]) for s in space.choices["layout"]) == ranks

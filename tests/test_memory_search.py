@@ -349,7 +349,10 @@ def test_workers_sharing_a_study_take_each_step_of_the_reference_once(task, tmp_
     import threading
     import time
 
+    from autotune.search.budget import SearchBudget
+    from autotune.search.scoring import Scoring
     from autotune.search.tuner import Tuner, open_study
+    from autotune.search.turns import Turns
 
     class Slow(MemoryStandIn):  # the workers' trials overlap
         def run(self, cfg, **kw):
@@ -362,8 +365,9 @@ def test_workers_sharing_a_study_take_each_step_of_the_reference_once(task, tmp_
     def worker(name):
         runners[name] = runner = Slow(recorded_machine("avx2_epyc"))
         study = open_study(storage_path=tmp_path / "study.journal", study_name="shared")
-        tuner = Tuner(study=study, space=space, runner=runner, trials=6, timeout_s=None, shared=True,
-                      lock=lambda: lock, memory_limit=memory.MemoryLimit(user_mb=350.0))
+        tuner = Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=6),
+                      turns=Turns(shared=True, lock=lambda: lock),
+                      scoring=Scoring(memory_limit=memory.MemoryLimit(user_mb=350.0)))
         tuner.POLL_S = 0.01
         outcomes[name] = tuner.run()
 

@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 from autotune import schemas
 from autotune.cli import main
 from autotune.config import TrialConfig
+from autotune.document.measures import Check
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 from autotune.options import RunOptions
@@ -18,8 +19,8 @@ from autotune.report.advice import advise
 from autotune.search.objective import Measured, Plan, Pricing, break_even, break_evens
 from autotune.search.study import load_study
 from autotune.task import load_task
-from autotune.verify import gates
 from autotune.verify.stats import ratio_interval
+from autotune.verify.verdict import Verdict, rank_by_rounds
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
 from helpers import MODELS
@@ -126,11 +127,11 @@ def test_the_api_takes_the_plan_by_keyword(tmp_path):
 # --- verification's ranking ------------------------------------------------------------
 
 
-def _served(cfg: TrialConfig, rate: float, base: float) -> gates.Verdict:
+def _served(cfg: TrialConfig, rate: float, base: float) -> Verdict:
     rates = [rate * (1 + 0.01 * (i % 3)) for i in range(5)]
     speed = {**ratio_interval([r / base for r in rates]), "samples_per_s": rates,
              "median_samples_per_s": rate}
-    return gates.Verdict(cfg, {"speed": gates.Check(True, speed)}, speed)
+    return Verdict(cfg, {"speed": Check(True, speed)}, speed)
 
 
 def test_verification_ranks_by_the_planned_run_with_the_searchs_one_time_costs():
@@ -143,9 +144,9 @@ def test_verification_ranks_by_the_planned_run_with_the_searchs_one_time_costs()
     def ranked(samples: int) -> list[TrialConfig]:
         verdicts = [_served(compiled, 1375.0, 1000.0), _served(eager, 1100.0, 1000.0)]
         pricing = Pricing(plan=Plan(samples=samples, batch_size=50), measured=measured)
-        return [v.config for v in gates.rank_by_rounds(verdicts, pricing)]
+        return [v.config for v in rank_by_rounds(verdicts, pricing)]
 
-    assert [v.config for v in gates.rank_by_rounds(
+    assert [v.config for v in rank_by_rounds(
         [_served(eager, 1100.0, 1000.0), _served(compiled, 1375.0, 1000.0)])] == [compiled, eager]
     assert ranked(10_000) == [eager, compiled]  # 60 s of compiling to save 2 s
     assert ranked(10_000_000) == [compiled, eager]

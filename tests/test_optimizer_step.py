@@ -20,7 +20,11 @@ from autotune.runtime.session import load_user_module
 from autotune.space import build_space
 from autotune.task import load_task
 from autotune.trials.runner import Measurement, TrialRunner
-from autotune.verify import ablation, gates
+from autotune.verify import ablation
+from autotune.verify.precision import describe_checks
+from autotune.verify.quality import trades_quality
+from autotune.verify.reference import numerics_reference
+from autotune.verify.verdict import Verdict
 
 from doubles import recorded_machine
 from helpers import MODELS, machine_doc
@@ -179,10 +183,10 @@ def test_the_ablation_measures_each_knob_and_reverting_the_workers_reverts_prefe
 def test_the_numerics_check_compares_a_fused_step_with_the_default_steps_reference():
     baseline = TrialConfig(batch_size=16)
     cand = baseline.replace(optimizer_step="fused", batch_size=32)
-    assert gates.numerics_reference(baseline, cand).optimizer_step == "default"
-    assert not gates.trades_quality(cand)
-    verdict = gates.Verdict(config=cand, checks={}, speed={})
-    assert gates.describe_checks(verdict).startswith("fp32, fused optimizer step")
+    assert numerics_reference(baseline, cand).optimizer_step == "default"
+    assert not trades_quality(cand)
+    verdict = Verdict(config=cand, checks={}, speed={})
+    assert describe_checks(verdict).startswith("fp32, fused optimizer step")
 
 
 # --- the stack files ----------------------------------------------------------------------

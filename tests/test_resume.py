@@ -84,7 +84,8 @@ from pathlib import Path
 
 from autotune.search.starts import heuristics
 from autotune.probes import as_machine
-from autotune.search.tuner import Tuner, open_study
+from autotune.search.budget import SearchBudget
+from autotune.search.tuner import Starts, Tuner, open_study
 from autotune.space import build_space
 from autotune.trials.runner import TrialResult
 
@@ -115,8 +116,8 @@ class StandInRunner:
 
 
 study = open_study(storage_path=journal, study_name="sim")
-Tuner(study=study, space=space, runner=StandInRunner(), trials=opts["trials"], timeout_s=None,
-      heuristics=heuristics(space, MACHINE)).run()
+Tuner(study=study, space=space, runner=StandInRunner(), budget=SearchBudget(trials=opts["trials"]),
+      starts=Starts(heuristics=heuristics(space, MACHINE))).run()
 '''
 
 

@@ -22,9 +22,11 @@ from autotune.runtime.knobs import LrScaling
 from autotune.runtime.main import batch_note
 from autotune.runtime.model import build_model, config_lr_factor
 from autotune.runtime.session import load_user_module
+from autotune.sections import SearchOptions
 from autotune.space import build_space, parse_fixes
 from autotune.space_conditional import DEFAULT_OPTIMIZER
 from autotune.task import load_task
+from autotune.task_space import build_task_space
 from autotune.verify import ablation
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
@@ -116,7 +118,7 @@ def test_every_configuration_of_the_space_carries_the_rule_and_its_own_factor():
 def test_the_run_builds_its_space_with_the_option():
     task = SimpleNamespace(batch_size=24, dataset_len=None, image_inputs=False, batchnorm_layers=(), blocks=(),
                            has_evaluate=False, has_training_step=False, optimizer=DEFAULT_OPTIMIZER)
-    space = pipeline.build_task_space(task, recorded_machine("avx2_epyc"), RunOptions(scale_lr="sqrt"))
+    space = build_task_space(task, recorded_machine("avx2_epyc"), SearchOptions.of(RunOptions(scale_lr="sqrt"), task=task))
     assert (space.baseline.lr_scaling, space.baseline.lr_batch) == ("sqrt", 24)
 
 

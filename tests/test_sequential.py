@@ -12,7 +12,9 @@ from autotune.config import TrialConfig
 from autotune.task import load_task
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.verify import ablation, gates, sequential, side_by_side, standalone
+from autotune.verify.settings import Settings
 from autotune.verify.trainings import Trainings, work_key
+from autotune.verify.verdict import Verdict, rank_by_rounds
 
 from doubles import NoisyServing, RunnerDouble, ScriptedRunner, StandInRunner, recorded_machine, tune_stand_in
 from helpers import MODELS
@@ -50,8 +52,8 @@ def test_a_clearly_slower_candidate_stops_being_measured_and_its_process_ends():
     assert speed["rounds"] == speed["cap"] == 10 and "stopped" not in speed
     assert [c.detail["rounds"] for c in (checks[0], checks[2])] == [10, 10]
     # ranked after the two measured to the end
-    verdicts = [gates.Verdict(c, {"speed": ch}, dict(ch.detail)) for c, ch in zip(cands, checks)]
-    assert [v.config.batch_size for v in gates.rank_by_rounds(verdicts)][2] == 48
+    verdicts = [Verdict(c, {"speed": ch}, dict(ch.detail)) for c, ch in zip(cands, checks)]
+    assert [v.config.batch_size for v in rank_by_rounds(verdicts)][2] == 48
 
 
 def test_the_speed_check_ends_once_the_leader_is_clear_and_every_verdict_settled():
@@ -171,10 +173,10 @@ def test_the_simplified_configuration_is_gated_with_the_runs_already_made(tmp_pa
                             metric={"fp32": 0.9, "bf16": 0.9})
     trainings = Trainings(runner, evaluate=True)
     bf16 = TrialConfig(batch_size=64, precision="bf16", allocator="tcmalloc", threads=2)
-    first = gates.gate(trainings, BASE, bf16, settings=gates.Settings())
+    first = gates.gate(trainings, BASE, bf16, settings=Settings())
     ran = len(runner.runs)
     simpler = gates.gate(trainings, BASE, bf16.replace(allocator="default", threads=None),
-                         settings=gates.Settings())
+                         settings=Settings())
     assert first.passed and first.checks["quality"].passed and first.checks["batch"].passed
     # the batch check reads the candidate's scored training too, and trains the user's configuration
     assert ran == 3, "one training each of the candidate and its reference serves all three gates"
@@ -219,7 +221,7 @@ def alone(runner: Scripts, tmp_path: Path, *, pairs: int, budget=None, sbs_noise
     c = standalone.Script(Path("c"), BASE, 100.0 * runner.ratio)
     return standalone.check(runner, baseline=b, candidate=c, served=served,
                             served_baseline={"median_samples_per_s": 100.0},
-                            settings=gates.Settings(pairs=pairs, pair_seconds=1.0, budget=budget),
+                            settings=Settings(pairs=pairs, pair_seconds=1.0, budget=budget),
                             workdir=tmp_path, progress=lambda kind, info: None)
 
 

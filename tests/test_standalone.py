@@ -18,8 +18,11 @@ from autotune.document.measures import Check, Standalone
 from autotune.document.run import RunDocument
 from autotune.errors import NotVerified
 from autotune.report.console import Reporter
-from autotune.verify import gates, standalone
+from autotune.sections import SearchOptions
+from autotune.task_space import build_task_space
+from autotune.verify import standalone
 from autotune.verify.again import reverify
+from autotune.verify.settings import Settings
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
 from helpers import MODELS
@@ -34,7 +37,7 @@ def task():
 
 def test_the_printed_speedup_follows_the_standalone_runs_not_the_side_by_side_windows(task, tmp_path):
     doc_in = recorded_machine("avx2_epyc")
-    baseline = pipeline.build_task_space(task, doc_in, pipeline.RunOptions()).baseline
+    baseline = build_task_space(task, doc_in, SearchOptions.of(pipeline.RunOptions(), task=task)).baseline
 
     def served(cfg: TrialConfig) -> float:
         # Held side by side, every candidate looks 40% faster than it runs alone.
@@ -65,7 +68,7 @@ def test_the_printed_speedup_follows_the_standalone_runs_not_the_side_by_side_wi
 
 def test_candidates_faster_only_side_by_side_are_not_verified(task, tmp_path):
     doc_in = recorded_machine("avx2_epyc")
-    baseline = pipeline.build_task_space(task, doc_in, pipeline.RunOptions()).baseline
+    baseline = build_task_space(task, doc_in, SearchOptions.of(pipeline.RunOptions(), task=task)).baseline
 
     class SlowerAlone(StandInRunner):
         """Held side by side every candidate looks 3x faster than the baseline; run
@@ -254,7 +257,7 @@ def alone_check(runner, tmp_path, *, pairs: int = 6):
     c = standalone.Script(Path("c"), TrialConfig(batch_size=16), 80_000.0)
     return standalone.check(runner, baseline=b, candidate=c, served=served,
                             served_baseline={"median_samples_per_s": 17_000.0},
-                            settings=gates.Settings(pairs=pairs, pair_seconds=1.0),
+                            settings=Settings(pairs=pairs, pair_seconds=1.0),
                             workdir=tmp_path, progress=lambda kind, info: None)
 
 

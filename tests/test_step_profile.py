@@ -206,7 +206,7 @@ def test_a_stand_in_runner_measures_nothing_so_nothing_is_profiled(tmp_path):
 
     doc = load_doc()
     reporter = Reporter(quiet=True)
-    assert profile_emitted(tmp_path, doc, runner=RunnerDouble(), options=RunOptions(), reporter=reporter) is doc
+    assert profile_emitted(tmp_path, doc, runner=RunnerDouble(), profile=RunOptions().profile, reporter=reporter) is doc
 
 
 def test_no_profile_on_the_command_line_turns_the_profile_off(monkeypatch, tmp_path):

@@ -8,11 +8,17 @@ import sys
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.document.measures import Check
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.verify import device_room, side_by_side, stats
-from autotune.verify import gates as verify
 from autotune.verify.device_room import DeviceRoom
+from autotune.verify.gates import gate, screen
+from autotune.verify.numerics import FP16_MAX_LAG, NUMERICS_TOLERANCE, compare_losses, numerics_check
+from autotune.verify.quality import quality_check
+from autotune.verify.reference import numerics_reference, smaller_batch
+from autotune.verify.settings import Settings
 from autotune.verify.trainings import Trainings
+from autotune.verify.verdict import Verdict, outcomes, rank_by_rounds
 
 from doubles import ScriptedRunner, ServingCounter
 from helpers import MODELS
@@ -20,12 +26,12 @@ from helpers import MODELS
 SHORT = Measurement(warmup_steps=2, window_s=0.3, windows=2)
 
 
-def _verdict(name: str, rates: list[float] | None, *, baseline: list[float]) -> verify.Verdict:
+def _verdict(name: str, rates: list[float] | None, *, baseline: list[float]) -> Verdict:
     cfg = TrialConfig(batch_size=len(name) * 16)
     if rates is None:
-        return verify.Verdict(cfg, {"speed": verify.Check(False, {"reason": "crashed"})}, {})
+        return Verdict(cfg, {"speed": Check(False, {"reason": "crashed"})}, {})
     speed = {**stats.ratio_interval([r / b for r, b in zip(rates, baseline)]), "samples_per_s": rates}
-    return verify.Verdict(cfg, {"speed": verify.Check(True, speed)}, speed)
+    return Verdict(cfg, {"speed": Check(True, speed)}, speed)
 
 
 def test_candidates_are_ranked_by_windows_of_the_same_round():
@@ -36,7 +42,7 @@ def test_candidates_are_ranked_by_windows_of_the_same_round():
     b = _verdict("bb", [2.1, 2.1, 1.1, 1.1, 1.9], baseline=baseline)
     failed = _verdict("ccc", None, baseline=baseline)
     assert a.speed["median"] > b.speed["median"]
-    assert verify.rank_by_rounds([a, failed, b]) == [b, a, failed]
+    assert rank_by_rounds([a, failed, b]) == [b, a, failed]
     assert b.speed["relative_to_candidates"] > 1.0 > a.speed["relative_to_candidates"]
 
 
@@ -46,8 +52,8 @@ def test_every_candidate_is_recorded_in_the_order_it_was_tried():
     emitted = _verdict("bb", [1.8, 1.9, 1.8, 1.9, 1.8], baseline=baseline)
     unchecked = _verdict("ccc", [1.5, 1.4, 1.5, 1.4, 1.5], baseline=baseline)
     crashed = _verdict("dddd", None, baseline=baseline)
-    first.checks["numerics"] = verify.Check(False, {"reason": "losses diverge"})
-    rows = [r.to_json() for r in verify.outcomes([unchecked, crashed, emitted, first], emitted)]
+    first.checks["numerics"] = Check(False, {"reason": "losses diverge"})
+    rows = [r.to_json() for r in outcomes([unchecked, crashed, emitted, first], emitted)]
     assert [r["config_short"] for r in rows] == \
            [v.config.short() for v in (first, emitted, unchecked, crashed)]
     assert [r["outcome"].split(":")[0].split(";")[0] for r in rows] == \
@@ -84,10 +90,10 @@ def test_configurations_held_side_by_side_share_one_memory_budget():
 
 def test_compare_losses_accepts_tracking_and_rejects_divergence_and_nan():
     ref = [2.3, 2.1, 1.9, 1.7]
-    assert verify.compare_losses(ref, [2.3, 2.1001, 1.9002, 1.7001], tolerance=0.02).passed
-    diverged = verify.compare_losses(ref, [2.3, 2.1, 2.5, 3.0], tolerance=0.02)
+    assert compare_losses(ref, [2.3, 2.1001, 1.9002, 1.7001], tolerance=0.02).passed
+    diverged = compare_losses(ref, [2.3, 2.1, 2.5, 3.0], tolerance=0.02)
     assert not diverged.passed and "diverge" in diverged.detail["reason"]
-    nan = verify.compare_losses(ref, [2.3, math.nan, 1.9, 1.7], tolerance=0.02)
+    nan = compare_losses(ref, [2.3, math.nan, 1.9, 1.7], tolerance=0.02)
     assert not nan.passed and "NaN" in nan.detail["reason"]
 
 
@@ -117,7 +123,7 @@ def test_two_ranks_compute_what_one_process_computes(tmp_path):
     runner = TrialRunner(model_file=MODELS / "verify_slowdown.py", machine={},
                          workdir=tmp_path, measurement=SHORT)
     baseline = TrialConfig(batch_size=16)
-    check = verify.numerics_check(Trainings(runner, evaluate=False, numerics_steps=8), baseline,
+    check = numerics_check(Trainings(runner, evaluate=False, numerics_steps=8), baseline,
                                   TrialConfig(nprocs=2, threads=1, batch_size=32))
     assert check.passed, check.detail
     assert check.detail["max_difference"] < 1e-4
@@ -142,13 +148,13 @@ def test_quality_trading_needs_evaluate_and_an_allowed_drop(tmp_path):
     runner = TrialRunner(model_file=MODELS / "knob_cnn.py", machine={}, workdir=tmp_path,
                          measurement=SHORT)
     pruned = TrialConfig(batch_size=16, prune_ratio=0.5)
-    no_eval = verify.quality_check(Trainings(runner, evaluate=False), TrialConfig(batch_size=16), pruned,
+    no_eval = quality_check(Trainings(runner, evaluate=False), TrialConfig(batch_size=16), pruned,
                                    max_drop=0.1)
     assert no_eval.passed is False and "evaluate" in no_eval.detail["reason"]
     trainings = Trainings(runner, evaluate=True)
-    no_drop = verify.quality_check(trainings, TrialConfig(batch_size=16), pruned, max_drop=None)
+    no_drop = quality_check(trainings, TrialConfig(batch_size=16), pruned, max_drop=None)
     assert no_drop.passed is False and "--max-quality-drop" in no_drop.detail["reason"]
-    plain = verify.quality_check(trainings, TrialConfig(batch_size=16), TrialConfig(batch_size=32),
+    plain = quality_check(trainings, TrialConfig(batch_size=16), TrialConfig(batch_size=32),
                                  max_drop=None)
     assert plain.passed is None  # nothing to check: no knob trades quality
     assert not trainings.runs, "nothing was trained for checks that need no training"
@@ -160,15 +166,15 @@ def test_quality_check_trains_both_and_compares_evaluate(tmp_path):
                          measurement=SHORT)
     baseline, pruned = TrialConfig(batch_size=16), TrialConfig(batch_size=16, prune_ratio=0.5)
     trainings = Trainings(runner, evaluate=True, numerics_steps=8, quality_samples=640)
-    check = verify.quality_check(trainings, baseline, pruned, max_drop=0.05)
+    check = quality_check(trainings, baseline, pruned, max_drop=0.05)
     d = check.detail
     assert 0.0 <= d["reference_metric"] <= 1.0 and 0.0 <= d["candidate_metric"] <= 1.0
     assert d["drop"] == pytest.approx(d["reference_metric"] - d["candidate_metric"])
     assert check.passed is (d["drop"] <= 0.05) and d["training_samples"] == 640
     # the same trainings serve the numerics check: 40 losses each, nothing trained again
     assert [len(r.losses) for r in trainings.runs.values()] == [40, 40]
-    assert verify.numerics_check(trainings, baseline, pruned).detail["steps"] == 8
-    strict = verify.quality_check(trainings, baseline, pruned, max_drop=d["drop"] - 0.01)
+    assert numerics_check(trainings, baseline, pruned).detail["steps"] == 8
+    strict = quality_check(trainings, baseline, pruned, max_drop=d["drop"] - 0.01)
     assert strict.passed is False and "quality dropped" in strict.detail["reason"]
 
 
@@ -177,27 +183,27 @@ def test_a_healthy_bf16_run_passes_although_late_steps_differ_by_a_lot_relative_
     differ by 30% of that step's own small loss while staying within 3% of the loss scale."""
     ref = [2.3 * 0.93 ** i for i in range(40)]
     cand = [v + 0.06 * (-1) ** i for i, v in enumerate(ref)]
-    check = verify.compare_losses(ref, cand, tolerance=verify.NUMERICS_TOLERANCE["bf16"])
+    check = compare_losses(ref, cand, tolerance=NUMERICS_TOLERANCE["bf16"])
     assert check.passed, check.detail
     assert check.detail["max_step_relative"] > 0.3 and check.detail["max_difference"] < 0.03
-    grows = verify.compare_losses(ref, [2.3 * 1.01 ** i for i in range(40)],
-                                  tolerance=verify.NUMERICS_TOLERANCE["bf16"])
+    grows = compare_losses(ref, [2.3 * 1.01 ** i for i in range(40)],
+                                  tolerance=NUMERICS_TOLERANCE["bf16"])
     assert not grows.passed and "of the initial loss" in grows.detail["reason"]
 
 
 def test_reduced_precision_needs_no_flag_and_is_held_to_evaluate_when_the_file_has_one():
     base, bf16 = TrialConfig(batch_size=16), TrialConfig(batch_size=64, precision="bf16")
     runner = ScriptedRunner(losses={}, metric={"fp32": 0.90, "bf16": 0.89})
-    no_eval = verify.quality_check(Trainings(runner, evaluate=False), base, bf16, max_drop=None)
+    no_eval = quality_check(Trainings(runner, evaluate=False), base, bf16, max_drop=None)
     assert no_eval.passed is None and not runner.runs, "without evaluate() numerics is the gate"
-    ok = verify.quality_check(Trainings(runner, evaluate=True), base, bf16, max_drop=None)
+    ok = quality_check(Trainings(runner, evaluate=True), base, bf16, max_drop=None)
     assert ok.passed and ok.detail["max_drop"] == pytest.approx(0.02 * 0.90)
     # the reference is fp32 at the candidate's own batch size: only precision differs
     assert [c.batch_size for c in runner.runs] == [64, 64] and runner.runs[0].exact
     worse = ScriptedRunner(losses={}, metric={"fp32": 0.90, "bf16": 0.80})
-    bad = verify.quality_check(Trainings(worse, evaluate=True), base, bf16, max_drop=None)
+    bad = quality_check(Trainings(worse, evaluate=True), base, bf16, max_drop=None)
     assert bad.passed is False and "0.8" in bad.detail["reason"]
-    allowed = verify.quality_check(Trainings(worse, evaluate=True), base, bf16, max_drop=0.2)
+    allowed = quality_check(Trainings(worse, evaluate=True), base, bf16, max_drop=0.2)
     assert allowed.passed
 
 
@@ -216,9 +222,9 @@ def test_only_what_trades_quality_trains_the_quality_checks_length():
     trainings = Trainings(Counting(losses={"fp32": healthy, "bf16": healthy}, metric={"fp32": 0.9, "bf16": 0.9}),
                           evaluate=True)
     base = TrialConfig(batch_size=16)
-    assert verify.gate(trainings, base, TrialConfig(batch_size=16, threads=2), settings=verify.Settings()).passed
+    assert gate(trainings, base, TrialConfig(batch_size=16, threads=2), settings=Settings()).passed
     assert asked == [("fp32", 40, None)], "the candidate computes what its reference does: one run"
-    bf16 = verify.gate(trainings, base, TrialConfig(batch_size=16, precision="bf16"), settings=verify.Settings())
+    bf16 = gate(trainings, base, TrialConfig(batch_size=16, precision="bf16"), settings=Settings())
     assert bf16.passed and bf16.checks["quality"].passed
     assert asked[1:] == [("fp32", None, 400), ("bf16", None, 400)]
 
@@ -231,8 +237,8 @@ def test_a_rejected_candidate_is_replaced_by_the_next_of_its_kind_before_any_spe
     base = TrialConfig(batch_size=16)
     bf16 = [TrialConfig(batch_size=b, precision="bf16") for b in (64, 128, 32)]
     fp32 = [TrialConfig(batch_size=b, threads=2) for b in (64, 32)]
-    settings = verify.Settings(replacements=1)
-    passed, verdicts = verify.screen(Trainings(runner, evaluate=False), base, [bf16[0], fp32[0]],
+    settings = Settings(replacements=1)
+    passed, verdicts = screen(Trainings(runner, evaluate=False), base, [bf16[0], fp32[0]],
                                      [*bf16, *fp32], settings=settings, progress=lambda kind, info: None)
     assert passed == [fp32[0]]
     assert [v.config for v in verdicts] == [bf16[0], fp32[0], bf16[1]], "one bf16 replacement"
@@ -246,11 +252,11 @@ def test_numerics_reject_a_model_that_bf16_breaks_and_pass_one_it_does_not(tmp_p
     base, bf16 = TrialConfig(batch_size=32), TrialConfig(batch_size=32, precision="bf16")
     broken = TrialRunner(model_file=MODELS / "bf16_cancels.py", machine={},
                          workdir=tmp_path / "broken", measurement=SHORT)
-    check = verify.numerics_check(Trainings(broken, evaluate=False), base, bf16)
+    check = numerics_check(Trainings(broken, evaluate=False), base, bf16)
     assert check.passed is False and "diverge" in check.detail["reason"], check.detail
     healthy = TrialRunner(model_file=MODELS / "knob_cnn.py", machine={},
                           workdir=tmp_path / "healthy", measurement=SHORT)
-    check = verify.numerics_check(Trainings(healthy, evaluate=False), TrialConfig(batch_size=16),
+    check = numerics_check(Trainings(healthy, evaluate=False), TrialConfig(batch_size=16),
                                   TrialConfig(batch_size=16, precision="bf16"))
     assert check.passed, check.detail
 
@@ -260,12 +266,12 @@ def test_an_fp16_trajectory_trailing_by_skipped_scaler_steps_is_not_divergence()
     the fp16 losses trail fp32's by those steps while they fall fastest."""
     reference = [2.3 * 0.9 ** i for i in range(40)]
     trailing = [reference[0]] * 2 + reference[:38]  # two steps skipped
-    assert not verify.compare_losses(reference, trailing, tolerance=0.10).passed
-    lagged = verify.compare_losses(reference, trailing, tolerance=0.10, max_lag=verify.FP16_MAX_LAG)
+    assert not compare_losses(reference, trailing, tolerance=0.10).passed
+    lagged = compare_losses(reference, trailing, tolerance=0.10, max_lag=FP16_MAX_LAG)
     assert lagged.passed and lagged.detail["lag_steps"] == 2
     # a lag does not excuse divergence
     diverging = [2.3 * 1.03 ** i for i in range(40)]
-    assert not verify.compare_losses(reference, diverging, tolerance=0.10, max_lag=3).passed
+    assert not compare_losses(reference, diverging, tolerance=0.10, max_lag=3).passed
 
 
 def test_gpu_configurations_unknown_to_fit_together_are_visited_fresh_and_cpu_ones_held():
@@ -322,8 +328,8 @@ def test_gpu_configurations_that_fit_together_are_held_and_the_rest_visit_beside
 def test_the_numerics_reference_runs_where_fp32_fits():
     base = TrialConfig(device="cuda", backend="nccl", batch_size=16)
     eight = base.replace(nprocs=8, threads=4, batch_size=1024, precision="bf16")
-    ref = verify.numerics_reference(base, eight)
+    ref = numerics_reference(base, eight)
     assert (ref.nprocs, ref.batch_size, ref.precision, ref.compile) == (8, 1024, "fp32", "off")
     cpu = TrialConfig(nprocs=2, threads=1, batch_size=64, precision="bf16")
-    assert verify.numerics_reference(TrialConfig(), cpu).nprocs == 1  # on CPU one process
-    assert verify.smaller_batch(eight) == 512 and verify.smaller_batch(base.replace(nprocs=8, batch_size=8)) is None
+    assert numerics_reference(TrialConfig(), cpu).nprocs == 1  # on CPU one process
+    assert smaller_batch(eight) == 512 and smaller_batch(base.replace(nprocs=8, batch_size=8)) is None

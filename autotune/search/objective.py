@@ -150,7 +150,7 @@ class Pricing:
     def price(self, speeds: Sequence[tuple[TrialConfig, MutableMapping[str, Any]]]) -> None:
         """Record in each candidate's side-by-side figures (``speeds``: config, figures) the
         planned run's predicted time, ``planned_s``. A candidate's rate is its rate relative
-        to the candidates' level (``relative_to_candidates``, as ``gates.rank_by_rounds``
+        to the candidates' level (``relative_to_candidates``, as ``verdict.rank_by_rounds``
         ranks them) times that level (the geometric mean of their median windows): without
         one-time costs, the order is the one without a plan."""
         if not speeds:

@@ -12,24 +12,25 @@ import contextlib
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
-from autotune.document.run import SearchFailure
 from autotune.errors import UsageError
-from autotune.runtime.knobs import CompileMode
+from autotune.runtime.knobs import CompileMode, Device
 from autotune.search import late, memory
+from autotune.search.budget import SearchBudget
 from autotune.search.ledger import Ledger, baseline_config, is_rung
-from autotune.search.objective import Measured, Plan, described
+from autotune.search.objective import described
+from autotune.search.outcome import SearchOutcome, outcome_of
 from autotune.search.pruner import ClearlySlowerPruner, config_of
+from autotune.search.scoring import Scoring
 from autotune.search.stages import Stages
 from autotune.search.study import create_or_resume, quiet_optuna
+from autotune.search.turns import Turns
 from autotune.space import Space, Unsplittable
 from autotune.trials.protocol import Failure, Progress, ProgressEvent, Role, Status, StudyAttr
 from autotune.trials.runner import TrialResult, TrialRunnerLike
@@ -76,81 +77,36 @@ def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
         yield
 
 
+@dataclasses.dataclass(frozen=True)
+class Starts:
+    """Where the search starts besides the user's configuration (``search.stages``):
+    ``heuristics``, the machine's start points; ``fastest_batch``, the batch range's fastest
+    (``search.batch_range``)."""
 
-@dataclasses.dataclass
-class Candidate:
-    number: int
-    config: TrialConfig
-    value: float  # what the search ranks by: throughput, or under a plan the effective one
-    result: dict[str, Any]
-
-    @property
-    def measured(self) -> Measured:
-        """Its steady rate (the median window) and one-time cost, as the trial measured them."""
-        return Measured(config=self.config, samples_per_s=float(self.result.get("value") or self.value),
-                        one_time_s=self.result.get("one_time_s"))
-
-
-@dataclasses.dataclass
-class SearchOutcome:
-    study: optuna.Study
-    baseline: Candidate | None
-    ranked: list[Candidate]  # completed, measured trials, fastest first, one per config
-    failures: list[SearchFailure]
-    measured: int = 0  # trials that cost a measurement
-    # the user's own configuration's trial summary: ``baseline`` is it, or, where it ran out
-    # of memory or over the limit, it holding less (search.memory.rescue)
-    user_result: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # the user's configuration and each step of its ladder measured (search.memory.ladder),
-    # with their trials' summaries
-    reference_tried: list[tuple[TrialConfig, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    heuristics: list[TrialConfig] = dataclasses.field(default_factory=list)
+    fastest_batch: int | None = None
 
 
 class Tuner:
     POLL_S = 1.0  # how often a worker looks whether other workers' trials have ended
 
-    def __init__(
-        self,
-        *,
-        study: optuna.Study,
-        space: Space,
-        runner: TrialRunnerLike,
-        trials: int,
-        timeout_s: float | None,
-        progress: Progress = lambda kind, info: None,
-        heuristics: list[TrialConfig] | None = None,
-        fastest_batch: int | None = None,
-        shared: bool = False,
-        started_at: float | None = None,
-        lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
-        measuring: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
-        plan: Plan | None = None,
-        enough: Callable[[SearchOutcome], str | None] | None = None,
-        memory_limit: memory.MemoryLimit | None = None,
-    ) -> None:
-        """``shared``: other workers use the study at the same time (their running trials
-        are theirs, and count against the budget); ``started_at``: when the budget's
-        ``timeout_s`` began (epoch seconds; default now); ``lock``: held while the study's
-        queue is decided (one worker at a time); ``measuring``: held while a trial
-        measures (one measurement per machine); ``plan``: the run the user plans, whose
-        predicted time ranks the trials (``search.objective``), None for steady throughput;
-        ``enough(outcome so far)``: why no more trial may start (what comes after the
-        search needs the rest of --timeout), or None; ``memory_limit``: what a rank may
-        hold (a trial over it is not chosen, and is retried holding less)."""
+    def __init__(self, *, study: optuna.Study, space: Space, runner: TrialRunnerLike, budget: SearchBudget,
+                 progress: Progress = lambda kind, info: None, starts: Starts = Starts(),
+                 scoring: Scoring = Scoring(), turns: Turns = Turns()) -> None:
+        """Measures ``space``'s configurations with ``runner`` on ``study`` until ``budget``
+        is spent, from ``starts``, ranking them as ``scoring`` values them; ``turns``: how
+        it shares the study with other workers (alone by default)."""
         self.study, self.space, self.runner = study, space, runner
-        self.plan, self.enough, self.memory_limit = plan, enough, memory_limit
-        self.trials, self.timeout_s = trials, timeout_s
-        self.progress = progress
-        self.shared, self.lock, self.measuring = shared, lock, measuring
-        self.ledger = Ledger(study, space, shared=shared)
-        self.stages = Stages(self.ledger, trials=trials, heuristics=heuristics, fastest_batch=fastest_batch)
-        self.started_at = time.time() if started_at is None else started_at
+        self.budget, self.scoring, self.turns, self.progress = budget, scoring, turns, progress
+        self.ledger = Ledger(study, space, shared=turns.shared)
+        self.stages = Stages(self.ledger, trials=budget.trials, heuristics=starts.heuristics,
+                             fastest_batch=starts.fastest_batch)
 
     def _recover_stale(self) -> None:
         """Trials left RUNNING by a killed tuner are failed and retried once. In a shared
         study another worker's running trial is its own: there the heartbeat tells a dead
         worker's trials (``study.database_storage``), failed by whichever worker looks."""
-        if self.shared:
+        if self.turns.shared:
             with warnings.catch_warnings():  # fail_stale_trials is "experimental" in Optuna 5
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 before = {t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
@@ -194,7 +150,7 @@ class Tuner:
 
         if pending() is None:  # most of the time: asked without the lock
             return None
-        with self.lock():
+        with self.turns.lock():
             left = pending()
             if left is None:
                 return None
@@ -212,14 +168,14 @@ class Tuner:
             return self._run()
 
     def _run(self) -> SearchOutcome:
-        with self.lock():
+        with self.turns.lock():
             self._settle_plan()
             self._recover_stale()
             self.stages.enqueue_start()
-        asks_left = 5 * self.trials + 10  # duplicates and skips cost no measurement
+        asks_left = 5 * self.budget.trials + 10  # duplicates and skips cost no measurement
         stop: str | None = None
         while True:
-            if self.shared:
+            if self.turns.shared:
                 self._recover_stale()
             measured = self.ledger.measured()
             stop = stop or self._stop_reason(measured)
@@ -233,9 +189,9 @@ class Tuner:
             if stop is not None and self._user_config_queued():
                 self._one_trial()  # the queue's head: the baseline, enqueued first
                 continue
-            if stop is None and asks_left > 0 and len(measured) + len(self.ledger.running()) < self.trials:
+            if stop is None and asks_left > 0 and len(measured) + len(self.ledger.running()) < self.budget.trials:
                 asks_left -= 1
-                with self.lock():
+                with self.turns.lock():
                     self.stages.enqueue_refinements()
                 self._one_trial()
                 continue
@@ -259,7 +215,8 @@ class Tuner:
         another plan is refused: its values would mix two objectives, and Optuna cannot
         re-value finished trials. A study stored without a plan (or by an autotune before
         plans) holds steady throughputs."""
-        mine = self.plan.to_json() if self.plan is not None else None
+        plan = self.scoring.plan
+        mine = plan.to_json() if plan is not None else None
         attrs = self.study.user_attrs
         if StudyAttr.PLAN in attrs:
             stored = attrs[StudyAttr.PLAN]
@@ -278,9 +235,7 @@ class Tuner:
 
     def _stop_reason(self, measured: list[optuna.trial.FrozenTrial]) -> str | None:
         """Why no new trial starts, though the budget of trials is not spent; None if one may."""
-        if self.timeout_s is not None and time.time() - self.started_at > self.timeout_s:
-            return f"--timeout {self.timeout_s:.0f} s reached"
-        if self.enough is not None and (why := self.enough(self.outcome())):
+        if why := self.budget.spent(self.outcome):
             return why
         if len({str(config_of(t)) for t in measured}) >= self.space.grid_size:
             return "every configuration of the space was measured"
@@ -309,13 +264,12 @@ class Tuner:
             self.study.tell(trial, state=TrialState.FAIL)
             return
         so_far = self.study.get_trials(deepcopy=False)
-        if (role == Role.LATE and cfg.device == "cuda" and cfg.compile != CompileMode.OFF
+        if (role == Role.LATE and cfg.device == Device.CUDA and cfg.compile != CompileMode.OFF
                 and (lost := late.compile_lost(so_far))):
             trial.set_user_attr(StudyAttr.SKIPPED, lost)  # its slot goes to the sampler
             self.study.tell(trial, state=TrialState.FAIL)
             return
-        if self.timeout_s is not None and (late_why := late.too_late(
-                so_far, cfg, left_s=self.timeout_s - (time.time() - self.started_at))):
+        if (left_s := self.budget.left_s()) is not None and (late_why := late.too_late(so_far, cfg, left_s=left_s)):
             trial.set_user_attr(StudyAttr.SKIPPED, late_why)
             self.study.tell(trial, state=TrialState.FAIL)
             return
@@ -338,8 +292,8 @@ class Tuner:
             return
 
         number = len(self.ledger.measured()) + max(1, len(self.ledger.running()))  # this one is running too
-        self.progress(ProgressEvent.START, {"number": number, "of": self.trials, "config": cfg, "role": role,
-                                "elapsed": time.time() - self.started_at})
+        self.progress(ProgressEvent.START, {"number": number, "of": self.budget.trials, "config": cfg, "role": role,
+                                        "elapsed": self.budget.elapsed_s()})
 
         def on_window(i: int, value: float) -> bool:
             trial.report(value, step=i)
@@ -347,7 +301,7 @@ class Tuner:
             return trial.should_prune()
 
         try:
-            with self.measuring():
+            with self.turns.measuring():
                 result = self.runner.run(cfg, name=f"trial-{trial.number:04d}", on_window=on_window,
                                          timeout_s=late.trial_limit_s(so_far, cfg, least_s=self.runner.timeout_s))
         except BaseException:
@@ -359,25 +313,13 @@ class Tuner:
             raise
         planned_s = self._tell(trial, cfg, result)
         best = self._best_value()
-        planned: dict[str, Any] = {}
-        if self.plan is not None:
-            planned = {"best_planned_s": self.plan.samples / best if best else None}
-            if planned_s is not None:
-                planned.update(planned_s=planned_s, one_time_s=result.one_time_s)
+        planned = self.scoring.planned(best=best, planned_s=planned_s, one_time_s=result.one_time_s)
         self.progress(ProgressEvent.END, {"result": result, "config": cfg, "role": role, "best": best, **planned})
 
     def _tell(self, trial: optuna.Trial, cfg: TrialConfig, result: TrialResult) -> float | None:
         """Store the trial's result and value; returns its planned run's predicted time
         (None without a plan, or when it was not measured to the end)."""
-        if (result.status == Status.OK and self.memory_limit is not None
-                and (over := self.memory_limit.over(cfg, result.summary()))):
-            result.status, result.failure, result.message = Status.FAILED, Failure.OUT_OF_MEMORY, over
-        summary = result.summary()
-        value = result.value
-        if self.plan is not None and value:
-            # the planned run's predicted time ranks it, as an effective throughput
-            summary["planned_s"] = self.plan.predicted_s(samples_per_s=value, one_time_s=result.one_time_s)
-            value = self.plan.samples / summary["planned_s"]
+        summary, value = self.scoring.score(cfg, result)
         trial.set_user_attr(StudyAttr.RESULT, summary)
         if result.status == Status.OK and value is not None:
             self.study.tell(trial, value)
@@ -409,7 +351,7 @@ class Tuner:
             params = self.space.params_of(held_less)
         except ValueError:  # a knob outside the space: not searchable
             return
-        with self.lock():
+        with self.turns.lock():
             self.study.enqueue_trial(params, user_attrs={StudyAttr.ROLE: Role.MEMORY})
 
     def _best_value(self) -> float | None:
@@ -419,40 +361,4 @@ class Tuner:
             return None
 
     def outcome(self) -> SearchOutcome:
-        trials = self.study.get_trials(deepcopy=False)
-        baseline = None
-        user_result: dict[str, Any] = {}
-        reference_tried: list[tuple[TrialConfig, dict[str, Any]]] = []
-        ranked: dict[str, Candidate] = {}
-        failures = []
-        stale = self.ledger.stale()
-        for t in trials:
-            cfg = config_of(t)
-            if cfg is None or t.user_attrs.get(StudyAttr.DUPLICATE_OF) is not None:
-                continue
-            if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE and cfg == self.space.baseline:
-                user_result = t.user_attrs.get(StudyAttr.RESULT, {}) or user_result
-            if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE and t.state in (TrialState.COMPLETE,
-                                                                                  TrialState.FAIL):
-                reference_tried.append((cfg, t.user_attrs.get(StudyAttr.RESULT, {})))
-            if t.state == TrialState.COMPLETE:
-                cand = Candidate(t.number, cfg, float(t.value or 0.0), t.user_attrs.get(StudyAttr.RESULT, {}))
-                if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE:
-                    baseline = cand
-                key = str(cfg)
-                if key not in ranked or ranked[key].value < cand.value:
-                    ranked[key] = cand
-            elif t.state == TrialState.FAIL:
-                result = t.user_attrs.get(StudyAttr.RESULT, {})
-                failures.append(SearchFailure(
-                    number=t.number, config=cfg,
-                    failure=(Failure.INTERRUPTED if self.ledger.interrupted(t, stale)
-                             else t.user_attrs.get(StudyAttr.FAILURE)),
-                    message=t.user_attrs.get(StudyAttr.SKIPPED) or result.get("message", ""),
-                    log_tail=result.get("log_tail", "")))
-        order = sorted(ranked.values(), key=lambda c: c.value, reverse=True)
-        return SearchOutcome(study=self.study, baseline=baseline, ranked=order, failures=failures,
-                             measured=len(self.ledger.measured(rungs=True)), user_result=user_result,
-                             reference_tried=reference_tried)
-
-
+        return outcome_of(self.ledger)

@@ -16,16 +16,17 @@ from typing import Any
 
 from autotune.document.measures import Speedup
 from autotune.emit import outdir, outputs
-from autotune.harness import candidate_emitter, make_runner
+from autotune.harness import make_runner
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, fingerprint, fingerprint_diff, probe_machine
 from autotune.report.console import Reporter
 from autotune.result import read_document
+from autotune.sections import MeasureOptions, VerifyOptions
 from autotune.task import load_task
 from autotune.trials import measure_lock, proctree
 from autotune.trials.runner import TrialRunnerLike
-from autotune.verify import gates
-from autotune.verify.device_room import DeviceRoom
+from autotune.verify.stage import recheck
+from autotune.workbench import Workbench
 
 
 def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Reporter,
@@ -54,22 +55,14 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     os.environ["MODEL_FILE"] = str(task.path)  # what the user's launch.sh trains here
     try:
         with outdir.exclusive(folder), measure_lock.held(notice=reporter.warn):
+            measure = MeasureOptions.of(options)
             runner = runner or make_runner(
-                task, machine, folder, window_s=options.window_s, windows=options.windows,
-                trial_timeout_s=options.trial_timeout_s, hang_timeout_s=options.hang_timeout_s)
-            emit_baseline = candidate_emitter(task, machine)
-            winner, verdicts, base_speed = gates.verify_candidates(
-                runner, baseline=baseline, candidates=[cfg],
-                settings=gates.Settings(rounds=options.rounds, pairs=options.pairs,
-                                         pair_seconds=options.pair_seconds,
-                                         max_quality_drop=options.max_quality_drop,
-                                         ablation=False,  # the configuration as emitted
-                                         room=DeviceRoom.of(machine, [(cfg, doc.best.to_json())] if doc.best else [])),
-                has_evaluate=task.has_evaluate,
-                # the user's launch.sh as it is; the baseline's script written afresh
-                emit_candidate=lambda c, where: (outputs.resolve(doc, folder, "launcher") if c == cfg
-                                                 else emit_baseline(c, where)),
-                workdir=folder / "reverify", progress=reporter.verify)
+                task, machine, folder, window_s=measure.window_s, windows=measure.windows,
+                trial_timeout_s=measure.trial_timeout_s, hang_timeout_s=measure.hang_timeout_s)
+            bench = Workbench(task=task, machine=machine, runner=runner, out=folder, reporter=reporter)
+            # the user's launch.sh as it is; the baseline's script written afresh
+            winner, verdicts, base_speed = recheck(bench, VerifyOptions.of(options), doc=doc,
+                                                   launcher=lambda: outputs.resolve(doc, folder, "launcher"))
     finally:
         if previous is None:
             os.environ.pop("MODEL_FILE", None)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from autotune.config import TrialConfig
 from autotune.probes import Machine
 from autotune.search import late
-from autotune.search.tuner import Candidate
+from autotune.search.outcome import Candidate
 from autotune.space import Space
 
 

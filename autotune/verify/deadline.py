@@ -3,7 +3,7 @@ verification's stages cost on this machine, estimated from what this run measure
 
 The search gets ``SEARCH_SHARE`` of the time (it starts no trial after that; the one
 measuring then finishes), less where verification at its least (``fit.least``) would not
-fit in the rest (``pipeline.leave_for_verification``); verification gets what is left, and
+fit in the rest (``verify.reserve.leave_for_verification``); verification gets what is left, and
 its stages are fitted to it (``autotune.verify.fit``). Costs are estimated from the search's trials, whose wall time
 the runner splits into phases: the part that is not the measured windows (a fresh
 interpreter, imports, the model file's setup, warm-up, the end) is what every fresh

@@ -29,8 +29,10 @@ from autotune.config import TrialConfig
 from autotune.document.stages import Stage, StageRecord, VerificationStages
 from autotune.verify import ablation
 from autotune.verify.deadline import Budget, Costs
-from autotune.verify.gates import Settings, numerics_reference, trades_quality
+from autotune.verify.quality import trades_quality
+from autotune.verify.reference import numerics_reference
 from autotune.verify.sequential import FEWEST
+from autotune.verify.settings import Settings
 from autotune.verify.trainings import training_steps, work_key
 
 
@@ -133,7 +135,7 @@ def least(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tr
 
 # The costs are estimated from a few trials of the search, and verification under
 # --timeout took 6-10% longer than they predicted: plans fit what is left less a tenth,
-# and the search leaves a tenth more than the least (autotune.pipeline).
+# and the search leaves a tenth more than the least (autotune.verify.reserve).
 MARGIN = 1.1
 
 

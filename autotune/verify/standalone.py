@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from autotune.config import TrialConfig
 from autotune.document.measures import Check, Interval, Speedup, Standalone
@@ -23,10 +23,8 @@ from autotune.errors import NotVerified
 from autotune.trials import limits
 from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.verify import sequential
+from autotune.verify.settings import Settings
 from autotune.verify.stats import Side, ratio_interval, speedup_interval, spread
-
-if TYPE_CHECKING:
-    from autotune.verify.gates import Settings
 
 # The standalone pairs must show the candidate faster: the median's distribution-free
 # interval (with 5 or 6 pairs, the lowest and highest ratio) must exclude 1.

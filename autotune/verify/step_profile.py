@@ -12,20 +12,19 @@ from autotune.document.profile import StepProfile
 from autotune.document.run import RunDocument
 from autotune.emit import outputs
 from autotune.emit.outdir import write_atomically
-from autotune.options import RunOptions
 from autotune.report.console import Reporter
 from autotune.trials.runner import TrialRunner, TrialRunnerLike, run_launcher
 
 PROFILE_DIR = "profile"  # in the output folder: the profiled run's log and report
 
 
-def profile_emitted(out: Path, doc: RunDocument, *, runner: TrialRunnerLike, options: RunOptions,
+def profile_emitted(out: Path, doc: RunDocument, *, runner: TrialRunnerLike, profile: bool,
                     reporter: Reporter) -> RunDocument:
     """``doc`` with the emitted script's step profile, rewritten to best_config.json; ``doc``
     itself under --no-profile, with a stand-in runner (it measures nothing), where it has a
     profile (a shared study's published result, profiled by the worker that verified it), or
     where the profiled run failed (a warning says why: a finished run never fails over it)."""
-    if not options.profile or not isinstance(runner, TrialRunner) or doc.step_profile is not None:
+    if not profile or not isinstance(runner, TrialRunner) or doc.step_profile is not None:
         return doc
     reporter.info("profiling one window of the emitted script: where its step goes ...")
     runner.close()  # alone on the machine, as the standalone runs were

@@ -1,0 +1,104 @@
+"""The run's document, assembled once from what the search and verification found: the
+baseline and the pick with their rates, the speedup, what was rejected and why, and what
+the summary says of precision, the batch, memory, the process layout and the planned run.
+Its ``environment`` is the emit stage's to fill: each machine of a shared study writes its
+own."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autotune import __version__
+from autotune.config import TrialConfig
+from autotune.document.measures import Baseline, Best, Rejection
+from autotune.document.plan import PlannedRun
+from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
+from autotune.document.utilisation import Utilisation, pick_facts, trial_facts
+from autotune.probes import fingerprint, fingerprint_id
+from autotune.search.ledger import measured_trials
+from autotune.search.memory import fit_of
+from autotune.search.outcome import Candidate
+from autotune.search.stage import Searched
+from autotune.search.study import shown_url
+from autotune.sections import SharingOptions, VerifyOptions
+from autotune.trials.protocol import StudyAttr
+from autotune.verify import batch as verify_batch
+from autotune.verify.layout import layout_effect
+from autotune.verify.precision import precision_note
+from autotune.verify.stage import Verified
+from autotune.verify.trainings import work_key
+from autotune.verify.verdict import outcomes
+from autotune.workbench import Workbench
+
+
+def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOptions, *, searched: Searched,
+                   verified: Verified) -> RunDocument:
+    """The run's document: with a winner, the rates and the speedup are those of its
+    standalone pairs (what the user will measure); without one, the baseline's side-by-side
+    (or search) rate."""
+    outcome, space, machine = searched.outcome, searched.space, bench.machine
+    assert outcome.baseline is not None  # the search raises otherwise
+    reference, winner, verdicts = outcome.baseline.config, verified.winner, verified.verdicts
+    chosen = winner.config if winner is not None else reference
+    claim = winner.standalone if winner is not None else None
+    if winner is not None and claim is None:
+        raise AssertionError("a winner passed its standalone check, which has figures")
+    best = None if claim is None else _best(chosen, claim.median_samples_per_s, outcome.ranked)
+    base_speed = verified.base_speed
+    baseline = Baseline(
+        config=reference,
+        samples_per_s=(claim.baseline_median_samples_per_s if claim is not None
+                       else base_speed["median_samples_per_s"]),
+        runs=tuple(claim.baseline_samples_per_s if claim is not None else base_speed["samples_per_s"]))
+    pricing, trials = searched.pricing, measured_trials(searched.place.study)
+    return RunDocument(
+        model_file=str(bench.task.path), autotune_version=__version__,
+        fingerprint={**fingerprint(machine.to_dict()), "id": fingerprint_id(machine.to_dict())},
+        config=chosen, baseline=baseline, best=best,
+        speedup=claim.speedup if claim is not None else None,
+        verification=dict(winner.checks) if winner is not None else {},
+        precision=precision_note(chosen, winner, verdicts, space, exact=verify.exact),
+        rejected=tuple(Rejection(config=v.config, reason=v.reason, checks=dict(v.checks))
+                       for v in verdicts if v is not winner and not v.passed),
+        candidates=tuple(outcomes(verdicts, winner, pricing)),
+        search=search_summary(searched, sharing),
+        space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
+        layout_effect=(layout_effect(verdicts, verified.candidates[0], space, machine)
+                       if verified.candidates else None),
+        environment={},
+        ablation=winner.ablation if winner is not None else None, stages=verified.stages,
+        memory=fit_of(searched.limit, chosen=chosen, user=space.baseline, reference=reference,
+                      user_result=outcome.user_result, measured=outcome.results(), failed=outcome.failed(),
+                      alone_peak_mb=claim.peak_mb if claim is not None else None),
+        batch=verify_batch.describe(
+            chosen=chosen, space=space, batch_range=verify.batch_range, pinned=verify.fixed.get("batch_size"),
+            has_evaluate=bench.task.has_evaluate, ramp=searched.place.study.user_attrs.get(StudyAttr.BATCH_RAMP),
+            checks=winner.checks if winner is not None else {}, gated=[(v.config, v.checks) for v in verdicts],
+            speedup=claim.speedup.interval.median if claim is not None else None),
+        utilisation=Utilisation.of(
+            baseline_facts=trial_facts(outcome.baseline.result), baseline_samples_per_s=baseline.samples_per_s,
+            pick_facts=pick_facts(chosen, outcome.results() + list(trials), work_key=work_key) if best else None,
+            pick_samples_per_s=best.samples_per_s if best else None),
+        plan=None if pricing is None else PlannedRun.of(
+            pricing, baseline=reference, baseline_samples_per_s=baseline.samples_per_s, chosen=chosen,
+            chosen_samples_per_s=best.samples_per_s if best is not None else baseline.samples_per_s))
+
+
+def _best(chosen: TrialConfig, samples_per_s: float, ranked: Sequence[Candidate]) -> Best:
+    """The pick's rate, run alone, and what its trial measured of its memory and one-time
+    cost: by what the configuration computes, where ablation dropped a placement knob
+    (threads, workers), what was measured of the same work still tells its memory."""
+    result = next((c.result for c in ranked if c.config == chosen), None) or next(
+        (c.result for c in ranked if work_key(c.config) == work_key(chosen)), {})
+    return Best(samples_per_s=samples_per_s, peak_mem_mb=result.get("peak_rss_mb"),
+                one_time_s=result.get("one_time_s"), cuda_peak_mb=result.get("cuda_peak_mb"),
+                cuda_total_mb=result.get("cuda_total_mb"))
+
+
+def search_summary(searched: Searched, sharing: SharingOptions) -> SearchSummary:
+    """What the search did: its trials, the ten best, the study it kept them in."""
+    outcome, place = searched.outcome, searched.place
+    return SearchSummary(
+        trials=len(place.study.trials), measured=outcome.measured, failures=tuple(outcome.failures),
+        ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.measured.samples_per_s,
+                             planned_s=c.result.get("planned_s")) for c in outcome.ranked[:10]),
+        study=place.name, storage=shown_url(sharing.storage) if sharing.storage else None)

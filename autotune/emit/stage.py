@@ -1,0 +1,29 @@
+"""The emit stage: the chosen configuration's outputs written to the output folder (its
+train_tuned.py, launch.sh, best_config.json with this machine's environment), then where
+its step goes, profiled once (``verify.step_profile``)."""
+from __future__ import annotations
+
+import dataclasses
+
+from autotune.document.run import RunDocument
+from autotune.emit import launch, outputs
+from autotune.sections import MeasureOptions
+from autotune.verify import step_profile
+from autotune.workbench import Workbench
+
+
+def emit_outputs(bench: Workbench, measure: MeasureOptions, *, document: RunDocument) -> RunDocument:
+    """``document``'s configuration written out with this machine's environment (a shared
+    study's verified document too: each machine writes its own); returns the document as
+    written."""
+    machine, task = bench.machine, bench.task
+    env, warnings = launch.environment(document.config, machine=machine)
+    for w in warnings:
+        bench.reporter.warn(w)
+    doc = outputs.write_outputs(bench.out, cfg=document.config, model_file=task.path, env=env,
+                                document=dataclasses.replace(document, environment=env),
+                                description=f"Train {task.path.name} with the configuration "
+                                            "autotune verified on this machine.",
+                                default_threads=machine.torch.get("num_threads"), blocks=task.blocks)
+    return step_profile.profile_emitted(bench.out, doc, runner=bench.runner, profile=measure.profile,
+                                        reporter=bench.reporter)

@@ -1,0 +1,39 @@
+"""When the search starts no more trials: its budget of trials, its share of --timeout, and
+what comes after it (verification under --timeout: ``verify.reserve``)."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from autotune.search.outcome import SearchOutcome
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchBudget:
+    """``trials``: how many trials the search measures (in a shared study, those other
+    workers are measuring count); ``timeout_s``: after how long from ``started_at`` (epoch
+    seconds; default: when the budget is made) it starts none; ``enough(outcome so far)``:
+    why no more trial may start (what comes after the search needs the rest of --timeout),
+    or None."""
+
+    trials: int
+    timeout_s: float | None = None
+    started_at: float = dataclasses.field(default_factory=time.time)
+    enough: Callable[[SearchOutcome], str | None] | None = None
+
+    def elapsed_s(self) -> float:
+        return time.time() - self.started_at
+
+    def left_s(self) -> float | None:
+        """What is left of ``timeout_s``; None without one."""
+        return None if self.timeout_s is None else self.timeout_s - self.elapsed_s()
+
+    def spent(self, outcome: Callable[[], SearchOutcome]) -> str | None:
+        """Why no new trial starts, by the clock or by what comes after the search (asked
+        with ``outcome()``, the search's outcome so far); None if one may."""
+        if self.timeout_s is not None and self.elapsed_s() > self.timeout_s:
+            return f"--timeout {self.timeout_s:.0f} s reached"
+        if self.enough is not None and (why := self.enough(outcome())):
+            return why
+        return None

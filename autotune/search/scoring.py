@@ -1,0 +1,47 @@
+"""What a trial's result is worth to the search: the value the study ranks it by, and
+whether it counts at all (a rank that held more memory than allowed does not)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.search.memory import MemoryLimit
+from autotune.search.objective import Plan
+from autotune.trials.protocol import Failure, Status
+from autotune.trials.runner import TrialResult
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+    """``plan``: the run the user plans, whose predicted time ranks the trials as an
+    effective throughput (``search.objective``), None for steady throughput;
+    ``memory_limit``: what a rank may hold (a trial over it is failed as out of memory: it
+    is not chosen, and is retried holding less)."""
+
+    plan: Plan | None = None
+    memory_limit: MemoryLimit | None = None
+
+    def score(self, cfg: TrialConfig, result: TrialResult) -> tuple[dict[str, Any], float | None]:
+        """``result``'s summary as the study stores it (``planned_s`` under a plan) and the
+        value it ranks by; a result over the memory limit is marked failed first, in place."""
+        if (result.status == Status.OK and self.memory_limit is not None
+                and (over := self.memory_limit.over(cfg, result.summary()))):
+            result.status, result.failure, result.message = Status.FAILED, Failure.OUT_OF_MEMORY, over
+        summary = result.summary()
+        value = result.value
+        if self.plan is not None and value:
+            # the planned run's predicted time ranks it, as an effective throughput
+            summary["planned_s"] = self.plan.predicted_s(samples_per_s=value, one_time_s=result.one_time_s)
+            value = self.plan.samples / summary["planned_s"]
+        return summary, value
+
+    def planned(self, *, best: float | None, planned_s: float | None, one_time_s: float | None) -> dict[str, Any]:
+        """What the progress shows of the planned run: the best trial's predicted time, and
+        this one's (None without a plan; ``planned_s`` None: not measured to the end)."""
+        if self.plan is None:
+            return {}
+        shown: dict[str, Any] = {"best_planned_s": self.plan.samples / best if best else None}
+        if planned_s is not None:
+            shown.update(planned_s=planned_s, one_time_s=one_time_s)
+        return shown

@@ -1,0 +1,70 @@
+"""What the summary and best_config.json say about precision: how the chosen one was
+checked, why the others were not chosen, and how to opt out."""
+from __future__ import annotations
+
+from autotune.config import TrialConfig
+from autotune.document.measures import PrecisionNote
+from autotune.runtime.knobs import Precision
+from autotune.space import Space
+from autotune.verify.verdict import Verdict
+
+
+def describe_checks(verdict: Verdict) -> str:
+    """One line on how a configuration's precision was checked, for the summary."""
+    cfg = verdict.config
+    what = {Precision.FP32: "fp32", Precision.TF32: "tf32 matmuls", Precision.BF16: "bf16 autocast",
+            Precision.FP16: "fp16 autocast with GradScaler"}[Precision(cfg.precision)]
+    if cfg.prune_ratio:
+        what += f", {cfg.prune_ratio:.0%} of channels pruned"
+    if cfg.optimizer_step != "default":  # rounding only: checked against the default step's losses
+        what += f", {cfg.optimizer_step} optimizer step"
+    if cfg.float8:  # judged as bf16 is: against the fp32 reference, and by evaluate()
+        what += ", float8 matmuls"
+    parts = []
+    numerics = verdict.checks.get("numerics")
+    if numerics is not None and numerics.passed:
+        d = numerics.detail
+        ref = d.get("reference") or {}
+        where = ("one-process" if ref.get("layout", "1x").startswith("1x")
+                 else f"{ref['layout'].split('x')[0]}-rank")
+        parts.append(f"losses tracked the fp32 {where} reference within "
+                     f"{d['max_difference']:.1%} over {d['steps']} steps"
+                     + (f" (at batch {d['checked_at_batch']}, where fp32 fits)"
+                        if d.get("checked_at_batch") else ""))
+    quality = verdict.checks.get("quality")
+    if quality is not None and quality.passed:
+        d = quality.detail
+        parts.append(f"evaluate() {d['candidate_metric']:.4g} vs {d['reference_metric']:.4g} in fp32")
+    elif quality is not None and quality.passed is None and not cfg.exact:
+        parts.append("no evaluate() to check quality with")
+    return f"{what}: " + ("; ".join(parts) if parts else "not checked")
+
+
+def precision_note(chosen: TrialConfig, winner: Verdict | None, verdicts: list[Verdict], space: Space, *,
+                   exact: bool) -> PrecisionNote:
+    """Which precision was chosen, how it was checked, why the others were not, and how
+    to opt out: what the summary and best_config.json say about precision."""
+    def label(cfg: TrialConfig) -> str:
+        return cfg.precision + (f" pruned {cfg.prune_ratio:g}" if cfg.prune_ratio else "")
+
+    rejected: dict[str, str] = {}
+    for v in verdicts:
+        if v is winner or v.passed or v.config.exact or label(v.config) == label(chosen):
+            continue
+        failed = {name: c for name, c in v.checks.items() if c.passed is False}
+        if set(failed) & {"numerics", "quality"}:  # the knob's own fault, not speed or script
+            rejected.setdefault(label(v.config), "; ".join(
+                f"{name}: {c.detail.get('reason', 'failed')}" for name, c in failed.items()))
+    opt_out = None
+    if exact:
+        opt_out = "--exact was given: fp32 and no pruning throughout"
+    elif not chosen.exact:
+        opt_out = "run with --exact (or --fix precision=fp32) to keep everything in fp32"
+    return PrecisionNote(
+        chosen=chosen.precision,
+        checked=describe_checks(winner) if winner is not None else None,
+        rejected=rejected,
+        instead=(f"the fastest verified configuration ({label(chosen)})" if winner is not None
+                 else "the baseline"),
+        opt_out=opt_out,
+        skipped={k: r for k, r in space.excluded.items() if k.startswith(("precision", "prune"))})

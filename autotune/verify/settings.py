@@ -1,0 +1,37 @@
+"""What verification is asked: how far each stage may go, and what it knows of the run
+(the planned run, what --timeout left, what fits in memory and on the GPUs)."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from autotune.config import TrialConfig
+from autotune.options import RunOptions
+from autotune.search.objective import Pricing
+from autotune.verify.deadline import Budget
+from autotune.verify.device_room import DeviceRoom
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How far each of verification's stages may go, and what it knows of the run."""
+
+    rounds: int = RunOptions.rounds  # the most side-by-side rounds (sequential rules stop earlier)
+    numerics_steps: int = 40
+    quality_samples: int = 6400
+    max_quality_drop: float | None = RunOptions.max_quality_drop
+    script_timeout_s: float = 300.0  # one standalone run of a script, warm-up included
+    pairs: int = RunOptions.pairs  # the most standalone pairs: each runs both scripts once
+    pair_seconds: float = RunOptions.pair_seconds  # timed training per standalone run
+    standalone_attempts: int = 2  # candidates whose scripts run alone, fastest first
+    replacements: int = 2  # per kind (exact, reduced) for candidates the gates reject
+    ablation: bool = True  # measure each knob's worth and drop those worth nothing
+    path: bool = False  # and the path from the baseline, one knob added at a time
+    pinned: frozenset[str] = frozenset()  # knobs the user fixed: never ablated or dropped
+    pricing: Pricing | None = None  # the planned run (--train-steps, --epochs), if any
+    budget: Budget | None = None  # what --timeout leaves, where it was given (autotune.verify.fit)
+    # whether a configuration is known to fit in memory (search.memory.known_to_fit): the
+    # ablation drops no knob without which it is not
+    fits: Callable[[TrialConfig], bool] = lambda cfg: True
+    # what verification may hold on the GPUs at once (autotune.verify.device_room)
+    room: DeviceRoom | None = None

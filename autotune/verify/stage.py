@@ -1,0 +1,113 @@
+"""The verification stage: the search's best and the configurations beside it
+(``verify.candidates``) checked against the baseline (``verify.gates``), the stages fitted
+to what --timeout left (``verify.fit``)."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.config import TrialConfig
+from autotune.document.ablation import Ablation
+from autotune.document.run import RunDocument
+from autotune.document.stages import Stage, StageRecord, VerificationStages
+from autotune.harness import candidate_emitter
+from autotune.search.ledger import measured_trials
+from autotune.search.stage import Searched
+from autotune.sections import MeasureOptions, VerifyOptions
+from autotune.verify import fit, gates, standalone
+from autotune.verify.candidates import batch_rival, choose_candidates
+from autotune.verify.deadline import Budget, Costs
+from autotune.verify.device_room import DeviceRoom
+from autotune.verify.trainings import slowest_rate
+from autotune.verify.verdict import Verdict
+from autotune.workbench import Workbench
+
+
+@dataclasses.dataclass(frozen=True)
+class Verified:
+    """What verification found: the ``winner`` (None: none passed, the baseline stands), every
+    candidate's verdict, the baseline's side-by-side speed (else its search value), the
+    candidates as fitted, in their order, and the stages as they ran."""
+
+    winner: Verdict | None
+    verdicts: list[Verdict]
+    base_speed: dict[str, Any]
+    candidates: list[TrialConfig]
+    stages: VerificationStages | None
+
+
+def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOptions, *,
+                     searched: Searched) -> Verified:
+    """The search's best against the baseline: the candidates chosen from its ranking, the
+    stages fitted to what --timeout leaves (where it was given), then checked."""
+    outcome, reporter = searched.outcome, bench.reporter
+    assert outcome.baseline is not None  # the search raises otherwise
+    # the user's configuration, or, where it ran out of memory, it holding less (search.memory)
+    baseline = outcome.baseline.config
+    default_threads = outcome.baseline.result.get("threads_seen")
+
+    def same_as_baseline(cfg: TrialConfig) -> bool:
+        # Setting threads to what torch picks by default changes nothing.
+        return cfg == baseline or (cfg.replace(threads=None) == baseline
+                                   and cfg.threads in (None, default_threads))
+
+    others = [c for c in outcome.ranked if not same_as_baseline(c.config)]
+    ranked = [c.config for c in others]
+    fits = outcome.fits(searched.limit)
+    candidates = choose_candidates(ranked, top=verify.top, space=searched.space, machine=bench.machine, fits=fits,
+                                   rival=batch_rival(others))
+    budget = None
+    if searched.ends_at is not None and verify.timeout_s is not None:
+        budget = Budget(timeout_s=verify.timeout_s, ends_at=searched.ends_at, costs=Costs.from_trials(
+            [c.result for c in outcome.ranked], window_s=measure.window_s,
+            baseline_rate=outcome.baseline.measured.samples_per_s))
+    asked = verify.settings
+    settings = dataclasses.replace(
+        asked, pricing=searched.pricing, budget=budget, fits=fits, room=DeviceRoom.of(bench.machine, outcome.results()),
+        # a script that compiles as its trial did may need longer than the scripts' least
+        script_timeout_s=standalone.script_timeout_s(asked.script_timeout_s, [c.result for c in outcome.ranked],
+                                                     seconds=asked.pair_seconds))
+    fitted = None
+    if budget is not None and candidates:
+        fitted = fit.fit(settings, candidates, baseline=baseline, budget=budget,
+                         has_evaluate=bench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
+        settings, candidates = fitted.settings, fitted.candidates
+        for line in [*(f"{stage.named}: {why}" for stage, why in fitted.shortened.items()), fitted.over]:
+            if line:
+                reporter.info(f"verify: {line}")
+    records: list[StageRecord] = []
+    if candidates:
+        reporter.info(f"verifying {len(candidates)} candidates against the baseline ...")
+        winner, verdicts, base_speed = gates.verify_candidates(
+            bench.runner, baseline=baseline, candidates=candidates, reserve=ranked,
+            settings=settings, has_evaluate=bench.task.has_evaluate,
+            emit_candidate=candidate_emitter(bench.task, bench.machine),
+            workdir=bench.out / "verify", progress=reporter.verify, stages=records,
+            slowest=slowest_rate(measured_trials(searched.place.study)))
+    else:
+        winner, verdicts, base_speed = None, [], {}
+    if winner is not None and fitted is not None and Stage.ABLATION in fitted.shortened:
+        winner.ablation = Ablation(skipped=fitted.shortened[Stage.ABLATION])
+    if not base_speed:  # nothing was measured side by side: the search's value stands
+        base_speed = {"samples_per_s": [outcome.baseline.value],
+                      "median_samples_per_s": outcome.baseline.value}
+    return Verified(winner=winner, verdicts=verdicts, base_speed=base_speed, candidates=candidates,
+                    stages=fit.stages(fitted, records, budget))
+
+
+def recheck(bench: Workbench, verify: VerifyOptions, *, doc: RunDocument,
+            launcher: Callable[[], Path]) -> tuple[Verdict | None, list[Verdict], dict[str, Any]]:
+    """The configuration ``doc`` emitted against its baseline, here and now: the same checks
+    as a run's, on the user's script as it is (``launcher()``: its launch.sh) against the
+    baseline's written afresh, without the ablation (the configuration as emitted)."""
+    cfg = doc.config
+    emit_baseline = candidate_emitter(bench.task, bench.machine)
+    settings = dataclasses.replace(verify.settings, ablation=False,
+                                   room=DeviceRoom.of(bench.machine, [(cfg, doc.best.to_json())] if doc.best else []))
+    return gates.verify_candidates(
+        bench.runner, baseline=doc.baseline.config, candidates=[cfg], settings=settings,
+        has_evaluate=bench.task.has_evaluate,
+        emit_candidate=lambda c, where: launcher() if c == cfg else emit_baseline(c, where),
+        workdir=bench.out / "reverify", progress=bench.reporter.verify)
