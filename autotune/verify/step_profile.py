@@ -31,10 +31,10 @@ def profile_emitted(out: Path, doc: RunDocument, *, runner: TrialRunnerLike, pro
     try:
         report = run_launcher(outputs.resolve(doc, out, "launcher"), steps=1, workdir=out / PROFILE_DIR,
                               timeout_s=runner.timeout_s, cwd=runner.cwd, extra=("--profile",))
-        profile = StepProfile.from_json(report["step_profile"])
+        taken = StepProfile.from_json(report["step_profile"])
     except (RuntimeError, KeyError, ValueError, TypeError) as exc:
         reporter.warn(f"the step profile was not taken (logs in {out / PROFILE_DIR}): {exc}")
         return doc
-    profiled = dataclasses.replace(doc, step_profile=profile)
+    profiled = dataclasses.replace(doc, step_profile=taken)
     write_atomically(out / outputs.CONFIG_NAME, json.dumps(profiled.to_json(), indent=2, default=str) + "\n")
     return profiled
