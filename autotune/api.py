@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import UsageError
-from autotune.options import RunOptions, parse_size
+from autotune.options import RunOptions, flag_of, keyword_of
 from autotune.result import Result
 
 if TYPE_CHECKING:
@@ -57,11 +57,13 @@ def tune(
             the verification and the emitted script; ``"none"`` leaves it unchanged.
         force: Write into an existing folder that autotune did not make.
         progress: Print progress and the summary; False prints nothing.
-        **measurement: The other options of a run by their ``RunOptions`` names:
-            ``window_s``, ``windows``, ``top``, ``rounds``, ``pairs``, ``pair_seconds``,
+        **measurement: The other options of a run, every field of ``RunOptions`` not
+            named above, by its name (each is the flag of ``autotune run`` that --help
+            describes): ``window_s``, ``windows``, ``top``, ``rounds``, ``pairs``, ``pair_seconds``,
             ``path`` (also measure the ablation's path from the baseline),
-            ``batch_range`` (``(LOW, HIGH)``: the global batches the search may try, in place
-            of the range measured on the machine), ``trial_timeout_s``, ``hang_timeout_s``;
+            ``batch_range`` (``(LOW, HIGH)`` or ``"LOW-HIGH"``: the global batches the search
+            may try, in place of the range measured on the machine), ``trial_timeout_s``,
+            ``hang_timeout_s``, ``warm_trials``, ``profile``;
             for a study shared by several machines,
             ``storage`` (a PostgreSQL URL), ``study``, ``heartbeat_s``, ``verify_wait_s``.
 
@@ -79,26 +81,36 @@ def tune(
     from autotune.pipeline import output_folder
     from autotune.pipeline import tune as run_pipeline
     from autotune.report.console import Reporter
-    from autotune.space import parse_fixes
 
-    items = [f"{k}={v}" for k, v in fix.items()] if isinstance(fix, Mapping) else list(fix)
-    known = {f.name for f in dataclasses.fields(RunOptions)} - {
-        "trials", "timeout_s", "fixed", "exact", "max_quality_drop", "train_steps", "epochs",
-        "memory_limit_mb", "scale_lr"}
-    unknown = sorted(set(measurement) - known)
-    if unknown:
-        raise UsageError(f"tune(): unknown option {', '.join(unknown)}; the options are "
-                         f"{', '.join(sorted(known))}")
-    options = RunOptions(trials=trials, timeout_s=timeout, fixed=parse_fixes(items), exact=exact,
-                         max_quality_drop=max_quality_drop, train_steps=train_steps, epochs=epochs,
-                         memory_limit_mb=(parse_size(memory_limit, flag="memory_limit")
-                                          if isinstance(memory_limit, str) else memory_limit),
-                         scale_lr=scale_lr,
-                         **measurement)
+    options = run_options(named={"trials": trials, "timeout": timeout, "fix": fix, "exact": exact,
+                                 "max_quality_drop": max_quality_drop, "train_steps": train_steps,
+                                 "epochs": epochs, "memory_limit": memory_limit, "scale_lr": scale_lr},
+                          more=measurement)
     folder = output_folder(Path(model_file), Path(out) if out is not None else None)
     doc = run_pipeline(Path(model_file), out=folder, options=options, reporter=Reporter(quiet=not progress),
                        force=force)
     return Result.from_document(doc, folder)
+
+
+def run_options(*, named: Mapping[str, Any], more: Mapping[str, Any],
+                options: type[RunOptions] = RunOptions) -> RunOptions:
+    """``options`` from tune()'s keywords: ``named``, its own parameters, and ``more``, the
+    rest, which must each be an option's keyword (``keyword_of``; a field's name unless
+    its Flag says otherwise) that ``named`` does not give. What a Flag parses (a size, a
+    batch range, knobs) is parsed, named as the keyword."""
+    fields = {keyword_of(f): f for f in dataclasses.fields(options)}
+    known = set(fields) - set(named)
+    unknown = sorted(set(more) - known)
+    if unknown:
+        raise UsageError(f"tune(): unknown option {', '.join(unknown)}; the options are "
+                         f"{', '.join(sorted(known))}")
+    given: dict[str, Any] = {}
+    for keyword, value in {**named, **more}.items():
+        field = fields[keyword]
+        flag = flag_of(field)
+        parse = flag.parse if flag is not None else None
+        given[field.name] = parse(value, keyword) if parse is not None and value is not None else value
+    return options(**given)
 
 
 def probe() -> Machine:

@@ -1,14 +1,18 @@
-"""What a run is asked to do, and every default of it, defined once.
+"""What a run is asked to do, every default of it, and how a user spells each option:
+defined once, one field of ``RunOptions`` per option.
 
-The CLI (``autotune.commands``), the Python API (``autotune.api``), the trial runner and
-the measurement read their defaults from ``RunOptions``' fields, so a default changed here
-changes everywhere, help texts included. Cheap to import: the commands parse their
-options without loading the run's machinery.
+Each field's ``metadata[FLAG]`` (a ``Flag``) says how the option is spelled on the command
+line and in ``tune()``, its help text, and whether best_config.json may show it. The
+parsers of ``autotune run`` and ``autotune verify`` (``autotune.commands``), the
+keywords of ``autotune.tune`` (``autotune.api``) and the document's record of the options
+(``autotune.document.options``) are built from these fields: a field added here is a
+flag, a keyword and a recorded option. Cheap to import: the commands parse their options
+without loading the run's machinery.
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from autotune.errors import UsageError
@@ -66,61 +70,212 @@ def parse_scale_lr(text: str) -> str:
                          "(the learning rate times the tuned batch over yours)") from None
 
 
+# A Flag's parse: what the user gave (text on the command line; text or the value itself
+# in tune()) and how they spelled the option -> the field's value, or a UsageError.
+
+def _size(given: Any, spelled: str) -> float:
+    return parse_size(given, flag=spelled) if isinstance(given, str) else given
+
+
+def _batch_range(given: Any, spelled: str) -> tuple[int, int]:
+    return parse_batch_range(given) if isinstance(given, str) else given  # a tuple: checked by RunOptions
+
+
+def _fixes(given: Mapping[str, Any] | Iterable[str], spelled: str) -> dict[str, Any]:
+    """``{"batch_size": 64}`` or ``["batch_size=64"]`` (repeated --fix) -> typed knob values."""
+    from autotune.space import parse_fixes  # the knobs' types: loaded only where a run is built
+
+    items = [f"{k}={v}" for k, v in given.items()] if isinstance(given, Mapping) else list(given)
+    return parse_fixes(items)
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """A section of ``autotune run --help``: options that only make sense together."""
+
+    title: str
+    description: str
+
+
+PLANNED_RUN = Group(
+    "the run you plan",
+    "Rank configurations by the predicted wall time of that run, one-time costs (compiling, "
+    "warm-up, DataLoader start) included, instead of by steady throughput; give one of them.")
+SHARED_STUDY = Group(
+    "a study shared by several machines",
+    "Each machine runs the same command with the same --storage and --study: they share one "
+    "budget, and one of them verifies the result for all.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """How a user spells and sees one option of ``RunOptions``: a field's ``metadata[FLAG]``.
+
+    A field's default is the flag's default. A bool field is a switch: giving the flag sets
+    the opposite of the default (``--no-profile`` turns ``profile`` off).
+    """
+
+    name: str  # on the command line, e.g. "--trials"
+    _: dataclasses.KW_ONLY
+    # argparse's help text: "%(default)s" (or "%(default).0f") is the field's default
+    help: str
+    metavar: str | None = None  # None: the flag's name in capitals (--trials TRIALS)
+    # The flag's text is a number of this type, checked by the parser (a usage message):
+    # positive unless ``positive`` is False.
+    number: type[int] | type[float] | None = None
+    positive: bool = True
+    # What the user gave -> the field's value (see _size): on the command line after
+    # parsing, in tune() for whatever is given.
+    parse: Callable[[Any, str], Any] | None = None
+    repeat: bool = False  # the flag may be given several times; parse gets the list
+    group: Group | None = None  # None: autotune run's general options
+    verify: bool = False  # also an option of ``autotune verify`` (how re-runs are measured)
+    api: str | None = None  # tune()'s keyword, where it is not the field's name
+    env: str | None = None  # the command line reads it from this variable when not given
+    # Never written to best_config.json nor printed (a database URL with its password).
+    secret: bool = False
+
+
+FLAG = "autotune.flag"  # the metadata key of a field's Flag
+
+
+def flag_of(field: dataclasses.Field[Any]) -> Flag | None:
+    """The field's Flag; None: an option of tune() and best_config.json alone."""
+    return field.metadata.get(FLAG)
+
+
+def keyword_of(field: dataclasses.Field[Any]) -> str:
+    """The option's keyword in ``tune()``."""
+    flag = flag_of(field)
+    return flag.api if flag is not None and flag.api else field.name
+
+
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
-    """What a run is asked to do; the CLI's options, by name."""
+    """What a run is asked to do; the CLI's options, by name, in the order --help lists
+    them."""
 
-    trials: int = 20
+    trials: int = dataclasses.field(default=20, metadata={FLAG: Flag(
+        "--trials", number=int, help="measured trials in the search (default %(default)s)")})
     # --timeout bounds the whole run: the search gets SEARCH_SHARE of it, verification's
     # stages are fitted to the rest (verify.fit). None: no bound.
-    timeout_s: float | None = None
-    fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    exact: bool = False
-    top: int = 1
-    window_s: float = 1.0
-    windows: int = 3
-    trial_timeout_s: float = 300.0
-    hang_timeout_s: float = 30.0
-    # The most side-by-side rounds and standalone pairs: each stops earlier once settled
-    # (verify.sequential).
-    rounds: int = 10
-    pairs: int = 6
-    # Timed training per standalone run, after its warm-up: DataLoader workers ramp up
-    # over the first seconds, and shorter runs printed speedups below what an independent
-    # check of longer runs measured (BENCHMARKS.md, "Standalone runs of 8 s").
-    pair_seconds: float = 8.0
-    max_quality_drop: float | None = None
-    # --scale-lr: how the learning rate follows a batch size unlike the user's (LrScaling);
-    # "none" leaves it as the model file sets it.
-    scale_lr: str = LrScaling.NONE.value
-    # --memory-limit: the most memory one rank may hold, in MiB (host memory on CPU, device
-    # memory on CUDA); None: what the machine has, less a margin (search.memory).
-    memory_limit_mb: float | None = None
+    timeout_s: float | None = dataclasses.field(default=None, metadata={FLAG: Flag(
+        "--timeout", number=float, metavar="SECONDS", api="timeout",
+        help="bound the whole run, verification included: the search starts no trial "
+             f"after {SEARCH_SHARE * 100:.0f}%% of it, and verification's stages are fitted to the rest")})
+    fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict, metadata={FLAG: Flag(
+        "--fix", repeat=True, parse=_fixes, metavar="KNOB=VALUE", api="fix",
+        help="pin a knob, e.g. --fix batch_size=64 (repeatable)")})
+    exact: bool = dataclasses.field(default=False, metadata={FLAG: Flag(
+        "--exact", help="keep everything in fp32 and unpruned (no reduced precision)")})
+    top: int = dataclasses.field(default=1, metadata={FLAG: Flag(
+        "--top", number=int,
+        help="best-ranked candidates re-measured in verification, besides the first one's "
+             "layout contrast, the best of the other process layout and the best exact "
+             "and reduced-precision ones (default %(default)s)")})
     # --batch-range: the global batch sizes the search may try (LOW, HIGH); None: the range
     # measured on the machine (search.batch_range).
-    batch_range: tuple[int, int] | None = None
+    batch_range: tuple[int, int] | None = dataclasses.field(default=None, metadata={FLAG: Flag(
+        "--batch-range", parse=_batch_range, metavar="LOW-HIGH",
+        help="the global batch sizes the search may try, e.g. 16-1024: their powers of two and "
+             "both ends (default: a quarter to eight times the model file's batch_size)")})
+    # --scale-lr: how the learning rate follows a batch size unlike the user's (LrScaling);
+    # "none" leaves it as the model file sets it.
+    scale_lr: str = dataclasses.field(default=LrScaling.NONE.value, metadata={FLAG: Flag(
+        "--scale-lr", metavar="{" + ",".join(r.value for r in LrScaling) + "}",
+        help="how the learning rate follows a tuned batch size unlike the model file's: "
+             "linear multiplies it by the tuned batch over yours, sqrt by that ratio's square "
+             "root, in every trial, the verification and the emitted script "
+             "(default %(default)s: unchanged)")})
+    # --memory-limit: the most memory one rank may hold, in MiB (host memory on CPU, device
+    # memory on CUDA); None: what the machine has, less a margin (search.memory).
+    memory_limit_mb: float | None = dataclasses.field(default=None, metadata={FLAG: Flag(
+        "--memory-limit", parse=_size, metavar="SIZE", api="memory_limit",
+        help="the most memory one rank may hold, e.g. 6GiB: host memory per process on CPU, "
+             "memory per GPU on CUDA; a configuration over it is not chosen, and one that "
+             "runs out of memory is tried again with activation checkpointing, gradient "
+             "accumulation or sharding (default: what the machine has, less a margin)")})
     # The ablation's path from the baseline, one knob added at a time: as many processes
     # again as the leave-one-out that decides what is emitted, and it decides nothing, so it
     # is measured only on request.
-    path: bool = False
-    # Configurations with the same process knobs measured one after another in one process
-    # (autotune.trials.runner.process_key); False: each in a fresh process.
-    warm_trials: bool = True
+    path: bool = dataclasses.field(default=False, metadata={FLAG: Flag(
+        "--path",
+        help="also measure the path from the baseline to the winner, one knob added at a "
+             "time (the steps multiply to the whole speedup); as many processes again as "
+             "the ablation's knob-by-knob measurement")})
     # After the outputs are written, one window of the emitted script under torch.profiler:
     # where its step goes (best_config.json's step_profile); False: --no-profile.
-    profile: bool = True
+    profile: bool = dataclasses.field(default=True, metadata={FLAG: Flag(
+        "--no-profile",
+        help="skip the step profile: one window of the emitted script under torch.profiler, "
+             "a few seconds after verification, that says where its step goes")})
     # The run the user plans (autotune.search.objective.Plan): steps at their own batch
     # size, or passes over the data set; at most one. None of them: the search ranks by
     # steady throughput, as for a run of endless length.
-    train_steps: int | None = None
-    epochs: int | None = None
+    train_steps: int | None = dataclasses.field(default=None, metadata={FLAG: Flag(
+        "--train-steps", number=int, metavar="N", group=PLANNED_RUN,
+        help="steps of your batch size (default: none, steady throughput)")})
+    epochs: int | None = dataclasses.field(default=None, metadata={FLAG: Flag(
+        "--epochs", number=int, metavar="E", group=PLANNED_RUN,
+        help="passes over the data set (default: none, steady throughput)")})
     # A shared study (search.shared): its database URL (a secret: never printed, see
     # search.study.shown_url), its name, how often a worker's running trial says it is
     # alive, and how long a worker waits for another one's verification.
-    storage: str | None = dataclasses.field(default=None, repr=False)
-    study: str | None = None
-    heartbeat_s: int = 10
-    verify_wait_s: float = 3600.0
+    storage: str | None = dataclasses.field(default=None, repr=False, metadata={FLAG: Flag(
+        "--storage", metavar="URL", group=SHARED_STUDY, env=STORAGE_ENV, secret=True,
+        help="the study's PostgreSQL database, e.g. postgresql://USER:PASSWORD@HOST/DB "
+             f"(default: ${STORAGE_ENV}, else a journal file in the output folder); "
+             "needs pip install 'autotune[postgres]'")})
+    study: str | None = dataclasses.field(default=None, metadata={FLAG: Flag(
+        "--study", metavar="NAME", group=SHARED_STUDY,
+        help="the study's name (default: the model file's name and the machine's fingerprint)")})
+    heartbeat_s: int = dataclasses.field(default=10, metadata={FLAG: Flag(
+        "--heartbeat", number=int, metavar="SECONDS", group=SHARED_STUDY,
+        help="how often a worker's running trial says it is alive; one silent for 3x that "
+             "is failed and measured again (default %(default)s)")})
+    verify_wait_s: float = dataclasses.field(default=3600.0, metadata={FLAG: Flag(
+        "--verify-wait", number=float, metavar="SECONDS", group=SHARED_STUDY,
+        help="how long a worker waits for another one's verification (default %(default).0f)")})
+    # How trials are measured and verified: autotune verify's options too.
+    window_s: float = dataclasses.field(default=1.0, metadata={FLAG: Flag(
+        "--window", number=float, verify=True, help="seconds per measurement window (default %(default)s)")})
+    windows: int = dataclasses.field(default=3, metadata={FLAG: Flag(
+        "--windows", number=int, verify=True, help="measurement windows per trial (default %(default)s)")})
+    trial_timeout_s: float = dataclasses.field(default=300.0, metadata={FLAG: Flag(
+        "--trial-timeout", number=float, verify=True,
+        help="seconds before a trial is killed (default %(default).0f)")})
+    hang_timeout_s: float = dataclasses.field(default=30.0, metadata={FLAG: Flag(
+        "--hang-timeout", number=float, metavar="SECONDS", verify=True,
+        help="seconds without a finished step before a trial counts as hung (default "
+             "%(default).0f; five of the trial's own steps where a step "
+             "takes longer); setup may take 5x the model file's check, at least 60 s")})
+    # The most side-by-side rounds and standalone pairs: each stops earlier once settled
+    # (verify.sequential).
+    rounds: int = dataclasses.field(default=10, metadata={FLAG: Flag(
+        "--rounds", number=int, verify=True,
+        help="the most rounds of side-by-side windows that rank the candidates in "
+             "verification; they stop once the ranking is settled (default %(default)s)")})
+    pairs: int = dataclasses.field(default=6, metadata={FLAG: Flag(
+        "--pairs", number=int, verify=True,
+        help="the most pairs of standalone runs (the emitted launch.sh and the baseline's "
+             "script, each alone) that give the printed speedup; they stop from the 5th once "
+             "it is settled and as narrow as the machine's noise allows (default %(default)s)")})
+    # Timed training per standalone run, after its warm-up: DataLoader workers ramp up
+    # over the first seconds, and shorter runs printed speedups below what an independent
+    # check of longer runs measured (BENCHMARKS.md, "Standalone runs of 8 s").
+    pair_seconds: float = dataclasses.field(default=8.0, metadata={FLAG: Flag(
+        "--pair-seconds", number=float, metavar="SECONDS", verify=True,
+        help="timed training per standalone run, after its warm-up (default %(default).0f)")})
+    max_quality_drop: float | None = dataclasses.field(default=None, metadata={FLAG: Flag(
+        "--max-quality-drop", number=float, positive=False, metavar="X", verify=True,
+        help="how far the evaluate() metric may drop: allows structured pruning, and "
+             "replaces the default allowance for reduced precision (2%% of the metric)")})
+    # Configurations with the same process knobs measured one after another in one process
+    # (autotune.trials.runner.process_key); False: each in a fresh process.
+    warm_trials: bool = dataclasses.field(default=True, metadata={FLAG: Flag(
+        "--fresh-trials", verify=True,
+        help="measure every configuration in a fresh process (by default configurations "
+             "that share the process knobs run one after another in one warm process)")})
 
     def __post_init__(self) -> None:
         if self.pairs < 2:

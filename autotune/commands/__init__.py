@@ -1,11 +1,14 @@
-"""The subcommands, one module each; the options they share are defined here."""
+"""The subcommands, one module each; here, their flags built from ``RunOptions``' fields
+(``autotune.options.Flag``) and read back into it, and the output flags they share."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
-from autotune.options import RunOptions
+from autotune.options import Flag, Group, RunOptions, flag_of
 
 
 def positive(kind: type, name: str) -> Callable[[str], Any]:
@@ -21,35 +24,45 @@ def positive(kind: type, name: str) -> Callable[[str], Any]:
     return parse
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    """Options shared by run and verify: how trials are measured and verified."""
-    p.add_argument("--window", type=positive(float, "--window"), default=RunOptions.window_s,
-                   help=f"seconds per measurement window (default {RunOptions.window_s})")
-    p.add_argument("--windows", type=positive(int, "--windows"), default=RunOptions.windows,
-                   help=f"measurement windows per trial (default {RunOptions.windows})")
-    p.add_argument("--trial-timeout", type=positive(float, "--trial-timeout"), default=RunOptions.trial_timeout_s,
-                   help=f"seconds before a trial is killed (default {RunOptions.trial_timeout_s:.0f})")
-    p.add_argument("--hang-timeout", type=positive(float, "--hang-timeout"), default=RunOptions.hang_timeout_s,
-                   metavar="SECONDS",
-                   help="seconds without a finished step before a trial counts as hung (default "
-                        f"{RunOptions.hang_timeout_s:.0f}; five of the trial's own steps where a step "
-                        "takes longer); setup may take 5x the model file's check, at least 60 s")
-    p.add_argument("--rounds", type=positive(int, "--rounds"), default=RunOptions.rounds,
-                   help="the most rounds of side-by-side windows that rank the candidates in "
-                        f"verification; they stop once the ranking is settled (default {RunOptions.rounds})")
-    p.add_argument("--pairs", type=positive(int, "--pairs"), default=RunOptions.pairs,
-                   help="the most pairs of standalone runs (the emitted launch.sh and the baseline's "
-                        "script, each alone) that give the printed speedup; they stop from the 5th once "
-                        f"it is settled and as narrow as the machine's noise allows (default {RunOptions.pairs})")
-    p.add_argument("--pair-seconds", type=positive(float, "--pair-seconds"), default=RunOptions.pair_seconds,
-                   metavar="SECONDS",
-                   help=f"timed training per standalone run, after its warm-up (default {RunOptions.pair_seconds:.0f})")
-    p.add_argument("--max-quality-drop", type=float, default=RunOptions.max_quality_drop, metavar="X",
-                   help="how far the evaluate() metric may drop: allows structured pruning, and "
-                        "replaces the default allowance for reduced precision (2%% of the metric)")
-    p.add_argument("--fresh-trials", action="store_true",
-                   help="measure every configuration in a fresh process (by default configurations "
-                        "that share the process knobs run one after another in one warm process)")
+def _flags(options: type[RunOptions], *, verify: bool) -> list[tuple[dataclasses.Field[Any], Flag]]:
+    """The fields of ``options`` with a flag (those of ``autotune verify``: with ``verify``)."""
+    return [(f, flag) for f in dataclasses.fields(options)
+            if (flag := flag_of(f)) is not None and (flag.verify or not verify)]
+
+
+def _parser_default(field: dataclasses.Field[Any], flag: Flag) -> Any:
+    """What the namespace holds when the flag is not given: the field's default (help texts
+    show it), or None where the text is parsed when the options are built."""
+    if flag.parse is not None or flag.repeat or field.default is dataclasses.MISSING:
+        return None
+    return field.default
+
+
+def add_options(p: argparse.ArgumentParser, *, options: type[RunOptions] = RunOptions,
+                verify: bool = False) -> None:
+    """One flag per field of ``options``, in the fields' order, each into the namespace
+    under its field's name; with ``verify``, only those ``autotune verify`` shares."""
+    groups: dict[Group, Any] = {}
+    for field, flag in _flags(options, verify=verify):
+        where: Any = p
+        if flag.group is not None:
+            if flag.group not in groups:
+                groups[flag.group] = p.add_argument_group(flag.group.title, flag.group.description)
+            where = groups[flag.group]
+        spec: dict[str, Any] = {"dest": field.name, "help": flag.help, "default": _parser_default(field, flag)}
+        if isinstance(field.default, bool):  # a switch: the flag says the opposite of the default
+            spec["action"] = "store_false" if field.default else "store_true"
+        else:
+            spec["metavar"] = flag.metavar or flag.name.lstrip("-").replace("-", "_").upper()
+            if flag.repeat:
+                spec["action"] = "append"
+            if flag.number is not None:
+                spec["type"] = positive(flag.number, flag.name) if flag.positive else flag.number
+        where.add_argument(flag.name, **spec)
+
+
+def add_output(p: argparse.ArgumentParser) -> None:
+    """How run and verify print: the document as JSON, progress or not."""
     p.add_argument("--json", action="store_true", help="print the result document as JSON")
     loud = p.add_mutually_exclusive_group()
     loud.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -57,10 +70,17 @@ def add_common(p: argparse.ArgumentParser) -> None:
                       help="also print every measurement window")
 
 
-def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
-    """The measuring options of ``add_common`` as RunOptions, plus the command's own."""
-    return RunOptions(window_s=args.window, windows=args.windows,
-                      trial_timeout_s=args.trial_timeout, hang_timeout_s=args.hang_timeout,
-                      rounds=args.rounds, pairs=args.pairs, pair_seconds=args.pair_seconds,
-                      max_quality_drop=args.max_quality_drop, warm_trials=not args.fresh_trials,
-                      **extra)
+def run_options(args: argparse.Namespace, *, options: type[RunOptions] = RunOptions) -> RunOptions:
+    """``options`` from the flags ``add_options`` put in ``args``; a field whose flag the
+    command lacks, or that was not given, keeps its default."""
+    given: dict[str, Any] = {}
+    for field, flag in _flags(options, verify=False):
+        value = getattr(args, field.name, None)
+        if value == "" and _parser_default(field, flag) is None:
+            value = None  # an empty text: as if not given
+        if value is None and flag.env:
+            value = os.environ.get(flag.env) or None
+        if value is None:
+            continue
+        given[field.name] = flag.parse(value, flag.name) if flag.parse is not None else value
+    return options(**given)

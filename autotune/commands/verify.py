@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from autotune.commands import add_common, run_options
+from autotune.commands import add_options, add_output, run_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-file", type=Path, default=None,
                    help="the model file, where the folder no longer finds it (a copy on another "
                         "machine): default, relative to OUTDIR as when tuned, else where it was tuned")
-    add_common(p)
+    add_options(p, verify=True)  # the fields of RunOptions marked verify: how re-runs are measured
+    add_output(p)
     p.set_defaults(handler=main)
 
 

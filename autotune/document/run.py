@@ -142,6 +142,9 @@ class RunDocument:
     batch: BatchChoice | None = None  # None: a document from before the batch was judged
     step_profile: StepProfile | None = None  # None: not profiled (--no-profile, or it failed)
     utilisation: Utilisation | None = None  # None: no FLOPs counted (or a document from before)
+    # The options the run was given (autotune.document.options.options_record); None: a
+    # document from before they were recorded.
+    options: Mapping[str, Any] | None = None
     schema: int | None = None
     model_file_tuned: str | None = None
     launch: str | None = None
@@ -192,6 +195,7 @@ class RunDocument:
                               utilisation=self.utilisation.to_json() if self.utilisation else None),
             **optional_fields(verification_stages=self.stages.to_json() if self.stages else None),
             "environment": dict(self.environment),
+            **optional_fields(options=None if self.options is None else dict(self.options)),
             **optional_fields(model_file_tuned=self.model_file_tuned, launch=self.launch,
                         outputs=None if self.outputs is None else dict(self.outputs)),
         }
@@ -221,6 +225,7 @@ class RunDocument:
             utilisation=Utilisation.from_json(data["utilisation"]) if data.get("utilisation") else None,
             stages=(VerificationStages.from_json(data["verification_stages"])
                     if data.get("verification_stages") else None),
+            options=data.get("options"),
             schema=data.get("schema"), model_file_tuned=data.get("model_file_tuned"),
             launch=data.get("launch"), outputs=data.get("outputs"))
 
