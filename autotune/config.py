@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any, NamedTuple
 
 from autotune.errors import UsageError
 from autotune.runtime.knobs import (
+    Affinity,
     Allocator,
     Backend,
     CompileMode,
+    Device,
     LrScaling,
     OptimizerStep,
     Precision,
@@ -16,14 +19,22 @@ from autotune.runtime.knobs import (
     lr_factor,
 )
 
-# The values, as the search space and the checks below list them.
-COMPILE_MODES = tuple(m.value for m in CompileMode)
-PRECISIONS = tuple(p.value for p in Precision)
-ALLOCATORS = tuple(a.value for a in Allocator)
-BACKENDS = tuple(b.value for b in Backend)
-SHARDINGS = tuple(s.value for s in Sharding)
+# The learning-rate rules' values, as --scale-lr's help lists them.
 LR_SCALINGS = tuple(r.value for r in LrScaling)
-OPTIMIZER_STEPS = tuple(s.value for s in OptimizerStep)
+# The fields that hold a vocabulary's member. A configuration read from JSON (a trial's
+# spec, a study, a report) holds their values as strings; the constructor turns them into
+# members, so code compares with the enum and never with the spelling.
+VOCABULARIES: dict[str, type[enum.Enum]] = {
+    "compile": CompileMode,
+    "precision": Precision,
+    "allocator": Allocator,
+    "backend": Backend,
+    "affinity": Affinity,
+    "device": Device,
+    "sharding": Sharding,
+    "optimizer_step": OptimizerStep,
+    "lr_scaling": LrScaling,
+}
 # The learning-rate rule's fields: set once for the run (--scale-lr), not searched.
 LR_FIELDS = ("lr_scaling", "lr_batch")
 
@@ -68,34 +79,34 @@ class TrialConfig:
 
     nprocs: int = 1
     threads: int | None = None
-    backend: str = Backend.GLOO.value
+    backend: Backend = Backend.GLOO
     interop_threads: int | None = None
     batch_size: int = 32
     num_workers: int = 0
     pin_memory: bool = False
     persistent_workers: bool = False
     prefetch_factor: int | None = None
-    compile: str = CompileMode.OFF.value
-    precision: str = Precision.FP32.value
+    compile: CompileMode = CompileMode.OFF
+    precision: Precision = Precision.FP32
     channels_last: bool = False
     prune_ratio: float = 0.0
-    allocator: str = Allocator.DEFAULT.value
-    affinity: str = "none"
+    allocator: Allocator = Allocator.DEFAULT
+    affinity: Affinity = Affinity.NONE
     ipex: bool = False
-    device: str = "cpu"
+    device: Device = Device.CPU
     # cuDNN's per-shape algorithm search: PyTorch leaves it off, and so does the baseline.
     cudnn_benchmark: bool = False
     # Memory knobs: recompute the repeated blocks' activations in the backward pass;
     # micro-batches per optimizer step; how several ranks hold the model.
     activation_checkpointing: bool = False
     grad_accum: int = 1
-    sharding: str = Sharding.OFF.value
+    sharding: Sharding = Sharding.OFF
     # The optimizer's step implementation (runtime.optimizer_step): rounding only, like the
     # layouts, so ``exact`` holds and the numerics check compares it with the fp32 reference.
-    optimizer_step: str = OptimizerStep.DEFAULT.value
+    optimizer_step: OptimizerStep = OptimizerStep.DEFAULT
     # Not a knob the search turns: how the learning rate follows the batch size
     # (--scale-lr), and the global batch the user's learning rate is for (theirs).
-    lr_scaling: str = LrScaling.NONE.value
+    lr_scaling: LrScaling = LrScaling.NONE
     lr_batch: int | None = None
     # GPU knobs (runtime.gpu_knobs): the CUDA allocator's expandable segments (a process
     # knob, set in the environment); float8 matmuls through torchao, which pay only
@@ -106,6 +117,11 @@ class TrialConfig:
     ddp_static_graph: bool = False
 
     def __post_init__(self) -> None:
+        for name, vocabulary in VOCABULARIES.items():
+            try:
+                object.__setattr__(self, name, vocabulary(getattr(self, name)))
+            except (ValueError, TypeError):
+                pass  # not one of its values: reported below
         # Knobs that mean nothing beside another's value take their default there, so two
         # configurations that run alike are one (the search counts a repeat as a duplicate):
         # prefetching needs workers; IPEX and sharding keep the optimizer as built (see
@@ -113,7 +129,7 @@ class TrialConfig:
         if self.num_workers == 0 and self.prefetch_factor is not None:
             object.__setattr__(self, "prefetch_factor", None)
         if (self.ipex or self.sharding != Sharding.OFF) and self.optimizer_step != OptimizerStep.DEFAULT:
-            object.__setattr__(self, "optimizer_step", OptimizerStep.DEFAULT.value)
+            object.__setattr__(self, "optimizer_step", OptimizerStep.DEFAULT)
         problems = []
         if self.nprocs < 1:
             problems.append(f"nprocs={self.nprocs} must be at least 1")
@@ -136,19 +152,10 @@ class TrialConfig:
             problems.append(f"num_workers={self.num_workers} must be 0 or more")
         if self.prefetch_factor is not None and self.prefetch_factor < 1:
             problems.append(f"prefetch_factor={self.prefetch_factor} must be at least 1")
-        for name, allowed in (
-            ("compile", COMPILE_MODES),
-            ("precision", PRECISIONS),
-            ("allocator", ALLOCATORS),
-            ("backend", BACKENDS),
-            ("affinity", ("none", "compact")),
-            ("device", ("cpu", "cuda")),
-            ("sharding", SHARDINGS),
-            ("optimizer_step", OPTIMIZER_STEPS),
-            ("lr_scaling", LR_SCALINGS),
-        ):
-            if getattr(self, name) not in allowed:
-                problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for name, vocabulary in VOCABULARIES.items():
+            if not isinstance(getattr(self, name), vocabulary):
+                allowed = ", ".join(member.value for member in vocabulary)
+                problems.append(f"{name}={getattr(self, name)!r} is not one of {allowed}")
         if self.lr_batch is not None and self.lr_batch < 1:
             problems.append(f"lr_batch={self.lr_batch} must be at least 1")
         if not 0.0 <= self.prune_ratio < 1.0:
@@ -188,7 +195,9 @@ class TrialConfig:
         return str(Layout(self.nprocs, self.threads))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as JSON and YAML hold them: a vocabulary's member as its value."""
+        return {name: value.value if isinstance(value, enum.Enum) else value
+                for name, value in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialConfig:

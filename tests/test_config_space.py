@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 
 import pytest
 
 from autotune.config import TrialConfig
 from autotune.errors import UsageError
-from autotune.runtime.knobs import ConfigDict
+from autotune.runtime.knobs import (
+    Affinity,
+    Allocator,
+    Backend,
+    CompileMode,
+    ConfigDict,
+    Device,
+    LrScaling,
+    OptimizerStep,
+    Precision,
+    Sharding,
+)
 from autotune.space import build_space, parse_fixes
 
 
@@ -34,6 +46,28 @@ def test_from_dict_round_trips():
     assert TrialConfig.from_dict(cfg.to_dict()) == cfg
 
 
+def test_a_configuration_read_from_json_holds_the_vocabularies_members():
+    """JSON holds a knob's value; the configuration holds the enum's member, compares with
+    the value as well, and writes the value back: old files read as they did."""
+    written = {"batch_size": 64, "nprocs": 2, "device": "cuda", "affinity": "compact",
+               "precision": "bf16", "compile": "max-autotune", "allocator": "tcmalloc",
+               "backend": "nccl", "sharding": "full", "optimizer_step": "default", "lr_scaling": "sqrt"}
+    cfg = TrialConfig.from_dict(written)
+    assert cfg.device is Device.CUDA and cfg.affinity is Affinity.COMPACT
+    assert cfg.precision is Precision.BF16 and cfg.compile is CompileMode.MAX_AUTOTUNE
+    assert cfg.allocator is Allocator.TCMALLOC and cfg.backend is Backend.NCCL
+    assert cfg.sharding is Sharding.FULL and cfg.optimizer_step is OptimizerStep.DEFAULT
+    assert cfg.lr_scaling is LrScaling.SQRT
+    assert TrialConfig().device is Device.CPU and TrialConfig().affinity is Affinity.NONE
+    assert cfg == TrialConfig(**{**written, "device": Device.CUDA, "backend": Backend.NCCL})
+    assert hash(cfg) == hash(TrialConfig.from_dict(written))
+    plain = cfg.to_dict()
+    assert {k: plain[k] for k in written} == written
+    assert all(type(plain[k]) is str for k in written if isinstance(written[k], str))
+    assert json.loads(json.dumps(plain)) == plain
+    assert "device=cuda" in cfg.short() and "affinity=compact" in cfg.short()
+
+
 def test_the_runtime_reads_every_knob_a_configuration_has():
     """The runtime cannot import TrialConfig (it ships without autotune): its typed view of
     a configuration must name the same knobs, or a new knob never reaches a trial's typing."""
@@ -55,6 +89,8 @@ def test_from_dict_rejects_unknown_keys_and_lists_the_known_knobs():
     ({"nprocs": 4, "batch_size": 30}, ["batch_size=30", "nprocs=4", "divide evenly"]),
     ({"precision": "fp8"}, ["precision='fp8'", "fp32", "bf16"]),
     ({"compile": "fast"}, ["compile='fast'", "max-autotune"]),
+    ({"device": "tpu"}, ["device='tpu'", "is not one of cpu, cuda"]),
+    ({"affinity": "scatter"}, ["affinity='scatter'", "is not one of none, compact"]),
     ({"batch_size": 0}, ["batch_size=0", "at least 1"]),
     ({"threads": 0}, ["threads=0", "at least 1"]),
     ({"num_workers": -1}, ["num_workers=-1"]),

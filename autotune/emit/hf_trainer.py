@@ -19,7 +19,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.emit import stacks
 from autotune.emit.outdir import write_atomically
-from autotune.runtime.knobs import CompileMode, OptimizerStep, Precision, Sharding
+from autotune.runtime.knobs import Affinity, CompileMode, Device, OptimizerStep, Precision, Sharding
 
 HF_NAME = "hf_training_args.json"
 
@@ -42,7 +42,7 @@ def _trainer_shards(cfg: TrialConfig) -> bool:
 def training_args(cfg: TrialConfig, *, blocks: tuple[str, ...] = ()) -> dict[str, Any]:
     """``TrainingArguments`` keyword arguments for ``cfg``; ``blocks``: the model's repeated
     block classes, which FSDP wraps each on its own."""
-    cuda = cfg.device == "cuda"
+    cuda = cfg.device == Device.CUDA
     args: dict[str, Any] = {
         # the Trainer's batch is one rank's micro-batch: the global batch over ranks and accumulation
         "per_device_train_batch_size": cfg.micro_batch,
@@ -100,7 +100,7 @@ def not_expressible(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, s
         out.append(f"Interop threads: call torch.set_num_interop_threads({cfg.interop_threads}) first thing.")
     if "LD_PRELOAD" in env:
         out.append(f"The {cfg.allocator} allocator: LD_PRELOAD (see env) must be set before Python starts.")
-    if cfg.affinity != "none":
+    if cfg.affinity != Affinity.NONE:
         out.append("Core pinning: train_tuned.py pins each rank to its cores (TUNED_CPUS_PER_RANK); "
                    "under the Trainer use taskset or numactl.")
     if cfg.channels_last != baseline.channels_last:
@@ -111,7 +111,7 @@ def not_expressible(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, s
                    "Trainer as train_tuned.py's prune_model() does.")
     if cfg.cudnn_benchmark:
         out.append(f"cuDNN benchmark mode: {stacks.CUDNN_BENCHMARK_LINE} before training.")
-    if cfg.device == "cuda" and cfg.compile != CompileMode.OFF and cfg.precision != Precision.TF32:
+    if cfg.device == Device.CUDA and cfg.compile != CompileMode.OFF and cfg.precision != Precision.TF32:
         out.append("tf32=False keeps torch.compile from turning TF32 on; where transformers sets it for all "
                    "of torch (torch.backends.fp32_precision, as 5.24 does) it turns it off in cuDNN's convolutions "
                    "too, which the tuned run left on (PyTorch's default): set "
@@ -129,7 +129,7 @@ def not_expressible(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, s
     if cfg.optimizer_step == OptimizerStep.FUSED:
         out.append("The fused optimizer step: optim=adamw_torch_fused is AdamW's; for another torch.optim "
                    "class build it with fused=True and pass it (optimizers=(optimizer, None)).")
-    if cfg.optimizer_step == OptimizerStep.FOREACH and cfg.device == "cpu":
+    if cfg.optimizer_step == OptimizerStep.FOREACH and cfg.device == Device.CPU:
         out.append("The foreach optimizer step: optim=adamw_torch picks it on CUDA only; on CPU build "
                    "torch.optim.AdamW(..., foreach=True) and pass it (optimizers=(optimizer, None)).")
     lr = stacks.lr_line(cfg)
