@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.probes.gpu import GpuInfo
-from autotune.runtime.knobs import CompileMode, Precision, Sharding
+from autotune.runtime.knobs import CompileMode, Device, Precision, Sharding
 
 # Searched on CUDA only, each a bool: off (the baseline's) first.
 GPU_KNOBS = ("expandable_segments", "float8", "ddp_bucket_view", "ddp_static_graph")
@@ -49,7 +49,7 @@ def torchao_float8() -> str | None:
 def expandable_segments_choice(device: str) -> tuple[list[Any], dict[str, str]]:
     """The CUDA allocator's expandable segments: fewer fragmented blocks, less memory
     reserved, at some cost per new mapping; measured like any knob."""
-    if device != "cuda":
+    if device != Device.CUDA:
         return [], {"expandable_segments": "an option of the CUDA caching allocator: no GPU here"}
     return [False, True], {}
 
@@ -58,7 +58,7 @@ def float8_choice(device: str, gpus: Sequence[GpuInfo], *, precisions: Sequence[
                   compiles: Sequence[Any]) -> tuple[list[Any], dict[str, str]]:
     """float8 matmuls on GPUs of compute capability 8.9 or later with torchao, where the
     space holds bf16 and a compile mode (float8 runs under both)."""
-    if device != "cuda":
+    if device != Device.CUDA:
         return [], {"float8": "float8 training needs a CUDA GPU of compute capability 8.9 or later"}
     capability = min((float(g.compute_capability or 0) for g in gpus), default=0.0)
     reasons = []
@@ -80,7 +80,7 @@ def ddp_choices(device: str, max_ranks: int) -> tuple[list[Any], dict[str, str]]
     """DDP's bucket view and static graph, for several ranks on GPUs (the values, and the
     reason for both knobs where they are not searched). A sharded configuration has no DDP
     (``normalised``)."""
-    if device != "cuda":
+    if device != Device.CUDA:
         why = "DistributedDataParallel's options are searched for several GPU ranks; this is a CPU run"
     elif max_ranks < 2:
         why = "DistributedDataParallel's options: one rank, no DDP"

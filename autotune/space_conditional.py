@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.runtime.knobs import OptimizerStep
+from autotune.runtime.knobs import Device, OptimizerStep
 
 # What a builder decides, as autotune.space.KnobChoice holds it: the values to search
 # (none: the knob is not searched) and "knob[=value]" -> why each value is left out.
@@ -29,8 +29,8 @@ PREFETCH_FACTORS: list[int | None] = [None, 4, 8]
 # Adam, AdamW and SGD stepped on both devices); torch 2.13 no longer checks, but the
 # torch a GPU machine runs may, so Adagrad is not searched on CUDA.
 FUSED_CLASSES: dict[str, tuple[str, ...]] = {
-    "cpu": ("Adam", "AdamW", "SGD", "Adagrad"),
-    "cuda": ("Adam", "AdamW", "SGD"),
+    Device.CPU: ("Adam", "AdamW", "SGD", "Adagrad"),
+    Device.CUDA: ("Adam", "AdamW", "SGD"),
 }
 # The torch.optim classes with a foreach step (every one with a for-loop over the tensors).
 FOREACH_CLASSES = ("Adadelta", "Adafactor", "Adagrad", "Adam", "Adamax", "AdamW", "ASGD", "NAdam",
@@ -60,17 +60,17 @@ def optimizer_step_choice(device: str, optimizer: str, *, torch: str | None) -> 
         return ([], {"optimizer_step": f"the model file's optimizer {optimizer} is not a torch.optim "
                                                  "class: autotune cannot rebuild it with fused=True"})
     if name in FUSED_CLASSES.get(device, ()):
-        if device == "cpu" and _older_than(torch, (2, 4)):
+        if device == Device.CPU and _older_than(torch, (2, 4)):
             return ([], {"optimizer_step": f"torch {torch} has no fused {name} step on CPU "
                                                      "(torch 2.4 added it)"})
         return ([OptimizerStep.DEFAULT.value, OptimizerStep.FUSED.value],
                           {"optimizer_step=foreach": "the fused step does the same work in fewer kernels"})
-    if device == "cpu" and name in FOREACH_CLASSES:
+    if device == Device.CPU and name in FOREACH_CLASSES:
         return ([OptimizerStep.DEFAULT.value, OptimizerStep.FOREACH.value],
                           {"optimizer_step=fused": f"torch has no fused {name} step on CPU"})
     why = (f"torch has no fused {name} step on {device}" if name in FOREACH_CLASSES
            else f"torch.optim.{name} has neither a fused nor a foreach step")
-    if device == "cuda" and name in FOREACH_CLASSES:
+    if device == Device.CUDA and name in FOREACH_CLASSES:
         why += " and takes foreach there by default"
     return ([], {"optimizer_step": why})
 

@@ -13,7 +13,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.probes import Machine, as_machine
 from autotune.runtime import gpu_knobs
-from autotune.runtime.knobs import Allocator, CompileMode
+from autotune.runtime.knobs import Affinity, Allocator, CompileMode, Device
 
 JEMALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
 
@@ -47,7 +47,7 @@ def environment(
     wanted: dict[str, str] = {}
     if cfg.threads is not None:
         wanted["OMP_NUM_THREADS"] = str(cfg.threads)
-    if cfg.device == "cuda":
+    if cfg.device == Device.CUDA:
         # CUDA's default order is fastest first; PCI order is NVML's and nvidia-smi's, so
         # a device index means the same GPU to CUDA_VISIBLE_DEVICES, the probe and the user.
         wanted["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -56,7 +56,7 @@ def environment(
         wanted["TUNED_NPROCS"] = str(cfg.nprocs)
         lo = loopback_interface()
         wanted["GLOO_SOCKET_IFNAME"] = lo
-        if cfg.device == "cuda":
+        if cfg.device == Device.CUDA:
             wanted["NCCL_SOCKET_IFNAME"] = lo
             if cfg.compile != CompileMode.OFF:
                 # Each rank's inductor starts its own pool of compile workers, sized for
@@ -70,7 +70,7 @@ def environment(
         wanted["LD_PRELOAD"] = path
         if cfg.allocator == Allocator.JEMALLOC:
             wanted["MALLOC_CONF"] = JEMALLOC_CONF
-    if cfg.affinity == "compact" and cfg.device == "cpu":
+    if cfg.affinity == Affinity.COMPACT and cfg.device == Device.CPU:
         cpus = machine.cpu.usable_cpus or sorted(os.sched_getaffinity(0))
         wanted["TUNED_CPUS_PER_RANK"] = ";".join(
             ",".join(map(str, block)) for block in rank_cpus(cfg, list(cpus))

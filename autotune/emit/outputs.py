@@ -20,7 +20,7 @@ from autotune.document.run import CandidateDocument, RunDocument
 from autotune.emit import hf_trainer, launch, nodes, stacks
 from autotune.emit.outdir import write_atomically
 from autotune.errors import UsageError
-from autotune.runtime.knobs import ConfigDict, ScriptSettings
+from autotune.runtime.knobs import ConfigDict, Device, ScriptSettings
 
 # 2: the memory knobs (activation_checkpointing, grad_accum, sharding) in a configuration.
 SCHEMA = 2
@@ -107,7 +107,7 @@ def render_launcher(
         *(f"  {line}" for line in one_node),
         f'  exec "$PYTHON" "$here/{SCRIPT_NAME}" "$@"',
         "fi",
-        *nodes.interface_lines(LAUNCHER_NAME, cuda=cfg.device == "cuda"),
+        *nodes.interface_lines(LAUNCHER_NAME, cuda=cfg.device == Device.CUDA),
         f'exec {nodes.torchrun_command(nprocs=cfg.nprocs, restarts=True)} "$here/{SCRIPT_NAME}" "$@"',
     ]
     return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from autotune.config import TrialConfig
+from autotune.runtime.knobs import Device
 
 SBATCH_NAME = "sbatch.sh"
 DEFAULT_NODES = 2
@@ -50,7 +51,7 @@ def render_sbatch(cfg: TrialConfig, env: Mapping[str, str]) -> str:
                   f"#SBATCH --cpus-per-task={cores}"]
     else:
         lines.append(f"# The tuned layout ({layout}) left the threads to PyTorch: add --cpus-per-task.")
-    if cfg.device == "cuda":
+    if cfg.device == Device.CUDA:
         lines += ["# One GPU per rank:", f"#SBATCH --gpus-per-node={cfg.nprocs}"]
     lines += [
         "# The whole node, as when tuned: the tuned core pinning names cores by number.",

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from autotune.runtime.knobs import Device
+
 TERA = 1e12
 
 
@@ -84,9 +86,9 @@ def peak_precision(precision: str, *, device_type: str, native_half: bool = True
     bf16 and fp16 are themselves where the hardware runs them natively, fp32 on a CPU
     that converts them to fp32 to multiply."""
     if precision == "tf32":
-        return "tf32" if device_type == "cuda" else "fp32"
+        return "tf32" if device_type == Device.CUDA else "fp32"
     if precision in ("bf16", "fp16"):
-        return precision if device_type == "cuda" or native_half else "fp32"
+        return precision if device_type == Device.CUDA or native_half else "fp32"
     return "fp32"
 
 
@@ -148,7 +150,7 @@ def measure_matmul(*, device: Any, dtype: Any, n: int, budget_s: float = 0.3, re
 
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    cuda = torch.device(device).type == "cuda"
+    cuda = torch.device(device).type == Device.CUDA
     per_timing = 8 if cuda else 1
 
     def sync() -> None:
@@ -177,7 +179,7 @@ def measured_peak(*, device: Any, precision: str) -> Peak:
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     kind = torch.device(device).type
-    if kind == "cuda":
+    if kind == Device.CUDA:
         # fp32 matmuls run as the process's flags say: the configuration set TF32 for
         # tf32 and left it off for fp32 (runtime.session.configure_precision)
         n = 8192 if dtype != torch.float32 else 4096
@@ -195,7 +197,7 @@ def device_peak(*, device_type: str, gpu_name: str | None, precision: str,
     GPU's table peak times the ranks, else what ``measure`` (given the precision to
     measure in) finds for all of them."""
     wanted = peak_precision(precision, device_type=device_type, native_half=native_half)
-    if device_type == "cuda":
+    if device_type == Device.CUDA:
         known = table_peak(gpu_name, wanted)
         if known is not None:
             return known.times(ranks)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .distributed import Distributed
-from .knobs import ConfigDict
+from .knobs import ConfigDict, Device
 
 
 def tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -31,7 +31,7 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
 def move(obj: Any, device: torch.device, *, channels_last: bool = False) -> Any:
     """Move nested tensors to the device; 4-D float inputs go channels_last if asked."""
     if isinstance(obj, torch.Tensor):
-        non_blocking = device.type == "cuda"
+        non_blocking = device.type == Device.CUDA
         if channels_last and obj.dim() == 4 and obj.is_floating_point():
             return obj.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
         return obj.to(device, non_blocking=non_blocking)
@@ -212,7 +212,7 @@ def build_loader(user: Any, cfg: ConfigDict, dist: Distributed, *, seed: int,
         batch_size=per_rank,
         sampler=sampler,
         num_workers=workers,
-        pin_memory=bool(cfg.get("pin_memory")) and dist.device.type == "cuda",
+        pin_memory=bool(cfg.get("pin_memory")) and dist.device.type == Device.CUDA,
         drop_last=True,  # a ragged last batch would recompile a compiled model
         collate_fn=getattr(user, "collate_fn", None),
         **kwargs,

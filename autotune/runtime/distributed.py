@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from . import nodes
-from .knobs import Backend, ConfigDict
+from .knobs import Backend, ConfigDict, Device
 
 DIST_TIMEOUT_MIN = 60.0
 # What gloo and NCCL say when the other end of a rank's connection is gone: its process
@@ -37,11 +37,11 @@ class Distributed:
         # so the global batch is the tuned one times the nodes.
         self.nodes = nodes.count()
         self._host_group: Any = None
-        if cfg.get("device") == "cuda":
-            self.device = torch.device("cuda", self._cuda_index())
+        if cfg.get("device") == Device.CUDA:
+            self.device = torch.device(Device.CUDA.value, self._cuda_index())
             torch.cuda.set_device(self.device)
         else:
-            self.device = torch.device("cpu")
+            self.device = torch.device(Device.CPU.value)
         self.enabled = self.world > 1
         if self.enabled:
             timeout = datetime.timedelta(minutes=timeout_min)
@@ -104,7 +104,7 @@ class Distributed:
             torch.distributed.barrier(group=self._host_group)
 
     def synchronize(self) -> None:
-        if self.device.type == "cuda":
+        if self.device.type == Device.CUDA:
             torch.cuda.synchronize(self.device)
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from . import gpu_knobs, memory
 from .data import first_tensor
-from .knobs import OptimizerStep
+from .knobs import Device, OptimizerStep
 from .model import config_lr_factor, first_lr, unwrap_model
 from .optimizer_step import optimizer_facts
 from .session import Session
@@ -155,7 +155,7 @@ def process_peak_mb(device: torch.device) -> float:
     """What this process held at its peak, in MiB: its resident set's high-water mark on
     CPU (train_tuned.py's process trains one configuration from its start), the caching
     allocator's reservation on CUDA."""
-    if device.type == "cuda":
+    if device.type == Device.CUDA:
         return torch.cuda.max_memory_reserved(device) / 2**20
     import resource
 
@@ -166,7 +166,7 @@ def cuda_memory(device: torch.device) -> dict[str, Any]:
     """This rank's GPU memory at its peak and the GPU's size, in MiB (None off CUDA).
     Reserved, not allocated: the caching allocator's reservation is what another batch
     size or process on the GPU would find taken."""
-    if device.type != "cuda":
+    if device.type != Device.CUDA:
         return {"cuda_peak_mb": None, "cuda_total_mb": None}
     return {"cuda_peak_mb": torch.cuda.max_memory_reserved(device) / 2**20,
             "cuda_total_mb": torch.cuda.get_device_properties(device).total_memory / 2**20}

@@ -10,10 +10,10 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .knobs import ConfigDict, Device
+
 if TYPE_CHECKING:
     import torch
-
-    from .knobs import ConfigDict
 
 # The CUDA caching allocator reads its options from this variable once, when CUDA starts:
 # a process knob, set in the environment the process starts with.
@@ -101,7 +101,7 @@ def ddp_facts(model: Any) -> Mapping[str, Any]:
 def expandable_in_use(device: torch.device) -> bool | None:
     """Whether the CUDA caching allocator maps its memory as expandable segments (the
     segments of its snapshot say so); None off CUDA, or before it holds any memory."""
-    if device.type != "cuda":
+    if device.type != Device.CUDA:
         return None
     import torch
 

@@ -18,7 +18,7 @@ import torch
 from . import memory
 from .distributed import Distributed
 from .facts import process_facts, process_peak_mb, step_facts
-from .knobs import ConfigDict
+from .knobs import ConfigDict, Device
 from .model import check_finite, unwrap_model
 from .session import Session
 
@@ -35,8 +35,8 @@ def rng_state(device: torch.device) -> dict[str, Any]:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         state["numpy"] = numpy.random.get_state()
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
+    if device.type == Device.CUDA:
+        state[Device.CUDA.value] = torch.cuda.get_rng_state(device)
     return state
 
 
@@ -46,8 +46,8 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None and "numpy" in state:
         numpy.random.set_state(state["numpy"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+    if device.type == Device.CUDA and Device.CUDA.value in state:
+        torch.cuda.set_rng_state(state[Device.CUDA.value], device)
 
 
 def latest_checkpoint(folder: str) -> str | None:
@@ -60,7 +60,7 @@ def latest_checkpoint(folder: str) -> str | None:
 
 def read_checkpoint(path: str) -> dict[str, Any]:
     """A checkpoint this script wrote (it holds RNG states, so it is not weights-only)."""
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location=Device.CPU.value, weights_only=False)
 
 
 class Checkpoints:

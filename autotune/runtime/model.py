@@ -12,7 +12,7 @@ import torch
 from . import gpu_knobs, memory
 from .data import move
 from .distributed import Distributed
-from .knobs import CompileMode, ConfigDict, LrScaling, Precision, Sharding, lr_factor
+from .knobs import CompileMode, ConfigDict, Device, LrScaling, Precision, Sharding, lr_factor
 from .optimizer_step import step_applies, with_step
 
 
@@ -67,7 +67,7 @@ def sync_batchnorm(model: torch.nn.Module, device: torch.device, world: int) -> 
     """BatchNorm layers as SyncBatchNorm on several CUDA ranks: their statistics then cover
     the global batch, as in one process, so a layout of several GPUs trains the same model
     as one. SyncBatchNorm runs on CUDA only: elsewhere the model is left as it is."""
-    if device.type != "cuda" or world <= 1:
+    if device.type != Device.CUDA or world <= 1:
         return model
     return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
@@ -170,7 +170,7 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
         dtype = torch.bfloat16 if cfg.get("precision") == Precision.BF16 else None
         model, optimizer = ipex.optimize(model, optimizer=optimizer, dtype=dtype)
     if dist.enabled:
-        ids = [dist.device.index] if dist.device.type == "cuda" else None
+        ids = [dist.device.index] if dist.device.type == Device.CUDA else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, **gpu_knobs.ddp_options(cfg))
     if mode != CompileMode.OFF:
         model = torch.compile(model, mode=compile_mode)

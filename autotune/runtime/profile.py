@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .knobs import Device
 from .model import check_finite
 from .session import Session
 from .shares import DATA_WAIT, STEP, WINDOW, Event, EventKind, step_shares, table_lines
@@ -66,7 +67,7 @@ def window(session: Session, steps: int, *, profiled: bool) -> tuple[Any, float]
     """``steps`` steps, each its data wait and its training, under the profiler where
     ``profiled``; returns the profiler (None where not profiled) and the window's seconds."""
     activities = [torch.profiler.ProfilerActivity.CPU]
-    if session.dist.device.type == "cuda":
+    if session.dist.device.type == Device.CUDA:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     prof = torch.profiler.profile(activities=activities) if profiled else None
     losses = []

@@ -19,7 +19,7 @@ import torch
 from . import gpu_knobs
 from .data import batches, build_loader, global_batch_size, length
 from .distributed import DIST_TIMEOUT_MIN, Distributed
-from .knobs import CompileMode, ConfigDict, Precision
+from .knobs import CompileMode, ConfigDict, Device, Precision
 from .memory import gathered
 from .model import build_model, check_finite, make_scaler, make_step, unwrap_model
 
@@ -69,7 +69,7 @@ def configure_precision(cfg: ConfigDict, *, strict_fp32: bool = False) -> None:
     """The process-wide float flags of ``cfg``'s precision, from PyTorch's defaults (see
     ``apply_process_knobs``): a process that trains several configurations one after
     another sets them for each."""
-    if cfg.get("device") != "cuda":
+    if cfg.get("device") != Device.CUDA:
         return
     if strict_fp32:
         set_tf32(matmul=False, cudnn=False)
@@ -93,7 +93,7 @@ def apply_process_knobs(cfg: ConfigDict, *, strict_fp32: bool = False) -> None:
         torch.set_num_threads(int(threads))
     if interop_threads:
         torch.set_num_interop_threads(int(interop_threads))
-    if cfg.get("device") == "cuda":
+    if cfg.get("device") == Device.CUDA:
         if cfg.get("cudnn_benchmark"):
             torch.backends.cudnn.benchmark = True
         if strict_fp32:
@@ -256,7 +256,7 @@ class Session:
         if compiled:
             torch._dynamo.reset()
         gc.collect()
-        if self.dist.device.type == "cuda":
+        if self.dist.device.type == Device.CUDA:
             torch.cuda.synchronize(self.dist.device)
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.dist.device)

@@ -18,7 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
-from autotune.runtime.knobs import CompileMode
+from autotune.runtime.knobs import CompileMode, Device
 from autotune.search.pruner import config_of
 from autotune.trials import limits
 from autotune.trials.protocol import Role, StudyAttr
@@ -37,10 +37,10 @@ COLD_COMPILE_S = 40.0
 NOISE = 0.05
 
 
-def ordered(variants: Sequence[Mapping[str, Any]], device: str) -> list[dict[str, Any]]:
+def ordered(variants: Sequence[Mapping[str, Any]], device: Device) -> list[dict[str, Any]]:
     """The late stage's params (``Space.late_variants``), on GPUs in ``CUDA_COMPILE_ORDER``."""
     out = [dict(p) for p in variants]
-    if device != "cuda":
+    if device != Device.CUDA:
         return out
     rank = {m.value: i for i, m in enumerate(CUDA_COMPILE_ORDER)}
     return sorted(out, key=lambda p: rank.get(str(p.get("compile")), len(rank)))
@@ -107,7 +107,7 @@ def too_late(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig, *, le
     ``COLD_COMPILE_S``) would not end within them, and the trial would overrun into the
     time verification was left. None where it fits, or on a CPU, where eager and compiled
     trials cost alike enough for the longest trial so far to bound the next."""
-    if cfg.compile == CompileMode.OFF or cfg.device != "cuda":
+    if cfg.compile == CompileMode.OFF or cfg.device != Device.CUDA:
         return None
     need = max((once for once, _ in _compiles(trials, cfg)), default=COLD_COMPILE_S)
     if need <= left_s:

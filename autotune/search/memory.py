@@ -15,7 +15,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.document.memory import MemoryFit
 from autotune.errors import UsageError
-from autotune.runtime.knobs import Precision, Sharding
+from autotune.runtime.knobs import Device, Precision, Sharding
 from autotune.space import Space
 from autotune.trials.protocol import Failure
 
@@ -41,7 +41,7 @@ class MemoryLimit:
     def per_rank_mb(self, cfg: TrialConfig) -> float | None:
         if self.user_mb is not None:
             return self.user_mb
-        if cfg.device == "cuda" or not self.host_mb:
+        if cfg.device == Device.CUDA or not self.host_mb:
             return None
         return self.host_mb / cfg.nprocs
 
@@ -122,7 +122,7 @@ def least_held(tried: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> tuple[
     for cfg, result in tried:
         if result.get("rank_peak_mb") is not None:
             peak, whole = float(result["rank_peak_mb"]), True
-        elif cfg.device != "cuda" and result.get("peak_rss_mb"):
+        elif cfg.device != Device.CUDA and result.get("peak_rss_mb"):
             peak, whole = float(result["peak_rss_mb"]) / cfg.nprocs, False
         else:
             continue
@@ -212,7 +212,7 @@ def predicted_over(measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]], cf
     summaries): a rank's peak grows linearly with its micro-batch (weights and optimizer
     state fixed, activations per sample), so two points give both parts. None when it
     fits, or when there is not enough to tell."""
-    if cfg.device != "cuda":
+    if cfg.device != Device.CUDA:
         return None
 
     def kind(c: TrialConfig) -> tuple[Any, ...]:  # what sets a rank's memory, but the batch

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from autotune.config import TrialConfig
 from autotune.probes import Machine
-from autotune.runtime.knobs import Allocator, Precision
+from autotune.runtime.knobs import Affinity, Allocator, Device, Precision
 from autotune.space import Space
 
 
@@ -38,9 +38,9 @@ def heuristics(space: Space, machine: Machine) -> list[TrialConfig]:
     """The start points that are not the baseline: on GPUs ``gpu_start``; on CPU PyTorch's
     CPU launcher defaults: one process on all usable cores, tcmalloc or jemalloc
     preloaded where found, compact core pinning."""
-    if space.baseline.device == "cuda":
+    if space.baseline.device == Device.CUDA:
         return gpu_start(space, machine)
-    if space.baseline.device != "cpu":
+    if space.baseline.device != Device.CPU:
         return []
     cores = machine.cpu.usable_cores
     params = {k: v[0] for k, v in space.choices.items()}
@@ -52,6 +52,6 @@ def heuristics(space: Space, machine: Machine) -> list[TrialConfig]:
         if name in allocators:
             params["allocator"] = name
             break
-    if "compact" in space.choices.get("affinity", []):
-        params["affinity"] = "compact"
+    if Affinity.COMPACT in space.choices.get("affinity", []):
+        params["affinity"] = Affinity.COMPACT
     return [space.config_from_params(params)]

@@ -13,6 +13,8 @@ import re
 import resource
 from typing import Any
 
+from autotune.runtime.knobs import Device
+
 _HWM = re.compile(r"^VmHWM:\s+(\d+)\s+kB", re.MULTILINE)
 
 
@@ -37,7 +39,7 @@ def host_peak_mb() -> float:
 
 def peak_mb(device: Any) -> float:
     """This rank's peak for ``device`` (a torch.device), in MiB."""
-    if device.type == "cuda":
+    if device.type == Device.CUDA:
         import torch
 
         return torch.cuda.max_memory_reserved(device) / 2**20

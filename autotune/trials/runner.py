@@ -23,7 +23,7 @@ from autotune.config import TrialConfig
 from autotune.emit import launch
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine
-from autotune.runtime.knobs import Allocator, CompileMode
+from autotune.runtime.knobs import Allocator, CompileMode, Device
 from autotune.task import with_package_on_path
 from autotune.trials import logs, measure_lock, proctree
 from autotune.trials.live import LiveTrial, TrialProcess
@@ -37,7 +37,7 @@ PROCESS_KNOBS = ("nprocs", "threads", "backend", "interop_threads", "allocator",
                  "device", "cudnn_benchmark", "expandable_segments")
 # Idle warm processes kept, least recently used ended first. On GPUs one, and none
 # while a process of other knobs measures: an idle one holds its CUDA context.
-WARM_PROCESSES = {"cpu": 2, "cuda": 1}
+WARM_PROCESSES = {Device.CPU: 2, Device.CUDA: 1}
 
 
 def process_key(cfg: TrialConfig) -> str | None:
@@ -51,7 +51,7 @@ def process_key(cfg: TrialConfig) -> str | None:
     faults the same warm as fresh and kept their order (BENCHMARKS.md, "Method")."""
     if cfg.compile != CompileMode.OFF:
         return None
-    if cfg.device == "cpu" and cfg.allocator == Allocator.DEFAULT:
+    if cfg.device == Device.CPU and cfg.allocator == Allocator.DEFAULT:
         return None
     return json.dumps({k: getattr(cfg, k) for k in PROCESS_KNOBS}, sort_keys=True)
 
@@ -197,7 +197,7 @@ class TrialRunner:
         if stale is not None:
             stale.kill()
         self._idle[process.key] = process
-        keep = WARM_PROCESSES["cuda" if '"device": "cuda"' in process.key else "cpu"]
+        keep = WARM_PROCESSES[Device(json.loads(process.key)["device"])]
         while len(self._idle) > keep:
             oldest = next(iter(self._idle))
             self._idle.pop(oldest).kill()
@@ -271,7 +271,7 @@ class TrialRunner:
             spec_path.write_text(json.dumps({**spec, "next": str(warm.control)}, indent=1))
             return LiveTrial(self, folder=folder, process=warm, result=result, on_window=on_window,
                              spec=spec_path, timeout_s=timeout_s)
-        if cfg.device == "cuda":
+        if cfg.device == Device.CUDA:
             # An idle process keeps its CUDA context (and cuDNN's workspaces) on the GPUs
             # this one will measure on: what it holds would be missing from this one.
             self.close()
@@ -308,7 +308,7 @@ class TrialRunner:
             raise
         process = TrialProcess(proc=proc, tmpdir=tmp, key=key, control=control, log=log)
         return LiveTrial(self, folder=folder, process=process, result=result, on_window=on_window,
-                         serving=serving, locked=True, warm_on_command=serving and cfg.device == "cuda",
+                         serving=serving, locked=True, warm_on_command=serving and cfg.device == Device.CUDA,
                          timeout_s=timeout_s)
 
 

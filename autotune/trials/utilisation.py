@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from autotune.runtime.knobs import Device
+
 if TYPE_CHECKING:
     from autotune.probes.peaks import Peak
     from autotune.runtime.session import Session
@@ -34,7 +36,7 @@ def rank_peak(session: Session, *, settle: Callable[[], None]) -> Peak:
     device = dist.device
 
     def measure(wanted: str) -> Peak:
-        if device.type == "cpu" and session.loader.num_workers:
+        if device.type == Device.CPU and session.loader.num_workers:
             settle()  # the DataLoader's workers filling their queue would slow the matmuls
         dist.barrier()
         try:
@@ -42,7 +44,7 @@ def rank_peak(session: Session, *, settle: Callable[[], None]) -> Peak:
         except Exception as exc:  # out of memory beside the model, say: no peak, the trial goes on
             print(f"autotune: matmul peak not measured: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             one = peaks.Peak(flop_per_s=0.0, source=f"measured:{device.type} {wanted} matmul failed")
-            if device.type == "cuda":
+            if device.type == Device.CUDA:
                 torch.cuda.empty_cache()
         # every rank meets in both collectives, whichever failed
         failed = dist.agree_max(0.0 if one.flop_per_s else 1.0)
@@ -51,7 +53,7 @@ def rank_peak(session: Session, *, settle: Callable[[], None]) -> Peak:
 
     peak = peaks.device_peak(
         device_type=device.type, precision=precision, measure=measure, ranks=dist.world,
-        gpu_name=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        gpu_name=torch.cuda.get_device_name(device) if device.type == Device.CUDA else None,
         native_half=peaks.cpu_native_half().get(precision, True))
     _PEAKS[precision] = peak
     return peak
@@ -70,7 +72,7 @@ def utilisation_facts(session: Session, *, settle: Callable[[], None]) -> dict[s
     except Exception as exc:  # a figure for the report: never the trial's failure
         print(f"autotune: FLOPs not counted: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         counted = None
-        if session.dist.device.type == "cuda":
+        if session.dist.device.type == Device.CUDA:
             torch.cuda.empty_cache()
     peak = rank_peak(session, settle=settle)
     return {"flops_per_sample": counted.per_sample if counted is not None else None,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from autotune.runtime import ranks
-from autotune.runtime.knobs import Precision
+from autotune.runtime.knobs import Device, Precision
 from autotune.trials import memory, proctree
 from autotune.trials.protocol import Event, Failure, Measurement, Mode
 
@@ -251,7 +251,7 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
     CUDA-graph capture, all timed on the device) run while no other process uses it.
     Every rank reads the commands itself: no collective is left waiting while idle."""
     offset = 0
-    if session.dist.device.type == "cuda":
+    if session.dist.device.type == Device.CUDA:
         _, offset = next_line(control, offset)
     first_s, step_s = warm_up(session, spec, events)
     events.emit(Event.WARMUP, first_step_s=first_s, step_s=step_s)

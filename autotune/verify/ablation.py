@@ -33,6 +33,7 @@ from autotune.document.ablation import Ablation, AblationPath, KnobEffect, PathS
 from autotune.document.measures import Effect
 from autotune.errors import AutotuneError, UsageError
 from autotune.gpu_space import normalised
+from autotune.runtime.knobs import Device
 from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import stats
@@ -90,7 +91,7 @@ def _value(cfg: TrialConfig, knob: str) -> Any:
 # Knobs that do nothing on a device: pinned memory and cuDNN's search need a GPU; GPU
 # ranks are not pinned to cores (``emit.launch.environment``).
 # The CUDA allocator's options likewise.
-_INERT = {"cpu": ("pin_memory", "cudnn_benchmark", "expandable_segments"), "cuda": ("affinity",)}
+_INERT = {Device.CPU: ("pin_memory", "cudnn_benchmark", "expandable_segments"), Device.CUDA: ("affinity",)}
 
 
 def _in_effect(cfg: TrialConfig) -> TrialConfig:

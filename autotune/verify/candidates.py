@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from autotune.config import TrialConfig
 from autotune.probes import Machine
+from autotune.runtime.knobs import Device
 from autotune.search import late
 from autotune.search.outcome import Candidate
 from autotune.space import Space
@@ -16,7 +17,7 @@ def layout_contrast(top: TrialConfig, space: Space, machine: Machine) -> TrialCo
     """The top candidate with the other process layout (several ranks <-> one process
     on all cores), every other knob equal: verification measures it alongside, which
     gives the layout's own effect with an interval."""
-    if top.device != "cpu":
+    if top.device != Device.CPU:
         return None
     cores = machine.cpu.usable_cores
     if top.nprocs > 1:

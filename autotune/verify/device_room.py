@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.probes import Machine
+from autotune.runtime.knobs import Device
 
 # What processes held together may take of each GPU: the rest is slack for a peak the
 # search's windows did not reach (a DataLoader batch larger than usual, cuDNN workspaces).
@@ -88,7 +89,7 @@ class DeviceRoom:
         (index 0) first, then the others in order, each while it fits with room left for
         the largest visitor. Every index on a CPU; none where the GPUs admit no held
         process, or where a configuration's need is unknown and so might not fit."""
-        if not any(cfg.device == "cuda" for cfg in configs):
+        if not any(cfg.device == Device.CUDA for cfg in configs):
             return set(range(len(configs)))
         if self.capacity_mb is None or self.fresh is not None:
             return set()

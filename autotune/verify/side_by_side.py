@@ -23,6 +23,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.document.measures import Check
 from autotune.errors import NotVerified
+from autotune.runtime.knobs import Device
 from autotune.trials.protocol import Mode, Progress, ProgressEvent
 from autotune.trials.runner import LiveTrialLike, TrialRunnerLike
 from autotune.verify.device_room import DeviceRoom
@@ -176,7 +177,7 @@ def measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Plan,
     budget = runner.memory_limit_bytes
     starting: list[tuple[int, LiveTrialLike]] = []
     names = [f"{name}-{i}" for i in range(len(configs))]  # the held trials' folders
-    together = len(configs) if any(cfg.device == "cuda" for cfg in configs) else STARTING_TOGETHER
+    together = len(configs) if any(cfg.device == Device.CUDA for cfg in configs) else STARTING_TOGETHER
 
     def ready(i: int, started: LiveTrialLike) -> None:
         if started.wait_ready():
