@@ -14,14 +14,11 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 from autotune.trials import logs, measure_lock, proctree
 from autotune.trials.protocol import PROGRESS_EVENTS, Command, Event, Failure, Status
 from autotune.trials.result import TrialResult
-
-if TYPE_CHECKING:
-    from autotune.trials.runner import TrialRunner
 
 # The tuner stays all but idle while a trial measures: it reads the event file a few
 # times a second and the trial's memory (and its log's size) once a second.
@@ -62,13 +59,25 @@ class TrialProcess:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
+class TrialOwner(Protocol):
+    """What a trial reads of the runner that started it (``runner.TrialRunner``): its
+    limits, and where a warm process goes back once its configuration is done."""
+
+    timeout_s: float
+    hang_s: float
+    setup_hang_s: float | None
+    memory_limit_bytes: int | None
+    log_cap_bytes: int
+    def park(self, process: TrialProcess) -> None: ...
+
+
 class LiveTrial:
     """A running trial, watched: its events, wall time, progress and memory. ``wait()``
     follows it to the end; a serving trial (verification) instead runs one window per
     ``window()`` call, idle in between. A warm process (``TrialProcess.key``) outlives
     the trial that finishes well: it goes back to the runner for the next one."""
 
-    def __init__(self, runner: TrialRunner | None, *, folder: Path | None, process: TrialProcess | None,
+    def __init__(self, runner: TrialOwner | None, *, folder: Path | None, process: TrialProcess | None,
                  result: TrialResult, on_window: Callable[[int, float], bool] | None = None,
                  serving: bool = False, locked: bool = False, spec: Path | None = None,
                  warm_on_command: bool = False, timeout_s: float | None = None) -> None:
