@@ -13,7 +13,7 @@ import torch
 
 from autotune.config import TrialConfig
 from autotune.emit import stacks
-from autotune.probes.software import find_native_libraries
+from autotune.probes.libraries import find_native_libraries
 from autotune.runtime import memory
 from autotune.runtime.distributed import Distributed
 from autotune.runtime.model import build_model, make_step

@@ -17,7 +17,7 @@ from autotune.config import TrialConfig
 from autotune.document.memory import MemoryFit
 from autotune.errors import UsageError
 from autotune.options import RunOptions, parse_size
-from autotune.probes.software import find_native_libraries
+from autotune.probes.libraries import find_native_libraries
 from autotune.search import memory
 from autotune.space import build_space
 from autotune.task import load_task

@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.probes.software import find_native_libraries
+from autotune.probes.libraries import find_native_libraries
 from autotune.trials.protocol import Measurement, Status
 from autotune.trials.runner import TrialResult, TrialRunner, process_key
 

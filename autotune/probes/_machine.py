@@ -15,8 +15,9 @@ from typing import Any
 from . import _io
 from . import software as sw_mod
 from .cpu import CpuInfo, read_cpu
-from .gpu import GpuInfo, GpuLink, GpuProbe, cross_check_torch, read_gpu_processes, read_gpus
+from .gpu import GpuInfo, GpuLink, GpuProbe, cross_check_torch
 from .memory import MemoryInfo, read_memory
+from .nvml import read_gpu_processes, read_gpus
 from .units import format_bytes
 
 SCHEMA_VERSION = 1

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._machine import as_machine
-from .gpu import current_visible_devices, usable_gpus
+from .cuda_visible import current_visible_devices, usable_gpus
 
 FINGERPRINT_VERSION = 1
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .cpu import format_cpulist
+from .cpu_text import format_cpulist
 from .fingerprint import fingerprint_id
 from .units import format_bytes
 

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.search.memory import MemoryLimit
-from autotune.space import Space, default_batch_top
+from autotune.space import Space
+from autotune.space_choices import default_batch_top
 from autotune.trials.protocol import Failure, Status, StudyAttr
 from autotune.trials.runner import TrialRunnerLike
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.probes import cpu
-from autotune.probes.cpu import (
-    CpuFallback,
+from autotune.probes import cpu, cpu_text
+from autotune.probes.cpu import CpuFallback, summarize_cpu, usable_core_count
+from autotune.probes.cpu_text import (
     format_cpulist,
     isa_from_flags,
     parse_cpulist,
@@ -15,9 +15,7 @@ from autotune.probes.cpu import (
     parse_proc_cpuinfo,
     parse_size,
     parse_status_cpus_allowed,
-    summarize_cpu,
     summarize_cpuinfo,
-    usable_core_count,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -110,7 +108,7 @@ def test_isa_arm_features() -> None:
 
 
 def test_isa_has_the_same_keys_everywhere() -> None:
-    assert set(isa_from_flags([])) == set(cpu.ISA_KEYS)
+    assert set(isa_from_flags([])) == set(cpu_text.ISA_KEYS)
     assert not any(isa_from_flags([]).values())
 
 
@@ -174,7 +172,7 @@ def test_arm_graviton3() -> None:
     assert info.numa_nodes == {0: list(range(64))}
     assert info.isa["neon"] and info.isa["sve"] and info.isa["bf16"]
     assert not info.isa["sve2"]
-    assert not any(info.isa[f] for f in cpu.X86_ISA_FLAGS)
+    assert not any(info.isa[f] for f in cpu_text.X86_ISA_FLAGS)
 
 
 def test_arm_without_lscpu_decodes_part_number() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from autotune.probes import Machine, fingerprint, gpu, probe_machine
+from autotune.probes import Machine, cuda_visible, fingerprint, gpu, nvml, probe_machine
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GiB = 1 << 30
@@ -62,7 +62,7 @@ class FakeNVML:
         return SimpleNamespace(busId=f"00000000:{0x18 + handle[1]:02X}:00.0".encode())
 
     def nvmlDeviceGetP2PStatus(self, a: Any, b: Any, index: int) -> int:
-        return gpu.P2P_STATUS_OK
+        return nvml.P2P_STATUS_OK
 
     def nvmlDeviceGetTopologyCommonAncestor(self, a: Any, b: Any) -> int:
         if not self.topology_supported:
@@ -80,7 +80,7 @@ class MissingLibraryNVML:
 
 
 def test_no_nvml_library_gives_empty_list_and_reason() -> None:
-    result = gpu.read_gpus(MissingLibraryNVML())
+    result = nvml.read_gpus(MissingLibraryNVML())
     assert result.gpus == [] and result.links == []
     assert result.error and "NVML unavailable" in result.error and "LibraryNotFound" in result.error
 
@@ -89,14 +89,14 @@ def test_pynvml_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_pynvml() -> None:
         raise ImportError("No module named 'pynvml'")
 
-    monkeypatch.setattr(gpu, "load_nvml", no_pynvml)
-    result = gpu.read_gpus()
+    monkeypatch.setattr(nvml, "load_nvml", no_pynvml)
+    result = nvml.read_gpus()
     assert result.gpus == [] and "pynvml not installed" in (result.error or "")
 
 
 def test_fake_nvml_two_gpus() -> None:
     fake = FakeNVML(2)
-    result = gpu.read_gpus(fake)
+    result = nvml.read_gpus(fake)
     assert result.error is None
     assert [g.index for g in result.gpus] == [0, 1]
     first = result.gpus[0]
@@ -111,7 +111,7 @@ def test_fake_nvml_two_gpus() -> None:
 
 
 def test_topology_names() -> None:
-    link = gpu.read_gpus(FakeNVML(2, topology_supported=True)).links[0]
+    link = nvml.read_gpus(FakeNVML(2, topology_supported=True)).links[0]
     assert link.topology == "NODE"
 
 
@@ -120,7 +120,7 @@ def test_query_failure_after_init_is_reported() -> None:
         def nvmlDeviceGetCount(self) -> int:
             raise FakeNVMLError("Unknown Error")
 
-    result = gpu.read_gpus(Broken())
+    result = nvml.read_gpus(Broken())
     assert result.gpus == [] and "Unknown Error" in (result.error or "")
 
 
@@ -141,7 +141,7 @@ def test_fake_root_without_nvml_does_not_probe_host_gpus() -> None:
 
 
 def test_cross_check_with_torch() -> None:
-    gpus = gpu.read_gpus(FakeNVML(2)).gpus
+    gpus = nvml.read_gpus(FakeNVML(2)).gpus
     cpu_build = gpu.cross_check_torch(
         gpus, torch_cuda_build=None, torch_cuda_available=False, torch_device_count=0, cuda_visible_devices=None
     )
@@ -167,7 +167,7 @@ def test_cuda_driver_version_format() -> None:
 
 @pytest.mark.gpu
 def test_real_nvml_sees_gpus() -> None:
-    result = gpu.read_gpus()
+    result = nvml.read_gpus()
     assert result.error is None
     assert result.gpus and all(g.memory_bytes and g.compute_capability for g in result.gpus)
     assert result.driver["version"]
@@ -217,7 +217,7 @@ class FakeMigNVML(FakeNVML):
 
 
 def test_nvml_reads_compute_mode_and_mig_devices() -> None:
-    result = gpu.read_gpus(FakeMigNVML(2))
+    result = nvml.read_gpus(FakeMigNVML(2))
     first, second = result.gpus
     assert (first.compute_mode, second.compute_mode) == ("default", "exclusive_process")
     assert first.mig and second.mig
@@ -228,14 +228,14 @@ def test_nvml_reads_compute_mode_and_mig_devices() -> None:
 
 
 def test_a_gpu_without_mig_or_compute_mode_support_reads_as_plain() -> None:
-    first = gpu.read_gpus(FakeNVML(1)).gpus[0]  # the fake has neither query: NotSupported
+    first = nvml.read_gpus(FakeNVML(1)).gpus[0]  # the fake has neither query: NotSupported
     assert first.compute_mode is None and first.mig is False and first.mig_devices == []
 
 
 def test_other_processes_on_the_gpus_are_counted_but_not_ours() -> None:
-    assert gpu.read_gpu_processes(FakeMigNVML(2)) == {0: 0, 1: 1}
-    assert gpu.read_gpu_processes(FakeMigNVML(2), own_pids=(4242,)) == {0: 0, 1: 0}
-    assert gpu.read_gpu_processes(MissingLibraryNVML()) is None
+    assert nvml.read_gpu_processes(FakeMigNVML(2)) == {0: 0, 1: 1}
+    assert nvml.read_gpu_processes(FakeMigNVML(2), own_pids=(4242,)) == {0: 0, 1: 0}
+    assert nvml.read_gpu_processes(MissingLibraryNVML()) is None
 
 
 def test_the_probe_counts_processes_and_warns_when_gpus_are_busy() -> None:
@@ -266,13 +266,13 @@ def test_bus_ids_compare_across_spellings() -> None:
 
 
 def test_the_torch_probes_devices_are_written_as_the_document_keeps_them() -> None:
-    from autotune.probes import software
+    from autotune.probes import torch_probe
 
     line = ('{"kind": "torch", "version": "2.13.0+cu130", "cuda": "13.0", "cuda_available": true, '
             '"cuda_device_count": 1, "cuda_visible_devices": "MIG-1111", "cuda_devices": [{"name": '
             '"NVIDIA H100 80GB HBM3 MIG 3g.40gb", "compute_capability": "9.0", "memory_bytes": 1, '
             '"uuid": "1111-2222", "pci": [0, 24, 0]}]}')
-    torch = software.parse_torch_probe_output(line, returncode=0).torch
+    torch = torch_probe.parse_torch_probe_output(line, returncode=0).torch
     assert torch["cuda_visible_devices"] == "MIG-1111"
     assert torch["cuda_devices"] == [{"name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "compute_capability": "9.0",
                                       "memory_bytes": 1, "uuid": "MIG-1111-2222",
@@ -304,7 +304,7 @@ def test_the_h100_fixtures_agree_with_themselves() -> None:
     ("h100x1", 1, "default"), ("h100x8", 8, "default"), ("h100x8_exclusive", 8, "exclusive_process")])
 def test_usable_gpus_are_torchs_devices_with_nvmls_details(name: str, count: int, mode: str) -> None:
     machine = machine_fixture(name)
-    gpus, hidden = gpu.usable_gpus(machine, None)
+    gpus, hidden = cuda_visible.usable_gpus(machine, None)
     assert [g.index for g in gpus] == list(range(count)) and hidden == []
     assert all(g.compute_mode == mode and g.compute_capability == "9.0" and not g.mig for g in gpus)
     assert [g.uuid for g in gpus] == [g.uuid for g in machine.gpus]
@@ -315,9 +315,9 @@ def test_without_nvml_the_gpus_come_from_torch() -> None:
     """C6: a container without libnvidia-ml still tunes on its GPUs."""
     machine = machine_fixture("h100x8")
     machine.gpus, machine.gpu_links, machine.gpu_error = [], [], "NVML unavailable: LibraryNotFound"
-    gpus, hidden = gpu.usable_gpus(machine, None)
+    gpus, hidden = cuda_visible.usable_gpus(machine, None)
     assert len(gpus) == 8 and hidden == [] and gpus[3].compute_capability == "9.0"
-    assert gpu.usable_gpus(machine, "2,3")[0] == [dataclasses.replace(gpus[2], index=0),
+    assert cuda_visible.usable_gpus(machine, "2,3")[0] == [dataclasses.replace(gpus[2], index=0),
                                                   dataclasses.replace(gpus[3], index=1)]
 
 
@@ -325,7 +325,7 @@ def test_a_mig_machine_offers_the_one_mig_device_cuda_enumerates() -> None:
     """C6: without CUDA_VISIBLE_DEVICES, CUDA enumerates one MIG device, with its slice's
     memory, not the eight parents."""
     machine = machine_fixture("h100x8_mig")
-    gpus, hidden = gpu.usable_gpus(machine, None)
+    gpus, hidden = cuda_visible.usable_gpus(machine, None)
     assert len(gpus) == 1 and hidden == []
     assert gpus[0].mig and gpus[0].uuid == machine.gpus[0].mig_devices[0]["uuid"]
     assert gpus[0].memory_bytes is not None and gpus[0].memory_bytes < 45 * 10**9
@@ -335,14 +335,14 @@ def test_a_mig_uuid_in_cuda_visible_devices_names_that_mig_device() -> None:
     """C6: CUDA_VISIBLE_DEVICES=MIG-... used to match no GPU and tune on CPU."""
     machine = machine_fixture("h100x8_mig")
     wanted = machine.gpus[3].mig_devices[1]["uuid"]
-    gpus, hidden = gpu.usable_gpus(machine, wanted[:13])  # a prefix, as CUDA accepts it
+    gpus, hidden = cuda_visible.usable_gpus(machine, wanted[:13])  # a prefix, as CUDA accepts it
     assert [g.uuid for g in gpus] == [wanted] and gpus[0].index == 0
     assert hidden == ["0", "1", "2", "4", "5", "6", "7"]
     # however many MIG devices are listed, a CUDA process sees the first
     other = machine.gpus[5].mig_devices[0]["uuid"]
-    assert [g.uuid for g in gpu.usable_gpus(machine, f"{wanted},{other}")[0]] == [wanted]
+    assert [g.uuid for g in cuda_visible.usable_gpus(machine, f"{wanted},{other}")[0]] == [wanted]
     # a MIG-… entry naming nothing hides everything
-    assert gpu.usable_gpus(machine, "MIG-00000000")[0] == []
+    assert cuda_visible.usable_gpus(machine, "MIG-00000000")[0] == []
 
 
 @pytest.mark.parametrize(("visible", "expected", "hidden"), [
@@ -354,14 +354,14 @@ def test_a_mig_uuid_in_cuda_visible_devices_names_that_mig_device() -> None:
 ])
 def test_cuda_visible_devices_narrows_torchs_list(visible: str, expected: list[int], hidden: list[str]) -> None:
     machine = machine_fixture("h100x8")
-    gpus, got_hidden = gpu.usable_gpus(machine, visible)
+    gpus, got_hidden = cuda_visible.usable_gpus(machine, visible)
     assert [g.uuid for g in gpus] == [machine.gpus[i].uuid for i in expected]
     assert [g.index for g in gpus] == list(range(len(expected))) and got_hidden == hidden
 
 
 def test_a_uuid_prefix_names_a_gpu() -> None:
     machine = machine_fixture("h100x8")
-    gpus, hidden = gpu.usable_gpus(machine, machine.gpus[5].uuid[:10])
+    gpus, hidden = cuda_visible.usable_gpus(machine, machine.gpus[5].uuid[:10])
     assert [g.uuid for g in gpus] == [machine.gpus[5].uuid] and hidden == ["0", "1", "2", "3", "4", "6", "7"]
 
 
@@ -372,52 +372,52 @@ def test_a_probe_taken_under_cuda_visible_devices_is_read_in_its_terms() -> None
     devices = machine.torch["cuda_devices"]
     machine.torch = {**machine.torch, "cuda_visible_devices": "4,5", "cuda_device_count": 2,
                      "cuda_devices": devices[4:6]}
-    assert [g.uuid for g in gpu.usable_gpus(machine, "4,5")[0]] == [devices[4]["uuid"], devices[5]["uuid"]]
-    assert [g.uuid for g in gpu.usable_gpus(machine, "5")[0]] == [devices[5]["uuid"]]
-    assert [g.uuid for g in gpu.usable_gpus(machine, "0")[0]] == [devices[0]["uuid"]]  # from NVML
-    assert len(gpu.usable_gpus(machine, None)[0]) == 8
+    assert [g.uuid for g in cuda_visible.usable_gpus(machine, "4,5")[0]] == [devices[4]["uuid"], devices[5]["uuid"]]
+    assert [g.uuid for g in cuda_visible.usable_gpus(machine, "5")[0]] == [devices[5]["uuid"]]
+    assert [g.uuid for g in cuda_visible.usable_gpus(machine, "0")[0]] == [devices[0]["uuid"]]  # from NVML
+    assert len(cuda_visible.usable_gpus(machine, None)[0]) == 8
 
 
 def test_cuda_unusable_by_torch_means_no_gpus() -> None:
     machine = machine_fixture("h100x8")
     machine.torch = {**machine.torch, "cuda_available": False, "cuda_device_count": 0, "cuda_devices": []}
-    assert gpu.usable_gpus(machine, None) == ([], [])
-    assert gpu.usable_gpus(machine, "0,1")[1] == ["2", "3", "4", "5", "6", "7"]
+    assert cuda_visible.usable_gpus(machine, None) == ([], [])
+    assert cuda_visible.usable_gpus(machine, "0,1")[1] == ["2", "3", "4", "5", "6", "7"]
     machine.torch = {**machine.torch, "cuda": None}  # a CPU-only build
-    assert gpu.usable_gpus(machine, None) == ([], [])
+    assert cuda_visible.usable_gpus(machine, None) == ([], [])
 
 
 def test_a_cpu_machine_has_no_usable_gpus() -> None:
     for name in ("avx2_epyc", "amx_spr"):
-        assert gpu.usable_gpus(machine_fixture(name), None) == ([], [])
-        assert gpu.usable_gpus(machine_fixture(name), "0") == ([], [])
+        assert cuda_visible.usable_gpus(machine_fixture(name), None) == ([], [])
+        assert cuda_visible.usable_gpus(machine_fixture(name), "0") == ([], [])
 
 
 def test_documents_without_torchs_list_fall_back_to_nvml() -> None:
     machine = machine_fixture("h100x8")
     machine.torch = {**machine.torch, "cuda_devices": []}  # as documents written before it
-    gpus, hidden = gpu.usable_gpus(machine, "2,3")
+    gpus, hidden = cuda_visible.usable_gpus(machine, "2,3")
     assert [g.uuid for g in gpus] == [machine.gpus[2].uuid, machine.gpus[3].uuid]
     assert [g.index for g in gpus] == [0, 1] and hidden == ["0", "1", "4", "5", "6", "7"]
     machine.torch = {}  # torch not probed at all
-    assert len(gpu.usable_gpus(machine, None)[0]) == 8
+    assert len(cuda_visible.usable_gpus(machine, None)[0]) == 8
 
 
 def test_visible_gpus_reads_nvmls_list_as_cuda_does() -> None:
     gpus = [gpu.GpuInfo(index=i, name="H100", uuid=f"GPU-{i}") for i in range(4)]
-    assert gpu.visible_gpus(gpus, None) == (gpus, [])
-    assert gpu.visible_gpus(gpus, "") == ([], ["0", "1", "2", "3"])
-    assert gpu.visible_gpus(gpus, "2,0") == ([gpus[2], gpus[0]], ["1", "3"])
-    assert gpu.visible_gpus(gpus, "GPU-3") == ([gpus[3]], ["0", "1", "2"])
-    assert gpu.visible_gpus(gpus, "1,7,2") == ([gpus[1]], ["0", "2", "3"])
-    assert gpu.visible_gpus(gpus, "1,1,2") == ([gpus[1]], ["0", "2", "3"])
+    assert cuda_visible.visible_gpus(gpus, None) == (gpus, [])
+    assert cuda_visible.visible_gpus(gpus, "") == ([], ["0", "1", "2", "3"])
+    assert cuda_visible.visible_gpus(gpus, "2,0") == ([gpus[2], gpus[0]], ["1", "3"])
+    assert cuda_visible.visible_gpus(gpus, "GPU-3") == ([gpus[3]], ["0", "1", "2"])
+    assert cuda_visible.visible_gpus(gpus, "1,7,2") == ([gpus[1]], ["0", "2", "3"])
+    assert cuda_visible.visible_gpus(gpus, "1,1,2") == ([gpus[1]], ["0", "2", "3"])
 
 
 def test_visible_gpus_shows_a_mig_gpu_as_one_mig_device() -> None:
-    nvml = gpu.read_gpus(FakeMigNVML(2)).gpus
-    visible, hidden = gpu.visible_gpus(nvml, None)
+    found = nvml.read_gpus(FakeMigNVML(2)).gpus
+    visible, hidden = cuda_visible.visible_gpus(found, None)
     assert [g.uuid for g in visible] == [MIG_UUIDS[0][0]] and hidden == []
-    visible, hidden = gpu.visible_gpus(nvml, MIG_UUIDS[1][0])
+    visible, hidden = cuda_visible.visible_gpus(found, MIG_UUIDS[1][0])
     assert [(g.uuid, g.compute_mode, g.memory_bytes) for g in visible] == [
         (MIG_UUIDS[1][0], "exclusive_process", 40 * GiB)]
     assert hidden == ["0"]
@@ -480,7 +480,7 @@ def test_a_small_dev_shm_and_busy_gpus_are_warned_about() -> None:
 
 
 def test_the_cross_check_explains_mig_rather_than_a_missing_gpu() -> None:
-    gpus = gpu.read_gpus(FakeMigNVML(2)).gpus
+    gpus = nvml.read_gpus(FakeMigNVML(2)).gpus
     warnings = gpu.cross_check_torch(gpus, torch_cuda_build="13.0", torch_cuda_available=True,
                                      torch_device_count=1, cuda_visible_devices=None)
     assert len(warnings) == 1 and warnings[0].startswith("MIG is on: a process sees one MIG device")

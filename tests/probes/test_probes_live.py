@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from autotune.probes import Machine, fingerprint_id, probe_machine, render_text, software
+from autotune.probes import Machine, fingerprint_id, libraries, probe_machine, render_text
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -65,10 +65,10 @@ def test_torch_and_gloo(live: tuple[Machine, float]) -> None:
 
 def test_allocators_match_disk(live: tuple[Machine, float]) -> None:
     probe = live[0]
-    ldconfig = software.read_ldconfig()
-    tag = software.ldconfig_arch_tag(platform.machine())
-    before, after = software.library_search_dirs(env=os.environ, prefix=sys.prefix, machine=platform.machine())
-    for name, names in software.ALLOCATOR_NAMES.items():
+    ldconfig = libraries.read_ldconfig()
+    tag = libraries.ldconfig_arch_tag(platform.machine())
+    before, after = libraries.library_search_dirs(env=os.environ, prefix=sys.prefix, machine=platform.machine())
+    for name, names in libraries.ALLOCATOR_NAMES.items():
         path = probe.allocators[name]
         on_disk = [os.path.join(d, n) for d in before + after for n in names if os.path.isfile(os.path.join(d, n))]
         in_cache = [e.path for e in ldconfig if e.name in names and (tag is None or tag in e.tags) and os.path.isfile(e.path)]

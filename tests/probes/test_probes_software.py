@@ -5,16 +5,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from autotune.probes import software
-from autotune.probes.software import (
-    choose_compiler,
+from autotune.probes import compiler, extensions, libraries, torch_probe
+from autotune.probes.compiler import choose_compiler
+from autotune.probes.libraries import (
     find_library,
     find_native_libraries,
     ldconfig_arch_tag,
     library_search_dirs,
     parse_ldconfig_p,
-    parse_torch_probe_output,
 )
+from autotune.probes.torch_probe import parse_torch_probe_output
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -130,7 +130,7 @@ def test_no_compiler() -> None:
 def test_failed_test_compile_reports_first_error() -> None:
     run = FakeRun(returncode=1, stderr="probe.cpp:2:10: fatal error: omp.h: No such file or directory\n"
                                        "compilation terminated.\n")
-    result = software.check_compiler(run=run, env={}, which=which_from({"g++": "/usr/bin/g++"}))
+    result = compiler.check_compiler(run=run, env={}, which=which_from({"g++": "/usr/bin/g++"}))
     assert result["available"] is False and result["compiler"] == "/usr/bin/g++"
     assert "omp.h" in result["reason"]
     argv = run.calls[0]
@@ -139,7 +139,7 @@ def test_failed_test_compile_reports_first_error() -> None:
 
 def test_compile_timeout_is_not_available() -> None:
     run = FakeRun(exc=subprocess.TimeoutExpired(["g++"], 20))
-    result = software.check_compiler(run=run, env={}, which=which_from({"g++": "/usr/bin/g++"}))
+    result = compiler.check_compiler(run=run, env={}, which=which_from({"g++": "/usr/bin/g++"}))
     assert result["available"] is False and "timed out" in result["reason"]
 
 
@@ -178,7 +178,7 @@ def test_parse_torch_probe_output_import_failure() -> None:
 
 def test_probe_torch_timeout_keeps_partial_output() -> None:
     run = FakeRun(exc=subprocess.TimeoutExpired(["python"], 90, output=TORCH_LINE + "\n"))
-    facts = software.probe_torch(run=run)
+    facts = torch_probe.probe_torch(run=run)
     assert facts.torch["version"] == "2.13.0+cpu"
     assert "did not finish" in facts.backend_errors["gloo"]
 
@@ -190,16 +190,16 @@ def test_probe_torch_child_binds_loopback_only() -> None:
         seen.update(kwargs)
         return subprocess.CompletedProcess(argv, 0, TORCH_LINE, "")
 
-    software.probe_torch(run=run)
+    torch_probe.probe_torch(run=run)
     assert seen["env"]["GLOO_SOCKET_IFNAME"] == "lo" and seen["env"]["NCCL_SOCKET_IFNAME"] == "lo"
-    assert "HashStore" in software.TORCH_PROBE_SCRIPT and "tcp://" not in software.TORCH_PROBE_SCRIPT
+    assert "HashStore" in torch_probe.TORCH_PROBE_SCRIPT and "tcp://" not in torch_probe.TORCH_PROBE_SCRIPT
 
 
 # ------------------------------------------------------------- IPEX / oneCCL
 
 def test_ipex_not_installed_costs_no_subprocess() -> None:
     run = FakeRun()
-    result = software.probe_ipex(run=run, find_spec=lambda name: None)
+    result = extensions.probe_ipex(run=run, find_spec=lambda name: None)
     assert result == {"installed": False, "compatible": False, "version": None, "reason": "not installed"}
     assert run.calls == []
 
@@ -208,7 +208,7 @@ def test_ipex_mismatch_is_caught_in_the_child() -> None:
     msg = ("ERROR! Intel® Extension for PyTorch* needs to work with PyTorch 2.1.*, but PyTorch 2.13.0+cpu "
            "is found. Please switch to the matching version and run again.")
     run = FakeRun(returncode=127, stdout=msg + "\n")
-    result = software.probe_ipex(run=run, find_spec=lambda name: object(), version_of=lambda name: "2.1.100")
+    result = extensions.probe_ipex(run=run, find_spec=lambda name: object(), version_of=lambda name: "2.1.100")
     assert result["installed"] is True and result["compatible"] is False
     assert result["version"] == "2.1.100" and "needs to work with PyTorch" in result["reason"]
     assert "intel_extension_for_pytorch" in run.calls[0][-1]
@@ -216,23 +216,23 @@ def test_ipex_mismatch_is_caught_in_the_child() -> None:
 
 def test_ipex_compatible() -> None:
     run = FakeRun(returncode=0, stdout="2.13.0+cpu\n")
-    result = software.probe_ipex(run=run, find_spec=lambda name: object(), version_of=lambda name: "2.13.0+cpu")
+    result = extensions.probe_ipex(run=run, find_spec=lambda name: object(), version_of=lambda name: "2.13.0+cpu")
     assert result == {"installed": True, "compatible": True, "version": "2.13.0+cpu", "reason": None}
 
 
 def test_ccl_absent_costs_no_subprocess() -> None:
     run = FakeRun()
-    assert software.probe_ccl(run=run, find_spec=lambda name: None) == (
+    assert extensions.probe_ccl(run=run, find_spec=lambda name: None) == (
         False, "oneccl_bindings_for_pytorch not installed")
     assert run.calls == []
 
 
 def test_ccl_import_failure() -> None:
     run = FakeRun(returncode=1, stderr="ImportError: undefined symbol: _ZN3c10...\n")
-    ok, reason = software.probe_ccl(run=run, find_spec=lambda name: object())
+    ok, reason = extensions.probe_ccl(run=run, find_spec=lambda name: object())
     assert ok is False and "undefined symbol" in reason
 
 
 def test_tools_lookup() -> None:
-    found = software.find_tools(which_from({"taskset": "/usr/bin/taskset"}))
+    found = libraries.find_tools(which_from({"taskset": "/usr/bin/taskset"}))
     assert found == {"numactl": None, "taskset": "/usr/bin/taskset"}
