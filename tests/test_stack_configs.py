@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.emit import hf_trainer, launch
+from autotune.emit import hf_trainer, launch, stack_knobs
 from autotune.emit import outputs as emit
 from autotune.emit import stacks as stack_configs
 
@@ -319,7 +319,7 @@ def test_the_accelerate_config_runs_under_accelerate_launch(tmp_path, cfg):
     text = (tmp_path / "accelerate_config.yaml").read_text()
     (tmp_path / "train.py").write_text(ACCELERATE_SCRIPT)
     model = BLOCKS if memory else TINY
-    args = f"train.py {model} {stack_configs.loader_kwargs(cfg)['batch_size']} {tmp_path}"
+    args = f"train.py {model} {stack_knobs.loader_kwargs(cfg)['batch_size']} {tmp_path}"
     if _accelerate_memory_lines(text):
         (tmp_path / "memory.py").write_text(_accelerate_memory_lines(text))
         args += f" {tmp_path / 'memory.py'}"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.emit import stacks
+from autotune.emit import stack_knobs
 from autotune.emit.outdir import write_atomically
 from autotune.runtime.knobs import Affinity, CompileMode, Device, OptimizerStep, Precision, Sharding
 
@@ -35,8 +35,8 @@ KEY_NAMES = {
 
 def _trainer_shards(cfg: TrialConfig) -> bool:
     """The Trainer shards through Accelerate, whose FSDP runs on GPUs only: on CPU it picks
-    MULTI_CPU first and replicates the model with DDP (see stacks._accelerate_shards)."""
-    return stacks._accelerate_shards(cfg)
+    MULTI_CPU first and replicates the model with DDP (see stack_knobs.accelerate_shards)."""
+    return stack_knobs.accelerate_shards(cfg)
 
 
 def training_args(cfg: TrialConfig, *, blocks: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def training_args(cfg: TrialConfig, *, blocks: tuple[str, ...] = ()) -> dict[str
         "bf16": cfg.precision == Precision.BF16,
         "fp16": cfg.precision == Precision.FP16,
         "dataloader_num_workers": cfg.num_workers,
-        "dataloader_pin_memory": bool(stacks.loader_kwargs(cfg)["pin_memory"]),
+        "dataloader_pin_memory": bool(stack_knobs.loader_kwargs(cfg)["pin_memory"]),
         "dataloader_persistent_workers": cfg.persistent_workers and cfg.num_workers > 0,
         "dataloader_drop_last": True,  # as the trials and train_tuned.py load
     }
@@ -61,7 +61,7 @@ def training_args(cfg: TrialConfig, *, blocks: tuple[str, ...] = ()) -> dict[str
         args["dataloader_prefetch_factor"] = cfg.prefetch_factor
     if cfg.compile != CompileMode.OFF:
         args["torch_compile"] = True
-        mode = stacks._compile_mode(cfg)
+        mode = stack_knobs.compile_mode(cfg)
         if mode != CompileMode.DEFAULT:
             args["torch_compile_mode"] = mode
     if cuda and cfg.precision == Precision.TF32:
@@ -110,7 +110,7 @@ def not_expressible(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, s
         out.append(f"Structured pruning ({cfg.prune_ratio:g} of channels): prune the model before the "
                    "Trainer as train_tuned.py's prune_model() does.")
     if cfg.cudnn_benchmark:
-        out.append(f"cuDNN benchmark mode: {stacks.CUDNN_BENCHMARK_LINE} before training.")
+        out.append(f"cuDNN benchmark mode: {stack_knobs.CUDNN_BENCHMARK_LINE} before training.")
     if cfg.device == Device.CUDA and cfg.compile != CompileMode.OFF and cfg.precision != Precision.TF32:
         out.append("tf32=False keeps torch.compile from turning TF32 on; where transformers sets it for all "
                    "of torch (torch.backends.fp32_precision, as 5.24 does) it turns it off in cuDNN's convolutions "
@@ -121,9 +121,9 @@ def not_expressible(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, s
                    "then pass both to the Trainer (optimizers=(optimizer, None)).")
     if cfg.activation_checkpointing and not _trainer_shards(cfg):
         out.append("gradient_checkpointing=True calls model.gradient_checkpointing_enable(), which a "
-                   f"transformers model has; for another torch module, checkpoint {stacks._blocks_text(blocks)} "
-                   f"yourself: {stacks._checkpoint_line(blocks)}.")
-    if stacks._sharded(cfg) and not _trainer_shards(cfg):
+                   f"transformers model has; for another torch module, checkpoint {stack_knobs.blocks_text(blocks)} "
+                   f"yourself: {stack_knobs.checkpoint_line(blocks)}.")
+    if stack_knobs.sharded(cfg) and not _trainer_shards(cfg):
         out.append(f"Sharding ({cfg.sharding}): the Trainer's FSDP runs on GPUs only (on CPU Accelerate "
                    "replicates the model with DDP); apply_to_your_loop.md shards it with fully_shard.")
     if cfg.optimizer_step == OptimizerStep.FUSED:
@@ -132,7 +132,7 @@ def not_expressible(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, s
     if cfg.optimizer_step == OptimizerStep.FOREACH and cfg.device == Device.CPU:
         out.append("The foreach optimizer step: optim=adamw_torch picks it on CUDA only; on CPU build "
                    "torch.optim.AdamW(..., foreach=True) and pass it (optimizers=(optimizer, None)).")
-    lr = stacks.lr_line(cfg)
+    lr = stack_knobs.lr_line(cfg)
     if lr:
         out.append(f"The learning-rate rule, {lr} (or set learning_rate to yours times {cfg.lr_factor:g}).")
     return out
@@ -150,7 +150,7 @@ def launch_command(cfg: TrialConfig, env: Mapping[str, str]) -> str:
 def hf_document(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str], *,
                 blocks: tuple[str, ...] = ()) -> dict[str, Any]:
     """The whole of hf_training_args.json."""
-    shown_env = stacks.process_environment(env, for_train_tuned=False)
+    shown_env = stack_knobs.process_environment(env, for_train_tuned=False)
     args = training_args(cfg, blocks=blocks)
     return {
         "training_args": args,
