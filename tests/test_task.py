@@ -415,12 +415,12 @@ def test_cli_import_error_shows_only_the_users_frames(tmp_path):
 def test_the_check_uses_the_first_gpu_when_cuda_is_available(monkeypatch):
     import torch
 
-    from autotune import task
+    from autotune import task_check
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert task.check_device() == "cuda:0"
+    assert task_check.check_device() == "cuda:0"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert task.check_device() == "cpu"
+    assert task_check.check_device() == "cpu"
 
 
 RECORDS_ITS_MODEL = textwrap.dedent('''
@@ -437,7 +437,7 @@ def test_the_checks_step_and_evaluate_run_on_cuda_0_when_cuda_is_available(tmp_p
     # device asked for; on a GPU machine they are torch's own.
     import torch
 
-    from autotune import task
+    from autotune import task_check
     from autotune.runtime import model as runtime_model
 
     placed, moved = [], []
@@ -452,10 +452,10 @@ def test_the_checks_step_and_evaluate_run_on_cuda_0_when_cuda_is_available(tmp_p
         return obj
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(task, "_place", place)
+    monkeypatch.setattr(task_check, "_place", place)
     monkeypatch.setattr(runtime_model, "move", move)
     path = model_file(tmp_path, "placed_check.py", extra=RECORDS_ITS_MODEL)
-    described = task._check(str(path))
+    described = task_check._check(str(path))
     assert described["has_evaluate"] is True
     assert placed == ["cuda:0"]                # the model, before the optimizer is built
     assert moved == [torch.device("cuda:0")]   # the step's batch
