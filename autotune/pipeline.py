@@ -101,7 +101,8 @@ def run(bench: Workbench, parts: Sections, *, started_at: float) -> RunDocument:
 
     def verify() -> RunDocument:
         verified = run_verification(bench, parts.verify, parts.measure, searched=searched)
-        return build_document(bench, parts.verify, parts.sharing, searched=searched, verified=verified)
+        return build_document(bench, parts.verify, parts.sharing, searched=searched, verified=verified,
+                              options=parts.record)
 
     if searched.place.shared:
         doc = verify_for_the_study(bench, parts, searched=searched, verify=verify)

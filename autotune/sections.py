@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.document.options import options_record
 from autotune.options import RunOptions
 from autotune.search.objective import Plan
 from autotune.task import Task
@@ -121,10 +122,13 @@ class Sections:
     measure: MeasureOptions
     verify: VerifyOptions
     sharing: SharingOptions
+    # every option as best_config.json records it (secrets left out)
+    record: Mapping[str, Any]
 
 
 def sections(options: RunOptions, *, task: Task) -> Sections:
     """``options`` in their sections, for ``task``; raises UsageError where the planned run
     cannot be (``Plan.of``)."""
     return Sections(search=SearchOptions.of(options, task=task), measure=MeasureOptions.of(options),
-                    verify=VerifyOptions.of(options), sharing=SharingOptions.of(options))
+                    verify=VerifyOptions.of(options), sharing=SharingOptions.of(options),
+                    record=options_record(options))

@@ -14,7 +14,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.runtime.knobs import Device, OptimizerStep
 
-# What a builder decides, as autotune.space.KnobChoice holds it: the values to search
+# What a builder decides, as autotune.space_choices.KnobChoice holds it: the values to search
 # (none: the knob is not searched) and "knob[=value]" -> why each value is left out.
 Choice = tuple[list[Any], dict[str, str]]
 

@@ -132,6 +132,10 @@ def test_a_real_runs_whole_document_conforms_and_reads_back(tuned):
     doc = json.loads((tuned.out / "best_config.json").read_text())
     assert schemas.problem(doc, "best_config") is None
     assert RunDocument.from_json(doc).to_json() == doc
+    # the options the run was given, each by its name, the database URL (a secret) left out
+    assert doc["options"]["trials"] == 3 and doc["options"]["pair_seconds"] == 0.5
+    assert doc["options"]["fixed"]["batch_size"] == BATCH[_tuned_model()[0].name]
+    assert "storage" not in doc["options"]
 
 
 @pytest.mark.slow

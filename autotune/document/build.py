@@ -5,7 +5,8 @@ Its ``environment`` is the emit stage's to fill: each machine of a shared study 
 own."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from autotune import __version__
 from autotune.config import TrialConfig
@@ -31,7 +32,7 @@ from autotune.workbench import Workbench
 
 
 def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOptions, *, searched: Searched,
-                   verified: Verified) -> RunDocument:
+                   verified: Verified, options: Mapping[str, Any]) -> RunDocument:
     """The run's document: with a winner, the rates and the speedup are those of its
     standalone pairs (what the user will measure); without one, the baseline's side-by-side
     (or search) rate."""
@@ -64,7 +65,7 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
         space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
         layout_effect=(layout_effect(verdicts, verified.candidates[0], space, machine)
                        if verified.candidates else None),
-        environment={},
+        environment={}, options=dict(options),
         ablation=winner.ablation if winner is not None else None, stages=verified.stages,
         memory=fit_of(searched.limit, chosen=chosen, user=space.baseline, reference=reference,
                       user_result=outcome.user_result, measured=outcome.results(), failed=outcome.failed(),

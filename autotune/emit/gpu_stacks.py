@@ -41,7 +41,7 @@ def float8_note() -> str:
 
 def not_expressible(cfg: TrialConfig, *, tool: str) -> list[str]:
     """The GPU knobs a tool's configuration cannot hold (Lightning holds DDP's options in
-    its strategy, ``emit.stacks._lightning_strategy``)."""
+    its strategy, ``emit.lightning_trainer._lightning_strategy``)."""
     out = []
     if cfg.float8:
         out.append(f"float8 training (torchao): {'; '.join(FLOAT8_CODE)}; {float8_note()}")

@@ -97,13 +97,13 @@ def backend(name, check):
                 dist.destroy_process_group()
         except BaseException:
             pass
-def one_rank(name, device):
+def one_rank(name, device, on_gpu):
     dist.init_process_group(name, store=dist.HashStore(), rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=20))
     try:
         t = torch.ones(1, device=device)
         dist.all_reduce(t)
-        if device != "cpu":
+        if on_gpu:
             torch.cuda.synchronize()
         if float(t.item()) != 1.0:
             return "all_reduce returned a wrong value"
@@ -115,7 +115,7 @@ def gloo():
         return "torch.distributed not available in this build"
     if not dist.is_gloo_available():
         return "torch built without gloo"
-    return one_rank("gloo", "cpu")
+    return one_rank("gloo", "cpu", False)
 def nccl():
     if not have_dist:
         return "torch.distributed not available in this build"
@@ -124,7 +124,7 @@ def nccl():
     if not info["cuda_device_count"]:
         return "no CUDA GPUs visible to torch"
     torch.cuda.set_device(0)
-    return one_rank("nccl", "cuda:0")
+    return one_rank("nccl", "cuda:0", True)
 def mpi():
     if not have_dist:
         return "torch.distributed not available in this build"
