@@ -54,7 +54,7 @@ def main() -> int:
             if session.failures[1] or not fresh:
                 print(f"{role}: the fresh process failed: {session.failures[1]}")
                 continue
-            interval = ratio_interval([h / f for h, f in zip(held, fresh)])
+            interval = ratio_interval([h / f for h, f in zip(held, fresh)]).to_json()
             figures[role] = {"config": cfg.short(), "held_samples_per_s": held, "fresh_samples_per_s": fresh,
                              **{k: interval[k] for k in ("median", "ci_low", "ci_high", "ci_level")}}
             alike = interval["ci_low"] <= 1.0 <= interval["ci_high"]

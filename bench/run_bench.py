@@ -114,7 +114,7 @@ def held_out_share(rates: dict[str, list[float]], key: str) -> dict:
         best = max(rates, key=lambda k: statistics.median(rates[k][t] for t in chooser))
         chosen.append(best)
         ratios += [rates[key][t] / rates[best][t] for t in scored]
-    return {**stats.ratio_interval(ratios), "optimum_chosen_on_other_half": chosen}
+    return {**stats.ratio_interval(ratios).to_json(), "optimum_chosen_on_other_half": chosen}
 
 
 def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int, top: int) -> dict:
@@ -187,7 +187,7 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
     pick = table["autotune"]["config"]
     for m in ("random", "heuristic"):
         other = table[m]["config"]
-        table["autotune"][f"vs_{m}"] = (stats.paired_ratio(rates[pick], rates[other])
+        table["autotune"][f"vs_{m}"] = (stats.paired_ratio(rates[pick], rates[other]).to_json()
                                         if pick in rates and other in rates else None)
     table["_rates"] = {"baseline": base["samples_per_s"], **rates}
     table["_remeasured"] = [{"config": c.short(), "median": by_config[str(c)].get("median"),

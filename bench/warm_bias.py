@@ -110,13 +110,15 @@ def main() -> int:
                     for label, v in values.items()), flush=True)
         finally:
             runners["warm"].close()
-        ratios = {label: stats.ratio_interval([w / f for w, f in zip(v["warm"], v["fresh"])], confidence=0.9)
+        ratios = {label: stats.ratio_interval([w / f for w, f in zip(v["warm"], v["fresh"])],
+                                              confidence=0.9).to_json()
                   for label, v in values.items()}
         everything = [w / f for v in values.values() for w, f in zip(v["warm"], v["fresh"])]
         report[name] = {
             "configs": {label: cfg.short() for label, cfg in cfgs.items()},
             "warm_over_fresh": {label: {k: round(x, 3) for k, x in ri.items()} for label, ri in ratios.items()},
-            "all_configs": {k: round(x, 3) for k, x in stats.ratio_interval(everything, confidence=0.9).items()},
+            "all_configs": {k: round(x, 3)
+                            for k, x in stats.ratio_interval(everything, confidence=0.9).to_json().items()},
             "trial_wall_s": {k: round(statistics.median(ph["overhead_s"] + ph["measure_s"] for ph in v), 2)
                              for k, v in phases.items() if v},
             "overhead_s": {k: round(statistics.median(ph["overhead_s"] for ph in v), 2)

@@ -129,7 +129,7 @@ def test_the_api_takes_the_plan_by_keyword(tmp_path):
 
 def _served(cfg: TrialConfig, rate: float, base: float) -> Verdict:
     rates = [rate * (1 + 0.01 * (i % 3)) for i in range(5)]
-    speed = {**ratio_interval([r / base for r in rates]), "samples_per_s": rates,
+    speed = {**ratio_interval([r / base for r in rates]).to_json(), "samples_per_s": rates,
              "median_samples_per_s": rate}
     return Verdict(cfg, {"speed": Check(True, speed)}, speed)
 

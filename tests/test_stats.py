@@ -1,3 +1,4 @@
+import json
 import math
 import random
 import statistics
@@ -17,17 +18,29 @@ def test_median_interval_uses_order_statistics_with_sign_test_coverage():
 def test_one_disturbed_round_does_not_decide_the_interval():
     ratios = [1.3, 1.25, 1.35, 1.28, 0.2, 1.31, 1.27, 1.33, 1.29, 1.3]
     interval = stats.ratio_interval(ratios)
-    assert interval["ci_low"] > 1.0, "a single outlier round must not hide a steady 1.3x"
-    assert interval["median"] == pytest.approx(1.295)
+    assert interval.ci_low > 1.0, "a single outlier round must not hide a steady 1.3x"
+    assert interval.median == pytest.approx(1.295)
 
 
 def test_an_interval_that_includes_one_is_not_faster():
     interval = stats.ratio_interval([1.1, 0.95, 1.2, 0.9, 1.05])
-    assert interval["ci_low"] <= 1.0 <= interval["ci_high"]
+    assert interval.ci_low <= 1.0 <= interval.ci_high
 
 
 def test_paired_ratio_divides_round_by_round():
-    assert stats.paired_ratio([2, 4, 6], [1, 2, 3])["median"] == 2
+    assert stats.paired_ratio([2, 4, 6], [1, 2, 3]).median == 2
+
+
+def test_intervals_write_the_keys_the_documents_have_always_held():
+    # best_config.json and the reports carry these dicts' keys, in this order: a rename
+    # or a reorder would change every document written from now on
+    interval = stats.ratio_interval([1.1, 0.95, 1.2, 0.9, 1.05])
+    assert list(interval.to_json()) == ["median", "ci_low", "ci_high", "ci_level", "rounds"]
+    assert isinstance(interval.to_json()["rounds"], int)
+    assert stats.RatioInterval.from_json(json.loads(json.dumps(interval.to_json()))) == interval
+    path = stats.geometric_interval([1.1, 0.95, 1.2, 0.9, 1.05])
+    assert list(path.to_json()) == ["ratio", "ci_low", "ci_high", "ci_level", "rounds"]
+    assert stats.GeometricInterval.from_json(json.loads(json.dumps(path.to_json()))) == path
 
 
 @pytest.mark.parametrize(("p", "df", "expected"), [

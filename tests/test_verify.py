@@ -30,7 +30,7 @@ def _verdict(name: str, rates: list[float] | None, *, baseline: list[float]) -> 
     cfg = TrialConfig(batch_size=len(name) * 16)
     if rates is None:
         return Verdict(cfg, {"speed": Check(False, {"reason": "crashed"})}, {})
-    speed = {**stats.ratio_interval([r / b for r, b in zip(rates, baseline)]), "samples_per_s": rates}
+    speed = {**stats.ratio_interval([r / b for r, b in zip(rates, baseline)]).to_json(), "samples_per_s": rates}
     return Verdict(cfg, {"speed": Check(True, speed)}, speed)
 
 

@@ -36,7 +36,8 @@ class Interval:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Interval:
-        """Also reads ``autotune.verify.stats.ratio_interval``'s result, which has these keys."""
+        """Also reads a speed check's figures, which carry these keys
+        (``autotune.verify.stats.RatioInterval.to_json``)."""
         return cls(median=data["median"], ci_low=data["ci_low"], ci_high=data["ci_high"],
                    ci_level=data["ci_level"])
 

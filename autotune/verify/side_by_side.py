@@ -313,15 +313,15 @@ def speed_check(
             continue
         ratios = [v / b for v, b in zip(values[i], base_values)]
         stats = ratio_interval(ratios)
-        passed = stats["ci_low"] > 1.0
-        detail = {**stats, "ratios": ratios, "samples_per_s": values[i],
+        passed = stats.ci_low > 1.0
+        detail = {**stats.to_json(), "ratios": ratios, "samples_per_s": values[i],
                   "median_samples_per_s": statistics.median(values[i])}
         if session.stopped[i]:
             detail["stopped"] = session.stopped[i]
         if not passed:
             detail["reason"] = (
-                f"not faster than the baseline: speedup {stats['median']:.2f}x, "
-                f"{stats['ci_level']:.0%} interval {stats['ci_low']:.2f}-{stats['ci_high']:.2f}x "
+                f"not faster than the baseline: speedup {stats.median:.2f}x, "
+                f"{stats.ci_level:.0%} interval {stats.ci_low:.2f}-{stats.ci_high:.2f}x "
                 "includes 1.0" + (f" (measured no more: {session.stopped[i]})" if session.stopped[i] else "")
             )
         checks.append(Check(passed, detail))

@@ -192,7 +192,7 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
         return Check(False, {"reason": f"the generated script failed: {exc}"})
     ratios = pairs.ratios
     of_median = ratio_interval(ratios, confidence=STANDALONE_CONFIDENCE)
-    median = of_median["median"]
+    median = of_median.median
     rerun = speedup_interval(pairs.baseline, pairs.candidate, level=RERUN_LEVEL)
     alone, base_alone = statistics.median(pairs.candidate), statistics.median(pairs.baseline)
     unsteady = None
@@ -205,7 +205,8 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
         speedup=Speedup(
             interval=Interval(median=median, ci_low=rerun.low, ci_high=rerun.high, ci_level=RERUN_LEVEL),
             lower_bound=rerun.lower,
-            median_interval=Interval.from_json(of_median), pairs=len(ratios),
+            median_interval=Interval(median=median, ci_low=of_median.ci_low, ci_high=of_median.ci_high,
+                                     ci_level=of_median.ci_level), pairs=len(ratios),
             seconds_per_run=pairs.seconds_per_run, wall_s=round(pairs.wall_s, 1),
             side_by_side=Interval.from_json(served), unsteady=unsteady,
             speed_shift=speed_shift(rerun.baseline, rerun.candidate)),
@@ -216,10 +217,10 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
         cap=pairs.cap, stopped=pairs.stopped,
         peak_mb=max(pairs.candidate_peak_mb) if pairs.candidate_peak_mb else None)
     detail = figures.to_json()
-    if of_median["ci_low"] <= 1.0:
+    if of_median.ci_low <= 1.0:
         detail["reason"] = (
             f"not faster when run alone: the generated script against the baseline's, "
-            f"{median:.2f}x ({of_median['ci_level']:.0%} interval {of_median['ci_low']:.2f}-"
-            f"{of_median['ci_high']:.2f}x over {len(ratios)} pairs) includes 1.0")
+            f"{median:.2f}x ({of_median.ci_level:.0%} interval {of_median.ci_low:.2f}-"
+            f"{of_median.ci_high:.2f}x over {len(ratios)} pairs) includes 1.0")
         return Check(False, detail)
     return Check(True, detail)

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def median_interval(values: Sequence[float], *, confidence: float = 0.9) -> tuple[float, float, float]:
@@ -31,14 +31,58 @@ def median_interval(values: Sequence[float], *, confidence: float = 0.9) -> tupl
     return xs[k - 1], xs[n - k], coverage(k)
 
 
-def ratio_interval(ratios: Sequence[float], *, confidence: float = 0.9) -> dict[str, float]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RatioInterval:
+    """A median ratio over ``rounds`` rounds and its distribution-free interval, which
+    covers the median with probability ``ci_level``."""
+
+    median: float
+    ci_low: float
+    ci_high: float
+    ci_level: float
+    rounds: int
+
+    def to_json(self) -> dict[str, float]:
+        """The keys, in this order, that a speed check's figures carry into the reports
+        and best_config.json."""
+        return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high,
+                "ci_level": self.ci_level, "rounds": self.rounds}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, float]) -> RatioInterval:
+        return cls(median=data["median"], ci_low=data["ci_low"], ci_high=data["ci_high"],
+                   ci_level=data["ci_level"], rounds=int(data["rounds"]))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GeometricInterval:
+    """A geometric-mean ratio over ``rounds`` rounds and its t interval at ``ci_level``.
+    Apart from ``RatioInterval``: its centre is a mean, and its documents call it ``ratio``."""
+
+    ratio: float
+    ci_low: float
+    ci_high: float
+    ci_level: float
+    rounds: int
+
+    def to_json(self) -> dict[str, float]:
+        return {"ratio": self.ratio, "ci_low": self.ci_low, "ci_high": self.ci_high,
+                "ci_level": self.ci_level, "rounds": self.rounds}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, float]) -> GeometricInterval:
+        return cls(ratio=data["ratio"], ci_low=data["ci_low"], ci_high=data["ci_high"],
+                   ci_level=data["ci_level"], rounds=int(data["rounds"]))
+
+
+def ratio_interval(ratios: Sequence[float], *, confidence: float = 0.9) -> RatioInterval:
     """Median ratio over the rounds and its distribution-free interval."""
     low, high, level = median_interval(ratios, confidence=confidence)
-    return {"median": statistics.median(ratios), "ci_low": low, "ci_high": high,
-            "ci_level": level, "rounds": len(ratios)}
+    return RatioInterval(median=statistics.median(ratios), ci_low=low, ci_high=high,
+                         ci_level=level, rounds=len(ratios))
 
 
-def paired_ratio(num: Sequence[float], den: Sequence[float]) -> dict[str, float]:
+def paired_ratio(num: Sequence[float], den: Sequence[float]) -> RatioInterval:
     """``num`` over ``den``, measurement against measurement of the same round."""
     return ratio_interval([a / b for a, b in zip(num, den)])
 
@@ -72,7 +116,7 @@ def t_quantile(p: float, df: int) -> float:
     return (low + high) / 2
 
 
-def geometric_interval(ratios: Sequence[float], *, level: float = 0.95) -> dict[str, float]:
+def geometric_interval(ratios: Sequence[float], *, level: float = 0.95) -> GeometricInterval:
     """Geometric mean of the ratios and a t interval for it (on the log ratios). Unlike
     medians, geometric means of paired ratios telescope: the steps of a path measured in
     the same rounds multiply exactly to the whole."""
@@ -80,9 +124,9 @@ def geometric_interval(ratios: Sequence[float], *, level: float = 0.95) -> dict[
     centre = statistics.fmean(logs)
     half = (t_quantile(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
             if len(logs) > 1 else math.inf)
-    return {"ratio": math.exp(centre), "ci_low": math.exp(centre - half),
-            "ci_high": math.exp(centre + half) if half != math.inf else math.inf,
-            "ci_level": level, "rounds": len(logs)}
+    return GeometricInterval(ratio=math.exp(centre), ci_low=math.exp(centre - half),
+                             ci_high=math.exp(centre + half) if half != math.inf else math.inf,
+                             ci_level=level, rounds=len(logs))
 
 
 # --- the printed speedup: where a re-run of the standalone pairs lands -------------------
