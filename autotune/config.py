@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TypeAlias
 
 from autotune.errors import UsageError
 from autotune.runtime.knobs import (
@@ -18,6 +19,10 @@ from autotune.runtime.knobs import (
     Sharding,
     lr_factor,
 )
+
+# One knob's value as a configuration's fields hold it (``TrialConfig.to_dict``), Optuna's
+# params, a --fix pin or a study's record: a vocabulary's member is a str.
+KnobValue: TypeAlias = int | float | str | bool | None
 
 # The learning-rate rules' values, as --scale-lr's help lists them.
 LR_SCALINGS = tuple(r.value for r in LrScaling)
@@ -194,13 +199,13 @@ class TrialConfig:
     def layout(self) -> str:
         return str(Layout(self.nprocs, self.threads))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, KnobValue]:
         """The fields as JSON and YAML hold them: a vocabulary's member as its value."""
         return {name: value.value if isinstance(value, enum.Enum) else value
                 for name, value in dataclasses.asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

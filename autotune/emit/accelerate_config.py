@@ -18,6 +18,7 @@ from autotune.emit.stack_knobs import (
     shard_code,
     sharded,
 )
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Device, Precision, Sharding
 
 ACCELERATE_NAME = "accelerate_config.yaml"
@@ -26,7 +27,7 @@ _ACCELERATE_PRECISION: dict[str, str] = {
     Precision.FP32: "no", Precision.TF32: "no", Precision.BF16: "bf16", Precision.FP16: "fp16"}
 
 
-def _accelerate_fsdp(cfg: TrialConfig, blocks: tuple[str, ...]) -> dict[str, Any]:
+def _accelerate_fsdp(cfg: TrialConfig, blocks: tuple[str, ...]) -> JsonObject:
     """Accelerate's FSDP2 settings: each block class its own unit (as the runtime shards),
     resharded after forward or not, checkpointed or not, saved as one full state dict."""
     return {"fsdp_version": 2, "fsdp_reshard_after_forward": cfg.sharding == Sharding.FULL,
@@ -50,9 +51,10 @@ def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str,
     distributed = ("MULTI_GPU" if cfg.device == Device.CUDA else "MULTI_CPU") if several else "NO"
     if accelerate_shards(cfg):
         distributed = "FSDP"
-    fields: dict[str, Any] = {
+    mixed_precision = _ACCELERATE_PRECISION[cfg.precision]
+    fields: JsonObject = {
         "compute_environment": "LOCAL_MACHINE", "debug": False, "distributed_type": distributed,
-        "mixed_precision": _ACCELERATE_PRECISION[cfg.precision], "use_cpu": cfg.device == Device.CPU,
+        "mixed_precision": mixed_precision, "use_cpu": cfg.device == Device.CPU,
         "num_processes": cfg.nprocs, "num_machines": 1, "machine_rank": 0,
         "main_process_ip": "127.0.0.1", "main_process_port": 0, "rdzv_backend": "static",
         "same_network": True, "downcast_bf16": False, "enable_cpu_affinity": False,
@@ -76,7 +78,7 @@ def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str,
         # starts them as well, and Accelerator() reads this configuration from the
         # variables accelerate launch would have set.
         shown_env = {**shown_env, "ACCELERATE_USE_CPU": "true",
-                     "ACCELERATE_MIXED_PRECISION": fields["mixed_precision"]}
+                     "ACCELERATE_MIXED_PRECISION": mixed_precision}
         if mode is not None:
             shown_env.update(ACCELERATE_DYNAMO_BACKEND="INDUCTOR", ACCELERATE_DYNAMO_MODE=mode)
         command = (f"python -m torch.distributed.run --nnodes 1 --nproc-per-node {cfg.nprocs} "

@@ -12,12 +12,13 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.runtime import gpu_knobs
+from autotune.runtime.json_value import JsonObject
 
 FLOAT8_CODE = ("from torchao.float8 import convert_to_float8_training  # pip install torchao",
                "convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn in FLOAT8_LAYERS)")
 
 
-def ddp_kwargs(cfg: TrialConfig) -> dict[str, Any]:
+def ddp_kwargs(cfg: TrialConfig) -> JsonObject:
     """DistributedDataParallel's keyword arguments for the tuned DDP knobs (none when off)."""
     return gpu_knobs.ddp_options({"ddp_bucket_view": cfg.ddp_bucket_view, "ddp_static_graph": cfg.ddp_static_graph})
 

@@ -14,11 +14,11 @@ import json
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.emit import stack_knobs
 from autotune.emit.outdir import write_atomically
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Affinity, CompileMode, Device, OptimizerStep, Precision, Sharding
 
 HF_NAME = "hf_training_args.json"
@@ -39,11 +39,11 @@ def _trainer_shards(cfg: TrialConfig) -> bool:
     return stack_knobs.accelerate_shards(cfg)
 
 
-def training_args(cfg: TrialConfig, *, blocks: tuple[str, ...] = ()) -> dict[str, Any]:
+def training_args(cfg: TrialConfig, *, blocks: tuple[str, ...] = ()) -> JsonObject:
     """``TrainingArguments`` keyword arguments for ``cfg``; ``blocks``: the model's repeated
     block classes, which FSDP wraps each on its own."""
     cuda = cfg.device == Device.CUDA
-    args: dict[str, Any] = {
+    args: JsonObject = {
         # the Trainer's batch is one rank's micro-batch: the global batch over ranks and accumulation
         "per_device_train_batch_size": cfg.micro_batch,
         "gradient_accumulation_steps": cfg.grad_accum,
@@ -148,7 +148,7 @@ def launch_command(cfg: TrialConfig, env: Mapping[str, str]) -> str:
 
 
 def hf_document(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str], *,
-                blocks: tuple[str, ...] = ()) -> dict[str, Any]:
+                blocks: tuple[str, ...] = ()) -> JsonObject:
     """The whole of hf_training_args.json."""
     shown_env = stack_knobs.process_environment(env, for_train_tuned=False)
     args = training_args(cfg, blocks=blocks)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.emit import gpu_stacks
@@ -16,6 +15,7 @@ from autotune.emit.stack_knobs import (
     shard_code,
     sharded,
 )
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import CompileMode, Device, Precision, Sharding
 
 LIGHTNING_NAME = "lightning_trainer.json"
@@ -24,7 +24,7 @@ _LIGHTNING_PRECISION: dict[str, str] = {
     Precision.FP32: "32-true", Precision.TF32: "32-true", Precision.BF16: "bf16-mixed", Precision.FP16: "16-mixed"}
 
 
-def _lightning_strategy(cfg: TrialConfig, blocks: tuple[str, ...]) -> dict[str, Any] | None:
+def _lightning_strategy(cfg: TrialConfig, blocks: tuple[str, ...]) -> JsonObject | None:
     """The strategy object's class and arguments: DDP, or with sharding FSDP over the block
     classes (Lightning's FSDPStrategy is FSDP1: its SHARD_GRAD_OP is grad-op's counterpart).
     FSDPStrategy refuses a CPU ("requires a GPU accelerator"): there ModelParallelStrategy
@@ -49,7 +49,7 @@ def _lightning_strategy(cfg: TrialConfig, blocks: tuple[str, ...]) -> dict[str, 
                         "ModelParallelStrategy runs FSDP2; put the configure_model lines in your "
                         "LightningModule's configure_model(), and build the optimizer in "
                         "configure_optimizers() from self.parameters() (the shards)"}
-    strategy: dict[str, Any] = {
+    strategy: JsonObject = {
         "class": "lightning.pytorch.strategies.FSDPStrategy", "process_group_backend": cfg.backend,
         "sharding_strategy": "FULL_SHARD" if cfg.sharding == Sharding.FULL else "SHARD_GRAD_OP",
         "auto_wrap_policy": classes, "state_dict_type": "full",
@@ -71,18 +71,18 @@ def _lightning_strategy_name(cfg: TrialConfig) -> str:
 
 
 def lightning_arguments(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str, str], *,
-                        blocks: tuple[str, ...] = ()) -> dict[str, Any]:
+                        blocks: tuple[str, ...] = ()) -> JsonObject:
     """``Trainer(**doc["trainer"])`` with the strategy built as ``doc["strategy"]`` says (an
     object JSON cannot hold), the DataLoader's arguments and the environment. ``blocks``:
     the model's repeated block classes, which sharding wraps and checkpointing recomputes."""
-    trainer: dict[str, Any] = {"accelerator": "gpu" if cfg.device == Device.CUDA else "cpu", "devices": cfg.nprocs,
+    trainer: JsonObject = {"accelerator": "gpu" if cfg.device == Device.CUDA else "cpu", "devices": cfg.nprocs,
                                "num_nodes": 1, "precision": _LIGHTNING_PRECISION[cfg.precision],
                                "strategy": _lightning_strategy_name(cfg)}
     if cfg.cudnn_benchmark:
         trainer["benchmark"] = True
     if cfg.grad_accum > 1:
         trainer["accumulate_grad_batches"] = cfg.grad_accum
-    doc: dict[str, Any] = {
+    doc: JsonObject = {
         "trainer": trainer,
         "strategy": _lightning_strategy(cfg, blocks),
         "dataloader": loader_kwargs(cfg),

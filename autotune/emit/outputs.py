@@ -13,13 +13,14 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from autotune.config import TrialConfig
 from autotune.document.run import CandidateDocument, RunDocument
 from autotune.emit import hf_trainer, launch, nodes, stacks
 from autotune.emit.outdir import write_atomically
 from autotune.errors import UsageError
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import ConfigDict, Device, ScriptSettings
 
 # 2: the memory knobs (activation_checkpointing, grad_accum, sharding) in a configuration.
@@ -36,7 +37,7 @@ RUNTIME_SOURCE = PACKAGE / "runtime"
 
 
 def write_script(out_dir: Path, *, cfg: TrialConfig, model_file: Path, description: str,
-                 tuned_for: dict[str, Any] | None = None, baseline_batch: int | None = None) -> None:
+                 tuned_for: JsonObject | None = None, baseline_batch: int | None = None) -> None:
     """train_tuned.py, tuned_runtime/ and train_tuned.json in ``out_dir``: the script trains
     ``model_file`` with ``cfg``; ``description`` is its --help text, ``tuned_for`` the
     machine facts it warns about when they differ where it runs, ``baseline_batch`` the
@@ -121,7 +122,7 @@ def launch_line(cfg: TrialConfig) -> str:
 
 
 def _write_files(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
-                 description: str, tuned_for: dict[str, Any] | None = None,
+                 description: str, tuned_for: JsonObject | None = None,
                  baseline: TrialConfig | None = None,
                  default_threads: int | None = None, blocks: tuple[str, ...] = ()) -> dict[str, str]:
     """The script (see write_script) and launch.sh, and given the run's ``baseline`` the

@@ -6,10 +6,10 @@ the process environment each carries, and the knobs a tool's file cannot hold
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.emit import gpu_stacks, optimizer
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Affinity, CompileMode, Device, LrScaling, Precision, Sharding
 
 # What autotune's own launcher sets that other launchers do not need: they start the
@@ -107,10 +107,10 @@ def not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str,
     return out + gpu_stacks.not_expressible(cfg, tool=tool)
 
 
-def loader_kwargs(cfg: TrialConfig) -> dict[str, Any]:
+def loader_kwargs(cfg: TrialConfig) -> JsonObject:
     """The DataLoader arguments of one process: the global batch split over the ranks, and
     with gradient accumulation over its micro-batches (the stacks accumulate loader batches)."""
-    kwargs: dict[str, Any] = {"batch_size": cfg.micro_batch, "num_workers": cfg.num_workers,
+    kwargs: JsonObject = {"batch_size": cfg.micro_batch, "num_workers": cfg.num_workers,
                               "pin_memory": cfg.pin_memory and cfg.device == Device.CUDA, "drop_last": True}
     if cfg.num_workers:
         kwargs["persistent_workers"] = cfg.persistent_workers
