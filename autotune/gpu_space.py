@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.config import KnobValue
 from autotune.probes.gpu import GpuInfo
 from autotune.runtime.knobs import CompileMode, Device, Precision, Sharding
 
@@ -102,20 +103,20 @@ def gpu_knob_choices(device: str, gpus: Sequence[GpuInfo], max_ranks: int,
     return {k: v for k, v in values.items() if v}, {**excluded, **why_not, **why_not_ddp}
 
 
-def normalised(values: dict[str, Any]) -> dict[str, Any]:
+def normalised(values: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
     """A configuration's fields (``TrialConfig.to_dict()``) with the GPU knobs that cannot
     act turned off: float8 outside compiled bf16, the DDP knobs where there is no DDP (one
     rank, or a sharded model)."""
     out = dict(values)
     if out.get("precision") != Precision.BF16 or out.get("compile", CompileMode.OFF) == CompileMode.OFF:
         out["float8"] = False
-    if out.get("nprocs", 1) < 2 or out.get("sharding", Sharding.OFF) != Sharding.OFF:
+    if int(out.get("nprocs") or 1) < 2 or out.get("sharding", Sharding.OFF) != Sharding.OFF:
         out.update({name: False for name in DDP_KNOBS})
     return out
 
 
-def late_params(base: Mapping[str, Any], name: str, value: Any,
-                choices: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+def late_params(base: Mapping[str, KnobValue], name: str, value: KnobValue,
+                choices: Mapping[str, Sequence[Any]]) -> dict[str, KnobValue]:
     """``base`` with the late knob ``name`` at ``value``; float8 on comes with what it needs:
     bf16, and where ``base`` is not compiled the first compile mode the space holds."""
     params = {**base, name: value}

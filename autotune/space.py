@@ -15,11 +15,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune import space_conditional as conditional
-from autotune.config import Layout, TrialConfig
+from autotune.config import KnobValue, Layout, TrialConfig
 from autotune.errors import UsageError
 from autotune.gpu_space import gpu_knob_choices, late_params, normalised
 from autotune.probes import Machine, as_machine
 from autotune.probes.cuda_visible import usable_gpus
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Backend, Device, LrScaling, Precision
 from autotune.space_choices import (
     KnobChoice,
@@ -70,7 +71,7 @@ class Space:
     choices: dict[str, list[Any]]
     excluded: dict[str, str]
     baseline: TrialConfig
-    fixed: dict[str, Any]
+    fixed: dict[str, KnobValue]
 
     @property
     def grid_size(self) -> int:
@@ -93,29 +94,29 @@ class Space:
         configuration at the end of the search, not sampled throughout; memory knobs
         (MEMORY_KNOBS) only when ``memory``: a trial enqueued with them (a configuration
         holding less, or a refinement of one), never a sampled one."""
-        params: dict[str, Any] = {}
+        params: dict[str, KnobValue] = {}
         for name, values in self.choices.items():
             if (name in LATE_KNOBS and not late) or (name in MEMORY_KNOBS and not memory):
                 params[name] = values[0]
             else:
                 params[name] = values[0] if len(values) == 1 else trial.suggest_categorical(name, values)
-        ranks = Layout.parse(params["layout"]).nprocs
+        ranks = Layout.parse(str(params["layout"])).nprocs
         batch = self.fixed.get("batch_size", params.get("batch_size", self.baseline.batch_size))
-        if batch % ranks:
+        if isinstance(batch, int) and batch % ranks:
             raise Unsplittable(f"batch {batch} does not split evenly over {ranks} ranks")
         return self.config_from_params(params)
 
-    def late_variants(self, cfg: TrialConfig) -> list[dict[str, Any]]:
+    def late_variants(self, cfg: TrialConfig) -> list[dict[str, KnobValue]]:
         """Params of ``cfg`` with each value of each late knob it does not have yet."""
         base = self.params_of(cfg)
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, KnobValue]] = []
         for name in LATE_KNOBS:
             for value in self.choices.get(name, [])[1:]:
                 if base.get(name) != value:
                     out.append(late_params(base, name, value, self.choices))
         return out
 
-    def batch_variants(self, cfg: TrialConfig) -> list[dict[str, Any]]:
+    def batch_variants(self, cfg: TrialConfig) -> list[dict[str, KnobValue]]:
         """Params of ``cfg`` at its neighbouring batch sizes and at the largest one.
 
         Batch size interacts with the other knobs (channels_last, workers, layout): the
@@ -130,22 +131,22 @@ class Space:
         return [{**base, "batch_size": b} for b in dict.fromkeys(picks)
                 if b != cfg.batch_size and b % cfg.nprocs == 0]
 
-    def config_from_params(self, params: Mapping[str, Any]) -> TrialConfig:
+    def config_from_params(self, params: Mapping[str, KnobValue]) -> TrialConfig:
         values = dict(params)
-        nprocs, threads = Layout.parse(values.pop("layout"))
+        nprocs, threads = Layout.parse(str(values.pop("layout")))
         base = self.baseline.to_dict()
-        if values.get("prune_ratio") is not None:
-            values["prune_ratio"] = float(values["prune_ratio"])
+        if (ratio := values.get("prune_ratio")) is not None:
+            values["prune_ratio"] = float(ratio)
         base.update(values)
         base.update(nprocs=nprocs, threads=threads)
         # Workers re-spawned every epoch are pure overhead in a long training run.
-        base["persistent_workers"] = base["num_workers"] > 0
+        base["persistent_workers"] = int(base["num_workers"] or 0) > 0
         base.update(self.fixed)
-        return TrialConfig(**normalised(base))
+        return TrialConfig.from_dict(normalised(base))
 
-    def params_of(self, cfg: TrialConfig) -> dict[str, Any]:
+    def params_of(self, cfg: TrialConfig) -> dict[str, KnobValue]:
         """The Optuna params that select ``cfg`` (for enqueueing known configurations)."""
-        out: dict[str, Any] = {}
+        out: dict[str, KnobValue] = {}
         for name, values in self.choices.items():
             value = cfg.layout if name == "layout" else getattr(cfg, name)
             if value not in values:
@@ -179,7 +180,7 @@ class Space:
             return self
         return dataclasses.replace(self, choices={**self.choices, "batch_size": sorted(batches)})
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         return {
             "included": self.recorded,
             "fixed": dict(self.fixed),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from autotune.config import LR_FIELDS, LR_SCALINGS, Layout, TrialConfig
+from autotune.config import LR_FIELDS, LR_SCALINGS, KnobValue, Layout, TrialConfig
 from autotune.errors import UsageError
 
 # Knobs the user may pin with --fix, with how to read their value.
@@ -29,10 +29,10 @@ def _parse_value(field: dataclasses.Field[Any], text: str) -> Any:
     return text
 
 
-def parse_fixes(items: list[str]) -> dict[str, Any]:
+def parse_fixes(items: list[str]) -> dict[str, KnobValue]:
     """``["batch_size=64", "precision=fp32"]`` -> typed values; unknown knobs are errors."""
     fields = {f.name: f for f in dataclasses.fields(TrialConfig)}
-    fixed: dict[str, Any] = {}
+    fixed: dict[str, KnobValue] = {}
     for item in items:
         name, sep, text = item.partition("=")
         name = name.strip()
@@ -55,7 +55,8 @@ def parse_fixes(items: list[str]) -> dict[str, Any]:
             )
         fixed[name] = _parse_value(fields[name], text.strip())
     try:
-        TrialConfig(**{"batch_size": 1 * fixed.get("nprocs", 1), **fixed})
+        ranks = fixed.get("nprocs", 1)  # a batch they split, so that only the pins are judged
+        TrialConfig.from_dict({"batch_size": ranks if isinstance(ranks, int) else 1, **fixed})
     except UsageError as exc:
         raise UsageError(f"--fix: {exc}") from None
     return fixed

@@ -10,9 +10,8 @@ time, while each step beats the last.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from autotune.config import TrialConfig
+from autotune.config import KnobValue, TrialConfig
 from autotune.errors import UsageError
 from autotune.space import Space
 
@@ -23,7 +22,7 @@ from autotune.space import Space
 ORDERED = ("batch_size", "num_workers")
 
 
-def _but(cfg: TrialConfig, knob: str) -> dict[str, Any]:
+def _but(cfg: TrialConfig, knob: str) -> dict[str, KnobValue]:
     return {k: v for k, v in cfg.to_dict().items() if k != knob}
 
 

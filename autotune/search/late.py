@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.config import TrialConfig
+from autotune.config import KnobValue, TrialConfig
 from autotune.runtime.knobs import CompileMode, Device
 from autotune.search.pruner import config_of
 from autotune.trials import limits
@@ -37,7 +37,7 @@ COLD_COMPILE_S = 40.0
 NOISE = 0.05
 
 
-def ordered(variants: Sequence[Mapping[str, Any]], device: Device) -> list[dict[str, Any]]:
+def ordered(variants: Sequence[Mapping[str, KnobValue]], device: Device) -> list[dict[str, KnobValue]]:
     """The late stage's params (``Space.late_variants``), on GPUs in ``CUDA_COMPILE_ORDER``."""
     out = [dict(p) for p in variants]
     if device != Device.CUDA:

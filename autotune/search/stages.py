@@ -6,11 +6,10 @@ each reduced precision) and the end of the budget (the refinement on the best so
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 from optuna.trial import TrialState
 
-from autotune.config import Layout, TrialConfig
+from autotune.config import KnobValue, Layout, TrialConfig
 from autotune.search import climb, late
 from autotune.search.ledger import Ledger
 from autotune.search.pruner import config_of
@@ -86,7 +85,7 @@ class Stages:
                     params[name] = value
             self.study.enqueue_trial(params, user_attrs={StudyAttr.ROLE: role})
 
-    def _batch_stage(self, best: TrialConfig) -> list[dict[str, Any]]:
+    def _batch_stage(self, best: TrialConfig) -> list[dict[str, KnobValue]]:
         """Groups taken in turns: the best configuration in the other precision kind (exact
         against reduced), and that kind's own best at other batch sizes, so that the
         fallback verification keeps for a reduced-precision winner is refined too; the
@@ -110,16 +109,16 @@ class Stages:
         other = self.ledger.best_config(several_ranks=best.nprocs == 1)
         if other is not None:
             groups.append([params for params in self.space.batch_variants(other)
-                           if params["batch_size"] > other.batch_size])
+                           if int(params["batch_size"] or 0) > other.batch_size])
         groups.append(self.space.batch_variants(best))
-        stage: list[dict[str, Any]] = []
+        stage: list[dict[str, KnobValue]] = []
         for turn in itertools.zip_longest(*groups):
             stage += [params for params in turn if params is not None and params not in stage]
         # one measured before costs no trial and tells nothing new: its slot goes to TPE
         return [params for params in stage
                 if self.ledger.previous(self.space.config_from_params(params)) is None]
 
-    def _late_stage(self, best: TrialConfig) -> list[dict[str, Any]]:
+    def _late_stage(self, best: TrialConfig) -> list[dict[str, KnobValue]]:
         """Each late knob's values on the best configuration; the first one on the best of
         the other precision kind. On GPUs the compile modes likeliest to win go first
         (``late.ordered``), and once one is shown slower the rest are skipped (``_measure``)."""
@@ -130,13 +129,13 @@ class Stages:
                       if p not in stage]
         return stage
 
-    def _refinement(self, best: TrialConfig, *, turn: int) -> tuple[Role, dict[str, Any]] | None:
+    def _refinement(self, best: TrialConfig, *, turn: int) -> tuple[Role, dict[str, KnobValue]] | None:
         """The refinement's next trial, taken in turns from two kinds (either where the
         other has none): ``best`` one value beyond an edge of what was tried
         (``climb.steps``), which climbs while each step wins; and the next of the batch
         stage (``_batch_stage``). None once neither has one."""
         tried = [c for t in self.study.get_trials(deepcopy=False) if (c := config_of(t)) is not None]
-        beyond: list[tuple[Role, dict[str, Any]]] = []
+        beyond: list[tuple[Role, dict[str, KnobValue]]] = []
         for knob, cfg in climb.steps(best, space=self.space, tried=tried):
             try:
                 params = self.space.params_of(cfg)

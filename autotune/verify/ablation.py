@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from autotune.config import TrialConfig
+from autotune.config import KnobValue, TrialConfig
 from autotune.document.ablation import Ablation, AblationPath, KnobEffect, PathStep
 from autotune.document.measures import Effect
 from autotune.errors import AutotuneError, UsageError
@@ -117,7 +117,7 @@ def variants(winner: TrialConfig, baseline: TrialConfig, *,
         if not changes:
             continue
         try:  # without the knobs the reverted one leaves nothing to act on (float8 without bf16)
-            cfg = TrialConfig(**normalised({**winner.to_dict(), **changes}))
+            cfg = TrialConfig.from_dict(normalised({**winner.to_dict(), **changes}))
         except UsageError:
             continue
         if _in_effect(cfg) == _in_effect(winner):
@@ -137,7 +137,7 @@ def steps_from(winner: TrialConfig, baseline: TrialConfig) -> list[Step]:
     order; the last step's configuration is the winner."""
     steps: list[Step] = []
     pending: list[str] = []
-    changes: dict[str, Any] = {}
+    changes: dict[str, KnobValue] = {}
     for knob, fields in KNOB_GROUPS.items():
         diff = {f: getattr(winner, f) for f in fields if getattr(winner, f) != getattr(baseline, f)}
         if not diff:
@@ -314,7 +314,7 @@ def _knob_effect(variant: Variant, detail: Any, winner: TrialConfig,
 
 def simplified(winner: TrialConfig, baseline: TrialConfig, ablation: Ablation) -> TrialConfig:
     """The winner with every knob the ablation found no effect of at the baseline's value."""
-    changes: dict[str, Any] = {}
+    changes: dict[str, KnobValue] = {}
     for knob in ablation.knobs:
         if not knob.kept:
             changes.update({f: getattr(baseline, f) for f in KNOB_GROUPS[knob.knob]})
