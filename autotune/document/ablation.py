@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.document.measures import Effect, optional_fields
+from autotune.runtime.json_value import JsonObject
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -22,7 +23,7 @@ class KnobEffect:
     effect: Effect | None = None
     rounds: int | None = None  # the rounds its effect rests on (it stops once settled)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"knob": self.knob, "baseline": self.baseline, "winner": self.winner,
                 **(self.effect.to_json() if self.effect else {}), "kept": self.kept,
                 "note": self.note, **optional_fields(rounds=self.rounds)}
@@ -47,7 +48,7 @@ class PathStep:
     effect: Effect
     rounds: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"knobs": list(self.knobs), "baseline": list(self.baseline),
                 "winner": list(self.winner), "kept": self.kept, **self.effect.to_json(),
                 "rounds": self.rounds}
@@ -70,7 +71,7 @@ class AblationPath:
     kept_product: float = 1.0
     skipped: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         if self.skipped is not None or self.total is None:
             return {"skipped": self.skipped}
         t = self.total
@@ -98,7 +99,7 @@ class Simplified:
     from_: str | None = None
     rejected: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"config": self.config,
                 **optional_fields(dropped=None if self.dropped is None else list(self.dropped),
                             rejected=self.rejected),
@@ -126,7 +127,7 @@ class Ablation:
     simplified: Simplified | None = None
     skipped: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"knobs": [k.to_json() for k in self.knobs],
                 **optional_fields(rounds=self.rounds, cap=self.cap, stopped=self.stopped,
                                   winner_samples_per_s=self.winner_samples_per_s,

@@ -8,6 +8,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.runtime.json_value import JsonObject
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchChoice:
@@ -43,7 +45,7 @@ class BatchChoice:
             lines.append(f"  {self.unchecked}.")
         return lines
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"chosen": self.chosen, "user": self.user, "searched": list(self.searched), "set_by": self.set_by,
                 "ramp": dict(self.ramp) if self.ramp is not None else None, "check": self.check,
                 "trains_faster": self.trains_faster, "rejected": dict(self.rejected),

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from autotune.config import TrialConfig
+from autotune.runtime.json_value import JsonObject, JsonValue
 
 # Where the printed speedup's interval comes from, as best_config.json tells its reader.
 STANDALONE_COVERS = ("where a re-measurement of as many pairs of the emitted launch.sh against "
@@ -16,7 +17,7 @@ STANDALONE_COVERS = ("where a re-measurement of as many pairs of the emitted lau
                      "over the pairs")
 
 
-def optional_fields(**fields: Any) -> dict[str, Any]:
+def optional_fields(**fields: JsonValue) -> JsonObject:
     """The fields that are set: an absent key, not a null, where a part did not happen."""
     return {k: v for k, v in fields.items() if v is not None}
 
@@ -30,7 +31,7 @@ class Interval:
     ci_high: float
     ci_level: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high,
                 "ci_level": self.ci_level}
 
@@ -51,7 +52,7 @@ class Effect:
     ci_high: float
     ci_level: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"ratio": self.ratio, "ci_low": self.ci_low, "ci_high": self.ci_high,
                 "ci_level": self.ci_level}
 
@@ -73,7 +74,7 @@ class Check:
     def reason(self) -> str | None:
         return self.detail.get("reason")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"passed": self.passed, **self.detail}
 
     @classmethod
@@ -102,11 +103,11 @@ class Speedup:
     lower_bound: float | None = None
     speed_shift: str | None = None
 
-    def headline(self) -> dict[str, Any]:
+    def headline(self) -> JsonObject:
         """The figures a re-verification prints and compares (reverify.json)."""
         return {**self.interval.to_json(), "pairs": self.pairs, **optional_fields(lower_bound=self.lower_bound)}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         mi = self.median_interval
         return {**self.interval.to_json(), **optional_fields(lower_bound=self.lower_bound), "pairs": self.pairs,
                 "seconds_per_run": self.seconds_per_run, "wall_s": self.wall_s,
@@ -142,7 +143,7 @@ class Standalone:
     stopped: str | None = None  # why the pairs ended before the cap
     peak_mb: float | None = None  # the emitted script's busiest rank at its peak, the most of its runs
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         sp = self.speedup.to_json()
         return {**self.speedup.interval.to_json(), "interval": "rerun",
                 **optional_fields(lower_bound=self.speedup.lower_bound),
@@ -220,7 +221,7 @@ class CandidateOutcome:
     def ci_high(self) -> float | None:
         return self.speed.get("ci_high")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"config_short": self.config.short(), "config": self.config.to_dict(),
                 **{k: self.speed.get(k) for k in self.SPEED_KEYS},
                 "checks": list(self.checks), "outcome": self.outcome}
@@ -238,7 +239,7 @@ class Rejection:
     reason: str
     checks: Mapping[str, Check]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"config": self.config.to_dict(), "config_short": self.config.short(),
                 "reason": self.reason, "checks": {n: c.to_json() for n, c in self.checks.items()}}
 
@@ -259,7 +260,7 @@ class PrecisionNote:
     checked: str | None = None
     opt_out: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"chosen": self.chosen, **optional_fields(checked=self.checked),
                 "rejected": dict(self.rejected), "instead": self.instead,
                 **optional_fields(opt_out=self.opt_out), "skipped": dict(self.skipped)}
@@ -279,7 +280,7 @@ class LayoutEffect:
     other_knobs: Mapping[str, Any]
     effect: Interval  # the multi-rank layout's speed over the single process's
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         e = self.effect
         return {"multi_rank": self.multi_rank, "single_process": self.single_process,
                 "other_knobs": dict(self.other_knobs), "ratio": e.median, "ci_low": e.ci_low,
@@ -299,7 +300,7 @@ class Baseline:
     samples_per_s: float
     runs: tuple[float, ...]  # the rates its figure is the median of
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"config": self.config.to_dict(), "samples_per_s": self.samples_per_s,
                 "runs": list(self.runs)}
 
@@ -320,9 +321,9 @@ class Best:
     cuda_peak_mb: float | None = None
     cuda_total_mb: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out = {"samples_per_s": self.samples_per_s, "peak_mem_mb": self.peak_mem_mb,
-               "one_time_s": self.one_time_s}
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"samples_per_s": self.samples_per_s, "peak_mem_mb": self.peak_mem_mb,
+                           "one_time_s": self.one_time_s}
         if self.cuda_peak_mb is not None:  # host memory says nothing of the GPU's
             out.update(cuda_peak_mb=self.cuda_peak_mb, cuda_total_mb=self.cuda_total_mb)
         return out
@@ -334,5 +335,9 @@ class Best:
                    cuda_total_mb=data.get("cuda_total_mb"))
 
 
-def json_list(items: Sequence[Any]) -> list[dict[str, Any]]:
+class WritesJson(Protocol):
+    def to_json(self) -> JsonObject: ...
+
+
+def json_list(items: Sequence[WritesJson]) -> list[JsonObject]:
     return [item.to_json() for item in items]

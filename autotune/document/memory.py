@@ -7,6 +7,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.runtime.json_value import JsonObject
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MemoryFit:
@@ -56,7 +58,7 @@ class MemoryFit:
                              f"{best['chosen_samples_per_s']:,.1f} ({ratio:.2f}x).")
         return lines
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"limit_mb": self.limit_mb, "source": self.source, "chosen_peak_mb": self.chosen_peak_mb,
                 "baseline_peak_mb": self.baseline_peak_mb, "memory_knobs": list(self.memory_knobs),
                 "baseline_over": self.baseline_over, "reference": self.reference, "alone": self.alone,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
 
 from autotune.options import RunOptions, flag_of
+from autotune.runtime.json_value import JsonObject
 
 
-def options_record(options: RunOptions) -> dict[str, Any]:
+def options_record(options: RunOptions) -> JsonObject:
     """``options`` as JSON values (a tuple as a list, a vocabulary's member as its value)."""
     record = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
               if not ((flag := flag_of(f)) is not None and flag.secret)}

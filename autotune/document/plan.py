@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.runtime.json_value import JsonObject
 from autotune.search.objective import BreakEven, Plan, Pricing, break_evens
 
 
@@ -21,7 +22,7 @@ class Predicted:
     samples_per_s: float
     predicted_s: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"one_time_s": self.one_time_s, "samples_per_s": self.samples_per_s,
                 "predicted_s": self.predicted_s}
 
@@ -53,7 +54,7 @@ class PlannedRun:
         """The break-evens, one line each, for the summary and the report."""
         return [b.line(plan=self.plan) for b in self.break_even]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**self.plan.to_json(), "description": self.plan.describe(),
                 "baseline": self.baseline.to_json(), "chosen": self.chosen.to_json(),
                 "break_even": [b.to_json() for b in self.break_even]}

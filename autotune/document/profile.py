@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.document.measures import optional_fields
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.shares import Category
 
 
@@ -32,7 +33,7 @@ class StepProfile:
         """The categories with a share, largest first."""
         return sorted(((c, self.share(c)) for c in Category if self.share(c) > 0), key=lambda cs: -cs[1])
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"step_ms": self.step_ms, "steps": self.steps, "device": self.device, "source": self.source,
                 "shares": {c.value: self.share(c) for c in Category},
                 **optional_fields(measured_step_ms=self.measured_step_ms)}

@@ -28,6 +28,7 @@ from autotune.document.plan import PlannedRun
 from autotune.document.profile import StepProfile
 from autotune.document.stages import VerificationStages
 from autotune.document.utilisation import Utilisation
+from autotune.runtime.json_value import JsonObject
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,7 +42,7 @@ class SearchFailure:
     message: str
     log_tail: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"number": self.number, "config": self.config.to_dict(), "failure": self.failure,
                 "message": self.message, "log_tail": self.log_tail}
 
@@ -60,7 +61,7 @@ class Ranked:
     samples_per_s: float
     planned_s: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"config": self.config, "samples_per_s": self.samples_per_s,
                 **optional_fields(planned_s=self.planned_s)}
 
@@ -82,7 +83,7 @@ class SearchSummary:
     study: str | None = None
     storage: str | None = None  # a shared study's database, its password masked
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"trials": self.trials, "measured": self.measured, "failures": json_list(self.failures),
                 "ranking": json_list(self.ranking),
                 **optional_fields(study=self.study, storage=self.storage)}
@@ -104,7 +105,7 @@ class SpaceSummary:
     fixed: Mapping[str, Any]
     excluded: Mapping[str, str]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"included": {k: list(v) for k, v in self.included.items()}, "fixed": dict(self.fixed),
                 "excluded": dict(self.excluded)}
 
@@ -174,7 +175,7 @@ class RunDocument:
         """The standalone pairs the printed speedup comes from."""
         return Rounds.from_check(self.verification.get("standalone"))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             **optional_fields(schema=self.schema),
             "model_file": self.model_file, "autotune_version": self.autotune_version,
@@ -243,7 +244,7 @@ class CandidateDocument:
     outputs: Mapping[str, str]
     schema: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"schema": self.schema, "candidate": self.config.to_dict(), "model_file": self.model_file,
                 "model_file_tuned": self.model_file_tuned, "launch": self.launch,
                 "outputs": dict(self.outputs)}

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.document.measures import optional_fields
+from autotune.runtime.json_value import JsonObject
 
 
 class Stage(str, enum.Enum):
@@ -59,7 +60,7 @@ class StageRecord:
         parts += [p for p in (self.dropped, self.shortened) if p]
         return f"{head}: " + "; ".join(parts)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"stage": self.stage.value,
                 **optional_fields(ran=self.ran, cap=self.cap, stopped=self.stopped, dropped=self.dropped,
                                   shortened=self.shortened, config=self.config),
@@ -84,7 +85,7 @@ class VerificationStages:
     estimate_s: float | None = None
     over: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"stages": [r.to_json() for r in self.records],
                 **optional_fields(timeout_s=self.timeout_s, left_s=self.left_s,
                                   estimate_s=self.estimate_s, over=self.over)}

@@ -11,6 +11,7 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.probes.peaks import mfu_peak
+from autotune.runtime.json_value import JsonObject
 
 COUNTED = ("FlopCounterMode on one real batch: the model's forward and backward passes, "
            "uncompiled and without activation checkpointing's recomputation; the optimizer's "
@@ -54,7 +55,7 @@ class Share:
         source = "datasheet's" if kind == "table" else kind
         return f"the {source} {what} peak" + (f" on {' x '.join(on)}" if on else "")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return dataclasses.asdict(self)
 
     @classmethod
@@ -118,7 +119,7 @@ class Utilisation:
                 + f" of {flop_rate(mfu[0][2].flop_per_s)}")
         return [*lines, f"  {self.flops_per_sample:.4g} FLOPs per sample (forward and backward)"]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"flops_per_sample": self.flops_per_sample, "counted": self.counted,
                 "baseline": self.baseline.to_json() if self.baseline else None,
                 "pick": self.pick.to_json() if self.pick else None}

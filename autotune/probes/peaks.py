@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Device
 
 TERA = 1e12
@@ -76,7 +77,7 @@ class Peak:
         value = total if total is not None else self.flop_per_s * ranks
         return Peak(flop_per_s=value, source=f"{self.source} x {ranks} ranks")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"peak_flop_per_s": self.flop_per_s, "peak_source": self.source}
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
+from autotune.runtime.json_value import JsonObject
 from autotune.search.memory import MemoryLimit
 from autotune.space import Space
 from autotune.space_choices import default_batch_top
@@ -82,7 +83,7 @@ class Ramp:
         batch, rate = max(beyond, key=lambda r: r[1])
         return (batch, rate, max(within)) if rate >= max(within) * (1 + FLAT) else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"config": self.config, "rates": [list(r) for r in self.rates], "stopped": self.stopped,
                 "top": self.top, "memory_bound": self.memory_bound}
 

@@ -28,6 +28,7 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.document.measures import Check
 from autotune.errors import UsageError
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import CompileMode
 
 
@@ -95,7 +96,7 @@ class Plan:
                     f"{self.dataset_len or 0:,} samples")
         return f"{self.train_steps or 0:,} steps at batch {self.batch_size}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"samples": self.samples, "batch_size": self.batch_size,
                 **{k: v for k, v in (("train_steps", self.train_steps), ("epochs", self.epochs),
                                      ("dataset_len", self.dataset_len)) if v is not None}}
@@ -221,7 +222,7 @@ class BreakEven:
         return (f"{what} pays off after {math.ceil(self.steps):,} steps{at}: {duration(self.one_time_s)} "
                 f"of compiling, {per_step(self.saved_per_step_s)} saved a step{planned}{on}")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"config_short": self.config.short(), "config": self.config.to_dict(),
                 "compile": self.config.compile,
                 "twin": self.twin.to_dict() if self.twin is not None else None,
