@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.config import TrialConfig
@@ -148,20 +148,18 @@ class Pricing:
     def predicted_s(self, cfg: TrialConfig, samples_per_s: float) -> float:
         return self.plan.predicted_s(samples_per_s=samples_per_s, one_time_s=self.one_time_s(cfg))
 
-    def price(self, speeds: Sequence[tuple[TrialConfig, MutableMapping[str, Any]]]) -> None:
-        """Record in each candidate's side-by-side figures (``speeds``: config, figures) the
-        planned run's predicted time, ``planned_s``. A candidate's rate is its rate relative
-        to the candidates' level (``relative_to_candidates``, as ``verdict.rank_by_rounds``
-        ranks them) times that level (the geometric mean of their median windows): without
-        one-time costs, the order is the one without a plan."""
+    def price(self, speeds: Sequence[tuple[TrialConfig, Sequence[float], float]]) -> list[tuple[float, float]]:
+        """Each candidate's planned run (``speeds``: config, its side-by-side rates, its rate
+        relative to the candidates' level as ``verdict.rank_by_rounds`` ranks them): its
+        predicted time and its one-time cost. A candidate's rate is its relative rate times
+        that level (the geometric mean of their median windows): without one-time costs,
+        the order is the one without a plan."""
         if not speeds:
-            return
-        level = math.exp(statistics.fmean(math.log(max(statistics.median(s["samples_per_s"]), 1e-9))
-                                          for _, s in speeds))
-        for cfg, s in speeds:
-            rate = max(s["relative_to_candidates"] * level, 1e-9)
-            s["planned_s"] = self.predicted_s(cfg, rate)
-            s["one_time_s"] = self.one_time_s(cfg)
+            return []
+        level = math.exp(statistics.fmean(math.log(max(statistics.median(rates), 1e-9))
+                                          for _, rates, _ in speeds))
+        return [(self.predicted_s(cfg, max(relative * level, 1e-9)), self.one_time_s(cfg))
+                for cfg, _, relative in speeds]
 
     def check(self, cfg: TrialConfig, speed: Mapping[str, Any], *, baseline: TrialConfig,
               base_speed: Mapping[str, Any]) -> Check:
@@ -172,7 +170,7 @@ class Pricing:
         rate = float(speed["median"]) * base_rate
         mine, theirs = self.predicted_s(cfg, rate), self.predicted_s(baseline, base_rate)
         once, base_once = self.one_time_s(cfg), self.one_time_s(baseline)
-        detail: dict[str, Any] = {
+        detail: JsonObject = {
             "plan": self.plan.describe(), "predicted_s": mine, "baseline_predicted_s": theirs,
             "one_time_s": once, "baseline_one_time_s": base_once}
         if mine < theirs:

@@ -3,9 +3,9 @@ whether it counts at all (a rank that held more memory than allowed does not).""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.runtime.json_value import JsonObject
 from autotune.search.memory import MemoryLimit
 from autotune.search.objective import Plan
 from autotune.trials.protocol import Failure, Status
@@ -22,26 +22,29 @@ class Scoring:
     plan: Plan | None = None
     memory_limit: MemoryLimit | None = None
 
-    def score(self, cfg: TrialConfig, result: TrialResult) -> tuple[dict[str, Any], float | None]:
-        """``result``'s summary as the study stores it (``planned_s`` under a plan) and the
-        value it ranks by; a result over the memory limit is marked failed first, in place."""
+    def score(self, cfg: TrialConfig, result: TrialResult) -> tuple[JsonObject, float | None, float | None]:
+        """``result``'s summary as the study stores it (``planned_s`` under a plan), the
+        value it ranks by and the planned run's predicted time (None without a plan or a
+        value); a result over the memory limit is marked failed first, in place."""
         if (result.status == Status.OK and self.memory_limit is not None
                 and (over := self.memory_limit.over(cfg, result.summary()))):
             result.status, result.failure, result.message = Status.FAILED, Failure.OUT_OF_MEMORY, over
         summary = result.summary()
-        value = result.value
+        value, planned_s = result.value, None
         if self.plan is not None and value:
             # the planned run's predicted time ranks it, as an effective throughput
-            summary["planned_s"] = self.plan.predicted_s(samples_per_s=value, one_time_s=result.one_time_s)
-            value = self.plan.samples / summary["planned_s"]
-        return summary, value
+            planned_s = self.plan.predicted_s(samples_per_s=value, one_time_s=result.one_time_s)
+            summary["planned_s"] = planned_s
+            value = self.plan.samples / planned_s
+        return summary, value, planned_s
 
-    def planned(self, *, best: float | None, planned_s: float | None, one_time_s: float | None) -> dict[str, Any]:
+    def planned(self, *, best: float | None, planned_s: float | None,
+                one_time_s: float | None) -> dict[str, float | None]:
         """What the progress shows of the planned run: the best trial's predicted time, and
         this one's (None without a plan; ``planned_s`` None: not measured to the end)."""
         if self.plan is None:
             return {}
-        shown: dict[str, Any] = {"best_planned_s": self.plan.samples / best if best else None}
+        shown: dict[str, float | None] = {"best_planned_s": self.plan.samples / best if best else None}
         if planned_s is not None:
             shown.update(planned_s=planned_s, one_time_s=one_time_s)
         return shown
