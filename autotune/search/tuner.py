@@ -319,7 +319,7 @@ class Tuner:
     def _tell(self, trial: optuna.Trial, cfg: TrialConfig, result: TrialResult) -> float | None:
         """Store the trial's result and value; returns its planned run's predicted time
         (None without a plan, or when it was not measured to the end)."""
-        summary, value = self.scoring.score(cfg, result)
+        summary, value, planned_s = self.scoring.score(cfg, result)
         trial.set_user_attr(StudyAttr.RESULT, summary)
         if result.status == Status.OK and value is not None:
             self.study.tell(trial, value)
@@ -330,7 +330,7 @@ class Tuner:
             self.study.tell(trial, state=TrialState.FAIL)
             if result.failure == Failure.OUT_OF_MEMORY and trial.user_attrs.get(StudyAttr.ROLE) != Role.BASELINE:
                 self._rescue(cfg)  # the baseline's: the reference's ladder (_next_rung)
-        return summary.get("planned_s") if result.status == Status.OK else None
+        return planned_s if result.status == Status.OK else None
 
     def _held_to_fit(self, cfg: TrialConfig) -> TrialConfig:
         """``cfg``, or where the trials so far say it will not fit, it holding less
