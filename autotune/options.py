@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from autotune.config import KnobValue
 from autotune.errors import UsageError
 from autotune.runtime.knobs import LrScaling, Precision
 
@@ -81,7 +82,7 @@ def _batch_range(given: Any, spelled: str) -> tuple[int, int]:
     return parse_batch_range(given) if isinstance(given, str) else given  # a tuple: checked by RunOptions
 
 
-def _fixes(given: Mapping[str, Any] | Iterable[str], spelled: str) -> dict[str, Any]:
+def _fixes(given: Mapping[str, Any] | Iterable[str], spelled: str) -> dict[str, KnobValue]:
     """``{"batch_size": 64}`` or ``["batch_size=64"]`` (repeated --fix) -> typed knob values."""
     from autotune.space import parse_fixes  # the knobs' types: loaded only where a run is built
 
@@ -163,7 +164,7 @@ class RunOptions:
         "--timeout", number=float, metavar="SECONDS", api="timeout",
         help="bound the whole run, verification included: the search starts no trial "
              f"after {SEARCH_SHARE * 100:.0f}%% of it, and verification's stages are fitted to the rest")})
-    fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict, metadata={FLAG: Flag(
+    fixed: Mapping[str, KnobValue] = dataclasses.field(default_factory=dict, metadata={FLAG: Flag(
         "--fix", repeat=True, parse=_fixes, metavar="KNOB=VALUE", api="fix",
         help="pin a knob, e.g. --fix batch_size=64 (repeatable)")})
     exact: bool = dataclasses.field(default=False, metadata={FLAG: Flag(

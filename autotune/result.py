@@ -6,13 +6,13 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from autotune import schemas
 from autotune.config import TrialConfig
 from autotune.document.run import RunDocument
 from autotune.emit.outputs import CONFIG_NAME, SCHEMA, resolve
 from autotune.errors import UsageError
+from autotune.runtime.json_value import JsonObject
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Result:
     out: Path
     script: Path
     launcher: Path
-    document: dict[str, Any] = dataclasses.field(repr=False, compare=False)
+    document: JsonObject = dataclasses.field(repr=False, compare=False)
 
     @classmethod
     def from_document(cls, doc: RunDocument, folder: Path) -> Result:

@@ -8,12 +8,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from autotune.runtime.json_value import JsonObject
+
 HERE = Path(__file__).parent
 NAMES = ("best_config", "probe", "error")
 
 
 @functools.cache
-def load(name: str) -> dict[str, Any]:
+def load(name: str) -> JsonObject:
     if name not in NAMES:
         raise ValueError(f"no schema {name!r}; the schemas are {', '.join(NAMES)}")
     return json.loads((HERE / f"{name}.schema.json").read_text())
