@@ -49,16 +49,16 @@ def add_options(p: argparse.ArgumentParser, *, options: type[RunOptions] = RunOp
             if flag.group not in groups:
                 groups[flag.group] = p.add_argument_group(flag.group.title, flag.group.description)
             where = groups[flag.group]
-        spec: dict[str, Any] = {"dest": field.name, "help": flag.help, "default": _parser_default(field, flag)}
+        default = _parser_default(field, flag)
         if isinstance(field.default, bool):  # a switch: the flag says the opposite of the default
-            spec["action"] = "store_false" if field.default else "store_true"
-        else:
-            spec["metavar"] = flag.metavar or flag.name.lstrip("-").replace("-", "_").upper()
-            if flag.repeat:
-                spec["action"] = "append"
-            if flag.number is not None:
-                spec["type"] = positive(flag.number, flag.name) if flag.positive else flag.number
-        where.add_argument(flag.name, **spec)
+            where.add_argument(flag.name, dest=field.name, help=flag.help, default=default,
+                               action="store_false" if field.default else "store_true")
+            continue
+        number = flag.number
+        where.add_argument(flag.name, dest=field.name, help=flag.help, default=default,
+                           metavar=flag.metavar or flag.name.lstrip("-").replace("-", "_").upper(),
+                           action="append" if flag.repeat else "store",
+                           type=None if number is None else positive(number, flag.name) if flag.positive else number)
 
 
 def add_output(p: argparse.ArgumentParser) -> None:
