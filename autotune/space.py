@@ -228,7 +228,7 @@ def build_space(
     cores = int(probe.cpu.usable_cores or 1)
     backends = probe.backends or {Backend.GLOO: True}
     gpus, hidden = usable_gpus(probe, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    where = device_choice(gpus, hidden, cuda_available=bool(probe.torch.get("cuda_available")),
+    where = device_choice(gpus, hidden, cuda_available=bool(probe.torch.cuda_available),
                           pinned=pins.pop("device", None), present=len(probe.gpus))
     device = where.values[0]
     layout = layout_choice(device, cores, len(gpus), backends, batchnorm_layers=batchnorm_layers,
@@ -261,7 +261,7 @@ def build_space(
         "grad_accum": grad_accum_choice(batchnorm_layers),
         "sharding": sharding_choice(max_ranks),
         "optimizer_step": KnobChoice(*conditional.optimizer_step_choice(device, optimizer,
-                                                                         torch=probe.torch.get("version"))),
+                                                                         torch=probe.torch.version)),
     }
     for name, choice in knobs.items():
         excluded.update(choice.excluded)

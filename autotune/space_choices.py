@@ -12,6 +12,8 @@ from typing import Any
 
 from autotune.config import Layout
 from autotune.errors import UsageError
+from autotune.probes.compiler import CompilerCheck
+from autotune.probes.extensions import IpexStatus
 from autotune.probes.gpu import GpuInfo
 from autotune.runtime.knobs import Affinity, Allocator, Backend, CompileMode, Device, Precision, Sharding
 
@@ -197,13 +199,13 @@ def interop_threads_choice(device: str) -> KnobChoice:
     return KnobChoice([None, 1])
 
 
-def compile_choice(device: str, compiler: Mapping[str, Any]) -> KnobChoice:
+def compile_choice(device: str, compiler: CompilerCheck) -> KnobChoice:
     """torch.compile modes. Inductor builds C++ on CPU and Triton builds its launchers
     with the host C compiler on GPUs, so both need a working compiler; CUDA graphs
     (reduce-overhead) exist only on GPUs."""
-    if not compiler.get("available", False):
+    if not compiler.available:
         what = "a working C++ compiler" if device == Device.CPU else "a C compiler for Triton's launchers"
-        reason = f"torch.compile needs {what}: {compiler.get('reason') or 'none found'}"
+        reason = f"torch.compile needs {what}: {compiler.reason or 'none found'}"
         return KnobChoice([CompileMode.OFF], {"compile": reason})
     modes = [CompileMode.OFF, CompileMode.DEFAULT, CompileMode.MAX_AUTOTUNE_NO_CUDAGRAPHS]
     if device == Device.CUDA:
@@ -308,7 +310,7 @@ def affinity_choice(device: str) -> KnobChoice:
     return KnobChoice([Affinity.NONE, Affinity.COMPACT] if device == Device.CPU else [])
 
 
-def ipex_choice(device: str, ipex: Mapping[str, Any]) -> KnobChoice:
-    if device == Device.CPU and ipex.get("compatible"):
+def ipex_choice(device: str, ipex: IpexStatus) -> KnobChoice:
+    if device == Device.CPU and ipex.compatible:
         return KnobChoice([False, True])
-    return KnobChoice([], {"ipex": f"intel-extension-for-pytorch: {ipex.get('reason') or 'not usable'}"})
+    return KnobChoice([], {"ipex": f"intel-extension-for-pytorch: {ipex.reason or 'not usable'}"})

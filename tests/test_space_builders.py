@@ -6,6 +6,7 @@ import pytest
 
 from autotune.errors import UsageError
 from autotune.probes import Machine
+from autotune.probes.compiler import CompilerCheck
 from autotune.probes.cuda_visible import visible_gpus
 from autotune.probes.gpu import GpuInfo
 from autotune.space import build_space
@@ -117,20 +118,20 @@ def test_layouts_whose_ranks_split_no_batch_go():
 
 
 def test_compile_is_off_on_cpu_without_a_compiler_and_names_why():
-    choice = compile_choice("cpu", {"available": False, "reason": "g++ not found"})
+    choice = compile_choice("cpu", CompilerCheck(available=False, reason="g++ not found"))
     assert choice.values == ["off"]
     assert choice.excluded == {"compile": "torch.compile needs a working C++ compiler: g++ not found"}
-    assert "none found" in compile_choice("cpu", {}).excluded["compile"]
+    assert "none found" in compile_choice("cpu", CompilerCheck()).excluded["compile"]
 
 
 def test_cuda_graphs_are_searched_on_gpus_only():
-    cpu = compile_choice("cpu", {"available": True})
+    cpu = compile_choice("cpu", CompilerCheck(available=True))
     assert cpu.values == ["off", "default", "max-autotune-no-cudagraphs"]
     assert "compile=reduce-overhead" in cpu.excluded
-    cuda = compile_choice("cuda", {"available": True})
+    cuda = compile_choice("cuda", CompilerCheck(available=True))
     assert cuda.values[-1] == "reduce-overhead" and cuda.excluded == {}
     # Triton builds its kernel launchers with the host's C compiler: none, no compile
-    bare = compile_choice("cuda", {"available": False, "reason": "no cc"})
+    bare = compile_choice("cuda", CompilerCheck(available=False, reason="no cc"))
     assert bare.values == ["off"] and "Triton" in bare.excluded["compile"]
 
 

@@ -19,19 +19,20 @@ def main(args: argparse.Namespace) -> int:
 
     doc = probe_machine().to_dict()
     doc["fingerprint_id"] = fingerprint_id(doc)
-    doc["space"] = build_space(doc).describe()
+    space = build_space(doc)
+    doc["space"] = space.describe()
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
         return 0
     print(render_text(doc))
     print("\nsearch space on this machine (for a model with batch_size 32):")
-    for knob, values in doc["space"]["included"].items():
+    for knob, values in space.recorded.items():
         when = (" (tried on the best configuration at the end)" if knob in LATE_KNOBS
                 else " (tried where a configuration runs out of memory)" if knob in MEMORY_KNOBS
                 else " (the default; a run measures how far throughput rises with the batch first, "
                      "and tries larger ones where the model file has evaluate() to check them)"
                 if knob == "batch_size" else "")
         print(f"  {knob}: {', '.join(map(str, values))}{when}")
-    for knob, reason in doc["space"]["excluded"].items():
+    for knob, reason in space.excluded.items():
         print(f"  not searched: {knob}: {reason}")
     return 0

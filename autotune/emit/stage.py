@@ -24,6 +24,6 @@ def emit_outputs(bench: Workbench, measure: MeasureOptions, *, document: RunDocu
                                 document=dataclasses.replace(document, environment=env),
                                 description=f"Train {task.path.name} with the configuration "
                                             "autotune verified on this machine.",
-                                default_threads=machine.torch.get("num_threads"), blocks=task.blocks)
+                                default_threads=machine.torch.num_threads, blocks=task.blocks)
     return step_profile.profile_emitted(bench.out, doc, runner=bench.runner, profile=measure.profile,
                                         reporter=bench.reporter)

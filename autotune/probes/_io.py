@@ -61,13 +61,9 @@ def run_text(
     partial output of a timed-out command is still returned because it is
     often the most useful part of the diagnosis.
     """
-    kwargs: dict[str, Any] = {"capture_output": True, "text": True, "timeout": timeout}
-    if env is not None:
-        kwargs["env"] = env
-    if cwd is not None:
-        kwargs["cwd"] = cwd
     try:
-        proc = run(list(argv), **kwargs)
+        # env=None and cwd=None are subprocess.run's own defaults: this process's.
+        proc = run(list(argv), capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     except subprocess.TimeoutExpired as exc:
         return None, _as_text(exc.stdout), _as_text(exc.stderr) + f"\ntimed out after {timeout:g}s"
     except (OSError, ValueError) as exc:

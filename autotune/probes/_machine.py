@@ -12,12 +12,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.runtime.json_value import JsonObject
+
 from . import _io
 from . import software as sw_mod
+from .compiler import CompilerCheck
 from .cpu import CpuInfo, read_cpu
+from .extensions import IpexStatus
 from .gpu import GpuInfo, GpuLink, GpuProbe, cross_check_torch
 from .memory import MemoryInfo, read_memory
 from .nvml import read_gpu_processes, read_gpus
+from .torch_build import TorchBuild
 from .units import format_bytes
 
 SCHEMA_VERSION = 1
@@ -30,22 +35,22 @@ class Machine:
     gpus: list[GpuInfo] = field(default_factory=list)
     gpu_links: list[GpuLink] = field(default_factory=list)
     gpu_error: str | None = None
-    driver: dict[str, Any] = field(default_factory=dict)
-    torch: dict[str, Any] = field(default_factory=dict)
+    driver: dict[str, str | None] = field(default_factory=dict)  # NVML's version and CUDA driver version
+    torch: TorchBuild = field(default_factory=TorchBuild)
     backends: dict[str, bool] = field(default_factory=dict)
     backend_errors: dict[str, str] = field(default_factory=dict)
-    compile: dict[str, Any] = field(default_factory=dict)
+    compile: CompilerCheck = field(default_factory=CompilerCheck)
     allocators: dict[str, str | None] = field(default_factory=dict)
     openmp: dict[str, str | None] = field(default_factory=dict)
-    ipex: dict[str, Any] = field(default_factory=dict)
+    ipex: IpexStatus = field(default_factory=IpexStatus)
     tools: dict[str, str | None] = field(default_factory=dict)
-    host: dict[str, Any] = field(default_factory=dict)
+    host: dict[str, str] = field(default_factory=dict)  # who probed: hostname, OS, Python; or the fake root
     warnings: list[str] = field(default_factory=list)
     probe_seconds: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "schema_version": self.schema_version,
             "host": dict(self.host),
@@ -55,13 +60,13 @@ class Machine:
             "gpu_links": [link.to_dict() for link in self.gpu_links],
             "gpu_error": self.gpu_error,
             "driver": dict(self.driver),
-            "torch": dict(self.torch),
+            "torch": self.torch.to_json(),
             "backends": dict(self.backends),
             "backend_errors": dict(self.backend_errors),
-            "compile": dict(self.compile),
+            "compile": self.compile.to_json(),
             "allocators": dict(self.allocators),
             "openmp": dict(self.openmp),
-            "ipex": dict(self.ipex),
+            "ipex": self.ipex.to_json(),
             "tools": dict(self.tools),
             "warnings": list(self.warnings),
             "probe_seconds": self.probe_seconds,
@@ -71,23 +76,20 @@ class Machine:
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Machine:
         """Rebuild from a saved document (e.g. a tuning record's machine)."""
-        def build(klass: Any, data: Mapping[str, Any]) -> Any:
-            return klass(**{k: v for k, v in data.items() if k in klass.__dataclass_fields__})
-
         return cls(
             cpu=CpuInfo.from_dict(doc.get("cpu") or {}),
             memory=MemoryInfo.from_dict(doc.get("memory") or {}),
-            gpus=[build(GpuInfo, g) for g in doc.get("gpus") or []],
-            gpu_links=[build(GpuLink, g) for g in doc.get("gpu_links") or []],
+            gpus=[GpuInfo.from_dict(g) for g in doc.get("gpus") or []],
+            gpu_links=[GpuLink.from_dict(g) for g in doc.get("gpu_links") or []],
             gpu_error=doc.get("gpu_error"),
             driver=dict(doc.get("driver") or {}),
-            torch=dict(doc.get("torch") or {}),
+            torch=TorchBuild.from_json(doc.get("torch") or {}),
             backends=dict(doc.get("backends") or {}),
             backend_errors=dict(doc.get("backend_errors") or {}),
-            compile=dict(doc.get("compile") or {}),
+            compile=CompilerCheck.from_json(doc.get("compile") or {}),
             allocators=dict(doc.get("allocators") or {}),
             openmp=dict(doc.get("openmp") or {}),
-            ipex=dict(doc.get("ipex") or {}),
+            ipex=IpexStatus.from_json(doc.get("ipex") or {}),
             tools=dict(doc.get("tools") or {}),
             host=dict(doc.get("host") or {}),
             warnings=list(doc.get("warnings") or []),
@@ -151,9 +153,9 @@ def probe_machine(
 
     warnings = cross_check_torch(
         gpus.gpus,
-        torch_cuda_build=sw.torch.get("cuda"),
-        torch_cuda_available=sw.torch.get("cuda_available") if want_software else None,
-        torch_device_count=sw.torch.get("cuda_device_count") if want_software else None,
+        torch_cuda_build=sw.torch.cuda,
+        torch_cuda_available=sw.torch.cuda_available if want_software else None,
+        torch_device_count=sw.torch.cuda_device_count if want_software else None,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
     ) + resource_warnings(memory, gpus.gpus)
     timings = {"cpu_memory_s": round(t_cpu_mem, 3), "gpu_s": round(t_gpu, 3), **sw.timings}
@@ -203,7 +205,7 @@ def as_machine(machine: Machine | Mapping[str, Any]) -> Machine:
     return machine if isinstance(machine, Machine) else Machine.from_dict(machine)
 
 
-def _host_facts() -> dict[str, Any]:
+def _host_facts() -> dict[str, str]:
     return {
         "hostname": socket.gethostname(),
         "os": platform.system(),

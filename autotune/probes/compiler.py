@@ -8,11 +8,31 @@ import subprocess
 import sysconfig
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from autotune.runtime.json_value import JsonObject
 
 from . import _io
 
 COMPILE_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class CompilerCheck:
+    """The probe document's compile section: whether torch.compile can build its kernels
+    here, with the compiler it would run, and why not when it cannot."""
+
+    available: bool = False
+    compiler: str | None = None
+    reason: str | None = None
+
+    def to_json(self) -> JsonObject:
+        return {"available": self.available, "compiler": self.compiler, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> CompilerCheck:
+        return cls(available=doc.get("available", False), compiler=doc.get("compiler"), reason=doc.get("reason"))
 
 CXX_PROBE_SOURCE = r"""
 #include <Python.h>
@@ -65,18 +85,18 @@ def check_compiler(
     env: Mapping[str, str] | None = None,
     which: Callable[[str], str | None] = shutil.which,
     timeout: float = COMPILE_TIMEOUT_S,
-) -> dict[str, Any]:
+) -> CompilerCheck:
     """Can torch.compile build CPU kernels here?  Actually compiles a tiny
     OpenMP + Python.h shared object, since a compiler binary alone says
     nothing about missing headers or libgomp."""
     env = dict(os.environ if env is None else env)
     compiler, reason = choose_compiler(env, which)
     if compiler is None or reason is not None:
-        return {"available": False, "compiler": compiler, "reason": reason}
+        return CompilerCheck(available=False, compiler=compiler, reason=reason)
     include = sysconfig.get_paths().get("include")
     if not include or not os.path.exists(os.path.join(include, "Python.h")):
-        return {"available": False, "compiler": compiler,
-                "reason": f"Python.h not found in {include} (install the python dev headers)"}
+        return CompilerCheck(available=False, compiler=compiler,
+                             reason=f"Python.h not found in {include} (install the python dev headers)")
     with tempfile.TemporaryDirectory(prefix="autotune-cxx-") as tmp:
         source = os.path.join(tmp, "probe.cpp")
         with open(source, "w", encoding="utf-8") as fh:
@@ -84,9 +104,9 @@ def check_compiler(
         argv = compile_command(compiler, source, os.path.join(tmp, "probe.so"), python_include=include)
         rc, out, err = _io.run_text(argv, run=run, timeout=timeout, cwd=tmp)
     if rc == 0:
-        return {"available": True, "compiler": compiler, "reason": None}
+        return CompilerCheck(available=True, compiler=compiler, reason=None)
     detail = _first_error_line(err or out) or (f"exit status {rc}" if rc is not None else "did not finish")
-    return {"available": False, "compiler": compiler, "reason": f"test compile failed: {detail}"}
+    return CompilerCheck(available=False, compiler=compiler, reason=f"test compile failed: {detail}")
 
 
 def _first_error_line(text: str) -> str:

@@ -12,7 +12,9 @@ import re
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from autotune.runtime.json_value import JsonObject
 
 from . import _io, cgroup
 from .cpu_text import (
@@ -30,6 +32,8 @@ from .cpu_text import (
     parse_sysfs_caches,
     summarize_cpuinfo,
 )
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,7 +54,7 @@ class CpuInfo:
     isa: dict[str, bool]
     sources: dict[str, str] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         doc = asdict(self)
         # JSON object keys must be strings; keep node order numeric.
         doc["numa_nodes"] = {str(k): v for k, v in sorted(self.numa_nodes.items())}
@@ -59,20 +63,25 @@ class CpuInfo:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> CpuInfo:
-        data = dict(doc)
-        for key in ("numa_nodes", "usable_numa_nodes"):
-            data[key] = {int(k): list(v) for k, v in (data.get(key) or {}).items()}
+        def given(key: str, default: T) -> T:
+            value = doc.get(key)
+            return default if value is None else value
+
+        def nodes(key: str) -> dict[int, list[int]]:
+            return {int(k): list(v) for k, v in (doc.get(key) or {}).items()}
+
         # A partial document (a hand-written or older record) reads as a one-core machine
         # that says nothing more about itself.
-        usable = int(data.get("usable_cores") or len(data.get("usable_cpus") or []) or 1)
-        defaults: dict[str, Any] = {
-            "vendor": None, "model": None, "arch": None, "sockets": 1, "physical_cores": usable,
-            "logical_cores": usable, "threads_per_core": 1, "usable_cores": usable,
-            "usable_cpus": [], "cgroup_cpu_limit": None, "caches": {}, "isa": {},
-        }
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{**{k: v for k, v in defaults.items() if k in known},
-                      **{k: v for k, v in data.items() if k in known and v is not None}})
+        usable = int(doc.get("usable_cores") or len(doc.get("usable_cpus") or []) or 1)
+        return cls(
+            vendor=doc.get("vendor"), model=doc.get("model"), arch=doc.get("arch"),
+            sockets=given("sockets", 1), physical_cores=given("physical_cores", usable),
+            logical_cores=given("logical_cores", usable), threads_per_core=given("threads_per_core", 1),
+            usable_cores=given("usable_cores", usable), usable_cpus=given("usable_cpus", []),
+            cgroup_cpu_limit=doc.get("cgroup_cpu_limit"),
+            numa_nodes=nodes("numa_nodes"), usable_numa_nodes=nodes("usable_numa_nodes"),
+            caches=given("caches", {}), isa=given("isa", {}), sources=given("sources", {}),
+        )
 
 
 def usable_core_count(affinity: Iterable[int], cgroup_limit: float | None) -> int:

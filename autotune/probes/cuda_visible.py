@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from ._machine import Machine
-from .gpu import GpuInfo, is_mig_name, pci_key
+from .gpu import GpuInfo, MigDevice, is_mig_name, pci_key
+from .torch_build import TorchDevice
 
 _UUID_PREFIXES = ("GPU-", "MIG-")
 
 
-def _mig_instance(parent: GpuInfo, device: Mapping[str, Any]) -> GpuInfo:
+def _mig_instance(parent: GpuInfo, device: MigDevice) -> GpuInfo:
     """A MIG device of ``parent`` as CUDA shows it (index stays the parent's NVML index)."""
     return dataclasses.replace(
-        parent, name=device.get("name") or parent.name, memory_bytes=device.get("memory_bytes"),
-        uuid=device.get("uuid"), mig=True, mig_devices=[])
+        parent, name=device.name or parent.name, memory_bytes=device.memory_bytes,
+        uuid=device.uuid, mig=True, mig_devices=[])
 
 
 def _as_enumerated(gpu: GpuInfo) -> GpuInfo | None:
@@ -54,7 +54,7 @@ def _nvml_match(gpus: Sequence[GpuInfo], entry: str) -> tuple[GpuInfo, int] | No
     if entry.startswith("MIG-"):
         for g in gpus:
             for device in g.mig_devices:
-                if (device.get("uuid") or "").startswith(entry):
+                if (device.uuid or "").startswith(entry):
                     return _mig_instance(g, device), g.index
         return None
     if entry.startswith("GPU-"):
@@ -95,37 +95,37 @@ def _hidden(gpus: Sequence[GpuInfo], picked: Sequence[tuple[GpuInfo, int | None]
     return [str(g.index) for g in gpus if g.index not in shown]
 
 
-def _parent(device: Mapping[str, Any], gpus: Sequence[GpuInfo]) -> GpuInfo | None:
+def _parent(device: TorchDevice, gpus: Sequence[GpuInfo]) -> GpuInfo | None:
     """NVML's GPU behind one of torch's devices: by UUID (its own or one of its MIG
     devices'), else by PCI bus id, which MIG devices share with their parent."""
-    uuid = device.get("uuid")
+    uuid = device.uuid
     if uuid:
         for g in gpus:
-            if g.uuid == uuid or any(m.get("uuid") == uuid for m in g.mig_devices):
+            if g.uuid == uuid or any(m.uuid == uuid for m in g.mig_devices):
                 return g
-    key = pci_key(device.get("pci_bus_id"))
+    key = pci_key(device.pci_bus_id)
     if key is not None:
         return next((g for g in gpus if pci_key(g.pci_bus_id) == key), None)
     return None
 
 
-def _merged(device: Mapping[str, Any], gpus: Sequence[GpuInfo]) -> tuple[GpuInfo, int | None]:
+def _merged(device: TorchDevice, gpus: Sequence[GpuInfo]) -> tuple[GpuInfo, int | None]:
     """One of torch's devices with NVML's details, and its parent's NVML index."""
     parent = _parent(device, gpus)
-    uuid = device.get("uuid")
-    mig = (uuid or "").startswith("MIG-") or is_mig_name(device.get("name"))
-    instance = next((m for m in (parent.mig_devices if parent else []) if uuid and m.get("uuid") == uuid), None)
-    memory = device.get("memory_bytes")
+    uuid = device.uuid
+    mig = (uuid or "").startswith("MIG-") or is_mig_name(device.name)
+    instance = next((m for m in (parent.mig_devices if parent else []) if uuid and m.uuid == uuid), None)
+    memory = device.memory_bytes
     if memory is None:
         # A MIG device's memory is its slice's, never its parent's.
-        memory = instance.get("memory_bytes") if instance else (parent.memory_bytes if parent and not mig else None)
+        memory = instance.memory_bytes if instance else (parent.memory_bytes if parent and not mig else None)
     info = GpuInfo(
         index=-1,
-        name=device.get("name") or (instance or {}).get("name") or (parent.name if parent else "unknown"),
+        name=device.name or (instance.name if instance else None) or (parent.name if parent else "unknown"),
         memory_bytes=memory,
-        compute_capability=device.get("compute_capability") or (parent.compute_capability if parent else None),
+        compute_capability=device.compute_capability or (parent.compute_capability if parent else None),
         uuid=uuid or (parent.uuid if parent and not mig else None),
-        pci_bus_id=device.get("pci_bus_id") or (parent.pci_bus_id if parent else None),
+        pci_bus_id=device.pci_bus_id or (parent.pci_bus_id if parent else None),
         compute_mode=parent.compute_mode if parent else None,
         mig=mig or bool(parent and parent.mig),
         processes=parent.processes if parent else None,
@@ -164,22 +164,22 @@ def usable_gpus(machine: Machine, cuda_visible_devices: str | None) -> tuple[lis
     ordinal), NVML's details merged in; and the NVML indices hidden (for the 'hidden by
     CUDA_VISIBLE_DEVICES' reason).
 
-    Torch's list (``machine.torch["cuda_devices"]``) is the truth where the probe
+    Torch's list (``machine.torch.cuda_devices``) is the truth where the probe
     recorded one: it is what CUDA enumerated, under MIG and without NVML.  It was
     taken under the CUDA_VISIBLE_DEVICES the probe saw; a different value now narrows
     it.  Documents without it (older ones, torch not probed) fall back to NVML's list.
     """
-    torch = machine.torch or {}
+    torch = machine.torch
     nvml = list(machine.gpus)
-    recorded = torch.get("cuda_visible_devices")
-    devices = [d for d in torch.get("cuda_devices") or [] if isinstance(d, Mapping)]
-    probed = bool(torch.get("version"))
+    recorded = torch.cuda_visible_devices
+    devices = torch.cuda_devices
+    probed = bool(torch.version)
     # The probe's own CUDA_VISIBLE_DEVICES may be why torch saw nothing; only then
     # is its "unavailable" not the last word.
     probe_narrowed = recorded is not None and recorded != cuda_visible_devices
-    if probed and not torch.get("cuda"):
+    if probed and not torch.cuda:
         return [], _hidden_by(nvml, cuda_visible_devices)
-    if probed and not torch.get("cuda_available") and not probe_narrowed:
+    if probed and not torch.cuda_available and not probe_narrowed:
         return [], _hidden_by(nvml, cuda_visible_devices)
     if devices:
         listed = [_merged(d, nvml) for d in devices]

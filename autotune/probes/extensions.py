@@ -7,13 +7,36 @@ import importlib.metadata
 import importlib.util
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from autotune.runtime.json_value import JsonObject
 
 from . import _io
 from .child import LOOPBACK_ENV, child_failure, child_python_argv
 
 EXTENSION_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class IpexStatus:
+    """The probe document's ipex section: whether intel-extension-for-pytorch is installed
+    and imports against this torch, and why not when it does not."""
+
+    installed: bool = False
+    compatible: bool = False
+    version: str | None = None
+    reason: str | None = None
+
+    def to_json(self) -> JsonObject:
+        return {"installed": self.installed, "compatible": self.compatible, "version": self.version,
+                "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> IpexStatus:
+        return cls(installed=doc.get("installed", False), compatible=doc.get("compatible", False),
+                   version=doc.get("version"), reason=doc.get("reason"))
 
 CCL_PROBE_SCRIPT = r"""
 import torch, oneccl_bindings_for_pytorch
@@ -49,11 +72,11 @@ def probe_ipex(
     run: _io.Runner = subprocess.run,
     find_spec: Callable[[str], Any] = importlib.util.find_spec,
     version_of: Callable[[str], str] = importlib.metadata.version,
-) -> dict[str, Any]:
+) -> IpexStatus:
     """Never imported here: a mismatched IPEX prints an error and calls
     exit() on import, which would take the caller down with it."""
     if _safe_find_spec(find_spec, "intel_extension_for_pytorch") is None:
-        return {"installed": False, "compatible": False, "version": None, "reason": "not installed"}
+        return IpexStatus(installed=False, compatible=False, version=None, reason="not installed")
     version = None
     for dist_name in ("intel_extension_for_pytorch", "intel-extension-for-pytorch"):
         try:
@@ -63,10 +86,10 @@ def probe_ipex(
             continue
     rc, out, err = _io.run_text(child_python_argv(IPEX_PROBE_SCRIPT), run=run, timeout=EXTENSION_TIMEOUT_S)
     if rc == 0:
-        return {"installed": True, "compatible": True, "version": _io.last_line(out) or version, "reason": None}
+        return IpexStatus(installed=True, compatible=True, version=_io.last_line(out) or version, reason=None)
     # IPEX's own mismatch message goes to stdout or stderr depending on version.
     reason = _io.last_line(err) or _io.last_line(out) or f"import exited with {rc}"
-    return {"installed": True, "compatible": False, "version": version, "reason": reason}
+    return IpexStatus(installed=True, compatible=False, version=version, reason=reason)
 
 
 def _safe_find_spec(find_spec: Callable[[str], Any], name: str) -> Any:

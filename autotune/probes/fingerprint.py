@@ -11,6 +11,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.runtime.json_value import JsonObject
+
 from ._machine import as_machine
 from .cuda_visible import current_visible_devices, usable_gpus
 
@@ -20,7 +22,7 @@ FINGERPRINT_VERSION = 1
 _FROM_ENVIRONMENT: Any = object()
 
 
-def fingerprint(doc: Mapping[str, Any], *, cuda_visible_devices: str | None = _FROM_ENVIRONMENT) -> dict[str, Any]:
+def fingerprint(doc: Mapping[str, Any], *, cuda_visible_devices: str | None = _FROM_ENVIRONMENT) -> JsonObject:
     """Probe document (Machine.to_dict()) -> fingerprint dict.
 
     The GPUs are those a trial started from here sees (``cuda_visible_devices``, by
@@ -30,8 +32,8 @@ def fingerprint(doc: Mapping[str, Any], *, cuda_visible_devices: str | None = _F
     if cuda_visible_devices is _FROM_ENVIRONMENT:
         cuda_visible_devices = current_visible_devices()
     cpu = doc.get("cpu") or {}
-    gpus, _ = usable_gpus(as_machine(doc), cuda_visible_devices)
-    torch = doc.get("torch") or {}
+    machine = as_machine(doc)
+    gpus, _ = usable_gpus(machine, cuda_visible_devices)
     allocators = doc.get("allocators") or {}
     return {
         "version": FINGERPRINT_VERSION,
@@ -43,8 +45,8 @@ def fingerprint(doc: Mapping[str, Any], *, cuda_visible_devices: str | None = _F
         "isa": sorted(flag for flag, present in (cpu.get("isa") or {}).items() if present),
         "gpu_count": len(gpus),
         "gpu_names": [g.name for g in gpus],
-        "torch_version": torch.get("version"),
-        "torch_cuda": torch.get("cuda"),
+        "torch_version": machine.torch.version,
+        "torch_cuda": machine.torch.cuda,
         "allocators": sorted(name for name, path in allocators.items() if path),
     }
 
@@ -77,7 +79,7 @@ def fingerprint_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _as_fingerprint(data: Mapping[str, Any]) -> dict[str, Any]:
+def _as_fingerprint(data: Mapping[str, Any]) -> JsonObject:
     # A probe document has a "cpu" section; a fingerprint never does.
     return fingerprint(data) if "cpu" in data else dict(data)
 

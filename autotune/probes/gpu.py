@@ -15,6 +15,26 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autotune.runtime.json_value import JsonObject
+
+from .torch_build import TorchDevice
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device of a MIG-enabled GPU, as NVML lists it: CUDA_VISIBLE_DEVICES names
+    it by its MIG-... UUID."""
+
+    index: int  # its slot under the parent GPU
+    uuid: str | None = None
+    name: str | None = None
+    memory_bytes: int | None = None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> MigDevice:
+        return cls(index=doc.get("index", 0), uuid=doc.get("uuid"), name=doc.get("name"),
+                   memory_bytes=doc.get("memory_bytes"))
+
 
 @dataclass
 class GpuInfo:
@@ -26,13 +46,17 @@ class GpuInfo:
     pci_bus_id: str | None = None
     compute_mode: str | None = None  # nvml.COMPUTE_MODE_NAMES; None when NVML could not say
     mig: bool = False
-    # A MIG-enabled GPU's instances, {"index", "uuid", "name", "memory_bytes"} each:
-    # CUDA_VISIBLE_DEVICES names them by their MIG-... UUIDs.
-    mig_devices: list[dict[str, Any]] = field(default_factory=list)
+    mig_devices: list[MigDevice] = field(default_factory=list)  # a MIG-enabled GPU's instances
     processes: int | None = None  # compute processes NVML saw on it, None when unknown
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> GpuInfo:
+        data = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+        data["mig_devices"] = [MigDevice.from_json(m) for m in doc.get("mig_devices") or [] if isinstance(m, Mapping)]
+        return cls(**data)
 
 
 @dataclass
@@ -43,8 +67,13 @@ class GpuLink:
     nvlink: bool | None
     topology: str | None  # common PCIe ancestor, None when NVML can't say
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> GpuLink:
+        return cls(a=doc.get("a", 0), b=doc.get("b", 0), p2p=doc.get("p2p"), nvlink=doc.get("nvlink"),
+                   topology=doc.get("topology"))
 
 
 @dataclass
@@ -97,7 +126,7 @@ def cuda_uuid(raw: str | None, *, mig: bool) -> str | None:
     return ("MIG-" if mig else "GPU-") + raw
 
 
-def torch_device(raw: Mapping[str, Any]) -> dict[str, Any]:
+def torch_device(raw: Mapping[str, Any]) -> TorchDevice:
     """One entry of the torch child's ``cuda_devices`` (raw uuid, PCI numbers) -> the
     document's entry: name, compute_capability, memory_bytes, uuid, pci_bus_id."""
     name = raw.get("name")
@@ -108,13 +137,13 @@ def torch_device(raw: Mapping[str, Any]) -> dict[str, Any]:
     elif (key := pci_key(raw.get("pci_bus_id"))) is not None:
         pci_bus_id = format_pci_bus_id(*key[:3])  # cudaDeviceGetPCIBusId's "0000:18:00.0"
     memory = raw.get("memory_bytes")
-    return {
-        "name": name,
-        "compute_capability": raw.get("compute_capability"),
-        "memory_bytes": int(memory) if isinstance(memory, (int, float)) else None,
-        "uuid": cuda_uuid(raw.get("uuid"), mig=is_mig_name(name)),
-        "pci_bus_id": pci_bus_id,
-    }
+    return TorchDevice(
+        name=name,
+        compute_capability=raw.get("compute_capability"),
+        memory_bytes=int(memory) if isinstance(memory, (int, float)) else None,
+        uuid=cuda_uuid(raw.get("uuid"), mig=is_mig_name(name)),
+        pci_bus_id=pci_bus_id,
+    )
 
 
 def cross_check_torch(

@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from autotune.runtime.json_value import JsonObject
+
 from . import _io, cgroup
 
 
@@ -19,7 +21,7 @@ class MemoryInfo:
     # Size of /dev/shm: DataLoader workers pass batches through it, NCCL's SHM transport too.
     shm_bytes: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     @classmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .gpu import GpuInfo, GpuLink, GpuProbe, decode, format_cuda_driver_version
+from .gpu import GpuInfo, GpuLink, GpuProbe, MigDevice, decode, format_cuda_driver_version
 
 # Local copies of NVML enum values: some nvidia-ml-py releases export
 # NVML_P2P_CAPS_INDEX_READ as a 1-tuple, which ctypes then rejects.
@@ -97,21 +97,21 @@ def _gpu(nvml: Any, index: int, handle: Any) -> GpuInfo:
     )
 
 
-def _mig_devices(nvml: Any, handle: Any) -> list[dict[str, Any]]:
+def _mig_devices(nvml: Any, handle: Any) -> list[MigDevice]:
     """The MIG devices that exist under a MIG-enabled GPU.  Slots up to the maximum
     may be empty (NVML_ERROR_NOT_FOUND): those are skipped."""
-    found: list[dict[str, Any]] = []
+    found: list[MigDevice] = []
     for slot in range(_optional(lambda: nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0):
         mig = _optional(lambda s=slot: nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, s))
         if mig is None:
             continue
         memory = _optional(lambda m=mig: nvml.nvmlDeviceGetMemoryInfo(m).total)
-        found.append({
-            "index": slot,
-            "uuid": _optional(lambda m=mig: decode(nvml.nvmlDeviceGetUUID(m))),
-            "name": _optional(lambda m=mig: decode(nvml.nvmlDeviceGetName(m))),
-            "memory_bytes": int(memory) if memory is not None else None,
-        })
+        found.append(MigDevice(
+            index=slot,
+            uuid=_optional(lambda m=mig: decode(nvml.nvmlDeviceGetUUID(m))),
+            name=_optional(lambda m=mig: decode(nvml.nvmlDeviceGetName(m))),
+            memory_bytes=int(memory) if memory is not None else None,
+        ))
     return found
 
 

@@ -10,22 +10,25 @@ import subprocess
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _io
-from .compiler import check_compiler
-from .extensions import probe_ccl, probe_ipex
+from .compiler import CompilerCheck, check_compiler
+from .extensions import IpexStatus, probe_ccl, probe_ipex
 from .libraries import ALLOCATOR_NAMES, find_native_libraries, find_tools, read_ldconfig
-from .torch_probe import BACKENDS, empty_torch, probe_torch
+from .torch_build import TorchBuild
+from .torch_probe import BACKENDS, probe_torch
+
+T = TypeVar("T")
 
 
 @dataclass
 class SoftwareInfo:
-    torch: dict[str, Any]
+    torch: TorchBuild
     backends: dict[str, bool]
     backend_errors: dict[str, str]
-    compile: dict[str, Any]
-    ipex: dict[str, Any]
+    compile: CompilerCheck
+    ipex: IpexStatus
     allocators: dict[str, str | None]
     openmp: dict[str, str | None]
     tools: dict[str, str | None]
@@ -36,11 +39,11 @@ def skipped_software(reason: str = "skipped") -> SoftwareInfo:
     """SoftwareInfo with nothing available, each entry giving ``reason``: what a machine
     probe reports when it does not probe software (a fake root of captured files)."""
     return SoftwareInfo(
-        torch=empty_torch(reason),
+        torch=TorchBuild(error=reason or None),
         backends={b: False for b in BACKENDS},
         backend_errors={b: reason for b in BACKENDS},
-        compile={"available": False, "compiler": None, "reason": reason},
-        ipex={"installed": False, "compatible": False, "version": None, "reason": reason},
+        compile=CompilerCheck(available=False, compiler=None, reason=reason),
+        ipex=IpexStatus(installed=False, compatible=False, version=None, reason=reason),
         allocators={name: None for name in ALLOCATOR_NAMES},
         openmp={"iomp5": None},
         tools={"numactl": None, "taskset": None},
@@ -83,7 +86,7 @@ def read_software(*, run: _io.Runner = subprocess.run, pool: ThreadPoolExecutor 
     )
 
 
-def _timed(fn: Callable[..., Any], **kwargs: Any) -> tuple[Any, float]:
+def _timed(fn: Callable[..., T], **kwargs: Any) -> tuple[T, float]:
     """``fn(**kwargs)`` and the seconds it took."""
     import time
 

@@ -2,16 +2,17 @@
 group, read by a script in a child interpreter (``probes.child``) bound to loopback."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
 import subprocess
 from dataclasses import dataclass
-from typing import Any
 
 from . import _io
 from .child import LOOPBACK_ENV, child_failure, child_python_argv
 from .gpu import torch_device
+from .torch_build import TorchBuild
 
 BACKENDS = ("gloo", "nccl", "mpi", "ccl")
 
@@ -141,21 +142,9 @@ os._exit(0)
 
 @dataclass
 class TorchFacts:
-    torch: dict[str, Any]
+    torch: TorchBuild
     backends: dict[str, bool]
     backend_errors: dict[str, str]
-
-
-def empty_torch(error: str | None = None) -> dict[str, Any]:
-    """The torch facts when nothing could be learnt, with ``error`` saying why."""
-    doc: dict[str, Any] = {
-        "version": None, "cuda": None, "hip": None, "cudnn": None,
-        "cuda_available": False, "cuda_device_count": 0, "cuda_devices": [],
-        "mkldnn": None, "openmp": None, "num_threads": None, "cuda_visible_devices": None,
-    }
-    if error:
-        doc["error"] = error
-    return doc
 
 
 def parse_torch_probe_output(stdout: str, *, returncode: int | None, stderr: str = "") -> TorchFacts:
@@ -164,7 +153,7 @@ def parse_torch_probe_output(stdout: str, *, returncode: int | None, stderr: str
     The child prints one line per finding as it goes, so a crash part-way
     (a backend that segfaults) still leaves everything found before it.
     """
-    torch_doc: dict[str, Any] | None = None
+    torch: TorchBuild | None = None
     backends: dict[str, bool] = {}
     errors: dict[str, str] = {}
     for line in stdout.splitlines():
@@ -176,21 +165,22 @@ def parse_torch_probe_output(stdout: str, *, returncode: int | None, stderr: str
             continue
         kind = record.pop("kind", None)
         if kind == "torch":
-            torch_doc = {**empty_torch(), **record}
-            torch_doc["cuda_devices"] = [torch_device(d) for d in torch_doc.get("cuda_devices") or []
-                                         if isinstance(d, dict)]
+            raw_devices = record.pop("cuda_devices", None) or []
+            torch = dataclasses.replace(
+                TorchBuild.from_json(record),
+                cuda_devices=tuple(torch_device(d) for d in raw_devices if isinstance(d, dict)))
         elif kind == "backend" and record.get("name") in BACKENDS:
             backends[record["name"]] = bool(record.get("ok"))
             if not record.get("ok"):
                 errors[record["name"]] = str(record.get("error") or "failed")
     died = child_failure(returncode, stderr)
-    if torch_doc is None:
-        torch_doc = empty_torch(died or "torch probe produced no output")
+    if torch is None:
+        torch = TorchBuild(error=died or "torch probe produced no output")
     for name in ("gloo", "nccl", "mpi"):
         if name not in backends:
             backends[name] = False
-            errors[name] = torch_doc.get("error") or died or "not checked"
-    return TorchFacts(torch=torch_doc, backends=backends, backend_errors=errors)
+            errors[name] = torch.error or died or "not checked"
+    return TorchFacts(torch=torch, backends=backends, backend_errors=errors)
 
 
 def probe_torch(*, run: _io.Runner = subprocess.run, timeout: float = TORCH_PROBE_TIMEOUT_S) -> TorchFacts:
@@ -198,7 +188,7 @@ def probe_torch(*, run: _io.Runner = subprocess.run, timeout: float = TORCH_PROB
     TORCH_PROBE_SCRIPT in a child bound to loopback."""
     if importlib.util.find_spec("torch") is None:
         facts = parse_torch_probe_output("", returncode=0)
-        facts.torch["error"] = "torch not installed"
+        facts.torch = dataclasses.replace(facts.torch, error="torch not installed")
         facts.backend_errors.update({b: "torch not installed" for b in ("gloo", "nccl", "mpi")})
         return facts
     env = {**os.environ, **LOOPBACK_ENV}

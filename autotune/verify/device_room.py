@@ -51,12 +51,12 @@ class DeviceRoom:
             return cls()
         peaks = {cfg: float(result["cuda_peak_mb"]) for cfg, result in measured
                  if result.get("cuda_peak_mb") is not None}
-        smallest = min(float(d["memory_bytes"]) for d in devices) / 2**20
+        smallest = min(float(d.memory_bytes) for d in devices) / 2**20
         for d in devices:
-            if d["mig"]:
+            if d.mig:
                 return cls(smallest * SHARE, "the GPUs are MIG slices: each visit is started fresh", peaks)
-            if d["compute_mode"] in ("exclusive_process", "exclusive_thread", "prohibited"):
-                return cls(smallest * SHARE, f"the GPUs are in {d['compute_mode']} compute mode, which admits "
+            if d.compute_mode in ("exclusive_process", "exclusive_thread", "prohibited"):
+                return cls(smallest * SHARE, f"the GPUs are in {d.compute_mode} compute mode, which admits "
                                              "one process at a time: each visit is started fresh", peaks)
         return cls(smallest * SHARE, None, peaks)
 
@@ -106,18 +106,27 @@ class DeviceRoom:
         return set(held)
 
 
-def cuda_devices(machine: Machine) -> list[dict[str, Any]]:
+@dataclasses.dataclass(frozen=True)
+class CudaDevice:
+    """A device CUDA enumerates in a trial, as far as holding processes on it goes."""
+
+    memory_bytes: int
+    compute_mode: str  # nvml.COMPUTE_MODE_NAMES; "default" where NVML could not say
+    mig: bool  # a MIG slice
+
+
+def cuda_devices(machine: Machine) -> list[CudaDevice]:
     """The devices CUDA enumerates in a trial (torch's probe), each with its memory, its
     compute mode and whether it is a MIG slice (from NVML's entry of the same PCI bus id
     or UUID)."""
     nvml = list(machine.gpus)
     out = []
-    for dev in machine.torch.get("cuda_devices") or []:
-        if not dev.get("memory_bytes"):
+    for dev in machine.torch.cuda_devices:
+        if not dev.memory_bytes:
             continue
-        parent = next((g for g in nvml if (dev.get("pci_bus_id") and g.pci_bus_id == dev.get("pci_bus_id"))
-                       or (dev.get("uuid") and g.uuid == dev.get("uuid"))), None)
-        mode = dev.get("compute_mode") or (parent.compute_mode if parent else None) or "default"
-        mig = str(dev.get("uuid") or "").startswith("MIG-") or bool(parent and parent.mig)
-        out.append({"memory_bytes": dev["memory_bytes"], "compute_mode": mode, "mig": mig})
+        parent = next((g for g in nvml if (dev.pci_bus_id and g.pci_bus_id == dev.pci_bus_id)
+                       or (dev.uuid and g.uuid == dev.uuid)), None)
+        mode = (parent.compute_mode if parent else None) or "default"
+        mig = str(dev.uuid or "").startswith("MIG-") or bool(parent and parent.mig)
+        out.append(CudaDevice(memory_bytes=dev.memory_bytes, compute_mode=mode, mig=mig))
     return out

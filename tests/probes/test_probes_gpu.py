@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from autotune.probes import Machine, cuda_visible, fingerprint, gpu, nvml, probe_machine
+from autotune.probes.torch_build import TorchBuild
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GiB = 1 << 30
@@ -221,10 +222,10 @@ def test_nvml_reads_compute_mode_and_mig_devices() -> None:
     first, second = result.gpus
     assert (first.compute_mode, second.compute_mode) == ("default", "exclusive_process")
     assert first.mig and second.mig
-    assert [m["uuid"] for m in first.mig_devices] == MIG_UUIDS[0]
-    assert [m["index"] for m in first.mig_devices] == [0, 2]
-    assert first.mig_devices[0]["memory_bytes"] == 40 * GiB
-    assert first.mig_devices[0]["name"] == "NVIDIA H100 80GB HBM3 MIG 3g.40gb"
+    assert [m.uuid for m in first.mig_devices] == MIG_UUIDS[0]
+    assert [m.index for m in first.mig_devices] == [0, 2]
+    assert first.mig_devices[0].memory_bytes == 40 * GiB
+    assert first.mig_devices[0].name == "NVIDIA H100 80GB HBM3 MIG 3g.40gb"
 
 
 def test_a_gpu_without_mig_or_compute_mode_support_reads_as_plain() -> None:
@@ -250,13 +251,13 @@ def test_the_probe_counts_processes_and_warns_when_gpus_are_busy() -> None:
 def test_torch_device_entries_take_nvidia_smis_uuid_and_nvmls_bus_id() -> None:
     raw = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "memory_bytes": 85520809984,
            "uuid": "6f1d2c3b-8a4e-4b7f-9c2d-1e3f5a7b9c0d", "pci": [0, 0x18, 0]}
-    assert gpu.torch_device(raw) == {
+    assert gpu.torch_device(raw).to_json() == {
         "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "memory_bytes": 85520809984,
         "uuid": "GPU-6f1d2c3b-8a4e-4b7f-9c2d-1e3f5a7b9c0d", "pci_bus_id": "00000000:18:00.0"}
     mig = gpu.torch_device({"name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "uuid": "1111-22",
                             "pci": None, "pci_bus_id": "0000:9a:00.0"})  # cudaDeviceGetPCIBusId's form
-    assert mig["uuid"] == "MIG-1111-22" and mig["pci_bus_id"] == "00000000:9A:00.0"
-    assert gpu.torch_device({"name": "x"})["uuid"] is None
+    assert mig.uuid == "MIG-1111-22" and mig.pci_bus_id == "00000000:9A:00.0"
+    assert gpu.torch_device({"name": "x"}).uuid is None
 
 
 def test_bus_ids_compare_across_spellings() -> None:
@@ -272,7 +273,7 @@ def test_the_torch_probes_devices_are_written_as_the_document_keeps_them() -> No
             '"cuda_device_count": 1, "cuda_visible_devices": "MIG-1111", "cuda_devices": [{"name": '
             '"NVIDIA H100 80GB HBM3 MIG 3g.40gb", "compute_capability": "9.0", "memory_bytes": 1, '
             '"uuid": "1111-2222", "pci": [0, 24, 0]}]}')
-    torch = torch_probe.parse_torch_probe_output(line, returncode=0).torch
+    torch = torch_probe.parse_torch_probe_output(line, returncode=0).torch.to_json()
     assert torch["cuda_visible_devices"] == "MIG-1111"
     assert torch["cuda_devices"] == [{"name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "compute_capability": "9.0",
                                       "memory_bytes": 1, "uuid": "MIG-1111-2222",
@@ -293,10 +294,10 @@ def test_the_h100_fixtures_agree_with_themselves() -> None:
     for name in ("h100x1", "h100x8", "h100x8_mig", "h100x8_exclusive"):
         machine = machine_fixture(name)
         nvml_ids = {g.pci_bus_id for g in machine.gpus}
-        uuids = {g.uuid for g in machine.gpus} | {m["uuid"] for g in machine.gpus for m in g.mig_devices}
-        devices = machine.torch["cuda_devices"]
-        assert devices and machine.torch["cuda_device_count"] == len(devices)
-        assert all(d["pci_bus_id"] in nvml_ids and d["uuid"] in uuids for d in devices), name
+        uuids = {g.uuid for g in machine.gpus} | {m.uuid for g in machine.gpus for m in g.mig_devices}
+        devices = machine.torch.cuda_devices
+        assert devices and machine.torch.cuda_device_count == len(devices)
+        assert all(d.pci_bus_id in nvml_ids and d.uuid in uuids for d in devices), name
         assert all(re.fullmatch(r"(GPU|MIG)-[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}", u) for u in uuids)
 
 
@@ -327,19 +328,19 @@ def test_a_mig_machine_offers_the_one_mig_device_cuda_enumerates() -> None:
     machine = machine_fixture("h100x8_mig")
     gpus, hidden = cuda_visible.usable_gpus(machine, None)
     assert len(gpus) == 1 and hidden == []
-    assert gpus[0].mig and gpus[0].uuid == machine.gpus[0].mig_devices[0]["uuid"]
+    assert gpus[0].mig and gpus[0].uuid == machine.gpus[0].mig_devices[0].uuid
     assert gpus[0].memory_bytes is not None and gpus[0].memory_bytes < 45 * 10**9
 
 
 def test_a_mig_uuid_in_cuda_visible_devices_names_that_mig_device() -> None:
     """C6: CUDA_VISIBLE_DEVICES=MIG-... used to match no GPU and tune on CPU."""
     machine = machine_fixture("h100x8_mig")
-    wanted = machine.gpus[3].mig_devices[1]["uuid"]
+    wanted = machine.gpus[3].mig_devices[1].uuid
     gpus, hidden = cuda_visible.usable_gpus(machine, wanted[:13])  # a prefix, as CUDA accepts it
     assert [g.uuid for g in gpus] == [wanted] and gpus[0].index == 0
     assert hidden == ["0", "1", "2", "4", "5", "6", "7"]
     # however many MIG devices are listed, a CUDA process sees the first
-    other = machine.gpus[5].mig_devices[0]["uuid"]
+    other = machine.gpus[5].mig_devices[0].uuid
     assert [g.uuid for g in cuda_visible.usable_gpus(machine, f"{wanted},{other}")[0]] == [wanted]
     # a MIG-… entry naming nothing hides everything
     assert cuda_visible.usable_gpus(machine, "MIG-00000000")[0] == []
@@ -369,21 +370,21 @@ def test_a_probe_taken_under_cuda_visible_devices_is_read_in_its_terms() -> None
     """The probe saw GPUs 4 and 5 as cuda:0 and cuda:1; "5" now is the second of them, and
     with no CUDA_VISIBLE_DEVICES a trial sees all eight (NVML's list)."""
     machine = machine_fixture("h100x8")
-    devices = machine.torch["cuda_devices"]
-    machine.torch = {**machine.torch, "cuda_visible_devices": "4,5", "cuda_device_count": 2,
-                     "cuda_devices": devices[4:6]}
-    assert [g.uuid for g in cuda_visible.usable_gpus(machine, "4,5")[0]] == [devices[4]["uuid"], devices[5]["uuid"]]
-    assert [g.uuid for g in cuda_visible.usable_gpus(machine, "5")[0]] == [devices[5]["uuid"]]
-    assert [g.uuid for g in cuda_visible.usable_gpus(machine, "0")[0]] == [devices[0]["uuid"]]  # from NVML
+    devices = machine.torch.cuda_devices
+    machine.torch = dataclasses.replace(machine.torch, cuda_visible_devices="4,5", cuda_device_count=2,
+                                        cuda_devices=devices[4:6])
+    assert [g.uuid for g in cuda_visible.usable_gpus(machine, "4,5")[0]] == [devices[4].uuid, devices[5].uuid]
+    assert [g.uuid for g in cuda_visible.usable_gpus(machine, "5")[0]] == [devices[5].uuid]
+    assert [g.uuid for g in cuda_visible.usable_gpus(machine, "0")[0]] == [devices[0].uuid]  # from NVML
     assert len(cuda_visible.usable_gpus(machine, None)[0]) == 8
 
 
 def test_cuda_unusable_by_torch_means_no_gpus() -> None:
     machine = machine_fixture("h100x8")
-    machine.torch = {**machine.torch, "cuda_available": False, "cuda_device_count": 0, "cuda_devices": []}
+    machine.torch = dataclasses.replace(machine.torch, cuda_available=False, cuda_device_count=0, cuda_devices=())
     assert cuda_visible.usable_gpus(machine, None) == ([], [])
     assert cuda_visible.usable_gpus(machine, "0,1")[1] == ["2", "3", "4", "5", "6", "7"]
-    machine.torch = {**machine.torch, "cuda": None}  # a CPU-only build
+    machine.torch = dataclasses.replace(machine.torch, cuda=None)  # a CPU-only build
     assert cuda_visible.usable_gpus(machine, None) == ([], [])
 
 
@@ -395,11 +396,11 @@ def test_a_cpu_machine_has_no_usable_gpus() -> None:
 
 def test_documents_without_torchs_list_fall_back_to_nvml() -> None:
     machine = machine_fixture("h100x8")
-    machine.torch = {**machine.torch, "cuda_devices": []}  # as documents written before it
+    machine.torch = dataclasses.replace(machine.torch, cuda_devices=())  # as documents written before it
     gpus, hidden = cuda_visible.usable_gpus(machine, "2,3")
     assert [g.uuid for g in gpus] == [machine.gpus[2].uuid, machine.gpus[3].uuid]
     assert [g.index for g in gpus] == [0, 1] and hidden == ["0", "1", "4", "5", "6", "7"]
-    machine.torch = {}  # torch not probed at all
+    machine.torch = TorchBuild.from_json({})  # torch not probed at all
     assert len(cuda_visible.usable_gpus(machine, None)[0]) == 8
 
 

@@ -59,9 +59,9 @@ def test_torch_and_gloo(live: tuple[Machine, float]) -> None:
     probe = live[0]
     # the release, without the build's local part: a CUDA wheel may report 2.11.0+cu130 at
     # run time while its package metadata says 2.11.0 (the GPU machine's torch does)
-    assert probe.torch["version"].split("+")[0] == importlib.metadata.version("torch").split("+")[0]
+    assert (probe.torch.version or "").split("+")[0] == importlib.metadata.version("torch").split("+")[0]
     assert probe.backends["gloo"] is True, probe.backend_errors.get("gloo")
-    if not probe.torch["cuda_available"]:
+    if not probe.torch.cuda_available:
         assert probe.backends["nccl"] is False and probe.backend_errors["nccl"]
 
 
@@ -84,13 +84,13 @@ def test_allocators_match_disk(live: tuple[Machine, float]) -> None:
 def test_compile_and_tools_consistent(live: tuple[Machine, float]) -> None:
     probe = live[0]
     comp = probe.compile
-    if comp["available"]:
-        assert comp["compiler"] and os.path.exists(comp["compiler"]) and comp["reason"] is None
+    if comp.available:
+        assert comp.compiler and os.path.exists(comp.compiler) and comp.reason is None
     else:
-        assert comp["reason"]
+        assert comp.reason
     for tool, path in probe.tools.items():
         assert path is None or os.access(path, os.X_OK), tool
-    assert probe.ipex["installed"] == (importlib.util.find_spec("intel_extension_for_pytorch") is not None)
+    assert probe.ipex.installed == (importlib.util.find_spec("intel_extension_for_pytorch") is not None)
 
 
 def test_gpu_section_is_clean(live: tuple[Machine, float]) -> None:

@@ -131,8 +131,8 @@ def test_failed_test_compile_reports_first_error() -> None:
     run = FakeRun(returncode=1, stderr="probe.cpp:2:10: fatal error: omp.h: No such file or directory\n"
                                        "compilation terminated.\n")
     result = compiler.check_compiler(run=run, env={}, which=which_from({"g++": "/usr/bin/g++"}))
-    assert result["available"] is False and result["compiler"] == "/usr/bin/g++"
-    assert "omp.h" in result["reason"]
+    assert result.available is False and result.compiler == "/usr/bin/g++"
+    assert result.reason and "omp.h" in result.reason
     argv = run.calls[0]
     assert argv[0] == "/usr/bin/g++" and "-fopenmp" in argv and "-shared" in argv
 
@@ -140,7 +140,7 @@ def test_failed_test_compile_reports_first_error() -> None:
 def test_compile_timeout_is_not_available() -> None:
     run = FakeRun(exc=subprocess.TimeoutExpired(["g++"], 20))
     result = compiler.check_compiler(run=run, env={}, which=which_from({"g++": "/usr/bin/g++"}))
-    assert result["available"] is False and "timed out" in result["reason"]
+    assert result.available is False and result.reason and "timed out" in result.reason
 
 
 # ------------------------------------------------------------- torch child
@@ -157,7 +157,7 @@ def test_parse_torch_probe_output_complete() -> None:
         json.dumps({"kind": "backend", "name": "mpi", "ok": False, "error": "torch built without MPI"}),
     ])
     facts = parse_torch_probe_output(out, returncode=0)
-    assert facts.torch["version"] == "2.13.0+cpu" and facts.torch["cuda"] is None
+    assert facts.torch.version == "2.13.0+cpu" and facts.torch.cuda is None
     assert facts.backends == {"gloo": True, "nccl": False, "mpi": False}
     assert facts.backend_errors == {"nccl": "no CUDA GPUs visible to torch", "mpi": "torch built without MPI"}
 
@@ -165,21 +165,21 @@ def test_parse_torch_probe_output_complete() -> None:
 def test_parse_torch_probe_output_child_crashed_midway() -> None:
     out = TORCH_LINE + "\n" + json.dumps({"kind": "backend", "name": "gloo", "ok": True, "error": None}) + "\n"
     facts = parse_torch_probe_output(out, returncode=-11, stderr="Segmentation fault\n")
-    assert facts.torch["version"] == "2.13.0+cpu" and facts.backends["gloo"] is True
+    assert facts.torch.version == "2.13.0+cpu" and facts.backends["gloo"] is True
     assert facts.backends["nccl"] is False and "exited with -11" in facts.backend_errors["nccl"]
 
 
 def test_parse_torch_probe_output_import_failure() -> None:
     out = json.dumps({"kind": "torch", "error": "ImportError: libtorch_cpu.so: cannot open shared object file"})
     facts = parse_torch_probe_output(out, returncode=0)
-    assert facts.torch["version"] is None and "libtorch_cpu" in facts.torch["error"]
+    assert facts.torch.version is None and facts.torch.error and "libtorch_cpu" in facts.torch.error
     assert not any(facts.backends.values())
 
 
 def test_probe_torch_timeout_keeps_partial_output() -> None:
     run = FakeRun(exc=subprocess.TimeoutExpired(["python"], 90, output=TORCH_LINE + "\n"))
     facts = torch_probe.probe_torch(run=run)
-    assert facts.torch["version"] == "2.13.0+cpu"
+    assert facts.torch.version == "2.13.0+cpu"
     assert "did not finish" in facts.backend_errors["gloo"]
 
 
@@ -200,7 +200,7 @@ def test_probe_torch_child_binds_loopback_only() -> None:
 def test_ipex_not_installed_costs_no_subprocess() -> None:
     run = FakeRun()
     result = extensions.probe_ipex(run=run, find_spec=lambda name: None)
-    assert result == {"installed": False, "compatible": False, "version": None, "reason": "not installed"}
+    assert result.to_json() == {"installed": False, "compatible": False, "version": None, "reason": "not installed"}
     assert run.calls == []
 
 
@@ -209,15 +209,15 @@ def test_ipex_mismatch_is_caught_in_the_child() -> None:
            "is found. Please switch to the matching version and run again.")
     run = FakeRun(returncode=127, stdout=msg + "\n")
     result = extensions.probe_ipex(run=run, find_spec=lambda name: object(), version_of=lambda name: "2.1.100")
-    assert result["installed"] is True and result["compatible"] is False
-    assert result["version"] == "2.1.100" and "needs to work with PyTorch" in result["reason"]
+    assert result.installed is True and result.compatible is False
+    assert result.version == "2.1.100" and result.reason and "needs to work with PyTorch" in result.reason
     assert "intel_extension_for_pytorch" in run.calls[0][-1]
 
 
 def test_ipex_compatible() -> None:
     run = FakeRun(returncode=0, stdout="2.13.0+cpu\n")
     result = extensions.probe_ipex(run=run, find_spec=lambda name: object(), version_of=lambda name: "2.13.0+cpu")
-    assert result == {"installed": True, "compatible": True, "version": "2.13.0+cpu", "reason": None}
+    assert result.to_json() == {"installed": True, "compatible": True, "version": "2.13.0+cpu", "reason": None}
 
 
 def test_ccl_absent_costs_no_subprocess() -> None:
