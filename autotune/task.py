@@ -21,10 +21,10 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from autotune.errors import ContractError
 from autotune.space_conditional import DEFAULT_OPTIMIZER
+from autotune.task_check_result import CheckResult
 from autotune.trials import proctree
 
 CHECK_TIMEOUT_S = 300
@@ -75,12 +75,14 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
     _check_source(path)
     started = time.monotonic()
     result = _run_check(path, timeout_s, device)
-    if result.get("error"):
-        raise ContractError(result["error"])
-    described = result["task"]
-    described["batchnorm_layers"] = tuple(described.get("batchnorm_layers", ()))
-    described["blocks"] = tuple(described.get("blocks", ()))
-    return Task(path=path.resolve(), check_s=time.monotonic() - started, **described)
+    if result.checked is None:
+        raise ContractError(result.error or f"{path}: the check gave no reason")
+    checked = result.checked
+    return Task(path=path.resolve(), batch_size=checked.batch_size, dataset_len=checked.dataset_len,
+                image_inputs=checked.image_inputs, has_evaluate=checked.has_evaluate,
+                parameters=checked.parameters, batchnorm_layers=checked.batchnorm_layers,
+                blocks=checked.blocks, has_training_step=checked.has_training_step,
+                optimizer=checked.optimizer, check_s=time.monotonic() - started)
 
 
 def _check_source(path: Path) -> None:
@@ -102,9 +104,9 @@ def _check_source(path: Path) -> None:
         ) from None
 
 
-def _run_check(path: Path, timeout_s: float, device: str | None = None) -> dict[str, Any]:
-    """Run the check in a child process; returns what it wrote: {"task": fields} or
-    {"error": message}. Raises ContractError if it times out or dies without writing."""
+def _run_check(path: Path, timeout_s: float, device: str | None = None) -> CheckResult:
+    """Run the check in a child process; returns what it wrote. Raises ContractError if
+    it times out or dies without writing."""
     with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
         out = Path(tmp) / "result.json"
         log = Path(tmp) / "log.txt"
@@ -135,4 +137,4 @@ def _run_check(path: Path, timeout_s: float, device: str | None = None) -> dict[
                 f"{path}: the process checking the file ended abruptly (exit code "
                 f"{proc.returncode}) while importing or calling it.\n{tail}"
             )
-        return json.loads(out.read_text())
+        return CheckResult.from_json(json.loads(out.read_text()))

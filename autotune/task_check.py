@@ -14,6 +14,7 @@ from typing import Any
 from autotune.errors import ContractError
 from autotune.runtime.knobs import Device, Precision
 from autotune.space_conditional import DEFAULT_OPTIMIZER
+from autotune.task_check_result import CheckedFile, CheckResult
 from autotune.task_dataset import check_dataset, check_dataset_len, check_item_is_pair, check_stream, is_stream
 from autotune.trials import proctree
 from autotune.user_file import UserFile, import_user_file
@@ -53,7 +54,7 @@ def _place(model: Any, device: str) -> Any:
     return model.to(device)
 
 
-def _check(path: str, device: str | None = None) -> dict[str, Any]:
+def _check(path: str, device: str | None = None) -> CheckedFile:
     """The contract, checked in order, with the model on ``device`` (None: check_device());
     returns the Task fields or raises ContractError."""
     file = UserFile(path=path, shown=os.path.relpath(path))
@@ -74,7 +75,7 @@ def _check(path: str, device: str | None = None) -> dict[str, Any]:
     optimizer = _check_training_step(file, module, model, items, has_training_step, device)
     if getattr(module, "evaluate", None) is not None:
         _check_evaluate(file, module, model, device)
-    return {**_describe(module, model, items[0], batch_size=batch_size, dataset_len=n), "optimizer": optimizer}
+    return _describe(module, model, items[0], batch_size=batch_size, dataset_len=n, optimizer=optimizer)
 
 
 def _check_functions(file: UserFile, module: Any) -> None:
@@ -194,7 +195,7 @@ def _names_a_device(message: str) -> bool:
 
 
 def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
-              dataset_len: int | None) -> dict[str, Any]:
+              dataset_len: int | None, optimizer: str) -> CheckedFile:
     """The Task fields of a file that passed every check (all but path and check_s)."""
     import torch
 
@@ -204,18 +205,19 @@ def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
     # An (inputs, targets) pair's inputs; any other item (a dict for training_step) whole:
     # its image need not come first, e.g. {"labels": ..., "pixel_values": ...}.
     inputs = item[0] if isinstance(item, (tuple, list)) and len(item) == 2 else item
-    return {
-        "batch_size": batch_size,
-        "dataset_len": dataset_len,
+    return CheckedFile(
+        batch_size=batch_size,
+        dataset_len=dataset_len,
         # One item's 3-D float input is a 4-D batch: an image layout channels_last applies to.
-        "image_inputs": any(t.dim() == 3 and t.is_floating_point() for t in tensors(inputs)),
-        "has_evaluate": getattr(module, "evaluate", None) is not None,
-        "has_training_step": getattr(module, "training_step", None) is not None,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "batchnorm_layers": [name for name, m in model.named_modules()
-                             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)],
-        "blocks": list(block_names(model)),
-    }
+        image_inputs=any(t.dim() == 3 and t.is_floating_point() for t in tensors(inputs)),
+        has_evaluate=getattr(module, "evaluate", None) is not None,
+        has_training_step=getattr(module, "training_step", None) is not None,
+        parameters=sum(p.numel() for p in model.parameters()),
+        batchnorm_layers=tuple(name for name, m in model.named_modules()
+                               if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)),
+        blocks=tuple(block_names(model)),
+        optimizer=optimizer,
+    )
 
 
 def _end_descendants() -> None:
@@ -233,13 +235,13 @@ def _main(argv: list[str]) -> int:
     # and a tuner killed during the check takes the check with it.
     proctree.become_subreaper()
     proctree.die_with_parent()
-    result: dict[str, Any]
+    result: CheckResult
     try:
         try:
-            result = {"task": _check(path, device[0] if device else None)}
+            result = CheckResult(checked=_check(path, device[0] if device else None))
         except ContractError as exc:
-            result = {"error": str(exc)}
-        Path(out).write_text(json.dumps(result))
+            result = CheckResult(error=str(exc))
+        Path(out).write_text(json.dumps(result.to_json()))
     finally:
         _end_descendants()
     return 0

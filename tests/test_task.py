@@ -456,7 +456,7 @@ def test_the_checks_step_and_evaluate_run_on_cuda_0_when_cuda_is_available(tmp_p
     monkeypatch.setattr(runtime_model, "move", move)
     path = model_file(tmp_path, "placed_check.py", extra=RECORDS_ITS_MODEL)
     described = task_check._check(str(path))
-    assert described["has_evaluate"] is True
+    assert described.has_evaluate is True
     assert placed == ["cuda:0"]                # the model, before the optimizer is built
     assert moved == [torch.device("cuda:0")]   # the step's batch
     assert sys.modules["user_model_placed_check"].SEEN == ["cuda:0"]  # evaluate's model
