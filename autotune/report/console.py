@@ -8,6 +8,7 @@ must not end the run.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -114,18 +115,20 @@ class Reporter:
             self._bar = None
 
     def trial_end(self, result: TrialResult, best: float | None,
-                  planned: dict[str, Any] | None = None) -> None:
+                  planned: Mapping[str, float | None] | None = None) -> None:
         """``planned``: under a planned run, its predicted time for this trial
         (``planned_s``, ``one_time_s``) and the best so far (``best_planned_s``)."""
         against = []
         if self.baseline and result.value:
             against.append(f"{result.value / self.baseline:.2f}x the baseline")
-        if planned and planned.get("planned_s") is not None:
-            against.append(f"planned run {duration(planned['planned_s'])}, "
-                           f"{duration(planned.get('one_time_s') or 0.0)} of it one-time")
-        if planned and planned.get("best_planned_s"):
-            against.append(f"best so far {duration(planned['best_planned_s'])}")
-        elif best and not (planned and "best_planned_s" in planned):
+        shown = planned or {}
+        planned_s, best_planned_s = shown.get("planned_s"), shown.get("best_planned_s")
+        if planned_s is not None:
+            against.append(f"planned run {duration(planned_s)}, "
+                           f"{duration(shown.get('one_time_s') or 0.0)} of it one-time")
+        if best_planned_s:
+            against.append(f"best so far {duration(best_planned_s)}")
+        elif best and "best_planned_s" not in shown:
             against.append(f"best so far {best:,.0f}")
         tail = f"  ({', '.join(against)})" if against else ""
         if result.status == Status.OK:

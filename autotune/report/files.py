@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.config import TrialConfig
+from autotune.config import KnobValue, TrialConfig
 from autotune.document.ablation import Ablation, AblationPath
 from autotune.document.measures import CandidateOutcome, Effect, Interval, Rounds, Speedup
 from autotune.document.run import RunDocument
@@ -114,7 +114,9 @@ def _config_table(doc: RunDocument) -> Table:
                  "default: PyTorch's own default (autotune sets nothing); ← changed from the baseline")
 
 
-def _short(config: dict[str, Any] | None) -> str:
+def _short(config: Mapping[str, KnobValue] | None) -> str:
+    """A stored trial's configuration (``TrialConfig.to_dict``), short; knob by knob where
+    this autotune no longer reads it."""
     try:
         return TrialConfig.from_dict(config).short() if config else ""
     except (UsageError, TypeError):
