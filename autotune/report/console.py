@@ -26,6 +26,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from autotune.config import TrialConfig
 from autotune.document.measures import Speedup
 from autotune.document.run import RunDocument
 from autotune.emit.outputs import resolve
@@ -60,7 +61,7 @@ class Reporter:
 
     def search(self, kind: ProgressEvent, info: dict[str, Any]) -> None:
         if kind == ProgressEvent.START:
-            self._advance(info)
+            self._advance(number=info["number"], of=info["of"], config=info["config"])
             role = f" ({info['role']})" if info.get("role") else ""
             self.err.print(
                 f"[bold]trial {info['number']}/{info['of']}[/]{role}  {escape(info['config'].short())}"
@@ -82,7 +83,7 @@ class Reporter:
         elif kind == ProgressEvent.BUDGET:
             self.err.print(f"search stopped: {info['reason']}")
 
-    def _advance(self, info: dict[str, Any]) -> None:
+    def _advance(self, *, number: int, of: int, config: TrialConfig) -> None:
         """The live bar: trial k of N, elapsed, time left; at a terminal only."""
         if not self.err.is_terminal or self.err.quiet:
             return
@@ -92,10 +93,10 @@ class Reporter:
                                  TextColumn("{task.fields[now]}", markup=False), console=self.err,
                                  transient=True)
             self._bar.start()
-            self._task = self._bar.add_task("search", total=info["of"], now="")
+            self._task = self._bar.add_task("search", total=of, now="")
         assert self._task is not None
-        self._now = info["config"].short()
-        self._bar.update(self._task, completed=info["number"] - 1, total=info["of"], now=self._now)
+        self._now = config.short()
+        self._bar.update(self._task, completed=number - 1, total=of, now=self._now)
 
     def _show_window(self, value: float) -> None:
         """Beside the bar: the configuration measured now, its last window against the
