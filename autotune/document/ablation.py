@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.config import KnobValue
 from autotune.document.measures import Effect, optional_fields
 from autotune.runtime.json_value import JsonObject
 
@@ -16,8 +17,8 @@ class KnobEffect:
     the baseline's value (``effect``; None where that variant could not be measured)."""
 
     knob: str
-    baseline: Any
-    winner: Any
+    baseline: KnobValue
+    winner: KnobValue
     kept: bool
     note: str
     effect: Effect | None = None
@@ -42,8 +43,8 @@ class PathStep:
     knobs before them."""
 
     knobs: tuple[str, ...]
-    baseline: tuple[Any, ...]
-    winner: tuple[Any, ...]
+    baseline: tuple[KnobValue, ...]
+    winner: tuple[KnobValue, ...]
     kept: bool
     effect: Effect
     rounds: int

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from autotune.config import TrialConfig
+from autotune.config import KnobValue, TrialConfig
 from autotune.runtime.json_value import JsonObject, JsonValue
 
 # Where the printed speedup's interval comes from, as best_config.json tells its reader.
@@ -277,7 +277,7 @@ class LayoutEffect:
 
     multi_rank: str
     single_process: str
-    other_knobs: Mapping[str, Any]
+    other_knobs: Mapping[str, KnobValue]
     effect: Interval  # the multi-rank layout's speed over the single process's
 
     def to_json(self) -> JsonObject:

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.config import TrialConfig
+from autotune.config import KnobValue, TrialConfig
 from autotune.document.ablation import Ablation
 from autotune.document.batch import BatchChoice
 from autotune.document.measures import (
@@ -101,8 +101,8 @@ class SpaceSummary:
     """The search space: each knob's values (one value: not searched), the knobs the user
     fixed, and what was left out on this machine ("knob" or "knob=value") with why."""
 
-    included: Mapping[str, Sequence[Any]]
-    fixed: Mapping[str, Any]
+    included: Mapping[str, Sequence[KnobValue]]
+    fixed: Mapping[str, KnobValue]
     excluded: Mapping[str, str]
 
     def to_json(self) -> JsonObject:
@@ -156,7 +156,7 @@ class RunDocument:
         return self.speedup is not None
 
     @property
-    def included(self) -> Mapping[str, Sequence[Any]]:
+    def included(self) -> Mapping[str, Sequence[KnobValue]]:
         """The search space: each knob's values (one value: not searched)."""
         return self.space.included
 

@@ -37,7 +37,7 @@ def table_note(doc: RunDocument) -> str:
 def _workers(doc: RunDocument, tried: Iterable[str] | None) -> str:
     """What the search did with DataLoader workers beyond the emitted number."""
     chosen = doc.config.num_workers
-    space = [int(v) for v in doc.included.get("num_workers", []) if int(v) > chosen]
+    space = [v for v in doc.included.get("num_workers", []) if isinstance(v, int) and v > chosen]
     if not space:
         return (f"the search had no more DataLoader workers to try than the {chosen} it runs with"
                 if "num_workers" in doc.included else "the search did not vary DataLoader workers")
