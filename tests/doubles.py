@@ -32,7 +32,9 @@ from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.report.console import Reporter
 from autotune.task import Task
+from autotune.trials.events import DoneEvent, SetupEvent, WarmupEvent
 from autotune.trials.runner import LiveTrialLike, TrialResult
+from autotune.trials.script_report import ScriptReport
 
 from helpers import written_document
 
@@ -60,7 +62,7 @@ class RunnerDouble:
     def start(self, cfg: TrialConfig, *, name: str, mode: Any = None) -> LiveTrialLike:
         raise NotImplementedError(f"{type(self).__name__} serves no trial ({name})")
 
-    def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> dict[str, Any]:
+    def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptReport:
         raise NotImplementedError(f"{type(self).__name__} runs no script ({launcher})")
 
     def close(self) -> None:
@@ -140,11 +142,12 @@ class StandIn(RunnerDouble):
         run, or three measured windows (reported to ``on_window``, which may prune)."""
         if trajectory_steps is not None:
             self.gated.append(cfg)
-            return TrialResult(status="ok", done={"losses": self.losses(cfg, trajectory_steps)})
+            return TrialResult(status="ok", done=DoneEvent.from_json({"losses": self.losses(cfg, trajectory_steps)}))
         if quality_steps is not None:
             self.gated.append(cfg)
             metric = 0.5 if self.diverge and not cfg.exact else 0.9
-            return TrialResult(status="ok", done={"metric": metric, "losses": self.losses(cfg, quality_steps)})
+            return TrialResult(status="ok", done=DoneEvent.from_json({"metric": metric,
+                                                                      "losses": self.losses(cfg, quality_steps)}))
         self.measured.append(cfg)
         value = self.throughput(cfg)
         for i in range(3):
@@ -152,10 +155,10 @@ class StandIn(RunnerDouble):
                 return TrialResult(status="pruned")
         step_s = cfg.batch_size / value
         return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
-                           setup={"threads": self.threads_seen(cfg), "seconds": 0.0},
+                           setup=SetupEvent.from_json({"threads": self.threads_seen(cfg), "seconds": 0.0}),
                            facts={"utilisation": self.utilisation(cfg)},
-                           warmup={"first_step_s": step_s + self.one_time_s(cfg), "step_s": step_s},
-                           done=self.measured_done(cfg))
+                           warmup=WarmupEvent(first_step_s=step_s + self.one_time_s(cfg), step_s=step_s),
+                           done=DoneEvent.from_json(self.measured_done(cfg)))
 
 
 class StandInRunner(StandIn):
@@ -196,7 +199,7 @@ class StandInRunner(StandIn):
         self.scripts.append(Path(launcher))
         written = json.loads((Path(launcher).parent / "best_config.json").read_text())
         cfg = TrialConfig.from_dict(written.get("candidate") or written["config"])
-        return {"samples_per_s": self.throughput(cfg)}
+        return ScriptReport(samples_per_s=self.throughput(cfg))
 
 
 def tune_stand_in(task: Task, tmp_path: Path, runner: StandInRunner, **options: Any) -> dict:
@@ -220,9 +223,10 @@ class ScriptedRunner(RunnerDouble):
     def run(self, cfg, *, name, on_window=None, trajectory_steps=None, quality_steps=None, **kw):
         self.runs.append(cfg)
         if trajectory_steps is not None:
-            return TrialResult(status="ok", done={"losses": self.losses[cfg.precision][:trajectory_steps]})
-        return TrialResult(status="ok", done={"metric": self.metric[cfg.precision],
-                                              "losses": self.losses.get(cfg.precision, [1.0])[:quality_steps]})
+            return TrialResult(status="ok",
+                               done=DoneEvent.from_json({"losses": self.losses[cfg.precision][:trajectory_steps]}))
+        return TrialResult(status="ok", done=DoneEvent.from_json({
+            "metric": self.metric[cfg.precision], "losses": self.losses.get(cfg.precision, [1.0])[:quality_steps]}))
 
 
 class ServingCounter(RunnerDouble):

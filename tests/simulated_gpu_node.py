@@ -40,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.trials.events import SetupEvent
 from autotune.trials.runner import TrialResult, process_key
+from autotune.trials.script_report import ScriptReport
 
 from doubles import StandIn
 
@@ -277,7 +279,7 @@ class SimulatedGpuNode(StandIn):
         result.wall_s = self.clock - began
         measured = 0.0 if steps is not None else 3 * self.costs.window_s
         result.phases = {"measure_s": measured, "overhead_s": result.wall_s - measured}
-        result.setup = {**result.setup, "warm": warm}
+        result.setup = dataclasses.replace(result.setup or SetupEvent(seconds=0.0), warm=warm)
         return result
 
     def start(self, cfg: TrialConfig, *, name: str, mode: Any = None, **kw: Any) -> _Process:
@@ -286,7 +288,7 @@ class SimulatedGpuNode(StandIn):
         return _Process(self, pid, cfg, failure, name)
 
     def run_script(self, launcher: str | Path, *, steps: int, workdir: Path,
-                   timeout_s: float) -> dict[str, Any]:
+                   timeout_s: float) -> ScriptReport:
         """The emitted launch.sh, alone: its configuration read back from what was
         written beside it."""
         self.scripts.append(Path(launcher))
@@ -301,7 +303,7 @@ class SimulatedGpuNode(StandIn):
         self.busy(pid, cfg, self.warm_up_s(cfg, f"script:{launcher}"))
         self.busy(pid, cfg, steps * self.step_s(cfg), measuring=True)
         self.release(pid)
-        return {"samples_per_s": self.throughput(cfg)}
+        return ScriptReport(samples_per_s=self.throughput(cfg))
 
     def resident_anywhere(self) -> dict[int, list[int]]:
         """Processes still holding a device (none once a stage has ended)."""

@@ -200,7 +200,7 @@ def test_when_the_simplified_configuration_fails_alone_the_full_winner_says_its_
         def run_script(self, launcher, *, steps, workdir, timeout_s):
             report = super().run_script(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s)
             if "candidate-0" in str(launcher):  # the first run alone: the simplified one
-                report["samples_per_s"] = 1.0
+                report.samples_per_s = 1.0
             return report
 
     doc = tune_stand_in(task, tmp_path, SimplerFailsAlone(recorded_machine("avx2_epyc")))

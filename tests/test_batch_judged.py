@@ -42,7 +42,7 @@ class Rising(StandInRunner):
         result = super().run(cfg, name=name, on_window=on_window, trajectory_steps=trajectory_steps,
                              quality_steps=quality_steps)
         if quality_steps is not None and self.hurts and cfg.batch_size / 16 / cfg.lr_factor > 4:
-            result.done["metric"] = 0.6
+            result.done = dataclasses.replace(result.done, metric=0.6)
         return result
 
 
@@ -60,7 +60,7 @@ def test_the_ramp_stops_where_memory_binds():
             if cfg.batch_size >= 128:
                 return TrialResult(status="failed", failure="out_of_memory", message="CUDA out of memory")
             result = super().run(cfg, **kw)
-            result.done["rank_peak_mb"] = cfg.batch_size * 10.0
+            result.done = dataclasses.replace(result.done, rank_peak_mb=cfg.batch_size * 10.0)
             return result
 
     runner = OutOfMemoryAt(recorded_machine("avx2_epyc"), knee=4096)

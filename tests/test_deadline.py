@@ -196,7 +196,7 @@ def test_a_second_candidates_script_runs_alone_only_when_its_pairs_fit(task, tmp
             SlowerAlone.now += 10.0
             report = super().run_script(launcher, **kw)
             if Path(launcher).parent.name != "baseline":
-                report["samples_per_s"] = 0.5 * self.throughput(BASE)
+                report.samples_per_s = 0.5 * self.throughput(BASE)
             return report
 
     runner = SlowerAlone(machine)

@@ -159,7 +159,7 @@ def test_a_step_slower_than_the_hang_timeout_is_slow_not_hung(run_trial):
     result, _ = run_trial("slow_step.py", ONE, timeout_s=120, hang_s=1)
     assert result.status == "ok", describe(result)
     # the premise (each step sleeps 1.5 s): the steps were slower than the --hang-timeout
-    assert result.warmup["step_s"] > 1
+    assert result.warmup.step_s > 1
 
 
 # --- crashes and memory ----------------------------------------------------------------

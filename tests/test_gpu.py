@@ -200,7 +200,7 @@ def test_nccl_two_ranks(tmp_path):
     result = runner.run(TrialConfig(device="cuda", backend="nccl", nprocs=2, threads=2,
                                     batch_size=32), name="t")
     assert result.status == "ok", result.log_tail
-    assert result.setup["world"] == 2 and result.setup["backend"] == "nccl"
+    assert result.setup.world == 2 and result.setup.backend == "nccl"
 
 
 # --- 5. eight ranks ---------------------------------------------------------------------------------

@@ -304,7 +304,7 @@ def test_a_trial_applies_the_ddp_options_and_expandable_segments(tmp_path, monke
                          timeout_s=150, hang_s=60)
     result = runner.run(FORCED, name="gpu-knobs")
     assert result.status == "ok", f"{result.failure}: {result.message}\n{result.log_tail}"
-    assert result.setup["env"][gpu_knobs.ALLOC_CONF] == "expandable_segments:True"
+    assert result.setup.process.env[gpu_knobs.ALLOC_CONF] == "expandable_segments:True"
     assert result.facts["ddp"] is True
     assert result.facts["ddp_bucket_view"] is True and result.facts["ddp_static_graph"] is True
 
@@ -387,7 +387,7 @@ def test_on_a_gpu_expandable_segments_reach_the_allocator(tmp_path, monkeypatch)
     base = TrialConfig(device="cuda", backend="nccl", batch_size=16)
     assert cuda_trial(tmp_path / "off", base).facts["cuda_expandable_segments"] is False
     on = cuda_trial(tmp_path / "on", base.replace(expandable_segments=True))
-    assert on.setup["env"][gpu_knobs.ALLOC_CONF] == "expandable_segments:True"
+    assert on.setup.process.env[gpu_knobs.ALLOC_CONF] == "expandable_segments:True"
     assert on.facts["cuda_expandable_segments"] is True
 
 

@@ -104,7 +104,7 @@ def _trial_and_script(group: str, machine: dict, tmp_path: Path) -> tuple[dict, 
                            "--report", str(report)], capture_output=True, text=True, timeout=240,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return {**result.setup, **result.facts}, json.loads(report.read_text())["facts"]
+    return {**result.setup.to_json(), **result.facts}, json.loads(report.read_text())["facts"]
 
 
 @pytest.mark.slow

@@ -96,7 +96,7 @@ def test_a_trial_inside_a_users_job_starts_its_own_rank_group(tmp_path, monkeypa
                          timeout_s=90)
     result = runner.run(TrialConfig(nprocs=nprocs, threads=1, batch_size=16), name="trial")
     assert result.status == "ok", f"{result.failure}: {result.message}\n{result.log_tail}"
-    assert result.setup["world"] == nprocs
+    assert result.setup.world == nprocs
 
 
 def _tmp_leftovers(root: Path) -> set[str]:

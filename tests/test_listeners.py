@@ -14,6 +14,7 @@ from autotune.config import TrialConfig
 from autotune.emit import launch
 from autotune.emit import outputs as emit
 from autotune.trials.runner import Measurement, TrialRunner
+from autotune.trials.spec import TrialMode
 
 from helpers import MODELS, machine_doc
 
@@ -47,7 +48,7 @@ def test_a_two_rank_trial_listens_on_loopback_only(tmp_path):
     runner = TrialRunner(model_file=MODELS / "tiny_cnn.py", machine=machine_doc(),
                          workdir=tmp_path, measurement=Measurement(warmup_steps=2, window_s=0.3),
                          timeout_s=120)
-    trial = runner.start(TWO_RANKS, name="serve", mode={"mode": "serve"})
+    trial = runner.start(TWO_RANKS, name="serve", mode=TrialMode.serve())
     seen: set[tuple[str, int]] = set()
     try:
         while not trial.poll() and not trial.ready:  # setup, rendezvous, warm-up

@@ -331,7 +331,7 @@ def test_a_sharded_trials_evaluate_gets_the_gathered_weights(runner):
         sharded = _ok(runner.run(cfg, name=f"{sharding}-q", quality_steps=5))
         assert sharded.losses == pytest.approx(replicated.losses, rel=1e-5, abs=1e-6), sharding
         # rank 0's evaluate() on a plain copy with the weights every rank gathered
-        assert sharded.done["metric"] == pytest.approx(replicated.done["metric"], abs=1e-6)
+        assert sharded.done.metric == pytest.approx(replicated.done.metric, abs=1e-6)
 
 
 # Sharding's memory: measured under tcmalloc. Under glibc's malloc a sharded rank can hold

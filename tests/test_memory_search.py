@@ -57,7 +57,7 @@ class MemoryStandIn(StandInRunner):
         report = super().run_script(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s)
         written = json.loads((Path(launcher).parent / "best_config.json").read_text())
         cfg = TrialConfig.from_dict(written.get("candidate") or written["config"])
-        return {**report, "rank_peak_mb": self.peak_mb(cfg)}
+        return dataclasses.replace(report, rank_peak_mb=self.peak_mb(cfg))
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,10 @@ from autotune.runtime.loop import Checkpoints, Metrics, evaluate, train
 from autotune.runtime.model import NonFiniteLoss, build_model, check_finite, make_step, sync_batchnorm
 from autotune.runtime.session import Session, apply_process_knobs, configure_precision
 from autotune.trials import worker
+from autotune.trials.events import DoneEvent
 from autotune.trials.protocol import Failure, Measurement, Mode, Status
 from autotune.trials.runner import TrialResult, TrialRunner, run_launcher
+from autotune.trials.script_report import ScriptReport
 
 TINY_MODEL = '''
 import time
@@ -267,15 +269,15 @@ def test_the_worker_reports_rank_0s_reserved_peak_and_the_gpus_size(tmp_path, mo
     session = types.SimpleNamespace(dist=types.SimpleNamespace(device=torch.device("cuda", 0),
                                                                agree_max=lambda value: value))
     done = worker.finish(session, [10.0, 12.0], [1.0])  # type: ignore[arg-type]
-    assert done["cuda_peak_mb"] == 3.0 and done["cuda_total_mb"] == 80 * 1024
-    assert done["rank_peak_mb"] == 3.0  # what --memory-limit bounds on a GPU
+    assert done.cuda_peak_mb == 3.0 and done.cuda_total_mb == 80 * 1024
+    assert done.rank_peak_mb == 3.0  # what --memory-limit bounds on a GPU
     assert torch.cuda.max_memory_reserved.calls[0][0] == (torch.device("cuda", 0),)
 
 
 def test_the_trial_summary_keeps_the_gpu_memory_on_cuda_only():
-    cuda = TrialResult(status=Status.OK, done={"cuda_peak_mb": 1500.0, "cuda_total_mb": 81559.0})
+    cuda = TrialResult(status=Status.OK, done=DoneEvent(cuda_peak_mb=1500.0, cuda_total_mb=81559.0))
     assert cuda.summary()["cuda_peak_mb"] == 1500.0 and cuda.summary()["cuda_total_mb"] == 81559.0
-    cpu = TrialResult(status=Status.OK, done={"cuda_peak_mb": None, "cuda_total_mb": None})
+    cpu = TrialResult(status=Status.OK, done=DoneEvent(cuda_peak_mb=None, cuda_total_mb=None))
     assert "cuda_peak_mb" not in cpu.summary() and "cuda_total_mb" not in cpu.summary()
 
 
@@ -578,5 +580,5 @@ def test_the_standalone_pairs_run_the_scripts_without_evaluate(tmp_path):
         done
     '''))
     report = run_launcher(launcher, steps=5, workdir=tmp_path / "work", timeout_s=60, cwd=tmp_path)
-    assert report == {"samples_per_s": 1.0}
+    assert report == ScriptReport(samples_per_s=1.0)
     assert "--no-evaluate" in (tmp_path / "args.txt").read_text().splitlines()

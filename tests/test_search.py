@@ -2,6 +2,7 @@
 sizes, then with each late knob (compile) — measured here by a stand-in runner."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from autotune.search.budget import SearchBudget
 from autotune.search.study import StudyDamaged, repair_journal
 from autotune.search.tuner import Tuner, open_study
 from autotune.space import MEMORY_KNOBS, build_space
+from autotune.trials.events import SetupEvent, WarmupEvent
 from autotune.trials.protocol import Role
 from autotune.trials.runner import TrialResult
 
@@ -36,7 +38,7 @@ class ThroughputOfBatch:
         self.measured.append(cfg)
         value = throughput(cfg.batch_size, cfg.num_workers, cfg.nprocs)
         return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
-                           setup={"threads": cfg.threads or 2})
+                           setup=SetupEvent.from_json({"threads": cfg.threads or 2}))
 
 
 def _but_batch(cfg: dict) -> dict:
@@ -105,7 +107,7 @@ def test_a_batch_whose_throughput_peaks_far_from_the_samples_is_climbed_to(tmp_p
             b = cfg.batch_size
             value = 1000.0 * (b / peak if b <= peak else peak / b) ** 0.5
             return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
-                               setup={"threads": cfg.threads or 2})
+                               setup=SetupEvent.from_json({"threads": cfg.threads or 2}))
 
     study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
     runner = PeaksAt256()
@@ -364,8 +366,8 @@ class CompileTakes200s(Bf16Twice):
         compiled = cfg.compile != "off"
         result.value *= 1.1 if compiled else 1.0
         result.values = [result.value] * 3
-        result.setup = {**result.setup, "seconds": 1.0}
-        result.warmup = {"first_step_s": 200.1 if compiled else 0.1, "step_s": 0.1}
+        result.setup = dataclasses.replace(result.setup, seconds=1.0)
+        result.warmup = WarmupEvent(first_step_s=200.1 if compiled else 0.1, step_s=0.1)
         result.wall_s = result.one_time_s + 10.0
         return result
 

@@ -11,6 +11,7 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.task import load_task
 from autotune.trials.runner import Measurement, TrialRunner
+from autotune.trials.script_report import ScriptReport
 from autotune.verify import ablation, gates, sequential, side_by_side, standalone
 from autotune.verify.settings import Settings
 from autotune.verify.trainings import Trainings, work_key
@@ -208,7 +209,7 @@ class Scripts:
         self.now += self.run_s
         self.runs += 1
         rate = 100.0 * (self.ratio if launcher.name == "c" else 1.0)
-        return {"samples_per_s": rate * math.exp(self.rng.gauss(0.0, self.noise))}
+        return ScriptReport(samples_per_s=rate * math.exp(self.rng.gauss(0.0, self.noise)))
 
 
 def alone(runner: Scripts, tmp_path: Path, *, pairs: int, budget=None, sbs_noise: float = 0.03):

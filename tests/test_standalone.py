@@ -20,6 +20,7 @@ from autotune.errors import NotVerified
 from autotune.report.console import Reporter
 from autotune.sections import SearchOptions
 from autotune.task_space import build_task_space
+from autotune.trials.script_report import ScriptReport
 from autotune.verify import standalone
 from autotune.verify.again import reverify
 from autotune.verify.settings import Settings
@@ -78,7 +79,7 @@ def test_candidates_faster_only_side_by_side_are_not_verified(task, tmp_path):
             if Path(launcher).parent.name == "baseline":
                 return super().run_script(launcher, **kw)
             self.scripts.append(Path(launcher))
-            return {"samples_per_s": 0.95 * self.throughput(baseline)}
+            return ScriptReport(samples_per_s=0.95 * self.throughput(baseline))
 
     runner = SlowerAlone(doc_in, served=lambda cfg: 1.0 if cfg == baseline else 3.0)
     doc = tune_stand_in(task, tmp_path, runner)
@@ -97,7 +98,7 @@ def test_a_machine_that_changes_speed_while_measured_is_said_so(task, tmp_path, 
             report = super().run_script(launcher, **kw)
             if Path(launcher).parent.name != "baseline":
                 runs = sum(1 for p in self.scripts if p.parent.name != "baseline")
-                report["samples_per_s"] *= 0.7 if runs > 3 else 1.0
+                report.samples_per_s *= 0.7 if runs > 3 else 1.0
             return report
 
     doc = tune_stand_in(task, tmp_path, SteppedDown(recorded_machine("avx2_epyc")))
@@ -117,7 +118,7 @@ def test_pairs_alternate_their_order_and_name_a_failing_side(tmp_path):
             calls.append(launcher.name)
             if launcher.name == self.fail:
                 raise RuntimeError(f"{launcher.name} failed (exit code 1)")
-            return {"samples_per_s": 200.0 if launcher.name == "c" else 100.0}
+            return ScriptReport(samples_per_s=200.0 if launcher.name == "c" else 100.0)
 
     b = standalone.Script(Path("b"), TrialConfig(batch_size=32), 100.0)
     c = standalone.Script(Path("c"), TrialConfig(batch_size=32), 200.0)
@@ -246,7 +247,7 @@ class TwoSpeeds:
         return 80_000.0 * math.exp(self.rng.gauss(0.0, 0.02))
 
     def run_script(self, launcher, *, steps, workdir, timeout_s):
-        return {"samples_per_s": self.candidate() if launcher.name == "c" else self.baseline()}
+        return ScriptReport(samples_per_s=self.candidate() if launcher.name == "c" else self.baseline())
 
 
 def alone_check(runner, tmp_path, *, pairs: int = 6):
@@ -301,8 +302,8 @@ def test_a_baseline_that_drifts_over_the_pairs_is_named_and_widens_the_interval(
             i = self.runs[launcher.name]
             self.runs[launcher.name] += 1
             rise = i / 5
-            return {"samples_per_s": 3_250.0 * 1.175 ** rise if launcher.name == "b"
-                    else 6_080.0 * 1.08 ** rise * (1.0 + 0.004 * (-1) ** i)}
+            return ScriptReport(samples_per_s=3_250.0 * 1.175 ** rise if launcher.name == "b"
+                                else 6_080.0 * 1.08 ** rise * (1.0 + 0.004 * (-1) ** i))
 
     drifting = alone_check(Drifting(), tmp_path)
     assert drifting.passed

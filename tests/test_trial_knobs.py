@@ -48,7 +48,7 @@ def trial(tmp_path_factory):
 @pytest.mark.slow
 def test_trial_runs_in_its_own_process_and_measures(trial):
     result = trial(A)
-    assert result.setup["pid"] != os.getpid()
+    assert result.setup.pid != os.getpid()
     assert result.value and result.value > 0
     assert len(result.values) == MEASURE.windows
     assert all(v > 0 for v in result.values)
@@ -76,14 +76,14 @@ def test_trial_wall_time_is_split_into_phases(trial):
 @pytest.mark.slow
 def test_threads(trial, cfg):
     result = trial(cfg)
-    assert result.setup["threads"] == cfg.threads  # torch.get_num_threads() in the trial
-    assert result.setup["env"]["OMP_NUM_THREADS"] == str(cfg.threads)
+    assert result.setup.process.threads == cfg.threads  # torch.get_num_threads() in the trial
+    assert result.setup.process.env["OMP_NUM_THREADS"] == str(cfg.threads)
 
 
 @pytest.mark.parametrize("cfg", [A, B], ids=["batch=16", "batch=32"])
 def test_batch_size_one_process(trial, cfg):
     result = trial(cfg)
-    assert result.setup["world"] == 1
+    assert result.setup.world == 1
     assert result.facts["per_rank_batch"] == cfg.batch_size
 
 
@@ -92,7 +92,7 @@ def test_num_workers(trial, cfg):
     result = trial(cfg)
     pids = result.facts["loader_worker_pids"]
     assert len(pids) == cfg.num_workers
-    assert len(set(pids)) == len(pids) and result.setup["pid"] not in pids
+    assert len(set(pids)) == len(pids) and result.setup.pid not in pids
     # Ending the trial ended its whole tree: no DataLoader worker outlives it.
     alive = [p for p in pids if psutil.pid_exists(p)
              and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
@@ -118,23 +118,23 @@ def test_channels_last(trial):
 
 def test_affinity_compact_pins_the_rank(trial):
     cpus = machine_doc()["cpu"]["usable_cpus"]
-    assert trial(A).setup["affinity"] == cpus[:1]  # one thread, one core
-    assert trial(B).setup["affinity"] == cpus      # affinity none: left alone
+    assert trial(A).setup.process.affinity == cpus[:1]  # one thread, one core
+    assert trial(B).setup.process.affinity == cpus      # affinity none: left alone
     assert trial(A).env["TUNED_CPUS_PER_RANK"] == str(cpus[0])
 
 
 def test_single_process_has_no_ddp(trial):
     result = trial(A)
-    assert result.setup["world"] == 1 and result.setup["backend"] is None
+    assert result.setup.world == 1 and result.setup.backend is None
     assert result.facts["ddp"] is False
 
 
 @pytest.mark.slow
 def test_two_ranks_over_gloo(trial):
     result = trial(DDP)
-    assert result.setup["world"] == 2
-    assert result.setup["backend"] == "gloo"
-    assert result.setup["threads"] == 1
+    assert result.setup.world == 2
+    assert result.setup.backend == "gloo"
+    assert result.setup.process.threads == 1
     assert result.facts["ddp"] is True
     assert result.facts["per_rank_batch"] == DDP.batch_size // 2
     assert result.value and result.value > 0 and len(result.values) == MEASURE.windows
@@ -210,12 +210,13 @@ class _StubRunner:
         self.configs: list[TrialConfig] = []
 
     def run(self, cfg, *, name, on_window=None, **_):
+        from autotune.trials.events import SetupEvent
         from autotune.trials.runner import TrialResult
 
         self.configs.append(cfg)
         value = 100.0 if cfg.threads is None else 50.0
         return TrialResult(status="ok", value=value, values=[value, value],
-                           setup={"threads": cfg.threads or 2, "world": 1})
+                           setup=SetupEvent.from_json({"threads": cfg.threads or 2, "world": 1}))
 
 
 # Regression guard: the best trial is the baseline (threads=None) and the layout of the

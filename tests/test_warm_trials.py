@@ -9,6 +9,7 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.probes.libraries import find_native_libraries
+from autotune.trials.events import SetupEvent, WarmupEvent
 from autotune.trials.protocol import Measurement, Status
 from autotune.trials.runner import TrialResult, TrialRunner, process_key
 
@@ -65,14 +66,14 @@ def test_a_warm_process_trains_a_configuration_as_a_fresh_one_would(tmp_path):
         assert between.status == Status.OK, between.describe_failure()
         assert between.facts.get("loader_worker_pids"), "the configuration in between had no DataLoader workers"
         (idle,) = r._idle.values()
-        assert idle.proc.pid == between.setup["pid"] == first.setup["pid"]
+        assert idle.proc.pid == between.setup.pid == first.setup.pid
         assert not psutil.Process(idle.proc.pid).children(recursive=True), \
             "the DataLoader workers of the configuration before outlived it"
         again = r.run(reference, name="again", trajectory_steps=12)
     finally:
         r.close()
-    assert again.setup["warm"] is True and again.setup["pid"] == first.setup["pid"]
-    assert first.setup["warm"] is False
+    assert again.setup.warm is True and again.setup.pid == first.setup.pid
+    assert first.setup.warm is False
     assert first.losses == fresh.losses
     assert again.losses == fresh.losses, "a warm process trained another model or other batches"
 
@@ -85,9 +86,9 @@ def test_each_warm_trial_writes_its_own_log_and_events(tmp_path):
     finally:
         r.close()
     assert a.status == b.status == Status.OK
-    assert b.setup["warm"] is True
+    assert b.setup.warm is True
     # what a step's memory costs the system: how warm and fresh processes differ under glibc
-    assert all(r.done["minor_faults_per_step"] >= 0 for r in (a, b))
+    assert all(r.done.minor_faults_per_step >= 0 for r in (a, b))
     events_b = (tmp_path / "trials" / "b" / "events.jsonl").read_text()
     assert '"setup"' in events_b and '"done"' in events_b
     assert '"setup"' in (tmp_path / "trials" / "a" / "events.jsonl").read_text()
@@ -105,32 +106,32 @@ def test_configurations_with_other_process_knobs_get_a_process_of_their_own(tmp_
         r.close()
     for res in (one, ranks, ranks_again, back):
         assert res.status == Status.OK, res.describe_failure()
-    assert ranks.setup["pid"] != one.setup["pid"]
-    assert ranks_again.setup["pid"] == ranks.setup["pid"] and ranks_again.setup["warm"]
-    assert ranks_again.setup["world"] == 2
-    assert back.setup["pid"] == one.setup["pid"], "the idle process of the first layout was not kept"
+    assert ranks.setup.pid != one.setup.pid
+    assert ranks_again.setup.pid == ranks.setup.pid and ranks_again.setup.warm
+    assert ranks_again.setup.world == 2
+    assert back.setup.pid == one.setup.pid, "the idle process of the first layout was not kept"
 
 
 def test_a_failed_configuration_ends_its_process_and_the_next_starts_fresh(tmp_path):
     r = runner(tmp_path, "fails_in_bf16.py")
     try:
         ok = r.run(cfg(batch_size=16), name="ok")
-        pid = ok.setup["pid"]
+        pid = ok.setup.pid
         failed = r.run(cfg(batch_size=16, precision="bf16"), name="failed")
-        assert failed.setup["pid"] == pid, "the failing configuration ran in the warm process"
+        assert failed.setup.pid == pid, "the failing configuration ran in the warm process"
         assert failed.status == Status.FAILED and failed.failure == "user_error"
         assert "NoAutocast cannot run under autocast" in failed.message
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         after = r.run(cfg(batch_size=16), name="after")
     finally:
         r.close()
-    assert after.status == Status.OK and after.setup["warm"] is False and after.setup["pid"] != pid
+    assert after.status == Status.OK and after.setup.warm is False and after.setup.pid != pid
 
 
 def test_closing_the_runner_ends_its_idle_processes(tmp_path):
     r = runner(tmp_path)
     res = r.run(cfg(batch_size=16), name="one")
-    pid = res.setup["pid"]
+    pid = res.setup.pid
     assert psutil.pid_exists(pid)
     r.close()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -140,7 +141,7 @@ def test_fresh_trials_measure_every_configuration_in_a_new_process(tmp_path):
     r = runner(tmp_path, warm=False)
     a = r.run(cfg(batch_size=16), name="a")
     b = r.run(cfg(batch_size=32), name="b")
-    assert a.setup["pid"] != b.setup["pid"] and b.setup["warm"] is False
+    assert a.setup.pid != b.setup.pid and b.setup.warm is False
     assert not r._idle
 
 
@@ -149,10 +150,10 @@ def test_a_configurations_one_time_cost_leaves_out_the_process_setup_every_confi
     excess: a fresh process's import and build_dataset would charge it to whichever
     configuration happened to start a process."""
 
-    fresh = TrialResult(status=Status.OK, setup={"seconds": 5.0, "process_s": 4.5},
-                        warmup={"first_step_s": 3.0, "step_s": 1.0})
-    warm = TrialResult(status=Status.OK, setup={"seconds": 0.5, "process_s": 0.0},
-                       warmup={"first_step_s": 3.0, "step_s": 1.0})
+    fresh = TrialResult(status=Status.OK, setup=SetupEvent(seconds=5.0, process_s=4.5),
+                        warmup=WarmupEvent(first_step_s=3.0, step_s=1.0))
+    warm = TrialResult(status=Status.OK, setup=SetupEvent(seconds=0.5, process_s=0.0),
+                       warmup=WarmupEvent(first_step_s=3.0, step_s=1.0))
     assert fresh.one_time_s == warm.one_time_s == 2.5
 
 
@@ -163,7 +164,7 @@ def test_an_idle_process_leaves_the_gpus_before_a_process_of_other_knobs_starts_
     r = runner(tmp_path)
     try:
         res = r.run(cfg(batch_size=16), name="cpu")
-        pid = res.setup["pid"]
+        pid = res.setup.pid
         r.run(cfg(batch_size=16, device="cuda"), name="gpu")
         assert not r._idle
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

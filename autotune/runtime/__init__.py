@@ -18,6 +18,7 @@ imports nothing, so ``ranks`` can be imported that early.
 - ``model``: the model with its knobs applied, one optimizer step
 - ``session``: everything one rank needs to train
 - ``facts``: what the knobs did, read from the process and a step
+- ``process_facts``: what the process knobs did, as data (stdlib only)
 - ``loop``: train_tuned.py's training loop: checkpoints, metrics, stop requests
 - ``main``: train_tuned.py's command line
 """

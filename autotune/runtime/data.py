@@ -200,13 +200,8 @@ def build_loader(user: Any, cfg: ConfigDict, dist: Distributed, *, seed: int,
     if items is not None and items < global_batch:
         raise ValueError(f"the dataset has {items} items: too few for one batch of {global_batch}")
     workers = int(cfg.get("num_workers", 0))
-    kwargs: dict[str, Any] = {}
-    if workers > 0:
-        kwargs["worker_init_fn"] = leave_stop_signals_to_the_trainer
-        kwargs["persistent_workers"] = bool(cfg.get("persistent_workers"))
-        prefetch = cfg.get("prefetch_factor")
-        if prefetch:
-            kwargs["prefetch_factor"] = int(prefetch)
+    # The worker settings only where there are workers: DataLoader refuses them without.
+    prefetch = cfg.get("prefetch_factor")
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=per_rank,
@@ -215,7 +210,9 @@ def build_loader(user: Any, cfg: ConfigDict, dist: Distributed, *, seed: int,
         pin_memory=bool(cfg.get("pin_memory")) and dist.device.type == Device.CUDA,
         drop_last=True,  # a ragged last batch would recompile a compiled model
         collate_fn=getattr(user, "collate_fn", None),
-        **kwargs,
+        worker_init_fn=leave_stop_signals_to_the_trainer if workers > 0 else None,
+        persistent_workers=workers > 0 and bool(cfg.get("persistent_workers")),
+        prefetch_factor=int(prefetch) if workers > 0 and prefetch else None,
     )
     return loader, sampler
 

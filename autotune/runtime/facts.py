@@ -4,6 +4,7 @@ checked the same way in both. And what differs from the machine a configuration 
 tuned on."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -11,13 +12,15 @@ import torch
 
 from . import gpu_knobs, memory
 from .data import first_tensor
+from .json_value import JsonObject
 from .knobs import Device, OptimizerStep
 from .model import config_lr_factor, first_lr, unwrap_model
 from .optimizer_step import optimizer_facts
+from .process_facts import ProcessFacts
 from .session import Session
 
 
-def machine_differences(tuned_for: dict[str, Any]) -> list[str]:
+def machine_differences(tuned_for: JsonObject) -> list[str]:
     """Cheap checks that this machine is the kind the configuration was tuned on: a
     config tuned for 16 cores and run on 4 is no longer the fastest."""
     here = {"usable_cores": len(os.sched_getaffinity(0)),
@@ -44,21 +47,23 @@ def mapped_libraries() -> list[str]:
     return sorted(os.path.basename(p) for p in paths if p.startswith("/"))
 
 
-def process_facts() -> dict[str, Any]:
+# The environment variables through which the process knobs act.
+PROCESS_ENV = ("OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_CONF", "OMP_PROC_BIND", "OMP_PLACES",
+               "TUNED_CPUS_PER_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", gpu_knobs.ALLOC_CONF)
+
+
+def process_facts() -> ProcessFacts:
     """What the process-level knobs did to this process."""
-    return {
-        "threads": torch.get_num_threads(),
-        "interop_threads": torch.get_num_interop_threads(),
-        "affinity": sorted(os.sched_getaffinity(0)),
-        "libraries": mapped_libraries(),
-        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "LD_PRELOAD", "MALLOC_CONF",
-                                                "OMP_PROC_BIND", "OMP_PLACES", "TUNED_CPUS_PER_RANK",
-                                                "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-                                                gpu_knobs.ALLOC_CONF)},
-    }
+    return ProcessFacts(
+        threads=torch.get_num_threads(),
+        interop_threads=torch.get_num_interop_threads(),
+        affinity=sorted(os.sched_getaffinity(0)),
+        libraries=mapped_libraries(),
+        env={k: os.environ.get(k) for k in PROCESS_ENV},
+    )
 
 
-def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
+def step_facts(session: Session) -> tuple[torch.Tensor, JsonObject]:
     """Run one training step (its loss is returned) with hooks that record what the
     in-process knobs did:
     activation dtypes (precision), memory format of conv inputs (channels_last), the
@@ -66,7 +71,8 @@ def step_facts(session: Session) -> tuple[torch.Tensor, dict[str, Any]]:
     checkpointed blocks, the model's calls in a step and what each got (grad_accum's
     micro-batches), and whether the parameters are sharded with this rank's share; the
     learning-rate factor and the first group's learning rate; the optimizer's step
-    implementation and the loader's prefetch factor."""
+    implementation and the loader's prefetch factor. Only ever written (a trial's FACTS
+    event, train_tuned.py's report) and compared key by key: a JSON object."""
     dtypes: set[str] = set()
     conv_inputs_channels_last: list[bool] = []
     hooks = []
@@ -162,11 +168,19 @@ def process_peak_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def cuda_memory(device: torch.device) -> dict[str, Any]:
-    """This rank's GPU memory at its peak and the GPU's size, in MiB (None off CUDA).
-    Reserved, not allocated: the caching allocator's reservation is what another batch
-    size or process on the GPU would find taken."""
+@dataclasses.dataclass(frozen=True)
+class CudaMemory:
+    """This rank's GPU memory at its peak and the GPU's size, in MiB (None off CUDA)."""
+
+    peak_mb: float | None
+    total_mb: float | None
+
+
+def cuda_memory(device: torch.device) -> CudaMemory:
+    """This rank's GPU memory at its peak and the GPU's size. Reserved, not allocated: the
+    caching allocator's reservation is what another batch size or process on the GPU
+    would find taken."""
     if device.type != Device.CUDA:
-        return {"cuda_peak_mb": None, "cuda_total_mb": None}
-    return {"cuda_peak_mb": torch.cuda.max_memory_reserved(device) / 2**20,
-            "cuda_total_mb": torch.cuda.get_device_properties(device).total_memory / 2**20}
+        return CudaMemory(peak_mb=None, total_mb=None)
+    return CudaMemory(peak_mb=torch.cuda.max_memory_reserved(device) / 2**20,
+                      total_mb=torch.cuda.get_device_properties(device).total_memory / 2**20)

@@ -11,7 +11,9 @@ import dataclasses
 import enum
 import json
 import math
-from typing import Any, TypedDict
+from typing import TypedDict
+
+from .json_value import JsonObject
 
 
 class Device(str, enum.Enum):
@@ -182,7 +184,7 @@ class ScriptSettings:
     description: str
     model_file: str
     model_file_tuned: str
-    tuned_for: dict[str, Any]
+    tuned_for: JsonObject
     baseline_batch: int | None
 
     def to_json(self) -> str:

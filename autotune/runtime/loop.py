@@ -18,6 +18,7 @@ import torch
 from . import memory
 from .distributed import Distributed
 from .facts import process_facts, process_peak_mb, step_facts
+from .json_value import JsonObject
 from .knobs import ConfigDict, Device
 from .model import check_finite, unwrap_model
 from .session import Session
@@ -256,7 +257,7 @@ def train(session: Session, *, total: int, start: int, config: ConfigDict, check
     warm = start + min(3, max(0, total - start - 1))  # steps before the clock starts (compile)
     losses: list[float] = []
     pending: list[torch.Tensor] = []
-    facts = None
+    facts: JsonObject | None = None
     clock = TrainClock(session.dist)
     stopped = 0
     step = start
@@ -265,8 +266,8 @@ def train(session: Session, *, total: int, start: int, config: ConfigDict, check
         if step == start + 1 and report:
             # The first step, with hooks that record what each knob did here, the way
             # autotune's trials record it.
-            loss, facts = step_facts(session)
-            facts.update(process_facts())
+            loss, first = step_facts(session)
+            facts = {**first, **process_facts().to_json()}
             pending.append(loss)
         else:
             pending.append(session.step())

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from .json_value import JsonObject
 from .knobs import ConfigDict, OptimizerStep
 
 FLAGS = (OptimizerStep.FOREACH.value, OptimizerStep.FUSED.value)
@@ -71,7 +72,7 @@ def with_step(optimizer: Any, step: str) -> Any:
     return rebuilt
 
 
-def optimizer_facts(optimizer: Any, step: str) -> dict[str, Any]:
+def optimizer_facts(optimizer: Any, step: str) -> JsonObject:
     """What the step knob did: the optimizer's class, its ``fused`` and ``foreach`` flags
     (None: torch's choice), each group's learning rate, weight decay and size, and why a
     step asked for was not applied."""

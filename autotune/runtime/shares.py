@@ -21,6 +21,8 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .json_value import JsonObject
+
 WINDOW = "autotune.window"
 STEP = "autotune.step"
 DATA_WAIT = "autotune.data_wait"
@@ -123,8 +125,8 @@ class StepShares:
     def shares(self) -> dict[Category, float]:
         return {c: (self.ms.get(c, 0.0) / self.window_ms if self.window_ms > 0 else 0.0) for c in Category}
 
-    def to_json(self, *, device: str, measured_step_ms: float | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"step_ms": round(self.step_ms, 4), "steps": self.steps, "device": device,
+    def to_json(self, *, device: str, measured_step_ms: float | None = None) -> JsonObject:
+        out: JsonObject = {"step_ms": round(self.step_ms, 4), "steps": self.steps, "device": device,
                                "source": self.source,
                                "shares": {c.value: round(s, 4) for c, s in self.shares.items()}}
         if measured_step_ms is not None:

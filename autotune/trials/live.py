@@ -14,10 +14,21 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
 from autotune.trials import logs, measure_lock, proctree
-from autotune.trials.protocol import PROGRESS_EVENTS, Command, Event, Failure, Status
+from autotune.trials.events import (
+    BeatEvent,
+    DoneEvent,
+    ErrorEvent,
+    FactsEvent,
+    ReadyEvent,
+    SetupEvent,
+    TrialEvent,
+    WarmupEvent,
+    WindowEvent,
+)
+from autotune.trials.protocol import PROGRESS_EVENTS, Command, Failure, Status
 from autotune.trials.result import TrialResult
 
 # The tuner stays all but idle while a trial measures: it reads the event file a few
@@ -117,37 +128,33 @@ class LiveTrial:
 
     # --- watching -------------------------------------------------------------------
 
-    def _handle(self, ev: dict[str, Any]) -> None:
-        try:
-            kind = Event(ev.get("e"))
-        except ValueError:
-            return  # a line from a newer worker: nothing here acts on it
+    def _handle(self, ev: TrialEvent) -> None:
         result = self.result
-        if kind in PROGRESS_EVENTS:
+        if ev.KIND in PROGRESS_EVENTS:
             self.last_progress = time.monotonic()
-        if kind is Event.SETUP:
+        if isinstance(ev, SetupEvent):
             result.setup = ev
             self.setup_seen_at = time.monotonic()
-        elif kind is Event.BEAT:
-            if ev.get("step") == 1 and result.setup.get("t"):  # the first step's time
-                self.step_s = max(0.0, float(ev["t"]) - float(result.setup["t"]))
-        elif kind is Event.FACTS:
-            result.facts = ev
-        elif kind is Event.WARMUP:
+        elif isinstance(ev, BeatEvent):
+            if ev.step == 1 and result.setup is not None and result.setup.t:  # the first step's time
+                self.step_s = max(0.0, ev.t - result.setup.t)
+        elif isinstance(ev, FactsEvent):
+            result.facts = ev.to_json()
+        elif isinstance(ev, WarmupEvent):
             result.warmup = ev
-            self.step_s = float(ev.get("step_s") or 0.0)  # a steady step
-        elif kind is Event.READY:
+            self.step_s = ev.step_s  # a steady step
+        elif isinstance(ev, ReadyEvent):
             self.ready = True
-        elif kind is Event.WINDOW:
+        elif isinstance(ev, WindowEvent):
             self.pending_since = None
-            result.window_seconds.append(float(ev.get("seconds", 0.0)))
-            result.values.append(float(ev["samples_per_s"]))
-            if self.killed_for is None and self.on_window and self.on_window(ev["i"], ev["samples_per_s"]):
+            result.window_seconds.append(ev.seconds)
+            result.values.append(ev.samples_per_s)
+            if self.killed_for is None and self.on_window and self.on_window(ev.i, ev.samples_per_s):
                 self.killed_for = (Status.PRUNED, "")
-        elif kind is Event.DONE:
+        elif isinstance(ev, DoneEvent):
             result.done = ev
-        elif kind is Event.ERROR and result.failure is None:
-            result.failure, result.message = Failure(ev["kind"]), ev["message"]
+        elif isinstance(ev, ErrorEvent) and result.failure is None:
+            result.failure, result.message = ev.kind, ev.message
 
     def poll(self) -> bool:
         """Read new events and enforce the limits; True once the trial has ended."""
@@ -168,7 +175,7 @@ class LiveTrial:
             elif not idle and self.last_progress is not None and now - self.last_progress > self.hang_limit:
                 self.killed_for = (Failure.HANG, f"no progress for {self.hang_limit:.0f} s while steps ran "
                                          f"(a step took {self.step_s:.1f} s)")
-            elif (not self.result.setup and runner.setup_hang_s is not None
+            elif (self.result.setup is None and runner.setup_hang_s is not None
                   and now - self.started > runner.setup_hang_s):
                 self.killed_for = (Failure.HANG, f"not set up after {runner.setup_hang_s:.0f} s: stuck in "
                                          "setup (importing the model file, build_dataset, "
@@ -196,7 +203,7 @@ class LiveTrial:
         """Seconds since the start, less those spent set up and waiting for its turn to warm
         up (``wait_ready``): verification sets up several processes at once on a GPU, and
         the last one's turn may come after others' compiles."""
-        if not self.warm_on_command or not self.result.setup:
+        if not self.warm_on_command or self.result.setup is None:
             return now - self.started
         waited_until = self.warm_sent_at if self.warm_sent_at is not None else now
         return now - self.started - max(0.0, waited_until - self.setup_seen_at)
@@ -204,7 +211,7 @@ class LiveTrial:
     def _reported(self) -> bool:
         """A warm process's trial ends with its report: its process lives on."""
         assert self.process is not None
-        return self.process.key is not None and bool(self.result.done)
+        return self.process.key is not None and self.result.done is not None
 
     @property
     def hang_limit(self) -> float:
@@ -240,7 +247,7 @@ class LiveTrial:
         process at a time, the others' first steps never overlap it."""
         try:
             if self.warm_on_command and not self.ready:
-                if not self._wait_until(lambda: bool(self.result.setup)):
+                if not self._wait_until(lambda: self.result.setup is not None):
                     return False
                 self._command(Command.WARM)
                 self.warm_sent_at = time.monotonic()
@@ -285,12 +292,12 @@ class LiveTrial:
         overhead (the lever on tuning time, see BENCHMARKS.md)."""
         result, phases = self.result, {}
         setup = result.setup
-        if setup:
+        if setup is not None:
             # Launch (of the ranks too) and imports, up to the start of the model file's setup.
-            phases["start_import_s"] = setup["t"] - setup["seconds"] - self.started_epoch
-            phases["setup_s"] = setup["seconds"]
-            if result.warmup:
-                phases["warmup_s"] = result.warmup["t"] - setup["t"]
+            phases["start_import_s"] = setup.t - setup.seconds - self.started_epoch
+            phases["setup_s"] = setup.seconds
+            if result.warmup is not None:
+                phases["warmup_s"] = result.warmup.t - setup.t
         phases["measure_s"] = sum(result.window_seconds)
         phases["overhead_s"] = result.wall_s - phases["measure_s"]
         return {k: round(max(0.0, v), 3) for k, v in phases.items()}
@@ -305,9 +312,9 @@ class LiveTrial:
         # lines written just before the end: a configuration that failed at once ended its
         # process right after its setup line, which the last poll may not have read
         for ev in self.reader.read():
-            if ev.get("e") in (Event.SETUP, Event.FACTS, Event.DONE, Event.ERROR):
+            if isinstance(ev, (SetupEvent, FactsEvent, DoneEvent, ErrorEvent)):
                 self._handle(ev)
-        kept = (process.key is not None and self.killed_for is None and bool(self.result.done)
+        kept = (process.key is not None and self.killed_for is None and self.result.done is not None
                 and self.result.failure is None and process.alive())
         if kept:
             self.runner.park(process)
@@ -333,17 +340,17 @@ class LiveTrial:
             if result.status == Status.FAILED and not reported:
                 kind, result.message = self.killed_for
                 result.failure = Failure(kind)
-        elif result.done:
+        elif result.done is not None:
             result.status = Status.OK
             code = process.proc.returncode
             if code not in (None, 0):
                 result.warnings.append(
                     f"the trial finished its measurement, then exited with code "
                     f"{code}: {logs.signal_from_log(result.log_tail) or 'see its log'}")
-            if "value" in result.done:
-                result.value = float(result.done["value"])
-                result.iqr = result.done.get("iqr")
-                result.values = list(result.done.get("values", result.values))
+            if result.done.value is not None:  # a measurement's
+                result.value = result.done.value
+                result.iqr = result.done.iqr
+                result.values = list(result.done.values)
         elif result.failure is None:
             result.failure = Failure.CRASH
             code = process.proc.returncode

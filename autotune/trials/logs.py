@@ -6,9 +6,9 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from autotune.runtime.ranks import RANKS_PREFIX
+from autotune.trials.events import TrialEvent, read_event
 
 # A trial's log past LOG_CAP_BYTES keeps its first and last LOG_KEEP_BYTES: a print in
 # __getitem__ would otherwise fill the disk.
@@ -42,12 +42,13 @@ def cap_log(path: Path, *, cap: int, keep: int) -> int:
 
 class EventReader:
     """The JSON lines a trial's worker appends to its event file, read as they arrive
-    (a line still being written waits for the next read)."""
+    (a line still being written waits for the next read), as their events; a line of a
+    kind this tuner does not know is passed over."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.offset, self.buffer = path, 0, b""
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[TrialEvent]:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
@@ -60,9 +61,11 @@ class EventReader:
         out = []
         for line in lines:
             try:
-                out.append(json.loads(line))
+                event = read_event(json.loads(line))
             except json.JSONDecodeError:
                 continue
+            if event is not None:
+                out.append(event)
         return out
 
 

@@ -1,8 +1,9 @@
 """The trial protocol: what the tuner and a trial's worker processes say to each other.
 
-The tuner writes a spec (``Spec``: the configuration, the mode, how to measure) into the
-trial's folder; the worker (``autotune.trials.worker``) appends one JSON line per ``Event`` to
-the trial's event file, and the tuner (``autotune.trials.runner``) reads them. A trial that
+The tuner writes a spec (``autotune.trials.spec.TrialSpec``: the configuration, the mode, how
+to measure) into the trial's folder; the worker (``autotune.trials.worker``) appends one JSON
+line per ``Event`` (``autotune.trials.events``) to the trial's event file, and the tuner
+(``autotune.trials.runner``) reads them. A trial that
 fails ends with a ``Failure``; a trial of the search carries a ``Role``. Each vocabulary
 is defined once here, as enums that are also strings (they are stored as JSON in the
 events, the study and best_config.json). ``ProgressEvent`` names what the search and the
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.options import RunOptions
+from autotune.runtime.json_value import JsonObject
 
 
 class Event(str, enum.Enum):
@@ -190,11 +192,12 @@ class Measurement:
     windows: int = RunOptions.windows
     max_window_steps: int = 10_000
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_json(self) -> JsonObject:
+        return {"warmup_steps": self.warmup_steps, "window_s": self.window_s, "windows": self.windows,
+                "max_window_steps": self.max_window_steps}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+    def from_json(cls, data: Mapping[str, Any]) -> Measurement:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         if unknown:

@@ -3,8 +3,9 @@ and the small summary stored on the study's trial."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
+from autotune.runtime.json_value import JsonObject
+from autotune.trials.events import DoneEvent, SetupEvent, WarmupEvent
 from autotune.trials.protocol import Failure, Status
 
 
@@ -17,10 +18,11 @@ class TrialResult:
     failure: Failure | None = None
     message: str = ""
     log_tail: str = ""
-    setup: dict[str, Any] = dataclasses.field(default_factory=dict)
-    facts: dict[str, Any] = dataclasses.field(default_factory=dict)
-    warmup: dict[str, Any] = dataclasses.field(default_factory=dict)
-    done: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the worker's events, as they came (None: not reported)
+    setup: SetupEvent | None = None
+    facts: JsonObject = dataclasses.field(default_factory=dict)  # the FACTS line: stored, never acted on
+    warmup: WarmupEvent | None = None
+    done: DoneEvent | None = None
     peak_tree_mb: float = 0.0  # what the trial's process tree held at its peak, each page once
     wall_s: float = 0.0
     window_seconds: list[float] = dataclasses.field(default_factory=list)
@@ -36,22 +38,28 @@ class TrialResult:
         step (where compile lands). Not the process's setup (imports, the model file's
         build_dataset): every configuration pays that alike, and a warm process paid it
         before."""
-        if not self.setup or not self.warmup:
+        if self.setup is None or self.warmup is None:
             return None
-        excess = self.warmup["first_step_s"] - self.warmup["step_s"]
-        own = self.setup["seconds"] - float(self.setup.get("process_s") or 0.0)
+        excess = self.warmup.first_step_s - self.warmup.step_s
+        own = self.setup.seconds - self.setup.process_s
         return max(0.0, own) + max(0.0, excess)
 
     @property
     def losses(self) -> list[float]:
-        return list(self.done.get("losses", []))
+        return list(self.done.losses) if self.done is not None else []
+
+    @property
+    def metric(self) -> float | None:
+        """evaluate()'s score after a quality run (None: not scored, or no such run)."""
+        return self.done.metric if self.done is not None else None
 
     def describe_failure(self) -> str:
         text = Failure.describe(self.failure)
         return f"{text}: {self.message}" if self.message else text
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """What is stored on the study's trial: small, JSON-able."""
+        setup, done = self.setup, self.done
         return {
             "status": self.status,
             "value": self.value,
@@ -65,17 +73,18 @@ class TrialResult:
             "peak_rss_mb": round(self.peak_tree_mb, 1),
             # the rank that held the most (host memory on CPU, device memory on CUDA):
             # what --memory-limit bounds
-            **({"rank_peak_mb": round(float(self.done["rank_peak_mb"]), 1)}
-               if self.done.get("rank_peak_mb") is not None else {}),
+            **({"rank_peak_mb": round(done.rank_peak_mb, 1)}
+               if done is not None and done.rank_peak_mb is not None else {}),
             "wall_s": round(self.wall_s, 2),
             "phases": self.phases,
-            "warm": bool(self.setup.get("warm")),  # run in a process an earlier trial started
+            "warm": setup is not None and setup.warm,  # run in a process an earlier trial started
             "losses": self.losses[:200],
             "facts": {k: v for k, v in self.facts.items() if k != "layer_widths"},
-            "threads_seen": self.setup.get("threads"),
-            "world": self.setup.get("world"),
+            "threads_seen": setup.process.threads if setup is not None and setup.process is not None else None,
+            "world": setup.world if setup is not None else None,
             # On CUDA: rank 0's GPU memory at its peak and the GPU's size, which bound the
             # batch sizes worth trying.
-            **{k: self.done[k] for k in ("cuda_peak_mb", "cuda_total_mb")
-               if self.done.get(k) is not None},
+            **({"cuda_peak_mb": done.cuda_peak_mb} if done is not None and done.cuda_peak_mb is not None else {}),
+            **({"cuda_total_mb": done.cuda_total_mb}
+               if done is not None and done.cuda_total_mb is not None else {}),
         }

@@ -6,6 +6,7 @@ and verification use of them, which the tests' stand-ins provide too.
 """
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import os
@@ -29,6 +30,8 @@ from autotune.trials import logs, measure_lock, proctree
 from autotune.trials.live import LiveTrial, TrialProcess
 from autotune.trials.protocol import Failure, Measurement, Mode, Status
 from autotune.trials.result import TrialResult
+from autotune.trials.script_report import ScriptReport
+from autotune.trials.spec import TrialMode, TrialSpec
 
 # Knobs a process takes when it starts (its environment, its ranks and their cores,
 # torch's process-wide settings): configurations that agree on them share a warm
@@ -77,7 +80,7 @@ TRIAL_DIR_VARIABLE = "AUTOTUNE_TRIAL_DIR"
 
 
 def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
-                 cwd: Path | None = None, extra: Sequence[str] = ()) -> dict[str, Any]:
+                 cwd: Path | None = None, extra: Sequence[str] = ()) -> ScriptReport:
     """Run an emitted launch.sh for a few steps, from ``cwd`` (default: this process's
     working directory, where the user runs it from); returns its JSON report, written
     with its log into ``workdir``. Without evaluate(): the runs compared are timed, and
@@ -109,7 +112,7 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
     if proc.returncode != 0 or not report.exists():
         tail = logs.tail(log, 15)
         raise RuntimeError(f"{launcher.name} failed (exit code {proc.returncode}):\n{tail}")
-    return json.loads(report.read_text())
+    return ScriptReport.from_json(json.loads(report.read_text()))
 
 
 def _end_all(processes: dict[str, TrialProcess]) -> None:
@@ -138,8 +141,8 @@ class TrialRunnerLike(Protocol):
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
             timeout_s: float | None = None) -> TrialResult: ...
-    def start(self, cfg: TrialConfig, *, name: str, mode: Mapping[str, Any] | None = None) -> LiveTrialLike: ...
-    def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> dict[str, Any]: ...
+    def start(self, cfg: TrialConfig, *, name: str, mode: TrialMode | None = None) -> LiveTrialLike: ...
+    def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptReport: ...
     def close(self) -> None: ...
 
 
@@ -216,30 +219,30 @@ class TrialRunner:
         with ``quality_steps``, record that many losses and then score with ``evaluate``.
         ``on_window(i, samples_per_s)`` returning True prunes the trial; ``timeout_s``: its
         limit, where not the runner's (``limits.run_limit_s``)."""
-        mode: dict[str, Any] = {}
+        mode = TrialMode()
         if trajectory_steps is not None:
-            mode = {"mode": Mode.TRAJECTORY, "steps": trajectory_steps}
+            mode = TrialMode.trajectory(trajectory_steps)
         elif quality_steps is not None:
-            mode = {"mode": Mode.QUALITY, "steps": quality_steps}
+            mode = TrialMode.quality(quality_steps)
         live = self.start(cfg, name=name, on_window=on_window, mode=mode, extra_env=extra_env,
                           timeout_s=timeout_s)
         return live.wait()
 
     def run_script(self, launcher: Path, *, steps: int, workdir: Path,
-                   timeout_s: float) -> dict[str, Any]:
+                   timeout_s: float) -> ScriptReport:
         """Run an emitted launch.sh for ``steps`` steps, alone on the machine."""
         self.close()
         return run_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s,
                             cwd=self.cwd)
 
     def start(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
-              mode: Mapping[str, Any] | None = None, extra_env: Mapping[str, str] | None = None,
+              mode: TrialMode | None = None, extra_env: Mapping[str, str] | None = None,
               timeout_s: float | None = None) -> LiveTrial:
         """Start ``cfg``'s process tree, or hand ``cfg`` to a warm process that can run it,
         and return the handle that watches it (killed after ``timeout_s``, default the
         runner's)."""
-        mode = dict(mode or {})
-        serving = mode.get("mode") == Mode.SERVE
+        mode = mode or TrialMode()
+        serving = mode.mode is Mode.SERVE
         if serving:
             self.close()  # held side by side, they share the machine with nothing of ours
         key = process_key(cfg) if self.warm and not serving and not extra_env else None
@@ -248,16 +251,9 @@ class TrialRunner:
         spec_path = folder / "spec.json"
         for stale in ("events.jsonl", "control", "log.txt"):
             (folder / stale).unlink(missing_ok=True)
-        spec = {
-            "model_file": self.model_file,
-            "config": cfg.to_dict(),
-            "events": str(folder / "events.jsonl"),
-            "control": str(folder / "control"),
-            "log": str(folder / "log.txt"),
-            "measure": self.measurement.to_dict(),
-            "seed": self.seed,
-            **mode,
-        }
+        spec = TrialSpec(model_file=self.model_file, config=cfg.to_dict(), events=str(folder / "events.jsonl"),
+                         control=str(folder / "control"), log=str(folder / "log.txt"), measure=self.measurement,
+                         seed=self.seed, mode=mode)
         result = TrialResult(status=Status.FAILED, log_path=str(folder / "log.txt"))
         try:
             env_vars, result.warnings = launch.environment(cfg, machine=self.machine)
@@ -268,7 +264,7 @@ class TrialRunner:
         warm = self._warm_process(key) if key is not None else None
         if warm is not None:
             assert warm.control is not None
-            spec_path.write_text(json.dumps({**spec, "next": str(warm.control)}, indent=1))
+            dataclasses.replace(spec, next=str(warm.control)).write(spec_path)
             return LiveTrial(self, folder=folder, process=warm, result=result, on_window=on_window,
                              spec=spec_path, timeout_s=timeout_s)
         if cfg.device == Device.CUDA:
@@ -282,9 +278,7 @@ class TrialRunner:
         # binds Unix sockets there, whose paths may not exceed 107 bytes.
         tmp = tempfile.mkdtemp(prefix="autotune-trial-")
         control = Path(tmp) / "next" if key is not None else None
-        if control is not None:
-            spec["next"] = str(control)
-        spec_path.write_text(json.dumps(spec, indent=1))
+        dataclasses.replace(spec, next=str(control) if control is not None else None).write(spec_path)
         env = {**launch.without_distributed(os.environ), **compile_cache_env(os.environ),
                **env_vars, **(extra_env or {}),
                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "TMPDIR": tmp,

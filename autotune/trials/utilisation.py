@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Device
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def rank_peak(session: Session, *, settle: Callable[[], None]) -> Peak:
     return peak
 
 
-def utilisation_facts(session: Session, *, settle: Callable[[], None]) -> dict[str, Any]:
+def utilisation_facts(session: Session, *, settle: Callable[[], None]) -> JsonObject:
     """The FACTS event's utilisation fields: ``flops_per_sample`` (None where it could
     not be counted) and the ranks' ``peak_flop_per_s`` with its ``peak_source``. Every
     rank calls this: a measured peak is added up over them."""

@@ -13,6 +13,7 @@ the runtime's modules (which do) are imported in the functions, all called after
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,14 +22,27 @@ import statistics
 import sys
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psutil
 
 from autotune.runtime import ranks
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Device, Precision
 from autotune.trials import memory, proctree
-from autotune.trials.protocol import Event, Failure, Measurement, Mode
+from autotune.trials.events import (
+    BeatEvent,
+    DoneEvent,
+    ErrorEvent,
+    FactsEvent,
+    ReadyEvent,
+    SetupEvent,
+    TrialEvent,
+    WarmupEvent,
+    WindowEvent,
+)
+from autotune.trials.protocol import Failure, Measurement, Mode
+from autotune.trials.spec import TrialSpec
 
 if TYPE_CHECKING:
     from autotune.runtime.session import ProcessSetup, Session
@@ -38,10 +52,11 @@ class Events:
     def __init__(self, path: str, rank: int) -> None:
         self.path, self.rank = path, rank
 
-    def emit(self, event: Event, *, all_ranks: bool = False, **fields: Any) -> None:
+    def emit(self, event: TrialEvent, *, all_ranks: bool = False) -> None:
+        """Write ``event``, stamped with this rank and the time, as one line."""
         if self.rank != 0 and not all_ranks:
             return
-        line = json.dumps({"e": event.value, "rank": self.rank, "t": time.time(), **fields})
+        line = json.dumps(dataclasses.replace(event, rank=self.rank, t=time.time()).to_json())
         # One write per line with O_APPEND keeps lines from several ranks whole.
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -50,14 +65,13 @@ class Events:
             os.close(fd)
 
 
-def probe_step_facts(session: Session) -> dict[str, Any]:
+def probe_step_facts(session: Session) -> JsonObject:
     from autotune.runtime.facts import step_facts
     from autotune.trials.utilisation import utilisation_facts
 
     _, facts = step_facts(session)
-    facts["loader_worker_pids"] = [c.pid for c in psutil.Process().children()]
-    facts["utilisation"] = utilisation_facts(session, settle=settle)
-    return facts
+    return {**facts, "loader_worker_pids": [c.pid for c in psutil.Process().children()],
+            "utilisation": utilisation_facts(session, settle=settle)}
 
 
 # What an allocation that found no memory says, where it does not say "out of memory":
@@ -120,13 +134,13 @@ def warm_up(session: Session, spec: Measurement, events: Events) -> tuple[float,
     dist = session.dist
     warmup = max(2, spec.warmup_steps)
     first_s, _ = session.run_steps(1)
-    events.emit(Event.BEAT, phase="warmup", step=1)
-    events.emit(Event.FACTS, **probe_step_facts(session))
+    events.emit(BeatEvent(step=1))
+    events.emit(FactsEvent(probe_step_facts(session)))
     step_times = []
     for i in range(warmup - 1):
         dt, _ = session.run_steps(1)
         step_times.append(dt)
-        events.emit(Event.BEAT, phase="warmup", step=i + 2)
+        events.emit(BeatEvent(step=i + 2))
     # Every rank must run the same number of steps per window, or one rank waits in
     # all-reduce for a step the others never take: agree on the slowest rank's estimate.
     return first_s, dist.agree_max(statistics.median(step_times))
@@ -136,7 +150,7 @@ def calibrate(session: Session, spec: Measurement, events: Events) -> int:
     """Warm up, then the number of steps that makes a window of about window_s."""
     first_s, step_s = warm_up(session, spec, events)
     steps = int(min(spec.max_window_steps, max(1, round(spec.window_s / step_s))))
-    events.emit(Event.WARMUP, first_step_s=first_s, step_s=step_s, steps_per_window=steps)
+    events.emit(WarmupEvent(first_step_s=first_s, step_s=step_s, steps_per_window=steps))
     return steps
 
 
@@ -193,31 +207,34 @@ def window(session: Session, steps: int, index: int, events: Events, *,
     value = steps * session.global_batch / dt
     if settled:
         settle()
-    events.emit(Event.WINDOW, i=index, samples_per_s=value, seconds=dt, steps=steps)
+    events.emit(WindowEvent(i=index, samples_per_s=value, seconds=dt, steps=steps))
     return value, losses
 
 
 def finish(session: Session, values: list[float], losses: list[float], *,
-           faults_per_step: float | None = None) -> dict[str, Any]:
-    """The fields of a measurement's DONE event."""
+           faults_per_step: float | None = None) -> DoneEvent:
+    """A measurement's DONE event."""
     from autotune.runtime.facts import cuda_memory
 
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
     # the rank that holds the most: a limit per rank (per GPU) binds there first
     rank_peak_mb = session.dist.agree_max(memory.peak_mb(session.dist.device))
-    return dict(
+    cuda = cuda_memory(session.dist.device)
+    return DoneEvent(
+        mode=Mode.MEASURE,
         value=statistics.median(values),
         values=values,
         iqr=q[2] - q[0],
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         rank_peak_mb=rank_peak_mb,
-        **cuda_memory(session.dist.device),
+        cuda_peak_mb=cuda.peak_mb,
+        cuda_total_mb=cuda.total_mb,
         losses=losses,
-        **({} if faults_per_step is None else {"minor_faults_per_step": faults_per_step}),
+        minor_faults_per_step=faults_per_step,
     )
 
 
-def measure(session: Session, spec: Measurement, events: Events) -> dict[str, Any]:
+def measure(session: Session, spec: Measurement, events: Events) -> DoneEvent:
     steps = calibrate(session, spec, events)
     values, losses = [], []
     # Minor page faults in the windows: a process's malloc state (glibc's most of all)
@@ -254,11 +271,11 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
     if session.dist.device.type == Device.CUDA:
         _, offset = next_line(control, offset)
     first_s, step_s = warm_up(session, spec, events)
-    events.emit(Event.WARMUP, first_step_s=first_s, step_s=step_s)
+    events.emit(WarmupEvent(first_step_s=first_s, step_s=step_s))
     settled = session.loader.num_workers > 0
     if settled:
         settle()
-    events.emit(Event.READY)
+    events.emit(ReadyEvent())
     steps = None
     values: list[float] = []
     losses: list[float] = []
@@ -278,26 +295,26 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
             losses.extend(window_losses)
 
 
-def trajectory(session: Session, steps: int) -> dict[str, Any]:
+def trajectory(session: Session, steps: int) -> DoneEvent:
     """Losses of a fixed number of steps, averaged over ranks: the numerics check."""
-    return dict(losses=[float(session.dist.mean(session.step())) for _ in range(steps)])
+    return DoneEvent(mode=Mode.TRAJECTORY, losses=[float(session.dist.mean(session.step())) for _ in range(steps)])
 
 
-def quality(session: Session, steps: int) -> dict[str, Any]:
+def quality(session: Session, steps: int) -> DoneEvent:
     """A trajectory, then the user's evaluate() on rank 0 (the quality check reads the
     score, the numerics check the losses). No score after a loss that is not finite."""
-    done = trajectory(session, steps)
+    losses = trajectory(session, steps).losses
     metric = None
     # The losses are the ranks' mean: every rank takes this branch, as gathering a sharded
     # model's weights for evaluate() needs.
-    if all(math.isfinite(v) for v in done["losses"]):
+    if all(math.isfinite(v) for v in losses):
         with session.evaluation_model() as model:
             if model is not None:
                 metric = float(session.user.evaluate(model))
-    return dict(done, metric=metric)
+    return DoneEvent(mode=Mode.QUALITY, losses=losses, metric=metric)
 
 
-def run_spec(spec: dict[str, Any], setup: ProcessSetup | None, events: Events) -> ProcessSetup:
+def run_spec(spec: TrialSpec, setup: ProcessSetup | None, events: Events) -> ProcessSetup:
     """Train and measure one configuration as its spec says, in this process's ``setup``
     (made here for the process's first configuration); returns the setup. A spec with a
     ``next`` control file leaves the process ready for the next configuration before it
@@ -305,9 +322,9 @@ def run_spec(spec: dict[str, Any], setup: ProcessSetup | None, events: Events) -
     from autotune.runtime.facts import process_facts
     from autotune.runtime.session import ProcessSetup, Session
 
-    cfg, model_file, seed = spec["config"], spec["model_file"], int(spec.get("seed", 0))
+    cfg, model_file, seed = spec.knobs, spec.model_file, spec.seed
     started = time.perf_counter()
-    mode = Mode(spec.get("mode", Mode.MEASURE))
+    mode = spec.mode.mode
     # The numerics check compares fp32 trajectories in true IEEE fp32 (the reference's
     # and an fp32 candidate's alike), not with the TF32 convolutions PyTorch allows.
     strict_fp32 = (mode in (Mode.TRAJECTORY, Mode.QUALITY)
@@ -318,8 +335,7 @@ def run_spec(spec: dict[str, Any], setup: ProcessSetup | None, events: Events) -
     process_s = time.perf_counter() - started
     memory.reset_host_peak()  # this configuration's peak, not an earlier one's in this process
     session = Session(model_file, cfg, seed=seed, strict_fp32=strict_fp32, setup=setup)
-    events.emit(
-        Event.SETUP,
+    events.emit(SetupEvent(
         seconds=time.perf_counter() - started,
         # of which the process's own setup (the model file's import, build_dataset), the
         # same for every configuration and paid once by a warm process's first one
@@ -328,21 +344,23 @@ def run_spec(spec: dict[str, Any], setup: ProcessSetup | None, events: Events) -
         backend=session.dist.backend,
         pid=os.getpid(),
         warm=reused,
-        **process_facts(),
-    )
-    measurement = Measurement.from_dict(spec.get("measure", {}))
-    if mode is Mode.TRAJECTORY:
-        done = trajectory(session, int(spec["steps"]))
-    elif mode is Mode.QUALITY:
-        done = quality(session, int(spec["steps"]))
+        process=process_facts(),
+    ))
+    measurement = spec.measure
+    if mode is Mode.TRAJECTORY or mode is Mode.QUALITY:
+        if spec.mode.steps is None:
+            raise ValueError(f"a {mode} trial's spec names no steps")
+        done = (trajectory if mode is Mode.TRAJECTORY else quality)(session, spec.mode.steps)
     elif mode is Mode.SERVE:
-        serve(session, measurement, spec["control"], events)
+        if spec.control is None:
+            raise ValueError("a served trial's spec names no control file")
+        serve(session, measurement, spec.control, events)
         raise AssertionError("a served trial runs until it is ended")
     else:
         done = measure(session, measurement, events)
-    if spec.get("next"):
+    if spec.next:
         session.release()
-    events.emit(Event.DONE, **done)
+    events.emit(done)
     return setup
 
 
@@ -376,20 +394,18 @@ def main(argv: list[str]) -> int:
     setup: ProcessSetup | None = None
     while True:
         with open(spec_path) as f:
-            spec = json.load(f)
-        events = Events(spec["events"], rank)
+            data = json.load(f)
+        events = Events(data["events"], rank)
         try:
+            spec = TrialSpec.from_json(data)
             setup = run_spec(spec, setup, events)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            events.emit(
-                Event.ERROR,
-                all_ranks=True,
-                kind=classify(exc, spec["model_file"]),
-                message=f"{type(exc).__name__}: {exc}"[:2000],
-                traceback=traceback.format_exc()[-8000:],
-            )
+            events.emit(ErrorEvent(kind=classify(exc, data["model_file"]),
+                                   message=f"{type(exc).__name__}: {exc}"[:2000],
+                                   traceback=traceback.format_exc()[-8000:]),
+                        all_ranks=True)
             traceback.print_exc()
             # As on success, and more so here: interpreter teardown with a live process group
             # can stall (NCCL, while peers wait in a collective), and a rank that never exits
@@ -401,11 +417,12 @@ def main(argv: list[str]) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(3)
-        if not spec.get("next"):
+        if not spec.next:
             break  # a warm process waits for its next configuration until it is ended
-        spec_path, offset = next_line(spec["next"], offset)
-        with open(spec_path) as f:
-            log_to(json.load(f)["log"])
+        spec_path, offset = next_line(spec.next, offset)
+        log = TrialSpec.read(spec_path).log
+        assert log is not None, "a warm process's next spec names its log"
+        log_to(log)
     # The result is written. Tearing down gloo and torch's threads adds nothing to a
     # trial and can abort ("terminate called without an active exception", seen in
     # CI on a 2-rank trial): leave without it.

@@ -24,8 +24,9 @@ from autotune.config import TrialConfig
 from autotune.document.measures import Check
 from autotune.errors import NotVerified
 from autotune.runtime.knobs import Device
-from autotune.trials.protocol import Mode, Progress, ProgressEvent
+from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.trials.runner import LiveTrialLike, TrialRunnerLike
+from autotune.trials.spec import TrialMode
 from autotune.verify.device_room import DeviceRoom
 from autotune.verify.sequential import FEWEST, Decision, Rule
 from autotune.verify.stats import ratio_interval
@@ -118,7 +119,7 @@ class Held:
         for cfg in configs:
             if cfg not in self.live:
                 name = f"verify-held-{self.started}"
-                self.live[cfg] = self.runner.start(cfg, name=name, mode={"mode": Mode.SERVE}), name
+                self.live[cfg] = self.runner.start(cfg, name=name, mode=TrialMode.serve()), name
                 self.started += 1
 
     def take(self, cfg: TrialConfig) -> tuple[LiveTrialLike, str] | None:
@@ -198,7 +199,7 @@ def measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Plan,
         if r == 0:
             progress(ProgressEvent.STEP, {"text": f"measuring {_role(i, reference_label)} "
                                                   f"in a process of its own for each visit: {configs[i].short()}"})
-        started = runner.start(configs[i], name=f"{name}-{i}-{r}", mode={"mode": Mode.SERVE})
+        started = runner.start(configs[i], name=f"{name}-{i}-{r}", mode=TrialMode.serve())
         try:
             windows = _windows(started, plan.per_visit) if started.wait_ready() else []
         finally:
@@ -225,7 +226,7 @@ def measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Plan,
             else:
                 progress(ProgressEvent.STEP,
                          {"text": f"starting {_role(i, reference_label)}: {cfg.short()}"})
-                starting.append((i, runner.start(cfg, name=names[i], mode={"mode": Mode.SERVE})))
+                starting.append((i, runner.start(cfg, name=names[i], mode=TrialMode.serve())))
             if len(starting) >= together:
                 ready(*starting.pop(0))
         while starting:

@@ -22,6 +22,7 @@ from autotune.document.measures import Check, Interval, Speedup, Standalone
 from autotune.errors import NotVerified
 from autotune.trials import limits
 from autotune.trials.protocol import Progress, ProgressEvent
+from autotune.trials.script_report import ScriptReport
 from autotune.verify import sequential
 from autotune.verify.settings import Settings
 from autotune.verify.stats import Side, ratio_interval, speedup_interval, spread
@@ -52,7 +53,7 @@ def script_timeout_s(least_s: float, measured: Iterable[Mapping[str, Any]], *, s
 
 class ScriptRunner(Protocol):
     def run_script(self, launcher: Path, *, steps: int, workdir: Path,
-                   timeout_s: float) -> dict[str, Any]: ...
+                   timeout_s: float) -> ScriptReport: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,12 +117,12 @@ def alternate(runner: ScriptRunner, *, baseline: Script, candidate: Script, pair
                                            workdir=workdir / f"{role}-{i}", timeout_s=timeout_s)
             except RuntimeError as exc:
                 raise ScriptFailed(role, str(exc)) from exc
-            rate = report.get("samples_per_s")
+            rate = report.samples_per_s
             if not rate:
                 raise ScriptFailed(role, f"{script.launcher} reported no throughput")
             rates[role].append(float(rate))
-            if role == "candidate" and report.get("rank_peak_mb") is not None:
-                done.candidate_peak_mb.append(float(report["rank_peak_mb"]))
+            if role == "candidate" and report.rank_peak_mb is not None:
+                done.candidate_peak_mb.append(report.rank_peak_mb)
         done.wall_s = time.monotonic() - started
         done.stopped = until(done)
         if done.stopped:

@@ -31,7 +31,7 @@ def profile_emitted(out: Path, doc: RunDocument, *, runner: TrialRunnerLike, pro
     try:
         report = run_launcher(outputs.resolve(doc, out, "launcher"), steps=1, workdir=out / PROFILE_DIR,
                               timeout_s=runner.timeout_s, cwd=runner.cwd, extra=("--profile",))
-        taken = StepProfile.from_json(report["step_profile"])
+        taken = StepProfile.from_json(report.step_profile)
     except (RuntimeError, KeyError, ValueError, TypeError) as exc:
         reporter.warn(f"the step profile was not taken (logs in {out / PROFILE_DIR}): {exc}")
         return doc

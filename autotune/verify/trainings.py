@@ -44,9 +44,9 @@ def metrics(results: Mapping[str, TrialResult]) -> tuple[dict[str, float], str |
     failed or has no score, and why."""
     scores: dict[str, float] = {}
     for role, res in results.items():
-        if res.status != Status.OK or res.done.get("metric") is None:
+        if res.status != Status.OK or res.metric is None:
             return scores, f"{role}: {res.describe_failure()}"
-        scores[role] = float(res.done["metric"])
+        scores[role] = res.metric
     return scores, None
 
 

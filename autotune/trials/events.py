@@ -1,0 +1,254 @@
+"""The lines of a trial's events.jsonl, one dataclass per ``Event`` kind: the worker builds
+one and ``Events.emit`` stamps it (its rank, the wall-clock time) and writes its
+``to_json()``; the tuner reads each line back with ``read_event``.
+
+Every line is ``{"e": kind, "rank": ..., "t": ..., **fields}``, the fields as they were
+before these types: tests, tools and older tuners read them by key. Reading is lenient
+where a field says nothing the tuner acts on (a stand-in worker's lines carry few),
+strict where it does (a window's rate, an error's kind).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeAlias
+
+from autotune.runtime.json_value import JsonObject
+from autotune.runtime.process_facts import ProcessFacts
+from autotune.trials.protocol import Event, Failure, Mode
+
+
+def _stamp(kind: Event, rank: int, t: float) -> JsonObject:
+    return {"e": kind.value, "rank": rank, "t": t}
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupEvent:
+    """The process group, model and data are ready, ``seconds`` after the configuration
+    began, of which ``process_s`` the process's own setup (imports, build_dataset: paid
+    once by a warm process, whose later configurations report 0)."""
+
+    KIND: ClassVar[Event] = Event.SETUP
+    seconds: float
+    process_s: float = 0.0
+    world: int | None = None
+    backend: str | None = None
+    pid: int | None = None
+    warm: bool = False  # run in a process an earlier configuration started
+    process: ProcessFacts | None = None
+    rank: int = 0
+    t: float = 0.0
+
+    def to_json(self) -> JsonObject:
+        return {**_stamp(self.KIND, self.rank, self.t), "seconds": self.seconds, "process_s": self.process_s,
+                "world": self.world, "backend": self.backend, "pid": self.pid, "warm": self.warm,
+                **(self.process.to_json() if self.process is not None else {})}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SetupEvent:
+        return cls(seconds=float(data.get("seconds") or 0.0), process_s=float(data.get("process_s") or 0.0),
+                   world=data.get("world"), backend=data.get("backend"), pid=data.get("pid"),
+                   warm=bool(data.get("warm")),
+                   process=ProcessFacts.from_json(data) if "threads" in data else None,
+                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class BeatEvent:
+    """A warm-up step finished: the hang watch's heartbeat."""
+
+    KIND: ClassVar[Event] = Event.BEAT
+    step: int
+    phase: str = "warmup"
+    rank: int = 0
+    t: float = 0.0
+
+    def to_json(self) -> JsonObject:
+        return {**_stamp(self.KIND, self.rank, self.t), "phase": self.phase, "step": self.step}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BeatEvent:
+        return cls(step=int(data.get("step") or 0), phase=str(data.get("phase", "warmup")),
+                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class FactsEvent:
+    """What the first step showed (``runtime.facts.step_facts``, the DataLoader's worker
+    pids, the utilisation figures): stored with the trial's result (``TrialResult.facts``
+    keeps the line) and compared by key, never acted on, so a JSON object."""
+
+    KIND: ClassVar[Event] = Event.FACTS
+    facts: JsonObject
+    rank: int = 0
+    t: float = 0.0
+
+    def to_json(self) -> JsonObject:
+        return {**_stamp(self.KIND, self.rank, self.t), **self.facts}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FactsEvent:
+        return cls(facts={k: v for k, v in data.items() if k not in ("e", "rank", "t")},
+                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupEvent:
+    """Warm-up done: the first step's seconds (compile, lazy initialisation) and a steady
+    step's; ``steps_per_window`` where the trial measures (not when served)."""
+
+    KIND: ClassVar[Event] = Event.WARMUP
+    first_step_s: float
+    step_s: float
+    steps_per_window: int | None = None
+    rank: int = 0
+    t: float = 0.0
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {**_stamp(self.KIND, self.rank, self.t), "first_step_s": self.first_step_s,
+                           "step_s": self.step_s}
+        if self.steps_per_window is not None:
+            out["steps_per_window"] = self.steps_per_window
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WarmupEvent:
+        steps = data.get("steps_per_window")
+        return cls(first_step_s=float(data["first_step_s"]), step_s=float(data.get("step_s") or 0.0),
+                   steps_per_window=int(steps) if steps is not None else None,
+                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadyEvent:
+    """A served trial waits for window commands."""
+
+    KIND: ClassVar[Event] = Event.READY
+    rank: int = 0
+    t: float = 0.0
+
+    def to_json(self) -> JsonObject:
+        return _stamp(self.KIND, self.rank, self.t)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ReadyEvent:
+        return cls(rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowEvent:
+    """One measured window: its index, throughput, seconds and steps."""
+
+    KIND: ClassVar[Event] = Event.WINDOW
+    i: int
+    samples_per_s: float
+    seconds: float = 0.0
+    steps: int = 0
+    rank: int = 0
+    t: float = 0.0
+
+    def to_json(self) -> JsonObject:
+        return {**_stamp(self.KIND, self.rank, self.t), "i": self.i, "samples_per_s": self.samples_per_s,
+                "seconds": self.seconds, "steps": self.steps}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WindowEvent:
+        return cls(i=int(data["i"]), samples_per_s=float(data["samples_per_s"]),
+                   seconds=float(data.get("seconds", 0.0)), steps=int(data.get("steps") or 0),
+                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class DoneEvent:
+    """The result of the trial's mode. A measurement's (``Mode.MEASURE``): the median window
+    throughput ``value``, every window's ``values`` and their ``iqr``, the memory held
+    (this process's resident peak, the busiest rank's, rank 0's GPU reservation and the
+    GPU's size: None off CUDA), page faults per step where counted. A trajectory's: the
+    ``losses`` alone (a measurement's are its windows'); a quality run's, with evaluate()'s
+    ``metric`` (None where not scored). The mode is not on the line: what it carries says."""
+
+    KIND: ClassVar[Event] = Event.DONE
+    mode: Mode = Mode.MEASURE
+    losses: list[float] = dataclasses.field(default_factory=list)
+    value: float | None = None
+    values: list[float] = dataclasses.field(default_factory=list)
+    iqr: float | None = None
+    peak_rss_mb: float | None = None
+    rank_peak_mb: float | None = None
+    cuda_peak_mb: float | None = None
+    cuda_total_mb: float | None = None
+    minor_faults_per_step: float | None = None
+    metric: float | None = None
+    rank: int = 0
+    t: float = 0.0
+
+    def to_json(self) -> JsonObject:
+        out = _stamp(self.KIND, self.rank, self.t)
+        if self.mode is Mode.MEASURE:
+            out.update(value=self.value, values=self.values, iqr=self.iqr, peak_rss_mb=self.peak_rss_mb,
+                       rank_peak_mb=self.rank_peak_mb, cuda_peak_mb=self.cuda_peak_mb,
+                       cuda_total_mb=self.cuda_total_mb, losses=self.losses)
+            if self.minor_faults_per_step is not None:
+                out["minor_faults_per_step"] = self.minor_faults_per_step
+        else:
+            out["losses"] = self.losses
+            if self.mode is Mode.QUALITY:
+                out["metric"] = self.metric
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DoneEvent:
+        mode = Mode.MEASURE if "value" in data else Mode.QUALITY if "metric" in data else Mode.TRAJECTORY
+        return cls(mode=mode, losses=[float(v) for v in data.get("losses") or []], value=_number(data, "value"),
+                   values=[float(v) for v in data.get("values") or []], iqr=_number(data, "iqr"),
+                   peak_rss_mb=_number(data, "peak_rss_mb"), rank_peak_mb=_number(data, "rank_peak_mb"),
+                   cuda_peak_mb=_number(data, "cuda_peak_mb"), cuda_total_mb=_number(data, "cuda_total_mb"),
+                   minor_faults_per_step=_number(data, "minor_faults_per_step"), metric=_number(data, "metric"),
+                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
+
+
+def _number(data: Mapping[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    return None if value is None else float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorEvent:
+    """The trial failed (every rank reports its own): how (a ``Failure``), its message and
+    traceback."""
+
+    KIND: ClassVar[Event] = Event.ERROR
+    kind: Failure
+    message: str
+    traceback: str = ""
+    rank: int = 0
+    t: float = 0.0
+
+    def to_json(self) -> JsonObject:
+        return {**_stamp(self.KIND, self.rank, self.t), "kind": self.kind.value, "message": self.message,
+                "traceback": self.traceback}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ErrorEvent:
+        return cls(kind=Failure(data["kind"]), message=str(data["message"]), traceback=str(data.get("traceback", "")),
+                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
+
+
+TrialEvent: TypeAlias = (SetupEvent | BeatEvent | FactsEvent | WarmupEvent | ReadyEvent | WindowEvent | DoneEvent
+                          | ErrorEvent)
+
+_READERS: dict[Event, Callable[[Mapping[str, Any]], TrialEvent]] = {
+    Event.SETUP: SetupEvent.from_json, Event.BEAT: BeatEvent.from_json, Event.FACTS: FactsEvent.from_json,
+    Event.WARMUP: WarmupEvent.from_json, Event.READY: ReadyEvent.from_json, Event.WINDOW: WindowEvent.from_json,
+    Event.DONE: DoneEvent.from_json, Event.ERROR: ErrorEvent.from_json,
+}
+
+
+def read_event(data: Mapping[str, Any]) -> TrialEvent | None:
+    """A line of events.jsonl as its event; None for a kind this tuner does not know (a
+    newer worker's: nothing here acts on it)."""
+    try:
+        kind = Event(data.get("e"))
+    except ValueError:
+        return None
+    return _READERS[kind](data)

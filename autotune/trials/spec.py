@@ -1,0 +1,96 @@
+"""What the tuner tells a trial's worker to do (``TrialSpec``): the configuration, where to
+report, how to measure and what to do once set up (``TrialMode``). The runner writes it
+as the trial's spec.json; the worker reads it back (``python -m autotune.trials.worker
+SPEC``), a warm process each next configuration's from its control file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, cast
+
+from autotune.config import KnobValue
+from autotune.runtime.json_value import JsonObject
+from autotune.runtime.knobs import ConfigDict
+from autotune.trials.protocol import Measurement, Mode
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialMode:
+    """What a trial does once set up: measure (the default), serve windows on command, or
+    train ``steps`` steps for their losses (a trajectory) and then a score (quality)."""
+
+    mode: Mode = Mode.MEASURE
+    steps: int | None = None
+
+    @classmethod
+    def serve(cls) -> TrialMode:
+        return cls(Mode.SERVE)
+
+    @classmethod
+    def trajectory(cls, steps: int) -> TrialMode:
+        return cls(Mode.TRAJECTORY, steps)
+
+    @classmethod
+    def quality(cls, steps: int) -> TrialMode:
+        return cls(Mode.QUALITY, steps)
+
+    def to_json(self) -> JsonObject:
+        """The spec's keys for it: none for a measurement, as specs always had."""
+        if self.mode is Mode.MEASURE:
+            return {}
+        return {"mode": self.mode.value, **({"steps": self.steps} if self.steps is not None else {})}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrialMode:
+        steps = data.get("steps")
+        return cls(Mode(data.get("mode", Mode.MEASURE)), int(steps) if steps is not None else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialSpec:
+    """One configuration's trial: the model file and configuration to train, the files it
+    reports into (``events``) and takes commands from (``control``: a served trial's
+    windows), its log, its measurement, seed and mode. ``next``: a warm process's control
+    file, where the spec of its next configuration will be named once this one reports."""
+
+    model_file: str
+    config: dict[str, KnobValue]  # TrialConfig.to_dict()
+    events: str
+    control: str | None = None
+    log: str | None = None
+    measure: Measurement = Measurement()
+    seed: int = 0
+    mode: TrialMode = TrialMode()
+    next: str | None = None
+
+    @property
+    def knobs(self) -> ConfigDict:
+        """The configuration as the runtime reads it."""
+        return cast(ConfigDict, self.config)
+
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"model_file": self.model_file, "config": self.config, "events": self.events,
+                           "control": self.control, "log": self.log, "measure": self.measure.to_json(),
+                           "seed": self.seed, **self.mode.to_json()}
+        if self.next is not None:
+            out["next"] = self.next
+        return out
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "w") as f:
+            f.write(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrialSpec:
+        return cls(model_file=str(data["model_file"]), config=data["config"], events=str(data["events"]),
+                   control=data.get("control"), log=data.get("log"),
+                   measure=Measurement.from_json(data.get("measure", {})), seed=int(data.get("seed", 0)),
+                   mode=TrialMode.from_json(data), next=data.get("next") or None)
+
+    @classmethod
+    def read(cls, path: str) -> TrialSpec:
+        with open(path) as f:
+            return cls.from_json(json.load(f))
