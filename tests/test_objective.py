@@ -19,6 +19,7 @@ from autotune.report.advice import advise
 from autotune.search.objective import Measured, Plan, Pricing, break_even, break_evens
 from autotune.search.study import load_study
 from autotune.task import load_task
+from autotune.verify.speed import CandidateSpeed
 from autotune.verify.stats import ratio_interval
 from autotune.verify.verdict import Verdict, rank_by_rounds
 
@@ -129,9 +130,10 @@ def test_the_api_takes_the_plan_by_keyword(tmp_path):
 
 def _served(cfg: TrialConfig, rate: float, base: float) -> Verdict:
     rates = [rate * (1 + 0.01 * (i % 3)) for i in range(5)]
-    speed = {**ratio_interval([r / base for r in rates]).to_json(), "samples_per_s": rates,
-             "median_samples_per_s": rate}
-    return Verdict(cfg, {"speed": Check(True, speed)}, speed)
+    ratios = [r / base for r in rates]
+    speed = CandidateSpeed(interval=ratio_interval(ratios), ratios=tuple(ratios), samples_per_s=tuple(rates),
+                           median_samples_per_s=rate)
+    return Verdict(cfg, {"speed": Check(True, speed.to_json())}, speed)
 
 
 def test_verification_ranks_by_the_planned_run_with_the_searchs_one_time_costs():
@@ -157,7 +159,7 @@ def test_a_candidate_faster_per_step_but_slower_over_the_planned_run_fails_the_p
     pricing = Pricing(plan=Plan(samples=10_000, batch_size=50),
                       measured=(Measured(config=baseline, samples_per_s=1000.0, one_time_s=2.0),
                                 Measured(config=compiled, samples_per_s=1250.0, one_time_s=62.0)))
-    speed = _served(compiled, 1250.0, 1000.0).speed
+    speed = _served(compiled, 1250.0, 1000.0).checks["speed"].detail
     check = pricing.check(compiled, speed, baseline=baseline, base_speed={"median_samples_per_s": 1000.0})
     assert check.passed is False and "slower than the baseline over the planned run" in check.reason
     long = Pricing(plan=Plan(samples=10_000_000, batch_size=50), measured=pricing.measured)

@@ -185,7 +185,7 @@ def test_the_numerics_check_compares_a_fused_step_with_the_default_steps_referen
     cand = baseline.replace(optimizer_step="fused", batch_size=32)
     assert numerics_reference(baseline, cand).optimizer_step == "default"
     assert not trades_quality(cand)
-    verdict = Verdict(config=cand, checks={}, speed={})
+    verdict = Verdict(config=cand, checks={})
     assert describe_checks(verdict).startswith("fp32, fused optimizer step")
 
 

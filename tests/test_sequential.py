@@ -14,6 +14,8 @@ from autotune.trials.runner import Measurement, TrialRunner
 from autotune.trials.script_report import ScriptReport
 from autotune.verify import ablation, gates, sequential, side_by_side, standalone
 from autotune.verify.settings import Settings
+from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
+from autotune.verify.stats import RatioInterval
 from autotune.verify.trainings import Trainings, work_key
 from autotune.verify.verdict import Verdict, rank_by_rounds
 
@@ -50,10 +52,10 @@ def test_a_clearly_slower_candidate_stops_being_measured_and_its_process_ends():
     assert ("window", "verify-speed-0") in runner.events[killed:]
     assert checks[1].passed, "its verdict against the baseline stands: faster"
     # the tie runs to the cap
-    assert speed["rounds"] == speed["cap"] == 10 and "stopped" not in speed
+    assert speed.rounds == speed.cap == 10 and speed.stopped is None
     assert [c.detail["rounds"] for c in (checks[0], checks[2])] == [10, 10]
     # ranked after the two measured to the end
-    verdicts = [Verdict(c, {"speed": ch}, dict(ch.detail)) for c, ch in zip(cands, checks)]
+    verdicts = [Verdict(c, {"speed": ch}, CandidateSpeed.from_check(ch)) for c, ch in zip(cands, checks)]
     assert [v.config.batch_size for v in rank_by_rounds(verdicts)][2] == 48
 
 
@@ -62,14 +64,15 @@ def test_the_speed_check_ends_once_the_leader_is_clear_and_every_verdict_settled
     speed, checks = side_by_side.speed_check(
         runner, BASE, [BASE.replace(batch_size=32), BASE.replace(batch_size=48)], rounds=10,
         rule=sequential.Ranking())
-    assert speed["rounds"] == sequential.FEWEST < speed["cap"] == 10
-    assert "the leader is clear" in speed["stopped"]
+    assert speed.rounds == sequential.FEWEST
+    assert speed.cap == 10 and speed.rounds < speed.cap
+    assert speed.stopped is not None and "the leader is clear" in speed.stopped
     assert checks[0].passed and not checks[1].passed
     assert "measured no more" in checks[1].detail["reason"]
     # without a rule the counts are what they were: the cap
     again, _ = side_by_side.speed_check(served_at({16: 100.0, 32: 200.0, 48: 90.0}), BASE,
                                         [BASE.replace(batch_size=32), BASE.replace(batch_size=48)], rounds=10)
-    assert again["rounds"] == 10
+    assert again.rounds == 10
 
 
 def test_a_tie_the_noise_keeps_open_runs_to_the_cap():
@@ -78,7 +81,7 @@ def test_a_tie_the_noise_keeps_open_runs_to_the_cap():
     speed, checks = side_by_side.speed_check(
         runner, BASE, [BASE.replace(batch_size=32), BASE.replace(batch_size=64)], rounds=10,
         rule=sequential.Ranking())
-    assert speed["rounds"] == 10 and "stopped" not in speed
+    assert speed.rounds == 10 and speed.stopped is None
     assert all(c.passed and "stopped" not in c.detail for c in checks)
 
 
@@ -106,7 +109,8 @@ def test_candidates_alike_end_the_speed_check_before_the_cap():
     speed, checks = side_by_side.speed_check(
         runner, BASE, [BASE.replace(batch_size=32), BASE.replace(batch_size=64)], rounds=10,
         rule=sequential.Ranking())
-    assert speed["rounds"] < speed["cap"] == 10 and "no other candidate" in speed["stopped"]
+    assert speed.rounds is not None and speed.cap == 10 and speed.rounds < speed.cap
+    assert speed.stopped is not None and "no other candidate" in speed.stopped
     assert all(c.passed and "stopped" not in c.detail for c in checks)
 
 
@@ -216,12 +220,14 @@ def alone(runner: Scripts, tmp_path: Path, *, pairs: int, budget=None, sbs_noise
     """The standalone check of a candidate whose side-by-side rounds spread by ``sbs_noise``."""
     rng = random.Random(5)
     ratios = [runner.ratio * math.exp(rng.gauss(0.0, sbs_noise)) for _ in range(10)]
-    served = {"ratios": ratios, "median": runner.ratio, "ci_low": min(ratios), "ci_high": max(ratios),
-              "ci_level": 0.9, "median_samples_per_s": 100.0 * runner.ratio}
+    served = CandidateSpeed(
+        interval=RatioInterval(median=runner.ratio, ci_low=min(ratios), ci_high=max(ratios), ci_level=0.9,
+                               rounds=len(ratios)),
+        ratios=tuple(ratios), samples_per_s=(), median_samples_per_s=100.0 * runner.ratio)
     b = standalone.Script(Path("b"), BASE, 100.0)
     c = standalone.Script(Path("c"), BASE, 100.0 * runner.ratio)
     return standalone.check(runner, baseline=b, candidate=c, served=served,
-                            served_baseline={"median_samples_per_s": 100.0},
+                            served_baseline=ReferenceSpeed(samples_per_s=(100.0,), median_samples_per_s=100.0),
                             settings=Settings(pairs=pairs, pair_seconds=1.0, budget=budget),
                             workdir=tmp_path, progress=lambda kind, info: None)
 

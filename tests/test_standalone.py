@@ -24,6 +24,8 @@ from autotune.trials.script_report import ScriptReport
 from autotune.verify import standalone
 from autotune.verify.again import reverify
 from autotune.verify.settings import Settings
+from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
+from autotune.verify.stats import RatioInterval
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
 from helpers import MODELS
@@ -160,11 +162,14 @@ def test_autotune_verify_says_when_today_lands_outside_the_printed_interval(
     result = reverify(tmp_path / "out", options=pipeline.RunOptions(rounds=4, pairs=4, pair_seconds=1.0),
                       reporter=Reporter(), machine=recorded_machine("avx2_epyc"),
                       runner=SlowerNow(recorded_machine("avx2_epyc")))
-    assert "is below the interval printed when this configuration was tuned" in result[
-        "outside_printed_interval"]
-    assert json.loads((tmp_path / "out" / "reverify.json").read_text()) == result
-    assert result["speedup"]["median"] == pytest.approx(0.8 * doc["speedup"]["median"])
-    assert result["outside_printed_interval"]
+    assert result.outside_printed_interval is not None
+    assert "is below the interval printed when this configuration was tuned" in result.outside_printed_interval
+    written = json.loads((tmp_path / "out" / "reverify.json").read_text())
+    assert written == result.to_json()
+    assert result.speedup is not None
+    assert result.speedup.interval.median == pytest.approx(0.8 * doc["speedup"]["median"])
+    assert written["speedup"]["median"] == result.speedup.interval.median
+    assert written["outside_printed_interval"]
 
 
 def test_autotune_verify_runs_a_copied_folder_and_trains_the_model_file_it_is_given(
@@ -190,7 +195,7 @@ def test_autotune_verify_runs_a_copied_folder_and_trains_the_model_file_it_is_gi
     result = reverify(copy, options=pipeline.RunOptions(rounds=4, pairs=4, pair_seconds=1.0),
                       reporter=Reporter(), machine=recorded_machine("avx2_epyc"),
                       runner=Watching(recorded_machine("avx2_epyc")), model_file=other_model)
-    assert result["verified"]
+    assert result.verified
     assert copy / "launch.sh" in seen["launchers"]  # the copy's own launch.sh
     assert seen["model_file"] == str(other_model)  # what both scripts train
     assert os.environ["MODEL_FILE"] == "the user's own"  # restored afterwards
@@ -252,12 +257,12 @@ class TwoSpeeds:
 
 def alone_check(runner, tmp_path, *, pairs: int = 6):
     """The standalone check of ``runner``'s two scripts, side-by-side figures made up."""
-    served = {"ratios": [4.8, 4.9, 5.0, 5.1], "median": 5.0, "ci_low": 4.8, "ci_high": 5.1, "ci_level": 0.9,
-              "median_samples_per_s": 80_000.0}
+    served = CandidateSpeed(interval=RatioInterval(median=5.0, ci_low=4.8, ci_high=5.1, ci_level=0.9, rounds=4),
+                            ratios=(4.8, 4.9, 5.0, 5.1), samples_per_s=(), median_samples_per_s=80_000.0)
     b = standalone.Script(Path("b"), TrialConfig(batch_size=16), 17_000.0)
     c = standalone.Script(Path("c"), TrialConfig(batch_size=16), 80_000.0)
     return standalone.check(runner, baseline=b, candidate=c, served=served,
-                            served_baseline={"median_samples_per_s": 17_000.0},
+                            served_baseline=ReferenceSpeed(samples_per_s=(17_000.0,), median_samples_per_s=17_000.0),
                             settings=Settings(pairs=pairs, pair_seconds=1.0),
                             workdir=tmp_path, progress=lambda kind, info: None)
 
@@ -313,7 +318,7 @@ def test_a_baseline_that_drifts_over_the_pairs_is_named_and_widens_the_interval(
 
     class Steady:
         def run_script(self, launcher, *, steps, workdir, timeout_s):
-            return {"samples_per_s": 3_500.0 if launcher.name == "b" else 6_300.0}
+            return ScriptReport(samples_per_s=3_500.0 if launcher.name == "b" else 6_300.0)
 
     steady = alone_check(Steady(), tmp_path)
     assert "speed_shift" not in steady.detail
@@ -328,7 +333,7 @@ def test_a_noisy_baseline_at_one_speed_is_not_said_to_run_at_two(tmp_path):
 
         def run_script(self, launcher, *, steps, workdir, timeout_s):
             rate = 8_000.0 if launcher.name == "c" else 4_000.0
-            return {"samples_per_s": rate * math.exp(self.rng.gauss(0.0, 0.05))}
+            return ScriptReport(samples_per_s=rate * math.exp(self.rng.gauss(0.0, 0.05)))
 
     check = alone_check(Noisy(), tmp_path)
     assert check.passed and "two speeds" not in check.detail.get("speed_shift", "")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from autotune.verify.numerics import FP16_MAX_LAG, NUMERICS_TOLERANCE, compare_l
 from autotune.verify.quality import quality_check
 from autotune.verify.reference import numerics_reference, smaller_batch
 from autotune.verify.settings import Settings
+from autotune.verify.speed import CandidateSpeed
 from autotune.verify.trainings import Trainings
 from autotune.verify.verdict import Verdict, outcomes, rank_by_rounds
 
@@ -29,9 +31,11 @@ SHORT = Measurement(warmup_steps=2, window_s=0.3, windows=2)
 def _verdict(name: str, rates: list[float] | None, *, baseline: list[float]) -> Verdict:
     cfg = TrialConfig(batch_size=len(name) * 16)
     if rates is None:
-        return Verdict(cfg, {"speed": Check(False, {"reason": "crashed"})}, {})
-    speed = {**stats.ratio_interval([r / b for r, b in zip(rates, baseline)]).to_json(), "samples_per_s": rates}
-    return Verdict(cfg, {"speed": Check(True, speed)}, speed)
+        return Verdict(cfg, {"speed": Check(False, {"reason": "crashed"})})
+    ratios = [r / b for r, b in zip(rates, baseline)]
+    speed = CandidateSpeed(interval=stats.ratio_interval(ratios), ratios=tuple(ratios), samples_per_s=tuple(rates),
+                           median_samples_per_s=statistics.median(rates))
+    return Verdict(cfg, {"speed": Check(True, speed.to_json())}, speed)
 
 
 def test_candidates_are_ranked_by_windows_of_the_same_round():
@@ -41,9 +45,13 @@ def test_candidates_are_ranked_by_windows_of_the_same_round():
     a = _verdict("a", [2.0, 2.0, 2.0, 1.0, 1.0], baseline=baseline)
     b = _verdict("bb", [2.1, 2.1, 1.1, 1.1, 1.9], baseline=baseline)
     failed = _verdict("ccc", None, baseline=baseline)
-    assert a.speed["median"] > b.speed["median"]
+    assert a.speed is not None and b.speed is not None
+    assert a.speed.interval.median > b.speed.interval.median
     assert rank_by_rounds([a, failed, b]) == [b, a, failed]
-    assert b.speed["relative_to_candidates"] > 1.0 > a.speed["relative_to_candidates"]
+    assert b.speed.relative_to_candidates is not None and a.speed.relative_to_candidates is not None
+    assert b.speed.relative_to_candidates > 1.0 > a.speed.relative_to_candidates
+    # the speed check's figures carry the ranking's
+    assert b.checks["speed"].detail["relative_to_candidates"] == b.speed.relative_to_candidates
 
 
 def test_every_candidate_is_recorded_in_the_order_it_was_tried():
@@ -283,7 +291,7 @@ def test_gpu_configurations_unknown_to_fit_together_are_visited_fresh_and_cpu_on
     visits = 9 // side_by_side.WINDOWS_PER_VISIT
     assert len(runner.started) == 3 * visits
     # every window is a round, as the sequential rules count them
-    assert len(speed["samples_per_s"]) == visits * side_by_side.WINDOWS_PER_VISIT == speed["rounds"]
+    assert len(speed.samples_per_s) == visits * side_by_side.WINDOWS_PER_VISIT == speed.rounds
     assert [c.detail["median"] for c in checks] == pytest.approx([2.0, 4.0])
     # the rounds rotate: the baseline is not always measured first
     assert runner.started[:3] == ["verify-speed-0-0", "verify-speed-1-0", "verify-speed-2-0"]
@@ -302,7 +310,7 @@ def test_gpu_configurations_that_fit_together_are_held_and_the_rest_visit_beside
     runner = ServingCounter()
     speed, _ = side_by_side.speed_check(runner, base, [small, large], rounds=6, room=roomy)
     assert runner.most == 3 and len(runner.started) == 3  # each started once, held for every round
-    assert speed["rounds"] == 6
+    assert speed.rounds == 6
     # two large ones fit beside the others one at a time: each starts for each of its visits
     other = base.replace(batch_size=64, precision="bf16")
     peaks[other] = 30000.0
@@ -312,7 +320,7 @@ def test_gpu_configurations_that_fit_together_are_held_and_the_rest_visit_beside
     speed, checks = side_by_side.speed_check(runner, base, [small, large, other], rounds=6, room=tight)
     assert runner.started.count("verify-speed-0") == runner.started.count("verify-speed-1") == 1
     assert [n for n in runner.started if n.startswith("verify-speed-2-")] == ["verify-speed-2-0", "verify-speed-2-1"]
-    assert runner.most == 3 and speed["rounds"] == 6
+    assert runner.most == 3 and speed.rounds == 6
     assert [c.detail["median"] for c in checks] == pytest.approx([2.0, 4.0, 4.0])
     # exclusive compute mode, MIG, or nothing measured on the GPUs: all fresh
     assert DeviceRoom(capacity_mb=80000.0, fresh="exclusive", peaks_mb=peaks).held_together([base, small]) == set()

@@ -231,7 +231,7 @@ def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig,
         except AutotuneError as exc:
             return Ablation(skipped=f"the winner could not be held for the ablation: {exc}")
         detail.update({cfg: check.detail for cfg, check in zip(held, checks)})
-        ran, stopped, rate = speed["rounds"], speed.get("stopped"), speed["median_samples_per_s"]
+        ran, stopped, rate = speed.rounds, speed.stopped, speed.median_samples_per_s
     else:
         assert measured is not None  # everything was reused from it
         ran, rate = min(len(r) for r in reused.values()), statistics.median(measured[winner])

@@ -25,6 +25,7 @@ from autotune.sections import MeasureOptions, VerifyOptions
 from autotune.task import load_task
 from autotune.trials import measure_lock, proctree
 from autotune.trials.runner import TrialRunnerLike
+from autotune.verify.reverified import Reverified
 from autotune.verify.stage import recheck
 from autotune.workbench import Workbench
 
@@ -32,12 +33,12 @@ from autotune.workbench import Workbench
 def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Reporter,
              machine: Machine | Mapping[str, Any] | None = None,
              runner: TrialRunnerLike | None = None,
-             model_file: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Measure the configuration in ``out`` against its baseline again; returns the
-    reverify document. The folder may have been copied or moved: its model file is found
-    relative to it, else where it was tuned, unless ``model_file`` names it; both scripts
-    train that file. ``machine`` and ``runner`` default to this machine's probe and a real
-    trial runner (tests pass stand-ins)."""
+             model_file: str | os.PathLike[str] | None = None) -> Reverified:
+    """Measure the configuration in ``out`` against its baseline again; returns what it
+    found (``Reverified``, also written to reverify.json). The folder may have been copied
+    or moved: its model file is found relative to it, else where it was tuned, unless
+    ``model_file`` names it; both scripts train that file. ``machine`` and ``runner``
+    default to this machine's probe and a real trial runner (tests pass stand-ins)."""
     doc = read_document(out)
     folder = Path(out)
     folder = (folder if folder.is_dir() else folder.parent).absolute()
@@ -49,7 +50,7 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     for line in differs:
         reporter.warn(f"this machine differs from the one the config was tuned on: {line}")
     if cfg == baseline:
-        return {"verified": False, "reason": "the configuration is the baseline itself: nothing to verify"}
+        return Reverified(verified=False, reason="the configuration is the baseline itself: nothing to verify")
     proctree.become_subreaper()
     previous = os.environ.get("MODEL_FILE")
     os.environ["MODEL_FILE"] = str(task.path)  # what the user's launch.sh trains here
@@ -73,20 +74,13 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     alone = verdict.standalone
     now = alone.speedup if alone is not None else None
     printed = doc.speedup
-    result: dict[str, Any] = {
-        "verified": winner is not None,
-        "baseline_samples_per_s": (alone.baseline_median_samples_per_s if alone is not None
-                                   else base_speed.get("median_samples_per_s")),
-        "speedup": now.headline() if now is not None else None,
-        "printed_when_tuned": printed.headline() if printed is not None else None,
-        "verification": {name: c.to_json() for name, c in verdict.checks.items()},
-        "fingerprint_differs": bool(differs)}
-    if winner is None:
-        result["reason"] = verdict.reason
-    outside = outside_printed(now, printed)
-    if outside:
-        result["outside_printed_interval"] = outside
-    (folder / "reverify.json").write_text(json.dumps(result, indent=2) + "\n")
+    result = Reverified(
+        verified=winner is not None, reason=verdict.reason if winner is None else None,
+        baseline_samples_per_s=(alone.baseline_median_samples_per_s if alone is not None
+                                else base_speed.median_samples_per_s if base_speed is not None else None),
+        speedup=now, printed_when_tuned=printed, checks=dict(verdict.checks), fingerprint_differs=bool(differs),
+        outside_printed_interval=outside_printed(now, printed))
+    (folder / "reverify.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return result
 
 

@@ -26,7 +26,6 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation, Simplified
@@ -41,6 +40,7 @@ from autotune.verify.numerics import numerics_check
 from autotune.verify.quality import quality_check
 from autotune.verify.settings import Settings
 from autotune.verify.side_by_side import Held, speed_check
+from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
 from autotune.verify.trainings import Trainings
 from autotune.verify.verdict import Verdict, rank_by_rounds
 
@@ -49,7 +49,7 @@ def gate(trainings: Trainings, baseline: TrialConfig, cfg: TrialConfig, *, setti
     """The checks that need no speed measurement, numerics then quality, from one short
     training of the candidate and one of its reference (``trainings``), then the batch
     check where its batch is not the user's."""
-    verdict = Verdict(cfg, {}, {})
+    verdict = Verdict(cfg, {})
     verdict.checks["numerics"] = numerics_check(trainings, baseline, cfg)
     if verdict.passed:
         verdict.checks["quality"] = quality_check(trainings, baseline, cfg, max_drop=settings.max_quality_drop)
@@ -122,7 +122,7 @@ def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, sett
     # Its side-by-side speed: the variant's where one knob went, else the winner's (the
     # ablation found the dropped knobs worth nothing measurable).
     dropped = tuple(k.knob for k in top.ablation.knobs if not k.kept)
-    verdict.speed = dict(top.speed)
+    verdict.speed = dataclasses.replace(top.speed) if top.speed is not None else None
     verdict.ablation = dataclasses.replace(
         top.ablation, simplified=Simplified(config=simpler.short(), dropped=dropped, from_=cfg.short()))
     return verdict
@@ -135,7 +135,7 @@ def verify_candidates(
     reserve: Sequence[TrialConfig] = (),
     progress: Progress = lambda kind, info: None,
     stages: list[StageRecord] | None = None, slowest: float | None = None,
-) -> tuple[Verdict | None, list[Verdict], dict[str, Any]]:
+) -> tuple[Verdict | None, list[Verdict], ReferenceSpeed | None]:
     """Gate the candidates (numerics, quality; ``screen``), measure the survivors'
     speed side by side with the baseline, then run the scripts of the fastest first
     alone against the baseline's (at most ``settings.standalone_attempts``); the first
@@ -158,7 +158,7 @@ def verify_candidates(
 def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[TrialConfig],
             settings: Settings, emit_candidate: Callable[[TrialConfig, Path], Path], workdir: Path,
             reserve: Sequence[TrialConfig], progress: Progress, log: list[StageRecord],
-            trainings: Trainings, pool: Held) -> tuple[Verdict | None, list[Verdict], dict[str, Any]]:
+            trainings: Trainings, pool: Held) -> tuple[Verdict | None, list[Verdict], ReferenceSpeed | None]:
     if baseline.device != Device.CUDA:
         # started while the gates train (which measures nothing): ready by the speed check.
         # Not on GPUs, where they would take device memory from the gates' trainings.
@@ -167,28 +167,33 @@ def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[
                               progress=progress)
     by_cfg = {v.config: v for v in gated}
     pool.close(keeping=[baseline, *survivors])
+    base_speed: ReferenceSpeed | None = None
+    speed_checks: list[Check] = []
     if survivors:
         base_speed, speed_checks = speed_check(runner, baseline, survivors, rounds=settings.rounds,
                                                progress=progress, rule=sequential.Ranking(), held=pool,
                                                room=settings.room)
         log.append(_speed_record(base_speed, speed_checks))
-    else:  # nothing left to measure: the baseline is emitted, at its search value
-        base_speed, speed_checks = {}, []
+    # else nothing is left to measure: the baseline is emitted, at its search value
     for cfg, check in zip(survivors, speed_checks):
-        # one dict: the ranking's relative speed is recorded in the speed check too
-        by_cfg[cfg].speed = dict(check.detail)
-        by_cfg[cfg].checks["speed"] = Check(check.passed, by_cfg[cfg].speed)
+        # the ranking records its figures in the speed check's too (verdict.rank_by_rounds)
+        by_cfg[cfg].speed = CandidateSpeed.from_check(check)
+        by_cfg[cfg].checks["speed"] = check
         if settings.pricing is not None and check.passed:  # faster per step: and over the planned run?
-            by_cfg[cfg].checks["plan"] = settings.pricing.check(cfg, check.detail, baseline=baseline,
-                                                                base_speed=base_speed)
+            assert base_speed is not None
+            by_cfg[cfg].checks["plan"] = settings.pricing.check(
+                cfg, check.detail, baseline=baseline,
+                base_speed={"median_samples_per_s": base_speed.median_samples_per_s})
     verdicts = list(by_cfg.values())
     ranked = [v for v in rank_by_rounds(verdicts, settings.pricing) if v.passed]
     simpler: Verdict | None = None
     # the ablation holds the winner again, and the baseline for the path
     pool.close(keeping=([baseline] if settings.path else []) + ([ranked[0].config] if ranked else []))
     if ranked and settings.ablation and _ablation_fits(settings, ranked[0].config, baseline, len(survivors)):
-        measured = {baseline: base_speed["samples_per_s"],
-                    **{v.config: v.speed["samples_per_s"] for v in verdicts if v.speed.get("samples_per_s")}}
+        assert base_speed is not None  # the survivors were measured
+        measured = {baseline: list(base_speed.samples_per_s),
+                    **{v.config: list(v.speed.samples_per_s) for v in verdicts
+                       if v.speed is not None and v.speed.samples_per_s}}
         simpler = ablate(runner, ranked[0], baseline, settings=settings,
                          speed_windows=settings.rounds * (len(survivors) + 1), progress=progress,
                          measured=measured, trainings=trainings, pool=pool)
@@ -209,17 +214,18 @@ def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[
             log.append(StageRecord(stage=Stage.STANDALONE, config=verdict.config.short(),
                                    shortened=f"not run alone {settings.budget.why}"))
             break
+        speed = verdict.speed
+        assert base_speed is not None and speed is not None  # ranked: measured side by side
         if base_script is None:
             base_script = standalone.Script(emit_candidate(baseline, workdir / "baseline"), baseline,
-                                            base_speed["median_samples_per_s"])
+                                            base_speed.median_samples_per_s)
         cfg = verdict.config
         progress(ProgressEvent.STEP, {"text": f"the generated script of {cfg.short()}, run alone against "
                                   "the baseline's"})
         folder = workdir / f"candidate-{i}"
-        script = standalone.Script(emit_candidate(cfg, folder), cfg,
-                                   verdict.speed["median_samples_per_s"])
+        script = standalone.Script(emit_candidate(cfg, folder), cfg, speed.median_samples_per_s)
         verdict.checks["standalone"] = standalone.check(
-            runner, baseline=base_script, candidate=script, served=verdict.speed,
+            runner, baseline=base_script, candidate=script, served=speed,
             served_baseline=base_speed, settings=settings, workdir=folder / "standalone",
             progress=progress)
         alone = verdict.standalone
@@ -233,10 +239,10 @@ def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[
     return None, verdicts, base_speed
 
 
-def _speed_record(base_speed: dict[str, Any], checks: list[Check]) -> StageRecord:
-    dropped = [c.detail["rounds"] for c in checks if c.detail.get("stopped")]
-    return StageRecord(stage=Stage.SPEED, ran=base_speed["rounds"], cap=base_speed["cap"],
-                       stopped=base_speed.get("stopped"),
+def _speed_record(base_speed: ReferenceSpeed, checks: list[Check]) -> StageRecord:
+    dropped = [s.interval.rounds for c in checks if (s := CandidateSpeed.from_check(c)) is not None and s.stopped]
+    return StageRecord(stage=Stage.SPEED, ran=base_speed.rounds, cap=base_speed.cap,
+                       stopped=base_speed.stopped,
                        dropped=(f"{len(dropped)} candidate{'s' if len(dropped) > 1 else ''} measured no more "
                                 f"after {min(dropped)} rounds: clearly slower than the leader") if dropped else None)
 

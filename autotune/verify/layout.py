@@ -17,9 +17,10 @@ def layout_effect(verdicts: list[Verdict], top: TrialConfig, space: Space, machi
     by_cfg = {v.config: v.speed for v in verdicts}
     if contrast is None or top not in by_cfg or contrast not in by_cfg:
         return None
-    a, b = by_cfg[top].get("samples_per_s"), by_cfg[contrast].get("samples_per_s")
-    if not a or not b:
+    top_speed, contrast_speed = by_cfg[top], by_cfg[contrast]
+    if top_speed is None or contrast_speed is None or not top_speed.samples_per_s or not contrast_speed.samples_per_s:
         return None
+    a, b = top_speed.samples_per_s, contrast_speed.samples_per_s
     multi, single = (a, b) if top.nprocs > 1 else (b, a)
     multi_cfg, single_cfg = (top, contrast) if top.nprocs > 1 else (contrast, top)
     return LayoutEffect(multi_rank=multi_cfg.layout, single_process=single_cfg.layout,

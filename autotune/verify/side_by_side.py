@@ -18,17 +18,18 @@ import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.document.measures import Check
 from autotune.errors import NotVerified
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Device
 from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.trials.runner import LiveTrialLike, TrialRunnerLike
 from autotune.trials.spec import TrialMode
 from autotune.verify.device_room import DeviceRoom
 from autotune.verify.sequential import FEWEST, Decision, Rule
+from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
 from autotune.verify.stats import ratio_interval
 
 # A configuration that cannot be held (on GPUs where it does not fit beside the others,
@@ -43,7 +44,7 @@ WINDOWS_PER_VISIT = 3
 STARTING_TOGETHER = 2
 
 
-def _no_progress(kind: ProgressEvent, info: dict[str, Any]) -> None:
+def _no_progress(kind: ProgressEvent, info: JsonObject) -> None:
     return None
 
 
@@ -291,13 +292,13 @@ def speed_check(
     rounds: int, progress: Progress = _no_progress, name: str = "verify-speed",
     reference_label: str = "baseline", rule: Rule | None = None, held: Held | None = None,
     room: DeviceRoom | None = None,
-) -> tuple[dict[str, Any], list[Check]]:
+) -> tuple[ReferenceSpeed, list[Check]]:
     """``reference`` and ``others`` measured in turn, round after round, up to ``rounds``
     (``rule`` may stop a configuration or the whole earlier); per other, a check that
     passes when its ratios over the reference's windows show it faster. Returns the
-    reference's rates with the rounds run (``rounds``), the cap (``cap``) and why it ended
-    before the cap (``stopped``, absent when it did not), and the checks (a configuration
-    the rule stopped says why in ``stopped``). ``name`` names the trials' folders;
+    reference's speed (``ReferenceSpeed``: its rates, the rounds run, the cap and why it
+    ended before the cap), and the checks, whose figures are a ``CandidateSpeed``'s (a
+    configuration the rule stopped says why in ``stopped``). ``name`` names the trials' folders;
     ``reference_label`` is what progress calls the reference (the ratios' denominator).
     ``held``: processes to take and leave (``Held``); ``room``: what may be held on the
     GPUs (``device_room``; without it, every GPU configuration is visited fresh).
@@ -315,21 +316,18 @@ def speed_check(
         ratios = [v / b for v, b in zip(values[i], base_values)]
         stats = ratio_interval(ratios)
         passed = stats.ci_low > 1.0
-        detail = {**stats.to_json(), "ratios": ratios, "samples_per_s": values[i],
-                  "median_samples_per_s": statistics.median(values[i])}
-        if session.stopped[i]:
-            detail["stopped"] = session.stopped[i]
-        if not passed:
-            detail["reason"] = (
-                f"not faster than the baseline: speedup {stats.median:.2f}x, "
-                f"{stats.ci_level:.0%} interval {stats.ci_low:.2f}-{stats.ci_high:.2f}x "
-                "includes 1.0" + (f" (measured no more: {session.stopped[i]})" if session.stopped[i] else "")
-            )
-        checks.append(Check(passed, detail))
-    reference_speed = {"samples_per_s": base_values, "median_samples_per_s": statistics.median(base_values),
-                       "rounds": len(base_values), "cap": session.cap}
-    if session.ended and len(base_values) < session.cap:
-        reference_speed["stopped"] = session.ended
+        stopped = session.stopped[i] or None
+        reason = None if passed else (
+            f"not faster than the baseline: speedup {stats.median:.2f}x, "
+            f"{stats.ci_level:.0%} interval {stats.ci_low:.2f}-{stats.ci_high:.2f}x "
+            "includes 1.0" + (f" (measured no more: {stopped})" if stopped else ""))
+        speed = CandidateSpeed(interval=stats, ratios=tuple(ratios), samples_per_s=tuple(values[i]),
+                               median_samples_per_s=statistics.median(values[i]), stopped=stopped, reason=reason)
+        checks.append(Check(passed, speed.to_json()))
+    reference_speed = ReferenceSpeed(
+        samples_per_s=tuple(base_values), median_samples_per_s=statistics.median(base_values),
+        rounds=len(base_values), cap=session.cap,
+        stopped=session.ended if session.ended and len(base_values) < session.cap else None)
     return reference_speed, checks
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation
@@ -20,6 +19,7 @@ from autotune.verify import fit, gates, standalone
 from autotune.verify.candidates import batch_rival, choose_candidates
 from autotune.verify.deadline import Budget, Costs
 from autotune.verify.device_room import DeviceRoom
+from autotune.verify.speed import ReferenceSpeed
 from autotune.verify.trainings import slowest_rate
 from autotune.verify.verdict import Verdict
 from autotune.workbench import Workbench
@@ -33,7 +33,7 @@ class Verified:
 
     winner: Verdict | None
     verdicts: list[Verdict]
-    base_speed: dict[str, Any]
+    base_speed: ReferenceSpeed
     candidates: list[TrialConfig]
     stages: VerificationStages | None
 
@@ -87,18 +87,18 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
             workdir=bench.out / "verify", progress=reporter.verify, stages=records,
             slowest=slowest_rate(measured_trials(searched.place.study)))
     else:
-        winner, verdicts, base_speed = None, [], {}
+        winner, verdicts, base_speed = None, [], None
     if winner is not None and fitted is not None and Stage.ABLATION in fitted.shortened:
         winner.ablation = Ablation(skipped=fitted.shortened[Stage.ABLATION])
-    if not base_speed:  # nothing was measured side by side: the search's value stands
-        base_speed = {"samples_per_s": [outcome.baseline.value],
-                      "median_samples_per_s": outcome.baseline.value}
+    if base_speed is None:  # nothing was measured side by side: the search's value stands
+        base_speed = ReferenceSpeed(samples_per_s=(outcome.baseline.value,),
+                                    median_samples_per_s=outcome.baseline.value)
     return Verified(winner=winner, verdicts=verdicts, base_speed=base_speed, candidates=candidates,
                     stages=fit.stages(fitted, records, budget))
 
 
 def recheck(bench: Workbench, verify: VerifyOptions, *, doc: RunDocument,
-            launcher: Callable[[], Path]) -> tuple[Verdict | None, list[Verdict], dict[str, Any]]:
+            launcher: Callable[[], Path]) -> tuple[Verdict | None, list[Verdict], ReferenceSpeed | None]:
     """The configuration ``doc`` emitted against its baseline, here and now: the same checks
     as a run's, on the user's script as it is (``launcher()``: its launch.sh) against the
     baseline's written afresh, without the ablation (the configuration as emitted)."""

@@ -25,6 +25,7 @@ from autotune.trials.protocol import Progress, ProgressEvent
 from autotune.trials.script_report import ScriptReport
 from autotune.verify import sequential
 from autotune.verify.settings import Settings
+from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
 from autotune.verify.stats import Side, ratio_interval, speedup_interval, spread
 
 # The standalone pairs must show the candidate faster: the median's distribution-free
@@ -154,8 +155,8 @@ def speed_shift(baseline: Side, candidate: Side) -> str | None:
             + ", but a re-run may find this machine in yet another state")
 
 
-def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: dict[str, Any],
-          served_baseline: dict[str, Any], settings: Settings, workdir: Path,
+def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: CandidateSpeed,
+          served_baseline: ReferenceSpeed, settings: Settings, workdir: Path,
           progress: Progress) -> Check:
     """The emitted launch.sh against the baseline's script, each run alone, alternating
     (``alternate``). It must run, and be faster: the interval of the pairs'
@@ -209,12 +210,14 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
             median_interval=Interval(median=median, ci_low=of_median.ci_low, ci_high=of_median.ci_high,
                                      ci_level=of_median.ci_level), pairs=len(ratios),
             seconds_per_run=pairs.seconds_per_run, wall_s=round(pairs.wall_s, 1),
-            side_by_side=Interval.from_json(served), unsteady=unsteady,
+            side_by_side=Interval(median=served.interval.median, ci_low=served.interval.ci_low,
+                                  ci_high=served.interval.ci_high, ci_level=served.interval.ci_level),
+            unsteady=unsteady,
             speed_shift=speed_shift(rerun.baseline, rerun.candidate)),
         ratios=tuple(ratios), samples_per_s=tuple(pairs.candidate), median_samples_per_s=alone,
         baseline_samples_per_s=tuple(pairs.baseline), baseline_median_samples_per_s=base_alone,
-        served_over_alone={"candidate": served["median_samples_per_s"] / alone,
-                           "baseline": served_baseline["median_samples_per_s"] / base_alone},
+        served_over_alone={"candidate": served.median_samples_per_s / alone,
+                           "baseline": served_baseline.median_samples_per_s / base_alone},
         cap=pairs.cap, stopped=pairs.stopped,
         peak_mb=max(pairs.candidate_peak_mb) if pairs.candidate_peak_mb else None)
     detail = figures.to_json()

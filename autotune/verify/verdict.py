@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation
 from autotune.document.measures import CandidateOutcome, Check, Standalone
 from autotune.search.objective import Pricing
 from autotune.verify.side_by_side import relative_to_level
+from autotune.verify.speed import CandidateSpeed
 
 
 @dataclasses.dataclass
 class Verdict:
     config: TrialConfig
     checks: dict[str, Check]
-    speed: dict[str, Any]
+    speed: CandidateSpeed | None = None  # its side-by-side figures, once the speed check measured it
     ablation: Ablation | None = None  # the knob-by-knob measurement that shaped it
 
     @property
@@ -42,21 +42,37 @@ def rank_by_rounds(verdicts: list[Verdict], pricing: Pricing | None = None) -> l
     level in their rounds and come after the ones it measured to the end; those whose
     re-measurement failed last. With a planned run (``pricing``), shortest predicted run
     first: the same rates, and each one's one-time cost from the search."""
-    measured = [v for v in verdicts if v.speed.get("samples_per_s")]
-    if not measured:
+    speeds = [(v, v.speed) for v in verdicts if v.speed is not None and v.speed.samples_per_s]
+    if not speeds:
         return list(verdicts)
-    stopped = [v for v in measured if v.speed.get("stopped")]
-    to_the_end = [v for v in measured if v not in stopped] or stopped
-    beside = [v for v in stopped if v not in to_the_end]
-    relative = relative_to_level([v.speed["samples_per_s"] for v in to_the_end],
-                                 beside=[v.speed["samples_per_s"] for v in beside])
-    for v, r in zip([*to_the_end, *beside], relative):
-        v.speed["relative_to_candidates"] = r
+    stopped = [(v, s) for v, s in speeds if s.stopped]
+    to_the_end = [(v, s) for v, s in speeds if (v, s) not in stopped] or stopped
+    beside = [(v, s) for v, s in stopped if (v, s) not in to_the_end]
+    ordered = [*to_the_end, *beside]
+    relative = relative_to_level([s.samples_per_s for _, s in to_the_end],
+                                 beside=[s.samples_per_s for _, s in beside])
+    for (_, s), r in zip(ordered, relative):
+        s.relative_to_candidates = r
     if pricing is not None:  # search.objective: compiling's one-time cost counts
-        pricing.price([(v.config, v.speed) for v in measured])
-        return sorted(verdicts, key=lambda v: v.speed.get("planned_s", math.inf))
-    return sorted(verdicts, key=lambda v: (v in to_the_end, v.speed.get("relative_to_candidates", 0.0)),
-                  reverse=True)
+        priced = pricing.price([(v.config, s.samples_per_s, r) for (v, s), r in zip(ordered, relative)])
+        for (_, s), (planned_s, one_time_s) in zip(ordered, priced):
+            s.planned_s, s.one_time_s = planned_s, one_time_s
+    for v, s in ordered:  # the speed check's figures carry the ranking's
+        if "speed" in v.checks:
+            v.checks["speed"] = Check(v.checks["speed"].passed, s.to_json())
+    if pricing is not None:
+        return sorted(verdicts, key=_planned_s)
+    ends = [v for v, _ in to_the_end]
+    return sorted(verdicts, key=lambda v: (v in ends, _relative(v)), reverse=True)
+
+
+def _planned_s(v: Verdict) -> float:
+    return v.speed.planned_s if v.speed is not None and v.speed.planned_s is not None else math.inf
+
+
+def _relative(v: Verdict) -> float:
+    speed = v.speed
+    return speed.relative_to_candidates if speed is not None and speed.relative_to_candidates is not None else 0.0
 
 
 def outcomes(verdicts: list[Verdict], winner: Verdict | None,
@@ -76,6 +92,16 @@ def outcomes(verdicts: list[Verdict], winner: Verdict | None,
             outcome = ("faster side by side; its script was not run alone (verification runs "
                        "the scripts of the fastest few only)")
         out.append(CandidateOutcome(
-            config=v.config, speed={k: v.speed.get(k) for k in CandidateOutcome.SPEED_KEYS},
+            config=v.config, speed=_outcome_speed(v.speed),
             checks=tuple(sorted(v.checks)), outcome=outcome))
     return out
+
+
+def _outcome_speed(speed: CandidateSpeed | None) -> dict[str, float | None]:
+    """The figures of ``speed`` a candidate's outcome records (``CandidateOutcome.SPEED_KEYS``);
+    None each where it was not measured."""
+    if speed is None:
+        return dict.fromkeys(CandidateOutcome.SPEED_KEYS)
+    interval = speed.interval
+    return {"median": interval.median, "ci_low": interval.ci_low, "ci_high": interval.ci_high,
+            "relative_to_candidates": speed.relative_to_candidates}

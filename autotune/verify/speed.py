@@ -1,0 +1,68 @@
+"""What the side-by-side speed check measured (``side_by_side.speed_check``): the
+reference's rates, and each candidate's rates and ratios against it, which its check's
+figures carry into the reports and best_config.json."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.document.measures import Check
+from autotune.runtime.json_value import JsonObject
+from autotune.verify.stats import RatioInterval
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReferenceSpeed:
+    """The reference's rate in each round and their median, the rounds run, the cap and why
+    it ended before the cap (None where it did not). Where nothing was measured side by
+    side, the search's value alone: no rounds, no cap."""
+
+    samples_per_s: tuple[float, ...]
+    median_samples_per_s: float
+    rounds: int | None = None
+    cap: int | None = None
+    stopped: str | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class CandidateSpeed:
+    """A candidate's side-by-side figures against the reference: its ratio per round and
+    their interval, its rates, why the check stopped measuring it (None where it ran to
+    the end) and, where it was not shown faster, why. Built up after the check: the
+    ranking (``verdict.rank_by_rounds``) records its rate relative to the candidates'
+    level and, under a planned run, the run's predicted time and its one-time cost."""
+
+    interval: RatioInterval
+    ratios: tuple[float, ...]
+    samples_per_s: tuple[float, ...]
+    median_samples_per_s: float
+    stopped: str | None = None
+    reason: str | None = None
+    relative_to_candidates: float | None = None
+    planned_s: float | None = None
+    one_time_s: float | None = None
+
+    def to_json(self) -> JsonObject:
+        """The speed check's figures, in the order its check has always written them."""
+        out: JsonObject = {**self.interval.to_json(), "ratios": list(self.ratios),
+                           "samples_per_s": list(self.samples_per_s),
+                           "median_samples_per_s": self.median_samples_per_s}
+        later = (("stopped", self.stopped), ("reason", self.reason),
+                 ("relative_to_candidates", self.relative_to_candidates),
+                 ("planned_s", self.planned_s), ("one_time_s", self.one_time_s))
+        out.update({k: v for k, v in later if v is not None})
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CandidateSpeed:
+        return cls(interval=RatioInterval.from_json(data), ratios=tuple(data["ratios"]),
+                   samples_per_s=tuple(data["samples_per_s"]),
+                   median_samples_per_s=data["median_samples_per_s"], stopped=data.get("stopped"),
+                   reason=data.get("reason"), relative_to_candidates=data.get("relative_to_candidates"),
+                   planned_s=data.get("planned_s"), one_time_s=data.get("one_time_s"))
+
+    @classmethod
+    def from_check(cls, check: Check) -> CandidateSpeed | None:
+        """The figures of a speed check; None where the candidate failed when re-measured."""
+        return cls.from_json(check.detail) if "ratios" in check.detail else None
