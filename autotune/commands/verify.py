@@ -32,17 +32,18 @@ def main(args: argparse.Namespace) -> int:
 
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
     result = reverify(args.out, options=run_options(args), reporter=reporter, model_file=args.model_file)
-    now = result.get("speedup") or {}
+    now = result.speedup
     if args.json:
-        print(json.dumps(result, indent=2))
-    elif result["verified"]:
-        lead = (f"{now['lower_bound']:.2f}x or more in {now['ci_level']:.0%} of re-runs, median "
-                if now.get("lower_bound") else "")
-        reporter.info(f"verified again: speedup {lead}{now['median']:.2f}x over {now['pairs']} pairs of "
-                      f"standalone runs (a re-run lands in {now['ci_low']:.2f}-"
-                      f"{now['ci_high']:.2f}x, {now['ci_level']:.0%})")
+        print(json.dumps(result.to_json(), indent=2))
+    elif result.verified and now is not None:  # verified: its pairs ran
+        shown = now.interval
+        lead = (f"{now.lower_bound:.2f}x or more in {shown.ci_level:.0%} of re-runs, median "
+                if now.lower_bound else "")
+        reporter.info(f"verified again: speedup {lead}{shown.median:.2f}x over {now.pairs} pairs of "
+                      f"standalone runs (a re-run lands in {shown.ci_low:.2f}-"
+                      f"{shown.ci_high:.2f}x, {shown.ci_level:.0%})")
     else:
-        reporter.info(f"not verified here: {result['reason']}")
-    if result.get("outside_printed_interval"):
-        reporter.warn(result["outside_printed_interval"])
-    return EXIT_VERIFIED if result["verified"] else EXIT_NOT_VERIFIED
+        reporter.info(f"not verified here: {result.reason}")
+    if result.outside_printed_interval:
+        reporter.warn(result.outside_printed_interval)
+    return EXIT_VERIFIED if result.verified else EXIT_NOT_VERIFIED
