@@ -48,9 +48,11 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
     baseline = Baseline(
         config=reference,
         samples_per_s=(claim.baseline_median_samples_per_s if claim is not None
-                       else base_speed["median_samples_per_s"]),
-        runs=tuple(claim.baseline_samples_per_s if claim is not None else base_speed["samples_per_s"]))
+                       else base_speed.median_samples_per_s),
+        runs=tuple(claim.baseline_samples_per_s if claim is not None else base_speed.samples_per_s))
     pricing, trials = searched.pricing, measured_trials(searched.place.study)
+    # ranked before the checks are read: the ranking records its figures in the speed checks
+    candidates = tuple(outcomes(verdicts, winner, pricing))
     return RunDocument(
         model_file=str(bench.task.path), autotune_version=__version__,
         fingerprint={**fingerprint(machine.to_dict()), "id": fingerprint_id(machine.to_dict())},
@@ -60,7 +62,7 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
         precision=precision_note(chosen, winner, verdicts, space, exact=verify.exact),
         rejected=tuple(Rejection(config=v.config, reason=v.reason, checks=dict(v.checks))
                        for v in verdicts if v is not winner and not v.passed),
-        candidates=tuple(outcomes(verdicts, winner, pricing)),
+        candidates=candidates,
         search=search_summary(searched, sharing),
         space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
         layout_effect=(layout_effect(verdicts, verified.candidates[0], space, machine)
