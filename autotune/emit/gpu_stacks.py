@@ -20,7 +20,8 @@ FLOAT8_CODE = ("from torchao.float8 import convert_to_float8_training  # pip ins
 
 def ddp_kwargs(cfg: TrialConfig) -> JsonObject:
     """DistributedDataParallel's keyword arguments for the tuned DDP knobs (none when off)."""
-    return gpu_knobs.ddp_options({"ddp_bucket_view": cfg.ddp_bucket_view, "ddp_static_graph": cfg.ddp_static_graph})
+    options = gpu_knobs.ddp_options({"ddp_bucket_view": cfg.ddp_bucket_view, "ddp_static_graph": cfg.ddp_static_graph})
+    return {name: bool(value) for name, value in options.items()}
 
 
 def _kwargs_text(kwargs: Mapping[str, Any]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .knobs import ConfigDict, Device
 
@@ -49,12 +49,19 @@ def set_expandable_segments(cfg: ConfigDict, env: Any = None) -> None:
     env[ALLOC_CONF] = merged_alloc_conf(env.get(ALLOC_CONF))[0]
 
 
-def ddp_options(cfg: ConfigDict) -> dict[str, Any]:
+class DdpOptions(TypedDict, total=False):
+    """DistributedDataParallel's keyword arguments the DDP knobs set (absent: torch's default)."""
+
+    gradient_as_bucket_view: bool
+    static_graph: bool
+
+
+def ddp_options(cfg: ConfigDict) -> DdpOptions:
     """DistributedDataParallel's keyword arguments for the configuration's DDP knobs:
     gradients as views into the communication buckets (no copy into them, and one
     gradient-sized buffer less) and a static graph (the used parameters and hook order
     recorded once, the per-step search for unused parameters skipped)."""
-    out: dict[str, Any] = {}
+    out: DdpOptions = {}
     if cfg.get("ddp_bucket_view"):
         out["gradient_as_bucket_view"] = True
     if cfg.get("ddp_static_graph"):

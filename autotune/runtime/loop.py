@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -30,25 +30,35 @@ STOP_SIGNALS = ("SIGTERM", "SIGINT")
 STOP_CHECK_EVERY = 10
 
 
-def rng_state(device: torch.device) -> dict[str, Any]:
+class RngState(TypedDict, total=False):
+    """Every random generator a training step may draw from, as a checkpoint holds them:
+    numpy's where it was imported, the GPU's on CUDA."""
+
+    python: tuple[Any, ...]
+    torch: torch.Tensor
+    numpy: Any  # numpy.random.get_state()'s tuple; numpy is the user's, not a dependency
+    cuda: torch.Tensor
+
+
+def rng_state(device: torch.device) -> RngState:
     """Every random generator a training step may draw from, as saved in a checkpoint."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    state: RngState = {"python": random.getstate(), "torch": torch.get_rng_state()}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         state["numpy"] = numpy.random.get_state()
     if device.type == Device.CUDA:
-        state[Device.CUDA.value] = torch.cuda.get_rng_state(device)
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+def set_rng_state(state: RngState, device: torch.device) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     numpy = sys.modules.get("numpy")
     if numpy is not None and "numpy" in state:
         numpy.random.set_state(state["numpy"])
-    if device.type == Device.CUDA and Device.CUDA.value in state:
-        torch.cuda.set_rng_state(state[Device.CUDA.value], device)
+    if device.type == Device.CUDA and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def latest_checkpoint(folder: str) -> str | None:

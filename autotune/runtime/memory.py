@@ -13,11 +13,14 @@ import collections
 import contextlib
 import copy
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .distributed import Distributed
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import ValueType  # what torch's full state dict holds
 
 # What activation checkpointing's wrapper inserts into parameter names; its state_dict
 # hooks take it out again, so a checkpoint holds the user's names.
@@ -155,7 +158,7 @@ def _full_options(*, cpu_offload: bool) -> Any:
     return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
 
 
-def full_model_state(model: torch.nn.Module) -> dict[str, Any]:
+def full_model_state(model: torch.nn.Module) -> dict[str, ValueType]:
     """The sharded model's whole state dict under the user's names, gathered onto the host;
     collective: every rank calls it, rank 0 receives it (the others an empty dict)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -178,7 +181,7 @@ def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 
 def load_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-                    model_state: dict[str, Any], optimizer_state: dict[str, Any]) -> None:
+                    model_state: dict[str, ValueType], optimizer_state: dict[str, Any]) -> None:
     """Load a whole (unsharded) model and optimizer state, as full_model_state and
     full_optimizer_state give them, into the sharded model: every rank keeps its share."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
