@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.document.memory import MemoryFit
+from autotune.document.memory import BestWithout, MemoryFit
 from autotune.errors import UsageError
 from autotune.options import RunOptions, parse_size
 from autotune.probes.libraries import find_native_libraries
@@ -64,6 +64,17 @@ class MemoryStandIn(StandInRunner):
 def task():
     # knob_cnn: batch 16, no BatchNorm; said to have repeated blocks, as a transformer has
     return dataclasses.replace(load_task(MODELS / "knob_cnn.py"), blocks=("Block",))
+
+
+def test_the_fastest_fit_without_a_memory_knob_is_written_read_back_and_named():
+    best = BestWithout(config="batch_size=8", samples_per_s=100.0, chosen_samples_per_s=150.0)
+    fit = MemoryFit(limit_mb=600.0, source="--memory-limit", chosen_peak_mb=500.0, baseline_peak_mb=940.0,
+                    memory_knobs=("activation_checkpointing",), best_without=best)
+    data = json.loads(json.dumps(fit.to_json()))
+    assert data["best_without"] == {"config": "batch_size=8", "samples_per_s": 100.0, "chosen_samples_per_s": 150.0}
+    assert MemoryFit.from_json(data) == fit
+    assert ("the fastest that fit without one, batch_size=8, ran at 100.0 samples/s in the search; "
+            "the emitted one at 150.0 (1.50x).") in "\n".join(fit.lines())
 
 
 def test_the_users_batch_over_the_limit_is_kept_with_the_memory_knobs_and_the_winner_fits(task, tmp_path):

@@ -28,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
     reporter = Reporter()
     reporter.summary(doc, args.out if args.out.is_dir() else args.out.parent)
     try:
-        study = load_study(args.out, model_file=doc.model_file, fingerprint_id=doc.fingerprint.get("id"))
+        study = load_study(args.out, model_file=doc.model_file, fingerprint_id=doc.fingerprint_id)
     except UsageError as exc:  # the summary stands without the search's trials
         reporter.warn(str(exc))
         study = None

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.runtime.json_value import JsonObject
+from autotune.runtime.json_value import JsonObject, JsonValue
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -25,7 +25,7 @@ class BatchChoice:
     user: int
     searched: tuple[int, int]
     set_by: str
-    ramp: Mapping[str, Any] | None = None
+    ramp: Mapping[str, JsonValue] | None = None
     check: str | None = None
     trains_faster: float | None = None
     rejected: Mapping[str, str] = dataclasses.field(default_factory=dict)

@@ -11,6 +11,25 @@ from autotune.runtime.json_value import JsonObject
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class BestWithout:
+    """The fastest configuration the search measured within the limit with no memory knob
+    (``config``, short) and its rate, beside the emitted one's, both as the search measured them."""
+
+    config: str
+    samples_per_s: float
+    chosen_samples_per_s: float
+
+    def to_json(self) -> JsonObject:
+        return {"config": self.config, "samples_per_s": self.samples_per_s,
+                "chosen_samples_per_s": self.chosen_samples_per_s}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BestWithout:
+        return cls(config=data["config"], samples_per_s=data["samples_per_s"],
+                   chosen_samples_per_s=data["chosen_samples_per_s"])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MemoryFit:
     """``limit_mb``: what one rank of the emitted configuration may hold (None: no limit
     applies, as on a GPU without --memory-limit, where CUDA itself refuses more);
@@ -32,7 +51,7 @@ class MemoryFit:
     reference: str | None = None
     alone: bool = False  # the emitted peak is its script's, run alone (else the search's)
     without: str | None = None
-    best_without: Mapping[str, Any] | None = None
+    best_without: BestWithout | None = None
 
     def lines(self) -> list[str]:
         """The summary's lines."""
@@ -52,10 +71,10 @@ class MemoryFit:
             if best is None:
                 lines.append("  no configuration the search measured fit without a memory knob.")
             else:
-                ratio = best["chosen_samples_per_s"] / best["samples_per_s"]
-                lines.append(f"  the fastest that fit without one, {best['config']}, ran at "
-                             f"{best['samples_per_s']:,.1f} samples/s in the search; the emitted one at "
-                             f"{best['chosen_samples_per_s']:,.1f} ({ratio:.2f}x).")
+                ratio = best.chosen_samples_per_s / best.samples_per_s
+                lines.append(f"  the fastest that fit without one, {best.config}, ran at "
+                             f"{best.samples_per_s:,.1f} samples/s in the search; the emitted one at "
+                             f"{best.chosen_samples_per_s:,.1f} ({ratio:.2f}x).")
         return lines
 
     def to_json(self) -> JsonObject:
@@ -63,7 +82,7 @@ class MemoryFit:
                 "baseline_peak_mb": self.baseline_peak_mb, "memory_knobs": list(self.memory_knobs),
                 "baseline_over": self.baseline_over, "reference": self.reference, "alone": self.alone,
                 "without": self.without,
-                "best_without": dict(self.best_without) if self.best_without is not None else None}
+                "best_without": self.best_without.to_json() if self.best_without is not None else None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MemoryFit:
@@ -71,4 +90,5 @@ class MemoryFit:
                    baseline_peak_mb=data["baseline_peak_mb"], memory_knobs=tuple(data["memory_knobs"]),
                    baseline_over=data.get("baseline_over"), reference=data.get("reference"),
                    alone=bool(data.get("alone")),
-                   without=data.get("without"), best_without=data.get("best_without"))
+                   without=data.get("without"),
+                   best_without=BestWithout.from_json(data["best_without"]) if data.get("best_without") else None)

@@ -28,7 +28,7 @@ from autotune.document.plan import PlannedRun
 from autotune.document.profile import StepProfile
 from autotune.document.stages import VerificationStages
 from autotune.document.utilisation import Utilisation
-from autotune.runtime.json_value import JsonObject
+from autotune.runtime.json_value import JsonObject, JsonValue
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -123,7 +123,7 @@ class RunDocument:
 
     model_file: str
     autotune_version: str
-    fingerprint: Mapping[str, Any]
+    fingerprint: Mapping[str, JsonValue]
     config: TrialConfig
     baseline: Baseline
     best: Best | None  # None: nothing verified, the baseline is emitted
@@ -145,7 +145,7 @@ class RunDocument:
     utilisation: Utilisation | None = None  # None: no FLOPs counted (or a document from before)
     # The options the run was given (autotune.document.options.options_record); None: a
     # document from before they were recorded.
-    options: Mapping[str, Any] | None = None
+    options: Mapping[str, JsonValue] | None = None
     schema: int | None = None
     model_file_tuned: str | None = None
     launch: str | None = None
@@ -154,6 +154,12 @@ class RunDocument:
     @property
     def verified(self) -> bool:
         return self.speedup is not None
+
+    @property
+    def fingerprint_id(self) -> str | None:
+        """The machine's fingerprint id, which the study's name carries."""
+        found = self.fingerprint.get("id")
+        return found if isinstance(found, str) else None
 
     @property
     def included(self) -> Mapping[str, Sequence[KnobValue]]:

@@ -52,7 +52,7 @@ def write_report(out: str | os.PathLike[str], *, doc: RunDocument | None = None,
     notes: list[str] = []
     if study is None:
         try:
-            study = load_study(folder, model_file=doc.model_file, fingerprint_id=doc.fingerprint.get("id"))
+            study = load_study(folder, model_file=doc.model_file, fingerprint_id=doc.fingerprint_id)
         except UsageError as exc:
             notes.append(str(exc))
     if study is None and not notes:
