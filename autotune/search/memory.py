@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.document.memory import MemoryFit
+from autotune.document.memory import BestWithout, MemoryFit
 from autotune.errors import UsageError
 from autotune.runtime.knobs import Device, Precision, Sharding
 from autotune.space import Space
@@ -305,6 +305,6 @@ def fit_of(limit: MemoryLimit, *, chosen: TrialConfig, user: TrialConfig, refere
     chosen_rate = alike.get("value")
     best_without = None
     if best is not None and chosen_rate and best[1].get("value"):
-        best_without = {"config": best[0].short(), "samples_per_s": float(best[1]["value"]),
-                        "chosen_samples_per_s": float(chosen_rate)}
+        best_without = BestWithout(config=best[0].short(), samples_per_s=float(best[1]["value"]),
+                                   chosen_samples_per_s=float(chosen_rate))
     return dataclasses.replace(fit, without=without, best_without=best_without)
