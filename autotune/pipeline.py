@@ -24,6 +24,7 @@ from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, probe_machine
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Device
 from autotune.search import shared
 from autotune.search.stage import Searched, run_search
@@ -129,7 +130,7 @@ def verify_for_the_study(bench: Workbench, parts: Sections, *, searched: Searche
     place = searched.place
     assert place.storage is not None
 
-    def verify_for_all() -> dict[str, Any]:
+    def verify_for_all() -> JsonObject:
         # emitted and profiled before it is published: the workers that take it write the
         # same document, the step profile included (profile_emitted keeps one it finds)
         with measure_lock.held(notice=bench.reporter.warn):

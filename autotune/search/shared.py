@@ -24,11 +24,12 @@ import optuna.storages
 
 from autotune.errors import AutotuneError, UsageError
 from autotune.probes import fingerprint_diff
+from autotune.runtime.json_value import JsonObject
 from autotune.search.study import study_lock
 from autotune.trials.protocol import StudyAttr
 
 
-def identity(*, fingerprint: Mapping[str, Any], model_file: Path, space: Mapping[str, Any]) -> dict[str, Any]:
+def identity(*, fingerprint: Mapping[str, Any], model_file: Path, space: Mapping[str, Any]) -> JsonObject:
     """What a study is for, as JSON: the machine's fingerprint, the model file (its name and
     the hash of its text: the same file on every machine) and the search space."""
     return json.loads(json.dumps({
@@ -81,8 +82,8 @@ class WaitedTooLong(AutotuneError):
 
 
 def verify_once(study: optuna.Study, storage: optuna.storages.RDBStorage, *, lock_name: str,
-                verify: Callable[[], dict[str, Any]], wait_s: float, notice: Callable[[str], None],
-                poll_s: float = 2.0) -> tuple[dict[str, Any], bool]:
+                verify: Callable[[], JsonObject], wait_s: float, notice: Callable[[str], None],
+                poll_s: float = 2.0) -> tuple[JsonObject, bool]:
     """The study's published result; verified here (``verify()``, under the study's
     verification lock, then published) when no worker has, else waited for. Returns it
     and whether this worker verified it."""
