@@ -39,6 +39,7 @@ from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.probes import probe_machine
 from autotune.search.budget import SearchBudget
+from autotune.search.course import Course
 from autotune.search.starts import heuristics
 from autotune.search.tuner import Tuner, open_study
 from autotune.sections import SearchOptions
@@ -62,7 +63,7 @@ def search(name: str, task, machine, out: Path, *, trials: int, sampler) -> tupl
                          measurement=Measurement())
     study = open_study(storage_path=out / f"{name}.journal", study_name=name, sampler=sampler)
     started = time.monotonic()
-    outcome = Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=trials)).run()
+    outcome = Tuner(study=study, space=space, runner=runner, course=Course(budget=SearchBudget(trials=trials))).run()
     wall = time.monotonic() - started
     best = outcome.ranked[0]
     return best.config, {"wall_s": wall, "trials": trials, "best_search_value": best.value}

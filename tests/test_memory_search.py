@@ -361,6 +361,7 @@ def test_workers_sharing_a_study_take_each_step_of_the_reference_once(task, tmp_
     import time
 
     from autotune.search.budget import SearchBudget
+    from autotune.search.course import Course
     from autotune.search.scoring import Scoring
     from autotune.search.tuner import Tuner, open_study
     from autotune.search.turns import Turns
@@ -376,9 +377,9 @@ def test_workers_sharing_a_study_take_each_step_of_the_reference_once(task, tmp_
     def worker(name):
         runners[name] = runner = Slow(recorded_machine("avx2_epyc"))
         study = open_study(storage_path=tmp_path / "study.journal", study_name="shared")
-        tuner = Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=6),
-                      turns=Turns(shared=True, lock=lambda: lock),
-                      scoring=Scoring(memory_limit=memory.MemoryLimit(user_mb=350.0)))
+        tuner = Tuner(study=study, space=space, runner=runner, course=Course(
+            budget=SearchBudget(trials=6), turns=Turns(shared=True, lock=lambda: lock),
+            scoring=Scoring(memory_limit=memory.MemoryLimit(user_mb=350.0))))
         tuner.POLL_S = 0.01
         outcomes[name] = tuner.run()
 

@@ -85,7 +85,8 @@ from pathlib import Path
 from autotune.search.starts import heuristics
 from autotune.probes import as_machine
 from autotune.search.budget import SearchBudget
-from autotune.search.tuner import Starts, Tuner, open_study
+from autotune.search.course import Course, Starts
+from autotune.search.tuner import Tuner, open_study
 from autotune.space import build_space
 from autotune.trials.events import SetupEvent
 from autotune.trials.runner import TrialResult
@@ -117,8 +118,8 @@ class StandInRunner:
 
 
 study = open_study(storage_path=journal, study_name="sim")
-Tuner(study=study, space=space, runner=StandInRunner(), budget=SearchBudget(trials=opts["trials"]),
-      starts=Starts(heuristics=heuristics(space, MACHINE))).run()
+Tuner(study=study, space=space, runner=StandInRunner(), course=Course(
+    budget=SearchBudget(trials=opts["trials"]), starts=Starts(heuristics=heuristics(space, MACHINE)))).run()
 '''
 
 

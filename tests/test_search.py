@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.search.budget import SearchBudget
+from autotune.search.course import Course
 from autotune.search.study import StudyDamaged, repair_journal
 from autotune.search.tuner import Tuner, open_study
 from autotune.space import MEMORY_KNOBS, build_space
@@ -56,7 +57,7 @@ def _search(tmp_path: Path, *, trials: int, fixed: dict, one_process: bool = Tru
     space = build_space(MACHINE, baseline_batch=16, dataset_len=4096, fixed=fixed)
     runner = ThroughputOfBatch()
     study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
-    Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=trials)).run()
+    Tuner(study=study, space=space, runner=runner, course=Course(budget=SearchBudget(trials=trials))).run()
     # duplicates included: a stage's configuration measured earlier costs no trial
     roles = [(t.user_attrs.get("role"), t.user_attrs["config"]) for t in study.trials
              if "config" in t.user_attrs]
@@ -115,7 +116,7 @@ def test_a_batch_whose_throughput_peaks_far_from_the_samples_is_climbed_to(tmp_p
     # refinement's three slots
     for b in (16, 32, 64):
         study.enqueue_trial(space.params_of(space.baseline.replace(batch_size=b, threads=2)))
-    Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=6)).run()
+    Tuner(study=study, space=space, runner=runner, course=Course(budget=SearchBudget(trials=6))).run()
     measured = [c.batch_size for c in runner.measured]
     assert peak in measured, measured
 
@@ -170,7 +171,7 @@ def test_both_precision_kinds_are_measured_early_and_refined_at_the_end(tmp_path
     assert space.choices["precision"] == ["fp32", "bf16"]
     runner = Bf16Twice()
     study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
-    Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=14)).run()
+    Tuner(study=study, space=space, runner=runner, course=Course(budget=SearchBudget(trials=14))).run()
     trials = [t for t in study.trials if "config" in t.user_attrs]
     early = [t.user_attrs["config"] for t in trials if t.user_attrs.get("role") == Role.PRECISION]
     assert {c["precision"] for c in early} == {"bf16"} and len({c["batch_size"] for c in early}) == 2
@@ -271,7 +272,7 @@ def test_a_batch_predicted_not_to_fit_in_gpu_memory_is_skipped_unmeasured(tmp_pa
             value=1.0, params={}, distributions={},
             user_attrs={"config": base.replace(batch_size=batch).to_dict(),
                         "result": {"cuda_peak_mb": peak, "cuda_total_mb": total}}))
-    tuner = Tuner(study=study, space=space, runner=ThroughputOfBatch(), budget=SearchBudget(trials=1))
+    tuner = Tuner(study=study, space=space, runner=ThroughputOfBatch(), course=Course(budget=SearchBudget(trials=1)))
     assert tuner.ledger.memory_bound(base.replace(batch_size=32)) is None  # 56,000 MiB: fits
     assert "MiB per GPU" in tuner.ledger.memory_bound(base.replace(batch_size=64))  # 88,000 MiB
     # another kind of configuration (fp32 activations, other ranks): nothing to predict from
@@ -308,7 +309,7 @@ def test_on_a_gpu_compiling_starts_with_cuda_graphs_and_stops_once_a_mode_is_slo
     assert len(space.choices["compile"]) == 4 and space.baseline.device == "cuda"
     runner = CompileSlower()
     study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
-    Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=12)).run()
+    Tuner(study=study, space=space, runner=runner, course=Course(budget=SearchBudget(trials=12))).run()
     compiled = [cfg for cfg in runner.measured if cfg.compile != "off"]
     assert [cfg.compile for cfg in compiled] == ["reduce-overhead"], [c.short() for c in compiled]
     skipped = [t for t in study.trials if t.user_attrs.get("role") == Role.LATE and t.user_attrs.get("skipped")]
@@ -322,7 +323,7 @@ def test_compiled_modes_are_all_tried_on_a_gpu_while_compiling_wins(tmp_path, mo
     space = build_space(_h100x1(), baseline_batch=16, dataset_len=4096, fixed=fixed)
     runner = Bf16Twice()  # compiling costs nothing here
     study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
-    Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=12)).run()
+    Tuner(study=study, space=space, runner=runner, course=Course(budget=SearchBudget(trials=12))).run()
     late = [t.user_attrs["config"]["compile"] for t in study.trials if t.user_attrs.get("role") == Role.LATE]
     assert late[:3] == ["reduce-overhead", "default", "max-autotune-no-cudagraphs"], late
     assert len(late) == 4 and not [t for t in study.trials if t.user_attrs.get("skipped")]
@@ -378,7 +379,7 @@ def test_a_compiled_trials_limit_follows_the_compile_its_mode_was_measured_to_ta
     space = build_space(_h100x1(), baseline_batch=16, dataset_len=4096, fixed=fixed)
     runner = CompileTakes200s()
     study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
-    Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=12)).run()
+    Tuner(study=study, space=space, runner=runner, course=Course(budget=SearchBudget(trials=12))).run()
     compiled = [(cfg, limit) for cfg, limit in runner.limits if cfg.compile != "off"]
     assert all(limit is None for cfg, limit in runner.limits if cfg.compile == "off")
     # the first trial of each mode runs under the runner's limit; a later one of a measured
@@ -398,7 +399,7 @@ def test_the_users_configuration_is_measured_when_the_time_ran_out_before_the_fi
     runner = ThroughputOfBatch()
     study = open_study(storage_path=tmp_path / "study.journal", study_name="late")
     tuner = Tuner(study=study, space=space, runner=runner,
-                  budget=SearchBudget(trials=8, timeout_s=10.0, started_at=time.time() - 60))
+                  course=Course(budget=SearchBudget(trials=8, timeout_s=10.0, started_at=time.time() - 60)))
     outcome = tuner.run()
     assert runner.measured == [space.baseline]
     assert outcome.baseline is not None and outcome.baseline.config == space.baseline

@@ -158,7 +158,8 @@ def test_failing_trial_is_recorded_and_the_study_goes_on(tmp_path):
     from optuna.trial import TrialState
 
     from autotune.search.budget import SearchBudget
-    from autotune.search.tuner import Starts, Tuner, open_study
+    from autotune.search.course import Course, Starts
+    from autotune.search.tuner import Tuner, open_study
     from autotune.space import build_space
     from autotune.trials.protocol import Role
 
@@ -173,8 +174,8 @@ def test_failing_trial_is_recorded_and_the_study_goes_on(tmp_path):
     study = open_study(storage_path=tmp_path / "study.journal", study_name="fails-at-big-batch")
     # The failing configuration is enqueued right after the baseline, so it is measured
     # second whatever the sampler draws, and trials still follow it.
-    tuner = Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=4),
-                  starts=Starts(heuristics=[TrialConfig(threads=1, batch_size=128)]))
+    tuner = Tuner(study=study, space=space, runner=runner, course=Course(
+        budget=SearchBudget(trials=4), starts=Starts(heuristics=[TrialConfig(threads=1, batch_size=128)])))
     outcome = tuner.run()
 
     measured = [t for t in study.get_trials()
@@ -223,6 +224,7 @@ class _StubRunner:
 # threads it ran with (1x2) is not in the space (threads pinned to 1).
 def test_study_with_pinned_threads_survives_a_fastest_baseline(tmp_path):
     from autotune.search.budget import SearchBudget
+    from autotune.search.course import Course
     from autotune.search.tuner import Tuner, open_study
     from autotune.space import build_space
 
@@ -231,6 +233,6 @@ def test_study_with_pinned_threads_survives_a_fastest_baseline(tmp_path):
     assert space.choices["layout"] == ["1x1"]
     runner = _StubRunner()
     study = open_study(storage_path=tmp_path / "study.journal", study_name="pinned-threads")
-    Tuner(study=study, space=space, runner=runner, budget=SearchBudget(trials=3)).run()
+    Tuner(study=study, space=space, runner=runner, course=Course(budget=SearchBudget(trials=3))).run()
     assert len(runner.configs) == 3
     assert runner.configs[0] == space.baseline

@@ -11,6 +11,7 @@ from autotune.harness import memory_limit as host_memory_limit
 from autotune.probes import Machine
 from autotune.search import batch_range
 from autotune.search.budget import SearchBudget
+from autotune.search.course import Course, Starts
 from autotune.search.memory import MemoryLimit, nothing_fits
 from autotune.search.objective import Pricing
 from autotune.search.outcome import SearchOutcome
@@ -18,7 +19,7 @@ from autotune.search.place import StudyPlace, open_place
 from autotune.search.scoring import Scoring
 from autotune.search.starts import heuristics
 from autotune.search.study import settle_space, shown_url, study_lock
-from autotune.search.tuner import Starts, Tuner
+from autotune.search.tuner import Tuner
 from autotune.sections import MeasureOptions, SearchOptions, SharingOptions, VerifyOptions
 from autotune.space import Space
 from autotune.trials.protocol import Failure
@@ -76,10 +77,10 @@ def run_search(bench: Workbench, search: SearchOptions, verify: VerifyOptions, m
     budget = SearchBudget(trials=search.trials, timeout_s=search_timeout(search.timeout_s), started_at=began,
                           enough=None if ends_at is None else leave_for_verification(
                               bench, verify, measure, space=space, limit=limit, ends_at=ends_at))
-    tuner = Tuner(study=place.study, space=space, runner=bench.runner, budget=budget, progress=reporter.search,
-                  starts=Starts(heuristics=starts,
-                                fastest_batch=ramp.fastest[0] if ramp is not None and ramp.fastest else None),
-                  scoring=Scoring(plan=search.plan, memory_limit=limit), turns=place.turns(notice=reporter.warn))
+    course = Course(budget=budget, starts=Starts(heuristics=starts, fastest_batch=ramp.fastest[0]
+                                                  if ramp is not None and ramp.fastest else None),
+                    scoring=Scoring(plan=search.plan, memory_limit=limit), turns=place.turns(notice=reporter.warn))
+    tuner = Tuner(study=place.study, space=space, runner=bench.runner, course=course, progress=reporter.search)
     try:
         outcome = tuner.run()
     finally:

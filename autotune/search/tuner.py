@@ -9,7 +9,6 @@ trial's ``StudyAttr.ROLE``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 import warnings
 from collections.abc import Iterator
@@ -22,17 +21,16 @@ from autotune.config import TrialConfig
 from autotune.errors import UsageError
 from autotune.runtime.knobs import CompileMode, Device
 from autotune.search import late, memory
-from autotune.search.budget import SearchBudget
+from autotune.search.course import Course
 from autotune.search.ledger import Ledger, baseline_config, is_rung
 from autotune.search.objective import described
 from autotune.search.outcome import SearchOutcome, outcome_of
 from autotune.search.pruner import ClearlySlowerPruner, config_of
-from autotune.search.scoring import Scoring
 from autotune.search.stages import Stages
 from autotune.search.study import create_or_resume, quiet_optuna
-from autotune.search.turns import Turns
 from autotune.space import Space, Unsplittable
-from autotune.trials.protocol import Failure, Progress, ProgressEvent, Role, Status, StudyAttr
+from autotune.trials.progress import BudgetStop, Progress, StaleTrial, TrialEnd, TrialStart, TrialWindow, no_progress
+from autotune.trials.protocol import Failure, ProgressEvent, Role, Status, StudyAttr
 from autotune.trials.runner import TrialResult, TrialRunnerLike
 
 
@@ -77,30 +75,19 @@ def _heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
         yield
 
 
-@dataclasses.dataclass(frozen=True)
-class Starts:
-    """Where the search starts besides the user's configuration (``search.stages``):
-    ``heuristics``, the machine's start points; ``fastest_batch``, the batch range's fastest
-    (``search.batch_range``)."""
-
-    heuristics: list[TrialConfig] = dataclasses.field(default_factory=list)
-    fastest_batch: int | None = None
-
-
 class Tuner:
     POLL_S = 1.0  # how often a worker looks whether other workers' trials have ended
 
-    def __init__(self, *, study: optuna.Study, space: Space, runner: TrialRunnerLike, budget: SearchBudget,
-                 progress: Progress = lambda kind, info: None, starts: Starts = Starts(),
-                 scoring: Scoring = Scoring(), turns: Turns = Turns()) -> None:
-        """Measures ``space``'s configurations with ``runner`` on ``study`` until ``budget``
-        is spent, from ``starts``, ranking them as ``scoring`` values them; ``turns``: how
-        it shares the study with other workers (alone by default)."""
-        self.study, self.space, self.runner = study, space, runner
-        self.budget, self.scoring, self.turns, self.progress = budget, scoring, turns, progress
-        self.ledger = Ledger(study, space, shared=turns.shared)
-        self.stages = Stages(self.ledger, trials=budget.trials, heuristics=starts.heuristics,
-                             fastest_batch=starts.fastest_batch)
+    def __init__(self, *, study: optuna.Study, space: Space, runner: TrialRunnerLike, course: Course,
+                 progress: Progress = no_progress) -> None:
+        """Measures ``space``'s configurations with ``runner`` on ``study`` as ``course``
+        says: until its budget is spent, from its starts, ranking them as its scoring values
+        them, taking turns with the study's other workers."""
+        self.study, self.space, self.runner, self.progress = study, space, runner, progress
+        self.budget, self.scoring, self.turns = course.budget, course.scoring, course.turns
+        self.ledger = Ledger(study, space, shared=course.turns.shared)
+        self.stages = Stages(self.ledger, trials=course.budget.trials, heuristics=course.starts.heuristics,
+                             fastest_batch=course.starts.fastest_batch)
 
     def _recover_stale(self) -> None:
         """Trials left RUNNING by a killed tuner are failed and retried once. In a shared
@@ -114,12 +101,12 @@ class Tuner:
             now = {t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
             for number in sorted(before - now):
                 if number in self.ledger.stale():
-                    self.progress(ProgressEvent.STALE, {"number": number})
+                    self.progress(ProgressEvent.STALE, StaleTrial(number))
             return
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             self.study.tell(t.number, state=TrialState.FAIL)
             retry_stale(self.study, t)
-            self.progress(ProgressEvent.STALE, {"number": t.number})
+            self.progress(ProgressEvent.STALE, StaleTrial(t.number))
 
     def _next_rung(self) -> optuna.Trial | None:
         """The next step of the reference's ladder, started for this worker to measure, or
@@ -202,7 +189,7 @@ class Tuner:
                 continue
             break
         if stop is not None:
-            self.progress(ProgressEvent.BUDGET, {"reason": stop})
+            self.progress(ProgressEvent.BUDGET, BudgetStop(stop))
         return self.outcome()
 
     def _user_config_queued(self) -> bool:
@@ -292,12 +279,12 @@ class Tuner:
             return
 
         number = len(self.ledger.measured()) + max(1, len(self.ledger.running()))  # this one is running too
-        self.progress(ProgressEvent.START, {"number": number, "of": self.budget.trials, "config": cfg, "role": role,
-                                        "elapsed": self.budget.elapsed_s()})
+        self.progress(ProgressEvent.START, TrialStart(number=number, of=self.budget.trials, config=cfg, role=role,
+                                                      elapsed=self.budget.elapsed_s()))
 
         def on_window(i: int, value: float) -> bool:
             trial.report(value, step=i)
-            self.progress(ProgressEvent.WINDOW, {"i": i, "value": value})
+            self.progress(ProgressEvent.WINDOW, TrialWindow(i, value))
             return trial.should_prune()
 
         try:
@@ -314,7 +301,7 @@ class Tuner:
         planned_s = self._tell(trial, cfg, result)
         best = self._best_value()
         planned = self.scoring.planned(best=best, planned_s=planned_s, one_time_s=result.one_time_s)
-        self.progress(ProgressEvent.END, {"result": result, "config": cfg, "role": role, "best": best, **planned})
+        self.progress(ProgressEvent.END, TrialEnd(result=result, config=cfg, role=role, best=best, planned=planned))
 
     def _tell(self, trial: optuna.Trial, cfg: TrialConfig, result: TrialResult) -> float | None:
         """Store the trial's result and value; returns its planned run's predicted time
