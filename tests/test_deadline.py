@@ -161,7 +161,7 @@ def test_the_search_leaves_verification_at_least_its_least(task, tmp_path, monke
 
     def tuner(**kw):
         said = kw["progress"]
-        kw["progress"] = lambda kind, info: (reasons.append(info["reason"]) if kind == ProgressEvent.BUDGET
+        kw["progress"] = lambda kind, info: (reasons.append(info.reason) if kind == ProgressEvent.BUDGET
                                              else None, said(kind, info))
         return real(**kw)
 

@@ -9,6 +9,8 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.document.measures import Rejection
 from autotune.report.console import Reporter
+from autotune.trials.progress import TrialEnd, TrialStart, TrialWindow, VerifyStep
+from autotune.trials.protocol import ProgressEvent, Role
 from autotune.trials.runner import TrialResult
 
 from recorded_run import load_doc
@@ -23,7 +25,7 @@ def test_user_text_with_brackets_is_printed_as_it_is(capsys):
     reporter.trial_end(failed, None)  # rich's MarkupError here ended whole runs
     reporter.info(f"resuming the study in /tmp/{MARKUP}")
     reporter.warn(f"OMP_NUM_THREADS is set to '{MARKUP}' in your environment")
-    reporter.verify("step", {"text": f"rejected x: {MARKUP}"})
+    reporter.verify(ProgressEvent.STEP, VerifyStep(f"rejected x: {MARKUP}"))
     err = capsys.readouterr().err
     assert err.count(MARKUP) == 5, err
 
@@ -103,11 +105,11 @@ def test_at_a_terminal_the_bar_shows_the_configuration_measured_now_against_base
     screen = io.StringIO()
     reporter.err = Console(file=screen, force_terminal=True, width=200, highlight=False, soft_wrap=True)
     baseline, candidate = TrialConfig(batch_size=32), TrialConfig(batch_size=128, precision="bf16")
-    reporter.search("start", {"number": 1, "of": 4, "config": baseline, "role": "baseline", "elapsed": 0.0})
-    reporter.search("end", {"result": TrialResult(status="ok", value=1000.0, iqr=1.0), "best": 1000.0,
-                            "role": "baseline"})
-    reporter.search("start", {"number": 2, "of": 4, "config": candidate, "elapsed": 5.0})
-    reporter.search("window", {"i": 0, "value": 2500.0})
+    reporter.search(ProgressEvent.START, TrialStart(number=1, of=4, config=baseline, role=Role.BASELINE, elapsed=0.0))
+    reporter.search(ProgressEvent.END, TrialEnd(result=TrialResult(status="ok", value=1000.0, iqr=1.0), best=1000.0,
+                                                role=Role.BASELINE))
+    reporter.search(ProgressEvent.START, TrialStart(number=2, of=4, config=candidate, role=None, elapsed=5.0))
+    reporter.search(ProgressEvent.WINDOW, TrialWindow(i=0, value=2500.0))
     assert reporter._bar is not None
     now = reporter._bar.tasks[0].fields["now"]
     assert now == f"{candidate.short()}: 2,500 samples/s, 2.50x the baseline, 2.50x the best", now

@@ -33,6 +33,16 @@ from autotune.emit.outputs import resolve
 from autotune.report.advice import ablation_lines, plan_lines
 from autotune.runtime.knobs import Precision
 from autotune.search.objective import duration
+from autotune.trials.progress import (
+    BudgetStop,
+    ProgressInfo,
+    SpeedRound,
+    StaleTrial,
+    TrialEnd,
+    TrialStart,
+    TrialWindow,
+    VerifyStep,
+)
 from autotune.trials.protocol import ProgressEvent, Role, Status
 from autotune.trials.runner import TrialResult
 
@@ -59,29 +69,29 @@ class Reporter:
     def warn(self, text: str) -> None:
         self.err.print(Text.assemble(("warning:", "yellow"), " ", text))
 
-    def search(self, kind: ProgressEvent, info: dict[str, Any]) -> None:
-        if kind == ProgressEvent.START:
-            self._advance(number=info["number"], of=info["of"], config=info["config"])
-            role = f" ({info['role']})" if info.get("role") else ""
+    def search(self, kind: ProgressEvent, info: ProgressInfo) -> None:
+        if isinstance(info, TrialStart):
+            self._advance(number=info.number, of=info.of, config=info.config)
+            role = f" ({info.role})" if info.role else ""
             self.err.print(
-                f"[bold]trial {info['number']}/{info['of']}[/]{role}  {escape(info['config'].short())}"
-                f"  [dim]{info['elapsed']:.0f} s elapsed[/]"
+                f"[bold]trial {info.number}/{info.of}[/]{role}  {escape(info.config.short())}"
+                f"  [dim]{info.elapsed:.0f} s elapsed[/]"
             )
-        elif kind == ProgressEvent.WINDOW:
-            self._show_window(info["value"])
+        elif isinstance(info, TrialWindow):
+            self._show_window(info.value)
             if self.verbose:
-                self.err.print(f"    window {info['i'] + 1}: {info['value']:,.0f} samples/s", style="dim")
-        elif kind == ProgressEvent.END:
-            if info.get("role") == Role.BASELINE and info["result"].value:
-                self.baseline = info["result"].value
-            if "best_planned_s" not in info:  # a planned run's best is an effective rate, not a window's
-                self._best = info.get("best") or self._best
-            self.trial_end(info["result"], info.get("best"), planned=info)
-        elif kind == ProgressEvent.STALE:
-            self.warn(f"trial {info['number']} was left running by an interrupted run; "
+                self.err.print(f"    window {info.i + 1}: {info.value:,.0f} samples/s", style="dim")
+        elif isinstance(info, TrialEnd):
+            if info.role == Role.BASELINE and info.result.value:
+                self.baseline = info.result.value
+            if "best_planned_s" not in info.planned:  # a planned run's best is an effective rate, not a window's
+                self._best = info.best or self._best
+            self.trial_end(info.result, info.best, planned=info.planned)
+        elif isinstance(info, StaleTrial):
+            self.warn(f"trial {info.number} was left running by an interrupted run; "
                       "marked failed, measuring it again")
-        elif kind == ProgressEvent.BUDGET:
-            self.err.print(f"search stopped: {info['reason']}")
+        elif isinstance(info, BudgetStop):
+            self.err.print(f"search stopped: {info.reason}")
 
     def _advance(self, *, number: int, of: int, config: TrialConfig) -> None:
         """The live bar: trial k of N, elapsed, time left; at a terminal only."""
@@ -142,12 +152,12 @@ class Reporter:
             for line in result.log_tail.strip().splitlines()[-12:]:
                 self.err.print(f"      | {line}", style="dim", markup=False)
 
-    def verify(self, kind: ProgressEvent, info: dict[str, Any]) -> None:
+    def verify(self, kind: ProgressEvent, info: ProgressInfo) -> None:
         self.end_search()
-        if kind == ProgressEvent.SPEED:
-            self.err.print(f"verify speed: round {info['round']}/{info['rounds']}", style="dim")
+        if isinstance(info, SpeedRound):
+            self.err.print(f"verify speed: round {info.round}/{info.rounds}", style="dim")
         else:
-            self.err.print(f"verify: {info.get('text', kind)}", markup=False)
+            self.err.print(f"verify: {info.text if isinstance(info, VerifyStep) else kind}", markup=False)
 
     def summary(self, doc: RunDocument, folder: Path) -> None:
         base = doc.baseline

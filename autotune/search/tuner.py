@@ -29,7 +29,8 @@ from autotune.search.pruner import ClearlySlowerPruner, config_of
 from autotune.search.stages import Stages
 from autotune.search.study import create_or_resume, quiet_optuna
 from autotune.space import Space, Unsplittable
-from autotune.trials.protocol import Failure, Progress, ProgressEvent, Role, Status, StudyAttr
+from autotune.trials.progress import BudgetStop, Progress, StaleTrial, TrialEnd, TrialStart, TrialWindow, no_progress
+from autotune.trials.protocol import Failure, ProgressEvent, Role, Status, StudyAttr
 from autotune.trials.runner import TrialResult, TrialRunnerLike
 
 
@@ -78,7 +79,7 @@ class Tuner:
     POLL_S = 1.0  # how often a worker looks whether other workers' trials have ended
 
     def __init__(self, *, study: optuna.Study, space: Space, runner: TrialRunnerLike, course: Course,
-                 progress: Progress = lambda kind, info: None) -> None:
+                 progress: Progress = no_progress) -> None:
         """Measures ``space``'s configurations with ``runner`` on ``study`` as ``course``
         says: until its budget is spent, from its starts, ranking them as its scoring values
         them, taking turns with the study's other workers."""
@@ -100,12 +101,12 @@ class Tuner:
             now = {t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
             for number in sorted(before - now):
                 if number in self.ledger.stale():
-                    self.progress(ProgressEvent.STALE, {"number": number})
+                    self.progress(ProgressEvent.STALE, StaleTrial(number))
             return
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             self.study.tell(t.number, state=TrialState.FAIL)
             retry_stale(self.study, t)
-            self.progress(ProgressEvent.STALE, {"number": t.number})
+            self.progress(ProgressEvent.STALE, StaleTrial(t.number))
 
     def _next_rung(self) -> optuna.Trial | None:
         """The next step of the reference's ladder, started for this worker to measure, or
@@ -188,7 +189,7 @@ class Tuner:
                 continue
             break
         if stop is not None:
-            self.progress(ProgressEvent.BUDGET, {"reason": stop})
+            self.progress(ProgressEvent.BUDGET, BudgetStop(stop))
         return self.outcome()
 
     def _user_config_queued(self) -> bool:
@@ -278,12 +279,12 @@ class Tuner:
             return
 
         number = len(self.ledger.measured()) + max(1, len(self.ledger.running()))  # this one is running too
-        self.progress(ProgressEvent.START, {"number": number, "of": self.budget.trials, "config": cfg, "role": role,
-                                        "elapsed": self.budget.elapsed_s()})
+        self.progress(ProgressEvent.START, TrialStart(number=number, of=self.budget.trials, config=cfg, role=role,
+                                                      elapsed=self.budget.elapsed_s()))
 
         def on_window(i: int, value: float) -> bool:
             trial.report(value, step=i)
-            self.progress(ProgressEvent.WINDOW, {"i": i, "value": value})
+            self.progress(ProgressEvent.WINDOW, TrialWindow(i, value))
             return trial.should_prune()
 
         try:
@@ -300,7 +301,7 @@ class Tuner:
         planned_s = self._tell(trial, cfg, result)
         best = self._best_value()
         planned = self.scoring.planned(best=best, planned_s=planned_s, one_time_s=result.one_time_s)
-        self.progress(ProgressEvent.END, {"result": result, "config": cfg, "role": role, "best": best, **planned})
+        self.progress(ProgressEvent.END, TrialEnd(result=result, config=cfg, role=role, best=best, planned=planned))
 
     def _tell(self, trial: optuna.Trial, cfg: TrialConfig, result: TrialResult) -> float | None:
         """Store the trial's result and value; returns its planned run's predicted time

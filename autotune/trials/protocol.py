@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from autotune.options import RunOptions
@@ -132,23 +132,21 @@ class Role(str, enum.Enum):
 
 
 class ProgressEvent(str, enum.Enum):
-    """The first argument of a ``Progress`` callback; the dict beside it carries the rest."""
+    """The first argument of a ``Progress`` callback (``autotune.trials.progress``); the
+    dataclass beside it carries the rest."""
 
     # the search (autotune.search.tuner)
-    START = "start"    # a trial starts: number, of, config, role, elapsed
-    WINDOW = "window"  # a trial measured one window: i, value
-    END = "end"        # a trial ended: result, config, role, best
-    STALE = "stale"    # a trial left running by an interrupted run was marked failed: number
-    BUDGET = "budget"  # the search stopped before its trial count: reason
+    START = "start"    # a trial starts: TrialStart
+    WINDOW = "window"  # a trial measured one window: TrialWindow
+    END = "end"        # a trial ended: TrialEnd
+    STALE = "stale"    # a trial left running by an interrupted run was marked failed: StaleTrial
+    BUDGET = "budget"  # the search stopped before its trial count: BudgetStop
     # the verification (autotune.verify.gates, autotune.verify.ablation)
-    STEP = "step"      # a stage of the verification begins or ends: text
-    SPEED = "speed"    # a round of the paired speed measurement: round, rounds
+    STEP = "step"      # a stage of the verification begins or ends: VerifyStep
+    SPEED = "speed"    # a round of the paired speed measurement: SpeedRound
 
     def __str__(self) -> str:
         return self.value
-
-
-Progress = Callable[[ProgressEvent, dict[str, Any]], None]
 
 
 class StudyAttr(str, enum.Enum):

@@ -34,7 +34,8 @@ from autotune.document.measures import Effect
 from autotune.errors import AutotuneError, UsageError
 from autotune.gpu_space import normalised
 from autotune.runtime.knobs import Device
-from autotune.trials.protocol import Progress, ProgressEvent
+from autotune.trials.progress import Progress, VerifyStep, no_progress
+from autotune.trials.protocol import ProgressEvent
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import stats
 from autotune.verify.device_room import DeviceRoom
@@ -195,7 +196,7 @@ def reusable(winner: TrialConfig, baseline: TrialConfig, configs: list[TrialConf
 def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig, *, rounds: int,
             pinned: Collection[str] = (), path: bool = False,
             measured: Mapping[TrialConfig, Sequence[float]] | None = None,
-            progress: Progress = lambda kind, info: None, pool: Held | None = None,
+            progress: Progress = no_progress, pool: Held | None = None,
             fits: Callable[[TrialConfig], bool] = lambda cfg: True, room: DeviceRoom | None = None) -> Ablation:
     """Per knob, the winner's speed over the variant's (ratio > 1: the knob helps) with
     its interval, and whether it is kept; with ``path``, the path from the baseline. ``rounds`` is
@@ -220,10 +221,10 @@ def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig,
         rule = Effects(deciding=frozenset(i for i, c in enumerate(held, 1) if c in deciding),
                        kept=frozenset(i for i, c in enumerate(held, 1) if c in on_path))
         progress(ProgressEvent.STEP,
-                 {"text": f"ablation: the winner against itself with each of "
-                          f"{', '.join(v.knob for v in found if v.config in held) or 'no knob'} at the "
-                          f"baseline's value{', and the path from the baseline one knob at a time' if path else ''} "
-                          f"({len(held)} configurations), up to {rounds} rounds side by side"})
+                 VerifyStep(f"ablation: the winner against itself with each of "
+                            f"{', '.join(v.knob for v in found if v.config in held) or 'no knob'} at the "
+                            f"baseline's value{', and the path from the baseline one knob at a time' if path else ''} "
+                            f"({len(held)} configurations), up to {rounds} rounds side by side"))
         try:
             speed, checks = speed_check(runner, winner, held, rounds=rounds, progress=progress,
                                         name="verify-ablation", reference_label="reference", rule=rule,

@@ -32,7 +32,8 @@ from autotune.document.ablation import Ablation, Simplified
 from autotune.document.measures import Check
 from autotune.document.stages import Stage, StageRecord
 from autotune.runtime.knobs import Device
-from autotune.trials.protocol import Progress, ProgressEvent
+from autotune.trials.progress import Progress, VerifyStep, no_progress
+from autotune.trials.protocol import ProgressEvent
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify import ablation, sequential, standalone
 from autotune.verify.batch import batch_check
@@ -76,13 +77,13 @@ def screen(trainings: Trainings, baseline: TrialConfig, candidates: list[TrialCo
     queue = list(candidates)
     while queue:
         cfg = queue.pop(0)
-        progress(ProgressEvent.STEP, {"text": f"numerics and quality of {cfg.short()}"})
+        progress(ProgressEvent.STEP, VerifyStep(f"numerics and quality of {cfg.short()}"))
         verdict = gate(trainings, baseline, cfg, settings=settings)
         verdicts.append(verdict)
         if verdict.passed:
             passed.append(cfg)
             continue
-        progress(ProgressEvent.STEP, {"text": f"rejected {cfg.short()}: {verdict.reason}"})
+        progress(ProgressEvent.STEP, VerifyStep(f"rejected {cfg.short()}: {verdict.reason}"))
         if cfg.batch_size > baseline.batch_size and verdict.checks.get("batch", Check(None)).passed is False:
             too_large = min(too_large, cfg.batch_size)
         if spent[cfg.exact] >= settings.replacements:
@@ -113,7 +114,7 @@ def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, sett
     simpler = ablation.simplified(cfg, baseline, top.ablation)
     if simpler in (cfg, baseline):
         return None
-    progress(ProgressEvent.STEP, {"text": f"numerics and quality of the simplified {simpler.short()}"})
+    progress(ProgressEvent.STEP, VerifyStep(f"numerics and quality of the simplified {simpler.short()}"))
     verdict = gate(trainings, baseline, simpler, settings=settings)
     if not verdict.passed:
         top.ablation = dataclasses.replace(
@@ -133,7 +134,7 @@ def verify_candidates(
     settings: Settings, has_evaluate: bool,
     emit_candidate: Callable[[TrialConfig, Path], Path], workdir: Path,
     reserve: Sequence[TrialConfig] = (),
-    progress: Progress = lambda kind, info: None,
+    progress: Progress = no_progress,
     stages: list[StageRecord] | None = None, slowest: float | None = None,
 ) -> tuple[Verdict | None, list[Verdict], ReferenceSpeed | None]:
     """Gate the candidates (numerics, quality; ``screen``), measure the survivors'
@@ -220,8 +221,8 @@ def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[
             base_script = standalone.Script(emit_candidate(baseline, workdir / "baseline"), baseline,
                                             base_speed.median_samples_per_s)
         cfg = verdict.config
-        progress(ProgressEvent.STEP, {"text": f"the generated script of {cfg.short()}, run alone against "
-                                  "the baseline's"})
+        progress(ProgressEvent.STEP, VerifyStep(f"the generated script of {cfg.short()}, run alone against "
+                                                "the baseline's"))
         folder = workdir / f"candidate-{i}"
         script = standalone.Script(emit_candidate(cfg, folder), cfg, speed.median_samples_per_s)
         verdict.checks["standalone"] = standalone.check(

@@ -22,9 +22,9 @@ from pathlib import Path
 from autotune.config import TrialConfig
 from autotune.document.measures import Check
 from autotune.errors import NotVerified
-from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Device
-from autotune.trials.protocol import Progress, ProgressEvent
+from autotune.trials.progress import Progress, SpeedRound, VerifyStep, no_progress
+from autotune.trials.protocol import ProgressEvent
 from autotune.trials.runner import LiveTrialLike, TrialRunnerLike
 from autotune.trials.spec import TrialMode
 from autotune.verify.device_room import DeviceRoom
@@ -42,10 +42,6 @@ WINDOWS_PER_VISIT = 3
 # importing torch and the model file, on one core, and another's overlaps it. Measuring
 # never does. On GPUs all set up at once and warm up one at a time (``LiveTrial.wait_ready``).
 STARTING_TOGETHER = 2
-
-
-def _no_progress(kind: ProgressEvent, info: JsonObject) -> None:
-    return None
 
 
 def _reference_failed(failure: str | None, folder: Path) -> NotVerified:
@@ -198,8 +194,8 @@ def measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Plan,
                 failures[i] = trial.result.describe_failure()
             return windows
         if r == 0:
-            progress(ProgressEvent.STEP, {"text": f"measuring {_role(i, reference_label)} "
-                                                  f"in a process of its own for each visit: {configs[i].short()}"})
+            progress(ProgressEvent.STEP, VerifyStep(f"measuring {_role(i, reference_label)} "
+                                                    f"in a process of its own for each visit: {configs[i].short()}"))
         started = runner.start(configs[i], name=f"{name}-{i}-{r}", mode=TrialMode.serve())
         try:
             windows = _windows(started, plan.per_visit) if started.wait_ready() else []
@@ -225,8 +221,7 @@ def measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Plan,
                 process, names[i] = taken[i]
                 starting.append((i, process))
             else:
-                progress(ProgressEvent.STEP,
-                         {"text": f"starting {_role(i, reference_label)}: {cfg.short()}"})
+                progress(ProgressEvent.STEP, VerifyStep(f"starting {_role(i, reference_label)}: {cfg.short()}"))
                 starting.append((i, runner.start(cfg, name=names[i], mode=TrialMode.serve())))
             if len(starting) >= together:
                 ready(*starting.pop(0))
@@ -236,7 +231,7 @@ def measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Plan,
             raise _reference_failed(failures[0], runner.workdir / names[0])
         for r in range(plan.visits):
             hold_within_budget(live, failures, budget)
-            progress(ProgressEvent.SPEED, {"round": r * plan.per_visit + 1, "rounds": plan.cap})
+            progress(ProgressEvent.SPEED, SpeedRound(round=r * plan.per_visit + 1, rounds=plan.cap))
             for i in _rotation(len(configs), r):
                 if failures[i] or session.stopped[i]:
                     continue
@@ -289,7 +284,7 @@ def _rotation(n: int, r: int) -> list[int]:
 
 def speed_check(
     runner: TrialRunnerLike, reference: TrialConfig, others: list[TrialConfig], *,
-    rounds: int, progress: Progress = _no_progress, name: str = "verify-speed",
+    rounds: int, progress: Progress = no_progress, name: str = "verify-speed",
     reference_label: str = "baseline", rule: Rule | None = None, held: Held | None = None,
     room: DeviceRoom | None = None,
 ) -> tuple[ReferenceSpeed, list[Check]]:

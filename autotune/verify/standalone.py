@@ -21,7 +21,8 @@ from autotune.config import TrialConfig
 from autotune.document.measures import Check, Interval, Speedup, Standalone
 from autotune.errors import NotVerified
 from autotune.trials import limits
-from autotune.trials.protocol import Progress, ProgressEvent
+from autotune.trials.progress import Progress, VerifyStep
+from autotune.trials.protocol import ProgressEvent
 from autotune.trials.script_report import ScriptReport
 from autotune.verify import sequential
 from autotune.verify.settings import Settings
@@ -184,7 +185,7 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
             runner, baseline=baseline, candidate=candidate, pairs=settings.pairs,
             seconds=settings.pair_seconds, workdir=workdir,
             timeout_s=settings.script_timeout_s,
-            until=until, progress=lambda text: progress(ProgressEvent.STEP, {"text": text}))
+            until=until, progress=lambda text: progress(ProgressEvent.STEP, VerifyStep(text)))
     except ScriptFailed as exc:
         if exc.role == "baseline":
             raise NotVerified(
