@@ -4,6 +4,7 @@ from __future__ import annotations
 from autotune.config import TrialConfig
 from autotune.probes import as_machine
 from autotune.search.outcome import Candidate
+from autotune.search.trial_summary import TrialSummary
 from autotune.space import build_space
 from autotune.verify.candidates import batch_rival, choose_candidates
 
@@ -46,7 +47,7 @@ def test_nothing_is_added_twice_or_where_there_is_no_other_kind():
 
 def _ranked(*rows) -> list[Candidate]:
     """(config, search value, spread between windows as a share of it), best first."""
-    return [Candidate(number=i, config=cfg, value=value, result={"value": value, "iqr": value * spread})
+    return [Candidate(number=i, config=cfg, value=value, result=TrialSummary(value=value, iqr=value * spread))
             for i, (cfg, value, spread) in enumerate(rows)]
 
 

@@ -148,7 +148,7 @@ def test_the_search_gets_its_share_of_the_timeout(task, tmp_path, monkeypatch):
 
     monkeypatch.setattr(search_stage, "Tuner", tuner)
     tune_stand_in(task, tmp_path, Timed(recorded_machine("avx2_epyc")), timeout_s=200)
-    assert seen["budget"].timeout_s == pytest.approx(SEARCH_SHARE * 200)
+    assert seen["course"].budget.timeout_s == pytest.approx(SEARCH_SHARE * 200)
 
 
 def test_the_search_leaves_verification_at_least_its_least(task, tmp_path, monkeypatch):

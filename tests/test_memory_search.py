@@ -19,6 +19,7 @@ from autotune.errors import UsageError
 from autotune.options import RunOptions, parse_size
 from autotune.probes.libraries import find_native_libraries
 from autotune.search import memory
+from autotune.search.trial_summary import TrialSummary
 from autotune.space import build_space
 from autotune.task import load_task
 from autotune.trials.protocol import Measurement
@@ -184,8 +185,8 @@ def test_without_a_limit_a_cpu_rank_may_hold_its_share_of_the_machine_and_a_gpu_
     limit = memory.MemoryLimit(user_mb=None, host_mb=8000.0)
     assert limit.per_rank_mb(TrialConfig(nprocs=2, batch_size=16)) == 4000.0
     assert limit.per_rank_mb(TrialConfig(device="cuda", backend="nccl")) is None
-    assert limit.over(TrialConfig(nprocs=2, batch_size=16), {"rank_peak_mb": 4100.0})
-    assert limit.over(TrialConfig(nprocs=2, batch_size=16), {"rank_peak_mb": 3900.0}) is None
+    assert limit.over(TrialConfig(nprocs=2, batch_size=16), TrialSummary(rank_peak_mb=4100.0))
+    assert limit.over(TrialConfig(nprocs=2, batch_size=16), TrialSummary(rank_peak_mb=3900.0)) is None
 
 
 def test_a_processs_host_peak_starts_afresh_for_each_configuration():
@@ -277,7 +278,7 @@ def test_where_memory_bound_only_what_was_measured_within_the_limit_is_known_to_
     limit = memory.MemoryLimit(user_mb=500.0)
     fits = TrialConfig(batch_size=16, allocator="tcmalloc", activation_checkpointing=True)
     over = TrialConfig(batch_size=16)
-    measured = [(fits, {"rank_peak_mb": 440.0}), (over, {"rank_peak_mb": 640.0})]
+    measured = [(fits, TrialSummary(rank_peak_mb=440.0)), (over, TrialSummary(rank_peak_mb=640.0))]
     known = memory.known_to_fit(limit, measured=measured, failed=[(over, "out_of_memory", "")])
     assert known(fits) and known(fits.replace(threads=1, num_workers=2))  # holds as much
     assert not known(over) and not known(fits.replace(allocator="default"))
@@ -342,13 +343,14 @@ def test_what_the_user_held_least_says_the_limit_and_the_batch_that_would_fit():
     """A rank's peak falls no faster than its batch: 16 x 400 / 460 bounds the batch that fits."""
     limit = memory.MemoryLimit(user_mb=400.0)
     plain, held = TrialConfig(batch_size=16), TrialConfig(batch_size=16, activation_checkpointing=True)
-    text = memory.nothing_fits(limit, [(plain, {"rank_peak_mb": 940.0}), (held, {"rank_peak_mb": 460.0})])
+    text = memory.nothing_fits(limit, [(plain, TrialSummary(rank_peak_mb=940.0)),
+                                       (held, TrialSummary(rank_peak_mb=460.0))])
     assert f"the least it held was 460 MiB a rank, as {held.short()}, over the --memory-limit" in text, text
     assert "a --memory-limit of at least 460 MiB a rank, or a batch size of at most 13" in text, text
     # stopped on the host before its end: it held at least its tree's peak
-    stopped = memory.nothing_fits(memory.MemoryLimit(host_mb=1000.0), [(plain, {"peak_rss_mb": 1200.0})])
+    stopped = memory.nothing_fits(memory.MemoryLimit(host_mb=1000.0), [(plain, TrialSummary(peak_rss_mb=1200.0))])
     assert "1,200 MiB a rank when it was stopped" in stopped and "more than 1,200 MiB of this machine" in stopped
-    assert memory.nothing_fits(limit, [(plain, {})]) is None
+    assert memory.nothing_fits(limit, [(plain, TrialSummary())]) is None
 
 
 # warnings.catch_warnings, which open_study silences the sampler's with, is not thread-safe

@@ -18,6 +18,7 @@ from autotune.document.measures import Check, Standalone
 from autotune.document.run import RunDocument
 from autotune.errors import NotVerified
 from autotune.report.console import Reporter
+from autotune.search.trial_summary import TrialSummary
 from autotune.sections import SearchOptions
 from autotune.task_space import build_task_space
 from autotune.trials.script_report import ScriptReport
@@ -208,9 +209,10 @@ def test_a_compiled_runs_limit_grows_with_its_measured_compile():
     assert run_limit_s(300.0, one_time_s=None, measuring_s=50.0) == 300.0  # nothing measured
     assert run_limit_s(300.0, one_time_s=20.0, measuring_s=30.0) == 300.0  # a short compile
     assert run_limit_s(300.0, one_time_s=240.0, measuring_s=30.0) == 3 * 240.0 + 30.0  # max-autotune
-    results = [{"one_time_s": 1.0, "wall_s": 20.0}, {"one_time_s": 200.0, "wall_s": 230.0}, {"one_time_s": None}]
+    results = [TrialSummary(one_time_s=1.0, wall_s=20.0), TrialSummary(one_time_s=200.0, wall_s=230.0),
+               TrialSummary(one_time_s=None)]
     assert standalone.script_timeout_s(300.0, results, seconds=8.0) == 3 * 200.0 + 30.0 + 8.0
-    assert standalone.script_timeout_s(300.0, [{"one_time_s": None}], seconds=8.0) == 300.0
+    assert standalone.script_timeout_s(300.0, [TrialSummary(one_time_s=None)], seconds=8.0) == 300.0
 
 
 class LongCompile(StandInRunner):

@@ -12,7 +12,6 @@ only where its compile ends within the search's share (``too_late``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -20,6 +19,7 @@ from optuna.trial import TrialState
 from autotune.config import KnobValue, TrialConfig
 from autotune.runtime.knobs import CompileMode, Device
 from autotune.search.pruner import config_of
+from autotune.search.trial_summary import TrialSummary
 from autotune.trials import limits
 from autotune.trials.protocol import Role, StudyAttr
 
@@ -46,14 +46,14 @@ def ordered(variants: Sequence[Mapping[str, KnobValue]], device: Device) -> list
     return sorted(out, key=lambda p: rank.get(str(p.get("compile")), len(rank)))
 
 
-def spread(result: Mapping[str, Any]) -> float:
+def spread(result: TrialSummary) -> float:
     """A trial's spread between its windows, as a share of its value (0 where unknown)."""
-    value, iqr = result.get("value"), result.get("iqr")
-    return float(iqr) / float(value) if value and iqr else 0.0
+    value, iqr = result.value, result.iqr
+    return iqr / value if value and iqr else 0.0
 
 
 def _spread(t: optuna.trial.FrozenTrial) -> float:
-    return spread(t.user_attrs.get(StudyAttr.RESULT) or {})
+    return spread(TrialSummary.from_json(t.user_attrs.get(StudyAttr.RESULT) or {}))
 
 
 def compile_lost(trials: Iterable[optuna.trial.FrozenTrial]) -> str | None:

@@ -16,6 +16,7 @@ from autotune.config import TrialConfig
 from autotune.document.memory import BestWithout, MemoryFit
 from autotune.errors import UsageError
 from autotune.runtime.knobs import Device, Precision, Sharding
+from autotune.search.trial_summary import TrialSummary
 from autotune.space import Space
 from autotune.trials.protocol import Failure
 
@@ -45,12 +46,12 @@ class MemoryLimit:
             return None
         return self.host_mb / cfg.nprocs
 
-    def over(self, cfg: TrialConfig, result: Mapping[str, Any]) -> str | None:
+    def over(self, cfg: TrialConfig, result: TrialSummary) -> str | None:
         """Why ``cfg``, as measured (a trial's summary), may not be chosen; None if it fits."""
-        limit, peak = self.per_rank_mb(cfg), result.get("rank_peak_mb")
-        if limit is None or peak is None or float(peak) <= limit:
+        limit, peak = self.per_rank_mb(cfg), result.rank_peak_mb
+        if limit is None or peak is None or peak <= limit:
             return None
-        return (f"held {float(peak):,.0f} MiB on a rank, over the {self.source} "
+        return (f"held {peak:,.0f} MiB on a rank, over the {self.source} "
                 f"({limit:,.0f} MiB a rank)")
 
 
@@ -112,7 +113,7 @@ def ladder(cfg: TrialConfig, space: Space) -> list[TrialConfig]:
     return steps
 
 
-def least_held(tried: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> tuple[TrialConfig, float, bool] | None:
+def least_held(tried: Iterable[tuple[TrialConfig, TrialSummary]]) -> tuple[TrialConfig, float, bool] | None:
     """Of ``tried`` (configurations with their trials' summaries), the one that held least
     on a rank: it, that peak (MiB), and whether its trial ran to its end (else it was
     stopped there, over the limit, and would have held more). A trial that ran to its end
@@ -120,10 +121,10 @@ def least_held(tried: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> tuple[
     here among its ranks. None when no trial says."""
     least: tuple[TrialConfig, float, bool] | None = None
     for cfg, result in tried:
-        if result.get("rank_peak_mb") is not None:
-            peak, whole = float(result["rank_peak_mb"]), True
-        elif cfg.device != Device.CUDA and result.get("peak_rss_mb"):
-            peak, whole = float(result["peak_rss_mb"]) / cfg.nprocs, False
+        if result.rank_peak_mb is not None:
+            peak, whole = result.rank_peak_mb, True
+        elif cfg.device != Device.CUDA and result.peak_rss_mb:
+            peak, whole = result.peak_rss_mb / cfg.nprocs, False
         else:
             continue
         if least is None or peak < least[1]:
@@ -131,7 +132,7 @@ def least_held(tried: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> tuple[
     return least
 
 
-def nothing_fits(limit: MemoryLimit, tried: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> str | None:
+def nothing_fits(limit: MemoryLimit, tried: Iterable[tuple[TrialConfig, TrialSummary]]) -> str | None:
     """Where the user's configuration did not fit even holding less (``tried``: it and each
     step of its ``ladder`` measured, with their trials' summaries): the least it held, and
     what would fit. A rank's peak falls no faster than its micro-batch (weights, gradients
@@ -239,7 +240,7 @@ def predicted_over(measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]], cf
             f"{total:,.0f} MiB (from batches {b1 * scale} and {b2 * scale})")
 
 
-def known_to_fit(limit: MemoryLimit, *, measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]],
+def known_to_fit(limit: MemoryLimit, *, measured: Iterable[tuple[TrialConfig, TrialSummary]],
                  failed: Iterable[tuple[TrialConfig, str | None, str]]) -> Callable[[TrialConfig], bool]:
     """Whether a configuration is known to fit: any, where memory never bound in the search
     (nothing, the user's configuration included, ran out of memory or over the limit);
@@ -265,7 +266,7 @@ def without_memory_knobs(cfg: TrialConfig) -> TrialConfig:
 
 
 def fit_of(limit: MemoryLimit, *, chosen: TrialConfig, user: TrialConfig, reference: TrialConfig,
-           user_result: Mapping[str, Any], measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]],
+           user_result: TrialSummary, measured: Iterable[tuple[TrialConfig, TrialSummary]],
            failed: Iterable[tuple[TrialConfig, str | None, str]], alone_peak_mb: float | None = None) -> MemoryFit:
     """``chosen`` in memory, from the search's trials: ``measured`` (configuration, summary),
     ``failed`` (configuration, failure, message); ``user``, the user's own configuration
@@ -275,17 +276,13 @@ def fit_of(limit: MemoryLimit, *, chosen: TrialConfig, user: TrialConfig, refere
     measured = list(measured)
     results = dict(measured)
 
-    def peak(result: Mapping[str, Any]) -> float | None:
-        value = result.get("rank_peak_mb")
-        return float(value) if value is not None else None
-
     ran_out = next((m for cfg, failure, m in failed if cfg == user and failure == Failure.OUT_OF_MEMORY), None)
     # where verification simplified or contrasted what the search measured: one holding as much
     alike = results.get(chosen) or next((r for c, r in measured if c.batch_size == chosen.batch_size
-                                         and holds(c) == holds(chosen)), {})
+                                         and holds(c) == holds(chosen)), TrialSummary())
     fit = MemoryFit(limit_mb=limit.per_rank_mb(chosen), source=limit.source, alone=alone_peak_mb is not None,
-                    chosen_peak_mb=alone_peak_mb if alone_peak_mb is not None else peak(alike),
-                    baseline_peak_mb=peak(user_result),
+                    chosen_peak_mb=alone_peak_mb if alone_peak_mb is not None else alike.rank_peak_mb,
+                    baseline_peak_mb=user_result.rank_peak_mb,
                     memory_knobs=knobs_on(chosen), baseline_over=ran_out,
                     reference=reference.short() if reference != user else None)
     if not fit.memory_knobs:
@@ -301,10 +298,9 @@ def fit_of(limit: MemoryLimit, *, chosen: TrialConfig, user: TrialConfig, refere
                else f"{nearest[0][0].short()} {nearest[0][1]}")
     fitting = [(cfg, result) for cfg, result in measured
                if not saves_memory(cfg) and not limit.over(cfg, result)]
-    best = max(fitting, key=lambda item: float(item[1].get("value") or 0.0), default=None)
-    chosen_rate = alike.get("value")
+    best = max(fitting, key=lambda item: item[1].value or 0.0, default=None)
+    chosen_rate = alike.value
     best_without = None
-    if best is not None and chosen_rate and best[1].get("value"):
-        best_without = BestWithout(config=best[0].short(), samples_per_s=float(best[1]["value"]),
-                                   chosen_samples_per_s=float(chosen_rate))
+    if best is not None and chosen_rate and (best_rate := best[1].value):
+        best_without = BestWithout(config=best[0].short(), samples_per_s=best_rate, chosen_samples_per_s=chosen_rate)
     return dataclasses.replace(fit, without=without, best_without=best_without)

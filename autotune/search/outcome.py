@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -15,6 +14,7 @@ from autotune.search.ledger import Ledger
 from autotune.search.memory import MemoryLimit, known_to_fit
 from autotune.search.objective import Measured
 from autotune.search.pruner import config_of
+from autotune.search.trial_summary import TrialSummary
 from autotune.trials.protocol import Failure, Role, StudyAttr
 
 
@@ -23,13 +23,13 @@ class Candidate:
     number: int
     config: TrialConfig
     value: float  # what the search ranks by: throughput, or under a plan the effective one
-    result: dict[str, Any]
+    result: TrialSummary  # its trial's, as the study stores it
 
     @property
     def measured(self) -> Measured:
         """Its steady rate (the median window) and one-time cost, as the trial measured them."""
-        return Measured(config=self.config, samples_per_s=float(self.result.get("value") or self.value),
-                        one_time_s=self.result.get("one_time_s"))
+        return Measured(config=self.config, samples_per_s=float(self.result.value or self.value),
+                        one_time_s=self.result.one_time_s)
 
 
 @dataclasses.dataclass
@@ -41,12 +41,12 @@ class SearchOutcome:
     measured: int = 0  # trials that cost a measurement
     # the user's own configuration's trial summary: ``baseline`` is it, or, where it ran out
     # of memory or over the limit, it holding less (search.memory.rescue)
-    user_result: dict[str, Any] = dataclasses.field(default_factory=dict)
+    user_result: TrialSummary = TrialSummary()
     # the user's configuration and each step of its ladder measured (search.memory.ladder),
     # with their trials' summaries
-    reference_tried: list[tuple[TrialConfig, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    reference_tried: list[tuple[TrialConfig, TrialSummary]] = dataclasses.field(default_factory=list)
 
-    def results(self) -> list[tuple[TrialConfig, dict[str, Any]]]:
+    def results(self) -> list[tuple[TrialConfig, TrialSummary]]:
         """Each ranked configuration with its trial's summary."""
         return [(c.config, c.result) for c in self.ranked]
 
@@ -65,8 +65,8 @@ def outcome_of(ledger: Ledger) -> SearchOutcome:
     study = ledger.study
     trials = study.get_trials(deepcopy=False)
     baseline = None
-    user_result: dict[str, Any] = {}
-    reference_tried: list[tuple[TrialConfig, dict[str, Any]]] = []
+    user_result = TrialSummary()
+    reference_tried: list[tuple[TrialConfig, TrialSummary]] = []
     ranked: dict[str, Candidate] = {}
     failures = []
     stale = ledger.stale()
@@ -74,26 +74,27 @@ def outcome_of(ledger: Ledger) -> SearchOutcome:
         cfg = config_of(t)
         if cfg is None or t.user_attrs.get(StudyAttr.DUPLICATE_OF) is not None:
             continue
+        stored = t.user_attrs.get(StudyAttr.RESULT) or {}
+        summary = TrialSummary.from_json(stored)
         if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE and cfg == ledger.space.baseline:
-            user_result = t.user_attrs.get(StudyAttr.RESULT, {}) or user_result
+            user_result = summary if stored else user_result
         if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE and t.state in (TrialState.COMPLETE,
                                                                               TrialState.FAIL):
-            reference_tried.append((cfg, t.user_attrs.get(StudyAttr.RESULT, {})))
+            reference_tried.append((cfg, summary))
         if t.state == TrialState.COMPLETE:
-            cand = Candidate(t.number, cfg, float(t.value or 0.0), t.user_attrs.get(StudyAttr.RESULT, {}))
+            cand = Candidate(t.number, cfg, float(t.value or 0.0), summary)
             if t.user_attrs.get(StudyAttr.ROLE) == Role.BASELINE:
                 baseline = cand
             key = str(cfg)
             if key not in ranked or ranked[key].value < cand.value:
                 ranked[key] = cand
         elif t.state == TrialState.FAIL:
-            result = t.user_attrs.get(StudyAttr.RESULT, {})
             failures.append(SearchFailure(
                 number=t.number, config=cfg,
                 failure=(Failure.INTERRUPTED if ledger.interrupted(t, stale)
                          else t.user_attrs.get(StudyAttr.FAILURE)),
-                message=t.user_attrs.get(StudyAttr.SKIPPED) or result.get("message", ""),
-                log_tail=result.get("log_tail", "")))
+                message=t.user_attrs.get(StudyAttr.SKIPPED) or summary.message,
+                log_tail=summary.log_tail))
     order = sorted(ranked.values(), key=lambda c: c.value, reverse=True)
     return SearchOutcome(study=study, baseline=baseline, ranked=order, failures=failures,
                          measured=len(ledger.measured(rungs=True)), user_result=user_result,

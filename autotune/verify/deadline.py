@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from autotune.config import TrialConfig
 from autotune.options import SEARCH_SHARE
+from autotune.search.trial_summary import TrialSummary
 from autotune.verify.device_room import DeviceRoom
 from autotune.verify.side_by_side import Plan
 
@@ -47,11 +47,11 @@ class Costs:
     trial_start_s: float | None = None  # None: as ``start_s``
 
     @classmethod
-    def from_trials(cls, results: Iterable[Mapping[str, Any]], *, window_s: float,
+    def from_trials(cls, results: Iterable[TrialSummary], *, window_s: float,
                     baseline_rate: float) -> Costs:
         """From the search's trials' results (``TrialResult.summary``)."""
-        overheads = [(float(r["phases"]["overhead_s"]), bool(r.get("warm"))) for r in results
-                     if (r.get("phases") or {}).get("overhead_s") is not None]
+        overheads = [(float(r.phases["overhead_s"]), r.warm) for r in results
+                     if r.phases.get("overhead_s") is not None]
         fresh = [s for s, warm in overheads if not warm] or [s for s, _ in overheads]
         return cls(start_s=statistics.median(fresh) if fresh else 0.0, window_s=window_s,
                    sample_s=1.0 / baseline_rate if baseline_rate > 0 else 0.0,

@@ -31,7 +31,7 @@ def leave_for_verification(bench: Workbench, verify: VerifyOptions, measure: Mea
                                   baseline_rate=outcome.baseline.measured.samples_per_s)
         need = fit.least(verify.settings, candidates, baseline=baseline, costs=costs,
                          has_evaluate=bench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
-        walls = [float(c.result.get("wall_s") or 0.0) for c in outcome.ranked]
+        walls = [c.result.wall_s or 0.0 for c in outcome.ranked]
         if not room_for_another(now=time.time(), ends_at=ends_at, trial_walls=walls, need_s=need):
             return (f"--timeout {verify.timeout_s:g} s: the rest is verification's, about {need:.0f} s "
                     "at its least")

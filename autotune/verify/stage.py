@@ -46,7 +46,7 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
     assert outcome.baseline is not None  # the search raises otherwise
     # the user's configuration, or, where it ran out of memory, it holding less (search.memory)
     baseline = outcome.baseline.config
-    default_threads = outcome.baseline.result.get("threads_seen")
+    default_threads = outcome.baseline.result.threads_seen
 
     def same_as_baseline(cfg: TrialConfig) -> bool:
         # Setting threads to what torch picks by default changes nothing.
@@ -65,7 +65,8 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
             baseline_rate=outcome.baseline.measured.samples_per_s))
     asked = verify.settings
     settings = dataclasses.replace(
-        asked, pricing=searched.pricing, budget=budget, fits=fits, room=DeviceRoom.of(bench.machine, outcome.results()),
+        asked, pricing=searched.pricing, budget=budget, fits=fits, room=DeviceRoom.of(
+            bench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()]),
         # a script that compiles as its trial did may need longer than the scripts' least
         script_timeout_s=standalone.script_timeout_s(asked.script_timeout_s, [c.result for c in outcome.ranked],
                                                      seconds=asked.pair_seconds))
@@ -104,8 +105,8 @@ def recheck(bench: Workbench, verify: VerifyOptions, *, doc: RunDocument,
     baseline's written afresh, without the ablation (the configuration as emitted)."""
     cfg = doc.config
     emit_baseline = candidate_emitter(bench.task, bench.machine)
-    settings = dataclasses.replace(verify.settings, ablation=False,
-                                   room=DeviceRoom.of(bench.machine, [(cfg, doc.best.to_json())] if doc.best else []))
+    peaks = [(cfg, doc.best.cuda_peak_mb)] if doc.best else []
+    settings = dataclasses.replace(verify.settings, ablation=False, room=DeviceRoom.of(bench.machine, peaks))
     return gates.verify_candidates(
         bench.runner, baseline=doc.baseline.config, candidates=[cfg], settings=settings,
         has_evaluate=bench.task.has_evaluate,

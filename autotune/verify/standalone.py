@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from autotune.config import TrialConfig
 from autotune.document.measures import Check, Interval, Speedup, Standalone
 from autotune.errors import NotVerified
+from autotune.search.trial_summary import TrialSummary
 from autotune.trials import limits
 from autotune.trials.progress import Progress, VerifyStep
 from autotune.trials.protocol import ProgressEvent
@@ -42,13 +43,13 @@ RERUN_LEVEL = 0.95
 UNSTEADY_SPREAD = 1.3
 
 
-def script_timeout_s(least_s: float, measured: Iterable[Mapping[str, Any]], *, seconds: float) -> float:
+def script_timeout_s(least_s: float, measured: Iterable[TrialSummary], *, seconds: float) -> float:
     """The limit of one standalone run of a script: ``least_s`` (``Settings.script_timeout_s``),
     or, where a configuration whose script may run alone (``measured``: the search's trial
     results, ``TrialResult.summary``) measured a long one-time cost (compiling), the limit
     ``limits.run_limit_s`` gives the slowest: its one-time cost, then the rest of its trial
     and ``seconds`` of timed training."""
-    runs = [(float(r["one_time_s"]), float(r.get("wall_s") or 0.0)) for r in measured if r.get("one_time_s")]
+    runs = [(r.one_time_s, r.wall_s or 0.0) for r in measured if r.one_time_s]
     limit = limits.slowest_limit_s(least_s, runs, more_s=seconds)
     return least_s if limit is None else limit
 
