@@ -8,6 +8,7 @@ from autotune.config import TrialConfig
 from autotune.runtime.json_value import JsonObject
 from autotune.search.memory import MemoryLimit
 from autotune.search.objective import Plan
+from autotune.search.trial_summary import TrialSummary
 from autotune.trials.protocol import Failure, Status
 from autotune.trials.runner import TrialResult
 
@@ -27,7 +28,7 @@ class Scoring:
         value it ranks by and the planned run's predicted time (None without a plan or a
         value); a result over the memory limit is marked failed first, in place."""
         if (result.status == Status.OK and self.memory_limit is not None
-                and (over := self.memory_limit.over(cfg, result.summary()))):
+                and (over := self.memory_limit.over(cfg, TrialSummary.from_json(result.summary())))):
             result.status, result.failure, result.message = Status.FAILED, Failure.OUT_OF_MEMORY, over
         summary = result.summary()
         value, planned_s = result.value, None
