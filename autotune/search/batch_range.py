@@ -32,6 +32,7 @@ from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.runtime.json_value import JsonObject
 from autotune.search.memory import MemoryLimit
+from autotune.search.trial_summary import TrialSummary
 from autotune.space import Space
 from autotune.space_choices import default_batch_top
 from autotune.trials.protocol import Failure, Status, StudyAttr
@@ -140,7 +141,8 @@ def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, steps: Sequence[int], 
     for at, batch in enumerate(steps):
         cfg = start.replace(batch_size=batch)
         result = runner.run(cfg, name=f"batch-ramp-{batch}")
-        over = limit.over(cfg, result.summary()) if limit is not None and result.status == Status.OK else None
+        over = (limit.over(cfg, TrialSummary.from_json(result.summary()))
+                if limit is not None and result.status == Status.OK else None)
         if result.status != Status.OK or result.value is None or over:
             what = ("ran out of memory" if result.failure == Failure.OUT_OF_MEMORY
                     else over or f"failed ({result.describe_failure()})")
