@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.probes import Machine
@@ -43,14 +42,13 @@ class DeviceRoom:
     peaks_mb: Mapping[TrialConfig, float] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, machine: Machine, measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> DeviceRoom:
+    def of(cls, machine: Machine, measured: Iterable[tuple[TrialConfig, float | None]]) -> DeviceRoom:
         """The room on ``machine``'s GPUs, with the search's ``measured`` trials
-        (configuration, result summary with ``cuda_peak_mb``)."""
+        (configuration, its GPU's peak in MiB: ``cuda_peak_mb``, None where unknown)."""
         devices = cuda_devices(machine)
         if not devices:
             return cls()
-        peaks = {cfg: float(result["cuda_peak_mb"]) for cfg, result in measured
-                 if result.get("cuda_peak_mb") is not None}
+        peaks = {cfg: peak for cfg, peak in measured if peak is not None}
         smallest = min(float(d.memory_bytes) for d in devices) / 2**20
         for d in devices:
             if d.mig:
