@@ -20,6 +20,7 @@ from autotune.search.memory import fit_of
 from autotune.search.outcome import Candidate
 from autotune.search.stage import Searched
 from autotune.search.study import shown_url
+from autotune.search.trial_summary import TrialSummary
 from autotune.sections import SharingOptions, VerifyOptions
 from autotune.trials.protocol import StudyAttr
 from autotune.verify import batch as verify_batch
@@ -78,8 +79,10 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
             checks=winner.checks if winner is not None else {}, gated=[(v.config, v.checks) for v in verdicts],
             speedup=claim.speedup.interval.median if claim is not None else None),
         utilisation=Utilisation.of(
-            baseline_facts=trial_facts(outcome.baseline.result), baseline_samples_per_s=baseline.samples_per_s,
-            pick_facts=pick_facts(chosen, outcome.results() + list(trials), work_key=work_key) if best else None,
+            baseline_facts=trial_facts(outcome.baseline.result.facts), baseline_samples_per_s=baseline.samples_per_s,
+            pick_facts=pick_facts(chosen, [*((c, r.facts) for c, r in outcome.results()),
+                                           *((c, r.get("facts")) for c, r in trials)], work_key=work_key)
+            if best else None,
             pick_samples_per_s=best.samples_per_s if best else None),
         plan=None if pricing is None else PlannedRun.of(
             pricing, baseline=reference, baseline_samples_per_s=baseline.samples_per_s, chosen=chosen,
@@ -91,10 +94,9 @@ def _best(chosen: TrialConfig, samples_per_s: float, ranked: Sequence[Candidate]
     cost: by what the configuration computes, where ablation dropped a placement knob
     (threads, workers), what was measured of the same work still tells its memory."""
     result = next((c.result for c in ranked if c.config == chosen), None) or next(
-        (c.result for c in ranked if work_key(c.config) == work_key(chosen)), {})
-    return Best(samples_per_s=samples_per_s, peak_mem_mb=result.get("peak_rss_mb"),
-                one_time_s=result.get("one_time_s"), cuda_peak_mb=result.get("cuda_peak_mb"),
-                cuda_total_mb=result.get("cuda_total_mb"))
+        (c.result for c in ranked if work_key(c.config) == work_key(chosen)), TrialSummary())
+    return Best(samples_per_s=samples_per_s, peak_mem_mb=result.peak_rss_mb, one_time_s=result.one_time_s,
+                cuda_peak_mb=result.cuda_peak_mb, cuda_total_mb=result.cuda_total_mb)
 
 
 def search_summary(searched: Searched, sharing: SharingOptions) -> SearchSummary:
@@ -103,5 +105,5 @@ def search_summary(searched: Searched, sharing: SharingOptions) -> SearchSummary
     return SearchSummary(
         trials=len(place.study.trials), measured=outcome.measured, failures=tuple(outcome.failures),
         ranking=tuple(Ranked(config=c.config.short(), samples_per_s=c.measured.samples_per_s,
-                             planned_s=c.result.get("planned_s")) for c in outcome.ranked[:10]),
+                             planned_s=c.result.planned_s) for c in outcome.ranked[:10]),
         study=place.name, storage=shown_url(sharing.storage) if sharing.storage else None)

@@ -131,12 +131,12 @@ class Utilisation:
                    pick=Share.from_json(data["pick"]) if data.get("pick") else None)
 
 
-def trial_facts(result: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """The utilisation facts a search trial's stored result carries (None before them)."""
-    return ((result or {}).get("facts") or {}).get("utilisation")
+def trial_facts(facts: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The utilisation facts among a search trial's first-step ``facts`` (None before them)."""
+    return (facts or {}).get("utilisation")
 
 
-def pick_facts(chosen: TrialConfig, measured: Sequence[tuple[TrialConfig, Mapping[str, Any]]],
+def pick_facts(chosen: TrialConfig, measured: Sequence[tuple[TrialConfig, Mapping[str, Any] | None]],
                *, work_key: Any) -> Mapping[str, Any] | None:
     """The pick's utilisation facts: its own trial's, else those of a trial of the same
     work (ablation may drop a placement knob) whose peak is the pick's too: the same
