@@ -190,7 +190,7 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
         other = table[m]["config"]
         table["autotune"][f"vs_{m}"] = (stats.paired_ratio(rates[pick], rates[other]).to_json()
                                         if pick in rates and other in rates else None)
-    table["_rates"] = {"baseline": base["samples_per_s"], **rates}
+    table["_rates"] = {"baseline": list(base.samples_per_s), **rates}
     table["_remeasured"] = [{"config": c.short(), "median": by_config[str(c)].get("median"),
                              "ci_low": by_config[str(c)].get("ci_low"),
                              "ci_high": by_config[str(c)].get("ci_high")} for c in unique]
@@ -198,7 +198,7 @@ def bench_workload(name: str, path: Path, out: Path, *, sample: int, rounds: int
                          "speedup": optimum.get("median"), "ci_low": optimum.get("ci_low"),
                          "ci_high": optimum.get("ci_high"),
                          "distinct_configs_measured": len({str(r["config"]) for r in everything})}
-    table["_baseline_samples_per_s"] = base["median_samples_per_s"]
+    table["_baseline_samples_per_s"] = base.median_samples_per_s
     table["_autotune_reported"] = results["autotune"]["reported_speedup"]
     table["_overhead"] = overhead(autotune_rows)
     median_trial = table["_overhead"]["wall_s"] or 0.0
