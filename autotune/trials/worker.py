@@ -1,8 +1,9 @@
 """What runs inside a trial process: apply the knobs, train, measure, report.
 
 Started by ``autotune.trials.runner`` as ``python -m autotune.trials.worker SPEC`` (one process) or
-as one of several ranks (``autotune.runtime.ranks.start_ranks``). It writes one JSON
-object per line (an ``autotune.trials.protocol.Event``) to the events file named in the spec;
+as one of several ranks (``autotune.runtime.ranks.start_ranks``); SPEC is a
+``autotune.trials.spec.TrialSpec``. It writes one JSON object per line (an event of
+``autotune.trials.events``) to the events file named in the spec;
 the tuner reads them to follow progress, prune, and classify failures. Only rank 0
 reports measurements; every rank reports errors.
 
