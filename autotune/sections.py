@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
+from autotune.config import KnobValue
 from autotune.document.options import options_record
 from autotune.options import RunOptions
+from autotune.runtime.json_value import JsonObject
 from autotune.search.objective import Plan
 from autotune.task import Task
 from autotune.verify.settings import Settings
@@ -29,7 +30,7 @@ class SearchOptions:
 
     trials: int
     timeout_s: float | None
-    fixed: Mapping[str, Any]
+    fixed: Mapping[str, KnobValue]
     exact: bool
     max_quality_drop: float | None
     scale_lr: str
@@ -83,7 +84,7 @@ class VerifyOptions:
     timeout_s: float | None
     exact: bool
     batch_range: tuple[int, int] | None
-    fixed: Mapping[str, Any]
+    fixed: Mapping[str, KnobValue]
 
     @classmethod
     def of(cls, options: RunOptions) -> VerifyOptions:
@@ -92,6 +93,12 @@ class VerifyOptions:
                    settings=Settings(rounds=options.rounds, pairs=options.pairs, pair_seconds=options.pair_seconds,
                                      max_quality_drop=options.max_quality_drop, path=options.path,
                                      pinned=frozenset(options.fixed)))
+
+    @property
+    def pinned_batch(self) -> int | None:
+        """The batch size --fix pins; None where the search chose it."""
+        batch = self.fixed.get("batch_size")
+        return batch if isinstance(batch, int) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +130,7 @@ class Sections:
     verify: VerifyOptions
     sharing: SharingOptions
     # every option as best_config.json records it (secrets left out)
-    record: Mapping[str, Any]
+    record: JsonObject
 
 
 def sections(options: RunOptions, *, task: Task) -> Sections:
