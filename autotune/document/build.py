@@ -74,7 +74,7 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
                       user_result=outcome.user_result, measured=outcome.results(), failed=outcome.failed(),
                       alone_peak_mb=claim.peak_mb if claim is not None else None),
         batch=verify_batch.describe(
-            chosen=chosen, space=space, batch_range=verify.batch_range, pinned=verify.fixed.get("batch_size"),
+            chosen=chosen, space=space, batch_range=verify.batch_range, pinned=verify.pinned_batch,
             has_evaluate=bench.task.has_evaluate, ramp=searched.place.study.user_attrs.get(StudyAttr.BATCH_RAMP),
             checks=winner.checks if winner is not None else {}, gated=[(v.config, v.checks) for v in verdicts],
             speedup=claim.speedup.interval.median if claim is not None else None),
