@@ -6,9 +6,9 @@ Readers turn a document back into a dataclass of their own; nothing reads a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypeAlias, Union
+from typing import TypeAlias
 
 # Sequence and Mapping, not list and dict: they are covariant, so a list[float] or a
 # dict[str, int] field is a JSON value as it stands.
-JsonValue: TypeAlias = Union[None, bool, int, float, str, Sequence["JsonValue"], Mapping[str, "JsonValue"]]
+JsonValue: TypeAlias = None | bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"]
 JsonObject: TypeAlias = dict[str, JsonValue]
