@@ -4,8 +4,12 @@ runner's 300-second trial limit its fp32 reference was ended as "still running",
 memory-bound conv stack verified nothing (exit 3)."""
 from __future__ import annotations
 
+import optuna
+
 from autotune.config import TrialConfig
-from autotune.trials.protocol import Status
+from autotune.search.ledger import measured_trials
+from autotune.search.trial_summary import TrialSummary
+from autotune.trials.protocol import Status, StudyAttr
 from autotune.trials.result import TrialResult
 from autotune.verify.trainings import Trainings, slowest_rate
 
@@ -27,8 +31,8 @@ def test_a_training_slower_than_the_trial_limit_gets_the_time_its_steps_take():
     # no trial, and ran as slow as it
     slow = TrialConfig(batch_size=64, activation_checkpointing=True)
     fast = TrialConfig(batch_size=64, nprocs=1, threads=2, grad_accum=2, activation_checkpointing=True)
-    slowest = slowest_rate([(slow, {"samples_per_s": 12.0}), (slow.replace(threads=2), {"samples_per_s": 9.7}),
-                            (fast, {"samples_per_s": 400.0}), (fast, {})])
+    slowest = slowest_rate([(slow, TrialSummary(value=12.0)), (slow.replace(threads=2), TrialSummary(value=9.7)),
+                            (fast, TrialSummary(value=400.0)), (fast, TrialSummary())])
     assert slowest == 9.7
     runner = RecordingRunner()
     trainings = Trainings(runner, evaluate=False, numerics_steps=40, slowest=slowest)
@@ -38,3 +42,15 @@ def test_a_training_slower_than_the_trial_limit_gets_the_time_its_steps_take():
     assert limits[0] == 3.0 * 40 * 64 / 9.7 + 120.0  # about 912 s, past the runner's 300
     assert limits[1] is None  # 3 x 40 x 4 / 9.7 + 120 s is within the runner's own limit
     assert Trainings(RecordingRunner(), evaluate=False).limit_s(slow, 40) is None  # no rate known
+
+
+def test_the_slowest_rate_is_read_from_the_results_the_study_stores():
+    """What sizes the gates' limits in a run: the trials' results as the search stored them
+    on the study (TrialResult.summary), not a hand-made record."""
+    study = optuna.create_study(direction="maximize")
+    for cfg, rate in ((TrialConfig(batch_size=64), 12.0), (TrialConfig(batch_size=64, threads=2), 9.7),
+                      (TrialConfig(batch_size=16), 400.0)):
+        summary = TrialResult(status=Status.OK, value=rate, values=[rate]).summary()
+        study.add_trial(optuna.trial.create_trial(
+            value=rate, user_attrs={StudyAttr.CONFIG: cfg.to_dict(), StudyAttr.RESULT: summary}))
+    assert slowest_rate(measured_trials(study)) == 9.7

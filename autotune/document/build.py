@@ -81,7 +81,7 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
         utilisation=Utilisation.of(
             baseline_facts=trial_facts(outcome.baseline.result.facts), baseline_samples_per_s=baseline.samples_per_s,
             pick_facts=pick_facts(chosen, [*((c, r.facts) for c, r in outcome.results()),
-                                           *((c, r.get("facts")) for c, r in trials)], work_key=work_key)
+                                           *((c, r.facts) for c, r in trials)], work_key=work_key)
             if best else None,
             pick_samples_per_s=best.samples_per_s if best else None),
         plan=None if pricing is None else PlannedRun.of(

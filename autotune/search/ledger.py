@@ -10,6 +10,7 @@ from optuna.trial import TrialState
 from autotune.config import TrialConfig
 from autotune.search import memory
 from autotune.search.pruner import config_of
+from autotune.search.trial_summary import TrialSummary
 from autotune.space import Space
 from autotune.trials.protocol import Failure, Role, StudyAttr
 
@@ -21,10 +22,10 @@ def is_rung(trial: optuna.trial.FrozenTrial | optuna.Trial) -> bool:
             and bool(trial.user_attrs.get(StudyAttr.BASELINE_CONFIG)))
 
 
-def measured_trials(study: optuna.Study) -> list[tuple[TrialConfig, dict]]:
+def measured_trials(study: optuna.Study) -> list[tuple[TrialConfig, TrialSummary]]:
     """Every trial that measured something, with what it reported, pruned ones too: their
     first step's facts (the model's FLOPs, the peak of their ranks) are as good as any."""
-    return [(c, t.user_attrs[StudyAttr.RESULT]) for t in study.get_trials(deepcopy=False)
+    return [(c, TrialSummary.from_json(t.user_attrs[StudyAttr.RESULT])) for t in study.get_trials(deepcopy=False)
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs.get(StudyAttr.RESULT)
             and (c := config_of(t)) is not None]
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.search.trial_summary import TrialSummary
 from autotune.trials.protocol import Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
 
@@ -32,11 +32,11 @@ def work_key(cfg: TrialConfig) -> str:
                       sort_keys=True)
 
 
-def slowest_rate(measured: Sequence[tuple[TrialConfig, Mapping[str, Any]]]) -> float | None:
+def slowest_rate(measured: Sequence[tuple[TrialConfig, TrialSummary]]) -> float | None:
     """The slowest samples/s the search measured (None where it measured none): a gate's
     training may run that slow, for its reference is not a configuration the search ran
     (fp32, eager, default threads, the candidate's batch)."""
-    return min((float(r) for _, result in measured if (r := result.get("samples_per_s"))), default=None)
+    return min((result.value for _, result in measured if result.value), default=None)
 
 
 def metrics(results: Mapping[str, TrialResult]) -> tuple[dict[str, float], str | None]:
