@@ -9,6 +9,7 @@ from pathlib import Path
 from autotune.config import TrialConfig
 from autotune.emit import launch, outputs
 from autotune.probes import Machine
+from autotune.sections import MeasureOptions
 from autotune.task import Task
 from autotune.trials.protocol import Measurement
 from autotune.trials.runner import TrialRunner
@@ -29,13 +30,14 @@ def setup_hang_limit(task: Task) -> float:
     return max(60.0, 5 * task.check_s)
 
 
-def make_runner(task: Task, machine: Machine, out: Path, *, window_s: float,
-                windows: int, trial_timeout_s: float, hang_timeout_s: float, warm: bool = True) -> TrialRunner:
+def make_runner(task: Task, machine: Machine, out: Path, measure: MeasureOptions) -> TrialRunner:
+    """The trial runner for ``task`` on ``machine``, its trials under ``out``/trials, measuring
+    as the run's measurement section says (a re-verification takes the same section)."""
     return TrialRunner(
         model_file=task.path, machine=machine, workdir=out / "trials",
-        measurement=Measurement(window_s=window_s, windows=windows),
-        timeout_s=trial_timeout_s, hang_s=hang_timeout_s, setup_hang_s=setup_hang_limit(task),
-        memory_limit_bytes=memory_limit(machine), warm=warm,
+        measurement=Measurement(window_s=measure.window_s, windows=measure.windows),
+        timeout_s=measure.trial_timeout_s, hang_s=measure.hang_timeout_s, setup_hang_s=setup_hang_limit(task),
+        memory_limit_bytes=memory_limit(machine), warm=measure.warm,
     )
 
 

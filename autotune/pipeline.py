@@ -69,10 +69,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
                 stack.enter_context(measure_lock.held(notice=reporter.warn))
             # else the workers of a shared study on this machine take turns per trial
             machine = probe_machine()
-            measure = parts.measure
-            runner = make_runner(task, machine, out, window_s=measure.window_s, windows=measure.windows,
-                                 trial_timeout_s=measure.trial_timeout_s, hang_timeout_s=measure.hang_timeout_s,
-                                 warm=measure.warm)
+            runner = make_runner(task, machine, out, parts.measure)
             stack.callback(runner.close)
             bench = Workbench(task=task, machine=machine, runner=runner, out=out, reporter=reporter)
             return run(bench, parts, started_at=started)

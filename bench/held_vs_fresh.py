@@ -27,6 +27,7 @@ from autotune.emit import outputs as emit
 from autotune.harness import make_runner
 from autotune.options import RunOptions
 from autotune.probes import probe_machine
+from autotune.sections import MeasureOptions
 from autotune.task import load_task
 from autotune.verify import side_by_side
 from autotune.verify.stats import ratio_interval
@@ -41,9 +42,7 @@ def main() -> int:
     doc = RunDocument.from_json(json.loads((args.out / "best_config.json").read_text()))
     task = load_task(emit.model_file(doc, args.out))
     machine = probe_machine()
-    runner = make_runner(task, machine, args.out / "held-vs-fresh", window_s=RunOptions.window_s,
-                         windows=RunOptions.windows, trial_timeout_s=RunOptions.trial_timeout_s,
-                         hang_timeout_s=RunOptions.hang_timeout_s)
+    runner = make_runner(task, machine, args.out / "held-vs-fresh", MeasureOptions.of(RunOptions()))
     plan = side_by_side.Plan(held=frozenset({0}), per_visit=side_by_side.WINDOWS_PER_VISIT, visits=args.visits)
     figures = {}
     try:

@@ -203,6 +203,26 @@ def test_autotune_verify_runs_a_copied_folder_and_trains_the_model_file_it_is_gi
     assert (copy / "reverify.json").is_file()
 
 
+def test_autotune_verify_fresh_trials_measures_each_configuration_in_a_fresh_process(task, tmp_path, monkeypatch):
+    """`autotune verify --fresh-trials` builds the trial runner a run with that flag would."""
+    from autotune.verify import again
+
+    tune_stand_in(task, tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
+    built = []
+
+    def watched(*args, **kwargs):
+        built.append(again.make_runner.__wrapped__(*args, **kwargs))
+        return StandInRunner(recorded_machine("avx2_epyc"))
+
+    watched.__wrapped__ = again.make_runner
+    monkeypatch.setattr(again, "make_runner", watched)
+    for warm in (False, True):
+        again.reverify(tmp_path / "out", options=pipeline.RunOptions(rounds=4, pairs=4, pair_seconds=1.0,
+                                                                     warm_trials=warm),
+                       reporter=Reporter(), machine=recorded_machine("avx2_epyc"))
+    assert [runner.warm for runner in built] == [False, True]
+
+
 def test_a_compiled_runs_limit_grows_with_its_measured_compile():
     from autotune.trials.limits import run_limit_s
 

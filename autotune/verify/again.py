@@ -56,10 +56,7 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     os.environ["MODEL_FILE"] = str(task.path)  # what the user's launch.sh trains here
     try:
         with outdir.exclusive(folder), measure_lock.held(notice=reporter.warn):
-            measure = MeasureOptions.of(options)
-            runner = runner or make_runner(
-                task, machine, folder, window_s=measure.window_s, windows=measure.windows,
-                trial_timeout_s=measure.trial_timeout_s, hang_timeout_s=measure.hang_timeout_s)
+            runner = runner or make_runner(task, machine, folder, MeasureOptions.of(options))
             bench = Workbench(task=task, machine=machine, runner=runner, out=folder, reporter=reporter)
             # the user's launch.sh as it is; the baseline's script written afresh
             winner, verdicts, base_speed = recheck(bench, VerifyOptions.of(options), doc=doc,
