@@ -7,10 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune.config import TrialConfig
-from autotune.emit import launch, outputs
+from autotune.emit import outputs
 from autotune.probes import Machine
 from autotune.sections import MeasureOptions
 from autotune.task import Task
+from autotune.trials import launch
 from autotune.trials.protocol import Measurement
 from autotune.trials.runner import TrialRunner
 

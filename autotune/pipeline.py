@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune import outdir
 from autotune.document.build import build_document
 from autotune.document.run import RunDocument
-from autotune.emit import launch, outdir
 from autotune.emit.stage import emit_outputs
 from autotune.harness import make_runner
 from autotune.options import RunOptions
@@ -31,7 +31,7 @@ from autotune.search.stage import Searched, run_search
 from autotune.sections import Sections, sections
 from autotune.task import Task, load_task
 from autotune.task_space import build_task_space
-from autotune.trials import measure_lock, proctree
+from autotune.trials import launch, measure_lock, proctree
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify.stage import run_verification
 from autotune.workbench import Workbench

@@ -23,10 +23,10 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.config import Layout, TrialConfig
 from autotune.document.run import RunDocument
-from autotune.emit import launch
 from autotune.emit import outputs as emit
 from autotune.options import parse_batch_range
 from autotune.probes import probe_machine
+from autotune.trials import launch
 from autotune.trials.runner import run_launcher
 
 

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.document.run import RunDocument
-from autotune.emit import launch
 from autotune.emit import outputs as emit
 from autotune.probes import probe_machine
+from autotune.trials import launch
 from autotune.trials.runner import Measurement, TrialRunner, run_launcher
 from autotune.verify import stats
 

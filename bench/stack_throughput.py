@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import TrialConfig
-from autotune.emit import launch
 from autotune.emit import outputs as emit
 from autotune.emit import stacks as stack_configs
 from autotune.probes import probe_machine
+from autotune.trials import launch
 
 COMMON = '''
 import importlib.util, json, os, sys, time

@@ -17,8 +17,8 @@ import psutil
 
 from autotune.config import TrialConfig
 from autotune.document.run import CandidateDocument, RunDocument
-from autotune.emit import launch
 from autotune.emit import outputs as emit
+from autotune.trials import launch
 
 from recorded_run import load_doc
 

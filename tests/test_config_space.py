@@ -315,7 +315,7 @@ def test_pre_ampere_gpu_has_no_bf16_or_tf32():
 
 def test_cuda_config_starts_one_rank_per_gpu_over_loopback():
     from autotune.config import TrialConfig
-    from autotune.emit import launch
+    from autotune.trials import launch
 
     cfg = TrialConfig(nprocs=2, threads=8, device="cuda", backend="nccl", batch_size=64,
                       precision="fp16")

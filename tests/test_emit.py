@@ -14,8 +14,8 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.document.run import RunDocument
-from autotune.emit import launch
 from autotune.emit import outputs as emit
+from autotune.trials import launch
 
 from helpers import MODELS, machine_doc, run_document, run_launch_sh
 

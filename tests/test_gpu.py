@@ -33,8 +33,8 @@ import pytest
 import torch
 
 from autotune.config import TrialConfig
-from autotune.emit import launch
 from autotune.emit import outputs as emit
+from autotune.trials import launch
 from autotune.trials.runner import Measurement, TrialRunner
 
 from helpers import MODELS, REPO, run_document, run_launch_sh

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.emit import launch
 from autotune.emit import outputs as emit
 from autotune.probes import probe_machine
+from autotune.trials import launch
 from autotune.trials.runner import Measurement, TrialRunner
 
 # One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).

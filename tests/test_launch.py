@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.emit import launch
+from autotune.trials import launch
 from autotune.trials.runner import Measurement, TrialRunner
 
 from helpers import MODELS, machine_doc

@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.emit import launch
 from autotune.emit import outputs as emit
+from autotune.trials import launch
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.trials.spec import TrialMode
 

@@ -18,11 +18,12 @@ import pytest
 import torch
 
 from autotune.config import TrialConfig
-from autotune.emit import launch, slurm
 from autotune.emit import outputs as emit
+from autotune.emit import slurm
 from autotune.emit import stacks as stack_configs
 from autotune.runtime import nodes
 from autotune.runtime.main import batch_note
+from autotune.trials import launch
 
 from helpers import MODELS, emit_outputs, machine_doc, run_document, run_launch_sh, survivors
 

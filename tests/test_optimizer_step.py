@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from autotune.config import TrialConfig
-from autotune.emit import launch, stacks
 from autotune.emit import outputs as emit
+from autotune.emit import stacks
 from autotune.runtime.distributed import Distributed
 from autotune.runtime.model import build_model
 from autotune.runtime.optimizer_step import optimizer_facts, with_step
 from autotune.runtime.session import load_user_module
 from autotune.space import build_space
 from autotune.task import load_task
+from autotune.trials import launch
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.verify import ablation
 from autotune.verify.precision import describe_checks

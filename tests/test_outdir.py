@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from autotune.emit import outdir
+from autotune import outdir
 from autotune.errors import UsageError
 
 

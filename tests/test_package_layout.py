@@ -104,3 +104,19 @@ def test_circles_finds_what_it_should(text, expected):
         graph.setdefault(src, set()).add(dst)
         graph.setdefault(dst, set())
     assert circles(graph) == expected
+
+
+# The stages in the order a run takes them: a folder may import from its own stage or an
+# earlier one, never a later one (the trials do not reach into what is emitted after them).
+LOWER_STAGES = ("runtime", "probes", "trials")
+LATER_STAGES = ("search", "verify", "emit", "document", "report", "commands")
+
+
+def test_the_lower_stages_import_nothing_of_the_later_ones():
+    found = modules()
+    known = set(found)
+    reaching = sorted(f"{name} imports {target}" for name, path in found.items()
+                      if name.split(".")[1:2] and name.split(".")[1] in LOWER_STAGES
+                      for target in imports(name, path, known)
+                      if target.split(".")[1:2] and target.split(".")[1] in LATER_STAGES)
+    assert not reaching, reaching

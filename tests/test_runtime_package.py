@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from autotune.config import TrialConfig
-from autotune.emit import launch
 from autotune.emit import outputs as emit
+from autotune.trials import launch
 
 from helpers import MODELS, REPO, machine_doc
 

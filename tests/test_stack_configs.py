@@ -16,9 +16,10 @@ import psutil
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.emit import hf_trainer, launch, stack_knobs
+from autotune.emit import hf_trainer, stack_knobs
 from autotune.emit import outputs as emit
 from autotune.emit import stacks as stack_configs
+from autotune.trials import launch
 
 from helpers import MODELS, machine_doc, run_as_group, run_document
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.emit import launch
 from autotune.emit import outputs as emit
+from autotune.trials import launch
 
 from helpers import MODELS, emit_outputs, interrupt_after, machine_doc, run_launch_sh, start_launch_sh
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from autotune.config import TrialConfig
 from autotune.emit import stack_knobs
-from autotune.emit.outdir import write_atomically
+from autotune.outdir import write_atomically
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Affinity, CompileMode, Device, OptimizerStep, Precision, Sharding
 

@@ -120,7 +120,7 @@ def parse_lines(script: str, *, restarts: bool, keep_double_dash: bool,
 
 
 def _keep_or_set(key: str, script: str) -> str:
-    """As launch.keep_or_export, for the interface chosen at run time (``$iface``)."""
+    """As shell.keep_or_export, for the interface chosen at run time (``$iface``)."""
     return (f'if [ -n "${{{key}+x}}" ] && [ "${{{key}}}" != "$iface" ]; then '
             f'echo "{script}: keeping your {key}=${{{key}}} (chosen: $iface)" >&2; '
             f'else export {key}="$iface"; fi')

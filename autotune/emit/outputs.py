@@ -17,11 +17,12 @@ from typing import cast
 
 from autotune.config import TrialConfig
 from autotune.document.run import CandidateDocument, RunDocument
-from autotune.emit import hf_trainer, launch, nodes, stacks
-from autotune.emit.outdir import write_atomically
+from autotune.emit import hf_trainer, nodes, shell, stacks
 from autotune.errors import UsageError
+from autotune.outdir import write_atomically
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import ConfigDict, Device, ScriptSettings
+from autotune.trials import launch
 
 # 2: the memory knobs (activation_checkpointing, grad_accum, sharding) in a configuration.
 SCHEMA = 2
@@ -98,7 +99,7 @@ def render_launcher(
                 export = (f"if [ -e {q} ]; then {export}; else echo \"launch.sh: \"{q}\" is not on this "
                           f"machine: running without the tuned allocator (install it to get the tuned "
                           f"speed)\" >&2; fi")
-            line = launch.keep_or_export(key, value, script="launch.sh", export=export)
+            line = shell.keep_or_export(key, value, script="launch.sh", export=export)
         if key in ("TUNED_NPROCS", *nodes.INTERFACE_VARIABLES):
             one_node.append(line)
         else:

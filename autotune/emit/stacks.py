@@ -25,8 +25,8 @@ from autotune.emit import slurm
 from autotune.emit.accelerate_config import ACCELERATE_NAME, render_accelerate
 from autotune.emit.lightning_trainer import LIGHTNING_NAME, lightning_arguments
 from autotune.emit.loop_snippet import SNIPPET_NAME, render_snippet
-from autotune.emit.outdir import write_atomically
 from autotune.emit.torchrun_script import TORCHRUN_NAME, render_torchrun
+from autotune.outdir import write_atomically
 
 __all__ = ["ACCELERATE_NAME", "LIGHTNING_NAME", "SNIPPET_NAME", "TORCHRUN_NAME", "lightning_arguments",
            "render_accelerate", "render_snippet", "render_torchrun", "write_stack_files"]

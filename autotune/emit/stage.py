@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 from autotune.document.run import RunDocument
-from autotune.emit import launch, outputs
+from autotune.emit import outputs
 from autotune.sections import MeasureOptions
+from autotune.trials import launch
 from autotune.verify import step_profile
 from autotune.workbench import Workbench
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from autotune.config import TrialConfig
 from autotune.emit import nodes
-from autotune.emit.launch import keep_or_export
+from autotune.emit.shell import keep_or_export
 from autotune.emit.stack_knobs import process_environment
 from autotune.runtime.knobs import Device
 

@@ -1,7 +1,7 @@
 """The GPU knobs beyond precision and compile: the CUDA allocator's expandable segments,
 float8 training through torchao, and DistributedDataParallel's bucket view and static graph.
 
-Stdlib only at import (``autotune.emit.launch`` reads the allocator's setting from here
+Stdlib only at import (``autotune.trials.launch`` reads the allocator's setting from here
 without torch); torch and torchao are imported where a knob is applied.
 """
 from __future__ import annotations

@@ -90,7 +90,7 @@ def _value(cfg: TrialConfig, knob: str) -> Any:
 
 
 # Knobs that do nothing on a device: pinned memory and cuDNN's search need a GPU; GPU
-# ranks are not pinned to cores (``emit.launch.environment``).
+# ranks are not pinned to cores (``trials.launch.environment``).
 # The CUDA allocator's options likewise.
 _INERT = {Device.CPU: ("pin_memory", "cudnn_benchmark", "expandable_segments"), Device.CUDA: ("affinity",)}
 

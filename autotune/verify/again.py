@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune import outdir
 from autotune.document.measures import Speedup
-from autotune.emit import outdir, outputs
+from autotune.emit import outputs
 from autotune.harness import make_runner
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, fingerprint, fingerprint_diff, probe_machine

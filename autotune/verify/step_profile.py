@@ -11,7 +11,7 @@ from pathlib import Path
 from autotune.document.profile import StepProfile
 from autotune.document.run import RunDocument
 from autotune.emit import outputs
-from autotune.emit.outdir import write_atomically
+from autotune.outdir import write_atomically
 from autotune.report.console import Reporter
 from autotune.trials.runner import TrialRunner, TrialRunnerLike, run_launcher
 

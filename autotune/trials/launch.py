@@ -1,12 +1,12 @@
 """How a configuration is launched: its process command and its environment.
 
-One place for both, used by the trials and by the emitted ``launch.sh``, so the
-script is started exactly as the trial was measured.
+One place for both, used by the trials and by the emitted ``launch.sh`` (``autotune.emit``
+renders it as shell lines, ``autotune.emit.shell``), so the script is started exactly as
+the trial was measured.
 """
 from __future__ import annotations
 
 import os
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -129,27 +129,3 @@ def command(cfg: TrialConfig, entry: list[str], *, python: str) -> list[str]:
     """The process command: plain python, for one process or several (with
     TUNED_NPROCS in the environment it starts the ranks itself)."""
     return [python, *entry]
-
-
-def keep_or_export(key: str, value: str, *, script: str, export: str | None = None) -> str:
-    """A shell line for a launcher script: a value the user already set is kept, with a
-    warning (never overridden silently); else ``export`` (by default ``export KEY=value``)
-    runs."""
-    q = shlex.quote(value)
-    if key == gpu_knobs.ALLOC_CONF:  # merged, not kept or replaced
-        return alloc_conf_line(value, script=script)
-    export = export or f"export {key}={q}"
-    return (f'if [ -n "${{{key}+x}}" ] && [ "${{{key}}}" != {q} ]; then '
-            f'echo "{script}: keeping your {key}=${{{key}}} (tuned value: "{q}")" >&2; '
-            f"else {export}; fi")
-
-
-def alloc_conf_line(value: str, *, script: str) -> str:
-    """As keep_or_export for the CUDA allocator's options, merged as ``environment`` merges
-    them: the user's options kept, expandable segments added unless they name them."""
-    key, q = gpu_knobs.ALLOC_CONF, shlex.quote(value)
-    option = shlex.quote(gpu_knobs.EXPANDABLE)
-    return (f'if [ -z "${{{key}:-}}" ]; then export {key}={q}; else case "${{{key}}}" in '
-            f'*expandable_segments*) echo "{script}: keeping your {key}=${{{key}}}" >&2;; '
-            f'*) export {key}="${{{key}}}",{option}; '
-            f'echo "{script}: added "{option}" to your {key}" >&2;; esac; fi')
