@@ -3,6 +3,7 @@ so `from conftest import` would be ambiguous)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -18,12 +19,23 @@ import psutil
 from autotune.config import TrialConfig
 from autotune.document.run import CandidateDocument, RunDocument
 from autotune.emit import outputs as emit
+from autotune.task import Task
 from autotune.trials import launch
 
 from recorded_run import load_doc
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = Path(__file__).resolve().parent / "models"
+
+
+@functools.cache
+def knob_cnn() -> Task:
+    """tests/models/knob_cnn.py loaded once per test process: its contract check is a
+    subprocess (torch imported), and the tests that tune it with a stand-in runner only
+    need the Task it yields (a frozen dataclass). tests/test_task.py checks files afresh."""
+    from autotune.task import load_task
+
+    return load_task(MODELS / "knob_cnn.py")
 
 
 def written_document(out: Path) -> dict:

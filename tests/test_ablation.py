@@ -10,11 +10,10 @@ from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation
 from autotune.document.run import RunDocument
 from autotune.space import parse_fixes
-from autotune.task import load_task
 from autotune.verify import ablation
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS
+from helpers import knob_cnn
 
 BASELINE = TrialConfig(batch_size=32)
 
@@ -69,7 +68,7 @@ class Knobs(StandInRunner):
 
 @pytest.fixture(scope="module")
 def task():
-    return load_task(MODELS / "knob_cnn.py")
+    return knob_cnn()
 
 
 def test_the_run_reports_each_knobs_worth_and_emits_the_winner_without_the_idle_ones(task, tmp_path):

@@ -18,7 +18,7 @@ from autotune import schemas
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 
-from helpers import MODELS, REPO
+from helpers import MODELS, REPO, knob_cnn
 
 EXAMPLES = REPO / "examples"
 
@@ -27,11 +27,10 @@ pytestmark = pytest.mark.xdist_group("api")
 
 
 def test_load_reads_a_run_and_refuses_what_it_cannot_read(tmp_path):
-    from autotune.task import load_task
 
     from doubles import StandInRunner, recorded_machine, tune_stand_in
 
-    tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
+    tune_stand_in(knob_cnn(), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
     doc = json.loads((tmp_path / "out" / "best_config.json").read_text())
     result = autotune.load(tmp_path / "out")
     assert result.verified and result.config == autotune.TrialConfig.from_dict(doc["config"])

@@ -12,13 +12,12 @@ from autotune.config import TrialConfig
 from autotune.document.batch import BatchChoice
 from autotune.search import batch_range
 from autotune.search.memory import MemoryLimit
-from autotune.task import load_task
 from autotune.trials.runner import Measurement, TrialResult, TrialRunner
 from autotune.verify.batch import batch_check
 from autotune.verify.trainings import Trainings
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS
+from helpers import MODELS, knob_cnn
 
 SHORT = Measurement(window_s=0.2, windows=2)
 
@@ -74,7 +73,7 @@ def test_the_ramp_stops_where_memory_binds():
 def test_with_evaluate_the_search_reaches_batches_beyond_eight_times_and_emits_one(tmp_path):
     """knob_cnn.py: batch 16, 512 samples, evaluate(): the ramp goes to the data set."""
     runner = Rising(recorded_machine("avx2_epyc"), knee=4096)
-    doc = tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, runner, trials=10)
+    doc = tune_stand_in(knob_cnn(), tmp_path, runner, trials=10)
     assert runner.ramped == [16, 32, 64, 128, 256, 512]
     assert doc["space"]["included"]["batch_size"][-1] == 512  # the old range stopped at 128
     assert doc["config"]["batch_size"] > 128, doc["config"]
@@ -84,7 +83,7 @@ def test_with_evaluate_the_search_reaches_batches_beyond_eight_times_and_emits_o
 
 
 def test_a_resumed_study_keeps_the_range_it_was_searched_over(tmp_path):
-    task = load_task(MODELS / "knob_cnn.py")
+    task = knob_cnn()
     tune_stand_in(task, tmp_path, Rising(recorded_machine("avx2_epyc"), knee=64), trials=4)
     again = Rising(recorded_machine("avx2_epyc"), knee=4096)  # the machine would say otherwise now
     doc = tune_stand_in(task, tmp_path, again, trials=6)
@@ -92,7 +91,7 @@ def test_a_resumed_study_keeps_the_range_it_was_searched_over(tmp_path):
 
 
 def test_a_pinned_batch_is_not_ramped_and_a_given_range_only_inside_it(tmp_path):
-    task = load_task(MODELS / "knob_cnn.py")
+    task = knob_cnn()
     runner = Rising(recorded_machine("avx2_epyc"), knee=4096)
     (tmp_path / "fixed").mkdir()
     (tmp_path / "range").mkdir()
@@ -106,7 +105,7 @@ def test_a_pinned_batch_is_not_ramped_and_a_given_range_only_inside_it(tmp_path)
 def test_without_evaluate_the_batch_stays_within_eight_times_and_a_faster_one_is_named(tmp_path):
     """Without evaluate() nothing can check a larger batch, so none is tried beyond eight
     times the user's, and the summary says what the machine ran faster."""
-    task = dataclasses.replace(load_task(MODELS / "knob_cnn.py"), has_evaluate=False)  # batch 16
+    task = dataclasses.replace(knob_cnn(), has_evaluate=False)  # batch 16
     runner = Rising(recorded_machine("avx2_epyc"), knee=4096)
     doc = tune_stand_in(task, tmp_path, runner, trials=8)
     assert runner.ramped == [16, 32, 64, 128, 256]  # one step beyond 128, to know
@@ -116,7 +115,7 @@ def test_without_evaluate_the_batch_stays_within_eight_times_and_a_faster_one_is
 
 
 def test_a_larger_batch_that_learns_less_is_rejected_with_both_metrics_and_linear_scaling_rescues_it(tmp_path):
-    task = load_task(MODELS / "knob_cnn.py")
+    task = knob_cnn()
     runner = Rising(recorded_machine("avx2_epyc"), knee=4096, hurts=True)
     for name in ("none", "linear"):
         (tmp_path / name).mkdir()
@@ -177,7 +176,7 @@ def test_the_ramp_starts_no_step_after_its_share_of_the_timeout():
 def test_the_default_range_kept_after_an_early_flat_stops_at_the_dataset(tmp_path):
     """A throughput that stops rising early keeps eight times the user's batch, but never a
     batch larger than the data set."""
-    task = dataclasses.replace(load_task(MODELS / "knob_cnn.py"), dataset_len=64)  # batch 16
+    task = dataclasses.replace(knob_cnn(), dataset_len=64)  # batch 16
     runner = Rising(recorded_machine("avx2_epyc"), knee=16)
     doc = tune_stand_in(task, tmp_path, runner, trials=4)
     assert runner.ramped == [16, 32, 64]

@@ -8,10 +8,9 @@ from autotune.config import TrialConfig
 from autotune.errors import UsageError
 from autotune.options import RunOptions, parse_batch_range
 from autotune.space import build_space
-from autotune.task import load_task
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS
+from helpers import knob_cnn
 
 
 def test_the_range_gives_its_powers_of_two_its_ends_and_the_users_batch_within_it():
@@ -43,7 +42,7 @@ def test_a_range_and_a_pinned_batch_contradict_each_other():
 
 
 def test_the_search_measures_no_batch_outside_the_range_but_the_users_own(tmp_path):
-    task = load_task(MODELS / "knob_cnn.py")  # batch_size 16
+    task = knob_cnn()  # batch_size 16
     runner = StandInRunner(recorded_machine("avx2_epyc"))
     doc = tune_stand_in(task, tmp_path, runner, trials=10, batch_range=(64, 2048))
     assert {c.batch_size for c in runner.measured} - {16} <= {64, 128, 256, 512, 1024, 2048}
@@ -54,7 +53,7 @@ def test_the_search_measures_no_batch_outside_the_range_but_the_users_own(tmp_pa
 def test_a_study_is_not_resumed_over_another_range(tmp_path):
     """Optuna cannot sample a knob whose values changed: the run says so instead of its
     "dynamic value space" error, and names what to do."""
-    task = load_task(MODELS / "knob_cnn.py")
+    task = knob_cnn()
     tune_stand_in(task, tmp_path, StandInRunner(recorded_machine("avx2_epyc")), trials=4)
     with pytest.raises(UsageError, match=r"searched other values of batch_size .* another --out"):
         tune_stand_in(task, tmp_path, StandInRunner(recorded_machine("avx2_epyc")), trials=6,
@@ -81,7 +80,7 @@ def test_the_ramp_climbs_inside_the_users_range_and_the_search_starts_at_its_fas
     holds (512; none outside the range), the range searched stays the user's, and the
     search starts a trial at the ramp's fastest batch (a sampler left to find it among
     eight batch sizes may never come near it)."""
-    task = load_task(MODELS / "knob_cnn.py")  # batch_size 16
+    task = knob_cnn()  # batch_size 16
     runner = NamedStandIn(recorded_machine("avx2_epyc"))
     doc = tune_stand_in(task, tmp_path, runner, trials=10, batch_range=(4, 2048))
     ramped = [cfg.batch_size for name, cfg in runner.names if name.startswith("batch-ramp-")]

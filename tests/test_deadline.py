@@ -17,7 +17,6 @@ from autotune.options import SEARCH_SHARE
 from autotune.probes import as_machine
 from autotune.report.console import Reporter
 from autotune.search import stage as search_stage
-from autotune.task import load_task
 from autotune.trials.protocol import ProgressEvent
 from autotune.verify import fit, gates, sequential
 from autotune.verify.deadline import Budget, Costs
@@ -25,7 +24,7 @@ from autotune.verify.reserve import room_for_another
 from autotune.verify.settings import Settings
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS
+from helpers import knob_cnn
 
 BASE = TrialConfig(batch_size=16)
 COSTS = Costs(start_s=5.0, window_s=1.0, sample_s=0.001)
@@ -38,7 +37,7 @@ CANDIDATES = [TrialConfig(nprocs=2, threads=1, batch_size=64, precision="bf16", 
 
 @pytest.fixture(scope="module")
 def task():
-    return load_task(MODELS / "knob_cnn.py")
+    return knob_cnn()
 
 
 def planned(left: float, settings: Settings | None = None) -> fit.Plan:

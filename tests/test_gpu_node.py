@@ -21,7 +21,7 @@ from autotune.task import load_task
 from autotune.task_space import build_task_space
 
 from doubles import recorded_machine
-from helpers import MODELS, written_document
+from helpers import knob_cnn, written_document
 from simulated_gpu_node import GiB, SimModel, SimulatedGpuNode
 
 
@@ -33,7 +33,7 @@ def _all_gpus_visible(monkeypatch):
 
 @pytest.fixture(scope="module")
 def task():
-    return load_task(MODELS / "knob_cnn.py")  # batch_size 16, image inputs, evaluate()
+    return knob_cnn()  # batch_size 16, image inputs, evaluate()
 
 
 def tune(task, name: str, tmp_path: Path, *, model: SimModel = SimModel(), diverge: bool = False,

@@ -20,12 +20,11 @@ from autotune.config import TrialConfig
 from autotune.document.run import RunDocument
 from autotune.report.console import Reporter
 from autotune.sections import SearchOptions
-from autotune.task import load_task
 from autotune.task_space import build_task_space
 from autotune.trials.runner import TrialResult
 
 from doubles import StandInRunner, recorded_machine
-from helpers import MODELS, written_document
+from helpers import knob_cnn, written_document
 
 MACHINES = ("avx2_epyc", "amx_spr", "h100x1", "h100x8")
 
@@ -38,7 +37,7 @@ def _all_gpus_visible(monkeypatch):
 
 @pytest.fixture(scope="module")
 def task():
-    return load_task(MODELS / "knob_cnn.py")
+    return knob_cnn()
 
 
 def tune(task, name: str, tmp_path: Path, *, diverge: bool = False, **options):

@@ -21,12 +21,11 @@ from autotune.probes.libraries import find_native_libraries
 from autotune.search import memory
 from autotune.search.trial_summary import TrialSummary
 from autotune.space import build_space
-from autotune.task import load_task
 from autotune.trials.protocol import Measurement
 from autotune.trials.runner import TrialRunner
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS, machine_doc
+from helpers import MODELS, knob_cnn, machine_doc
 
 REPO = MODELS.parent.parent
 EXAMPLES = REPO / "examples"
@@ -64,7 +63,7 @@ class MemoryStandIn(StandInRunner):
 @pytest.fixture(scope="module")
 def task():
     # knob_cnn: batch 16, no BatchNorm; said to have repeated blocks, as a transformer has
-    return dataclasses.replace(load_task(MODELS / "knob_cnn.py"), blocks=("Block",))
+    return dataclasses.replace(knob_cnn(), blocks=("Block",))
 
 
 def test_the_fastest_fit_without_a_memory_knob_is_written_read_back_and_named():

@@ -18,13 +18,12 @@ from autotune.options import RunOptions
 from autotune.report.advice import advise
 from autotune.search.objective import Measured, Plan, Pricing, break_even, break_evens
 from autotune.search.study import load_study
-from autotune.task import load_task
 from autotune.verify.speed import CandidateSpeed
 from autotune.verify.stats import ratio_interval
 from autotune.verify.verdict import Verdict, rank_by_rounds
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS
+from helpers import MODELS, knob_cnn
 
 COMPILE_S = 60.0  # what compiling costs once, in the model below
 COMPILED_SPEED = 1.25  # compiled, a step takes 80% of the eager one's time
@@ -43,7 +42,7 @@ class CompileWinsLong(StandInRunner):
 
 @pytest.fixture(scope="module")
 def task():
-    return load_task(MODELS / "knob_cnn.py")
+    return knob_cnn()
 
 
 # --- the arithmetic --------------------------------------------------------------------

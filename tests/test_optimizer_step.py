@@ -28,7 +28,7 @@ from autotune.verify.reference import numerics_reference
 from autotune.verify.verdict import Verdict
 
 from doubles import recorded_machine
-from helpers import MODELS, machine_doc
+from helpers import MODELS, knob_cnn, machine_doc
 
 GROUPS = MODELS / "groups_optimizer.py"  # SGD, two groups: lr 0.05 + weight decay, lr 0.01
 
@@ -216,7 +216,7 @@ def test_the_stack_files_carry_both_knobs():
 @pytest.mark.slow
 def test_the_contract_check_records_the_optimizer_class():
     assert load_task(GROUPS).optimizer == "torch.optim.sgd.SGD"
-    assert load_task(MODELS / "knob_cnn.py").optimizer == "torch.optim.adamw.AdamW"  # no build_optimizer: the runtime's
+    assert knob_cnn().optimizer == "torch.optim.adamw.AdamW"  # no build_optimizer: the runtime's
 
 
 @pytest.mark.slow

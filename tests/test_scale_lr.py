@@ -25,12 +25,11 @@ from autotune.runtime.session import load_user_module
 from autotune.sections import SearchOptions
 from autotune.space import build_space, parse_fixes
 from autotune.space_conditional import DEFAULT_OPTIMIZER
-from autotune.task import load_task
 from autotune.task_space import build_task_space
 from autotune.verify import ablation
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS, emit_outputs, run_launch_sh
+from helpers import MODELS, emit_outputs, knob_cnn, run_launch_sh
 
 BLOCKS = MODELS / "blocks_mlp.py"  # AdamW, lr=1e-2
 
@@ -131,7 +130,7 @@ def test_the_ablation_measures_no_learning_rate_and_reverting_the_batch_reverts_
 
 
 def test_a_stand_in_run_writes_the_rule_into_every_configuration_it_records(tmp_path):
-    task = load_task(MODELS / "knob_cnn.py")
+    task = knob_cnn()
     doc = tune_stand_in(task, tmp_path, StandInRunner(recorded_machine("avx2_epyc")), scale_lr="linear")
     assert schemas.problem(doc, "best_config") is None
     for cfg in (doc["config"], doc["baseline"]["config"]):

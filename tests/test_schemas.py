@@ -10,10 +10,9 @@ from autotune import schemas
 from autotune.cli import main
 from autotune.config import TrialConfig
 from autotune.document.run import RunDocument
-from autotune.task import load_task
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS
+from helpers import knob_cnn
 
 
 def test_the_shipped_schemas_are_valid_json_schemas():
@@ -35,7 +34,7 @@ def written(out: Path) -> dict:
 
 
 def test_a_run_document_and_show_json_conform(tmp_path, capsys):
-    tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
+    tune_stand_in(knob_cnn(), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
     assert schemas.problem(written(tmp_path / "out"), "best_config") is None
     assert main(["show", str(tmp_path / "out"), "--json"]) == 0
     assert schemas.problem(json.loads(capsys.readouterr().out), "best_config") is None
@@ -45,7 +44,7 @@ def test_a_run_document_and_show_json_conform(tmp_path, capsys):
 def stand_in_document(tmp_path_factory) -> dict:
     """A whole best_config.json of a stand-in run (ablation, path, layout effect and all)."""
     folder = tmp_path_factory.mktemp("run")
-    tune_stand_in(load_task(MODELS / "knob_cnn.py"), folder, StandInRunner(recorded_machine("avx2_epyc")))
+    tune_stand_in(knob_cnn(), folder, StandInRunner(recorded_machine("avx2_epyc")))
     return written(folder / "out")
 
 
@@ -72,7 +71,7 @@ def test_an_unverified_run_has_no_speedup(tmp_path):
         def throughput(self, cfg: TrialConfig) -> float:
             return 1000.0
 
-    tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, NothingPays(recorded_machine("avx2_epyc")))
+    tune_stand_in(knob_cnn(), tmp_path, NothingPays(recorded_machine("avx2_epyc")))
     doc = written(tmp_path / "out")
     assert not doc["verified"] and doc["speedup"] is None and doc["best"] is None
     assert schemas.problem(doc, "best_config") is None

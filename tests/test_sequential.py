@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
-from autotune.task import load_task
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.trials.script_report import ScriptReport
 from autotune.verify import ablation, gates, sequential, side_by_side, standalone
@@ -20,7 +19,7 @@ from autotune.verify.trainings import Trainings, work_key
 from autotune.verify.verdict import Verdict, rank_by_rounds
 
 from doubles import NoisyServing, RunnerDouble, ScriptedRunner, StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS
+from helpers import MODELS, knob_cnn
 
 BASE = TrialConfig(batch_size=16)
 
@@ -192,7 +191,7 @@ def test_a_run_gates_each_computation_once(tmp_path):
     """Across the whole verification, the simplified configuration included: every
     trajectory the numerics check ran computes something no other one did."""
     runner = StandInRunner(recorded_machine("avx2_epyc"))
-    doc = tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, runner)
+    doc = tune_stand_in(knob_cnn(), tmp_path, runner)
     assert doc["ablation"]["simplified"]
     keys = [work_key(cfg) for cfg in runner.gated]
     assert len(keys) == len(set(keys))
@@ -329,7 +328,7 @@ class Logged(StandInRunner):
 
 def test_the_speed_checks_processes_start_while_the_gates_train_and_serve_the_ablation(tmp_path):
     runner = Logged(recorded_machine("avx2_epyc"))
-    doc = tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, runner)
+    doc = tune_stand_in(knob_cnn(), tmp_path, runner)
     assert doc["verified"] and doc["ablation"]["knobs"]
     kinds = [kind for kind, _ in runner.log]
     # the baseline and the candidates are served before the first gate's training

@@ -29,14 +29,13 @@ from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
 from autotune.verify.stats import RatioInterval
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS
+from helpers import knob_cnn
 
 
 @pytest.fixture(scope="module")
 def task():
-    from autotune.task import load_task
 
-    return load_task(MODELS / "knob_cnn.py")
+    return knob_cnn()
 
 
 def test_the_printed_speedup_follows_the_standalone_runs_not_the_side_by_side_windows(task, tmp_path):

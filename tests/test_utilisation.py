@@ -16,7 +16,7 @@ from autotune.probes import peaks
 from autotune.runtime.flops import count_flops, step_flops
 from autotune.runtime.session import Session
 
-from helpers import MODELS, REPO
+from helpers import MODELS, REPO, knob_cnn
 
 MACHINES = REPO / "tests" / "fixtures" / "machines"
 
@@ -126,11 +126,10 @@ def test_a_runs_document_carries_the_baselines_and_the_picks_share_and_the_summa
     from autotune.document.run import RunDocument
     from autotune.report.console import Reporter
     from autotune.report.files import report_tables
-    from autotune.task import load_task
 
     from doubles import StandInRunner, recorded_machine, tune_stand_in
 
-    doc = tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
+    doc = tune_stand_in(knob_cnn(), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
     assert schemas.problem(doc, "best_config") is None
     found = doc["utilisation"]
     assert found["flops_per_sample"] == 1e7 and "FlopCounterMode" in found["counted"]
@@ -194,11 +193,10 @@ def test_an_fp32_baseline_on_a_gpu_is_also_put_against_the_dense_bf16_peak_the_f
 
 def test_the_report_opens_with_the_utilisation(tmp_path):
     from autotune.report.files import write_report
-    from autotune.task import load_task
 
     from doubles import StandInRunner, recorded_machine, tune_stand_in
 
-    tune_stand_in(load_task(MODELS / "knob_cnn.py"), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
+    tune_stand_in(knob_cnn(), tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
     out = tmp_path / "out"
     write_report(out)
     page = (out / "report.html").read_text()
