@@ -67,9 +67,11 @@ def main() -> int:
             steps = 3 + max(3, int(args.seconds * guess[name] / points[name].batch_size))
             report = run_launcher(launchers[name], steps=steps, workdir=folder / "runs" / f"{i}",
                                   timeout_s=600)
-            rates[name].append(report["samples_per_s"])
-            guess[name] = report["samples_per_s"]
-            print(f"round {i + 1} {name}: {report['samples_per_s']:.1f} samples/s", flush=True)
+            if report.samples_per_s is None:
+                raise SystemExit(f"{name}: the run timed no step (stopped by signal {report.stopped_by})")
+            rates[name].append(report.samples_per_s)
+            guess[name] = report.samples_per_s
+            print(f"round {i + 1} {name}: {report.samples_per_s:.1f} samples/s", flush=True)
     grid = [n for n in names if n != "emitted"]
     shares = [rates["emitted"][i] / max(rates[n][i] for n in grid) for i in range(args.rounds)]
     best = max(grid, key=lambda n: statistics.median(rates[n]))

@@ -57,8 +57,10 @@ def main() -> int:
             steps = 3 + int(args.seconds * rates[name] / cfgs[name].batch_size)
             report = run_launcher(launchers[name], steps=steps, workdir=folder / f"{name}-{i}",
                                   timeout_s=600)
-            values[name].append(report["samples_per_s"])
-            print(f"round {i + 1} {name}: {report['samples_per_s']:.1f} samples/s", flush=True)
+            if report.samples_per_s is None:
+                raise SystemExit(f"{name}: the run timed no step (stopped by signal {report.stopped_by})")
+            values[name].append(report.samples_per_s)
+            print(f"round {i + 1} {name}: {report.samples_per_s:.1f} samples/s", flush=True)
     results = []
     for name, out, doc in zip(names[1:], args.out, docs):
         ratios = [t / b for t, b in zip(values[name], values["baseline"])]

@@ -69,11 +69,11 @@ def main() -> int:
         t0 = time.perf_counter()
         res = runner.run(cfg, name=f"{role}-seed{seed}", quality_steps=steps)
         runner.close()
-        losses = list(res.done.get("losses") or [])
-        row = {"role": role, "seed": seed, "status": str(res.status), "metric": res.done.get("metric"),
+        losses = list(res.done.losses) if res.done is not None else []
+        row = {"role": role, "seed": seed, "status": str(res.status), "metric": res.metric,
                "wall_s": round(time.perf_counter() - t0, 1),
                "loss_every_10pct": losses[:: max(1, len(losses) // 10)] + losses[-1:],
-               "failure": None if res.done.get("metric") is not None else res.describe_failure()}
+               "failure": None if res.metric is not None else res.describe_failure()}
         doc["runs"].append({**row, "losses": losses})
         print(json.dumps(row), flush=True)
         (args.out / "quality_spread.json").write_text(json.dumps(doc, indent=1))

@@ -31,6 +31,7 @@ from autotune.emit import outputs as emit
 from autotune.probes import probe_machine
 from autotune.trials import launch
 from autotune.trials.runner import Measurement, TrialRunner, run_launcher
+from autotune.trials.spec import TrialMode
 from autotune.verify import stats
 
 
@@ -63,7 +64,7 @@ def main() -> int:
     steal = {"script": [0, 0.0], "served": [0, 0.0]}  # ticks, seconds
     try:
         for name, cfg in cfgs.items():
-            served[name] = runner.start(cfg, name=f"served-{name}", mode={"mode": "serve"})
+            served[name] = runner.start(cfg, name=f"served-{name}", mode=TrialMode.serve())
             if not served[name].wait_ready():
                 raise SystemExit(f"{name} failed: {served[name].result.describe_failure()}")
         jobs = [("script", "B"), ("script", "C"), ("served", "B"), ("served", "C")]
@@ -72,10 +73,16 @@ def main() -> int:
                 t0, s0 = time.monotonic(), steal_ticks()
                 if kind == "script":
                     steps = 3 + int(args.seconds * rates[name] / cfgs[name].batch_size)
-                    value = run_launcher(launchers[name], steps=steps, workdir=work / f"{name}-{r}",
-                                         timeout_s=600)["samples_per_s"]
+                    report = run_launcher(launchers[name], steps=steps, workdir=work / f"{name}-{r}",
+                                          timeout_s=600)
+                    if report.samples_per_s is None:
+                        raise SystemExit(f"{name}: the run timed no step (stopped by signal {report.stopped_by})")
+                    value = report.samples_per_s
                 else:
-                    value = served[name].window()
+                    served_value = served[name].window()
+                    if served_value is None:
+                        raise SystemExit(f"{name}: its served process died: {served[name].result.describe_failure()}")
+                    value = served_value
                 steal[kind][0] += steal_ticks() - s0
                 steal[kind][1] += time.monotonic() - t0
                 values[f"{kind}-{name}"].append(value)

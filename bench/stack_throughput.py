@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,7 +174,9 @@ def main() -> int:
         else:
             argv = [sys.executable, str(work / "lightning_fit.py"), str(model), str(work / "cfg.json"),
                     str(args.steps), str(report)]
-            run_env = {**plain, **lightning_doc["environment"]}
+            environment = lightning_doc["environment"]
+            assert isinstance(environment, Mapping), environment
+            run_env = {**plain, **{k: str(v) for k, v in environment.items()}}
         proc = subprocess.run(argv, cwd=work, env=run_env, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             raise SystemExit(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.config import TrialConfig
 from autotune.probes import probe_machine
+from autotune.runtime.knobs import Allocator
 from autotune.task import load_task
 from autotune.trials import runner as runner_module
 from autotune.trials.runner import Measurement, TrialRunner
@@ -42,7 +43,7 @@ def model_path(name: str) -> Path:
     raise SystemExit(f"no workload {name!r} in {WORKLOADS} or examples/")
 
 
-def configurations(batch: int, *, images: bool, cores: int, allocator: str) -> dict[str, TrialConfig]:
+def configurations(batch: int, *, images: bool, cores: int, allocator: Allocator) -> dict[str, TrialConfig]:
     """In-process variants of one process (all cores in one process): what a warm process
     runs one after another in a search."""
     base = TrialConfig(threads=cores, batch_size=batch, allocator=allocator)
@@ -78,7 +79,8 @@ def main() -> int:
     for name in args.workloads:
         path = model_path(name)
         task = load_task(path)
-        cfgs = configurations(task.batch_size, images=task.image_inputs, cores=cores, allocator=args.allocator)
+        cfgs = configurations(task.batch_size, images=task.image_inputs, cores=cores,
+                              allocator=Allocator(args.allocator))
         if args.configs:
             unknown = set(args.configs) - set(cfgs)
             if unknown:
@@ -101,8 +103,10 @@ def main() -> int:
                         if res.value is None:
                             raise SystemExit(f"{name} {label} ({kind}) failed: {res.describe_failure()}")
                         values[label][kind].append(res.value)
-                        faults[label][kind].append(res.done.get("minor_faults_per_step", float("nan")))
-                        if kind == "fresh" or res.setup.get("warm"):  # a warm process's first trial is fresh
+                        counted = res.done.minor_faults_per_step if res.done is not None else None
+                        faults[label][kind].append(counted if counted is not None else float("nan"))
+                        warm = res.setup is not None and res.setup.warm
+                        if kind == "fresh" or warm:  # a warm process's first trial is fresh
                             phases[kind].append(res.phases)
                 print(f"{name} round {r + 1}: " + ", ".join(
                     f"{label} {v['warm'][-1] / v['fresh'][-1]:.3f} (faults a step: warm "
