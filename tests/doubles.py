@@ -65,8 +65,25 @@ class RunnerDouble:
     def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptReport:
         raise NotImplementedError(f"{type(self).__name__} runs no script ({launcher})")
 
+    def start_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> DeferredScript:
+        """A run started ahead of its turn: here it runs (``run_script``) when let go."""
+        return DeferredScript(lambda: self.run_script(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s))
+
     def close(self) -> None:
         """No idle processes to end."""
+
+
+class DeferredScript:
+    """A ``ScriptRunLike`` of a double: its run is ``run`` called when it is let go."""
+
+    def __init__(self, run: Callable[[], ScriptReport]) -> None:
+        self.run, self.cancelled = run, False
+
+    def finish(self) -> ScriptReport:
+        return self.run()
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 class ServedTrial:

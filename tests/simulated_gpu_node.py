@@ -133,6 +133,32 @@ class _Process:
         return GiB  # host memory: not what binds on a GPU node
 
 
+class _Script:
+    """A run of a script, a ``ScriptRunLike``: set up ``SimCosts.start_s`` after its start,
+    it warms up and trains when let go."""
+
+    def __init__(self, node: SimulatedGpuNode, pid: int | None, cfg: TrialConfig,
+                 failure: TrialResult | None, name: str, steps: int) -> None:
+        self.node, self.pid, self.cfg, self.failure, self.name = node, pid, cfg, failure, name
+        self.steps = steps
+        self.set_up_at = node.clock + node.costs.start_s
+
+    def finish(self) -> ScriptReport:
+        node = self.node
+        if self.failure is not None or self.pid is None:
+            raise RuntimeError(f"launch.sh failed: {self.failure.message if self.failure else 'cancelled'}")
+        node.clock = max(node.clock, self.set_up_at)
+        node.busy(self.pid, self.cfg, node.warm_up_s(self.cfg, self.name))
+        node.busy(self.pid, self.cfg, self.steps * node.step_s(self.cfg), measuring=True)
+        self.cancel()
+        return ScriptReport(samples_per_s=node.throughput(self.cfg))
+
+    def cancel(self) -> None:
+        if self.pid is not None:
+            self.node.release(self.pid)
+            self.pid = None
+
+
 class SimulatedGpuNode(StandIn):
     """A ``TrialRunnerLike`` (``run``, ``start``, ``run_script``) for a GPU node's machine
     document."""
@@ -278,7 +304,8 @@ class SimulatedGpuNode(StandIn):
         # where its time went, as a real trial reports it: what --timeout's estimates read
         result.wall_s = self.clock - began
         measured = 0.0 if steps is not None else 3 * self.costs.window_s
-        result.phases = {"measure_s": measured, "overhead_s": result.wall_s - measured}
+        result.phases = {"measure_s": measured, "overhead_s": result.wall_s - measured,
+                         "start_import_s": 0.0 if warm else self.costs.start_s}
         result.setup = dataclasses.replace(result.setup or SetupEvent(seconds=0.0), warm=warm)
         return result
 
@@ -291,19 +318,19 @@ class SimulatedGpuNode(StandIn):
                    timeout_s: float) -> ScriptReport:
         """The emitted launch.sh, alone: its configuration read back from what was
         written beside it."""
+        return self.start_script(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s).finish()
+
+    def start_script(self, launcher: str | Path, *, steps: int, workdir: Path,
+                     timeout_s: float) -> _Script:
+        """The emitted launch.sh started now: it sets up (on the host, and with its
+        context and weights on its GPUs) and trains once let go (``_Script.finish``)."""
         self.scripts.append(Path(launcher))
         written = json.loads((Path(launcher).parent / "best_config.json").read_text())
         cfg = TrialConfig.from_dict(written.get("candidate") or written["config"])
         self.idle_key = None
-        self.clock += self.costs.start_s
-        pid, failure = self.admit(cfg, f"script:{launcher}")
-        if failure is not None:
-            raise RuntimeError(f"launch.sh failed: {failure.message}")
-        assert pid is not None
-        self.busy(pid, cfg, self.warm_up_s(cfg, f"script:{launcher}"))
-        self.busy(pid, cfg, steps * self.step_s(cfg), measuring=True)
-        self.release(pid)
-        return ScriptReport(samples_per_s=self.throughput(cfg))
+        name = f"script:{launcher}"
+        pid, failure = self.admit(cfg, name)
+        return _Script(self, pid, cfg, failure, name, steps)
 
     def resident_anywhere(self) -> dict[int, list[int]]:
         """Processes still holding a device (none once a stage has ended)."""

@@ -65,9 +65,10 @@ def test_a_deadline_shortens_the_stages_in_the_documented_order():
     assert sequential.FEWEST <= plan.settings.rounds < asked.rounds and plan.settings.pairs == asked.pairs
     fewest_rounds = dataclasses.replace(no_ablation, rounds=sequential.FEWEST)
     plan = planned(cost(fewest_rounds) - 1)
-    assert plan.settings.rounds == sequential.FEWEST and plan.settings.pairs == sequential.FEWEST
+    assert plan.settings.rounds == sequential.FEWEST
+    assert sequential.PAIRS_FEWEST <= plan.settings.pairs < asked.pairs
     assert plan.candidates == CANDIDATES and "cut from 6 pairs" in plan.shortened[Stage.STANDALONE]
-    fewest_pairs = dataclasses.replace(fewest_rounds, pairs=sequential.FEWEST)
+    fewest_pairs = dataclasses.replace(fewest_rounds, pairs=sequential.PAIRS_FEWEST)
     plan = planned(cost(fewest_pairs) - 1)
     assert len(plan.candidates) < len(CANDIDATES) and plan.settings.pair_seconds == asked.pair_seconds
     assert Stage.GATES in plan.shortened
@@ -91,7 +92,11 @@ def test_a_cap_the_user_set_below_the_fewest_is_kept():
 
 class Timed(StandInRunner):
     """Trials report where their wall time went: 5 s of start-up beside 3 s of windows,
-    from which verification's stages are estimated."""
+    from which verification's stages are estimated. A second thread is worth a fifth: a
+    winner clear enough for a re-run to stay above 1x."""
+
+    def throughput(self, cfg: TrialConfig) -> float:
+        return super().throughput(cfg) * (1.2 if (cfg.threads or 1) > 1 else 1.0)
 
     def result(self, cfg, **kw):
         res = super().result(cfg, **kw)
@@ -116,7 +121,7 @@ def test_the_document_and_the_summary_say_which_stages_a_deadline_shortened(task
     assert "verifying at the minimum" in stages["over"]
     by_stage = {s["stage"]: s for s in stages["stages"]}
     assert set(by_stage) == {"gates", "speed", "ablation", "standalone"}
-    assert by_stage["speed"]["cap"] == sequential.FEWEST and by_stage["standalone"]["cap"] == sequential.FEWEST
+    assert by_stage["speed"]["cap"] == sequential.FEWEST and by_stage["standalone"]["cap"] == sequential.PAIRS_FEWEST
     assert "runs of 3 s instead of 8 s" in by_stage["standalone"]["shortened"]
     assert tight["speedup"]["seconds_per_run"] == 3.0
     assert schemas.problem(tight, "best_config") is None

@@ -84,7 +84,7 @@ def test_the_check_tells_a_signature_that_refuses_a_call():
     assert "takes no on_window" in problems and "takes no quality_steps" in problems
     assert "requires trajectory_steps, which the protocol leaves optional" in problems
     assert unmet(Narrow(), TrialRunnerLike).keys() == {"workdir", "memory_limit_bytes", "timeout_s", "run", "start",
-                                                       "run_script", "close"}
+                                                       "run_script", "start_script", "close"}
 
 
 @pytest.mark.parametrize("name", RUNNERS)

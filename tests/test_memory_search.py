@@ -290,7 +290,13 @@ def test_the_users_configuration_holding_less_is_found_first_and_costs_no_trial(
     then with 2 micro-batches 380, with 4 340. Each step is measured at once after the
     user's configuration, before any start or sampled trial, and none counts against
     --trials: the search still gets all of them."""
-    runner = MemoryStandIn(recorded_machine("avx2_epyc"))
+    class CompileHelps(MemoryStandIn):
+        """Compiling is worth a quarter: a winner clear enough for a re-run to stay above 1x."""
+
+        def throughput(self, cfg: TrialConfig) -> float:
+            return super().throughput(cfg) * (1.25 if cfg.compile != "off" else 1.0)
+
+    runner = CompileHelps(recorded_machine("avx2_epyc"))
     doc = tune_stand_in(task, tmp_path, runner, trials=6, fixed={"batch_size": 16}, memory_limit_mb=350.0)
     assert {c.layout for c in runner.measured[:4]} == {runner.measured[0].layout}
     assert [memory.knobs_on(c) for c in runner.measured[:4]] == [

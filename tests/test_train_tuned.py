@@ -217,3 +217,43 @@ def test_a_signal_to_the_whole_job_with_dataloader_workers_still_saves_and_resum
     run_launch_sh(out, work, no_autotune_env, "--resume", "--max-steps", "40", "--log-every", "1",
                   "--report", "b.json")
     assert json.loads((work / "b.json").read_text())["losses"] == uninterrupted[stopped_at:]
+
+
+@pytest.mark.slow
+def test_a_run_started_ahead_sets_up_then_trains_only_once_let_go(tmp_path):
+    """--start-after, as verification's standalone pairs use it (trials.script_run): the run
+    sets up and waits, training nothing, until it is let go; a run never let go is ended
+    with everything it started."""
+    import contextlib
+    import time
+
+    import psutil
+
+    from autotune.trials.runner import TRIAL_DIR_VARIABLE, start_launcher
+
+    out = tmp_path / "out"
+    emit_outputs(out, TrialConfig(threads=1, batch_size=16))
+    held = start_launcher(out / "launch.sh", steps=6, workdir=tmp_path / "held", timeout_s=120,
+                          cwd=tmp_path, hold=True)
+    time.sleep(8.0)  # imports, build_dataset, build_model: done or under way, then it waits
+    assert held.proc.poll() is None and not held.report.exists()
+    assert "step " not in held.log.read_text(), "it trained before it was let go"
+    report = held.finish()
+    assert report.samples_per_s and report.samples_per_s > 0
+    assert "step 6/6" in held.log.read_text()
+
+    never = start_launcher(out / "launch.sh", steps=6, workdir=tmp_path / "never", timeout_s=120,
+                           cwd=tmp_path, hold=True)
+    time.sleep(2.0)
+    never.cancel()
+    assert never.proc.poll() is not None and not never.report.exists()
+
+    def of_never() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get(TRIAL_DIR_VARIABLE) == str((tmp_path / "never").absolute()):
+                    found.append(p)
+        return found
+
+    assert not of_never()

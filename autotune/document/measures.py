@@ -142,6 +142,7 @@ class Standalone:
     cap: int | None = None  # the most pairs it would have run (--pairs)
     stopped: str | None = None  # why the pairs ended before the cap
     peak_mb: float | None = None  # the emitted script's busiest rank at its peak, the most of its runs
+    overlapped: bool = False  # each run set up while the one before it trained
 
     def to_json(self) -> JsonObject:
         sp = self.speedup.to_json()
@@ -156,7 +157,8 @@ class Standalone:
                 "side_by_side": sp["side_by_side"], "served_over_alone": dict(self.served_over_alone),
                 "covers": self.speedup.covers,
                 **optional_fields(unsteady=self.speedup.unsteady, speed_shift=self.speedup.speed_shift,
-                                  cap=self.cap, stopped=self.stopped, peak_mb=self.peak_mb)}
+                                  cap=self.cap, stopped=self.stopped, peak_mb=self.peak_mb),
+                **({"overlapped": True} if self.overlapped else {})}
 
     @classmethod
     def from_check(cls, check: Check | None) -> Standalone | None:
@@ -170,7 +172,7 @@ class Standalone:
                    median_samples_per_s=d["median_samples_per_s"],
                    baseline_median_samples_per_s=d["baseline_median_samples_per_s"],
                    served_over_alone=d["served_over_alone"], cap=d.get("cap"), stopped=d.get("stopped"),
-                   peak_mb=d.get("peak_mb"))
+                   peak_mb=d.get("peak_mb"), overlapped=bool(d.get("overlapped")))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

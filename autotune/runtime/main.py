@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 
 import torch
 
@@ -63,6 +64,9 @@ def parse_args(argv: list[str] | None, *, description: str) -> argparse.Namespac
     parser.add_argument("--profile", action="store_true",
                         help="instead of training: warm up, then profile about a second of steps with "
                              "torch.profiler (rank 0) and print where the step goes (into --report too)")
+    parser.add_argument("--start-after", default=None, metavar="FILE",
+                        help="set up (data set, model, devices), then wait until FILE exists before the "
+                             "first step: a launcher can set up one run while another trains")
     parser.add_argument("--dist-timeout-min", type=float, default=DIST_TIMEOUT_MIN, metavar="MIN",
                         help="with several ranks: how long a rank waits for the others (while rank 0 "
                              "evaluates, say) before the job is ended (default %(default)g)")
@@ -108,6 +112,12 @@ def batch_note(batch: int, *, baseline_batch: int | None, nodes: int = 1, lr_sca
             "batch for a short run only, so watch them in a long one.")
 
 
+def wait_for(path: str, *, poll_s: float = 0.02) -> None:
+    """Until ``path`` exists (``--start-after``)."""
+    while not os.path.exists(path):
+        time.sleep(poll_s)
+
+
 def main(argv: list[str] | None = None, *, config_path: str) -> int:
     """Train as the command line ``argv`` says, with the settings in ``config_path``;
     returns the exit code."""
@@ -148,6 +158,8 @@ def main(argv: list[str] | None = None, *, config_path: str) -> int:
                 print(f"warning: {line}", file=sys.stderr, flush=True)
         if rank0:
             print(f"resumed from {path} at step {start}", flush=True)
+    if args.start_after:
+        wait_for(args.start_after)
     per_epoch = session.per_epoch
     if args.max_steps is not None:
         # --max-steps alone trains that many steps, over as many epochs as it takes.

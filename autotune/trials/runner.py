@@ -30,6 +30,7 @@ from autotune.trials.live import LiveTrial, TrialProcess
 from autotune.trials.protocol import Failure, Measurement, Mode, Status
 from autotune.trials.result import TrialResult
 from autotune.trials.script_report import ScriptReport
+from autotune.trials.script_run import ScriptProcess
 from autotune.trials.spec import TrialMode, TrialSpec
 
 # Knobs a process takes when it starts (its environment, its ranks and their cores,
@@ -82,36 +83,17 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
                  cwd: Path | None = None, extra: Sequence[str] = ()) -> ScriptReport:
     """Run an emitted launch.sh for a few steps, from ``cwd`` (default: this process's
     working directory, where the user runs it from); returns its JSON report, written
-    with its log into ``workdir``. Without evaluate(): the runs compared are timed, and
-    two configurations cross different numbers of epoch ends in the same time. ``extra``:
-    more arguments for the script (``--profile``)."""
-    workdir = workdir.absolute()
-    workdir.mkdir(parents=True, exist_ok=True)
-    report = workdir / "script-report.json"
-    report.unlink(missing_ok=True)
-    log = workdir / "script-log.txt"
-    tmp = tempfile.mkdtemp(prefix="autotune-script-")  # as a trial's (TrialRunner.start)
-    argv = ["bash", str(launcher.absolute()), "--max-steps", str(steps), "--no-checkpoint",
-            "--no-evaluate", "--log-every", str(max(1, steps)), "--report", str(report), *extra]
-    with open(log, "wb") as out, measure_lock.held():
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=str(cwd or Path.cwd()), stdin=subprocess.DEVNULL,
-                                start_new_session=True,
-                                env={**launch.without_distributed(os.environ),
-                                     **compile_cache_env(os.environ), "TMPDIR": tmp,
-                                     TRIAL_DIR_VARIABLE: str(workdir)})
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            proctree.kill_tree(proc.pid)
-            proc.wait()
-            shutil.rmtree(tmp, ignore_errors=True)
-    if proc.returncode != 0 or not report.exists():
-        tail = logs.tail(log, 15)
-        raise RuntimeError(f"{launcher.name} failed (exit code {proc.returncode}):\n{tail}")
-    return ScriptReport.from_json(json.loads(report.read_text()))
+    with its log into ``workdir`` (``ScriptProcess``)."""
+    return start_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s, cwd=cwd,
+                          extra=extra).finish()
+
+
+def start_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float, cwd: Path | None = None,
+                   hold: bool = False, extra: Sequence[str] = ()) -> ScriptProcess:
+    """``run_launcher``'s run, started; with ``hold`` it sets up and waits for ``finish``."""
+    return ScriptProcess(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s, cwd=cwd or Path.cwd(),
+                         env={**compile_cache_env(os.environ), TRIAL_DIR_VARIABLE: str(workdir.absolute())},
+                         hold=hold, extra=extra)
 
 
 def _end_all(processes: dict[str, TrialProcess]) -> None:
@@ -130,6 +112,13 @@ class LiveTrialLike(Protocol):
     def kill(self) -> None: ...
 
 
+class ScriptRunLike(Protocol):
+    """A run of a script started ahead of its turn (``ScriptProcess``, or a stand-in)."""
+
+    def finish(self) -> ScriptReport: ...
+    def cancel(self) -> None: ...
+
+
 class TrialRunnerLike(Protocol):
     """What the search and verification call on a trial runner: ``TrialRunner``, or a
     stand-in that measures nothing (the tests' doubles)."""
@@ -142,6 +131,7 @@ class TrialRunnerLike(Protocol):
             timeout_s: float | None = None) -> TrialResult: ...
     def start(self, cfg: TrialConfig, *, name: str, mode: TrialMode | None = None) -> LiveTrialLike: ...
     def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptReport: ...
+    def start_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptRunLike: ...
     def close(self) -> None: ...
 
 
@@ -233,6 +223,12 @@ class TrialRunner:
         self.close()
         return run_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s,
                             cwd=self.cwd)
+
+    def start_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptProcess:
+        """``run_script``'s run, started now: it sets up and waits until its ``finish``."""
+        self.close()
+        return start_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s,
+                              cwd=self.cwd, hold=True)
 
     def start(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
               mode: TrialMode | None = None, extra_env: Mapping[str, str] | None = None,

@@ -45,17 +45,24 @@ class Costs:
     window_s: float
     sample_s: float
     trial_start_s: float | None = None  # None: as ``start_s``
+    setup_s: float = 0.0  # of ``start_s``, what comes before the first step: a run setting up beside another
 
     @classmethod
     def from_trials(cls, results: Iterable[TrialSummary], *, window_s: float,
                     baseline_rate: float) -> Costs:
         """From the search's trials' results (``TrialResult.summary``)."""
+        results = list(results)
         overheads = [(float(r.phases["overhead_s"]), r.warm) for r in results
                      if r.phases.get("overhead_s") is not None]
         fresh = [s for s, warm in overheads if not warm] or [s for s, _ in overheads]
-        return cls(start_s=statistics.median(fresh) if fresh else 0.0, window_s=window_s,
+        # the interpreter's start and imports, then the model file's setup: before the first step
+        setups = [float(r.phases.get("start_import_s", 0.0)) + float(r.phases.get("setup_s", 0.0))
+                  for r in results if not r.warm and "overhead_s" in r.phases]
+        start = statistics.median(fresh) if fresh else 0.0
+        return cls(start_s=start, window_s=window_s,
                    sample_s=1.0 / baseline_rate if baseline_rate > 0 else 0.0,
-                   trial_start_s=statistics.median(s for s, _ in overheads) if overheads else None)
+                   trial_start_s=statistics.median(s for s, _ in overheads) if overheads else None,
+                   setup_s=min(start, statistics.median(setups)) if setups else 0.0)
 
     def process(self, *, samples: float = 0.0) -> float:
         """One trial that trains ``samples`` samples (a numerics trajectory, a quality run)."""
@@ -67,11 +74,18 @@ class Costs:
         those held started once, the others once a visit, and every round one window each."""
         plan = Plan.of(configs, rounds, room)
         fresh = len(configs) - len(plan.held)
-        return ((len(plan.held) + fresh * plan.visits) * self.start_s
-                + plan.cap * len(configs) * self.window_s)
+        held = len(plan.held) * self.start_s
+        if plan.held and room is not None and room.capacity_mb is not None:
+            # on GPUs those held set up at once, and warm up one at a time (LiveTrial.wait_ready)
+            held = self.setup_s + len(plan.held) * (self.start_s - self.setup_s)
+        return held + fresh * plan.visits * self.start_s + plan.cap * len(configs) * self.window_s
 
-    def pairs(self, pairs: int, seconds: float) -> float:
-        """``pairs`` pairs of standalone runs of ``seconds`` of timed training each."""
+    def pairs(self, pairs: int, seconds: float, *, overlap: bool = False) -> float:
+        """``pairs`` pairs of standalone runs of ``seconds`` of timed training each; with
+        ``overlap`` each run but the first set up while the one before it trained."""
+        if overlap:  # a setup longer than the run before it is waited for, in part
+            each = max(self.start_s - self.setup_s + seconds, self.setup_s)
+            return self.setup_s + pairs * 2 * each
         return pairs * 2 * (self.start_s + seconds)
 
 

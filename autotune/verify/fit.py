@@ -7,7 +7,7 @@ and never below what can still verify:
 1. the ablation is skipped: it explains the winner and may simplify it, and the emitted
    configuration is verified without it;
 2. fewer speed-check rounds, down to ``sequential.FEWEST``;
-3. fewer standalone pairs, down to ``sequential.FEWEST``;
+3. fewer standalone pairs, down to ``sequential.PAIRS_FEWEST``;
 4. fewer candidates, down to the first one and, when that one trades precision, the best
    exact one (what the user gets if the gates reject reduced precision);
 5. shorter standalone runs, down to as long as a search trial's measured windows: last,
@@ -31,7 +31,7 @@ from autotune.verify import ablation
 from autotune.verify.deadline import Budget, Costs
 from autotune.verify.quality import trades_quality
 from autotune.verify.reference import numerics_reference
-from autotune.verify.sequential import FEWEST
+from autotune.verify.sequential import FEWEST, PAIRS_FEWEST
 from autotune.verify.settings import Settings
 from autotune.verify.trainings import training_steps, work_key
 
@@ -101,7 +101,9 @@ def estimate(settings: Settings, candidates: Sequence[TrialConfig], *, baseline:
         Stage.SPEED: (costs.side_by_side([baseline, *candidates], settings.rounds, settings.room)
                       if candidates else 0.0),
         Stage.ABLATION: ablation_cost(settings, candidates, baseline=baseline, costs=costs),
-        Stage.STANDALONE: costs.pairs(settings.pairs, settings.pair_seconds) if candidates else 0.0,
+        Stage.STANDALONE: (costs.pairs(settings.pairs, settings.pair_seconds,
+                                       overlap=settings.overlap([baseline, candidates[0]]))
+                           if candidates else 0.0),
     }
 
 
@@ -127,7 +129,7 @@ def least(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tr
     """What verification takes at its least, as ``fit`` cuts it when nothing else fits:
     no ablation, the fewest rounds and pairs, the essential candidates, the shortest runs."""
     s = dataclasses.replace(settings, ablation=False, rounds=min(settings.rounds, FEWEST),
-                            pairs=min(settings.pairs, FEWEST),
+                            pairs=min(settings.pairs, PAIRS_FEWEST),
                             pair_seconds=min(settings.pair_seconds, shortest_run_s))
     return sum(estimate(s, essential(candidates), baseline=baseline, costs=costs,
                         has_evaluate=has_evaluate).values())
@@ -169,15 +171,18 @@ def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tria
         s, cands = largest(range(s.rounds, FEWEST - 1, -1), lambda r: (dataclasses.replace(s, rounds=r), cands))
         if s.rounds < settings.rounds:
             shortened[Stage.SPEED] = f"cut from {settings.rounds} rounds {why}"
-    if total(s, cands) > left and s.pairs > FEWEST:
-        s, cands = largest(range(s.pairs, FEWEST - 1, -1), lambda n: (dataclasses.replace(s, pairs=n), cands))
+    if total(s, cands) > left and s.pairs > PAIRS_FEWEST:
+        s, cands = largest(range(s.pairs, PAIRS_FEWEST - 1, -1),
+                           lambda n: (dataclasses.replace(s, pairs=n), cands))
     floor = len(essential(cands))
     if total(s, cands) > left and len(cands) > floor:
         s, cands = largest(range(len(cands), floor - 1, -1), lambda k: (s, fewer(candidates, k)))
         shortened[Stage.GATES] = f"{len(cands)} of {len(candidates)} candidates verified {why}"
     if total(s, cands) > left and s.pair_seconds > shortest_run_s:
-        others = total(s, cands) - costs.pairs(s.pairs, s.pair_seconds)
-        fits = (left - others) / (2 * s.pairs) - costs.start_s
+        overlap = bool(cands) and s.overlap([baseline, cands[0]])
+        others = total(s, cands) - costs.pairs(s.pairs, s.pair_seconds, overlap=overlap)
+        fits = ((left - others - costs.setup_s) / (2 * s.pairs) - (costs.start_s - costs.setup_s) if overlap
+                else (left - others) / (2 * s.pairs) - costs.start_s)
         s = dataclasses.replace(s, pair_seconds=round(max(shortest_run_s, min(s.pair_seconds, fits)), 1))
     cuts = [f"cut from {settings.pairs} pairs"] if s.pairs < settings.pairs else []
     if s.pair_seconds < settings.pair_seconds:

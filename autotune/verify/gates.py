@@ -256,7 +256,7 @@ def _ablation_fits(settings: Settings, top: TrialConfig, baseline: TrialConfig, 
     held = ablation.session_configs(top, baseline, pinned=settings.pinned, path=settings.path)
     rounds = ablation.rounds_for(len(held), speed_windows=settings.rounds * (survivors + 1))
     need = (budget.costs.side_by_side([top, *held], rounds, settings.room)
-            + budget.costs.pairs(settings.pairs, settings.pair_seconds))
+            + budget.costs.pairs(settings.pairs, settings.pair_seconds, overlap=settings.overlap([baseline, top])))
     return budget.left() >= need
 
 
@@ -264,7 +264,7 @@ def _pairs_fit(settings: Settings) -> bool:
     """Whether what --timeout leaves holds another candidate's pairs, at their fewest."""
     budget = settings.budget
     return budget is None or budget.left() >= budget.costs.pairs(
-        min(sequential.FEWEST, settings.pairs), settings.pair_seconds)
+        min(sequential.PAIRS_FEWEST, settings.pairs), settings.pair_seconds)
 
 
 def _simplified_failed(simplified: Verdict) -> Ablation | None:

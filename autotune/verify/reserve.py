@@ -29,7 +29,8 @@ def leave_for_verification(bench: Workbench, verify: VerifyOptions, measure: Mea
                                        machine=bench.machine, fits=outcome.fits(limit), rival=batch_rival(others))
         costs = Costs.from_trials([c.result for c in outcome.ranked], window_s=measure.window_s,
                                   baseline_rate=outcome.baseline.measured.samples_per_s)
-        need = fit.least(verify.settings, candidates, baseline=baseline, costs=costs,
+        settings = verify.settings.on(bench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()])
+        need = fit.least(settings, candidates, baseline=baseline, costs=costs,
                          has_evaluate=bench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
         walls = [c.result.wall_s or 0.0 for c in outcome.ranked]
         if not room_for_another(now=time.time(), ends_at=ends_at, trial_walls=walls, need_s=need):

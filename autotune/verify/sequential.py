@@ -9,11 +9,11 @@ earlier once the decision it exists for is settled:
   no more; the check ends once every remaining candidate's verdict against the baseline
   is settled and the leader is clear, or no other candidate can be ``ALIKE`` faster;
 - the ablation (``Effects``): each knob's effect is measured until it is settled;
-- the standalone pairs (``PairsRule``): once a failure is settled; a pass runs to the cap,
-  since stopping when the pairs happen to agree would print an interval narrower than
-  the machine's spread.
+- the standalone pairs (``PairsRule``): once the figure a re-run stays above clears 1 with
+  a margin, or cannot clear it; where it has not cleared 1 at the cap but still could,
+  more pairs, up to a limit.
 
-A decision is settled when its distribution-free interval (``stats.ratio_interval``, at
+A side-by-side decision is settled when its distribution-free interval (``stats.ratio_interval``, at
 ``CONFIDENCE``) lies wholly above or wholly below 1. Nothing stops before ``FEWEST``
 rounds: with fewer, the median's interval cannot reach its confidence at all (the lowest
 to the highest of n ratios covers the median with probability 1 - 2 * 0.5**n). Looking
@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
-from autotune.verify.stats import RatioInterval, ratio_interval
+from autotune.verify.stats import RatioInterval, ratio_interval, speedup_interval
 
 CONFIDENCE = 0.9
 # Candidates this close are alike for the ranking: once none can be this much faster than
@@ -140,23 +140,58 @@ class Effects:
         return Decision(stop, done=None if open_ else "every knob's effect settled")
 
 
+# The fewest standalone pairs: fewer, and the t quantile of the printed figure is so wide
+# (df 1) that only a configuration several times faster could clear 1.
+PAIRS_FEWEST = 3
+# The printed figure (the one a re-run stays above) is settled once it clears 1 by this
+# much: a figure just above 1 could fall below it with the next pair.
+PAIRS_MARGIN = 1.05
+# Where the figure has not cleared 1 at --pairs but more pairs could still carry it over,
+# pairs go on up to this many times --pairs.
+PAIRS_EXTEND = 2
+
+
 @dataclasses.dataclass(frozen=True)
 class PairsRule:
-    """The standalone pairs: the candidate passes when the median's interval (at
-    ``confidence``) lies above 1. They stop before ``cap`` once a failure is settled: its
-    figures are not printed. A pass runs to the cap: stopping once the pairs look narrow
-    enough (optional stopping) picks the runs that happened to agree, and prints an
-    interval narrower than the spread of the runs that follow."""
+    """The standalone pairs. The candidate passes when the figure a re-run stays above
+    (``stats.speedup_interval``'s ``lower``, at ``level``) is above 1. From ``fewest`` pairs
+    on, they stop once that is settled: the figure clears 1 by ``PAIRS_MARGIN``, or it
+    cannot clear 1 even at ``limit`` pairs spread as these were (nor the median's
+    distribution-free interval, at ``confidence``, reach above 1). At ``cap`` (--pairs) a
+    figure that clears 1 stops them; one that does not but could goes on to ``limit``.
+
+    Stopping once the figure clears is safe where a pass ran to the cap was not: the figure
+    is the t interval of the pairs measured, with the drift between sessions added, so
+    three pairs that happen to agree still print a wide figure, never a narrow one."""
 
     cap: int
+    level: float = 0.95
     confidence: float = CONFIDENCE
-    fewest: int = FEWEST
+    fewest: int = PAIRS_FEWEST
 
-    def after_pair(self, ratios: Sequence[float]) -> str | None:
-        n = len(ratios)
-        if n < self.fewest or n >= self.cap:
+    @property
+    def limit(self) -> int:
+        return PAIRS_EXTEND * self.cap
+
+    def after_pair(self, baseline: Sequence[float], candidate: Sequence[float]) -> str | None:
+        """Why the pairs stop after these rates (one of each side a pair); None: go on."""
+        n = len(candidate)
+        if n < min(self.fewest, self.cap):
             return None
-        decided = ratio_interval(ratios, confidence=self.confidence)
-        if decided.ci_high < 1.0:
-            return f"not faster alone, settled after {n} pairs: {describe(decided)}"
+        figure = speedup_interval(baseline, candidate, level=self.level)
+        if figure.lower > PAIRS_MARGIN:
+            return f"settled after {n} pairs: a re-run stays above {figure.lower:.2f}x"
+        # a failure is called no sooner than a side-by-side one: three pairs' spread says
+        # too little of the next ones'
+        if n >= FEWEST:
+            decided = ratio_interval(_over(candidate, baseline), confidence=self.confidence)
+            if decided.ci_high < 1.0:
+                return f"not faster alone, settled after {n} pairs: {describe(decided)}"
+            if figure.lower_after(self.limit) <= 1.0:
+                return (f"cannot clear 1x: after {n} pairs a re-run stays above {figure.lower:.2f}x, and "
+                        f"{self.limit} pairs spread as these would not carry it over 1x")
+        if n >= self.cap and figure.lower > 1.0:
+            return f"cleared 1x at {n} pairs: a re-run stays above {figure.lower:.2f}x"
+        if n >= self.limit:
+            return f"not settled after {n} pairs: a re-run stays above {figure.lower:.2f}x"
         return None

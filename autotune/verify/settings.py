@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
+from autotune.probes import Machine
 from autotune.search.objective import Pricing
 from autotune.verify.deadline import Budget
 from autotune.verify.device_room import DeviceRoom
+from autotune.verify.overlap import overlaps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,3 +37,14 @@ class Settings:
     fits: Callable[[TrialConfig], bool] = lambda cfg: True
     # what verification may hold on the GPUs at once (autotune.verify.device_room)
     room: DeviceRoom | None = None
+    cores: int | None = None  # the machine's usable cores: whether a run may set up beside another
+
+    def on(self, machine: Machine, measured: Iterable[tuple[TrialConfig, float | None]]) -> Settings:
+        """These settings on ``machine``: its usable cores, and the room on its GPUs for the
+        configurations ``measured`` (each with its GPU peak in MiB, ``DeviceRoom.of``)."""
+        return dataclasses.replace(self, cores=machine.cpu.usable_cores, room=DeviceRoom.of(machine, measured))
+
+    def overlap(self, configs: Sequence[TrialConfig]) -> bool:
+        """Whether the standalone runs of ``configs`` set up while another one measures
+        (``autotune.verify.overlap``)."""
+        return overlaps(cores=self.cores, room=self.room, configs=configs) is None

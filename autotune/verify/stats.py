@@ -242,6 +242,25 @@ class SpeedupInterval:
     trend: float  # how far the pairs drifted, as counted
     baseline: Side
     candidate: Side
+    df: int = 1  # the noise's degrees of freedom
+
+    def lower_after(self, pairs: int) -> float:
+        """The figure a re-run stays above once ``pairs`` pairs are measured, where the
+        pairs to come spread as these did: what more pairs can still do for ``lower``."""
+        more = max(0, pairs - self.pairs)
+        now = _half(self.level, df=self.df, noise=self.noise_sd, n=self.pairs, m=self.rerun,
+                    session_sd=self.session_sd, trend=self.trend)
+        then = _half(self.level, df=self.df + more, noise=self.noise_sd, n=self.pairs + more,
+                     m=max(self.rerun, pairs), session_sd=self.session_sd, trend=self.trend)
+        return min(self.median, self.lower * math.exp(now - then))
+
+
+def _half(p: float, *, df: int, noise: float, n: int, m: int, session_sd: float, trend: float) -> float:
+    """Half the interval's width (log) at ``p``: the pairs' own noise (t, with a re-run's
+    median of ``m``), the drift between sessions and the drift within the pairs."""
+    z = statistics.NormalDist().inv_cdf(p)
+    own = t_quantile(p, df) * noise * math.sqrt(1 / n + math.pi / (2 * m))
+    return math.sqrt(own ** 2 + (z * session_sd) ** 2 + (z * trend) ** 2)
 
 
 def _side(rates: Sequence[float]) -> tuple[Side, list[float], list[int]]:
@@ -302,9 +321,7 @@ def speedup_interval(baseline_rates: Sequence[float], candidate_rates: Sequence[
                for gc in set(cand_groups) for gb in set(base_groups)]
 
     def half(p: float) -> float:
-        z = statistics.NormalDist().inv_cdf(p)
-        own = t_quantile(p, df) * noise * math.sqrt(1 / n + math.pi / (2 * m))
-        return math.sqrt(own ** 2 + (z * session_sd) ** 2 + (z * trend) ** 2)
+        return _half(p, df=df, noise=noise, n=n, m=m, session_sd=session_sd, trend=trend)
 
     two_sided = half(0.5 + level / 2)
     median = statistics.median(c / b for c, b in zip(candidate_rates, baseline_rates))
@@ -312,4 +329,4 @@ def speedup_interval(baseline_rates: Sequence[float], candidate_rates: Sequence[
         median=median, low=min(median, math.exp(min(centres) - two_sided)),
         high=max(median, math.exp(max(centres) + two_sided)),
         lower=min(median, math.exp(min(centres) - half(level))), level=level, pairs=n, rerun=m,
-        noise_sd=noise, session_sd=session_sd, trend=trend, baseline=base, candidate=cand)
+        noise_sd=noise, session_sd=session_sd, trend=trend, baseline=base, candidate=cand, df=df)
