@@ -258,9 +258,10 @@ class RunOptions:
              "verification; they stop once the ranking is settled (default %(default)s)")})
     pairs: int = dataclasses.field(default=6, metadata={FLAG: Flag(
         "--pairs", number=int, verify=True,
-        help="the most pairs of standalone runs (the emitted launch.sh and the baseline's "
-             "script, each alone) that give the printed speedup; they stop from the 5th once "
-             "it is settled and as narrow as the machine's noise allows (default %(default)s)")})
+        help="pairs of standalone runs (the emitted launch.sh and the baseline's script, each "
+             "alone) that give the printed speedup; they stop from the 3rd once the figure a re-run "
+             "stays above is settled, and go on up to twice this where it could still clear 1x "
+             "(default %(default)s)")})
     # Timed training per standalone run, after its warm-up: DataLoader workers ramp up
     # over the first seconds, and shorter runs printed speedups below what an independent
     # check of longer runs measured (BENCHMARKS.md, "Standalone runs of 8 s").

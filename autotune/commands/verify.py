@@ -39,7 +39,9 @@ def main(args: argparse.Namespace) -> int:
         shown = now.interval
         lead = (f"{now.lower_bound:.2f}x or more in {shown.ci_level:.0%} of re-runs, median "
                 if now.lower_bound else "")
-        reporter.info(f"verified again: speedup {lead}{shown.median:.2f}x over {now.pairs} pairs of "
+        # the configuration the run kept, not emitted, was never verified before
+        said = "verified again" if result.kept is None else f"the kept configuration ({result.kept}) verified here"
+        reporter.info(f"{said}: speedup {lead}{shown.median:.2f}x over {now.pairs} pairs of "
                       f"standalone runs (a re-run lands in {shown.ci_low:.2f}-"
                       f"{shown.ci_high:.2f}x, {shown.ci_level:.0%})")
     else:

@@ -5,11 +5,14 @@ Its ``environment`` is the emit stage's to fill: each machine of a shared study 
 own."""
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from autotune import __version__
 from autotune.config import TrialConfig
+from autotune.document.kept import Kept
 from autotune.document.measures import Baseline, Best, Rejection
 from autotune.document.plan import PlannedRun
 from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
@@ -28,7 +31,7 @@ from autotune.verify.layout import layout_effect
 from autotune.verify.precision import precision_note
 from autotune.verify.stage import Verified
 from autotune.verify.trainings import work_key
-from autotune.verify.verdict import outcomes
+from autotune.verify.verdict import Verdict, outcomes
 from autotune.workbench import Workbench
 
 
@@ -70,6 +73,7 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
                        if verified.candidates else None),
         environment={}, options=dict(options),
         ablation=winner.ablation if winner is not None else None, stages=verified.stages,
+        kept=_kept(verdicts, verified.scripts, out=bench.out) if winner is None else None,
         memory=fit_of(searched.limit, chosen=chosen, user=space.baseline, reference=reference,
                       user_result=outcome.user_result, measured=outcome.results(), failed=outcome.failed(),
                       alone_peak_mb=claim.peak_mb if claim is not None else None),
@@ -97,6 +101,18 @@ def _best(chosen: TrialConfig, samples_per_s: float, ranked: Sequence[Candidate]
         (c.result for c in ranked if work_key(c.config) == work_key(chosen)), TrialSummary())
     return Best(samples_per_s=samples_per_s, peak_mem_mb=result.peak_rss_mb, one_time_s=result.one_time_s,
                 cuda_peak_mb=result.cuda_peak_mb, cuda_total_mb=result.cuda_total_mb)
+
+
+def _kept(verdicts: Sequence[Verdict], scripts: Mapping[TrialConfig, Path], *, out: Path) -> Kept | None:
+    """Where nothing was verified, the first candidate, in the order their scripts ran alone,
+    whose pairs were faster by their median: its scripts (``scripts``: each configuration's
+    launch.sh) are named relative to ``out``, the output folder, so a moved folder finds them."""
+    by_config = {v.config: v for v in verdicts}
+    for cfg, launcher in scripts.items():
+        alone = by_config[cfg].standalone if cfg in by_config else None
+        if alone is not None and alone.speedup.interval.median > 1.0:
+            return Kept.of(cfg, launcher=Path(os.path.relpath(launcher, out)).as_posix(), speedup=alone.speedup)
+    return None
 
 
 def search_summary(searched: Searched, sharing: SharingOptions) -> SearchSummary:

@@ -10,6 +10,7 @@ from typing import Any
 from autotune.config import KnobValue, TrialConfig
 from autotune.document.ablation import Ablation
 from autotune.document.batch import BatchChoice
+from autotune.document.kept import Kept
 from autotune.document.measures import (
     Baseline,
     Best,
@@ -143,6 +144,8 @@ class RunDocument:
     batch: BatchChoice | None = None  # None: a document from before the batch was judged
     step_profile: StepProfile | None = None  # None: not profiled (--no-profile, or it failed)
     utilisation: Utilisation | None = None  # None: no FLOPs counted (or a document from before)
+    # Nothing verified, and a candidate faster by its standalone pairs' median: named, not emitted
+    kept: Kept | None = None
     # The options the run was given (autotune.document.options.options_record); None: a
     # document from before they were recorded.
     options: Mapping[str, JsonValue] | None = None
@@ -199,7 +202,8 @@ class RunDocument:
                               memory=self.memory.to_json() if self.memory else None,
                               batch=self.batch.to_json() if self.batch else None,
                               step_profile=self.step_profile.to_json() if self.step_profile else None,
-                              utilisation=self.utilisation.to_json() if self.utilisation else None),
+                              utilisation=self.utilisation.to_json() if self.utilisation else None,
+                              kept=self.kept.to_json() if self.kept else None),
             **optional_fields(verification_stages=self.stages.to_json() if self.stages else None),
             "environment": dict(self.environment),
             **optional_fields(options=None if self.options is None else dict(self.options)),
@@ -230,6 +234,7 @@ class RunDocument:
             batch=BatchChoice.from_json(data["batch"]) if data.get("batch") else None,
             step_profile=StepProfile.from_json(data["step_profile"]) if data.get("step_profile") else None,
             utilisation=Utilisation.from_json(data["utilisation"]) if data.get("utilisation") else None,
+            kept=Kept.from_json(data["kept"]) if data.get("kept") else None,
             stages=(VerificationStages.from_json(data["verification_stages"])
                     if data.get("verification_stages") else None),
             options=data.get("options"),

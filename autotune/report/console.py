@@ -188,6 +188,9 @@ class Reporter:
                 self.out.print(f"  while verifying, {speed.speed_shift}", markup=False)
             if speed.unsteady:
                 self.warn(speed.unsteady)
+        elif doc.kept is not None:
+            self.out.print("[bold red]no configuration was verified faster than the baseline.[/]")
+            self.out.print(f"{doc.kept.config.short()} was {doc.kept.words(str(folder))}", markup=False)
         else:
             self.out.print("[bold red]no configuration was verified faster than the baseline;[/] "
                            "the baseline is recommended.")

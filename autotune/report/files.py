@@ -87,6 +87,8 @@ def _facts(doc: RunDocument) -> Table:
     rows = [["model file", doc.model_file],
             ["verified", "yes" if doc.verified else "no: the baseline is recommended"],
             ["baseline samples/s", _rate(doc.baseline.samples_per_s)]]
+    if doc.kept is not None and doc.speedup is None:
+        rows.append(["kept, not emitted", f"{doc.kept.config.short()}: {doc.kept.words(None)}"])
     if doc.speedup is not None:
         iv = doc.speedup.interval
         level = f" ({iv.ci_level:.0%})" if iv.ci_level else ""

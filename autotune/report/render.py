@@ -47,6 +47,10 @@ def speedup_answer(doc: RunDocument) -> Answer:
     """The verified speedup, as a user can rely on it, or that nothing was faster."""
     speed = doc.speedup
     base = f"{doc.baseline.samples_per_s:,.0f}" if doc.baseline.samples_per_s else "?"
+    if speed is None and doc.kept is not None:  # its scripts are in the folder the report is in
+        return Answer("No speedup verified", [
+            f"No configuration was verified faster than the baseline. {doc.kept.config.short()} was "
+            f"{doc.kept.words(None)}.", f"Baseline: {base} samples/s."])
     if speed is None:
         return Answer("No speedup verified", [
             "No configuration was verified faster than the baseline: the baseline is recommended "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from autotune.document.measures import Check, Speedup
+from autotune.document.measures import Check, Speedup, optional_fields
 from autotune.runtime.json_value import JsonObject
 
 
@@ -15,7 +15,9 @@ class Reverified:
     rate and the speedup measured now beside the one printed when it was tuned, every
     check, whether this machine's fingerprint differs, and, where the speedup now lies
     outside the printed interval, a sentence saying so. ``checks`` None: nothing was
-    measured (the configuration is the baseline itself)."""
+    measured (the configuration is the baseline itself). ``kept``: where the run emitted the
+    baseline, the launch.sh of the configuration it kept (``RunDocument.kept``), relative to
+    the folder: that one was measured."""
 
     verified: bool
     reason: str | None = None
@@ -25,10 +27,11 @@ class Reverified:
     checks: Mapping[str, Check] | None = None
     fingerprint_differs: bool = False
     outside_printed_interval: str | None = None
+    kept: str | None = None
 
     def to_json(self) -> JsonObject:
         if self.checks is None:
-            return {"verified": self.verified, "reason": self.reason}
+            return {"verified": self.verified, "reason": self.reason, **optional_fields(kept=self.kept)}
         out: JsonObject = {
             "verified": self.verified, "baseline_samples_per_s": self.baseline_samples_per_s,
             "speedup": self.speedup.headline() if self.speedup is not None else None,
@@ -39,4 +42,6 @@ class Reverified:
             out["reason"] = self.reason
         if self.outside_printed_interval:
             out["outside_printed_interval"] = self.outside_printed_interval
+        if self.kept:
+            out["kept"] = self.kept
         return out

@@ -4,7 +4,7 @@ to what --timeout left (``verify.fit``)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from autotune.config import TrialConfig
@@ -29,13 +29,15 @@ from autotune.workbench import Workbench
 class Verified:
     """What verification found: the ``winner`` (None: none passed, the baseline stands), every
     candidate's verdict, the baseline's side-by-side speed (else its search value), the
-    candidates as fitted, in their order, and the stages as they ran."""
+    candidates as fitted, in their order, the stages as they ran, and each configuration's
+    launch.sh that verification wrote, in the order written (the scripts that ran alone)."""
 
     winner: Verdict | None
     verdicts: list[Verdict]
     base_speed: ReferenceSpeed
     candidates: list[TrialConfig]
     stages: VerificationStages | None
+    scripts: Mapping[TrialConfig, Path] = dataclasses.field(default_factory=dict)
 
 
 def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOptions, *,
@@ -65,8 +67,8 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
             baseline_rate=outcome.baseline.measured.samples_per_s))
     asked = verify.settings
     settings = dataclasses.replace(
-        asked, pricing=searched.pricing, budget=budget, fits=fits, room=DeviceRoom.of(
-            bench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()]),
+        asked.on(bench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()]),
+        pricing=searched.pricing, budget=budget, fits=fits,
         # a script that compiles as its trial did may need longer than the scripts' least
         script_timeout_s=standalone.script_timeout_s(asked.script_timeout_s, [c.result for c in outcome.ranked],
                                                      seconds=asked.pair_seconds))
@@ -79,13 +81,21 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
             if line:
                 reporter.info(f"verify: {line}")
     records: list[StageRecord] = []
+    emit = candidate_emitter(bench.task, bench.machine)
+    scripts: dict[TrialConfig, Path] = {}
+
+    def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
+        # a candidate faster by its pairs' median but not verified is named by its scripts
+        # (document.kept), which stay where they were written
+        scripts[cfg] = emit(cfg, folder)
+        return scripts[cfg]
+
     if candidates:
         reporter.info(f"verifying {len(candidates)} candidates against the baseline ...")
         winner, verdicts, base_speed = gates.verify_candidates(
             bench.runner, baseline=baseline, candidates=candidates, reserve=ranked,
             settings=settings, has_evaluate=bench.task.has_evaluate,
-            emit_candidate=candidate_emitter(bench.task, bench.machine),
-            workdir=bench.out / "verify", progress=reporter.verify, stages=records,
+            emit_candidate=emit_candidate, workdir=bench.out / "verify", progress=reporter.verify, stages=records,
             slowest=slowest_rate(measured_trials(searched.place.study)))
     else:
         winner, verdicts, base_speed = None, [], None
@@ -95,15 +105,16 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
         base_speed = ReferenceSpeed(samples_per_s=(outcome.baseline.value,),
                                     median_samples_per_s=outcome.baseline.value)
     return Verified(winner=winner, verdicts=verdicts, base_speed=base_speed, candidates=candidates,
-                    stages=fit.stages(fitted, records, budget))
+                    stages=fit.stages(fitted, records, budget), scripts=scripts)
 
 
-def recheck(bench: Workbench, verify: VerifyOptions, *, doc: RunDocument,
-            launcher: Callable[[], Path]) -> tuple[Verdict | None, list[Verdict], ReferenceSpeed | None]:
-    """The configuration ``doc`` emitted against its baseline, here and now: the same checks
-    as a run's, on the user's script as it is (``launcher()``: its launch.sh) against the
-    baseline's written afresh, without the ablation (the configuration as emitted)."""
-    cfg = doc.config
+def recheck(bench: Workbench, verify: VerifyOptions, *, doc: RunDocument, launcher: Callable[[], Path],
+            config: TrialConfig | None = None) -> tuple[Verdict | None, list[Verdict], ReferenceSpeed | None]:
+    """The configuration ``doc`` emitted (or ``config``, the one it kept) against its
+    baseline, here and now: the same checks as a run's, on the script as it is
+    (``launcher()``: its launch.sh) against the baseline's written afresh, without the
+    ablation (the configuration as written)."""
+    cfg = config if config is not None else doc.config
     emit_baseline = candidate_emitter(bench.task, bench.machine)
     peaks = [(cfg, doc.best.cuda_peak_mb)] if doc.best else []
     settings = dataclasses.replace(verify.settings, ablation=False, room=DeviceRoom.of(bench.machine, peaks))
