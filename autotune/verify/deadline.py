@@ -80,13 +80,17 @@ class Costs:
             held = self.setup_s + len(plan.held) * (self.start_s - self.setup_s)
         return held + fresh * plan.visits * self.start_s + plan.cap * len(configs) * self.window_s
 
-    def pairs(self, pairs: int, seconds: float, *, overlap: bool = False) -> float:
+    def pairs(self, pairs: int, seconds: float, *, ahead: int = 0) -> float:
         """``pairs`` pairs of standalone runs of ``seconds`` of timed training each; with
-        ``overlap`` each run but the first set up while the one before it trained."""
-        if overlap:  # a setup longer than the run before it is waited for, in part
-            each = max(self.start_s - self.setup_s + seconds, self.setup_s)
-            return self.setup_s + pairs * 2 * each
+        ``ahead`` runs setting up while one trains, each run but the first pays only its
+        warm-up and training, or its share of a setup that takes longer."""
+        if ahead:
+            return self.setup_s + pairs * 2 * self.ahead_run(seconds, ahead)
         return pairs * 2 * (self.start_s + seconds)
+
+    def ahead_run(self, seconds: float, ahead: int) -> float:
+        """One standalone run of ``seconds`` with ``ahead`` runs setting up at once."""
+        return max(self.start_s - self.setup_s + seconds, self.setup_s / ahead)
 
 
 @dataclasses.dataclass(frozen=True)

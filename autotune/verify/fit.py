@@ -102,7 +102,7 @@ def estimate(settings: Settings, candidates: Sequence[TrialConfig], *, baseline:
                       if candidates else 0.0),
         Stage.ABLATION: ablation_cost(settings, candidates, baseline=baseline, costs=costs),
         Stage.STANDALONE: (costs.pairs(settings.pairs, settings.pair_seconds,
-                                       overlap=settings.overlap([baseline, candidates[0]]))
+                                       ahead=settings.ahead([baseline, candidates[0]]))
                            if candidates else 0.0),
     }
 
@@ -179,9 +179,11 @@ def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tria
         s, cands = largest(range(len(cands), floor - 1, -1), lambda k: (s, fewer(candidates, k)))
         shortened[Stage.GATES] = f"{len(cands)} of {len(candidates)} candidates verified {why}"
     if total(s, cands) > left and s.pair_seconds > shortest_run_s:
-        overlap = bool(cands) and s.overlap([baseline, cands[0]])
-        others = total(s, cands) - costs.pairs(s.pairs, s.pair_seconds, overlap=overlap)
-        fits = ((left - others - costs.setup_s) / (2 * s.pairs) - (costs.start_s - costs.setup_s) if overlap
+        ahead = s.ahead([baseline, cands[0]]) if cands else 0
+        others = total(s, cands) - costs.pairs(s.pairs, s.pair_seconds, ahead=ahead)
+        # the longest runs whose pairs fit what the other stages leave (a setup longer than
+        # a run is paid whatever the run's length)
+        fits = ((left - others - costs.setup_s) / (2 * s.pairs) - (costs.start_s - costs.setup_s) if ahead
                 else (left - others) / (2 * s.pairs) - costs.start_s)
         s = dataclasses.replace(s, pair_seconds=round(max(shortest_run_s, min(s.pair_seconds, fits)), 1))
     cuts = [f"cut from {settings.pairs} pairs"] if s.pairs < settings.pairs else []

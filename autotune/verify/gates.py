@@ -256,7 +256,7 @@ def _ablation_fits(settings: Settings, top: TrialConfig, baseline: TrialConfig, 
     held = ablation.session_configs(top, baseline, pinned=settings.pinned, path=settings.path)
     rounds = ablation.rounds_for(len(held), speed_windows=settings.rounds * (survivors + 1))
     need = (budget.costs.side_by_side([top, *held], rounds, settings.room)
-            + budget.costs.pairs(settings.pairs, settings.pair_seconds, overlap=settings.overlap([baseline, top])))
+            + budget.costs.pairs(settings.pairs, settings.pair_seconds, ahead=settings.ahead([baseline, top])))
     return budget.left() >= need
 
 

@@ -11,7 +11,7 @@ from autotune.probes import Machine
 from autotune.search.objective import Pricing
 from autotune.verify.deadline import Budget
 from autotune.verify.device_room import DeviceRoom
-from autotune.verify.overlap import overlaps
+from autotune.verify.overlap import ahead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Settings:
         configurations ``measured`` (each with its GPU peak in MiB, ``DeviceRoom.of``)."""
         return dataclasses.replace(self, cores=machine.cpu.usable_cores, room=DeviceRoom.of(machine, measured))
 
-    def overlap(self, configs: Sequence[TrialConfig]) -> bool:
-        """Whether the standalone runs of ``configs`` set up while another one measures
+    def ahead(self, configs: Sequence[TrialConfig]) -> int:
+        """How many standalone runs of ``configs`` set up while another one measures
         (``autotune.verify.overlap``)."""
-        return overlaps(cores=self.cores, room=self.room, configs=configs) is None
+        return ahead(cores=self.cores, room=self.room, configs=configs)[0]

@@ -26,7 +26,6 @@ from autotune.trials.progress import Progress, VerifyStep
 from autotune.trials.protocol import ProgressEvent
 from autotune.trials.script_report import ScriptReport
 from autotune.verify import sequential
-from autotune.verify.overlap import overlaps
 from autotune.verify.settings import Settings
 from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
 from autotune.verify.stats import Side, ratio_interval, speedup_interval, spread
@@ -113,14 +112,15 @@ class Pairs:
 
 
 def alternate(runner: ScriptRunner, *, baseline: Script, candidate: Script, pairs: int,
-              seconds: float, workdir: Path, timeout_s: float, overlap: bool = False,
+              seconds: float, workdir: Path, timeout_s: float, ahead: int = 0,
               until: Callable[[Pairs], str | None] = lambda done: None,
               progress: Callable[[str], None] = lambda text: None) -> Pairs:
     """Up to ``pairs`` pairs of runs, each measuring alone on the machine; within a pair the
-    order alternates so that neither side always runs second. With ``overlap`` the next run
-    starts and sets up while the current one trains, and trains once it has ended
-    (``overlaps`` says where that may be). After each pair, ``until`` may end them (it
-    returns why). Raises ScriptFailed naming the side whose run failed."""
+    order alternates so that neither side always runs second. With ``ahead``, that many of
+    the next runs start and set up while the current one trains, each training once the
+    one before it has ended (``overlap.ahead`` says how many may). After each pair,
+    ``until`` may end them (it returns why). Raises ScriptFailed naming the side whose run
+    failed."""
     started = time.monotonic()
     done = Pairs(baseline=[], candidate=[], wall_s=0.0, seconds_per_run=seconds, cap=pairs)
     rates = {"baseline": done.baseline, "candidate": done.candidate}
@@ -134,19 +134,18 @@ def alternate(runner: ScriptRunner, *, baseline: Script, candidate: Script, pair
         return runner.start_script(script.launcher, steps=script.steps(seconds),
                                    workdir=workdir / f"{role}-{i}", timeout_s=timeout_s)
 
-    waiting: ScriptRun | None = None
+    waiting: list[ScriptRun] = []  # started, setting up or set up, in their turns' order
     try:
         for turn, (i, role) in enumerate(turns):
-            if role == turns[2 * i][1]:
+            if turn % 2 == 0:
                 progress(f"standalone pair {i + 1} (at most {pairs}): the emitted script and the "
-                         "baseline's, each alone" + (", the next one setting up meanwhile" if overlap else ""))
+                         "baseline's, each alone" + (", the next ones setting up meanwhile" if ahead else ""))
             script = scripts[role]
-            current, waiting = waiting, None
             try:
-                if overlap:
-                    current = current or start(turn)
-                    if turn + 1 < len(turns):
-                        waiting = start(turn + 1)
+                if ahead:
+                    current = waiting.pop(0) if waiting else start(turn)
+                    while len(waiting) < ahead and turn + 1 + len(waiting) < len(turns):
+                        waiting.append(start(turn + 1 + len(waiting)))
                     report = current.finish()
                 else:
                     report = runner.run_script(script.launcher, steps=script.steps(seconds),
@@ -165,8 +164,8 @@ def alternate(runner: ScriptRunner, *, baseline: Script, candidate: Script, pair
                 if done.stopped:
                     break
     finally:
-        if waiting is not None:
-            waiting.cancel()
+        for run in waiting:
+            run.cancel()
     return done
 
 
@@ -218,12 +217,12 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
             return f"the next pair would overrun, stopped {budget.why}"
         return settled
 
-    apart = overlaps(cores=settings.cores, room=settings.room, configs=[baseline.config, candidate.config])
+    together = settings.ahead([baseline.config, candidate.config])
     try:
         pairs = alternate(
             runner, baseline=baseline, candidate=candidate, pairs=rule.limit,
             seconds=settings.pair_seconds, workdir=workdir,
-            timeout_s=settings.script_timeout_s, overlap=apart is None,
+            timeout_s=settings.script_timeout_s, ahead=together,
             until=until, progress=lambda text: progress(ProgressEvent.STEP, VerifyStep(text)))
     except ScriptFailed as exc:
         if exc.role == "baseline":
@@ -260,7 +259,7 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
                            "baseline": served_baseline.median_samples_per_s / base_alone},
         cap=settings.pairs, stopped=pairs.stopped,
         peak_mb=max(pairs.candidate_peak_mb) if pairs.candidate_peak_mb else None,
-        overlapped=apart is None)
+        overlapped=together > 0)
     detail = figures.to_json()
     if rerun.lower <= 1.0:
         detail["reason"] = (
