@@ -18,7 +18,6 @@ from autotune.sections import MeasureOptions, VerifyOptions
 from autotune.verify import fit, gates, standalone
 from autotune.verify.candidates import batch_rival, choose_candidates
 from autotune.verify.deadline import Budget, Costs
-from autotune.verify.device_room import DeviceRoom
 from autotune.verify.speed import ReferenceSpeed
 from autotune.verify.trainings import slowest_rate
 from autotune.verify.verdict import Verdict
@@ -117,7 +116,7 @@ def recheck(bench: Workbench, verify: VerifyOptions, *, doc: RunDocument, launch
     cfg = config if config is not None else doc.config
     emit_baseline = candidate_emitter(bench.task, bench.machine)
     peaks = [(cfg, doc.best.cuda_peak_mb)] if doc.best else []
-    settings = dataclasses.replace(verify.settings, ablation=False, room=DeviceRoom.of(bench.machine, peaks))
+    settings = dataclasses.replace(verify.settings.on(bench.machine, peaks), ablation=False)
     return gates.verify_candidates(
         bench.runner, baseline=doc.baseline.config, candidates=[cfg], settings=settings,
         has_evaluate=bench.task.has_evaluate,
