@@ -17,6 +17,8 @@
 #   independent bench/independent_speedup.py on fashion's output  -> independent.log
 #   held       bench/held_vs_fresh.py on fashion's output: a held process against fresh
 #              ones, for the emitted configuration and the baseline -> held.log
+#   overlap    bench/overlap_bias.py on fashion's output: a standalone run with the next one
+#              setting up beside it against one alone, paired     -> overlap.log
 #   pytest     tests/test_gpu.py, cheapest tests first             -> pytest.log
 #   tiny_gpt   autotune run examples/tiny_gpt.py --trials 8, its --timeout what is left
 #                                                                 -> tiny_gpt.log (+ its best_config.json)
@@ -34,11 +36,12 @@
 #   PYTHON=python3       the interpreter (torch installed; optuna and jsonschema from .whl/ or installed)
 #   SKIP_WHEELS=1        do not install .whl/*.whl (the interpreter has optuna and jsonschema)
 #   GPU_CHECK_COMMIT=SHA the commit the tree was sent from, for summary.txt (a copy's .git may not know it)
-#   CHECKS="probe fashion independent held pytest tiny_gpt"   the checks to run (in this order)
+#   CHECKS="probe fashion independent overlap held pytest tiny_gpt"   the checks to run (in this order)
 #   FASHION_ARGS="--trials 12 --timeout 300"   FASHION_CAP=330   the README example and the most seconds it gets
 #   FASHION_OUT=DIR      the README example's output folder (default: a temporary one)
 #   INDEPENDENT_ARGS="--pairs 3 --seconds 4"   INDEPENDENT_CAP=120
 #   HELD_ARGS="--visits 2"   HELD_CAP=120
+#   OVERLAP_ARGS="--pairs 3 --seconds 4 --setup 15"   OVERLAP_CAP=150
 #   PYTEST_ARGS='-k "not end_to_end"'   PYTEST_CAP=300   (the examples run end to end above already)
 #   TINY_ARGS="--trials 8"   TINY_CAP=300
 #   GPT2_MFU_ARGS="--config ... --profile ..."   GPT2_MFU_CAP=300   (see bench/gpu_mfu.py)
@@ -189,7 +192,7 @@ for name in ("optuna", "jsonschema", "transformers", "autotune.cli"):
 ' >> "$SUMMARY" 2>&1
 note "--- checks (name, exit code, seconds) from $(elapsed) s"
 
-CHECKS=" ${CHECKS:-probe fashion independent held pytest tiny_gpt} "
+CHECKS=" ${CHECKS:-probe fashion independent overlap held pytest tiny_gpt} "
 wanted() { case $CHECKS in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 FASHION=${FASHION_OUT:-$WORK/fashion}
 
@@ -246,6 +249,17 @@ elif [ -f "$FASHION/best_config.json" ] && [ -f "$FASHION/launch.sh" ]; then
     "$PY" bench/independent_speedup.py "$FASHION" ${INDEPENDENT_ARGS:---pairs 3 --seconds 4}
 else
   note "$(printf '%-12s skipped: fashion left no best_config.json and launch.sh' independent)"
+fi
+
+# --- a run with the next one setting up beside it, against one alone ---------------------------
+if ! wanted overlap; then :
+elif [ -f "$FASHION/best_config.json" ] && [ -f "$FASHION/launch.sh" ]; then
+  # shellcheck disable=SC2086
+  run_check overlap "${OVERLAP_CAP:-150}" "$OUTDIR/overlap.log" \
+    "$PY" bench/overlap_bias.py "$FASHION" ${OVERLAP_ARGS:---pairs 3 --seconds 4 --setup 15}
+  grep -E 'beside/alone|median' "$OUTDIR/overlap.log" | sed 's/^/  /' >> "$SUMMARY"
+else
+  note "$(printf '%-12s skipped: fashion left no best_config.json and launch.sh' overlap)"
 fi
 
 # --- held processes against fresh ones ------------------------------------------------------------
