@@ -290,3 +290,25 @@ def test_no_ablation_variant_runs_as_the_winner_or_the_baseline(readme_runs, nam
 
     held = {cfg for stage, cfg in node.ran if stage.startswith("verify-ablation")}
     assert len({runs_as(c) for c in held}) == len(held), sorted(c.short() for c in held)
+
+
+def test_verification_at_its_least_leaves_the_search_most_of_a_short_timeout(monkeypatch, tmp_path):
+    """What --timeout's reserve keeps for verification at its least, on one H100 for the
+    README example: the fewest pairs (3), each run but the first set up while another
+    trains, the held configurations set up at once. It was 219 simulated seconds where
+    every standalone run started after the one before it, five pairs at the least, and
+    every held process paid a start of its own; the estimate no longer jumps to that once
+    the search has seen a fresh process's start."""
+    from autotune.verify import fit, reserve
+
+    seen: list[float] = []
+    least = fit.least
+
+    def spy(*args, **kwargs):
+        seen.append(least(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(reserve.fit, "least", spy)
+    doc, node = readme_run(load_task(EXAMPLES / "fashion_cnn.py"), "h100x1", tmp_path, timeout_s=300.0)
+    assert doc["verified"] and seen
+    assert max(seen[-3:]) <= 80, seen[-3:]

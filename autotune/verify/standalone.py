@@ -30,8 +30,8 @@ from autotune.verify.settings import Settings
 from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
 from autotune.verify.stats import Side, ratio_interval, speedup_interval, spread
 
-# The standalone pairs must show the candidate faster: the median's distribution-free
-# interval (with 5 or 6 pairs, the lowest and highest ratio) must exclude 1.
+# A candidate settled slower: the median's distribution-free interval at this level lies
+# below 1 (sequential.PairsRule).
 STANDALONE_CONFIDENCE = 0.9
 # The printed interval: where a re-measurement of as many pairs lands, and the figure it
 # stays above, at this level (stats.speedup_interval).
@@ -197,13 +197,14 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
           served_baseline: ReferenceSpeed, settings: Settings, workdir: Path,
           progress: Progress) -> Check:
     """The emitted launch.sh against the baseline's script, each run alone, alternating
-    (``alternate``). It must run, and be faster: the interval of the pairs'
-    ratios must exclude 1. Its median, the figure a re-run stays above and the interval a
-    re-run lands in (``stats.speedup_interval``) are the speedup autotune prints.
-    ``served`` and ``served_baseline`` are the side-by-side measurements, kept beside
-    the standalone ones: their quotient is how far the cheap ranking strayed. A pass runs
-    every pair up to --pairs (``sequential.PairsRule``); under --timeout they stop, never
-    below the fewest, when the next pair would overrun."""
+    (``alternate``; on a GPU node with cores and memory to spare the next runs set up while
+    one trains, ``overlap.ahead``). It must run, and the figure a re-run stays above
+    (``stats.speedup_interval``, at ``RERUN_LEVEL``) must be over 1x: that figure, the
+    median and the interval a re-run lands in are the speedup autotune prints. ``served``
+    and ``served_baseline`` are the side-by-side measurements, kept beside the standalone
+    ones: their quotient is how far the cheap ranking strayed. The pairs stop once the
+    figure is settled (``sequential.PairsRule``); under --timeout they stop, never below
+    the fewest, when the next pair would overrun."""
     rule = sequential.PairsRule(cap=settings.pairs, level=RERUN_LEVEL, confidence=STANDALONE_CONFIDENCE)
     budget = settings.budget
     began = budget.clock() if budget is not None else 0.0
