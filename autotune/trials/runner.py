@@ -84,8 +84,9 @@ def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
     """Run an emitted launch.sh for a few steps, from ``cwd`` (default: this process's
     working directory, where the user runs it from); returns its JSON report, written
     with its log into ``workdir`` (``ScriptProcess``)."""
-    return start_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s, cwd=cwd,
-                          extra=extra).finish()
+    with measure_lock.held():  # before it starts: a run let go at once trains at once
+        return start_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s, cwd=cwd,
+                              extra=extra).finish()
 
 
 def start_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float, cwd: Path | None = None,

@@ -155,9 +155,9 @@ PAIRS_EXTEND = 2
 class PairsRule:
     """The standalone pairs. The candidate passes when the figure a re-run stays above
     (``stats.speedup_interval``'s ``lower``, at ``level``) is above 1. From ``fewest`` pairs
-    on, they stop once that is settled: the figure clears 1 by ``PAIRS_MARGIN``, or it
-    cannot clear 1 even at ``limit`` pairs spread as these were (nor the median's
-    distribution-free interval, at ``confidence``, reach above 1). At ``cap`` (--pairs) a
+    on, they stop once the figure clears 1 by ``PAIRS_MARGIN``; from ``FEWEST`` on, also once
+    the median's distribution-free interval (at ``confidence``) lies below 1, or the figure
+    cannot clear 1 even at ``limit`` pairs spread as these were. At ``cap`` (--pairs) a
     figure that clears 1 stops them; one that does not but could goes on to ``limit``.
 
     Stopping once the figure clears is safe where a pass ran to the cap was not: the figure
