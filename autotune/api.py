@@ -34,7 +34,7 @@ def tune(
             optionally ``evaluate`` and the rest of the contract).
         trials: How many configurations the search measures.
         timeout: The whole run's limit in seconds, verification included (the search
-            gets 30% of it; verification's stages are fitted to the rest); None for none.
+            gets half of it; verification's stages are fitted to the rest); None for none.
         out: The output folder; default ``autotune-out/<model file's name>``.
         fix: Knobs pinned to one value, as a mapping (``{"batch_size": 64}``) or spelled
             as on the command line (``["batch_size=64"]``).

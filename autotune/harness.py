@@ -31,6 +31,11 @@ def setup_hang_limit(task: Task) -> float:
     return max(60.0, 5 * task.check_s)
 
 
+# In the output folder: torch.compile's cache, shared by the run's processes (and a resumed
+# run's): a configuration compiled once compiles from it in verification and the scripts.
+COMPILE_CACHE = "compile-cache"
+
+
 def make_runner(task: Task, machine: Machine, out: Path, measure: MeasureOptions) -> TrialRunner:
     """The trial runner for ``task`` on ``machine``, its trials under ``out``/trials, measuring
     as the run's measurement section says (a re-verification takes the same section)."""
@@ -38,7 +43,7 @@ def make_runner(task: Task, machine: Machine, out: Path, measure: MeasureOptions
         model_file=task.path, machine=machine, workdir=out / "trials",
         measurement=Measurement(window_s=measure.window_s, windows=measure.windows),
         timeout_s=measure.trial_timeout_s, hang_s=measure.hang_timeout_s, setup_hang_s=setup_hang_limit(task),
-        memory_limit_bytes=memory_limit(machine), warm=measure.warm,
+        memory_limit_bytes=memory_limit(machine), warm=measure.warm, compile_cache=out / COMPILE_CACHE,
     )
 
 

@@ -23,11 +23,10 @@ from autotune.runtime.knobs import LrScaling, Precision
 # shell's history and the process list.
 STORAGE_ENV = "AUTOTUNE_STORAGE"
 # The search's share of --timeout at most (less where verification's least needs more);
-# verification gets the rest (autotune.verify.deadline).
-# Verification at its smallest still starts a dozen or so processes (the gates'
-# trajectories, the side-by-side session, the standalone pairs), about as many as the
-# search's first trials: most of a short budget goes to it.
-SEARCH_SHARE = 0.3
+# verification gets the rest (autotune.verify.deadline), and fits its stages to it.
+# Half: what the search does not find, verification cannot verify; and verification at its
+# least (the reserve keeps it) is far less than half of a few minutes.
+SEARCH_SHARE = 0.5
 
 
 _UNITS = {"k": 2**-10, "m": 1.0, "g": 2**10, "t": 2**20}

@@ -210,6 +210,7 @@ def build_space(
     batch_range: tuple[int, int] | None = None,
     scale_lr: str = LrScaling.NONE.value,
     optimizer: str = conditional.DEFAULT_OPTIMIZER,
+    convolutions: bool = True,
 ) -> Space:
     """The space for ``machine`` (a probe, or its saved document) and the model.
 
@@ -220,7 +221,8 @@ def build_space(
     (``--batch-range``), else a quarter to eight times theirs. ``scale_lr``: how the learning
     rate follows each configuration's batch size from the user's (``--scale-lr``); the
     baseline carries it, and so every configuration made from it. ``optimizer``: the model
-    file's optimizer class (Task.optimizer), whose step may be fused."""
+    file's optimizer class (Task.optimizer), whose step may be fused. ``convolutions``: whether
+    the model has convolution layers, whose algorithms cuDNN's benchmark picks."""
     probe = as_machine(machine)
     pins = dict(fixed or {})
     if exact:
@@ -256,7 +258,7 @@ def build_space(
         "allocator": allocator_choice(device, probe.allocators),
         "affinity": affinity_choice(device),
         "ipex": ipex_choice(device, probe.ipex),
-        "cudnn_benchmark": cudnn_benchmark_choice(device),
+        "cudnn_benchmark": cudnn_benchmark_choice(device, convolutions=convolutions),
         "activation_checkpointing": checkpointing_choice(blocks),
         "grad_accum": grad_accum_choice(batchnorm_layers),
         "sharding": sharding_choice(max_ranks),

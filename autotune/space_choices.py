@@ -175,11 +175,11 @@ def backend_choice(device: str, backends: Mapping[str, bool], max_ranks: int) ->
 
 def num_workers_choice(device: str, cores: int, gpu_count: int) -> KnobChoice:
     """DataLoader workers: on CPU none up to one per core, at most 4 (they take cores from
-    the training threads); on GPUs, where the host cores only feed the devices, up to 8
-    per rank within each rank's share of the cores."""
+    the training threads); on GPUs, where the host cores only feed the devices, powers of
+    two up to each rank's share of the cores, and that share itself (12 of 12 cores a GPU)."""
     if device == Device.CUDA:
         per_rank = max(1, cores // max(1, gpu_count))
-        return KnobChoice([n for n in (0, 1, 2, 4, 8) if n <= max(1, per_rank)])
+        return KnobChoice(sorted({0, per_rank} | {2**i for i in range(per_rank.bit_length()) if 2**i <= per_rank}))
     return KnobChoice(list(range(min(cores, 4) + 1)))
 
 
@@ -213,10 +213,16 @@ def compile_choice(device: str, compiler: CompilerCheck) -> KnobChoice:
     return KnobChoice(modes, {"compile=reduce-overhead": "CUDA graphs: a no-op on CPU"})
 
 
-def cudnn_benchmark_choice(device: str) -> KnobChoice:
+def cudnn_benchmark_choice(device: str, *, convolutions: bool = True) -> KnobChoice:
     """cuDNN's per-shape algorithm search: off by PyTorch's default (and the baseline's),
-    searched on GPUs, where it pays for fixed-shape convolutions and costs at each new shape."""
-    return KnobChoice([False, True] if device == Device.CUDA else [])
+    searched on GPUs, where it pays for fixed-shape convolutions and costs at each new shape;
+    a model without convolutions gives it nothing to choose."""
+    if device != Device.CUDA:
+        return KnobChoice([])
+    if not convolutions:
+        return KnobChoice([], {"cudnn_benchmark": "the model has no convolution layers for cuDNN's benchmark "
+                                                  "to choose algorithms for"})
+    return KnobChoice([False, True])
 
 
 def precision_choice(device: str, gpus: Sequence[GpuInfo], isa: Mapping[str, bool], *,

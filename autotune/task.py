@@ -57,6 +57,9 @@ class Task:
     # AdamW, the runtime's own, without one): whether its step can be fused
     # (autotune.space_conditional), known here without building it again.
     optimizer: str = DEFAULT_OPTIMIZER
+    # Whether the model has convolution layers: cuDNN's benchmark picks their algorithms,
+    # and does nothing for a model without them (True where not known).
+    convolutions: bool = True
     check_s: float = 0.0  # how long the check took: import, build_dataset, build_model, a step
 
 
@@ -82,7 +85,8 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
                 image_inputs=checked.image_inputs, has_evaluate=checked.has_evaluate,
                 parameters=checked.parameters, batchnorm_layers=checked.batchnorm_layers,
                 blocks=checked.blocks, has_training_step=checked.has_training_step,
-                optimizer=checked.optimizer, check_s=time.monotonic() - started)
+                optimizer=checked.optimizer, convolutions=checked.convolutions,
+                check_s=time.monotonic() - started)
 
 
 def _check_source(path: Path) -> None:

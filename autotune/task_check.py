@@ -217,6 +217,7 @@ def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
                                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)),
         blocks=tuple(block_names(model)),
         optimizer=optimizer,
+        convolutions=any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()),
     )
 
 

@@ -25,6 +25,7 @@ class CheckedFile:
     batchnorm_layers: tuple[str, ...] = ()
     blocks: tuple[str, ...] = ()
     optimizer: str = DEFAULT_OPTIMIZER
+    convolutions: bool = True
 
     def to_json(self) -> JsonObject:
         return {
@@ -37,6 +38,7 @@ class CheckedFile:
             "batchnorm_layers": list(self.batchnorm_layers),
             "blocks": list(self.blocks),
             "optimizer": self.optimizer,
+            "convolutions": self.convolutions,
         }
 
     @classmethod
@@ -51,6 +53,7 @@ class CheckedFile:
             batchnorm_layers=tuple(doc.get("batchnorm_layers", ())),
             blocks=tuple(doc.get("blocks", ())),
             optimizer=doc.get("optimizer", DEFAULT_OPTIMIZER),
+            convolutions=bool(doc.get("convolutions", True)),
         )
 
 

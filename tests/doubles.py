@@ -9,7 +9,8 @@ inherits the rest from ``RunnerDouble``, which fails loudly instead of guessing.
 - ``StandIn``: measures nothing. A configuration runs at ``throughput(cfg)`` after a
   one-time cost of ``one_time_s(cfg)`` (none unless a subclass models one: a compile);
   its losses track fp32's or, with ``diverge``, reduced precision grows from the first
-  step, and evaluate() falls with it. The base of ``StandInRunner`` and of the simulated GPU node
+  step, and evaluate() falls with it; a profiled run (``profile=True``) reports
+  ``step_profile(cfg)``, the ``profiles`` given (None by default). The base of ``StandInRunner`` and of the simulated GPU node
   (tests/simulated_gpu_node.py).
 - ``StandInRunner``: the whole pipeline on a recorded machine (``recorded_machine``);
   ``tune_stand_in`` runs it.
@@ -31,8 +32,10 @@ from autotune import pipeline
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.report.console import Reporter
+from autotune.runtime.step_profile import StepProfile
 from autotune.task import Task
 from autotune.trials.events import DoneEvent, SetupEvent, WarmupEvent
+from autotune.trials.protocol import Mode
 from autotune.trials.runner import LiveTrialLike, TrialResult
 from autotune.trials.script_report import ScriptReport
 
@@ -56,7 +59,7 @@ class RunnerDouble:
 
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
-            timeout_s: float | None = None) -> TrialResult:
+            timeout_s: float | None = None, profile: bool = False) -> TrialResult:
         raise NotImplementedError(f"{type(self).__name__} runs no trial ({name})")
 
     def start(self, cfg: TrialConfig, *, name: str, mode: Any = None) -> LiveTrialLike:
@@ -111,10 +114,16 @@ class StandIn(RunnerDouble):
 
     diverge: bool = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, profiles: Callable[[TrialConfig], StepProfile | None] = lambda cfg: None) -> None:
         self.gated: list[TrialConfig] = []  # configurations the gates trained
         self.measured: list[TrialConfig] = []  # configurations the search measured
+        self.profiled: list[TrialConfig] = []  # configurations run with profile=True
         self.limits: list[tuple[TrialConfig, float | None]] = []  # each run's timeout_s, as given
+        self.profiles = profiles  # what a profiled run of a configuration reports
+
+    def step_profile(self, cfg: TrialConfig) -> StepProfile | None:
+        """Where a profiled run of ``cfg`` finds its step going: the ``profiles`` given."""
+        return self.profiles(cfg)
 
     def throughput(self, cfg: TrialConfig) -> float:
         raise NotImplementedError
@@ -154,9 +163,14 @@ class StandIn(RunnerDouble):
         return [2.3 * 0.97 ** i * (1 + wobble * (-1) ** i) for i in range(steps)]
 
     def result(self, cfg: TrialConfig, *, on_window: Any = None, trajectory_steps: int | None = None,
-               quality_steps: int | None = None) -> TrialResult:
+               quality_steps: int | None = None, profile: bool = False) -> TrialResult:
         """A trial of ``cfg`` in the mode the arguments ask: a loss trajectory, a quality
-        run, or three measured windows (reported to ``on_window``, which may prune)."""
+        run, a profiled window (``step_profile(cfg)``, no measurement), or three measured
+        windows (reported to ``on_window``, which may prune)."""
+        if profile:
+            self.profiled.append(cfg)
+            return TrialResult(status="ok", done=DoneEvent(mode=Mode.PROFILE, step_profile=self.step_profile(cfg),
+                                                           samples_per_s=self.throughput(cfg)))
         if trajectory_steps is not None:
             self.gated.append(cfg)
             return TrialResult(status="ok", done=DoneEvent.from_json({"losses": self.losses(cfg, trajectory_steps)}))
@@ -184,8 +198,9 @@ class StandInRunner(StandIn):
     an H100)."""
 
     def __init__(self, doc: dict, *, diverge: bool = False,
-                 served: Callable[[TrialConfig], float] = lambda cfg: 1.0) -> None:
-        super().__init__()
+                 served: Callable[[TrialConfig], float] = lambda cfg: 1.0,
+                 profiles: Callable[[TrialConfig], StepProfile | None] = lambda cfg: None) -> None:
+        super().__init__(profiles=profiles)
         self.doc, self.diverge = doc, diverge
         self.served = served  # held side by side, a configuration runs this much faster
         self.scripts: list[Path] = []
@@ -202,10 +217,10 @@ class StandInRunner(StandIn):
         return cfg.threads or self.doc["cpu"]["usable_cores"]
 
     def run(self, cfg, *, name, on_window=None, trajectory_steps=None, quality_steps=None, timeout_s=None,
-            **kw):
+            profile=False, **kw):
         self.limits.append((cfg, timeout_s))
         return self.result(cfg, on_window=on_window, trajectory_steps=trajectory_steps,
-                           quality_steps=quality_steps)
+                           quality_steps=quality_steps, profile=profile)
 
     def start(self, cfg, *, name, mode=None, **kw):
         return ServedTrial(self.throughput(cfg) * self.served(cfg))

@@ -152,7 +152,7 @@ def test_the_report_shows_where_the_picks_step_goes(tuned):
         assert shares["attention"] > 0
     assert tuned.result.document["step_profile"] == profile
     report = (tuned.out / "report.md").read_text()
-    assert "Where the step goes" in report and "matrix products (mm, linear, convolutions)" in report
+    assert "Where the step goes" in report and "matrix products (mm, linear)" in report
     assert "where the step goes (" in report  # the advice's line
     assert (tuned.out / "profile" / "script-log.txt").is_file()
 def test_a_real_runs_summary_shows_the_baselines_and_the_picks_share_of_the_measured_peak(tuned):

@@ -111,7 +111,10 @@ def test_without_evaluate_the_batch_stays_within_eight_times_and_a_faster_one_is
     assert runner.ramped == [16, 32, 64, 128, 256]  # one step beyond 128, to know
     assert doc["space"]["included"]["batch_size"] == [4, 8, 16, 32, 64, 128]
     assert doc["config"]["batch_size"] <= 128
-    assert doc["batch"]["unchecked"].startswith("a larger batch was faster but unchecked: batch 256 ran at")
+    unchecked = doc["batch"]["unchecked"]
+    assert unchecked.startswith("a larger batch was faster but unchecked: batch 256 ran "), unchecked
+    # how much faster than the user's configuration, and the flag that would allow it
+    assert "x your speed" in unchecked and "--batch-range 4-256" in unchecked and "evaluate()" in unchecked
 
 
 def test_a_larger_batch_that_learns_less_is_rejected_with_both_metrics_and_linear_scaling_rescues_it(tmp_path):
@@ -169,7 +172,7 @@ def test_the_ramp_measures_in_short_windows_whatever_the_search_uses_and_gives_t
 
 def test_the_ramp_starts_no_step_after_its_share_of_the_timeout():
     runner = Rising(recorded_machine("avx2_epyc"), knee=4096)
-    found = batch_range.ramp(runner, TrialConfig(batch_size=16), most=16 * 1024, limit=None, ends_at=0.0)
+    found = batch_range.ramp(runner, TrialConfig(batch_size=16), most=16 * 1024, limit=None, for_s=0.0)
     assert runner.ramped == [16] and found.stopped == "its share of --timeout was spent at batch 16"
 
 
@@ -182,3 +185,44 @@ def test_the_default_range_kept_after_an_early_flat_stops_at_the_dataset(tmp_pat
     assert runner.ramped == [16, 32, 64]
     assert doc["space"]["included"]["batch_size"] == [4, 8, 16, 32, 64]
     assert doc["space"]["excluded"]["batch_size>64"] == "larger than the dataset"
+
+
+def test_the_ramp_has_its_share_of_the_timeout_from_its_own_start(monkeypatch):
+    """What ran before it (the probe, the model file's check) does not shorten the ramp:
+    each step here takes 4 s of a clock that read 1,000 s when the ramp began."""
+    clock = [1000.0]
+    monkeypatch.setattr(batch_range.time, "time", lambda: clock[0])
+
+    class Slow(Rising):
+        def run(self, cfg, **kw):
+            clock[0] += 4.0
+            return super().run(cfg, **kw)
+
+    runner = Slow(recorded_machine("avx2_epyc"), knee=4096)
+    found = batch_range.ramp(runner, TrialConfig(batch_size=16), most=16 * 1024, limit=None, for_s=10.0)
+    assert runner.ramped == [16, 32, 64], found.stopped
+    assert found.stopped == "its share of --timeout was spent at batch 64"
+
+
+def test_on_a_gpu_the_ramp_stops_where_device_memory_is_nearly_full():
+    """Each sample holds 10 MiB beside 2 GiB of weights on an 80 GiB GPU: the ramp stops
+    before the batch whose peak would pass 90% of it, without running out of memory."""
+    class Filling(Rising):
+        def measured_done(self, cfg):
+            return {**super().measured_done(cfg), "cuda_peak_mb": 2048.0 + 10.0 * cfg.batch_size,
+                    "cuda_total_mb": 81559.0}
+
+    runner = Filling(recorded_machine("h100x1"), knee=1 << 20)
+    start = TrialConfig(batch_size=64, device="cuda", backend="nccl")
+    found = batch_range.ramp(runner, start, most=64 * 1024, limit=None)
+    assert runner.ramped[-1] == 4096, runner.ramped  # 8192 would need about 84 GiB
+    assert found.memory_bound and found.stopped.startswith("device memory is nearly full at batch 4096")
+
+
+def test_on_a_gpu_without_evaluate_the_ramp_climbs_to_the_knee_and_names_it():
+    """Without evaluate() the search stays within eight times the user's batch; on a GPU
+    the ramp still climbs to where throughput stops rising (a CPU's stops one step beyond
+    what may be emitted), and the summary names the faster batch with the flag that allows it."""
+    assert batch_range.most_tried(16, dataset_len=None, has_evaluate=False) == 256
+    assert batch_range.most_tried(16, dataset_len=None, has_evaluate=False, gpu=True) == 16 * 1024
+    assert batch_range.most_tried(16, dataset_len=60_000, has_evaluate=False, gpu=True) == 16 * 1024

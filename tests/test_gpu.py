@@ -49,7 +49,7 @@ needs_eight = pytest.mark.skipif(GPUS < 8, reason="needs eight GPUs")
 # Short windows and few pairs: these tests ask whether every stage runs, not how fast.
 QUICK = ["--window", "0.3", "--windows", "2", "--rounds", "2", "--pairs", "2", "--pair-seconds", "2",
          "--trial-timeout", "90"]
-# An end-to-end run's whole budget (--timeout: the search gets 30% of it, verification is
+# An end-to-end run's whole budget (--timeout: the search gets half of it, verification is
 # fitted to the rest), and how long its process may take beyond it before the test fails.
 RUN_TIMEOUT_S = 50
 RUN_OVERRUN_S = 100

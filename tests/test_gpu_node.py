@@ -225,8 +225,10 @@ def test_the_readme_example_verifies_within_minutes_on_a_simulated_gpu_node(read
     verify_from = next(t for n, t in node.timeline if n.startswith("verify-"))
     # verification, from the gates to the last standalone pair, in simulated seconds (925 and
     # 973 where every visit of a GPU configuration was a fresh process, 495 and 570 where
-    # every standalone pair ran to --pairs, each run set up after the one before it ended)
-    assert node.clock - verify_from <= {"h100x1": 340, "h100x8": 500}[name], node.clock - verify_from
+    # every standalone pair ran to --pairs, each run set up after the one before it ended;
+    # the pick on one GPU is now the expert's recipe, compiled, at the batch range's knee:
+    # its ablation reverts more knobs, each variant compiling from the cache)
+    assert node.clock - verify_from <= {"h100x1": 380, "h100x8": 500}[name], node.clock - verify_from
     # "verified": the figure a re-run stays above clears 1x, from the fewest pairs on
     assert doc["speedup"]["lower_bound"] > 1.0 and doc["speedup"]["pairs"] >= sequential.PAIRS_FEWEST
     # no window was measured while another process ran on one of its GPUs
@@ -298,7 +300,9 @@ def test_verification_at_its_least_leaves_the_search_most_of_a_short_timeout(mon
     trains, the held configurations set up at once. It was 219 simulated seconds where
     every standalone run started after the one before it, five pairs at the least, and
     every held process paid a start of its own; the estimate no longer jumps to that once
-    the search has seen a fresh process's start."""
+    the search has seen a fresh process's start. It counts each gate's training whose process
+    knobs differ from the one before it as a fresh process, as the node runs it: counted at a
+    warm trial's start, the search stopped too late and the run overran --timeout 300 by 52 s."""
     from autotune.verify import fit, reserve
 
     seen: list[float] = []
@@ -311,4 +315,4 @@ def test_verification_at_its_least_leaves_the_search_most_of_a_short_timeout(mon
     monkeypatch.setattr(reserve.fit, "least", spy)
     doc, node = readme_run(load_task(EXAMPLES / "fashion_cnn.py"), "h100x1", tmp_path, timeout_s=300.0)
     assert doc["verified"] and seen
-    assert max(seen[-3:]) <= 80, seen[-3:]
+    assert max(seen[-3:]) <= 125, seen[-3:]

@@ -99,11 +99,17 @@ def test_reduced_precision_whose_numerics_pass_is_emitted(task, name, tmp_path):
         assert f"tracked the fp32 {where} reference" in doc["precision"]["checked"]
         assert "evaluate() 0.9 vs 0.9" in doc["precision"]["checked"]
         assert "--exact" in doc["precision"]["opt_out"]
-        # every precision the machine offers was measured early, at two batch sizes (after the
-        # batch range's measurements)
+        # every precision the machine offers was measured early (after the batch range's
+        # measurements), at two batch sizes; on GPUs at the batch range's fastest alone, once
+        # it ran faster than the user's: the user's batch leaves the device idle
         ramped = len(doc["batch"]["ramp"]["rates"])
+        early = runner.measured[ramped:ramped + 12]
         for p in EXPECTED_PRECISIONS[name][1:]:
-            assert len({c.batch_size for c in runner.measured[ramped:ramped + 12] if c.precision == p}) >= 2, p
+            sizes = {c.batch_size for c in early if c.precision == p}
+            if chosen.device == "cuda":
+                assert sizes and task.batch_size not in sizes, (p, sizes)
+            else:
+                assert len(sizes) >= 2, p
     # nothing rejected for a gate the user did not ask for
     for reason in _rejections(doc):
         assert "--max-quality-drop" not in reason and "evaluate(model)" not in reason, reason

@@ -11,12 +11,12 @@ import pytest
 
 from autotune import schemas
 from autotune.config import TrialConfig
-from autotune.document.profile import StepProfile
 from autotune.options import RunOptions
 from autotune.report import advice
 from autotune.report.files import report_tables
 from autotune.report.profile import advice_lines
 from autotune.runtime.shares import DATA_WAIT, STEP, WINDOW, Category, Event, EventKind, category_of, step_shares
+from autotune.runtime.step_profile import StepProfile
 
 from helpers import MODELS, emit_outputs, run_launch_sh
 from recorded_run import load_doc
@@ -35,7 +35,7 @@ def recorded(name: str) -> list[Event]:
     ("fmha_cutlassF_f32_aligned_64x64_rf_sm80", Category.ATTENTION),  # a cutlass kernel, but attention's
     ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", Category.ATTENTION),
     ("aten::linear", Category.MATMUL),
-    ("autograd::engine::evaluate_function: ConvolutionBackward0", Category.MATMUL),
+    ("autograd::engine::evaluate_function: ConvolutionBackward0", Category.CONVOLUTION),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", Category.MATMUL),
     ("Optimizer.step#AdamW.step", Category.OPTIMIZER),
     ("Optimizer.zero_grad#SGD.zero_grad", Category.OPTIMIZER),
@@ -75,6 +75,78 @@ def test_recorded_cpu_events_divide_the_window_once_with_sdpa_in_attention():
     assert shares.ms[Category.COMMUNICATION] == 0.0
 
 
+@pytest.mark.parametrize(("name", "category"), [
+    # the host's ops, as torch names them on CPU and CUDA
+    ("aten::conv2d", Category.CONVOLUTION),
+    ("aten::mkldnn_convolution", Category.CONVOLUTION),
+    ("aten::cudnn_convolution", Category.CONVOLUTION),
+    ("aten::convolution_backward", Category.CONVOLUTION),
+    ("mkldnn::_convolution_pointwise", Category.CONVOLUTION),  # a compiled region's conv on CPU
+    # cuDNN's and PyTorch's convolution kernels
+    ("void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, false, false, true>",
+     Category.CONVOLUTION),
+    ("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>", Category.CONVOLUTION),
+    ("void cudnn::detail::dgrad_engine<float, 128, 6, 7, 3, 3, 5, false>", Category.CONVOLUTION),
+    ("void cudnn::detail::wgrad_alg0_engine<float, 128, 6, 8, 3, 3, 5, false, 512>", Category.CONVOLUTION),
+    ("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x16_stage4", Category.CONVOLUTION),
+    ("sm90_xmma_dgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nchw", Category.CONVOLUTION),
+    ("sm80_xmma_wgrad_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw", Category.CONVOLUTION),
+    ("ampere_scudnn_128x64_relu_interior_nn_v1", Category.CONVOLUTION),
+    ("void cutlass_cudnn_infer::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_64x64_16x10_nhwc_align4>",
+     Category.CONVOLUTION),
+    ("void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)2>",
+     Category.CONVOLUTION),  # the layout transposes cuDNN runs for an NCHW convolution
+    ("void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel<3, float, int>", Category.CONVOLUTION),
+    ("void at::native::im2col_kernel<float>", Category.CONVOLUTION),
+    # gemms stay matrix products, "convert" is no convolution, cuDNN's batch norm is not one
+    ("sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x16_warpgroupsize1x1x1_execute_segment_k_off",
+     Category.MATMUL),
+    ("ampere_sgemm_128x64_nn", Category.MATMUL),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align2>", Category.MATMUL),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::convert_kernel>", None),
+    ("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 512, true, 1>", None),
+    # cuDNN's attention kernels are attention's, checked first
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64", Category.ATTENTION),
+])
+def test_convolutions_are_told_from_matrix_products_by_their_names(name, category):
+    assert category_of(name) == category
+
+
+def test_recorded_cpu_events_of_a_conv_model_put_most_of_the_step_in_convolutions():
+    """Two steps of a small CNN (two 3x3 conv2d layers, a linear head, SGD) on one thread,
+    as torch 2.13's profiler recorded them: aten::conv2d (holding mkldnn_convolution) and
+    ConvolutionBackward0 are convolution, most of the step; the head's linear is matmul."""
+    events = recorded("cpu_conv.json")
+    shares = step_shares(events)
+    assert shares.steps == 2 and shares.source == "cpu ops"
+    assert sum(shares.shares.values()) == pytest.approx(1.0, abs=1e-6)
+
+    def total_ms(name: str) -> float:
+        return sum(e.duration for e in events if e.name == name) / 1000.0
+
+    assert shares.ms[Category.CONVOLUTION] == pytest.approx(
+        total_ms("aten::conv2d") + total_ms("autograd::engine::evaluate_function: ConvolutionBackward0"))
+    assert shares.shares[Category.CONVOLUTION] > 0.5
+    assert max(shares.shares, key=lambda c: shares.shares[c]) == Category.CONVOLUTION
+    assert 0 < shares.ms[Category.MATMUL] < 0.1 * shares.ms[Category.CONVOLUTION]
+    assert shares.ms[Category.ATTENTION] == 0.0
+
+
+def test_a_profile_written_before_convolutions_had_a_category_reads_back_and_conforms():
+    doc = load_doc()
+    old = {"step_ms": 4.0, "steps": 20, "device": "cpu", "source": "cpu ops", "measured_step_ms": 4.1,
+           "shares": {"matmul": 0.6, "attention": 0.0, "other": 0.2, "optimizer": 0.1, "data_wait": 0.05,
+                      "communication": 0.0, "idle": 0.05}}
+    written = {**doc.to_json(), "step_profile": old}
+    assert schemas.problem(written, "best_config") is None
+    read = type(doc).from_json(written)
+    assert read.step_profile is not None and read.step_profile.share(Category.CONVOLUTION) == 0.0
+    assert read.step_profile.share(Category.MATMUL) == 0.6
+    assert type(doc).from_json(read.to_json()) == read
+    assert ["convolutions (conv, cuDNN)", "0.0%", "0.00"] not in next(
+        t for t in report_tables(read, None) if t.title == "Where the step goes").rows
+
+
 def _gpu_timeline() -> list[Event]:
     """One step on a GPU, microseconds: the host waits for data over [0, 100) and
     [500, 600); kernels on two streams, with gaps."""
@@ -101,7 +173,8 @@ def test_gpu_kernels_divide_the_window_and_its_gaps_are_data_wait_or_idle():
     shares = step_shares(_gpu_timeline())
     assert shares.source == "gpu kernels" and shares.steps == 1 and shares.window_ms == pytest.approx(1.0)
     expected_us = {Category.MATMUL: 200, Category.ATTENTION: 100, Category.OPTIMIZER: 50,
-                   Category.COMMUNICATION: 50, Category.OTHER: 300, Category.DATA_WAIT: 200, Category.IDLE: 100}
+                   Category.COMMUNICATION: 50, Category.OTHER: 300, Category.DATA_WAIT: 200, Category.IDLE: 100,
+                   Category.CONVOLUTION: 0}
     assert {c: round(v * 1000) for c, v in shares.ms.items()} == expected_us
     assert sum(shares.shares.values()) == pytest.approx(1.0)
 
@@ -145,7 +218,7 @@ def test_the_emitted_script_profiles_a_window_whose_shares_add_up_to_its_measure
     assert profile["device"] == "cpu" and profile["source"] == "cpu ops" and profile["steps"] >= 5
     explained_ms = sum(profile["shares"].values()) * profile["step_ms"]
     assert explained_ms == pytest.approx(profile["measured_step_ms"], rel=0.1)
-    for category in ("matmul", "optimizer", "data_wait"):
+    for category in ("convolution", "matmul", "optimizer", "data_wait"):
         assert profile["shares"][category] > 0, category
     assert profile["shares"]["communication"] == 0 and profile["shares"]["attention"] == 0
 
@@ -179,12 +252,32 @@ def test_the_step_profile_is_in_best_config_json_the_report_and_the_advice():
     broken = {**written, "step_profile": {**written["step_profile"], "shares": {"matmul": 1.0}}}
     assert "'attention' is a required property" in schemas.problem(broken, "best_config")
     table = next(t for t in report_tables(doc, None) if t.title == "Where the step goes")
-    assert table.rows[0] == ["matrix products (mm, linear, convolutions)", "52.0%", "2.08"]
+    assert table.rows[0] == ["matrix products (mm, linear)", "52.0%", "2.08"]
     assert ["waiting for data (next batch)", "38.0%", "1.52"] in table.rows
     lines = advice.advise(doc)
     assert any(line.startswith("where the step goes (4.00 ms, profiled)") for line in lines)
     assert any("waits on the DataLoader 38% of the time" in line and "__getitem__" in line for line in lines)
     assert not any("DataLoader" in line for line in advice.advise(_profiled(0.05)))
+
+
+def test_a_convolution_bound_step_is_advised_with_what_its_convolutions_run_with():
+    doc = load_doc()  # bf16 and channels_last on, on CPU
+    shares = {c.value: 0.0 for c in Category}
+    shares.update(convolution=0.7, matmul=0.1, other=0.2)
+    profile = StepProfile(step_ms=4.0, steps=20, device="cpu", source="cpu ops", shares=shares)
+    table = next(t for t in report_tables(dataclasses.replace(doc, step_profile=profile), None)
+                 if t.title == "Where the step goes")
+    assert table.rows[0] == ["convolutions (conv, cuDNN)", "70.0%", "2.80"]
+    picked = advice.advise(dataclasses.replace(doc, step_profile=profile))
+    assert "  convolutions take 70% of the step: they run in bf16, channels_last on; the search's space held no " \
+           "other layout, cuDNN benchmark or 16-bit precision for them." in picked
+    plain = dataclasses.replace(doc, step_profile=profile, config=doc.config.replace(precision="fp32",
+                                                                                      channels_last=False))
+    assert any("they run in fp32, channels_last off; the search's space held channels_last=true, precision=bf16 "
+               "as well" in line for line in advice.advise(plain))
+    small = {**shares, "convolution": 0.3, "other": 0.6}
+    assert not any("convolutions take" in line for line in advice.advise(
+        dataclasses.replace(doc, step_profile=dataclasses.replace(profile, shares=small))))
 
 
 def test_the_data_advice_says_what_the_search_did_with_more_workers():

@@ -18,6 +18,7 @@ from autotune.document.plan import PlannedRun
 from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
 from autotune.document.utilisation import Utilisation, pick_facts, trial_facts
 from autotune.probes import fingerprint, fingerprint_id
+from autotune.search import steering
 from autotune.search.ledger import measured_trials
 from autotune.search.memory import fit_of
 from autotune.search.outcome import Candidate
@@ -77,11 +78,13 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
         memory=fit_of(searched.limit, chosen=chosen, user=space.baseline, reference=reference,
                       user_result=outcome.user_result, measured=outcome.results(), failed=outcome.failed(),
                       alone_peak_mb=claim.peak_mb if claim is not None else None),
+        steering=steering.found(searched.place.study),
         batch=verify_batch.describe(
             chosen=chosen, space=space, batch_range=verify.batch_range, pinned=verify.pinned_batch,
             has_evaluate=bench.task.has_evaluate, ramp=searched.place.study.user_attrs.get(StudyAttr.BATCH_RAMP),
             checks=winner.checks if winner is not None else {}, gated=[(v.config, v.checks) for v in verdicts],
-            speedup=claim.speedup.interval.median if claim is not None else None),
+            speedup=claim.speedup.interval.median if claim is not None else None,
+            baseline_samples_per_s=baseline.samples_per_s),
         utilisation=Utilisation.of(
             baseline_facts=trial_facts(outcome.baseline.result.facts), baseline_samples_per_s=baseline.samples_per_s,
             pick_facts=pick_facts(chosen, [*((c, r.facts) for c, r in outcome.results()),
@@ -96,9 +99,18 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
 def _best(chosen: TrialConfig, samples_per_s: float, ranked: Sequence[Candidate]) -> Best:
     """The pick's rate, run alone, and what its trial measured of its memory and one-time
     cost: by what the configuration computes, where ablation dropped a placement knob
-    (threads, workers), what was measured of the same work still tells its memory."""
+    (threads, workers), what was measured of the same work still tells its memory; where it
+    dropped another that changed nothing measurable (cuDNN's benchmark, the fused step),
+    the measured configuration of its batch and precision nearest it tells it."""
     result = next((c.result for c in ranked if c.config == chosen), None) or next(
-        (c.result for c in ranked if work_key(c.config) == work_key(chosen)), TrialSummary())
+        (c.result for c in ranked if work_key(c.config) == work_key(chosen)), None)
+    if result is None:
+        mine = chosen.to_dict()
+        alike = [c for c in ranked if (c.config.batch_size, c.config.precision, c.config.nprocs)
+                 == (chosen.batch_size, chosen.precision, chosen.nprocs)]
+        nearest = min(alike, default=None,
+                      key=lambda c: sum(v != mine.get(k) for k, v in c.config.to_dict().items()))
+        result = nearest.result if nearest is not None else TrialSummary()
     return Best(samples_per_s=samples_per_s, peak_mem_mb=result.peak_rss_mb, one_time_s=result.one_time_s,
                 cuda_peak_mb=result.cuda_peak_mb, cuda_total_mb=result.cuda_total_mb)
 

@@ -26,10 +26,11 @@ from autotune.document.measures import (
 )
 from autotune.document.memory import MemoryFit
 from autotune.document.plan import PlannedRun
-from autotune.document.profile import StepProfile
 from autotune.document.stages import VerificationStages
+from autotune.document.steering import Steering
 from autotune.document.utilisation import Utilisation
 from autotune.runtime.json_value import JsonObject, JsonValue
+from autotune.runtime.step_profile import StepProfile
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,6 +144,7 @@ class RunDocument:
     memory: MemoryFit | None = None  # None: a document from before memory was measured
     batch: BatchChoice | None = None  # None: a document from before the batch was judged
     step_profile: StepProfile | None = None  # None: not profiled (--no-profile, or it failed)
+    steering: Steering | None = None  # None: the search profiled no leader
     utilisation: Utilisation | None = None  # None: no FLOPs counted (or a document from before)
     # Nothing verified, and a candidate faster by its standalone pairs' median: named, not emitted
     kept: Kept | None = None
@@ -202,6 +204,7 @@ class RunDocument:
                               memory=self.memory.to_json() if self.memory else None,
                               batch=self.batch.to_json() if self.batch else None,
                               step_profile=self.step_profile.to_json() if self.step_profile else None,
+                              steering=self.steering.to_json() if self.steering else None,
                               utilisation=self.utilisation.to_json() if self.utilisation else None,
                               kept=self.kept.to_json() if self.kept else None),
             **optional_fields(verification_stages=self.stages.to_json() if self.stages else None),
@@ -233,6 +236,7 @@ class RunDocument:
             memory=MemoryFit.from_json(data["memory"]) if data.get("memory") else None,
             batch=BatchChoice.from_json(data["batch"]) if data.get("batch") else None,
             step_profile=StepProfile.from_json(data["step_profile"]) if data.get("step_profile") else None,
+            steering=Steering.from_json(data["steering"]) if data.get("steering") else None,
             utilisation=Utilisation.from_json(data["utilisation"]) if data.get("utilisation") else None,
             kept=Kept.from_json(data["kept"]) if data.get("kept") else None,
             stages=(VerificationStages.from_json(data["verification_stages"])

@@ -367,7 +367,7 @@ def advise(doc: RunDocument, *, study: optuna.Study | None = None,
     lines = outcome_lines(doc)
     if not in_summary:
         lines += (ablation_lines(doc) + plan_lines(doc) + (doc.memory.lines() if doc.memory else [])
-                  + (doc.batch.lines() if doc.batch else []))
+                  + (doc.batch.lines() if doc.batch else []) + (doc.steering.lines() if doc.steering else []))
     lines += profile.advice_lines(doc, workers_tried=_tried(study, "num_workers") if study is not None else None)
     if study is not None:
         lines += search_lines(study, doc)

@@ -217,7 +217,7 @@ class Reporter:
                 "other knobs equal, measured side by side)"
             )
         for line in (ablation_lines(doc) + plan_lines(doc) + (doc.memory.lines() if doc.memory else [])
-                     + (doc.batch.lines() if doc.batch else [])):
+                     + (doc.batch.lines() if doc.batch else []) + (doc.steering.lines() if doc.steering else [])):
             self.out.print(line, markup=False)
         for item in doc.rejected:
             self.out.print(f"  rejected {item.config.short()}: {item.reason}", markup=False)

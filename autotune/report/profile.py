@@ -6,12 +6,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from autotune.document.run import RunDocument
+from autotune.runtime.knobs import Device, Precision
 from autotune.runtime.shares import Category
 
 # A share of the step above which the data loading is named as the bound.
 DATA_BOUND = 0.2
 # On a GPU, idle above this share: the device waits for the host to launch work.
 GPU_IDLE = 0.3
+# Convolutions above this share: the step is theirs, and what they run with (their memory
+# layout, cuDNN's algorithm search, the precision) is what moves it.
+CONVOLUTION_BOUND = 0.5
 
 TITLE = "Where the step goes"
 HEADERS = ("part of the step", "share", "ms a step")
@@ -54,6 +58,25 @@ def _workers(doc: RunDocument, tried: Iterable[str] | None) -> str:
     return "; ".join(parts)
 
 
+def _convolutions(doc: RunDocument) -> str:
+    """How the emitted configuration runs its convolutions, and the values of the knobs
+    that change them which the search's space held beside its own."""
+    cfg = doc.config
+    cuda = cfg.device == Device.CUDA
+    how = [f"in {cfg.precision}", f"channels_last {'on' if cfg.channels_last else 'off'}"]
+    if cuda:
+        how.append(f"cuDNN's benchmark {'on' if cfg.cudnn_benchmark else 'off'}")
+    held = []
+    for knob, value in (("channels_last", True), ("cudnn_benchmark", True), ("precision", Precision.BF16.value),
+                        ("precision", Precision.FP16.value)):
+        if getattr(cfg, knob) != value and value in doc.included.get(knob, []):
+            held.append(f"{knob}={str(value).lower()}")
+    text = "they run " + ", ".join(how)
+    if held:
+        return f"{text}; the search's space held {', '.join(held)} as well, which the pick does not use"
+    return f"{text}; the search's space held no other layout, cuDNN benchmark or 16-bit precision for them"
+
+
 def advice_lines(doc: RunDocument, *, workers_tried: Iterable[str] | None = None) -> list[str]:
     """Where the step goes, in a line, and what a large share says: ``workers_tried``,
     the num_workers values the search's trials ran with (None: no study to read)."""
@@ -67,6 +90,9 @@ def advice_lines(doc: RunDocument, *, workers_tried: Iterable[str] | None = None
         lines.append(f"  the step waits on the DataLoader {data:.0%} of the time: {_workers(doc, workers_tried)}; "
                      "the data set's __getitem__ (or the collate function) is the bound: make it cheaper "
                      "(decode or augment once, cache, or move the work to the device).")
+    conv = profile.share(Category.CONVOLUTION)
+    if conv >= CONVOLUTION_BOUND:
+        lines.append(f"  convolutions take {conv:.0%} of the step: {_convolutions(doc)}.")
     idle = profile.share(Category.IDLE)
     if profile.source == "gpu kernels" and idle >= GPU_IDLE:
         compiled = doc.config.compile != "off"

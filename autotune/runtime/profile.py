@@ -12,10 +12,12 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from .json_value import JsonObject
 from .knobs import Device
 from .model import check_finite
 from .session import Session
@@ -84,18 +86,31 @@ def window(session: Session, steps: int, *, profiled: bool) -> tuple[Any, float]
     return prof, seconds
 
 
-def run(session: Session, *, report: str | None) -> int:
-    """Warm up, profile one window, print where its step goes and write it into
-    ``report`` (as ``"step_profile"``); returns the exit code."""
+def profiled_window(session: Session, *, warmed: Callable[[], None] | None = None
+                    ) -> tuple[JsonObject | None, int, float]:
+    """Warm up (``warm_up``), then one window of about ``WINDOW_S`` under the profiler on
+    rank 0; ``warmed`` is called between the two. Returns rank 0's profile as
+    ``StepShares.to_json`` writes it (None on the other ranks), the window's steps and its
+    seconds by the script's own clock."""
     per_step = warm_up(session)
+    if warmed is not None:
+        warmed()
     steps = min(MAX_STEPS, max(MIN_STEPS, math.ceil(WINDOW_S / max(per_step, 1e-6))))
     steps = int(session.dist.agree_max(float(steps)))
     rank0 = session.dist.rank == 0
     prof, seconds = window(session, steps, profiled=rank0)
     if not rank0:
-        return 0
+        return None, steps, seconds
     shares = step_shares(events_of(prof))
-    profile = shares.to_json(device=session.dist.device.type, measured_step_ms=seconds * 1000.0 / steps)
+    return shares.to_json(device=session.dist.device.type, measured_step_ms=seconds * 1000.0 / steps), steps, seconds
+
+
+def run(session: Session, *, report: str | None) -> int:
+    """Warm up, profile one window, print where its step goes and write it into
+    ``report`` (as ``"step_profile"``); returns the exit code."""
+    profile, steps, _ = profiled_window(session)
+    if profile is None:
+        return 0
     for line in table_lines(profile):
         print(line, flush=True)
     if report:

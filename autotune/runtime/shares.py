@@ -30,6 +30,7 @@ DATA_WAIT = "autotune.data_wait"
 
 class Category(str, enum.Enum):
     MATMUL = "matmul"
+    CONVOLUTION = "convolution"
     ATTENTION = "attention"
     OTHER = "other"
     OPTIMIZER = "optimizer"
@@ -43,7 +44,8 @@ class Category(str, enum.Enum):
 
 
 _LABELS = {
-    Category.MATMUL: "matrix products (mm, linear, convolutions)",
+    Category.MATMUL: "matrix products (mm, linear)",
+    Category.CONVOLUTION: "convolutions (conv, cuDNN)",
     Category.ATTENTION: "attention (scaled_dot_product_attention)",
     Category.OTHER: "other ops and kernels",
     Category.OPTIMIZER: "optimizer step",
@@ -76,33 +78,43 @@ class Event:
         return self.start + self.duration
 
 
-# Checked in this order: a flash-attention kernel is also a cutlass one, an optimizer step
-# is made of aten ops. Substrings of the lowercased name.
-_RULES: tuple[tuple[Category, tuple[str, ...]], ...] = (
-    (Category.DATA_WAIT, (DATA_WAIT,)),
+# Checked in this order: a flash-attention kernel is also a cutlass one (and cuDNN's sdpa
+# kernels are cuDNN's), a convolution kernel is often an implicit gemm (``sm80_xmma_fprop_
+# implicit_gemm``, ``cutlass_tensorop_s1688fprop``), an optimizer step is made of aten ops.
+# Substrings of the lowercased name; a rule's third part: substrings that make it not apply
+# (cuDNN also runs batch norm and RNNs, which are not convolutions).
+_RULES: tuple[tuple[Category, tuple[str, ...], tuple[str, ...]], ...] = (
+    (Category.DATA_WAIT, (DATA_WAIT,), ()),
     (Category.OPTIMIZER, ("optimizer.step", "optimizer.zero_grad", "autotune.optimizer", "multi_tensor_apply",
-                          "fused_adam", "fused_sgd", "fusedadam", "fusedsgd")),
+                          "fused_adam", "fused_sgd", "fusedadam", "fusedsgd"), ()),
     (Category.COMMUNICATION, ("nccl", "gloo", "c10d::", "record_param_comms", "all_reduce", "allreduce",
-                              "reduce_scatter", "all_gather", "allgather")),
+                              "reduce_scatter", "all_gather", "allgather"), ()),
     (Category.ATTENTION, ("scaled_dot_product", "scaleddotproduct", "attention", "flash", "fmha", "sdpa",
                           # cuDNN's attention backward, beside its sdpa kernel
-                          "compute_dot_do_o", "convert_dq_to_16bits")),
+                          "compute_dot_do_o", "convert_dq_to_16bits"), ()),
+    # host ops: aten::conv2d, aten::convolution, aten::mkldnn_convolution, aten::cudnn_convolution,
+    # aten::convolution_backward, ConvolutionBackward0, aten::slow_conv*, aten::conv_depthwise2d;
+    # kernels: cuDNN's (implicit_convolve_sgemm, winograd, the xmma/cutlass fprop, dgrad
+    # and wgrad implicit gemms, scudnn, its layout transposes), PyTorch's own (im2col,
+    # conv_depthwise2d, conv2d_grouped_direct). Not bare "conv": "convert" is no convolution.
+    (Category.CONVOLUTION, ("convolution", "aten::conv", "aten::slow_conv", "aten::thnn_conv", "conv_depthwise",
+                            "conv1d", "conv2d", "conv3d", "convolve", "winograd", "wgrad", "dgrad", "fprop",
+                            "cudnn", "im2col", "col2im", "vol2col"),
+     ("bn_fw", "bn_bw", "batch_norm", "batchnorm", "rnn", "lstm")),
     (Category.MATMUL, ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::matmul",
-                       "aten::linear", "aten::conv", "aten::_convolution", "aten::mkldnn_convolution",
-                       "aten::_addmm_activation", "aten::einsum", "mkldnn_matmul",
-                       "mmbackward", "bmmbackward", "convolutionbackward", "linearbackward",
+                       "aten::linear", "aten::_addmm_activation", "aten::einsum", "mkldnn_matmul",
+                       "mmbackward", "bmmbackward", "linearbackward",
                        "gemm", "gemv", "nvjet", "cutlass", "cublas", "xmma",
-                       "sm90_", "sm80_", "sm86_", "sm89_", "sm100_", "ampere_", "hopper_", "volta_", "turing_",
-                       "implicit_convolve", "winograd",
-                       "wgrad", "dgrad", "fprop")),
+                       "sm90_", "sm80_", "sm86_", "sm89_", "sm100_", "ampere_", "hopper_", "volta_", "turing_"),
+     ()),
 )
 
 
 def category_of(name: str) -> Category | None:
     """What an event named ``name`` is; None: its name does not say (look inside it)."""
     lowered = name.lower()
-    for category, fragments in _RULES:
-        if any(f in lowered for f in fragments):
+    for category, fragments, unless in _RULES:
+        if any(f in lowered for f in fragments) and not any(f in lowered for f in unless):
             return category
     return None
 

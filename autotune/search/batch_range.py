@@ -15,10 +15,18 @@ Optuna cannot change a knob's values within a study, so the ramp runs before the
 first trial and its range is stored with the study (``StudyAttr.SPACE``); a resumed study
 keeps the range it was searched over.
 
+On a GPU the ramp also stops where device memory is nearly full: the next batch's peak,
+extrapolated from the last two, would not fit (``MEMORY_FULL``). Its steps share one warm
+process (the batch is not a process knob: ``trials.runner.process_key``), and under
+--timeout it has ``TIMEOUT_SHARE`` of the search's share from its own start: what ran
+before it (the probe, the model file's check) does not shorten it.
+
 Without evaluate() nothing can check that a batch the user did not choose trains as well
 (``verify.batch``): the batches searched then stay within the default range, eight times the
-user's (``--batch-range`` sets other bounds), and the ramp goes one step beyond, to say
-whether a larger batch was faster.
+user's (``--batch-range`` sets other bounds). On a CPU the ramp goes one step beyond; on a
+GPU, where the knee lies far beyond, it climbs to it: a faster batch it saw there is
+named in the summary with the --batch-range that allows it (``verify.batch.describe``),
+never chosen silently.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.runtime.json_value import JsonObject
+from autotune.runtime.knobs import Device
 from autotune.search.memory import MemoryLimit
 from autotune.search.trial_summary import TrialSummary
 from autotune.space import Space
@@ -48,8 +57,12 @@ FLAT = 0.05
 PATIENCE = 2
 # The ramp stops at this many times the user's batch, rising or not.
 MAX_MULTIPLE = 1024
-# Under --timeout, the share of the search's time the ramp may start steps in.
+# Under --timeout, the share of the search's time the ramp may start steps in, counted
+# from the ramp's own start.
 TIMEOUT_SHARE = 0.25
+# A GPU's memory is nearly full where the next batch's peak would pass this share of it:
+# what the allocator reserves beyond its peak, and a neighbour's context, take the rest.
+MEMORY_FULL = 0.9
 
 
 def unchecked_top(user_batch: int, batch_range: tuple[int, int] | None) -> int:
@@ -112,12 +125,14 @@ def _short_windows(runner: TrialRunnerLike) -> Iterator[None]:
 
 
 def ramp(runner: TrialRunnerLike, start: TrialConfig, *, most: int, limit: MemoryLimit | None,
-         ends_at: float | None = None, say: Callable[[str], None] = lambda text: None,
+         for_s: float | None = None, say: Callable[[str], None] = lambda text: None,
          ladder: Sequence[int] | None = None) -> Ramp:
     """Measure ``start`` at its batch, twice it, four times... (see the module's text), no
-    batch over ``most``, in windows no longer than the defaults, and no step started after
-    ``ends_at`` (epoch seconds: its share of --timeout). ``ladder``: the batches to step
-    through instead (those of a --batch-range from ``start``'s up)."""
+    batch over ``most``, in windows no longer than the defaults, and no step started
+    ``for_s`` seconds after the first (its share of --timeout; None: no bound).
+    ``ladder``: the batches to step through instead (those of a --batch-range from
+    ``start``'s up)."""
+    ends_at = None if for_s is None else time.time() + for_s
     steps = [b for b in (ladder if ladder is not None else doublings(start.batch_size, most)) if b <= most]
     end = (f"batch {steps[-1] if steps else most} is the top of the range searched" if ladder is not None
            else f"batch {steps[-1] * 2 if steps else most} is over the most tried ({most})")
@@ -138,6 +153,7 @@ def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, steps: Sequence[int], 
     rates: list[tuple[int, float]] = []
     best_rate, best_batch, flat = 0.0, start.batch_size, 0
     stopped, memory_bound = "", False
+    peaks: list[tuple[int, TrialSummary]] = []
     for at, batch in enumerate(steps):
         cfg = start.replace(batch_size=batch)
         result = runner.run(cfg, name=f"batch-ramp-{batch}")
@@ -152,6 +168,7 @@ def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, steps: Sequence[int], 
         rate = float(result.value)
         rates.append((batch, rate))
         say(f"batch range: batch {batch} at {rate:,.1f} samples/s")
+        peaks.append((batch, TrialSummary.from_json(result.summary())))
         if rate >= best_rate * (1 + FLAT):
             best_rate, best_batch, flat = rate, batch, 0
         else:
@@ -162,6 +179,9 @@ def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, steps: Sequence[int], 
         if at + 1 == len(steps):
             stopped = end
             break
+        if full := nearly_full(peaks, steps[at + 1]):
+            stopped, memory_bound = full, True
+            break
         if ends_at is not None and time.time() >= ends_at:
             stopped = f"its share of --timeout was spent at batch {batch}"
             break
@@ -170,18 +190,36 @@ def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, steps: Sequence[int], 
     return Ramp(config=start.short(), rates=tuple(rates), stopped=stopped, top=top, memory_bound=memory_bound)
 
 
-def most_tried(user_batch: int, *, dataset_len: int | None, has_evaluate: bool) -> int:
+def nearly_full(peaks: Sequence[tuple[int, TrialSummary]], following: int) -> str | None:
+    """Why the ramp stops before batch ``following``: on a GPU, its peak, extrapolated
+    from the last two batches' (``peaks``: batch and result, as measured), would pass
+    ``MEMORY_FULL`` of the device's memory. None where it would fit, or is not known."""
+    if len(peaks) < 2:  # one point cannot tell the weights' share from the batch's
+        return None
+    (first, before), (batch, last) = peaks[-2], peaks[-1]
+    if last.cuda_peak_mb is None or before.cuda_peak_mb is None or not last.cuda_total_mb or first >= batch:
+        return None
+    per_sample = max(0.0, (last.cuda_peak_mb - before.cuda_peak_mb) / (batch - first))
+    predicted = last.cuda_peak_mb + per_sample * (following - batch)
+    if predicted <= MEMORY_FULL * last.cuda_total_mb:
+        return None
+    return (f"device memory is nearly full at batch {batch} ({last.cuda_peak_mb:,.0f} of "
+            f"{last.cuda_total_mb:,.0f} MiB; batch {following} would need about {predicted:,.0f})")
+
+
+def most_tried(user_batch: int, *, dataset_len: int | None, has_evaluate: bool, gpu: bool = False) -> int:
     """The largest batch the ramp may measure: the data set's length and ``MAX_MULTIPLE``
-    times the user's batch; without evaluate() one step beyond what may be emitted."""
+    times the user's batch; without evaluate() on a CPU one step beyond what may be
+    emitted (on a GPU the knee, whatever may be emitted: what it saw there is advice)."""
     most = user_batch * MAX_MULTIPLE
-    if not has_evaluate:
+    if not has_evaluate and not gpu:
         most = min(most, 2 * unchecked_top(user_batch, None))
     return min(most, dataset_len) if dataset_len else most
 
 
 def settle(study: optuna.Study, space: Space, *, runner: TrialRunnerLike, start: TrialConfig,
            has_evaluate: bool, dataset_len: int | None, limit: MemoryLimit | None,
-           batch_range: tuple[int, int] | None = None, ends_at: float | None = None,
+           batch_range: tuple[int, int] | None = None, for_s: float | None = None,
            say: Callable[[str], None] = lambda text: None) -> tuple[Space, Ramp | None]:
     """The space with the batch sizes this study searches: the user's (``--fix batch_size``;
     ``batch_range``, --batch-range), those a resumed study was searched over, or the
@@ -189,8 +227,8 @@ def settle(study: optuna.Study, space: Space, *, runner: TrialRunnerLike, start:
     worker joining a shared study (under ``search.study.study_lock``) takes the one stored.
     Within a --batch-range it climbs the range's batches from the user's, to tell the
     search where throughput stops rising; the range stays the user's. Returns the space and
-    the ramp (None where none was measured). ``ends_at``: when the ramp starts no more steps
-    (epoch seconds; None: no bound)."""
+    the ramp (None where none was measured). ``for_s``: how long after its first step the
+    ramp starts no more (None: no bound)."""
     stored = study.user_attrs.get(StudyAttr.BATCH_RAMP)
     found = Ramp.from_json(stored) if stored else None
     sizes = sorted(space.choices.get("batch_size", []))
@@ -205,10 +243,11 @@ def settle(study: optuna.Study, space: Space, *, runner: TrialRunnerLike, start:
         if batch_range is not None:
             first = next((b for b in sizes if b >= user), sizes[-1])
             found = ramp(runner, start.replace(batch_size=first), most=sizes[-1], limit=limit,
-                         ends_at=ends_at, say=say, ladder=[b for b in sizes if b >= first])
+                         for_s=for_s, say=say, ladder=[b for b in sizes if b >= first])
         else:
-            found = ramp(runner, start, most=most_tried(user, dataset_len=dataset_len, has_evaluate=has_evaluate),
-                         limit=limit, ends_at=ends_at, say=say)
+            most = most_tried(user, dataset_len=dataset_len, has_evaluate=has_evaluate,
+                              gpu=start.device == Device.CUDA)
+            found = ramp(runner, start, most=most, limit=limit, for_s=for_s, say=say)
         study.set_user_attr(StudyAttr.BATCH_RAMP, found.to_json())
     if batch_range is not None or not found.rates:
         # the user's range; or the default range, unmeasured: the ramp's first batch did not run

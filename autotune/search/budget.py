@@ -15,12 +15,16 @@ class SearchBudget:
     workers are measuring count); ``timeout_s``: after how long from ``started_at`` (epoch
     seconds; default: when the budget is made) it starts none; ``enough(outcome so far)``:
     why no more trial may start (what comes after the search needs the rest of --timeout),
-    or None."""
+    or None; ``room_s(outcome so far, one-time seconds)``: what is left of --timeout after
+    what comes after the search at its least."""
 
     trials: int
     timeout_s: float | None = None
     started_at: float = dataclasses.field(default_factory=time.time)
     enough: Callable[[SearchOutcome], str | None] | None = None
+    # the seconds left of the whole run once what comes after the search is kept, were a
+    # configuration paying a one-time cost of so many seconds to win (None: no bound)
+    room_s: Callable[[SearchOutcome, float], float] | None = None
 
     def elapsed_s(self) -> float:
         return time.time() - self.started_at
@@ -28,6 +32,11 @@ class SearchBudget:
     def left_s(self) -> float | None:
         """What is left of ``timeout_s``; None without one."""
         return None if self.timeout_s is None else self.timeout_s - self.elapsed_s()
+
+    def room_left_s(self, outcome: Callable[[], SearchOutcome], *, once_s: float) -> float | None:
+        """What is left of the whole run for a trial that pays ``once_s`` once (``room_s``),
+        else of ``timeout_s``; None without either."""
+        return self.room_s(outcome(), once_s) if self.room_s is not None else self.left_s()
 
     def spent(self, outcome: Callable[[], SearchOutcome]) -> str | None:
         """Why no new trial starts, by the clock or by what comes after the search (asked

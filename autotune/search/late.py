@@ -7,7 +7,9 @@ GPUs the mode likeliest to win goes first; once one compiled mode is shown slowe
 uncompiled best, the stage's other compiled trials are skipped: they compile the same model,
 and the budget's trials go back to the sampler. A compiled trial's time limit follows what
 compiling in its mode was measured to cost (``trial_limit_s``), and under --timeout it starts
-only where its compile ends within the search's share (``too_late``).
+only where its compile ends within what the run has left once verification at its least is
+kept (``too_late``): a compile is paid once, and the run's later processes read it from
+the on-disk cache.
 """
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ CUDA_COMPILE_ORDER = (CompileMode.REDUCE_OVERHEAD, CompileMode.DEFAULT,
 # small model on an H100 (reduce-overhead and default modes; the autotuning modes take longer
 # and are tried last).
 COLD_COMPILE_S = 40.0
+# An autotuning mode's compile against another's, where only another was measured: it
+# benchmarks kernel choices besides compiling them.
+AUTOTUNE_FACTOR = 2.5
 # A compiled trial is shown slower when its value is under the uncompiled best's by more
 # than this, or than either trial's spread of windows (IQR over median) where that is wider.
 NOISE = 0.05
@@ -101,16 +106,44 @@ def trial_limit_s(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig, 
     return limits.slowest_limit_s(least_s, _compiles(trials, cfg))
 
 
+def priced_on_the_run(cfg: TrialConfig) -> bool:
+    """Whether a trial of ``cfg`` is priced against what is left of the whole run rather
+    than of the search's share: a compiled one on a GPU, whose compile is paid once and
+    read from the run's cache by every later process."""
+    return cfg.compile != CompileMode.OFF and cfg.device == Device.CUDA
+
+
+def compile_estimate_s(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig) -> float:
+    """What compiling ``cfg`` cold is expected to cost: the slowest the study measured in
+    its mode on its device; else the first compile it measured in another mode (times
+    ``AUTOTUNE_FACTOR`` for an autotuning mode after one that is not); else ``COLD_COMPILE_S``."""
+    trials = list(trials)
+    same = [once for once, _ in _compiles(trials, cfg)]
+    if same:
+        return max(same)
+    done = sorted((t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                   and (c := config_of(t)) is not None and c.device == cfg.device and c.compile != CompileMode.OFF
+                   and (t.user_attrs.get(StudyAttr.RESULT) or {}).get("one_time_s")), key=lambda t: t.number)
+    if not done:
+        return COLD_COMPILE_S
+    first = done[0]
+    once = float(first.user_attrs[StudyAttr.RESULT]["one_time_s"])
+    measured_mode = str((config_of(first) or cfg).compile)
+    if str(cfg.compile).startswith("max-autotune") and not measured_mode.startswith("max-autotune"):
+        once *= AUTOTUNE_FACTOR
+    return once
+
+
 def too_late(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig, *, left_s: float) -> str | None:
-    """Why a compiled trial of ``cfg`` on a GPU does not start with ``left_s`` seconds left of
-    the search's share of --timeout: its compile (the slowest measured in its mode, else
-    ``COLD_COMPILE_S``) would not end within them, and the trial would overrun into the
+    """Why a compiled trial of ``cfg`` on a GPU does not start with ``left_s`` seconds left
+    (of the whole run less verification at its least: ``priced_on_the_run``): its compile
+    (``compile_estimate_s``) would not end within them, and the trial would overrun into the
     time verification was left. None where it fits, or on a CPU, where eager and compiled
     trials cost alike enough for the longest trial so far to bound the next."""
-    if cfg.compile == CompileMode.OFF or cfg.device != Device.CUDA:
+    if not priced_on_the_run(cfg):
         return None
-    need = max((once for once, _ in _compiles(trials, cfg)), default=COLD_COMPILE_S)
+    need = compile_estimate_s(trials, cfg)
     if need <= left_s:
         return None
-    return (f"compile={cfg.compile} would compile for about {need:.0f} s, past the search's share of "
-            f"--timeout ({max(0.0, left_s):.0f} s left)")
+    return (f"compile={cfg.compile} would compile for about {need:.0f} s, past what --timeout leaves "
+            f"before verification ({max(0.0, left_s):.0f} s left)")

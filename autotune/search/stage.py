@@ -68,17 +68,18 @@ def run_search(bench: Workbench, search: SearchOptions, verify: VerifyOptions, m
             place.study, space, runner=bench.runner, start=starts[0] if starts else space.baseline,
             has_evaluate=task.has_evaluate, dataset_len=task.dataset_len, limit=limit,
             batch_range=search.batch_range, say=reporter.info,
-            ends_at=None if search.timeout_s is None
-            else started_at + (search_timeout(search.timeout_s) or 0.0) * batch_range.TIMEOUT_SHARE)
+            for_s=None if search.timeout_s is None
+            else (search_timeout(search.timeout_s) or 0.0) * batch_range.TIMEOUT_SHARE)
         settle_space(place.study, space.recorded,
                      where=shown_url(sharing.storage) if sharing.storage else str(bench.out))
     began = place.started_at if place.started_at is not None else started_at
     ends_at = None if search.timeout_s is None else began + search.timeout_s
+    reserve = None if ends_at is None else leave_for_verification(bench, verify, measure, space=space, limit=limit,
+                                                                   ends_at=ends_at)
     budget = SearchBudget(trials=search.trials, timeout_s=search_timeout(search.timeout_s), started_at=began,
-                          enough=None if ends_at is None else leave_for_verification(
-                              bench, verify, measure, space=space, limit=limit, ends_at=ends_at))
-    course = Course(budget=budget, starts=Starts(heuristics=starts, fastest_batch=ramp.fastest[0]
-                                                  if ramp is not None and ramp.fastest else None),
+                          enough=None if reserve is None else reserve.enough,
+                          room_s=None if reserve is None else reserve.room_s)
+    course = Course(budget=budget, starts=Starts(heuristics=starts, fastest_batch=fastest_allowed(ramp, space)),
                     scoring=Scoring(plan=search.plan, memory_limit=limit), turns=place.turns(notice=reporter.warn))
     tuner = Tuner(study=place.study, space=space, runner=bench.runner, course=course, progress=reporter.search)
     try:
@@ -90,6 +91,14 @@ def run_search(bench: Workbench, search: SearchOptions, verify: VerifyOptions, m
     pricing = (None if search.plan is None
                else Pricing(plan=search.plan, measured=tuple(c.measured for c in outcome.ranked)))
     return Searched(place=place, outcome=outcome, space=space, limit=limit, pricing=pricing, ends_at=ends_at)
+
+
+def fastest_allowed(ramp: batch_range.Ramp | None, space: Space) -> int | None:
+    """The ramp's fastest batch among those ``space`` searches (a faster one beyond them is
+    advice, ``verify.batch.describe``); None without one."""
+    allowed = set(space.choices.get("batch_size", []))
+    rates = [(rate, batch) for batch, rate in (ramp.rates if ramp is not None else ()) if batch in allowed]
+    return max(rates)[1] if rates else None
 
 
 def unmeasured(outcome: SearchOutcome, *, space: Space, limit: MemoryLimit, out: Path) -> str:

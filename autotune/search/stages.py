@@ -10,6 +10,7 @@ import itertools
 from optuna.trial import TrialState
 
 from autotune.config import KnobValue, Layout, TrialConfig
+from autotune.runtime.knobs import Device
 from autotune.search import climb, late
 from autotune.search.ledger import Ledger
 from autotune.search.pruner import config_of
@@ -31,46 +32,74 @@ class Stages:
         """The first start point: the launcher defaults (or the user's configuration)."""
         return self.heuristics[0] if self.heuristics else self.space.baseline
 
+    def _ramped(self) -> int | None:
+        """The batch range's fastest batch where the first start can take it (searched,
+        another than its own, split by its ranks); else None."""
+        start, ramped = self._first_start, self.fastest_batch
+        if (ramped is None or ramped == start.batch_size or ramped % start.nprocs
+                or ramped not in self.space.choices.get("batch_size", [])):
+            return None
+        return ramped
+
+    def _on_gpus(self) -> bool:
+        return self._first_start.device == Device.CUDA
+
     def _precision_starts(self) -> list[TrialConfig]:
         """Each reduced precision the space offers, at the user's batch size and at the
         batch range's fastest (else the largest up to four times it), on the launcher
-        defaults (or the baseline).
+        defaults (or the baseline); on GPUs, once the batch range found a larger batch
+        faster, at that batch alone.
 
         Left to the sampler, a precision can be tried once at a small batch size, where
         its fixed cost per step (casts, scaling) outweighs what it saves, lose, and never
         be tried again, though at a larger batch it would win: its cost per step falls
         with the batch, so each is measured early at two sizes and the sampler learns
-        from both."""
+        from both. On a GPU the larger batch is where the step fills the device; the
+        user's batch in every precision would spend a third of a short search on steps
+        that leave it idle."""
         start = self._first_start
         sizes = sorted(self.space.choices.get("batch_size", []))
         larger = [b for b in sizes if start.batch_size < b <= 4 * start.batch_size
                   and b % start.nprocs == 0]
-        ramped = self.fastest_batch or 0
-        if ramped > start.batch_size and ramped in sizes and ramped % start.nprocs == 0:
+        ramped = self._ramped()
+        if ramped is not None:
             larger = [ramped]
         batches = [start.batch_size, *larger[-1:]]
+        if ramped is not None and ramped > start.batch_size and self._on_gpus():
+            batches = [ramped]
         return [start.replace(precision=p, batch_size=b)
                 for p in self.space.choices.get("precision", [])[1:] for b in batches]
+
+    def _starts(self) -> list[TrialConfig]:
+        """The machine's start points; on GPUs at the batch range's fastest batch, where it
+        found one faster than the user's: an expert's recipe at a batch that leaves the
+        device idle is not where one starts."""
+        ramped = self._ramped()
+        if ramped is None or ramped < self._first_start.batch_size or not self._on_gpus():
+            return self.heuristics
+        return list(dict.fromkeys(c.replace(batch_size=ramped) for c in self.heuristics))
 
     def _ramped_start(self) -> list[TrialConfig]:
         """The first start at the batch range's fastest batch, where that is another than its
         own: the ramp measured it outside the study, and a sampler that never learns of it
         may not come near it (a --batch-range opened to 128 times the user's batch holds
-        ten batch sizes)."""
-        start = self._first_start
-        ramped = self.fastest_batch
-        if (ramped is None or ramped == start.batch_size or ramped % start.nprocs
-                or ramped not in self.space.choices.get("batch_size", [])):
+        ten batch sizes). On GPUs the starts are moved there instead (``_starts``)."""
+        ramped = self._ramped()
+        if ramped is None or self._starts() is not self.heuristics:
             return []
-        return [start.replace(batch_size=ramped)]
+        return [self._first_start.replace(batch_size=ramped)]
 
     def enqueue_start(self) -> None:
         if self.study.get_trials(deepcopy=False):
             return
-        starts = ([(Role.BASELINE, self.space.baseline)] + [(Role.HEURISTIC, c) for c in self.heuristics]
+        starts = ([(Role.BASELINE, self.space.baseline)] + [(Role.HEURISTIC, c) for c in self._starts()]
                   + [(Role.HEURISTIC, c) for c in self._ramped_start()]
                   + [(Role.PRECISION, c) for c in self._precision_starts()])
+        queued: set[TrialConfig] = set()
         for role, cfg in starts:
+            if cfg in queued:  # the expert's precision among the precision starts
+                continue
+            queued.add(cfg)
             params = {}
             for name, values in self.space.choices.items():
                 if name == "layout" and cfg.layout not in values:  # default threads, not searched

@@ -1,18 +1,22 @@
 """Where the search starts besides the user's configuration: what a practitioner would
-run first on this machine (PyTorch's CPU launcher defaults; on GPUs one rank per GPU in
-bf16). The tuner enqueues them after the baseline; the batch range is measured on the first."""
+run first on this machine (PyTorch's CPU launcher defaults; on GPUs what an expert runs:
+one rank per GPU in bf16, fed by the host's cores). The tuner enqueues them after the
+baseline; the batch range is measured on the first."""
 from __future__ import annotations
 
-from autotune.config import TrialConfig
+from autotune.config import KnobValue, TrialConfig
 from autotune.probes import Machine
-from autotune.runtime.knobs import Affinity, Allocator, Device, Precision
+from autotune.runtime.knobs import Affinity, Allocator, Device, OptimizerStep, Precision
 from autotune.space import Space
 
 
 def gpu_start(space: Space, machine: Machine) -> list[TrialConfig]:
-    """What a practitioner starts from on GPUs: one rank per visible GPU over NCCL,
-    bf16 autocast where the GPUs have it (Ampere or later), pinned memory and DataLoader
-    workers, at the smallest searched batch from the user's up that the ranks split."""
+    """What a practitioner starts from on GPUs: one rank per visible GPU over NCCL, bf16
+    autocast where the GPUs have it (Ampere or later; TF32 where only that is offered),
+    DataLoader workers up to each rank's share of the host's cores (less its own), pinned (and so
+    persistent), cuDNN's benchmark where the model has convolutions, the fused optimizer
+    step where torch has one for its optimizer; at the smallest searched batch from the
+    user's up that the ranks split (the batch range then moves it: ``search.stages``)."""
     params = {k: v[0] for k, v in space.choices.items()}
     ranks = max(layout.nprocs for layout in space.layouts)
     params["layout"] = next(str(layout) for layout in space.layouts if layout.nprocs == ranks)
@@ -21,12 +25,17 @@ def gpu_start(space: Space, machine: Machine) -> list[TrialConfig]:
     if not split:
         return []
     params["batch_size"] = next((b for b in split if b >= space.baseline.batch_size), split[-1])
-    for knob, wanted in (("precision", Precision.BF16), ("pin_memory", True)):
-        if wanted in space.choices.get(knob, []):
-            params[knob] = wanted
-    workers = [n for n in space.choices.get("num_workers", []) if n <= 4]
-    if workers:
-        params["num_workers"] = max(workers)
+    precisions = space.choices.get("precision", [])
+    wanted: dict[str, KnobValue] = {
+        "precision": next((p for p in (Precision.BF16, Precision.TF32) if p in precisions), Precision.FP32),
+        "pin_memory": True, "cudnn_benchmark": True, "optimizer_step": OptimizerStep.FUSED}
+    for knob, value in wanted.items():
+        if value in space.choices.get(knob, []):
+            params[knob] = value
+    if workers := space.choices.get("num_workers"):
+        # a rank's share of the cores, less the one its own process trains on
+        per_rank = max(workers)
+        params["num_workers"] = max((n for n in workers if n < per_rank), default=per_rank)
     start = space.config_from_params(params)
     # its fp32 twin: the exact configuration verification falls back on when bf16's
     # numerics fail, measured early on all GPUs too

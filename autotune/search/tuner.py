@@ -2,9 +2,9 @@
 
 The study is stored by ``autotune.search.study`` (one per model file and machine, resumed by
 running the same command again). Trials are run with Optuna's ask-and-tell interface:
-each one is measured in its own process tree by ``autotune.trials.runner``. The start and the
-refinements at the end (``search.stages``) and TPE's samples are told apart by the
-trial's ``StudyAttr.ROLE``.
+each one is measured in its own process tree by ``autotune.trials.runner``. The start, the
+trials the leader's step profile asks for (``search.steering``), the refinements at the end
+(``search.stages``) and TPE's samples are told apart by the trial's ``StudyAttr.ROLE``.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from autotune.config import TrialConfig
 from autotune.errors import UsageError
 from autotune.runtime.knobs import CompileMode, Device
-from autotune.search import late, memory
+from autotune.search import late, memory, steering
 from autotune.search.course import Course
 from autotune.search.ledger import Ledger, baseline_config, is_rung
 from autotune.search.objective import described
@@ -179,6 +179,8 @@ class Tuner:
             if stop is None and asks_left > 0 and len(measured) + len(self.ledger.running()) < self.budget.trials:
                 asks_left -= 1
                 with self.turns.lock():
+                    with self.turns.measuring():  # the profiled run is alone on the machine
+                        steering.steer_once(self.study, self.ledger, self.runner)
                     self.stages.enqueue_refinements()
                 self._one_trial()
                 continue
@@ -245,7 +247,8 @@ class Tuner:
             else:  # as it can run: where the trials so far say it will not fit, holding less
                 # an enqueued trial's params hold its memory knobs (a refinement of a
                 # configuration holding less keeps them); a sampled one's do not
-                cfg = self._held_to_fit(self.space.suggest(trial, late=role == Role.LATE, memory=role is not None))
+                cfg = self._held_to_fit(self.space.suggest(trial, late=role in (Role.LATE, Role.STEERED),
+                                                           memory=role is not None))
         except Unsplittable as exc:  # costs no measurement, like a duplicate
             trial.set_user_attr(StudyAttr.SKIPPED, str(exc))
             self.study.tell(trial, state=TrialState.FAIL)
@@ -256,7 +259,11 @@ class Tuner:
             trial.set_user_attr(StudyAttr.SKIPPED, lost)  # its slot goes to the sampler
             self.study.tell(trial, state=TrialState.FAIL)
             return
-        if (left_s := self.budget.left_s()) is not None and (late_why := late.too_late(so_far, cfg, left_s=left_s)):
+        # a compile on a GPU is priced against the whole run (less verification at its least):
+        # what it finds pays in every later process, which compile from the run's cache
+        left_s = (self.budget.room_left_s(self.outcome, once_s=late.compile_estimate_s(so_far, cfg))
+                  if late.priced_on_the_run(cfg) else self.budget.left_s())
+        if left_s is not None and (late_why := late.too_late(so_far, cfg, left_s=left_s)):
             trial.set_user_attr(StudyAttr.SKIPPED, late_why)
             self.study.tell(trial, state=TrialState.FAIL)
             return

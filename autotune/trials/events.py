@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeAlias
 
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.process_facts import ProcessFacts
+from autotune.runtime.step_profile import StepProfile
 from autotune.trials.protocol import Event, Failure, Mode
 
 
@@ -165,7 +166,10 @@ class DoneEvent:
     (this process's resident peak, the busiest rank's, rank 0's GPU reservation and the
     GPU's size: None off CUDA), page faults per step where counted. A trajectory's: the
     ``losses`` alone (a measurement's are its windows'); a quality run's, with evaluate()'s
-    ``metric`` (None where not scored). The mode is not on the line: what it carries says."""
+    ``metric`` (None where not scored). A profiled window's (``Mode.PROFILE``): where its
+    step went (``step_profile``, as best_config.json writes one) and its ``samples_per_s``,
+    slowed by the profiler: not a measurement. The mode is not on the line: what it
+    carries says."""
 
     KIND: ClassVar[Event] = Event.DONE
     mode: Mode = Mode.MEASURE
@@ -179,12 +183,17 @@ class DoneEvent:
     cuda_total_mb: float | None = None
     minor_faults_per_step: float | None = None
     metric: float | None = None
+    step_profile: StepProfile | None = None
+    samples_per_s: float | None = None
     rank: int = 0
     t: float = 0.0
 
     def to_json(self) -> JsonObject:
         out = _stamp(self.KIND, self.rank, self.t)
-        if self.mode is Mode.MEASURE:
+        if self.mode is Mode.PROFILE:
+            out.update(step_profile=self.step_profile.to_json() if self.step_profile is not None else None,
+                       samples_per_s=self.samples_per_s)
+        elif self.mode is Mode.MEASURE:
             out.update(value=self.value, values=self.values, iqr=self.iqr, peak_rss_mb=self.peak_rss_mb,
                        rank_peak_mb=self.rank_peak_mb, cuda_peak_mb=self.cuda_peak_mb,
                        cuda_total_mb=self.cuda_total_mb, losses=self.losses)
@@ -198,6 +207,11 @@ class DoneEvent:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DoneEvent:
+        if "step_profile" in data:
+            profile = data["step_profile"]
+            return cls(mode=Mode.PROFILE, step_profile=StepProfile.from_json(profile) if profile else None,
+                       samples_per_s=_number(data, "samples_per_s"),
+                       rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
         mode = Mode.MEASURE if "value" in data else Mode.QUALITY if "metric" in data else Mode.TRAJECTORY
         return cls(mode=mode, losses=[float(v) for v in data.get("losses") or []], value=_number(data, "value"),
                    values=[float(v) for v in data.get("values") or []], iqr=_number(data, "iqr"),

@@ -30,7 +30,7 @@ class Event(str, enum.Enum):
     WARMUP = "warmup"    # warm-up done: first_step_s, step_s, steps_per_window (not when served)
     READY = "ready"      # a served trial waits for window commands
     WINDOW = "window"    # one measured window: i, samples_per_s, seconds, steps
-    DONE = "done"        # the result of the mode: value/values/losses/metric
+    DONE = "done"        # the result of the mode: value/values/losses/metric/step_profile
     ERROR = "error"      # the trial failed: kind (a Failure), message, traceback
 
     def __str__(self) -> str:
@@ -58,6 +58,7 @@ class Mode(str, enum.Enum):
     SERVE = "serve"            # warm up, then one window per command (verification)
     TRAJECTORY = "trajectory"  # the losses of a fixed number of steps (numerics check)
     QUALITY = "quality"        # a trajectory, then evaluate(): both gates from one training
+    PROFILE = "profile"        # warm up, then one window under torch.profiler: where the step goes
 
     def __str__(self) -> str:
         return self.value
@@ -126,6 +127,7 @@ class Role(str, enum.Enum):
     LATE = "late"            # the best configuration with the late knobs (torch.compile)
     MEMORY = "memory"        # a configuration that ran out of memory, holding less (search.memory)
     EDGE = "edge"            # the best one value beyond the edge of an ordered knob's values tried (search.climb)
+    STEERED = "steered"      # what the leader's step profile says to try (search.steer)
 
     def __str__(self) -> str:
         return self.value
@@ -174,6 +176,8 @@ class StudyAttr(str, enum.Enum):
     PLAN = "plan"                      # the planned run its values rank for (search.objective)
     SPACE = "space"                    # the values searched per knob (search.study.settle_space)
     BATCH_RAMP = "batch_ramp"          # what set the batch range (search.batch_range.Ramp)
+    STEERING = "steering"              # the leaders profiled and what each profile queued (search.steering)
+    STEER = "steer"                    # on a steered trial: its category, share and why (search.steer.Steer)
 
     def __str__(self) -> str:
         return self.value

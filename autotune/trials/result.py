@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from autotune.runtime.json_value import JsonObject
+from autotune.runtime.step_profile import StepProfile
 from autotune.trials.events import DoneEvent, SetupEvent, WarmupEvent
 from autotune.trials.protocol import Failure, Status
 
@@ -49,6 +50,12 @@ class TrialResult:
         return list(self.done.losses) if self.done is not None else []
 
     @property
+    def step_profile(self) -> StepProfile | None:
+        """Where a profiled run's step went (``TrialRunner.run(profile=True)``); None for any
+        other run, or a profiled one that reported none."""
+        return self.done.step_profile if self.done is not None else None
+
+    @property
     def metric(self) -> float | None:
         """evaluate()'s score after a quality run (None: not scored, or no such run)."""
         return self.done.metric if self.done is not None else None
@@ -87,4 +94,6 @@ class TrialResult:
             **({"cuda_peak_mb": done.cuda_peak_mb} if done is not None and done.cuda_peak_mb is not None else {}),
             **({"cuda_total_mb": done.cuda_total_mb}
                if done is not None and done.cuda_total_mb is not None else {}),
+            # a profiled run's: where its step went
+            **({"step_profile": self.step_profile.to_json()} if self.step_profile is not None else {}),
         }

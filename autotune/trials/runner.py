@@ -59,13 +59,18 @@ def process_key(cfg: TrialConfig) -> str | None:
     return json.dumps({k: getattr(cfg, k) for k in PROCESS_KNOBS}, sort_keys=True)
 
 
-def compile_cache_env(env: Mapping[str, str]) -> dict[str, str]:
-    """torch.compile's cache where torch keeps it for the user (its default folder under
-    the system temp folder), unless they chose one: trials and script runs get a
-    temporary folder of their own (TMPDIR), and the cache would move into it and be
-    rebuilt from scratch by every run (minutes per run for max-autotune)."""
+def compile_cache_env(env: Mapping[str, str], *, folder: Path | None = None) -> dict[str, str]:
+    """torch.compile's on-disk cache for a trial or a script run: ``folder`` (the run's own,
+    in its output folder: one process that compiled a configuration leaves its kernels for
+    the next, verification's and the scripts' alike), else where torch keeps it for the user
+    (its default folder under the system temp folder); the user's own choice wins over
+    both. Trials and script runs get a temporary folder of their own (TMPDIR), and the
+    cache would move into it and be rebuilt from scratch by every run (minutes per run
+    for max-autotune)."""
     if "TORCHINDUCTOR_CACHE_DIR" in env:
         return {}
+    if folder is not None:
+        return {"TORCHINDUCTOR_CACHE_DIR": str(folder.absolute())}
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
@@ -80,21 +85,24 @@ TRIAL_DIR_VARIABLE = "AUTOTUNE_TRIAL_DIR"
 
 
 def run_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float,
-                 cwd: Path | None = None, extra: Sequence[str] = ()) -> ScriptReport:
+                 cwd: Path | None = None, extra: Sequence[str] = (), compile_cache: Path | None = None
+                 ) -> ScriptReport:
     """Run an emitted launch.sh for a few steps, from ``cwd`` (default: this process's
     working directory, where the user runs it from); returns its JSON report, written
-    with its log into ``workdir`` (``ScriptProcess``)."""
+    with its log into ``workdir`` (``ScriptProcess``). ``compile_cache``: the run's
+    torch.compile cache (``compile_cache_env``)."""
     with measure_lock.held():  # before it starts: a run let go at once trains at once
         return start_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s, cwd=cwd,
-                              extra=extra).finish()
+                              extra=extra, compile_cache=compile_cache).finish()
 
 
 def start_launcher(launcher: Path, *, steps: int, workdir: Path, timeout_s: float, cwd: Path | None = None,
-                   hold: bool = False, extra: Sequence[str] = ()) -> ScriptProcess:
+                   hold: bool = False, extra: Sequence[str] = (), compile_cache: Path | None = None
+                   ) -> ScriptProcess:
     """``run_launcher``'s run, started; with ``hold`` it sets up and waits for ``finish``."""
+    env = {**compile_cache_env(os.environ, folder=compile_cache), TRIAL_DIR_VARIABLE: str(workdir.absolute())}
     return ScriptProcess(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s, cwd=cwd or Path.cwd(),
-                         env={**compile_cache_env(os.environ), TRIAL_DIR_VARIABLE: str(workdir.absolute())},
-                         hold=hold, extra=extra)
+                         env=env, hold=hold, extra=extra)
 
 
 def _end_all(processes: dict[str, TrialProcess]) -> None:
@@ -129,7 +137,7 @@ class TrialRunnerLike(Protocol):
     timeout_s: float  # a trial's limit, unless its run gives another (a long compile)
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
-            timeout_s: float | None = None) -> TrialResult: ...
+            timeout_s: float | None = None, profile: bool = False) -> TrialResult: ...
     def start(self, cfg: TrialConfig, *, name: str, mode: TrialMode | None = None) -> LiveTrialLike: ...
     def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptReport: ...
     def start_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptRunLike: ...
@@ -155,8 +163,11 @@ class TrialRunner:
         python: str = sys.executable,
         seed: int = 0,
         warm: bool = True,
+        compile_cache: str | os.PathLike[str] | None = None,
     ) -> None:
         self.model_file = str(Path(model_file).resolve())
+        # torch.compile's cache for the run's processes (None: where torch keeps it)
+        self.compile_cache = Path(compile_cache).resolve() if compile_cache is not None else None
         self.machine = as_machine(machine)
         self.workdir = Path(workdir).resolve()  # each trial's files: a folder of its own
         # Trials run where the user runs autotune (where the model file's check ran), so a
@@ -204,16 +215,24 @@ class TrialRunner:
 
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
-            extra_env: Mapping[str, str] | None = None, timeout_s: float | None = None) -> TrialResult:
+            extra_env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+            profile: bool = False) -> TrialResult:
         """Measure ``cfg``; or, with ``trajectory_steps``, record that many losses; or,
-        with ``quality_steps``, record that many losses and then score with ``evaluate``.
-        ``on_window(i, samples_per_s)`` returning True prunes the trial; ``timeout_s``: its
-        limit, where not the runner's (``limits.run_limit_s``)."""
+        with ``quality_steps``, record that many losses and then score with ``evaluate``;
+        or, with ``profile``, warm up and profile one window of about a second
+        (``TrialResult.step_profile``: where the step goes; no measurement, ``value`` stays
+        None). ``on_window(i, samples_per_s)`` returning True prunes the trial; ``timeout_s``: its
+        limit, where not the runner's (``limits.run_limit_s``). A profiled run takes a warm
+        process as a measurement does (``process_key``)."""
+        if profile and (trajectory_steps is not None or quality_steps is not None):
+            raise ValueError("a trial either profiles or trains for its losses, not both")
         mode = TrialMode()
         if trajectory_steps is not None:
             mode = TrialMode.trajectory(trajectory_steps)
         elif quality_steps is not None:
             mode = TrialMode.quality(quality_steps)
+        elif profile:
+            mode = TrialMode.profile()
         live = self.start(cfg, name=name, on_window=on_window, mode=mode, extra_env=extra_env,
                           timeout_s=timeout_s)
         return live.wait()
@@ -223,13 +242,13 @@ class TrialRunner:
         """Run an emitted launch.sh for ``steps`` steps, alone on the machine."""
         self.close()
         return run_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s,
-                            cwd=self.cwd)
+                            cwd=self.cwd, compile_cache=self.compile_cache)
 
     def start_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptProcess:
         """``run_script``'s run, started now: it sets up and waits until its ``finish``."""
         self.close()
         return start_launcher(launcher, steps=steps, workdir=workdir, timeout_s=timeout_s,
-                              cwd=self.cwd, hold=True)
+                              cwd=self.cwd, hold=True, compile_cache=self.compile_cache)
 
     def start(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
               mode: TrialMode | None = None, extra_env: Mapping[str, str] | None = None,
@@ -275,7 +294,7 @@ class TrialRunner:
         tmp = tempfile.mkdtemp(prefix="autotune-trial-")
         control = Path(tmp) / "next" if key is not None else None
         dataclasses.replace(spec, next=str(control) if control is not None else None).write(spec_path)
-        env = {**launch.without_distributed(os.environ), **compile_cache_env(os.environ),
+        env = {**launch.without_distributed(os.environ), **compile_cache_env(os.environ, folder=self.compile_cache),
                **env_vars, **(extra_env or {}),
                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "TMPDIR": tmp,
                TRIAL_DIR_VARIABLE: str(folder)}

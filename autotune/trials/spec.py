@@ -19,8 +19,9 @@ from autotune.trials.protocol import Measurement, Mode
 
 @dataclasses.dataclass(frozen=True)
 class TrialMode:
-    """What a trial does once set up: measure (the default), serve windows on command, or
-    train ``steps`` steps for their losses (a trajectory) and then a score (quality)."""
+    """What a trial does once set up: measure (the default), serve windows on command,
+    train ``steps`` steps for their losses (a trajectory) and then a score (quality), or
+    profile one window (where the step goes)."""
 
     mode: Mode = Mode.MEASURE
     steps: int | None = None
@@ -36,6 +37,10 @@ class TrialMode:
     @classmethod
     def quality(cls, steps: int) -> TrialMode:
         return cls(Mode.QUALITY, steps)
+
+    @classmethod
+    def profile(cls) -> TrialMode:
+        return cls(Mode.PROFILE)
 
     def to_json(self) -> JsonObject:
         """The spec's keys for it: none for a measurement, as specs always had."""

@@ -250,6 +250,18 @@ def measure(session: Session, spec: Measurement, events: Events) -> DoneEvent:
     return finish(session, values, losses, faults_per_step=faults / (steps * spec.windows))
 
 
+def profile(session: Session, spec: Measurement, events: Events) -> DoneEvent:
+    """Warm up as a measurement does, then ``runtime.profile``'s window: where the step goes,
+    and the window's samples/s (slowed by the profiler: not a measurement)."""
+    from autotune.runtime.profile import profiled_window
+    from autotune.runtime.step_profile import StepProfile
+    calibrate(session, spec, events)
+    beat = BeatEvent(step=max(2, spec.warmup_steps) + 1, phase="profile")  # the hang watch's, before the window
+    shares, steps, seconds = profiled_window(session, warmed=lambda: events.emit(beat))
+    return DoneEvent(mode=Mode.PROFILE, step_profile=StepProfile.from_json(shares) if shares else None,
+                     samples_per_s=steps * session.global_batch / seconds if seconds > 0 else None)
+
+
 def read_from(control: str, offset: int) -> str:
     """What the tuner appended to a control file past ``offset`` (nothing before it exists)."""
     try:
@@ -357,6 +369,8 @@ def run_spec(spec: TrialSpec, setup: ProcessSetup | None, events: Events) -> Pro
             raise ValueError("a served trial's spec names no control file")
         serve(session, measurement, spec.control, events)
         raise AssertionError("a served trial runs until it is ended")
+    elif mode is Mode.PROFILE:
+        done = profile(session, measurement, events)
     else:
         done = measure(session, measurement, events)
     if spec.next:

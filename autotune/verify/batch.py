@@ -73,10 +73,14 @@ def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, 
 def describe(*, chosen: TrialConfig, space: Space, batch_range: tuple[int, int] | None, pinned: int | None,
              has_evaluate: bool,
              ramp: Mapping[str, Any] | None, checks: Mapping[str, Check],
-             gated: Sequence[tuple[TrialConfig, Mapping[str, Check]]], speedup: float | None) -> BatchChoice:
+             gated: Sequence[tuple[TrialConfig, Mapping[str, Check]]], speedup: float | None,
+             baseline_samples_per_s: float | None = None) -> BatchChoice:
     """What the summary and best_config.json say about the batch: ``chosen``'s, whose
     ``checks`` these are, the batches ``space`` searched and what set them, ``ramp`` (as the
-    study stored it, if it ran), and the ``gated`` candidates the batch check rejected."""
+    study stored it, if it ran), and the ``gated`` candidates the batch check rejected.
+    Without evaluate(), a faster batch the ramp saw beyond those allowed is named, as
+    against the user's configuration (``baseline_samples_per_s``), with the --batch-range
+    that allows it."""
     user = space.baseline.batch_size
     check = checks.get("batch")
     said = None
@@ -88,13 +92,15 @@ def describe(*, chosen: TrialConfig, space: Space, batch_range: tuple[int, int] 
     largest = unchecked_top(user, batch_range)
     unchecked = None
     beyond = found.faster_beyond(largest) if found is not None and not has_evaluate else None
+    batches = space.choices.get("batch_size") or [chosen.batch_size]
     if found is not None and beyond is not None:
         batch, rate, within = beyond
-        unchecked = (f"a larger batch was faster but unchecked: batch {batch} ran at {rate:,.1f} samples/s, "
+        yours = f"{rate / baseline_samples_per_s:.1f}x your speed, " if baseline_samples_per_s else ""
+        unchecked = (f"a larger batch was faster but unchecked: batch {batch} ran {yours}{rate:,.1f} samples/s, "
                      f"{rate / within:.2f}x the fastest up to {largest} ({found.config}, as the batch range "
                      "measured it); without evaluate(model) in the model file nothing checks that it trains as "
-                     "well as yours. Add one, or allow it with --batch-range")
-    batches = space.choices.get("batch_size") or [chosen.batch_size]
+                     f"well as yours. Allow it with --batch-range {min(batches)}-{batch}, or give the model file "
+                     "an evaluate()")
     rejected = {str(cfg.batch_size): c["batch"].reason or "failed" for cfg, c in gated
                 if "batch" in c and c["batch"].passed is False}
     return BatchChoice(

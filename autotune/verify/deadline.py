@@ -30,6 +30,11 @@ def search_timeout(timeout_s: float | None) -> float | None:
     return None if timeout_s is None else SEARCH_SHARE * timeout_s
 
 
+# A compile read from the on-disk cache, as a share of the cold one the search measured:
+# the kernels are cached, Dynamo's trace and the CUDA graphs' capture are not.
+FROM_CACHE_SHARE = 0.25
+
+
 @dataclasses.dataclass(frozen=True)
 class Costs:
     """Seconds, as this run measured them. ``start_s``: a fresh process from its start until
@@ -46,6 +51,9 @@ class Costs:
     sample_s: float
     trial_start_s: float | None = None  # None: as ``start_s``
     setup_s: float = 0.0  # of ``start_s``, what comes before the first step: a run setting up beside another
+    # what each process of a compiled configuration pays on top: its compile read from the
+    # run's on-disk cache (Dynamo's trace, the CUDA graphs' capture), a share of a cold one
+    recompile_s: float = 0.0
 
     @classmethod
     def from_trials(cls, results: Iterable[TrialSummary], *, window_s: float,
@@ -59,14 +67,16 @@ class Costs:
         setups = [float(r.phases.get("start_import_s", 0.0)) + float(r.phases.get("setup_s", 0.0))
                   for r in results if not r.warm and "overhead_s" in r.phases]
         start = statistics.median(fresh) if fresh else 0.0
-        return cls(start_s=start, window_s=window_s,
+        cold = max((float(r.one_time_s) for r in results if r.one_time_s), default=0.0)
+        return cls(start_s=start, window_s=window_s, recompile_s=FROM_CACHE_SHARE * cold,
                    sample_s=1.0 / baseline_rate if baseline_rate > 0 else 0.0,
                    trial_start_s=statistics.median(s for s, _ in overheads) if overheads else None,
                    setup_s=min(start, statistics.median(setups)) if setups else 0.0)
 
-    def process(self, *, samples: float = 0.0) -> float:
-        """One trial that trains ``samples`` samples (a numerics trajectory, a quality run)."""
-        start = self.start_s if self.trial_start_s is None else self.trial_start_s
+    def process(self, *, samples: float = 0.0, fresh: bool = False) -> float:
+        """One trial that trains ``samples`` samples (a numerics trajectory, a quality run);
+        ``fresh``: in a process of its own (no warm one has its process knobs)."""
+        start = self.start_s if fresh or self.trial_start_s is None else self.trial_start_s
         return start + samples * self.sample_s
 
     def side_by_side(self, configs: Sequence[TrialConfig], rounds: int, room: DeviceRoom | None = None) -> float:

@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 
 from autotune.config import TrialConfig
 from autotune.document.stages import Stage, StageRecord, VerificationStages
+from autotune.runtime.knobs import CompileMode
+from autotune.trials.runner import process_key
 from autotune.verify import ablation
 from autotune.verify.deadline import Budget, Costs
 from autotune.verify.quality import trades_quality
@@ -55,13 +57,20 @@ def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baselin
     """One short training per computation (``Trainings``): each candidate's and its
     reference's, shared by what they compute, scored where a knob trades quality or
     evaluate() judges a batch unlike the user's (``verify.batch``), which also trains the
-    user's configuration over the same samples."""
+    user's configuration over the same samples. A run whose process knobs differ from the
+    run's before it starts a process of its own."""
     seen: set[str] = set()
     total = 0.0
+    last: list[str | None] = [None]  # the process key of the run before: a warm process has it
 
     def samples(cfg: TrialConfig, scored: bool) -> int:
         return cfg.batch_size * training_steps(cfg, evaluate=scored, numerics_steps=settings.numerics_steps,
                                                quality_samples=settings.quality_samples)
+
+    def run(cfg: TrialConfig, count: float) -> float:
+        key = process_key(cfg)
+        fresh, last[0] = key is None or key != last[0], key
+        return costs.process(samples=count, fresh=fresh)
 
     for cand in candidates:
         quality = has_evaluate and trades_quality(cand)
@@ -69,12 +78,12 @@ def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baselin
         for cfg, scored in ((numerics_reference(baseline, cand), quality), (cand, quality or judged)):
             if work_key(cfg) not in seen:
                 seen.add(work_key(cfg))
-                total += costs.process(samples=samples(cfg, scored))
+                total += run(cfg, samples(cfg, scored))
         if judged:  # the user's configuration over the longer of the two budgets, once per length
             over = max(samples(baseline, True), samples(cand, True))
             if f"batch:{over}" not in seen:
                 seen.add(f"batch:{over}")
-                total += costs.process(samples=over)
+                total += run(baseline, over)
     return total
 
 
@@ -95,14 +104,20 @@ def ablation_cost(settings: Settings, candidates: Sequence[TrialConfig], *, base
 
 def estimate(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
              costs: Costs, has_evaluate: bool) -> dict[Stage, float]:
-    """Seconds per stage, with every stage running to its cap (one candidate's pairs)."""
+    """Seconds per stage, with every stage running to its cap (one candidate's pairs). A
+    compiled candidate's processes (its gate's training, its held process, its standalone
+    runs) each compile it again from the run's cache (``Costs.recompile_s``)."""
+    compiled = [c for c in candidates if c.compile != CompileMode.OFF]
+    first_compiled = bool(candidates) and candidates[0].compile != CompileMode.OFF
     return {
-        Stage.GATES: gates_cost(settings, candidates, baseline=baseline, costs=costs, has_evaluate=has_evaluate),
+        Stage.GATES: (gates_cost(settings, candidates, baseline=baseline, costs=costs, has_evaluate=has_evaluate)
+                      + len(compiled) * costs.recompile_s),
         Stage.SPEED: (costs.side_by_side([baseline, *candidates], settings.rounds, settings.room)
-                      if candidates else 0.0),
+                      + len(compiled) * costs.recompile_s if candidates else 0.0),
         Stage.ABLATION: ablation_cost(settings, candidates, baseline=baseline, costs=costs),
         Stage.STANDALONE: (costs.pairs(settings.pairs, settings.pair_seconds,
                                        ahead=settings.ahead([baseline, candidates[0]]))
+                           + (settings.pairs * costs.recompile_s if first_compiled else 0.0)
                            if candidates else 0.0),
     }
 

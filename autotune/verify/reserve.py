@@ -1,7 +1,9 @@
 """What the search leaves verification under --timeout: it starts no trial after which
-verification at its least (``fit.least``) would not fit in what is left."""
+verification at its least (``fit.least``) would not fit in what is left, and a compiled
+trial on a GPU is priced against what is left of the run less that least."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -11,16 +13,49 @@ from autotune.sections import MeasureOptions, VerifyOptions
 from autotune.space import Space
 from autotune.verify import fit
 from autotune.verify.candidates import batch_rival, choose_candidates
-from autotune.verify.deadline import Costs
+from autotune.verify.deadline import FROM_CACHE_SHARE, Costs
+from autotune.verify.sequential import PAIRS_FEWEST
 from autotune.workbench import Workbench
 
 
+@dataclasses.dataclass(frozen=True)
+class Reserve:
+    """What the search leaves verification until ``ends_at`` (epoch seconds): ``need(outcome)``
+    is verification at its least for the search's outcome so far, in seconds."""
+
+    ends_at: float
+    need: Callable[[SearchOutcome], float | None]
+    timeout_s: float
+
+    def enough(self, outcome: SearchOutcome) -> str | None:
+        """Why the search starts no more trials: what is left would not hold another trial
+        and verification at its least; None while it would."""
+        need = self.need(outcome)
+        if need is None:
+            return None
+        walls = [c.result.wall_s or 0.0 for c in outcome.ranked]
+        if not room_for_another(now=time.time(), ends_at=self.ends_at, trial_walls=walls, need_s=need):
+            return (f"--timeout {self.timeout_s:g} s: the rest is verification's, about {need:.0f} s "
+                    "at its least")
+        return None
+
+    def room_s(self, outcome: SearchOutcome, once_s: float) -> float:
+        """The seconds left of --timeout once verification at its least is kept, should a
+        configuration that compiles for ``once_s`` win: then each of verification's processes
+        of it (its gates', its held one, its standalone runs) compiles it again from the
+        run's cache. What a compiled trial's compile may take, whatever the search's share
+        says."""
+        need = (self.need(outcome) or 0.0) + (2 + PAIRS_FEWEST) * FROM_CACHE_SHARE * once_s
+        # the trial's own start and windows besides its compile: as long as the longest so far
+        walls = [c.result.wall_s or 0.0 for c in outcome.ranked]
+        return self.ends_at - time.time() - max(walls, default=0.0) - need * fit.MARGIN
+
+
 def leave_for_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOptions, *, space: Space,
-                           limit: MemoryLimit, ends_at: float) -> Callable[[SearchOutcome], str | None]:
-    """Why the search starts no more trials: what is left until ``ends_at`` would not hold
-    another trial and verification at its least (the candidates the search has so far, with
-    its costs estimated from the trials so far)."""
-    def enough(outcome: SearchOutcome) -> str | None:
+                           limit: MemoryLimit, ends_at: float) -> Reserve:
+    """What the search leaves verification by ``ends_at``: verification at its least for the
+    candidates the search has so far, with its costs estimated from the trials so far."""
+    def need(outcome: SearchOutcome) -> float | None:
         if outcome.baseline is None or not outcome.ranked:
             return None
         baseline = outcome.baseline.config
@@ -30,14 +65,9 @@ def leave_for_verification(bench: Workbench, verify: VerifyOptions, measure: Mea
         costs = Costs.from_trials([c.result for c in outcome.ranked], window_s=measure.window_s,
                                   baseline_rate=outcome.baseline.measured.samples_per_s)
         settings = verify.settings.on(bench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()])
-        need = fit.least(settings, candidates, baseline=baseline, costs=costs,
+        return fit.least(settings, candidates, baseline=baseline, costs=costs,
                          has_evaluate=bench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
-        walls = [c.result.wall_s or 0.0 for c in outcome.ranked]
-        if not room_for_another(now=time.time(), ends_at=ends_at, trial_walls=walls, need_s=need):
-            return (f"--timeout {verify.timeout_s:g} s: the rest is verification's, about {need:.0f} s "
-                    "at its least")
-        return None
-    return enough
+    return Reserve(ends_at=ends_at, need=need, timeout_s=float(verify.timeout_s or 0.0))
 
 
 def room_for_another(*, now: float, ends_at: float, trial_walls: Sequence[float], need_s: float) -> bool:

@@ -8,11 +8,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-from autotune.document.profile import StepProfile
 from autotune.document.run import RunDocument
 from autotune.emit import outputs
 from autotune.outdir import write_atomically
 from autotune.report.console import Reporter
+from autotune.runtime.step_profile import StepProfile
 from autotune.trials.runner import TrialRunner, TrialRunnerLike, run_launcher
 
 PROFILE_DIR = "profile"  # in the output folder: the profiled run's log and report
@@ -30,7 +30,8 @@ def profile_emitted(out: Path, doc: RunDocument, *, runner: TrialRunnerLike, pro
     runner.close()  # alone on the machine, as the standalone runs were
     try:
         report = run_launcher(outputs.resolve(doc, out, "launcher"), steps=1, workdir=out / PROFILE_DIR,
-                              timeout_s=runner.timeout_s, cwd=runner.cwd, extra=("--profile",))
+                              timeout_s=runner.timeout_s, cwd=runner.cwd, extra=("--profile",),
+                              compile_cache=runner.compile_cache)
         taken = StepProfile.from_json(report.step_profile)
     except (RuntimeError, KeyError, ValueError, TypeError) as exc:
         reporter.warn(f"the step profile was not taken (logs in {out / PROFILE_DIR}): {exc}")

@@ -1,15 +1,14 @@
-"""Where the emitted configuration's step goes (best_config.json's ``step_profile``): one
-window of its script run under torch.profiler (``train_tuned.py --profile``), as shares of
-the step by category (``autotune.runtime.shares.Category``)."""
+"""Where a step goes: one window of training under torch.profiler (the emitted script's
+``--profile``, best_config.json's ``step_profile``; a profiled trial, which steers the
+search), as shares of the step by category (``autotune.runtime.shares.Category``)."""
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.document.measures import optional_fields
-from autotune.runtime.json_value import JsonObject
-from autotune.runtime.shares import Category
+from .json_value import JsonObject
+from .shares import Category
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,10 +35,12 @@ class StepProfile:
     def to_json(self) -> JsonObject:
         return {"step_ms": self.step_ms, "steps": self.steps, "device": self.device, "source": self.source,
                 "shares": {c.value: self.share(c) for c in Category},
-                **optional_fields(measured_step_ms=self.measured_step_ms)}
+                **({} if self.measured_step_ms is None else {"measured_step_ms": self.measured_step_ms})}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> StepProfile:
+        # a category the document predates reads as none of the step (convolutions were
+        # counted in matmul before they had one of their own)
+        shares = {c.value: 0.0 for c in Category} | {k: float(v) for k, v in data["shares"].items()}
         return cls(step_ms=float(data["step_ms"]), steps=int(data["steps"]), device=str(data["device"]),
-                   source=str(data["source"]), shares={k: float(v) for k, v in data["shares"].items()},
-                   measured_step_ms=data.get("measured_step_ms"))
+                   source=str(data["source"]), shares=shares, measured_step_ms=data.get("measured_step_ms"))
