@@ -8,6 +8,9 @@
 # Checks, in order (each under `timeout`, given at most what is left of --limit, default 480 s):
 #   env        nvidia-smi, torch and its CUDA, the wheels installed, imports (summary.txt only)
 #   probe      autotune probe --json                              -> probe.json
+#   landscape  bench/gpu_landscape.py on each of $LANDSCAPES (fashion_cnn, tiny_gpt): a design of
+#              points, about two minutes each; copy into tests/fixtures/landscapes/ to replay
+#                                                                 -> landscape_NAME.json
 #   quality    bench/quality_spread.py on bench/workloads/gpt2_small.py: the quality check's own
 #              trainings of the fp32 reference and of bf16 over more seeds: does bf16 lose
 #              more on evaluate() than fp32 loses to another seed?   -> quality.log, quality.json
@@ -47,6 +50,7 @@
 #   GPT2_MFU_ARGS="--config ... --profile ..."   GPT2_MFU_CAP=300   (see bench/gpu_mfu.py)
 #   GPT2_ARGS="--trials 8"   GPT2_CAP=400
 #   QUALITY_ARGS="--seeds 1,2 --candidate-seeds 0,1"   QUALITY_CAP=420
+#   LANDSCAPES="examples/fashion_cnn.py examples/tiny_gpt.py"   LANDSCAPE_ARGS="--budget-s 120"   LANDSCAPE_CAP=150
 #
 # Optuna and jsonschema (and their dependencies) are not on the GPU machine, which has no
 # network: download their wheels on a machine with pip into .whl/ at the repository root
@@ -210,6 +214,17 @@ try:
 except Exception as exc:
     print("  probe.json unreadable:", exc)
 EOF
+fi
+
+# --- GPU landscapes: each workload's design of points, the simulated node's fixtures ---------------------
+if wanted landscape; then
+for workload in ${LANDSCAPES:-examples/fashion_cnn.py examples/tiny_gpt.py}; do
+  name=$(basename "$workload" .py)
+  # shellcheck disable=SC2086
+  run_check "landscape_$name" "${LANDSCAPE_CAP:-150}" "$WORK/landscape_$name.log" \
+    "$PY" bench/gpu_landscape.py "$workload" --out "$OUTDIR/landscape_$name.json" ${LANDSCAPE_ARGS:---budget-s 120}
+  tail -3 "$WORK/landscape_$name.log" | sed 's/^/  /' >> "$SUMMARY"
+done
 fi
 
 # --- bf16's quality loss on GPT-2 small against fp32's spread over seeds ------------------------------------

@@ -180,6 +180,7 @@ class SimulatedGpuNode(StandIn):
         self.failures: list[tuple[str, str]] = []  # (stage name, what happened)
         self.scripts: list[Path] = []
         self.ran: list[tuple[str, TrialConfig]] = []  # every process started, by stage name
+        self.once: dict[TrialConfig, float] = {}  # each configuration's last one-time cost (its compile)
 
     # --- what a configuration needs and gets ---------------------------------------
 
@@ -205,6 +206,10 @@ class SimulatedGpuNode(StandIn):
     def measured_done(self, cfg: TrialConfig) -> dict[str, Any]:
         return {"cuda_peak_mb": self.rank_bytes(cfg) / 2**20, "rank_peak_mb": self.rank_bytes(cfg) / 2**20,
                 "cuda_total_mb": self.devices[0].memory_bytes / 2**20}
+
+    def one_time_s(self, cfg: TrialConfig) -> float:
+        """What a trial's first step paid once: its compile, cold or from the node's cache."""
+        return self.once.get(cfg, 0.0)
 
     def step_s(self, cfg: TrialConfig) -> float:
         return cfg.batch_size / self.throughput(cfg)
@@ -277,7 +282,7 @@ class SimulatedGpuNode(StandIn):
 
     def run(self, cfg: TrialConfig, *, name: str, on_window: Any = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
-            timeout_s: float | None = None, **kw: Any) -> TrialResult:
+            timeout_s: float | None = None, profile: bool = False, **kw: Any) -> TrialResult:
         self.limits.append((cfg, timeout_s))
         began = self.clock
         key = process_key(cfg) if trajectory_steps is None and quality_steps is None else None
@@ -291,19 +296,23 @@ class SimulatedGpuNode(StandIn):
             return failure
         assert pid is not None
         try:
-            self.busy(pid, cfg, self.warm_up_s(cfg, name))
+            warm_up = self.warm_up_s(cfg, name)
+            self.once[cfg] = max(0.0, warm_up - self.costs.warmup_s)  # a compile, as a trial reports it
+            self.busy(pid, cfg, warm_up)
             steps = trajectory_steps or quality_steps
             if steps is not None:
                 self.busy(pid, cfg, steps * self.step_s(cfg) + (self.costs.evaluate_s if quality_steps else 0.0))
+            elif profile:  # its warm-up to a steady second, then a second profiled
+                self.busy(pid, cfg, 2 * self.costs.window_s, measuring=True)
             else:
                 self.busy(pid, cfg, 3 * self.costs.window_s, measuring=True)
             result = self.result(cfg, on_window=on_window, trajectory_steps=trajectory_steps,
-                                 quality_steps=quality_steps)
+                                 quality_steps=quality_steps, profile=profile)
         finally:
             self.release(pid)
         # where its time went, as a real trial reports it: what --timeout's estimates read
         result.wall_s = self.clock - began
-        measured = 0.0 if steps is not None else 3 * self.costs.window_s
+        measured = 0.0 if steps is not None or profile else 3 * self.costs.window_s
         result.phases = {"measure_s": measured, "overhead_s": result.wall_s - measured,
                          "start_import_s": 0.0 if warm else self.costs.start_s}
         result.setup = dataclasses.replace(result.setup or SetupEvent(seconds=0.0), warm=warm)
