@@ -106,7 +106,9 @@ class StandInRunner:
     calls = 0
     timeout_s = 300.0
 
-    def run(self, cfg, *, name, on_window=None, **kwargs):
+    def run(self, cfg, *, name, on_window=None, profile=False, **kwargs):
+        if profile:  # where the step goes: nothing to say, and not a measurement
+            return TrialResult(status="ok")
         n, StandInRunner.calls = StandInRunner.calls, StandInRunner.calls + 1
         if n == opts["kill_at"]:
             os.kill(os.getpid(), signal.SIGKILL)

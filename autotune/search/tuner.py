@@ -177,11 +177,14 @@ class Tuner:
                 self._one_trial()  # the queue's head: the baseline, enqueued first
                 continue
             if stop is None and asks_left > 0 and len(measured) + len(self.ledger.running()) < self.budget.trials:
-                asks_left -= 1
                 with self.turns.lock():
                     with self.turns.measuring():  # the profiled run is alone on the machine
-                        steering.steer_once(self.study, self.ledger, self.runner)
-                    self.stages.enqueue_refinements()
+                        steered = steering.steer_once(self.study, self.ledger, self.runner)
+                    if steered is None:
+                        self.stages.enqueue_refinements()
+                if steered is not None:
+                    continue  # the budget again: another worker may have started a trial meanwhile
+                asks_left -= 1
                 self._one_trial()
                 continue
             if self.ledger.running(rungs=True):
