@@ -28,7 +28,9 @@ reading of it, so a wrong reading shows up as a wrong run):
   process ran on one of its GPUs; ``compiles`` every compile, by trial name.
 
 Throughput grows with the per-GPU batch and the number of GPUs, reduced precision is
-faster on Ampere or later; losses and evaluate() as every stand-in's (``doubles.StandIn``).
+faster on Ampere or later (``SimModel``); losses and evaluate() as every stand-in's
+(``doubles.StandIn``). A subclass may answer otherwise: ``landscape.LandscapeNode`` answers
+throughput, memory and compile costs from a GPU landscape (tests/landscape.py) instead.
 """
 from __future__ import annotations
 
@@ -223,10 +225,17 @@ class SimulatedGpuNode(StandIn):
         graph = (cfg.micro_batch, cfg.precision, cfg.channels_last, cfg.compile, cfg.prune_ratio,
                  cfg.activation_checkpointing)
         if graph in self.cached:
-            return self.costs.warmup_s + self.costs.recompile_s
+            return self.costs.warmup_s + self.cached_compile_s(cfg)
         self.cached.add(graph)
-        cold = self.costs.autotune_s if cfg.compile.startswith("max-autotune") else self.costs.compile_s
-        return self.costs.warmup_s + cold
+        return self.costs.warmup_s + self.cold_compile_s(cfg)
+
+    def cold_compile_s(self, cfg: TrialConfig) -> float:
+        """A first compile of ``cfg`` on this node (a landscape's node: as recorded)."""
+        return self.costs.autotune_s if cfg.compile.startswith("max-autotune") else self.costs.compile_s
+
+    def cached_compile_s(self, cfg: TrialConfig) -> float:
+        """A compile of ``cfg`` from the node's on-disk cache."""
+        return self.costs.recompile_s
 
     def busy(self, pid: int, cfg: TrialConfig, seconds: float, *, measuring: bool = False) -> None:
         """``pid`` runs on its GPUs for ``seconds`` from now; a window measured while

@@ -180,12 +180,17 @@ class Tuner:
                 with self.turns.lock():
                     with self.turns.measuring():  # the profiled run is alone on the machine
                         steered = steering.steer_once(self.study, self.ledger, self.runner)
-                    if steered is None:
+                    # asked under the lock, the budget looked at again: another worker may
+                    # have started a trial while this one waited for the lock or profiled
+                    trial = None
+                    if steered is None and (len(self.ledger.measured()) + len(self.ledger.running())
+                                            < self.budget.trials):
                         self.stages.enqueue_refinements()
-                if steered is not None:
-                    continue  # the budget again: another worker may have started a trial meanwhile
-                asks_left -= 1
-                self._one_trial()
+                        trial = self._ask()
+                if trial is not None:
+                    asks_left -= 1
+                    with _heartbeat(self.study, trial):
+                        self._measure(trial)
                 continue
             if self.ledger.running(rungs=True):
                 # another worker's trial still measures: its result belongs to the ranking
@@ -233,12 +238,15 @@ class Tuner:
             return "every configuration of the space was measured"
         return None
 
-    def _one_trial(self) -> None:
+    def _ask(self) -> optuna.Trial:
         with warnings.catch_warnings():
             # Optuna asks for Study.optimize where the storage keeps heartbeats; _heartbeat
             # records them instead
             warnings.filterwarnings("ignore", message="Heartbeat of storage")
-            trial = self.study.ask()
+            return self.study.ask()
+
+    def _one_trial(self) -> None:
+        trial = self._ask()
         with _heartbeat(self.study, trial):
             self._measure(trial)
 
