@@ -294,7 +294,7 @@ class SimulatedGpuNode(StandIn):
             timeout_s: float | None = None, profile: bool = False, **kw: Any) -> TrialResult:
         self.limits.append((cfg, timeout_s))
         began = self.clock
-        key = process_key(cfg) if trajectory_steps is None and quality_steps is None else None
+        key = process_key(cfg)  # a gate's training takes a warm process as the runner's does
         warm = key is not None and key == self.idle_key
         if not warm:
             self.clock += self.costs.start_s
@@ -310,7 +310,8 @@ class SimulatedGpuNode(StandIn):
             self.busy(pid, cfg, warm_up)
             steps = trajectory_steps or quality_steps
             if steps is not None:
-                self.busy(pid, cfg, steps * self.step_s(cfg) + (self.costs.evaluate_s if quality_steps else 0.0))
+                self.busy(pid, cfg, steps * self.step_s(cfg) + (self.costs.evaluate_s * (1 + len(kw.get("evaluate_at", ())))
+                                                            if quality_steps else 0.0))
             elif profile:  # its warm-up to a steady second, then a second profiled
                 self.busy(pid, cfg, 2 * self.costs.window_s, measuring=True)
             else:

@@ -227,8 +227,9 @@ def test_the_readme_example_verifies_within_minutes_on_a_simulated_gpu_node(read
     # 973 where every visit of a GPU configuration was a fresh process, 495 and 570 where
     # every standalone pair ran to --pairs, each run set up after the one before it ended;
     # the pick on one GPU is now the expert's recipe, compiled, at the batch range's knee:
-    # its ablation reverts more knobs, each variant compiling from the cache)
-    assert node.clock - verify_from <= {"h100x1": 380, "h100x8": 500}[name], node.clock - verify_from
+    # its ablation reverts more knobs, each variant compiling from the cache; 367 and 490
+    # before the quality check trained fp32 from a second seed)
+    assert node.clock - verify_from <= {"h100x1": 420, "h100x8": 560}[name], node.clock - verify_from
     # "verified": the figure a re-run stays above clears 1x, from the fewest pairs on
     assert doc["speedup"]["lower_bound"] > 1.0 and doc["speedup"]["pairs"] >= sequential.PAIRS_FEWEST
     # no window was measured while another process ran on one of its GPUs

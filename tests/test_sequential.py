@@ -12,10 +12,11 @@ from autotune.config import TrialConfig
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.trials.script_report import ScriptReport
 from autotune.verify import ablation, gates, sequential, side_by_side, standalone
+from autotune.verify.reference import work_key
 from autotune.verify.settings import Settings
 from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
 from autotune.verify.stats import RatioInterval
-from autotune.verify.trainings import Trainings, work_key
+from autotune.verify.trainings import Trainings
 from autotune.verify.verdict import Verdict, rank_by_rounds
 
 from doubles import NoisyServing, RunnerDouble, ScriptedRunner, StandInRunner, recorded_machine, tune_stand_in

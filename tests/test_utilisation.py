@@ -280,7 +280,7 @@ def test_a_pick_no_trial_ran_takes_the_models_flops_and_the_peak_of_a_trial_on_i
     ranks, threads and precision (a pruned trial's first step measured it)."""
     from autotune.config import TrialConfig
     from autotune.document.utilisation import pick_facts
-    from autotune.verify.trainings import work_key
+    from autotune.verify.reference import work_key
 
     def result(source: str, peak: float) -> dict:  # a trial's first-step facts
         return {"utilisation": {"flops_per_sample": 2.5e7, "peak_flop_per_s": peak, "peak_source": source}}

@@ -30,8 +30,8 @@ from autotune.trials.protocol import StudyAttr
 from autotune.verify import batch as verify_batch
 from autotune.verify.layout import layout_effect
 from autotune.verify.precision import precision_note
+from autotune.verify.reference import work_key
 from autotune.verify.stage import Verified
-from autotune.verify.trainings import work_key
 from autotune.verify.verdict import Verdict, outcomes
 from autotune.workbench import Workbench
 
@@ -64,7 +64,8 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
         config=chosen, baseline=baseline, best=best,
         speedup=claim.speedup if claim is not None else None,
         verification=dict(winner.checks) if winner is not None else {},
-        precision=precision_note(chosen, winner, verdicts, space, exact=verify.exact),
+        precision=precision_note(chosen, winner, verdicts, space, exact=verify.exact,
+                                 searched={c.config: c.measured.samples_per_s for c in outcome.ranked}),
         rejected=tuple(Rejection(config=v.config, reason=v.reason, checks=dict(v.checks))
                        for v in verdicts if v is not winner and not v.passed),
         candidates=candidates,

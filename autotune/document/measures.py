@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from autotune.config import KnobValue, TrialConfig
+from autotune.document.quality import QualityJudgement
 from autotune.runtime.json_value import JsonObject, JsonValue
 
 # Where the printed speedup's interval comes from, as best_config.json tells its reader.
@@ -253,7 +254,10 @@ class Rejection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PrecisionNote:
-    """Which precision was chosen, how it was checked, why others were not, how to opt out."""
+    """Which precision was chosen, how it was checked, why others were not, how to opt out.
+    ``inconclusive``: the faster precisions whose quality check could not tell, and how to
+    accept one; ``judged``: what the quality check found for each configuration it judged,
+    by its short name."""
 
     chosen: str
     rejected: Mapping[str, str]
@@ -261,16 +265,21 @@ class PrecisionNote:
     skipped: Mapping[str, str]
     checked: str | None = None
     opt_out: str | None = None
+    inconclusive: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    judged: Mapping[str, QualityJudgement] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> JsonObject:
         return {"chosen": self.chosen, **optional_fields(checked=self.checked),
-                "rejected": dict(self.rejected), "instead": self.instead,
-                **optional_fields(opt_out=self.opt_out), "skipped": dict(self.skipped)}
+                "rejected": dict(self.rejected), "inconclusive": dict(self.inconclusive), "instead": self.instead,
+                **optional_fields(opt_out=self.opt_out), "skipped": dict(self.skipped),
+                "judged": {name: j.to_json() for name, j in self.judged.items()}}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PrecisionNote:
         return cls(chosen=data["chosen"], rejected=data["rejected"], instead=data["instead"],
-                   skipped=data["skipped"], checked=data.get("checked"), opt_out=data.get("opt_out"))
+                   skipped=data["skipped"], checked=data.get("checked"), opt_out=data.get("opt_out"),
+                   inconclusive=data.get("inconclusive") or {},
+                   judged={name: QualityJudgement.from_json(j) for name, j in (data.get("judged") or {}).items()})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -205,6 +205,9 @@ class Reporter:
         for label, reason in precision.rejected.items():
             self.out.print(f"precision: {label} rejected ({reason}); "
                            f"{precision.instead} is emitted instead", markup=False)
+        for label, reason in precision.inconclusive.items():
+            self.out.print(f"precision: {label} inconclusive ({reason}); "
+                           f"{precision.instead} is emitted instead", markup=False)
         if precision.opt_out and doc.config.precision != Precision.FP32:
             self.out.print(f"  to opt out: {precision.opt_out}", markup=False)
         layout = doc.layout_effect

@@ -166,7 +166,8 @@ class DoneEvent:
     (this process's resident peak, the busiest rank's, rank 0's GPU reservation and the
     GPU's size: None off CUDA), page faults per step where counted. A trajectory's: the
     ``losses`` alone (a measurement's are its windows'); a quality run's, with evaluate()'s
-    ``metric`` (None where not scored). A profiled window's (``Mode.PROFILE``): where its
+    ``metric`` after the last step (None where not scored) and its ``evaluations`` along the
+    way, (step, score) before the steps the run was asked to score at. A profiled window's (``Mode.PROFILE``): where its
     step went (``step_profile``, as best_config.json writes one) and its ``samples_per_s``,
     slowed by the profiler: not a measurement. The mode is not on the line: what it
     carries says."""
@@ -183,6 +184,7 @@ class DoneEvent:
     cuda_total_mb: float | None = None
     minor_faults_per_step: float | None = None
     metric: float | None = None
+    evaluations: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     step_profile: StepProfile | None = None
     samples_per_s: float | None = None
     rank: int = 0
@@ -203,6 +205,8 @@ class DoneEvent:
             out["losses"] = self.losses
             if self.mode is Mode.QUALITY:
                 out["metric"] = self.metric
+                if self.evaluations:
+                    out["evaluations"] = [[step, score] for step, score in self.evaluations]
         return out
 
     @classmethod
@@ -218,6 +222,7 @@ class DoneEvent:
                    peak_rss_mb=_number(data, "peak_rss_mb"), rank_peak_mb=_number(data, "rank_peak_mb"),
                    cuda_peak_mb=_number(data, "cuda_peak_mb"), cuda_total_mb=_number(data, "cuda_total_mb"),
                    minor_faults_per_step=_number(data, "minor_faults_per_step"), metric=_number(data, "metric"),
+                   evaluations=[(int(step), float(score)) for step, score in data.get("evaluations") or []],
                    rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
 
 

@@ -60,6 +60,14 @@ class TrialResult:
         """evaluate()'s score after a quality run (None: not scored, or no such run)."""
         return self.done.metric if self.done is not None else None
 
+    @property
+    def evaluations(self) -> list[tuple[int, float]]:
+        """evaluate()'s scores of a quality run as (steps trained, score): those along the
+        way, then the last (an empty list: not scored)."""
+        if self.done is None or self.done.metric is None:
+            return []
+        return [*self.done.evaluations, (len(self.done.losses), self.done.metric)]
+
     def describe_failure(self) -> str:
         text = Failure.describe(self.failure)
         return f"{text}: {self.message}" if self.message else text

@@ -137,7 +137,8 @@ class TrialRunnerLike(Protocol):
     timeout_s: float  # a trial's limit, unless its run gives another (a long compile)
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
-            timeout_s: float | None = None, profile: bool = False) -> TrialResult: ...
+            timeout_s: float | None = None, profile: bool = False, seed_offset: int = 0,
+            evaluate_at: tuple[int, ...] = ()) -> TrialResult: ...
     def start(self, cfg: TrialConfig, *, name: str, mode: TrialMode | None = None) -> LiveTrialLike: ...
     def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptReport: ...
     def start_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptRunLike: ...
@@ -216,12 +217,15 @@ class TrialRunner:
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
             extra_env: Mapping[str, str] | None = None, timeout_s: float | None = None,
-            profile: bool = False) -> TrialResult:
+            profile: bool = False, seed_offset: int = 0, evaluate_at: tuple[int, ...] = ()) -> TrialResult:
         """Measure ``cfg``; or, with ``trajectory_steps``, record that many losses; or,
         with ``quality_steps``, record that many losses and then score with ``evaluate``;
         or, with ``profile``, warm up and profile one window of about a second
         (``TrialResult.step_profile``: where the step goes; no measurement, ``value`` stays
-        None). ``on_window(i, samples_per_s)`` returning True prunes the trial; ``timeout_s``: its
+        None). ``evaluate_at``: a quality run's steps before which evaluate() scores it too
+        (``TrialResult.evaluations``); ``seed_offset``: its seed is the runner's plus this (weights
+        and data order; the quality check trains fp32 from several). ``on_window(i, samples_per_s)``
+        returning True prunes the trial; ``timeout_s``: its
         limit, where not the runner's (``limits.run_limit_s``). A profiled run takes a warm
         process as a measurement does (``process_key``)."""
         if profile and (trajectory_steps is not None or quality_steps is not None):
@@ -230,11 +234,11 @@ class TrialRunner:
         if trajectory_steps is not None:
             mode = TrialMode.trajectory(trajectory_steps)
         elif quality_steps is not None:
-            mode = TrialMode.quality(quality_steps)
+            mode = TrialMode.quality(quality_steps, evaluate_at=evaluate_at)
         elif profile:
             mode = TrialMode.profile()
         live = self.start(cfg, name=name, on_window=on_window, mode=mode, extra_env=extra_env,
-                          timeout_s=timeout_s)
+                          timeout_s=timeout_s, seed_offset=seed_offset)
         return live.wait()
 
     def run_script(self, launcher: Path, *, steps: int, workdir: Path,
@@ -252,7 +256,7 @@ class TrialRunner:
 
     def start(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
               mode: TrialMode | None = None, extra_env: Mapping[str, str] | None = None,
-              timeout_s: float | None = None) -> LiveTrial:
+              timeout_s: float | None = None, seed_offset: int = 0) -> LiveTrial:
         """Start ``cfg``'s process tree, or hand ``cfg`` to a warm process that can run it,
         and return the handle that watches it (killed after ``timeout_s``, default the
         runner's)."""
@@ -268,7 +272,7 @@ class TrialRunner:
             (folder / stale).unlink(missing_ok=True)
         spec = TrialSpec(model_file=self.model_file, config=cfg.to_dict(), events=str(folder / "events.jsonl"),
                          control=str(folder / "control"), log=str(folder / "log.txt"), measure=self.measurement,
-                         seed=self.seed, mode=mode)
+                         seed=self.seed + seed_offset, mode=mode)
         result = TrialResult(status=Status.FAILED, log_path=str(folder / "log.txt"))
         try:
             env_vars, result.warnings = launch.environment(cfg, machine=self.machine)

@@ -25,6 +25,9 @@ class TrialMode:
 
     mode: Mode = Mode.MEASURE
     steps: int | None = None
+    # a quality run's: the steps before which evaluate() also scores the model (0: before
+    # any training), besides once after the last
+    evaluate_at: tuple[int, ...] = ()
 
     @classmethod
     def serve(cls) -> TrialMode:
@@ -35,8 +38,8 @@ class TrialMode:
         return cls(Mode.TRAJECTORY, steps)
 
     @classmethod
-    def quality(cls, steps: int) -> TrialMode:
-        return cls(Mode.QUALITY, steps)
+    def quality(cls, steps: int, *, evaluate_at: tuple[int, ...] = ()) -> TrialMode:
+        return cls(Mode.QUALITY, steps, tuple(sorted(set(evaluate_at))))
 
     @classmethod
     def profile(cls) -> TrialMode:
@@ -46,12 +49,14 @@ class TrialMode:
         """The spec's keys for it: none for a measurement, as specs always had."""
         if self.mode is Mode.MEASURE:
             return {}
-        return {"mode": self.mode.value, **({"steps": self.steps} if self.steps is not None else {})}
+        return {"mode": self.mode.value, **({"steps": self.steps} if self.steps is not None else {}),
+                **({"evaluate_at": list(self.evaluate_at)} if self.evaluate_at else {})}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TrialMode:
         steps = data.get("steps")
-        return cls(Mode(data.get("mode", Mode.MEASURE)), int(steps) if steps is not None else None)
+        return cls(Mode(data.get("mode", Mode.MEASURE)), int(steps) if steps is not None else None,
+                   tuple(int(s) for s in data.get("evaluate_at") or ()))
 
 
 @dataclasses.dataclass(frozen=True)

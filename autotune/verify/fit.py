@@ -31,11 +31,11 @@ from autotune.runtime.knobs import CompileMode
 from autotune.trials.runner import process_key
 from autotune.verify import ablation
 from autotune.verify.deadline import Budget, Costs
-from autotune.verify.quality import trades_quality
-from autotune.verify.reference import numerics_reference
+from autotune.verify.quality import REFERENCE_SEEDS, trades_quality
+from autotune.verify.reference import numerics_reference, quality_reference, work_key
 from autotune.verify.sequential import FEWEST, PAIRS_FEWEST
 from autotune.verify.settings import Settings
-from autotune.verify.trainings import training_steps, work_key
+from autotune.verify.trainings import training_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +55,12 @@ class Plan:
 def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
                costs: Costs, has_evaluate: bool) -> float:
     """One short training per computation (``Trainings``): each candidate's and its
-    reference's, shared by what they compute, scored where a knob trades quality or
+    reference's, shared by what they compute (and, where a knob trades quality, fp32's
+    other seeds), scored where a knob trades quality or
     evaluate() judges a batch unlike the user's (``verify.batch``), which also trains the
     user's configuration over the same samples. A run whose process knobs differ from the
     run's before it starts a process of its own."""
-    seen: set[str] = set()
+    seen: set[tuple[str, int]] = set()
     total = 0.0
     last: list[str | None] = [None]  # the process key of the run before: a warm process has it
 
@@ -75,14 +76,18 @@ def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baselin
     for cand in candidates:
         quality = has_evaluate and trades_quality(cand)
         judged = has_evaluate and cand.batch_size != baseline.batch_size  # the candidate's run is scored
-        for cfg, scored in ((numerics_reference(baseline, cand), quality), (cand, quality or judged)):
-            if work_key(cfg) not in seen:
-                seen.add(work_key(cfg))
+        reference = numerics_reference(baseline, cand)
+        trained = [(reference, quality, 0), (cand, quality or judged, 0)]
+        if quality:  # fp32's spread: its other seeds, unpruned
+            trained += [(quality_reference(baseline, cand), True, seed) for seed in range(1, REFERENCE_SEEDS)]
+        for cfg, scored, seed in trained:
+            if (work_key(cfg), seed) not in seen:
+                seen.add((work_key(cfg), seed))
                 total += run(cfg, samples(cfg, scored))
         if judged:  # the user's configuration over the longer of the two budgets, once per length
             over = max(samples(baseline, True), samples(cand, True))
-            if f"batch:{over}" not in seen:
-                seen.add(f"batch:{over}")
+            if (f"batch:{over}", 0) not in seen:
+                seen.add((f"batch:{over}", 0))
                 total += run(baseline, over)
     return total
 

@@ -39,6 +39,7 @@ from autotune.verify import ablation, sequential, standalone
 from autotune.verify.batch import batch_check
 from autotune.verify.numerics import numerics_check
 from autotune.verify.quality import quality_check
+from autotune.verify.reference import KeptReferences
 from autotune.verify.settings import Settings
 from autotune.verify.side_by_side import Held, speed_check
 from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
@@ -136,6 +137,7 @@ def verify_candidates(
     reserve: Sequence[TrialConfig] = (),
     progress: Progress = no_progress,
     stages: list[StageRecord] | None = None, slowest: float | None = None,
+    kept: KeptReferences | None = None,
 ) -> tuple[Verdict | None, list[Verdict], ReferenceSpeed | None]:
     """Gate the candidates (numerics, quality; ``screen``), measure the survivors'
     speed side by side with the baseline, then run the scripts of the fastest first
@@ -143,10 +145,11 @@ def verify_candidates(
     to pass all four checks wins (the simplified one of ``ablate`` first, when there is
     one). ``emit_candidate(cfg, folder)`` writes a candidate's launch.sh and returns its
     path. Each stage's record (``StageRecord``) is appended to ``stages``. ``slowest``: the
-    slowest samples/s the search measured, which sizes the gates' trainings' time limits."""
+    slowest samples/s the search measured, which sizes the gates' trainings' time limits;
+    ``kept``: where the scored fp32 trainings are kept between runs."""
     log = stages if stages is not None else []
     trainings = Trainings(runner, evaluate=has_evaluate, numerics_steps=settings.numerics_steps,
-                          quality_samples=settings.quality_samples, slowest=slowest)
+                          quality_samples=settings.quality_samples, slowest=slowest, kept=kept)
     pool = Held(runner)
     try:
         return _verify(runner, baseline=baseline, candidates=candidates, settings=settings,

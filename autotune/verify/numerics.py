@@ -85,8 +85,9 @@ def numerics_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfi
     quality = trades_quality(cand)
     scored = {"reference": quality,
               "candidate": quality or (trainings.evaluate and cand.batch_size != baseline.batch_size)}
-    results, ran, notes = where_fp32_fits(lambda cfg, role: trainings.of(cfg, role, scored=scored[role]),
-                                           numerics_reference(baseline, cand), cand)
+    fitted = where_fp32_fits(lambda cfg, role: trainings.of(cfg, role, scored=scored[role]),
+                             numerics_reference(baseline, cand), cand)
+    results, ran, notes = fitted.results, fitted.candidate, fitted.notes
     shrunk = {"checked_at_batch": ran.batch_size, "notes": notes} if notes else {}
     for role, result in results.items():
         if result.status != Status.OK:

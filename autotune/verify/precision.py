@@ -2,8 +2,11 @@
 checked, why the others were not chosen, and how to opt out."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from autotune.config import TrialConfig
 from autotune.document.measures import PrecisionNote
+from autotune.document.quality import QualityJudgement, QualityVerdict
 from autotune.runtime.knobs import Precision
 from autotune.space import Space
 from autotune.verify.verdict import Verdict
@@ -34,25 +37,41 @@ def describe_checks(verdict: Verdict) -> str:
     quality = verdict.checks.get("quality")
     if quality is not None and quality.passed:
         d = quality.detail
-        parts.append(f"evaluate() {d['candidate_metric']:.4g} vs {d['reference_metric']:.4g} in fp32")
+        judged = d.get("judgement")
+        parts.append(f"evaluate() {d['candidate_metric']:.4g} vs {d['reference_metric']:.4g} in fp32"
+                     + (f", {QualityJudgement.from_json(judged).words()}" if judged else ""))
     elif quality is not None and quality.passed is None and not cfg.exact:
         parts.append("no evaluate() to check quality with")
     return f"{what}: " + ("; ".join(parts) if parts else "not checked")
 
 
 def precision_note(chosen: TrialConfig, winner: Verdict | None, verdicts: list[Verdict], space: Space, *,
-                   exact: bool) -> PrecisionNote:
+                   exact: bool, searched: Mapping[TrialConfig, float] | None = None) -> PrecisionNote:
     """Which precision was chosen, how it was checked, why the others were not, and how
-    to opt out: what the summary and best_config.json say about precision."""
+    to opt out: what the summary and best_config.json say about precision. ``searched``:
+    the samples/s the search measured of each configuration, which says how much faster
+    one whose quality check could not tell ran."""
     def label(cfg: TrialConfig) -> str:
         return cfg.precision + (f" pruned {cfg.prune_ratio:g}" if cfg.prune_ratio else "")
 
+    rates = searched or {}
     rejected: dict[str, str] = {}
+    inconclusive: dict[str, str] = {}
+    judged: dict[str, QualityJudgement] = {}
     for v in verdicts:
+        found = v.checks.get("quality")
+        if found is not None and found.detail.get("judgement"):
+            judged[v.config.short()] = QualityJudgement.from_json(found.detail["judgement"])
         if v is winner or v.passed or v.config.exact or label(v.config) == label(chosen):
             continue
         failed = {name: c for name, c in v.checks.items() if c.passed is False}
-        if set(failed) & {"numerics", "quality"}:  # the knob's own fault, not speed or script
+        if set(failed) == {"quality"} and v.config.short() in judged and (
+                judged[v.config.short()].verdict is QualityVerdict.INCONCLUSIVE):
+            faster = ""
+            if rates.get(v.config) and rates.get(chosen):
+                faster = f"it ran {rates[v.config] / rates[chosen]:.2f}x the chosen configuration in the search; "
+            inconclusive.setdefault(label(v.config), f"{v.config.short()}: {faster}{failed['quality'].reason}")
+        elif set(failed) & {"numerics", "quality"}:  # the knob's own fault, not speed or script
             rejected.setdefault(label(v.config), "; ".join(
                 f"{name}: {c.detail.get('reason', 'failed')}" for name, c in failed.items()))
     opt_out = None
@@ -63,7 +82,7 @@ def precision_note(chosen: TrialConfig, winner: Verdict | None, verdicts: list[V
     return PrecisionNote(
         chosen=chosen.precision,
         checked=describe_checks(winner) if winner is not None else None,
-        rejected=rejected,
+        rejected=rejected, inconclusive=inconclusive, judged=judged,
         instead=(f"the fastest verified configuration ({label(chosen)})" if winner is not None
                  else "the baseline"),
         opt_out=opt_out,

@@ -1,15 +1,34 @@
 """The fp32 references the gates compare a candidate with (``autotune.verify.numerics``,
-``autotune.verify.quality``), and where they run: at the candidate's batch, or, where fp32
-runs out of memory there, at the largest batch it holds."""
+``autotune.verify.quality``), where they run (at the candidate's batch, or, where fp32 runs
+out of memory there, at the largest batch it holds) and where they are kept between runs."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.outdir import write_atomically
 from autotune.runtime.knobs import Device
 from autotune.search import memory
+from autotune.trials.events import DoneEvent
 from autotune.trials.protocol import Failure, Status
 from autotune.trials.runner import TrialResult
+
+# Knobs that only place or feed the work (threads, allocator, pinning, DataLoader
+# workers): they change no arithmetic beyond the order of a sum, so two candidates that
+# differ only in them share one training.
+PLACEMENT_KNOBS = ("threads", "interop_threads", "num_workers", "persistent_workers",
+                   "prefetch_factor", "pin_memory", "allocator", "affinity")
+
+
+def work_key(cfg: TrialConfig) -> str:
+    """``cfg`` less its placement knobs: configurations with one key compute the same."""
+    return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in PLACEMENT_KNOBS},
+                      sort_keys=True)
 
 
 def numerics_reference(baseline: TrialConfig, cand: TrialConfig) -> TrialConfig:
@@ -40,13 +59,23 @@ def _out_of_memory(result: TrialResult) -> bool:
     return result.status != Status.OK and result.failure == Failure.OUT_OF_MEMORY
 
 
+@dataclasses.dataclass(frozen=True)
+class Fitted:
+    """``where_fp32_fits``'s trainings by role (no candidate's where the reference failed),
+    the reference and the candidate as they ran, and why they shrank."""
+
+    results: dict[str, TrialResult]
+    reference: TrialConfig
+    candidate: TrialConfig
+    notes: list[str]
+
+
 def where_fp32_fits(run: Callable[[TrialConfig, str], TrialResult], ref: TrialConfig,
-                     cand: TrialConfig) -> tuple[dict[str, TrialResult], TrialConfig, list[str]]:
+                     cand: TrialConfig) -> Fitted:
     """Run the fp32 reference, then the candidate (``run(cfg, role)``). Where the reference
     runs out of memory at the candidate's batch (reduced precision holds larger batches),
     both go to half the batch, until fp32 fits: what a reference checks is the knob's
-    effect on the arithmetic, at the largest batch fp32 holds. Returns the results (no
-    candidate's when the reference failed), the candidate as run, and why it shrank."""
+    effect on the arithmetic, at the largest batch fp32 holds."""
     notes: list[str] = []
     while True:
         results = {"reference": run(ref, "reference")}
@@ -64,4 +93,52 @@ def where_fp32_fits(run: Callable[[TrialConfig, str], TrialResult], ref: TrialCo
             continue
         if results["reference"].status == Status.OK:
             results["candidate"] = run(cand, "candidate")
-        return results, cand, notes
+        return Fitted(results, ref, cand, notes)
+
+KEPT_REFERENCES = "references.json"
+
+
+class KeptReferences:
+    """The scored fp32 trainings of a model file, kept in the output folder
+    (``KEPT_REFERENCES``) so that a re-run and ``autotune verify`` read them instead of
+    training them again: fp32 from one seed computes the same run after run, to rounding.
+    A training is found by what determines it: the model file's bytes, torch's version,
+    what it computes (``work_key``), its seed, steps and evaluation points. A file that
+    cannot be read is started afresh: what it held is trained again, nothing worse."""
+
+    def __init__(self, path: Path, *, model_file: Path) -> None:
+        self.path = path
+        self.model = hashlib.sha256(model_file.read_bytes()).hexdigest()
+
+    def _key(self, cfg: TrialConfig, *, seed: int, steps: int, evaluate_at: tuple[int, ...]) -> str:
+        return hashlib.sha256(json.dumps([self.model, torch_version(), work_key(cfg), seed, steps,
+                                          list(evaluate_at)]).encode()).hexdigest()
+
+    def _all(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data.get("trainings", {}) if isinstance(data, dict) else {}
+
+    def read(self, cfg: TrialConfig, *, seed: int, steps: int, evaluate_at: tuple[int, ...]) -> TrialResult | None:
+        found = self._all().get(self._key(cfg, seed=seed, steps=steps, evaluate_at=evaluate_at))
+        if not isinstance(found, dict):
+            return None
+        return TrialResult(status=Status.OK, done=DoneEvent.from_json(found["done"]))
+
+    def write(self, cfg: TrialConfig, result: TrialResult, *, seed: int, steps: int,
+              evaluate_at: tuple[int, ...]) -> None:
+        """Keep ``result`` where it scored (a failed or unscored training is not kept)."""
+        if result.status != Status.OK or result.done is None or result.metric is None:
+            return
+        trainings = self._all()
+        trainings[self._key(cfg, seed=seed, steps=steps, evaluate_at=evaluate_at)] = {
+            "config": cfg.short(), "seed": seed, "steps": steps, "done": result.done.to_json()}
+        write_atomically(self.path, json.dumps({"trainings": trainings}, indent=1))
+
+
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)

@@ -18,6 +18,7 @@ from autotune.sections import MeasureOptions, VerifyOptions
 from autotune.verify import fit, gates, standalone
 from autotune.verify.candidates import batch_rival, choose_candidates
 from autotune.verify.deadline import Budget, Costs
+from autotune.verify.reference import KEPT_REFERENCES, KeptReferences
 from autotune.verify.speed import ReferenceSpeed
 from autotune.verify.trainings import slowest_rate
 from autotune.verify.verdict import Verdict
@@ -95,7 +96,7 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
             bench.runner, baseline=baseline, candidates=candidates, reserve=ranked,
             settings=settings, has_evaluate=bench.task.has_evaluate,
             emit_candidate=emit_candidate, workdir=bench.out / "verify", progress=reporter.verify, stages=records,
-            slowest=slowest_rate(measured_trials(searched.place.study)))
+            slowest=slowest_rate(measured_trials(searched.place.study)), kept=kept_references(bench))
     else:
         winner, verdicts, base_speed = None, [], None
     if winner is not None and fitted is not None and Stage.ABLATION in fitted.shortened:
@@ -121,4 +122,9 @@ def recheck(bench: Workbench, verify: VerifyOptions, *, doc: RunDocument, launch
         bench.runner, baseline=doc.baseline.config, candidates=[cfg], settings=settings,
         has_evaluate=bench.task.has_evaluate,
         emit_candidate=lambda c, where: launcher() if c == cfg else emit_baseline(c, where),
-        workdir=bench.out / "reverify", progress=bench.reporter.verify)
+        workdir=bench.out / "reverify", progress=bench.reporter.verify, kept=kept_references(bench))
+
+
+def kept_references(bench: Workbench) -> KeptReferences:
+    """The output folder's scored fp32 trainings (``KEPT_REFERENCES``), kept between runs."""
+    return KeptReferences(bench.out / KEPT_REFERENCES, model_file=Path(bench.task.path))

@@ -4,32 +4,23 @@ The numerics check compares a candidate's first losses with its fp32 reference's
 quality check compares evaluate() after an identical short training. Both start from the
 same seed, weights and global batches, so one training serves both: the run records the
 losses of every step (averaged over ranks) and, where the model file has evaluate(), its
-score at the end. A configuration that computes what another already did (they differ only
-in placement knobs, ``work_key``) is not trained again: the simplified configuration of the
-ablation, a candidate that shares a reference with another.
+score at the end and at points along the way (``evaluation_steps``). A configuration that
+computes what another already did (they differ only in placement knobs, ``work_key``) from
+the same seed is not trained again: the simplified configuration of the ablation, a
+candidate that shares a reference with another. The scored fp32 trainings are kept in the
+output folder (``autotune.verify.reference.KeptReferences``): a re-run and ``autotune verify``
+read them instead of training them again.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 
 from autotune.config import TrialConfig
 from autotune.search.trial_summary import TrialSummary
 from autotune.trials.protocol import Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
-
-# Knobs that only place or feed the work (threads, allocator, pinning, DataLoader
-# workers): they change no arithmetic beyond the order of a sum, so two candidates that
-# differ only in them share one training.
-PLACEMENT_KNOBS = ("threads", "interop_threads", "num_workers", "persistent_workers",
-                   "prefetch_factor", "pin_memory", "allocator", "affinity")
-
-
-def work_key(cfg: TrialConfig) -> str:
-    """``cfg`` less its placement knobs: configurations with one key compute the same."""
-    return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in PLACEMENT_KNOBS},
-                      sort_keys=True)
+from autotune.verify.reference import KeptReferences, work_key
 
 
 def slowest_rate(measured: Sequence[tuple[TrialConfig, TrialSummary]]) -> float | None:
@@ -50,6 +41,18 @@ def metrics(results: Mapping[str, TrialResult]) -> tuple[dict[str, float], str |
     return scores, None
 
 
+# Where along a scored training evaluate() scores it, as shares of its steps, besides the
+# end: the quality check compares trainings at matched points past the start-up, where one
+# score at the end would be one draw of fp32's noise. Step 0 (before any training) says
+# what the training gained.
+EVALUATION_SHARES = (0.5, 0.75)
+
+
+def evaluation_steps(steps: int) -> tuple[int, ...]:
+    """The steps before which a scored training of ``steps`` steps is scored, besides its end."""
+    return (0, *sorted({round(share * steps) for share in EVALUATION_SHARES} - {0, steps}))
+
+
 def training_steps(cfg: TrialConfig, *, evaluate: bool, numerics_steps: int, quality_samples: int) -> int:
     """How long a gate's training of ``cfg`` is: the numerics check's steps, or, where
     evaluate() scores it, the quality check's samples at ``cfg``'s batch size if longer."""
@@ -60,18 +63,19 @@ def training_steps(cfg: TrialConfig, *, evaluate: bool, numerics_steps: int, qua
 
 @dataclasses.dataclass
 class Trainings:
-    """The short trainings of one verification, by ``work_key``. ``evaluate``: whether the
-    model file has evaluate(). A training asked for ``scored`` (a candidate whose knobs
-    trade quality, and its reference) runs ``training_steps`` with evaluate() at the end;
-    any other runs the numerics check's steps alone, and is run again, scored, only if a
-    scored one is asked of the same computation later."""
+    """The short trainings of one verification, by ``work_key`` and seed. ``evaluate``:
+    whether the model file has evaluate(). A training asked for ``scored`` (a candidate
+    whose knobs trade quality, and its references) runs ``training_steps`` with evaluate()
+    along the way and at the end; any other runs the numerics check's steps alone, and is
+    run again, scored, only if a scored one is asked of the same computation later.
+    ``kept``: where scored fp32 trainings are kept between runs (None: nowhere)."""
 
     runner: TrialRunnerLike
     evaluate: bool
     numerics_steps: int = 40
     quality_samples: int = 6400
-    runs: dict[str, TrialResult] = dataclasses.field(default_factory=dict)
-    scored: set[str] = dataclasses.field(default_factory=set)
+    runs: dict[tuple[str, int], TrialResult] = dataclasses.field(default_factory=dict)
+    scored: set[tuple[str, int]] = dataclasses.field(default_factory=set)
     # the batch check's trainings, by work_key and steps: over a number of samples fixed by
     # the user's batch, not by the numerics check's steps
     over_samples: dict[tuple[str, int], TrialResult] = dataclasses.field(default_factory=dict)
@@ -79,6 +83,8 @@ class Trainings:
     # the slowest samples/s the search measured: a training gets the time its steps would
     # take that slow, where the runner's limit is less
     slowest: float | None = None
+    kept: KeptReferences | None = None
+    reused: int = 0  # scored trainings read from ``kept`` instead of run
 
     def limit_s(self, cfg: TrialConfig, steps: int) -> float | None:
         """The time a training of ``steps`` steps of ``cfg`` may take where the runner's
@@ -108,8 +114,8 @@ class Trainings:
         the scored training ``of`` runs where it has as many steps."""
         steps = self.steps_for(cfg, samples)
         key = work_key(cfg)
-        if key in self.scored and self.steps(cfg) == steps:
-            return self.runs[key]
+        if (key, 0) in self.scored and self.steps(cfg) == steps:
+            return self.runs[key, 0]
         if (key, steps) not in self.over_samples:
             name = f"verify-gates-{self.ran}-{role}"
             self.ran += 1
@@ -117,19 +123,35 @@ class Trainings:
                                                             timeout_s=self.limit_s(cfg, steps))
         return self.over_samples[key, steps]
 
-    def of(self, cfg: TrialConfig, role: str, *, scored: bool = False) -> TrialResult:
-        """``cfg``'s training (``role`` names its folder: reference or candidate)."""
-        key = work_key(cfg)
+    def of(self, cfg: TrialConfig, role: str, *, scored: bool = False, seed: int = 0) -> TrialResult:
+        """``cfg``'s training from ``seed`` (``role`` names its folder: reference or candidate)."""
+        key = (work_key(cfg), seed)
         scored = scored and self.evaluate
-        if key not in self.runs or (scored and key not in self.scored):
-            name = f"verify-gates-{self.ran}-{role}"
-            self.ran += 1
-            steps = self.steps(cfg, scored=scored)
-            if scored:
-                self.runs[key] = self.runner.run(cfg, name=name, quality_steps=steps,
-                                                 timeout_s=self.limit_s(cfg, steps))
-                self.scored.add(key)
+        if key in self.runs and (not scored or key in self.scored):
+            return self.runs[key]
+        steps = self.steps(cfg, scored=scored)
+        if scored:
+            points = evaluation_steps(steps)
+            seeded = int(getattr(self.runner, "seed", 0)) + seed  # what the kept trainings are found by
+            kept = (self.kept.read(cfg, seed=seeded, steps=steps, evaluate_at=points)
+                    if self.kept and cfg.exact else None)
+            if kept is not None:
+                self.reused += 1
+                result = kept
             else:
-                self.runs[key] = self.runner.run(cfg, name=name, trajectory_steps=steps,
-                                                 timeout_s=self.limit_s(cfg, steps))
-        return self.runs[key]
+                result = self.runner.run(cfg, name=self._name(role, seed), quality_steps=steps,
+                                         timeout_s=self.limit_s(cfg, steps), evaluate_at=points,
+                                         seed_offset=seed)
+                if self.kept is not None and cfg.exact:
+                    self.kept.write(cfg, result, seed=seeded, steps=steps, evaluate_at=points)
+            self.scored.add(key)
+        else:
+            result = self.runner.run(cfg, name=self._name(role, seed), trajectory_steps=steps,
+                                     timeout_s=self.limit_s(cfg, steps), seed_offset=seed)
+        self.runs[key] = result
+        return result
+
+    def _name(self, role: str, seed: int) -> str:
+        name = f"verify-gates-{self.ran}-{role}" + (f"-seed{seed}" if seed else "")
+        self.ran += 1
+        return name

@@ -1,0 +1,79 @@
+"""What the quality check found for one configuration that trades quality: evaluate()'s
+scores along each fp32 training and the candidate's, fp32's own spread between seeds, how
+far the candidate fell below fp32's range, the allowance and the verdict."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.runtime.json_value import JsonObject
+
+
+class QualityVerdict(str, enum.Enum):
+    """A non-inferiority test has three outcomes: within fp32's noise and the allowance
+    (accepted), below them (rejected), or trainings too noisy for their length to tell
+    (inconclusive: never counted as a pass)."""
+
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QualityJudgement:
+    """``points``: the steps trained at each compared evaluation (after the warm-up; the
+    last is the training's end). ``references``: evaluate() of each fp32 training (one per
+    seed) at those points; ``candidate``: the candidate's, from the first reference's seed.
+    ``untrained``: the fp32 trainings' score before any step (None where not scored), which
+    ``gain`` (what fp32 learned by the end) is measured from. ``spread``: fp32's range between
+    seeds, averaged over the points; ``distance``: how far the candidate fell below fp32's
+    range, averaged over the points (negative: inside it or above). ``allowed``: the drop the
+    allowance grants; ``margin``: the larger of it and ``factor`` times the spread, what
+    ``distance`` must not pass. ``level``: how often a candidate that trains as fp32 does
+    would be rejected at worst."""
+
+    points: tuple[int, ...]
+    references: tuple[tuple[float, ...], ...]
+    candidate: tuple[float, ...]
+    untrained: float | None
+    spread: float
+    distance: float
+    allowed: float
+    allowance: str
+    factor: float
+    margin: float
+    gain: float | None
+    level: float
+    verdict: QualityVerdict
+
+    def words(self) -> str:
+        """One line for the summary: the figures the verdict rests on."""
+        text = (f"{self.verdict.value}: {self.distance:+.4g} below fp32's range over {len(self.references)} "
+                f"seeds (fp32's spread {self.spread:.4g}; allowed {self.margin:.4g}, the larger of "
+                f"{self.allowed:.4g} ({self.allowance}) and {self.factor:g}x the spread")
+        if self.verdict is QualityVerdict.INCONCLUSIVE and self.gain is not None:
+            text += f"; fp32 gained only {self.gain:.4g} over the training"
+        return text + ")"
+
+    def to_json(self) -> JsonObject:
+        return {"points": list(self.points), "references": [list(r) for r in self.references],
+                "candidate": list(self.candidate), "untrained": self.untrained, "spread": self.spread,
+                "distance": self.distance, "allowed": self.allowed, "allowance": self.allowance,
+                "factor": self.factor, "margin": self.margin, "gain": self.gain, "level": self.level,
+                "verdict": self.verdict.value}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> QualityJudgement:
+        untrained, gain = data.get("untrained"), data.get("gain")
+        return cls(points=tuple(int(p) for p in data["points"]),
+                   references=tuple(tuple(float(v) for v in r) for r in data["references"]),
+                   candidate=tuple(float(v) for v in data["candidate"]),
+                   untrained=None if untrained is None else float(untrained),
+                   spread=float(data["spread"]), distance=float(data["distance"]),
+                   allowed=float(data["allowed"]), allowance=str(data["allowance"]),
+                   factor=float(data["factor"]), margin=float(data["margin"]),
+                   gain=None if gain is None else float(gain), level=float(data["level"]),
+                   verdict=QualityVerdict(data["verdict"]))
+
