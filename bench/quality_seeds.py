@@ -52,16 +52,13 @@ def main() -> int:
     baseline = TrialConfig.from_dict({"batch_size": int(getattr(user, "batch_size", 32)), "device": "cpu",
                                       "allocator": "tcmalloc", "num_workers": 0})
     cand = baseline.replace(precision=args.precision)
-    machine = probe_machine()
+    runner = TrialRunner(model_file=args.model_file, machine=probe_machine(), workdir=args.out)
     rows = []
     for run in range(args.runs):
         seed = args.first_seed + 10 * run
-        runner = TrialRunner(model_file=args.model_file, machine=machine, workdir=args.out / f"run{run}", seed=seed)
+        runner.seed, runner.workdir = seed, args.out / f"run{run}"  # one warm process for all
         started = time.perf_counter()
-        try:
-            verdict = gate(Trainings(runner, evaluate=True), baseline, cand, settings=Settings())
-        finally:
-            runner.close()
+        verdict = gate(Trainings(runner, evaluate=True), baseline, cand, settings=Settings())
         numerics, quality = verdict.checks["numerics"], verdict.checks.get("quality")
         judged = (quality.detail.get("judgement") or {}) if quality is not None else {}
         row = {"seed": seed, "seconds": time.perf_counter() - started, "passed": verdict.passed,
@@ -73,6 +70,7 @@ def main() -> int:
         rows.append(row)
         print(f"seed {seed}: new {row['verdict']}, old {row['old']}, spread {judged.get('spread', float('nan')):.4g}, "
               f"distance {judged.get('distance', float('nan')):.4g} ({row['seconds']:.0f} s)", flush=True)
+    runner.close()
     counts = {"new_accepted": sum(r["passed"] is True for r in rows),
               "old_accepted": sum(r["old"] == "accepted" for r in rows), "runs": len(rows)}
     print(json.dumps(counts))

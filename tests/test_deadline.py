@@ -220,8 +220,9 @@ def test_a_second_candidates_script_runs_alone_only_when_its_pairs_fit(task, tmp
 
 def test_the_gates_estimate_counts_the_batch_checks_trainings_as_they_run():
     """A bf16 candidate at 32 times the user's batch, judged by evaluate(): it and its fp32
-    reference train 40 steps of 512, and the user's configuration as many samples, once for
-    both candidates (they differ in placement alone); without evaluate(), not the last."""
+    reference train 40 steps of 512 (the reference from a second seed too: fp32's spread),
+    and the user's configuration as many samples, once for both candidates (they differ in
+    placement alone); without evaluate(), neither the second seed nor the last."""
     base = TrialConfig(batch_size=16)
     cands = [base.replace(batch_size=512, threads=1, precision="bf16"),
              base.replace(batch_size=512, threads=2, precision="bf16")]
@@ -229,6 +230,7 @@ def test_the_gates_estimate_counts_the_batch_checks_trainings_as_they_run():
     settings = Settings()
     judged = fit.gates_cost(settings, cands, baseline=base, costs=costs, has_evaluate=True)
     unjudged = fit.gates_cost(settings, cands, baseline=base, costs=costs, has_evaluate=False)
-    # the reference's 40 steps, the candidate's 40 steps, the user's configuration over 40 x 512
-    assert judged == pytest.approx(0.001 * (40 * 512 + 40 * 512 + 40 * 512))
+    # the reference's 40 steps from two seeds, the candidate's 40 steps, the user's
+    # configuration over 40 x 512
+    assert judged == pytest.approx(0.001 * (40 * 512 + 40 * 512 + 40 * 512 + 40 * 512))
     assert unjudged == pytest.approx(0.001 * (40 * 512 + 40 * 512))

@@ -303,7 +303,8 @@ def test_verification_at_its_least_leaves_the_search_most_of_a_short_timeout(mon
     every held process paid a start of its own; the estimate no longer jumps to that once
     the search has seen a fresh process's start. It counts each gate's training whose process
     knobs differ from the one before it as a fresh process, as the node runs it: counted at a
-    warm trial's start, the search stopped too late and the run overran --timeout 300 by 52 s."""
+    warm trial's start, the search stopped too late and the run overran --timeout 300 by 52 s.
+    The quality check's second fp32 seed adds its training (122 s before it)."""
     from autotune.verify import fit, reserve
 
     seen: list[float] = []
@@ -316,4 +317,4 @@ def test_verification_at_its_least_leaves_the_search_most_of_a_short_timeout(mon
     monkeypatch.setattr(reserve.fit, "least", spy)
     doc, node = readme_run(load_task(EXAMPLES / "fashion_cnn.py"), "h100x1", tmp_path, timeout_s=300.0)
     assert doc["verified"] and seen
-    assert max(seen[-3:]) <= 125, seen[-3:]
+    assert max(seen[-3:]) <= 130, seen[-3:]

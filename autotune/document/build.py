@@ -65,7 +65,8 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
         speedup=claim.speedup if claim is not None else None,
         verification=dict(winner.checks) if winner is not None else {},
         precision=precision_note(chosen, winner, verdicts, space, exact=verify.exact,
-                                 searched={c.config: c.measured.samples_per_s for c in outcome.ranked}),
+                                 searched={c.config: c.measured.samples_per_s for c in outcome.ranked},
+                                 baseline_samples_per_s=outcome.baseline.measured.samples_per_s),
         rejected=tuple(Rejection(config=v.config, reason=v.reason, checks=dict(v.checks))
                        for v in verdicts if v is not winner and not v.passed),
         candidates=candidates,

@@ -28,8 +28,8 @@ class QualityJudgement:
     seed) at those points; ``candidate``: the candidate's, from the first reference's seed.
     ``untrained``: the fp32 trainings' score before any step (None where not scored), which
     ``gain`` (what fp32 learned by the end) is measured from. ``spread``: fp32's range between
-    seeds, averaged over the points; ``distance``: how far the candidate fell below fp32's
-    range, averaged over the points (negative: inside it or above). ``allowed``: the drop the
+    seeds, the median over the points; ``distance``: how far the candidate fell below fp32's
+    range, the median over the points (negative: inside it or above). ``allowed``: the drop the
     allowance grants; ``margin``: the larger of it and ``factor`` times the spread, what
     ``distance`` must not pass. ``level``: how often a candidate that trains as fp32 does
     would be rejected at worst."""
@@ -50,12 +50,14 @@ class QualityJudgement:
 
     def words(self) -> str:
         """One line for the summary: the figures the verdict rests on."""
-        text = (f"{self.verdict.value}: {self.distance:+.4g} below fp32's range over {len(self.references)} "
+        ends = [r[-1] for r in self.references]
+        text = (f"{self.verdict.value}: evaluate() {self.candidate[-1]:.4g} at the end against fp32's "
+                f"{min(ends):.4g}-{max(ends):.4g}, {self.distance:+.4g} below fp32's range over {len(self.references)} "
                 f"seeds (fp32's spread {self.spread:.4g}; allowed {self.margin:.4g}, the larger of "
                 f"{self.allowed:.4g} ({self.allowance}) and {self.factor:g}x the spread")
         if self.verdict is QualityVerdict.INCONCLUSIVE and self.gain is not None:
             text += f"; fp32 gained only {self.gain:.4g} over the training"
-        return text + ")"
+        return text + f"; a test that rejects at most {self.level:.0%} of precisions that train as fp32 does)"
 
     def to_json(self) -> JsonObject:
         return {"points": list(self.points), "references": [list(r) for r in self.references],

@@ -27,7 +27,7 @@ from autotune.document.ablation import Ablation, AblationPath
 from autotune.document.measures import CandidateOutcome, Effect, Interval, Rounds, Speedup
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
-from autotune.report import advice, profile
+from autotune.report import advice, profile, quality
 from autotune.report.render import Plot, Table, answers, render_html, render_markdown
 from autotune.report.utilisation import utilisation_tables
 from autotune.result import read_document
@@ -38,7 +38,7 @@ from autotune.trials.protocol import Failure, Role, StudyAttr
 MARKDOWN_NAME = "report.md"
 HTML_NAME = "report.html"
 PLOTS_DIR = "report"
-PLOT_NAMES = ("history.png", "knobs.png", "ablation.png", "path.png", "verification.png")
+PLOT_NAMES = ("history.png", "knobs.png", "ablation.png", "path.png", "verification.png", "quality.png")
 PLOTS_HINT = "pip install matplotlib"
 
 
@@ -235,6 +235,8 @@ def report_tables(doc: RunDocument, study: optuna.Study | None) -> list[Table]:
     tables += _verification_tables(doc) + [Table(*fields) for fields in utilisation_tables(doc)]
     if doc.step_profile is not None:
         tables.append(Table(profile.TITLE, list(profile.HEADERS), profile.table_rows(doc), profile.table_note(doc)))
+    if doc.precision.judged:
+        tables.append(quality.table(doc.precision.judged))
     if doc.candidates:
         tables.append(Table("Candidates in verification", ["configuration", "side by side", "interval", "outcome"],
                             [[c.config.short(), f"{c.median:.2f}x" if c.median else "",
@@ -282,7 +284,9 @@ def write_plots(folder: Path, doc: RunDocument, study: optuna.Study | None) -> l
               _draw_knobs(figure, study, doc) if study is not None else None),
              ("Ablation: what each knob is worth", "ablation.png", _draw_ablation(figure, doc)),
              ("The path from the baseline, one knob at a time", "path.png", _draw_path(figure, doc)),
-             ("Verification: tuned over baseline, per round", "verification.png", _draw_verification(figure, doc))]
+             ("Verification: tuned over baseline, per round", "verification.png", _draw_verification(figure, doc)),
+             ("Quality check: evaluate() along each training", "quality.png",
+              quality.draw(figure, doc.precision.judged))]
     plots = []
     for title, name, fig in drawn:
         if fig is None:
@@ -442,3 +446,4 @@ def _draw_verification(figure: Callable[[float, float], Figure], doc: RunDocumen
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     return fig
+

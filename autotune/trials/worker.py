@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-import random
 import resource
 import statistics
 import sys
@@ -43,6 +41,7 @@ from autotune.trials.events import (
     WarmupEvent,
     WindowEvent,
 )
+from autotune.trials.gate_runs import scored_training, trajectory
 from autotune.trials.protocol import Failure, Measurement, Mode
 from autotune.trials.spec import TrialSpec
 
@@ -309,50 +308,6 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
             losses.extend(window_losses)
 
 
-def trajectory(session: Session, steps: int) -> DoneEvent:
-    """Losses of a fixed number of steps, averaged over ranks: the numerics check."""
-    return DoneEvent(mode=Mode.TRAJECTORY, losses=[float(session.dist.mean(session.step())) for _ in range(steps)])
-
-
-def score(session: Session) -> float | None:
-    """The user's evaluate() of the model as trained so far (None off rank 0). The
-    training goes on afterwards as if it had not run: its random draws (dropout,
-    sampling) are given back, and the model is in the mode it was."""
-    import torch
-
-    with session.evaluation_model() as model:
-        if model is None:
-            return None
-        training = model.training
-        cuda = [session.dist.device] if session.dist.device.type == Device.CUDA else []
-        state = random.getstate()
-        with torch.random.fork_rng(devices=cuda):
-            value = float(session.user.evaluate(model))
-        random.setstate(state)
-        model.train(training)
-        return value
-
-
-def quality(session: Session, steps: int, evaluate_at: tuple[int, ...] = ()) -> DoneEvent:
-    """A trajectory, then the user's evaluate() on rank 0 (the quality check reads the
-    score, the numerics check the losses); with ``evaluate_at``, evaluate() also scores the
-    model before each of those steps. No score after a loss that is not finite."""
-    losses: list[float] = []
-    evaluations: list[tuple[int, float]] = []
-    points = {s for s in evaluate_at if 0 <= s < steps}
-    # The losses are the ranks' mean: every rank takes the scoring branches, as gathering
-    # a sharded model's weights for evaluate() needs.
-    for step in range(steps):
-        if step in points and all(math.isfinite(v) for v in losses):
-            value = score(session)
-            if value is not None:
-                evaluations.append((step, value))
-        losses.append(float(session.dist.mean(session.step())))
-    metric = score(session) if all(math.isfinite(v) for v in losses) else None
-    return DoneEvent(mode=Mode.QUALITY, losses=losses, metric=metric,
-                     evaluations=evaluations if metric is not None else [])
-
-
 def run_spec(spec: TrialSpec, setup: ProcessSetup | None, events: Events) -> ProcessSetup:
     """Train and measure one configuration as its spec says, in this process's ``setup``
     (made here for the process's first configuration); returns the setup. A spec with a
@@ -390,7 +345,7 @@ def run_spec(spec: TrialSpec, setup: ProcessSetup | None, events: Events) -> Pro
         if spec.mode.steps is None:
             raise ValueError(f"a {mode} trial's spec names no steps")
         done = (trajectory(session, spec.mode.steps) if mode is Mode.TRAJECTORY
-                else quality(session, spec.mode.steps, spec.mode.evaluate_at))
+                else scored_training(session, spec.mode.steps, spec.mode.evaluate_at))
     elif mode is Mode.SERVE:
         if spec.control is None:
             raise ValueError("a served trial's spec names no control file")

@@ -46,7 +46,8 @@ def describe_checks(verdict: Verdict) -> str:
 
 
 def precision_note(chosen: TrialConfig, winner: Verdict | None, verdicts: list[Verdict], space: Space, *,
-                   exact: bool, searched: Mapping[TrialConfig, float] | None = None) -> PrecisionNote:
+                   exact: bool, searched: Mapping[TrialConfig, float] | None = None,
+                   baseline_samples_per_s: float | None = None) -> PrecisionNote:
     """Which precision was chosen, how it was checked, why the others were not, and how
     to opt out: what the summary and best_config.json say about precision. ``searched``:
     the samples/s the search measured of each configuration, which says how much faster
@@ -61,15 +62,18 @@ def precision_note(chosen: TrialConfig, winner: Verdict | None, verdicts: list[V
     for v in verdicts:
         found = v.checks.get("quality")
         if found is not None and found.detail.get("judgement"):
-            judged[v.config.short()] = QualityJudgement.from_json(found.detail["judgement"])
+            judged.setdefault(f"{label(v.config)} at batch {v.config.batch_size}",
+                              QualityJudgement.from_json(found.detail["judgement"]))
         if v is winner or v.passed or v.config.exact or label(v.config) == label(chosen):
             continue
         failed = {name: c for name, c in v.checks.items() if c.passed is False}
-        if set(failed) == {"quality"} and v.config.short() in judged and (
-                judged[v.config.short()].verdict is QualityVerdict.INCONCLUSIVE):
-            faster = ""
-            if rates.get(v.config) and rates.get(chosen):
-                faster = f"it ran {rates[v.config] / rates[chosen]:.2f}x the chosen configuration in the search; "
+        judgement = failed["quality"].detail.get("judgement") or {} if "quality" in failed else {}
+        if set(failed) == {"quality"} and judgement.get("verdict") == QualityVerdict.INCONCLUSIVE:
+            faster, rate = "", rates.get(v.config)
+            if rate and rates.get(chosen):
+                faster = f"it ran {rate / rates[chosen]:.2f}x the chosen configuration in the search; "
+            elif rate and baseline_samples_per_s:
+                faster = f"it ran {rate / baseline_samples_per_s:.2f}x the baseline in the search; "
             inconclusive.setdefault(label(v.config), f"{v.config.short()}: {faster}{failed['quality'].reason}")
         elif set(failed) & {"numerics", "quality"}:  # the knob's own fault, not speed or script
             rejected.setdefault(label(v.config), "; ".join(

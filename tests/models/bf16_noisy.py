@@ -29,7 +29,7 @@ def build_dataset():
 
 
 def build_optimizer(params):
-    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    return torch.optim.SGD(params, lr=0.06, momentum=0.9)
 
 
 def evaluate(model: nn.Module) -> float:

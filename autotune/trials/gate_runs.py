@@ -1,0 +1,62 @@
+"""The verification gates' runs, in a trial's worker: a trajectory of losses (the numerics
+check) and a training scored by the user's evaluate() along the way and at its end (the
+quality check, which reads the losses too)."""
+from __future__ import annotations
+
+import math
+import random
+from typing import TYPE_CHECKING
+
+from autotune.runtime.knobs import Device
+from autotune.trials.events import DoneEvent
+from autotune.trials.protocol import Mode
+
+if TYPE_CHECKING:
+    from autotune.runtime.session import Session
+
+
+def trajectory(session: Session, steps: int) -> DoneEvent:
+    """Losses of a fixed number of steps, averaged over ranks: the numerics check."""
+    return DoneEvent(mode=Mode.TRAJECTORY, losses=[float(session.dist.mean(session.step())) for _ in range(steps)])
+
+
+def score(session: Session) -> float | None:
+    """The user's evaluate() of the model as trained so far (None off rank 0). The
+    training goes on afterwards as if it had not run: its random draws (dropout,
+    sampling) are given back, and the model is in the mode it was."""
+    import torch
+
+    with session.evaluation_model() as model:
+        if model is None:
+            return None
+        training = model.training
+        cuda = [session.dist.device] if session.dist.device.type == Device.CUDA else []
+        state = random.getstate()
+        with torch.random.fork_rng(devices=cuda):
+            value = float(session.user.evaluate(model))
+        random.setstate(state)
+        model.train(training)
+        return value
+
+
+def scored_training(session: Session, steps: int, evaluate_at: tuple[int, ...] = ()) -> DoneEvent:
+    """A trajectory, then the user's evaluate() on rank 0 (the quality check reads the
+    score, the numerics check the losses); with ``evaluate_at``, evaluate() also scores the
+    model before each of those steps. No score after a loss that is not finite, where the
+    training stops."""
+    losses: list[float] = []
+    evaluations: list[tuple[int, float]] = []
+    points = {s for s in evaluate_at if 0 <= s < steps}
+    # The losses are the ranks' mean: every rank takes the scoring branches, as gathering
+    # a sharded model's weights for evaluate() needs.
+    for step in range(steps):
+        if step in points and all(math.isfinite(v) for v in losses):
+            value = score(session)
+            if value is not None:
+                evaluations.append((step, value))
+        losses.append(float(session.dist.mean(session.step())))
+        if not math.isfinite(losses[-1]):  # nothing left to score: the numerics check rejects it
+            break
+    metric = score(session) if all(math.isfinite(v) for v in losses) else None
+    return DoneEvent(mode=Mode.QUALITY, losses=losses, metric=metric,
+                     evaluations=evaluations if metric is not None else [])

@@ -1,0 +1,51 @@
+"""The gates of a reduced precision (numerics, then quality), run for real over twenty seeds:
+a model that trains as well in bf16, whose short trainings land where their seed takes
+them, passes in at least 19; a model bf16 breaks fails in all 20. bf16 autocast runs on any
+CPU, slowly: the trainings are small, and every one of them runs in one warm process."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.probes import probe_machine
+from autotune.trials.runner import TrialRunner
+from autotune.verify.gates import gate
+from autotune.verify.settings import Settings
+from autotune.verify.trainings import Trainings
+
+MODELS = Path(__file__).parent / "models"
+RUNS = 20
+
+
+def gated(model: str, batch_size: int, workdir: Path) -> list[tuple[bool, str | None]]:
+    """The gates' verdict on bf16 at the model's batch in RUNS runs, each from its own seeds."""
+    machine = probe_machine()
+    # tcmalloc: trainings share one warm process (glibc's allocator gets a fresh one each)
+    allocator = "tcmalloc" if machine.to_dict()["allocators"].get("tcmalloc") else "default"
+    baseline = TrialConfig(batch_size=batch_size, allocator=allocator)
+    runner = TrialRunner(model_file=MODELS / model, machine=machine, workdir=workdir)
+    verdicts = []
+    try:
+        for run in range(RUNS):
+            runner.seed, runner.workdir = 100 + 10 * run, workdir / f"run{run}"
+            verdict = gate(Trainings(runner, evaluate=True), baseline, baseline.replace(precision="bf16"),
+                           settings=Settings())
+            verdicts.append((bool(verdict.passed), verdict.reason))
+    finally:
+        runner.close()
+    return verdicts
+
+
+@pytest.mark.slow
+def test_bf16_that_trains_as_well_passes_in_19_of_20_seeded_runs_of_its_gates(tmp_path):
+    verdicts = gated("bf16_noisy.py", 16, tmp_path)
+    assert sum(passed for passed, _ in verdicts) >= RUNS - 1, [r for p, r in verdicts if not p]
+
+
+@pytest.mark.slow
+def test_bf16_that_breaks_training_fails_its_gates_in_20_of_20_seeded_runs(tmp_path):
+    verdicts = gated("bf16_cancels.py", 32, tmp_path)
+    assert not any(passed for passed, _ in verdicts), verdicts
+    assert all("numerics" in (reason or "") or "quality" in (reason or "") for _, reason in verdicts), verdicts
