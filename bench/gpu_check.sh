@@ -11,9 +11,10 @@
 #   landscape  bench/gpu_landscape.py on each of $LANDSCAPES (fashion_cnn, tiny_gpt): a design of
 #              points, about two minutes each; copy into tests/fixtures/landscapes/ to replay
 #                                                                 -> landscape_NAME.json
-#   quality    bench/quality_spread.py on bench/workloads/gpt2_small.py: the quality check's own
-#              trainings of the fp32 reference and of bf16 over more seeds: does bf16 lose
-#              more on evaluate() than fp32 loses to another seed?   -> quality.log, quality.json
+#   quality    bench/quality_seeds.py on bench/workloads/gpt2_small.py: verification's gates
+#              on bf16 (numerics, then quality: fp32 from two seeds against bf16), run
+#              from $QUALITY_RUNS seeds; the new verdict beside the old one-pair check's
+#                                                                 -> quality.log, quality.json
 #   fashion    autotune run examples/fashion_cnn.py --trials 12 --timeout 300
 #                                                                 -> fashion.log (+ its report.md),
 #              timed from start to exit; its best_config.json      -> best_config.json
@@ -49,7 +50,7 @@
 #   TINY_ARGS="--trials 8"   TINY_CAP=300
 #   GPT2_MFU_ARGS="--config ... --profile ..."   GPT2_MFU_CAP=300   (see bench/gpu_mfu.py)
 #   GPT2_ARGS="--trials 8"   GPT2_CAP=400
-#   QUALITY_ARGS="--seeds 1,2 --candidate-seeds 0,1"   QUALITY_CAP=420
+#   QUALITY_ARGS="--runs 2"   QUALITY_CAP=420
 #   LANDSCAPES="examples/fashion_cnn.py examples/tiny_gpt.py"   LANDSCAPE_ARGS="--budget-s 120"   LANDSCAPE_CAP=150
 #
 # Optuna and jsonschema (and their dependencies) are not on the GPU machine, which has no
@@ -231,10 +232,9 @@ fi
 if wanted quality; then
 # shellcheck disable=SC2086
 run_check quality "${QUALITY_CAP:-420}" "$OUTDIR/quality.log" \
-  "$PY" bench/quality_spread.py bench/workloads/gpt2_small.py --candidate precision=bf16 --out "$WORK/quality" \
-  ${QUALITY_ARGS:---seeds 1,2 --candidate-seeds 0,1}
-[ -f "$WORK/quality/quality_spread.json" ] && cp "$WORK/quality/quality_spread.json" "$OUTDIR/quality.json"
-grep -E '"role"|summary' "$OUTDIR/quality.log" 2>/dev/null | cut -c1-300 | sed 's/^/  /' >> "$SUMMARY"
+  "$PY" bench/quality_seeds.py bench/workloads/gpt2_small.py --out "$WORK/quality" ${QUALITY_ARGS:---runs 2}
+[ -f "$WORK/quality/quality_seeds.json" ] && cp "$WORK/quality/quality_seeds.json" "$OUTDIR/quality.json"
+grep -E '^seed|accepted' "$OUTDIR/quality.log" 2>/dev/null | cut -c1-300 | sed 's/^/  /' >> "$SUMMARY"
 fi
 
 # --- the README example, timed -------------------------------------------------------------------------

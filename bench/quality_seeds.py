@@ -48,11 +48,14 @@ def main() -> int:
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     user = load_user_module(str(Path(args.model_file).resolve()))
-    # tcmalloc: one warm process runs every training (glibc's allocator gets a fresh one each)
-    baseline = TrialConfig.from_dict({"batch_size": int(getattr(user, "batch_size", 32)), "device": "cpu",
-                                      "allocator": "tcmalloc", "num_workers": 0})
+    machine = probe_machine()
+    gpu = bool(machine.to_dict().get("gpus"))
+    # on CPU, tcmalloc: one warm process runs every training (glibc's allocator gets a fresh one each)
+    baseline = TrialConfig.from_dict({"batch_size": int(getattr(user, "batch_size", 32)),
+                                      "device": "cuda" if gpu else "cpu", "backend": "nccl" if gpu else "gloo",
+                                      "allocator": "default" if gpu else "tcmalloc", "num_workers": 0})
     cand = baseline.replace(precision=args.precision)
-    runner = TrialRunner(model_file=args.model_file, machine=probe_machine(), workdir=args.out)
+    runner = TrialRunner(model_file=args.model_file, machine=machine, workdir=args.out)
     rows = []
     for run in range(args.runs):
         seed = args.first_seed + 10 * run
