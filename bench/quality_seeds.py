@@ -17,7 +17,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -32,7 +34,7 @@ from autotune.verify.settings import Settings
 from autotune.verify.trainings import Trainings
 
 
-def old_verdict(check_detail: dict) -> str:
+def old_verdict(check_detail: Mapping[str, Any]) -> str:
     """The check of 55ea3ca: one pair from one seed, within 2% of fp32's metric."""
     ref, cand = check_detail["reference_metric"], check_detail["candidate_metric"]
     return "rejected" if ref - cand > PRECISION_QUALITY_DROP * abs(ref) else "accepted"
