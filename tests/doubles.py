@@ -60,7 +60,7 @@ class RunnerDouble:
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
             timeout_s: float | None = None, profile: bool = False, seed_offset: int = 0,
-            evaluate_at: tuple[int, ...] = ()) -> TrialResult:
+            evaluate_at: tuple[int, ...] = (), guard: Any = None) -> TrialResult:
         raise NotImplementedError(f"{type(self).__name__} runs no trial ({name})")
 
     def start(self, cfg: TrialConfig, *, name: str, mode: Any = None) -> LiveTrialLike:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import subprocess
 import sys
@@ -10,11 +11,12 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.document.measures import Check
-from autotune.trials.runner import Measurement, TrialRunner
+from autotune.trials.events import DoneEvent
+from autotune.trials.runner import Measurement, TrialResult, TrialRunner
 from autotune.verify import device_room, side_by_side, stats
 from autotune.verify.device_room import DeviceRoom
 from autotune.verify.gates import gate, screen
-from autotune.verify.numerics import FP16_MAX_LAG, NUMERICS_TOLERANCE, compare_losses, numerics_check
+from autotune.verify.numerics import FP16_MAX_LAG, NUMERICS_TOLERANCE, compare_losses, guard, numerics_check
 from autotune.verify.quality import quality_check
 from autotune.verify.reference import numerics_reference, smaller_batch
 from autotune.verify.settings import Settings
@@ -190,6 +192,23 @@ def test_quality_check_trains_both_and_compares_evaluate(tmp_path):
     assert numerics_check(trainings, baseline, pruned).detail["steps"] == 8
     strict = quality_check(trainings, baseline, pruned, max_drop=min(j["distance"], 2 * j["spread"]) - 0.01)
     assert strict.passed is False and strict.detail["reason"].startswith(("quality rejected", "quality inconclusive"))
+
+
+def test_a_training_guarded_by_its_reference_ends_exactly_where_the_numerics_check_rejects_it():
+    rng = random.Random(3)
+    ref = [2.3 * 0.95 ** i for i in range(40)]
+    reference = TrialResult(status="ok", done=DoneEvent.from_json({"losses": ref}))
+    near = guard(reference, TrialConfig(batch_size=16, precision="bf16"), steps=40, tolerance=0.1)
+    assert near is not None and near.by == pytest.approx(0.23)
+    assert guard(reference, TrialConfig(batch_size=16, precision="fp16"), steps=40, tolerance=0.1) is None
+    for _ in range(200):
+        drift = rng.uniform(0.0, 0.02)
+        cand = [v * (1 + drift * i * rng.choice((-1, 1))) for i, v in enumerate(ref)]
+        stops = next((i for i, v in enumerate(cand) if near.strays(i, v)), None)
+        check = compare_losses(ref, cand, tolerance=0.1)
+        assert (stops is None) is bool(check.passed), (drift, stops, check.detail.get("reason"))
+        if stops is not None:  # what the training left is rejected as the whole one would be
+            assert not compare_losses(ref, cand[:stops + 1], tolerance=0.1).passed
 
 
 def test_a_healthy_bf16_run_passes_although_late_steps_differ_by_a_lot_relative_to_themselves():

@@ -10,14 +10,21 @@ from typing import TYPE_CHECKING
 from autotune.runtime.knobs import Device
 from autotune.trials.events import DoneEvent
 from autotune.trials.protocol import Mode
+from autotune.trials.spec import LossGuard
 
 if TYPE_CHECKING:
     from autotune.runtime.session import Session
 
 
-def trajectory(session: Session, steps: int) -> DoneEvent:
-    """Losses of a fixed number of steps, averaged over ranks: the numerics check."""
-    return DoneEvent(mode=Mode.TRAJECTORY, losses=[float(session.dist.mean(session.step())) for _ in range(steps)])
+def trajectory(session: Session, steps: int, guard: LossGuard | None = None) -> DoneEvent:
+    """Losses of a fixed number of steps, averaged over ranks: the numerics check. Ends
+    where a loss strays past ``guard``."""
+    losses: list[float] = []
+    for step in range(steps):
+        losses.append(float(session.dist.mean(session.step())))
+        if guard is not None and guard.strays(step, losses[-1]):
+            break
+    return DoneEvent(mode=Mode.TRAJECTORY, losses=losses)
 
 
 def score(session: Session) -> float | None:
@@ -39,13 +46,15 @@ def score(session: Session) -> float | None:
         return value
 
 
-def scored_training(session: Session, steps: int, evaluate_at: tuple[int, ...] = ()) -> DoneEvent:
+def scored_training(session: Session, steps: int, evaluate_at: tuple[int, ...] = (),
+                    guard: LossGuard | None = None) -> DoneEvent:
     """A trajectory, then the user's evaluate() on rank 0 (the quality check reads the
     score, the numerics check the losses); with ``evaluate_at``, evaluate() also scores the
-    model before each of those steps. No score after a loss that is not finite, where the
-    training stops."""
+    model before each of those steps. No score after a loss that is not finite, or one
+    that strays past ``guard``: the training stops there."""
     losses: list[float] = []
     evaluations: list[tuple[int, float]] = []
+    stray = False
     points = {s for s in evaluate_at if 0 <= s < steps}
     # The losses are the ranks' mean: every rank takes the scoring branches, as gathering
     # a sharded model's weights for evaluate() needs.
@@ -55,8 +64,9 @@ def scored_training(session: Session, steps: int, evaluate_at: tuple[int, ...] =
             if value is not None:
                 evaluations.append((step, value))
         losses.append(float(session.dist.mean(session.step())))
-        if not math.isfinite(losses[-1]):  # nothing left to score: the numerics check rejects it
+        stray = not math.isfinite(losses[-1]) or (guard is not None and guard.strays(step, losses[-1]))
+        if stray:  # nothing left to score: the numerics check rejects it
             break
-    metric = score(session) if all(math.isfinite(v) for v in losses) else None
+    metric = score(session) if not stray else None
     return DoneEvent(mode=Mode.QUALITY, losses=losses, metric=metric,
                      evaluations=evaluations if metric is not None else [])

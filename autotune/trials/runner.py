@@ -31,7 +31,7 @@ from autotune.trials.protocol import Failure, Measurement, Mode, Status
 from autotune.trials.result import TrialResult
 from autotune.trials.script_report import ScriptReport
 from autotune.trials.script_run import ScriptProcess
-from autotune.trials.spec import TrialMode, TrialSpec
+from autotune.trials.spec import LossGuard, TrialMode, TrialSpec
 
 # Knobs a process takes when it starts (its environment, its ranks and their cores,
 # torch's process-wide settings): configurations that agree on them share a warm
@@ -138,7 +138,7 @@ class TrialRunnerLike(Protocol):
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
             timeout_s: float | None = None, profile: bool = False, seed_offset: int = 0,
-            evaluate_at: tuple[int, ...] = ()) -> TrialResult: ...
+            evaluate_at: tuple[int, ...] = (), guard: LossGuard | None = None) -> TrialResult: ...
     def start(self, cfg: TrialConfig, *, name: str, mode: TrialMode | None = None) -> LiveTrialLike: ...
     def run_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptReport: ...
     def start_script(self, launcher: Path, *, steps: int, workdir: Path, timeout_s: float) -> ScriptRunLike: ...
@@ -217,14 +217,16 @@ class TrialRunner:
     def run(self, cfg: TrialConfig, *, name: str, on_window: Callable[[int, float], bool] | None = None,
             trajectory_steps: int | None = None, quality_steps: int | None = None,
             extra_env: Mapping[str, str] | None = None, timeout_s: float | None = None,
-            profile: bool = False, seed_offset: int = 0, evaluate_at: tuple[int, ...] = ()) -> TrialResult:
+            profile: bool = False, seed_offset: int = 0, evaluate_at: tuple[int, ...] = (),
+            guard: LossGuard | None = None) -> TrialResult:
         """Measure ``cfg``; or, with ``trajectory_steps``, record that many losses; or,
         with ``quality_steps``, record that many losses and then score with ``evaluate``;
         or, with ``profile``, warm up and profile one window of about a second
         (``TrialResult.step_profile``: where the step goes; no measurement, ``value`` stays
         None). ``evaluate_at``: a quality run's steps before which evaluate() scores it too
         (``TrialResult.evaluations``); ``seed_offset``: its seed is the runner's plus this (weights
-        and data order; the quality check trains fp32 from several). ``on_window(i, samples_per_s)``
+        and data order; the quality check trains fp32 from several); ``guard``: a training's
+        or trajectory's losses to stay near, else it ends there. ``on_window(i, samples_per_s)``
         returning True prunes the trial; ``timeout_s``: its
         limit, where not the runner's (``limits.run_limit_s``). A profiled run takes a warm
         process as a measurement does (``process_key``)."""
@@ -232,9 +234,9 @@ class TrialRunner:
             raise ValueError("a trial either profiles or trains for its losses, not both")
         mode = TrialMode()
         if trajectory_steps is not None:
-            mode = TrialMode.trajectory(trajectory_steps)
+            mode = TrialMode.trajectory(trajectory_steps, guard=guard)
         elif quality_steps is not None:
-            mode = TrialMode.quality(quality_steps, evaluate_at=evaluate_at)
+            mode = TrialMode.quality(quality_steps, evaluate_at=evaluate_at, guard=guard)
         elif profile:
             mode = TrialMode.profile()
         live = self.start(cfg, name=name, on_window=on_window, mode=mode, extra_env=extra_env,

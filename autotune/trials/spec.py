@@ -18,6 +18,26 @@ from autotune.trials.protocol import Measurement, Mode
 
 
 @dataclasses.dataclass(frozen=True)
+class LossGuard:
+    """Losses a gate's training must stay within ``by`` of, step by step (the fp32
+    reference's first losses, with the numerics check's bound): one that strays ends
+    there, unscored, since the check rejects it whatever follows."""
+
+    losses: tuple[float, ...]
+    by: float
+
+    def strays(self, step: int, loss: float) -> bool:
+        return step < len(self.losses) and abs(loss - self.losses[step]) > self.by
+
+    def to_json(self) -> JsonObject:
+        return {"losses": list(self.losses), "by": self.by}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LossGuard:
+        return cls(tuple(float(v) for v in data["losses"]), float(data["by"]))
+
+
+@dataclasses.dataclass(frozen=True)
 class TrialMode:
     """What a trial does once set up: measure (the default), serve windows on command,
     train ``steps`` steps for their losses (a trajectory) and then a score (quality), or
@@ -28,18 +48,19 @@ class TrialMode:
     # a quality run's: the steps before which evaluate() also scores the model (0: before
     # any training), besides once after the last
     evaluate_at: tuple[int, ...] = ()
+    guard: LossGuard | None = None  # a gate's training: where it ends early
 
     @classmethod
     def serve(cls) -> TrialMode:
         return cls(Mode.SERVE)
 
     @classmethod
-    def trajectory(cls, steps: int) -> TrialMode:
-        return cls(Mode.TRAJECTORY, steps)
+    def trajectory(cls, steps: int, *, guard: LossGuard | None = None) -> TrialMode:
+        return cls(Mode.TRAJECTORY, steps, guard=guard)
 
     @classmethod
-    def quality(cls, steps: int, *, evaluate_at: tuple[int, ...] = ()) -> TrialMode:
-        return cls(Mode.QUALITY, steps, tuple(sorted(set(evaluate_at))))
+    def quality(cls, steps: int, *, evaluate_at: tuple[int, ...] = (), guard: LossGuard | None = None) -> TrialMode:
+        return cls(Mode.QUALITY, steps, tuple(sorted(set(evaluate_at))), guard)
 
     @classmethod
     def profile(cls) -> TrialMode:
@@ -50,13 +71,15 @@ class TrialMode:
         if self.mode is Mode.MEASURE:
             return {}
         return {"mode": self.mode.value, **({"steps": self.steps} if self.steps is not None else {}),
-                **({"evaluate_at": list(self.evaluate_at)} if self.evaluate_at else {})}
+                **({"evaluate_at": list(self.evaluate_at)} if self.evaluate_at else {}),
+                **({"guard": self.guard.to_json()} if self.guard is not None else {})}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TrialMode:
         steps = data.get("steps")
         return cls(Mode(data.get("mode", Mode.MEASURE)), int(steps) if steps is not None else None,
-                   tuple(int(s) for s in data.get("evaluate_at") or ()))
+                   tuple(int(s) for s in data.get("evaluate_at") or ()),
+                   LossGuard.from_json(data["guard"]) if data.get("guard") else None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -344,8 +344,8 @@ def run_spec(spec: TrialSpec, setup: ProcessSetup | None, events: Events) -> Pro
     if mode is Mode.TRAJECTORY or mode is Mode.QUALITY:
         if spec.mode.steps is None:
             raise ValueError(f"a {mode} trial's spec names no steps")
-        done = (trajectory(session, spec.mode.steps) if mode is Mode.TRAJECTORY
-                else scored_training(session, spec.mode.steps, spec.mode.evaluate_at))
+        done = (trajectory(session, spec.mode.steps, spec.mode.guard) if mode is Mode.TRAJECTORY
+                else scored_training(session, spec.mode.steps, spec.mode.evaluate_at, spec.mode.guard))
     elif mode is Mode.SERVE:
         if spec.control is None:
             raise ValueError("a served trial's spec names no control file")

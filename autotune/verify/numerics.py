@@ -9,6 +9,8 @@ from autotune.config import TrialConfig
 from autotune.document.measures import Check
 from autotune.runtime.knobs import Precision
 from autotune.trials.protocol import Status
+from autotune.trials.runner import TrialResult
+from autotune.trials.spec import LossGuard
 from autotune.verify.quality import trades_quality
 from autotune.verify.reference import numerics_reference, where_fp32_fits
 from autotune.verify.trainings import Trainings
@@ -77,16 +79,37 @@ def compare_losses(reference: list[float], candidate: list[float], *, tolerance:
 FP16_MAX_LAG = 3
 
 
+def guard(reference: TrialResult | None, cand: TrialConfig, *, steps: int, tolerance: float) -> LossGuard | None:
+    """Where the candidate's training ends early: at the first of its ``steps`` first losses
+    that strays from the reference's by more than ``compare_losses`` allows, which rejects
+    it whatever follows. None for fp16, whose losses may trail the reference's by a few
+    steps (its best alignment is found afterwards), or without the reference's losses."""
+    if reference is None or not reference.losses or cand.precision == Precision.FP16:
+        return None
+    losses = reference.losses[:steps]
+    return LossGuard(tuple(losses), tolerance * max(abs(losses[0]), 1e-3))
+
+
 def numerics_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig) -> Check:
     """The candidate's first ``trainings.numerics_steps`` losses against its reference's,
-    which runs where fp32 fits (``where_fp32_fits``). Where a knob trades quality, or
+    which runs where fp32 fits (``where_fp32_fits``) and first: the candidate's training
+    ends at the first of those losses that strays too far (``guard``), so a broken
+    precision is rejected within seconds. Where a knob trades quality, or
     evaluate() will judge a batch unlike the user's (``verify.batch``), the trainings are
     scored, and those checks then read them without training again."""
     quality = trades_quality(cand)
     scored = {"reference": quality,
               "candidate": quality or (trainings.evaluate and cand.batch_size != baseline.batch_size)}
-    fitted = where_fp32_fits(lambda cfg, role: trainings.of(cfg, role, scored=scored[role]),
-                             numerics_reference(baseline, cand), cand)
+    tolerance = NUMERICS_TOLERANCE[cand.precision]
+    done: dict[str, TrialResult] = {}
+
+    def run(cfg: TrialConfig, role: str) -> TrialResult:
+        near = (guard(done.get("reference"), cand, steps=trainings.numerics_steps, tolerance=tolerance)
+                if role == "candidate" else None)
+        done[role] = trainings.of(cfg, role, scored=scored[role], guard=near)
+        return done[role]
+
+    fitted = where_fp32_fits(run, numerics_reference(baseline, cand), cand)
     results, ran, notes = fitted.results, fitted.candidate, fitted.notes
     shrunk = {"checked_at_batch": ran.batch_size, "notes": notes} if notes else {}
     for role, result in results.items():
@@ -95,7 +118,7 @@ def numerics_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfi
             return Check(False, {"reason": f"{what} failed: {result.describe_failure()}", **shrunk})
     steps = trainings.numerics_steps
     check = compare_losses(results["reference"].losses[:steps], results["candidate"].losses[:steps],
-                           tolerance=NUMERICS_TOLERANCE[cand.precision],
+                           tolerance=tolerance,
                            max_lag=FP16_MAX_LAG if cand.precision == Precision.FP16 else 0)
     reference = numerics_reference(baseline, ran)
     return dataclasses.replace(check, detail={

@@ -20,6 +20,7 @@ from autotune.config import TrialConfig
 from autotune.search.trial_summary import TrialSummary
 from autotune.trials.protocol import Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
+from autotune.trials.spec import LossGuard
 from autotune.verify.reference import KeptReferences, work_key
 
 
@@ -123,8 +124,10 @@ class Trainings:
                                                             timeout_s=self.limit_s(cfg, steps))
         return self.over_samples[key, steps]
 
-    def of(self, cfg: TrialConfig, role: str, *, scored: bool = False, seed: int = 0) -> TrialResult:
-        """``cfg``'s training from ``seed`` (``role`` names its folder: reference or candidate)."""
+    def of(self, cfg: TrialConfig, role: str, *, scored: bool = False, seed: int = 0,
+           guard: LossGuard | None = None) -> TrialResult:
+        """``cfg``'s training from ``seed`` (``role`` names its folder: reference or candidate),
+        ended early where its losses stray past ``guard``."""
         key = (work_key(cfg), seed)
         scored = scored and self.evaluate
         if key in self.runs and (not scored or key in self.scored):
@@ -141,13 +144,13 @@ class Trainings:
             else:
                 result = self.runner.run(cfg, name=self._name(role, seed), quality_steps=steps,
                                          timeout_s=self.limit_s(cfg, steps), evaluate_at=points,
-                                         seed_offset=seed)
+                                         seed_offset=seed, guard=guard)
                 if self.kept is not None and cfg.exact:
                     self.kept.write(cfg, result, seed=seeded, steps=steps, evaluate_at=points)
             self.scored.add(key)
         else:
             result = self.runner.run(cfg, name=self._name(role, seed), trajectory_steps=steps,
-                                     timeout_s=self.limit_s(cfg, steps), seed_offset=seed)
+                                     timeout_s=self.limit_s(cfg, steps), seed_offset=seed, guard=guard)
         self.runs[key] = result
         return result
 
