@@ -28,9 +28,9 @@ from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Device
 from autotune.search import shared
 from autotune.search.stage import Searched, run_search
+from autotune.search.task_space import build_task_space
 from autotune.sections import Sections, sections
 from autotune.task import Task, load_task
-from autotune.task_space import build_task_space
 from autotune.trials import launch, measure_lock, proctree
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify.stage import run_verification

@@ -56,10 +56,10 @@ from autotune.harness import make_runner
 from autotune.options import RunOptions
 from autotune.probes import Machine, probe_machine
 from autotune.runtime.knobs import Allocator, CompileMode, Device, OptimizerStep, Precision
+from autotune.search.task_space import build_task_space
 from autotune.sections import MeasureOptions, SearchOptions
 from autotune.space import Space
 from autotune.task import Task, load_task
-from autotune.task_space import build_task_space
 from autotune.trials.result import TrialResult
 from autotune.trials.runner import TrialRunner, process_key
 

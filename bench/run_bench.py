@@ -41,10 +41,10 @@ from autotune.probes import probe_machine
 from autotune.search.budget import SearchBudget
 from autotune.search.course import Course
 from autotune.search.starts import heuristics
+from autotune.search.task_space import build_task_space
 from autotune.search.tuner import Tuner, open_study
 from autotune.sections import SearchOptions
 from autotune.task import load_task
-from autotune.task_space import build_task_space
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.verify import side_by_side, stats
 

@@ -16,12 +16,12 @@ import types
 import pytest
 import torch
 
-from autotune import gpu_space
 from autotune.config import TrialConfig
 from autotune.emit import outputs, stacks
 from autotune.errors import UsageError
 from autotune.runtime import gpu_knobs
 from autotune.space import build_space
+from autotune.space import gpu as gpu_space
 from autotune.trials import launch
 from autotune.trials.runner import Measurement, TrialRunner, process_key
 from autotune.verify import ablation

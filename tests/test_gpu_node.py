@@ -16,9 +16,9 @@ import pytest
 from autotune import pipeline
 from autotune.config import Layout, TrialConfig
 from autotune.report.console import Reporter
+from autotune.search.task_space import build_task_space
 from autotune.sections import SearchOptions
 from autotune.task import load_task
-from autotune.task_space import build_task_space
 from autotune.verify import sequential
 from autotune.verify.overlap import MOST_AHEAD
 

@@ -19,10 +19,10 @@ from autotune.search import late, steering
 from autotune.search.budget import SearchBudget
 from autotune.search.course import Course, Starts
 from autotune.search.starts import gpu_start
+from autotune.search.task_space import build_task_space
 from autotune.search.tuner import Tuner, open_study
 from autotune.sections import SearchOptions
 from autotune.space import Space, build_space
-from autotune.task_space import build_task_space
 from autotune.trials.protocol import Role, StudyAttr
 from autotune.trials.runner import TrialResult
 

@@ -18,8 +18,8 @@ from autotune.document.measures import Interval
 from autotune.document.run import RunDocument
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
+from autotune.search.task_space import build_task_space
 from autotune.sections import SearchOptions
-from autotune.task_space import build_task_space
 from autotune.trials.script_report import ScriptReport
 from autotune.verify.again import reverify
 

@@ -19,8 +19,8 @@ from autotune import pipeline
 from autotune.config import TrialConfig
 from autotune.document.run import RunDocument
 from autotune.report.console import Reporter
+from autotune.search.task_space import build_task_space
 from autotune.sections import SearchOptions
-from autotune.task_space import build_task_space
 from autotune.trials.runner import TrialResult
 
 from doubles import StandInRunner, recorded_machine

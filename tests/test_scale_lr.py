@@ -22,10 +22,10 @@ from autotune.runtime.knobs import LrScaling
 from autotune.runtime.main import batch_note
 from autotune.runtime.model import build_model, config_lr_factor
 from autotune.runtime.session import load_user_module
+from autotune.search.task_space import build_task_space
 from autotune.sections import SearchOptions
 from autotune.space import build_space, parse_fixes
-from autotune.space_conditional import DEFAULT_OPTIMIZER
-from autotune.task_space import build_task_space
+from autotune.space.conditional import DEFAULT_OPTIMIZER
 from autotune.verify import ablation
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in

@@ -1,4 +1,4 @@
-"""The per-knob builders of autotune/space_choices.py, each on its own inputs, and build_space on
+"""The per-knob builders of autotune/space/choices.py, each on its own inputs, and build_space on
 a typed Machine (fast: no subprocesses)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from autotune.probes.compiler import CompilerCheck
 from autotune.probes.cuda_visible import visible_gpus
 from autotune.probes.gpu import GpuInfo
 from autotune.space import build_space
-from autotune.space_choices import (
+from autotune.space.choices import (
     allocator_choice,
     batch_size_choice,
     compile_choice,

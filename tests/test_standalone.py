@@ -18,9 +18,9 @@ from autotune.document.measures import Check, Standalone
 from autotune.document.run import RunDocument
 from autotune.errors import NotVerified
 from autotune.report.console import Reporter
+from autotune.search.task_space import build_task_space
 from autotune.search.trial_summary import TrialSummary
 from autotune.sections import SearchOptions
-from autotune.task_space import build_task_space
 from autotune.trials.script_report import ScriptReport
 from autotune.verify import sequential, standalone
 from autotune.verify.again import reverify

@@ -8,15 +8,15 @@ import dataclasses
 
 import pytest
 
-from autotune import gpu_space
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.runtime.shares import Category
 from autotune.runtime.step_profile import StepProfile
 from autotune.search.steer import THRESHOLDS, Steer, steer
+from autotune.search.task_space import build_task_space
 from autotune.sections import SearchOptions
 from autotune.space import Space
-from autotune.task_space import build_task_space
+from autotune.space import gpu as gpu_space
 
 from doubles import recorded_machine
 from helpers import knob_cnn

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ContractError
-from autotune.task import load_task, with_package_on_path
+from autotune.task import load_task
+from autotune.trials.proctree import with_package_on_path
 
 from helpers import MODELS, REPO
 
@@ -415,7 +416,7 @@ def test_cli_import_error_shows_only_the_users_frames(tmp_path):
 def test_the_check_uses_the_first_gpu_when_cuda_is_available(monkeypatch):
     import torch
 
-    from autotune import task_check
+    from autotune.task import check as task_check
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert task_check.check_device() == "cuda:0"
@@ -437,8 +438,8 @@ def test_the_checks_step_and_evaluate_run_on_cuda_0_when_cuda_is_available(tmp_p
     # device asked for; on a GPU machine they are torch's own.
     import torch
 
-    from autotune import task_check
     from autotune.runtime import model as runtime_model
+    from autotune.task import check as task_check
 
     placed, moved = [], []
 

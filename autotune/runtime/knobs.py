@@ -99,6 +99,10 @@ class Sharding(str, enum.Enum):
         return self.value
 
 
+# What runtime.model.build_model builds for a model file without build_optimizer (Task.optimizer).
+DEFAULT_OPTIMIZER = "torch.optim.adamw.AdamW"
+
+
 class OptimizerStep(str, enum.Enum):
     """How the optimizer's step runs over the parameters: DEFAULT as the user built it
     (torch picks: foreach on CUDA, a loop over the tensors on CPU); FOREACH, one kernel per

@@ -7,7 +7,7 @@ constructor takes the flag. It is built again from its own ``param_groups`` (eac
 hyperparameters, learning rate included, kept as the user set them) and its ``defaults``,
 with the chosen flag True and the other False. A class of the user's own, even a subclass
 of a torch.optim one, is left as built: its constructor need not take the flag nor pass it
-on. The space searches the knob only where it applies (``autotune.space_conditional``:
+on. The space searches the knob only where it applies (``autotune.space.conditional``:
 the model file's optimizer class, recorded by the contract check, and the device); here
 an optimizer it does not apply to is left as built and ``step_facts`` says so, a fact the
 trial and train_tuned.py --report both show.

@@ -43,7 +43,7 @@ from autotune.runtime.knobs import Device
 from autotune.search.memory import MemoryLimit
 from autotune.search.trial_summary import TrialSummary
 from autotune.space import Space
-from autotune.space_choices import default_batch_top
+from autotune.space.choices import default_batch_top
 from autotune.trials.protocol import Failure, Status, StudyAttr
 from autotune.trials.runner import TrialRunnerLike
 

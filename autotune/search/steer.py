@@ -20,11 +20,11 @@ from typing import Any
 
 from autotune.config import KnobValue, TrialConfig
 from autotune.errors import UsageError
-from autotune.gpu_space import late_params
 from autotune.runtime.knobs import CompileMode, Device, OptimizerStep, Precision
 from autotune.runtime.shares import Category
 from autotune.runtime.step_profile import StepProfile
 from autotune.space import LATE_KNOBS, Space
+from autotune.space.gpu import late_params
 
 # The share of the step above which a category dominates it, and its knobs are worth a trial.
 # Idle: a GPU that runs no kernel 30% of its step waits on the host's launches (the report's

@@ -7,9 +7,13 @@ import ctypes
 import os
 import signal
 import time
+from collections.abc import Mapping
+from pathlib import Path
 
 import psutil
 
+# The folder that holds the autotune package, whether or not it is installed.
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_PDEATHSIG = 1
 
@@ -220,3 +224,10 @@ def reap_orphans() -> None:
             child.kill()
         except psutil.Error:
             pass
+
+
+def with_package_on_path(env: Mapping[str, str], package_root: str = PACKAGE_ROOT) -> dict[str, str]:
+    """A copy of ``env`` whose PYTHONPATH starts with ``package_root``, so that a child
+    started with it runs ``python -m autotune.…`` from this source tree; the PYTHONPATH
+    already in ``env`` is kept after it."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))}

@@ -24,9 +24,9 @@ from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine
 from autotune.runtime.knobs import Allocator, CompileMode, Device
-from autotune.task import with_package_on_path
 from autotune.trials import launch, logs, measure_lock, proctree
 from autotune.trials.live import LiveTrial, TrialProcess
+from autotune.trials.proctree import with_package_on_path
 from autotune.trials.protocol import Failure, Measurement, Mode, Status
 from autotune.trials.result import TrialResult
 from autotune.trials.script_report import ScriptReport

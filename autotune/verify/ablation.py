@@ -32,8 +32,8 @@ from autotune.config import KnobValue, TrialConfig
 from autotune.document.ablation import Ablation, AblationPath, KnobEffect, PathStep
 from autotune.document.measures import Effect
 from autotune.errors import AutotuneError, UsageError
-from autotune.gpu_space import normalised
 from autotune.runtime.knobs import Device
+from autotune.space.gpu import normalised
 from autotune.trials.progress import Progress, VerifyStep, no_progress
 from autotune.trials.protocol import ProgressEvent
 from autotune.trials.runner import TrialRunnerLike

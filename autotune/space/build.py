@@ -1,9 +1,9 @@
 """The search space: which knobs exist on this machine, and why the others do not.
 
 Built from the machine probe (``autotune.probes.Machine``) and the model file
-(``Task``). Each knob has a small builder (``autotune.space_choices``) that returns its
+(``Task``). Each knob has a small builder (``autotune.space.choices``) that returns its
 candidate values and a reason for every value it leaves out; ``build_space`` composes them
-and applies the user's ``--fix`` pins (read by ``autotune.space_fixes``). ``Space`` asks
+and applies the user's ``--fix`` pins (read by ``autotune.space.fixes``). ``Space`` asks
 Optuna for a configuration and turns one into Optuna's params and back.
 """
 from __future__ import annotations
@@ -14,15 +14,14 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune import space_conditional as conditional
 from autotune.config import KnobValue, Layout, TrialConfig
 from autotune.errors import UsageError
-from autotune.gpu_space import gpu_knob_choices, late_params, normalised
 from autotune.probes import Machine, as_machine
 from autotune.probes.cuda_visible import usable_gpus
 from autotune.runtime.json_value import JsonObject
-from autotune.runtime.knobs import Backend, Device, LrScaling, Precision
-from autotune.space_choices import (
+from autotune.runtime.knobs import DEFAULT_OPTIMIZER, Backend, Device, LrScaling, Precision
+from autotune.space import conditional
+from autotune.space.choices import (
     KnobChoice,
     affinity_choice,
     allocator_choice,
@@ -45,7 +44,8 @@ from autotune.space_choices import (
     prune_ratio_choice,
     sharding_choice,
 )
-from autotune.space_fixes import parse_fixes
+from autotune.space.fixes import parse_fixes
+from autotune.space.gpu import gpu_knob_choices, late_params, normalised
 
 __all__ = ["LATE_KNOBS", "MEMORY_KNOBS", "Space", "Unsplittable", "build_space", "parse_fixes"]
 
@@ -209,7 +209,7 @@ def build_space(
     fixed: Mapping[str, Any] | None = None,
     batch_range: tuple[int, int] | None = None,
     scale_lr: str = LrScaling.NONE.value,
-    optimizer: str = conditional.DEFAULT_OPTIMIZER,
+    optimizer: str = DEFAULT_OPTIMIZER,
     convolutions: bool = True,
 ) -> Space:
     """The space for ``machine`` (a probe, or its saved document) and the model.

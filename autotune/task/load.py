@@ -1,7 +1,7 @@
 """The user's model file: loading it and checking the contract.
 
 The file is checked before any trial starts. Importing it runs the user's code, so
-that happens in a child process (``python -m autotune.task_check FILE OUT``): a file
+that happens in a child process (``python -m autotune.task.check FILE OUT``): a file
 that crashes, hangs or exits cannot take the tuner with it. Every violation becomes one
 ContractError naming the file, the function and the fix.
 
@@ -19,17 +19,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 from autotune.errors import ContractError
-from autotune.space_conditional import DEFAULT_OPTIMIZER
-from autotune.task_check_result import CheckResult
+from autotune.runtime.knobs import DEFAULT_OPTIMIZER
+from autotune.task.check_result import CheckResult
 from autotune.trials import proctree
+from autotune.trials.proctree import with_package_on_path
 
 CHECK_TIMEOUT_S = 300
-# The folder that holds the autotune package, whether or not it is installed.
-PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,19 +53,12 @@ class Task:
     has_training_step: bool = False
     # The optimizer's class as build_optimizer(params) builds it (module.qualname; torch's
     # AdamW, the runtime's own, without one): whether its step can be fused
-    # (autotune.space_conditional), known here without building it again.
+    # (autotune.space.conditional), known here without building it again.
     optimizer: str = DEFAULT_OPTIMIZER
     # Whether the model has convolution layers: cuDNN's benchmark picks their algorithms,
     # and does nothing for a model without them (True where not known).
     convolutions: bool = True
     check_s: float = 0.0  # how long the check took: import, build_dataset, build_model, a step
-
-
-def with_package_on_path(env: Mapping[str, str], package_root: str = PACKAGE_ROOT) -> dict[str, str]:
-    """A copy of ``env`` whose PYTHONPATH starts with ``package_root``, so that a child
-    started with it runs ``python -m autotune.…`` from this source tree; the PYTHONPATH
-    already in ``env`` is kept after it."""
-    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))}
 
 
 def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_S,
@@ -118,7 +109,7 @@ def _run_check(path: Path, timeout_s: float, device: str | None = None) -> Check
         # hold a pipe open and keep us waiting for its end instead of the check's.
         with open(log, "wb") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "autotune.task_check", str(path.resolve()), str(out),
+                [sys.executable, "-m", "autotune.task.check", str(path.resolve()), str(out),
                  *([device] if device else [])],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 env=with_package_on_path(os.environ), start_new_session=True,

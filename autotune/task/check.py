@@ -1,4 +1,4 @@
-"""The model file's contract, checked in a child process (``python -m autotune.task_check
+"""The model file's contract, checked in a child process (``python -m autotune.task.check
 FILE OUT [DEVICE]``, started by ``task.load_task``): it imports the user's file, builds the
 model and dataset, runs one training step and evaluate(), and writes the Task fields, or
 the ContractError that names what is wrong, to OUT.
@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ContractError
-from autotune.runtime.knobs import Device, Precision
-from autotune.space_conditional import DEFAULT_OPTIMIZER
-from autotune.task_check_result import CheckedFile, CheckResult
-from autotune.task_dataset import check_dataset, check_dataset_len, check_item_is_pair, check_stream, is_stream
+from autotune.runtime.knobs import DEFAULT_OPTIMIZER, Device, Precision
+from autotune.task.check_result import CheckedFile, CheckResult
+from autotune.task.dataset import check_dataset, check_dataset_len, check_item_is_pair, check_stream, is_stream
 from autotune.trials import proctree
 from autotune.user_file import UserFile, import_user_file
 

@@ -14,12 +14,10 @@ from typing import Any
 from autotune.config import TrialConfig
 from autotune.runtime.knobs import Device, OptimizerStep
 
-# What a builder decides, as autotune.space_choices.KnobChoice holds it: the values to search
+# What a builder decides, as autotune.space.choices.KnobChoice holds it: the values to search
 # (none: the knob is not searched) and "knob[=value]" -> why each value is left out.
 Choice = tuple[list[Any], dict[str, str]]
 
-# What runtime.model.build_model builds for a model file without build_optimizer (Task.optimizer).
-DEFAULT_OPTIMIZER = "torch.optim.adamw.AdamW"
 # Batches each DataLoader worker loads ahead: None is torch's default (2).
 PREFETCH_FACTORS: list[int | None] = [None, 4, 8]
 

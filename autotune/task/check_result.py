@@ -1,4 +1,4 @@
-"""What the model-file check (``autotune.task_check``, a child process) hands back to
+"""What the model-file check (``autotune.task.check``, a child process) hands back to
 ``task.load_task``: the file's description, or the ContractError's message. It crosses
 the process boundary as a JSON file: ``{"task": fields}`` or ``{"error": message}``."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.runtime.json_value import JsonObject
-from autotune.space_conditional import DEFAULT_OPTIMIZER
+from autotune.runtime.knobs import DEFAULT_OPTIMIZER
 
 
 @dataclasses.dataclass(frozen=True)
