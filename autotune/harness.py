@@ -1,17 +1,13 @@
 """The measuring harness that a run (``autotune.pipeline``) and a re-verification
-(``autotune.verify.again``) both set up: this machine's probe, the trial runner for a task
-on it, and the emitted scripts of a configuration under test."""
+(``autotune.reverify``) both set up: this machine's probe and the trial runner for a task
+on it (the emitted scripts of a configuration under test: ``emit.outputs.candidate_emitter``)."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
-from autotune.config import TrialConfig
-from autotune.emit import outputs
 from autotune.probes import Machine
 from autotune.sections import MeasureOptions
 from autotune.task import Task
-from autotune.trials import launch
 from autotune.trials.protocol import Measurement
 from autotune.trials.runner import TrialRunner
 
@@ -45,15 +41,3 @@ def make_runner(task: Task, machine: Machine, out: Path, measure: MeasureOptions
         timeout_s=measure.trial_timeout_s, hang_s=measure.hang_timeout_s, setup_hang_s=setup_hang_limit(task),
         memory_limit_bytes=memory_limit(machine), warm=measure.warm, compile_cache=out / COMPILE_CACHE,
     )
-
-
-def candidate_emitter(task: Task, machine: Machine) -> Callable[[TrialConfig, Path], Path]:
-    """``emit_candidate(cfg, folder)``: writes ``cfg``'s train_tuned.py (with its
-    train_tuned.json and tuned_runtime/) and launch.sh into ``folder`` and returns the
-    launcher's path."""
-    def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
-        env, _ = launch.environment(cfg, machine=machine)
-        doc = outputs.write_candidate(folder, cfg=cfg, model_file=task.path, env=env,
-                                      description=f"Train {task.path.name} (candidate)")
-        return outputs.resolve(doc, folder, "launcher")
-    return emit_candidate

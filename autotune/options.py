@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from autotune.config import KnobValue
+from autotune.config import LR_FIELDS, LR_SCALINGS, KnobValue, Layout, TrialConfig
 from autotune.errors import UsageError
 from autotune.runtime.knobs import LrScaling, Precision
 
@@ -73,6 +73,60 @@ def parse_scale_lr(text: str) -> str:
 # A Flag's parse: what the user gave (text on the command line; text or the value itself
 # in tune()) and how they spelled the option -> the field's value, or a UsageError.
 
+# Knobs the user may pin with --fix, with how to read their value.
+_BOOL = {"true": True, "1": True, "yes": True, "on": True,
+         "false": False, "0": False, "no": False, "off": False}
+
+
+def _parse_value(field: dataclasses.Field[Any], text: str) -> Any:
+    kind = str(field.type)
+    if text.lower() in ("none", "default") and "None" in kind:
+        return None
+    try:
+        if kind.startswith("int"):
+            return int(text)
+        if kind.startswith("float"):
+            return float(text)
+        if kind.startswith("bool"):
+            return _BOOL[text.lower()]
+    except (ValueError, KeyError):
+        raise UsageError(f"--fix {field.name}={text}: expected {kind.replace(' | None', '')}") from None
+    return text
+
+
+def parse_fixes(items: list[str]) -> dict[str, KnobValue]:
+    """``["batch_size=64", "precision=fp32"]`` -> typed values; unknown knobs are errors."""
+    fields = {f.name: f for f in dataclasses.fields(TrialConfig)}
+    fixed: dict[str, KnobValue] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UsageError(f"--fix {item!r}: expected KNOB=VALUE, e.g. --fix batch_size=64")
+        if name == "layout":  # as progress lines print it: both knobs at once
+            try:
+                fixed["nprocs"], fixed["threads"] = Layout.parse(text)
+            except UsageError as exc:
+                raise UsageError(f"--fix {exc}") from None
+            continue
+        if name in LR_FIELDS:
+            raise UsageError(f"--fix {name}: the learning rate's rule is not a knob; give --scale-lr "
+                             f"{{{','.join(LR_SCALINGS)}}} (scale_lr= in tune()), and it follows each "
+                             "configuration's batch size from yours")
+        if name not in fields:
+            raise UsageError(
+                f"--fix {name}: unknown knob. Knobs: "
+                f"{', '.join(sorted([*(f for f in fields if f not in LR_FIELDS), 'layout']))}"
+            )
+        fixed[name] = _parse_value(fields[name], text.strip())
+    try:
+        ranks = fixed.get("nprocs", 1)  # a batch they split, so that only the pins are judged
+        TrialConfig.from_dict({"batch_size": ranks if isinstance(ranks, int) else 1, **fixed})
+    except UsageError as exc:
+        raise UsageError(f"--fix: {exc}") from None
+    return fixed
+
+
 def _size(given: Any, spelled: str) -> float:
     return parse_size(given, flag=spelled) if isinstance(given, str) else given
 
@@ -83,8 +137,6 @@ def _batch_range(given: Any, spelled: str) -> tuple[int, int]:
 
 def _fixes(given: Mapping[str, Any] | Iterable[str], spelled: str) -> dict[str, KnobValue]:
     """``{"batch_size": 64}`` or ``["batch_size=64"]`` (repeated --fix) -> typed knob values."""
-    from autotune.space import parse_fixes  # the knobs' types: loaded only where a run is built
-
     items = [f"{k}={v}" for k, v in given.items()] if isinstance(given, Mapping) else list(given)
     return parse_fixes(items)
 
@@ -209,7 +261,7 @@ class RunOptions:
         "--no-profile",
         help="skip the step profile: one window of the emitted script under torch.profiler, "
              "a few seconds after verification, that says where its step goes")})
-    # The run the user plans (autotune.search.objective.Plan): steps at their own batch
+    # The run the user plans (autotune.task.objective.PlannedRun): steps at their own batch
     # size, or passes over the data set; at most one. None of them: the search ranks by
     # steady throughput, as for a run of endless length.
     train_steps: int | None = dataclasses.field(default=None, metadata={FLAG: Flag(

@@ -9,6 +9,7 @@ its sections of the options whole (``autotune.sections``): this module keeps the
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -16,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune import outdir
-from autotune.document.build import build_document
 from autotune.document.run import RunDocument
+from autotune.emit.assemble import build_document
+from autotune.emit.outputs import candidate_emitter
 from autotune.emit.stage import emit_outputs
 from autotune.harness import make_runner
 from autotune.options import RunOptions
@@ -33,6 +35,7 @@ from autotune.sections import Sections, sections
 from autotune.task import Task, load_task
 from autotune.trials import launch, measure_lock, proctree
 from autotune.trials.runner import TrialRunnerLike
+from autotune.verify.reserve import leave_for_verification
 from autotune.verify.stage import run_verification
 from autotune.workbench import Workbench
 
@@ -94,11 +97,12 @@ def run(bench: Workbench, parts: Sections, *, started_at: float) -> RunDocument:
     space = build_task_space(bench.task, bench.machine, parts.search)
     for knob, reason in space.excluded.items():
         bench.reporter.info(f"  skipping {knob}: {reason}")
-    searched = run_search(bench, parts.search, parts.verify, parts.measure, parts.sharing, space=space,
-                          started_at=started_at)
+    searched = run_search(bench, parts.search, parts.sharing, space=space, started_at=started_at,
+                          reserve=functools.partial(leave_for_verification, bench, parts.verify, parts.measure))
 
     def verify() -> RunDocument:
-        verified = run_verification(bench, parts.verify, parts.measure, searched=searched)
+        verified = run_verification(bench, parts.verify, parts.measure, searched=searched,
+                                    emit=candidate_emitter(bench.task, bench.machine))
         return build_document(bench, parts.verify, parts.sharing, searched=searched, verified=verified,
                               options=parts.record)
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from autotune import schemas
 from autotune.config import TrialConfig
+from autotune.document.paths import resolve
 from autotune.document.run import RunDocument
-from autotune.emit.outputs import CONFIG_NAME, SCHEMA, resolve
+from autotune.emit.outputs import CONFIG_NAME, SCHEMA
 from autotune.errors import UsageError
 from autotune.runtime.json_value import JsonObject
 

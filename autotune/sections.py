@@ -16,9 +16,8 @@ from autotune.config import KnobValue
 from autotune.document.options import options_record
 from autotune.options import RunOptions
 from autotune.runtime.json_value import JsonObject
-from autotune.search.objective import Plan
 from autotune.task import Task
-from autotune.verify.settings import Settings
+from autotune.task.objective import PlannedRun
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +35,7 @@ class SearchOptions:
     scale_lr: str
     batch_range: tuple[int, int] | None
     memory_limit_mb: float | None
-    plan: Plan | None
+    plan: PlannedRun | None
 
     @classmethod
     def of(cls, options: RunOptions, *, task: Task) -> SearchOptions:
@@ -44,7 +43,7 @@ class SearchOptions:
         return cls(trials=options.trials, timeout_s=options.timeout_s, fixed=options.fixed, exact=options.exact,
                    max_quality_drop=options.max_quality_drop, scale_lr=options.scale_lr,
                    batch_range=options.batch_range, memory_limit_mb=options.memory_limit_mb,
-                   plan=Plan.of(train_steps=options.train_steps, epochs=options.epochs,
+                   plan=PlannedRun.of(train_steps=options.train_steps, epochs=options.epochs,
                                 batch_size=task.batch_size, dataset_len=task.dataset_len))
 
 
@@ -75,12 +74,18 @@ class MeasureOptions:
 @dataclasses.dataclass(frozen=True)
 class VerifyOptions:
     """What verification is asked: the ``top`` candidates by search value (and those it adds),
-    its stages as far as ``settings`` lets them go, fitted to ``timeout_s`` (the run's
-    --timeout); ``exact``, ``batch_range`` and ``fixed`` for what the document says of
-    precision and of the batch."""
+    at most ``rounds`` side by side and ``pairs`` standalone pairs of ``pair_seconds`` each,
+    the reduced precisions' ``max_quality_drop``, the knobs' ``path`` or not, fitted to
+    ``timeout_s`` (the run's --timeout); ``exact``, ``batch_range`` and ``fixed`` for what the
+    document says of precision and of the batch. What the run learns on the way (the planned
+    run's prices, the room on the GPUs) verification adds itself (``verify.settings``)."""
 
     top: int
-    settings: Settings
+    rounds: int
+    pairs: int
+    pair_seconds: float
+    max_quality_drop: float | None
+    path: bool
     timeout_s: float | None
     exact: bool
     batch_range: tuple[int, int] | None
@@ -88,11 +93,9 @@ class VerifyOptions:
 
     @classmethod
     def of(cls, options: RunOptions) -> VerifyOptions:
-        return cls(top=options.top, timeout_s=options.timeout_s, exact=options.exact,
-                   batch_range=options.batch_range, fixed=options.fixed,
-                   settings=Settings(rounds=options.rounds, pairs=options.pairs, pair_seconds=options.pair_seconds,
-                                     max_quality_drop=options.max_quality_drop, path=options.path,
-                                     pinned=frozenset(options.fixed)))
+        return cls(top=options.top, rounds=options.rounds, pairs=options.pairs, pair_seconds=options.pair_seconds,
+                   max_quality_drop=options.max_quality_drop, path=options.path, timeout_s=options.timeout_s,
+                   exact=options.exact, batch_range=options.batch_range, fixed=options.fixed)
 
     @property
     def pinned_batch(self) -> int | None:
@@ -135,7 +138,7 @@ class Sections:
 
 def sections(options: RunOptions, *, task: Task) -> Sections:
     """``options`` in their sections, for ``task``; raises UsageError where the planned run
-    cannot be (``Plan.of``)."""
+    cannot be (``PlannedRun.of``)."""
     return Sections(search=SearchOptions.of(options, task=task), measure=MeasureOptions.of(options),
                     verify=VerifyOptions.of(options), sharing=SharingOptions.of(options),
                     record=options_record(options))

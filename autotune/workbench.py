@@ -3,11 +3,29 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Protocol
 
 from autotune.probes import Machine
-from autotune.report.console import Reporter
 from autotune.task import Task
+from autotune.trials.progress import ProgressInfo
+from autotune.trials.protocol import ProgressEvent
 from autotune.trials.runner import TrialRunnerLike
+
+
+class Reporting(Protocol):
+    """Who is told, as the stages tell them: a line, a warning, the search's and
+    verification's progress (``report.console.Reporter`` on a terminal). The stages know
+    this much of the console and no more."""
+
+    def info(self, text: str) -> None: ...
+
+    def warn(self, text: str) -> None: ...
+
+    def search(self, kind: ProgressEvent, info: ProgressInfo) -> None: ...
+
+    def end_search(self) -> None: ...
+
+    def verify(self, kind: ProgressEvent, info: ProgressInfo) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,4 +38,4 @@ class Workbench:
     machine: Machine
     runner: TrialRunnerLike
     out: Path
-    reporter: Reporter
+    reporter: Reporting

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import Layout, TrialConfig
+from autotune.document import paths
 from autotune.document.run import RunDocument
 from autotune.emit import outputs as emit
 from autotune.options import parse_batch_range
@@ -56,8 +57,8 @@ def main() -> int:
     for name, cfg in points.items():
         env, _ = launch.environment(cfg, machine=machine)  # as verification writes a candidate's
         written = emit.write_candidate(folder / name.replace(" ", "_"), cfg=cfg,
-                                       model_file=emit.model_file(doc, args.out), env=env, description=name)
-        launchers[name] = emit.resolve(written, folder / name.replace(" ", "_"), "launcher")
+                                       model_file=paths.model_file(doc, args.out), env=env, description=name)
+        launchers[name] = paths.resolve(written, folder / name.replace(" ", "_"), "launcher")
     rates: dict[str, list[float]] = {name: [] for name in points}
     guess = {name: (doc.best or doc.baseline).samples_per_s for name in points}
     names = list(points)

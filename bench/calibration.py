@@ -430,6 +430,7 @@ def independent_check(run: Mapping[str, Any], folder: Path, *, pairs: int | None
 def baseline_launcher(run: Mapping[str, Any]) -> Path:
     """The user's baseline as a script: the template with the baseline configuration,
     written once beside the run's output (as independent_speedup.py writes its own)."""
+    from autotune.document import paths
     from autotune.document.run import RunDocument
     from autotune.emit import outputs as emit
 
@@ -437,7 +438,7 @@ def baseline_launcher(run: Mapping[str, Any]) -> Path:
     folder = out / "calibration-baseline"
     doc = RunDocument.from_json(json.loads((out / "best_config.json").read_text()))
     if not (folder / "best_config.json").exists():
-        emit.write_candidate(folder, cfg=doc.baseline.config, model_file=emit.model_file(doc, out), env={},
+        emit.write_candidate(folder, cfg=doc.baseline.config, model_file=paths.model_file(doc, out), env={},
                              description="baseline")
     return folder / json.loads((folder / "best_config.json").read_text())["outputs"]["launcher"]
 

@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autotune.document import paths
 from autotune.document.run import RunDocument
-from autotune.emit import outputs as emit
 from autotune.harness import make_runner
 from autotune.options import RunOptions
 from autotune.probes import probe_machine
@@ -40,10 +40,10 @@ def main() -> int:
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
     doc = RunDocument.from_json(json.loads((args.out / "best_config.json").read_text()))
-    task = load_task(emit.model_file(doc, args.out))
+    task = load_task(paths.model_file(doc, args.out))
     machine = probe_machine()
     runner = make_runner(task, machine, args.out / "held-vs-fresh", MeasureOptions.of(RunOptions()))
-    plan = side_by_side.Plan(held=frozenset({0}), per_visit=side_by_side.WINDOWS_PER_VISIT, visits=args.visits)
+    plan = side_by_side.Visits(held=frozenset({0}), per_visit=side_by_side.WINDOWS_PER_VISIT, visits=args.visits)
     figures = {}
     try:
         for role, cfg in (("emitted", doc.config), ("baseline", doc.baseline.config)):

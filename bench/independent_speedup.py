@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autotune.document import paths
 from autotune.document.run import RunDocument
 from autotune.emit import outputs as emit
 from autotune.trials.runner import run_launcher
@@ -39,14 +40,14 @@ def main() -> int:
     folder = args.out[0] / "independent"
     base_cfg = docs[0].baseline.config
     base_doc = emit.write_candidate(folder / "baseline", cfg=base_cfg,
-                                    model_file=emit.model_file(docs[0], args.out[0]), env={},
+                                    model_file=paths.model_file(docs[0], args.out[0]), env={},
                                     description="baseline")
     names = ["baseline"] + [f"tuned-{i}" for i in range(len(docs))]
-    launchers = {"baseline": emit.resolve(base_doc, folder / "baseline", "launcher")}
+    launchers = {"baseline": paths.resolve(base_doc, folder / "baseline", "launcher")}
     rates = {"baseline": docs[0].baseline.samples_per_s}
     cfgs = {"baseline": base_cfg}
     for name, doc, out in zip(names[1:], docs, args.out):
-        launchers[name] = emit.resolve(doc, out, "launcher")
+        launchers[name] = paths.resolve(doc, out, "launcher")
         rates[name] = (doc.best or doc.baseline).samples_per_s
         cfgs[name] = doc.config
     values: dict[str, list[float]] = {name: [] for name in names}

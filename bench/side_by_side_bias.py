@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autotune.document import paths
 from autotune.document.run import RunDocument
 from autotune.emit import outputs as emit
 from autotune.probes import probe_machine
@@ -50,7 +51,7 @@ def main() -> int:
     doc = RunDocument.from_json(json.loads((args.out / "best_config.json").read_text()))
     machine = probe_machine()
     cfgs = {"B": doc.baseline.config, "C": doc.config}
-    model = emit.model_file(doc, args.out)
+    model = paths.model_file(doc, args.out)
     work = Path(tempfile.mkdtemp(prefix="bias-"))
     runner = TrialRunner(model_file=model, machine=machine, workdir=work / "trials",
                          measurement=Measurement(window_s=args.window))
@@ -58,7 +59,7 @@ def main() -> int:
     for name, cfg in cfgs.items():
         env, _ = launch.environment(cfg, machine=machine)
         written = emit.write_candidate(work / name, cfg=cfg, model_file=model, env=env, description=name)
-        launchers[name] = emit.resolve(written, work / name, "launcher")
+        launchers[name] = paths.resolve(written, work / name, "launcher")
     rates = {"B": doc.baseline.samples_per_s, "C": (doc.best or doc.baseline).samples_per_s}
     values: dict[str, list[float]] = {f"{k}-{n}": [] for k in ("script", "served") for n in cfgs}
     steal = {"script": [0, 0.0], "served": [0, 0.0]}  # ticks, seconds

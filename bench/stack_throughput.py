@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import TrialConfig
+from autotune.document import paths
 from autotune.emit import outputs as emit
 from autotune.emit import stacks as stack_configs
 from autotune.probes import probe_machine
@@ -146,7 +147,7 @@ def main() -> int:
     doc = json.loads((args.out / "best_config.json").read_text())
     cfg = TrialConfig.from_dict(doc["config"])
     baseline = TrialConfig.from_dict(doc["baseline"]["config"])
-    model = emit.model_file(doc, args.out)
+    model = paths.model_file(doc, args.out)
     env, _ = launch.environment(cfg, machine=probe_machine())
     work = Path(tempfile.mkdtemp(prefix="stacks-"))
     emit.write_candidate(work / "tuned", cfg=cfg, model_file=model, env=env, description="tuned")

@@ -9,7 +9,7 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation
 from autotune.document.run import RunDocument
-from autotune.space import parse_fixes
+from autotune.options import parse_fixes
 from autotune.verify import ablation
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in

@@ -10,6 +10,7 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.errors import UsageError
+from autotune.options import parse_fixes
 from autotune.runtime.knobs import (
     Affinity,
     Allocator,
@@ -22,7 +23,7 @@ from autotune.runtime.knobs import (
     Precision,
     Sharding,
 )
-from autotune.space import build_space, parse_fixes
+from autotune.space import build_space
 
 
 def probe(cores: int, **isa: bool) -> dict:

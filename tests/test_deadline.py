@@ -40,7 +40,7 @@ def task():
     return knob_cnn()
 
 
-def planned(left: float, settings: Settings | None = None) -> fit.Plan:
+def planned(left: float, settings: Settings | None = None) -> fit.FittedStages:
     budget = Budget(timeout_s=600, ends_at=left, costs=COSTS, clock=lambda: 0.0)
     return fit.fit(settings or Settings(), CANDIDATES, baseline=BASE, budget=budget,
                    has_evaluate=True, shortest_run_s=3.0)

@@ -18,10 +18,10 @@ from autotune.document.measures import Interval
 from autotune.document.run import RunDocument
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
+from autotune.reverify import reverify
 from autotune.search.task_space import build_task_space
 from autotune.sections import SearchOptions
 from autotune.trials.script_report import ScriptReport
-from autotune.verify.again import reverify
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
 from helpers import MODELS, knob_cnn

@@ -213,7 +213,7 @@ def test_cuda_visible_devices_narrows_the_gpus(task, monkeypatch, visible, ranks
 def test_a_pinned_multi_rank_layout_runs_from_the_cli_spelling(task, tmp_path):
     """--fix layout=2x1 leaves no one-process layout in the space: the baseline is
     measured all the same, and only 2x1 configurations are searched."""
-    from autotune.space import parse_fixes
+    from autotune.options import parse_fixes
 
     doc, runner = tune(task, "avx2_epyc", tmp_path, fixed=parse_fixes(["layout=2x1"]))
     assert doc["verified"] and TrialConfig.from_dict(doc["config"]).layout == "2x1"

@@ -16,9 +16,9 @@ from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 from autotune.options import RunOptions
 from autotune.report.advice import advise
-from autotune.search.objective import Measured, Plan, Pricing, break_even, break_evens
 from autotune.search.study import load_study
-from autotune.verify.speed import CandidateSpeed
+from autotune.task.objective import Measured, PlannedRun, Pricing, break_even, break_evens
+from autotune.verify.speed import CandidateSpeed, plan_check
 from autotune.verify.stats import ratio_interval
 from autotune.verify.verdict import Verdict, rank_by_rounds
 
@@ -49,20 +49,20 @@ def task():
 
 
 def test_a_plan_counts_steps_at_the_users_batch_and_epochs_over_the_data_set():
-    steps = Plan.of(train_steps=1000, epochs=None, batch_size=32, dataset_len=None)
+    steps = PlannedRun.of(train_steps=1000, epochs=None, batch_size=32, dataset_len=None)
     assert steps is not None and steps.samples == 32_000 and steps.steps == 1000
-    epochs = Plan.of(train_steps=None, epochs=3, batch_size=32, dataset_len=5000)
+    epochs = PlannedRun.of(train_steps=None, epochs=3, batch_size=32, dataset_len=5000)
     assert epochs is not None and epochs.samples == 15_000
-    assert Plan.of(train_steps=None, epochs=None, batch_size=32, dataset_len=5000) is None
-    assert Plan.from_json(epochs.to_json()) == epochs
+    assert PlannedRun.of(train_steps=None, epochs=None, batch_size=32, dataset_len=5000) is None
+    assert PlannedRun.from_json(epochs.to_json()) == epochs
 
 
 def test_the_predicted_time_is_the_one_time_cost_plus_the_samples_at_the_steady_rate():
-    plan = Plan(samples=10_000, batch_size=10)
+    plan = PlannedRun(samples=10_000, batch_size=10)
     assert plan.predicted_s(samples_per_s=100.0, one_time_s=30.0) == pytest.approx(130.0)
     assert plan.effective(samples_per_s=100.0, one_time_s=30.0) == pytest.approx(10_000 / 130.0)
     # an endless run: the effective throughput is the throughput
-    endless = Plan(samples=10**15, batch_size=10)
+    endless = PlannedRun(samples=10**15, batch_size=10)
     assert endless.effective(samples_per_s=100.0, one_time_s=30.0) == pytest.approx(100.0)
 
 
@@ -77,7 +77,7 @@ def test_break_even_is_the_extra_one_time_cost_over_the_time_saved_a_step():
     assert found.line() == ("compile=default pays off after 4,000 steps: 40 s of compiling, 10 ms saved "
                             "a step (on layout=1xdefault batch=50)")
     assert "after 4,000 steps of batch 50: 40 s of compiling, 10 ms saved a step; the planned run has 640 " \
-        in found.line(plan=Plan(samples=32_000, batch_size=32))
+        in found.line(plan=PlannedRun(samples=32_000, batch_size=32))
 
     slower = Measured(config=compiled.config, samples_per_s=900.0, one_time_s=42.0)
     never = break_even(slower, eager)
@@ -88,7 +88,7 @@ def test_break_even_is_the_extra_one_time_cost_over_the_time_saved_a_step():
 
 def test_epochs_need_a_data_set_with_a_length():
     with pytest.raises(UsageError, match="--train-steps"):
-        Plan.of(train_steps=None, epochs=2, batch_size=16, dataset_len=None)
+        PlannedRun.of(train_steps=None, epochs=2, batch_size=16, dataset_len=None)
 
 
 def test_epochs_of_a_stream_are_refused_before_anything_is_created(tmp_path, capsys):
@@ -144,7 +144,7 @@ def test_verification_ranks_by_the_planned_run_with_the_searchs_one_time_costs()
 
     def ranked(samples: int) -> list[TrialConfig]:
         verdicts = [_served(compiled, 1375.0, 1000.0), _served(eager, 1100.0, 1000.0)]
-        pricing = Pricing(plan=Plan(samples=samples, batch_size=50), measured=measured)
+        pricing = Pricing(plan=PlannedRun(samples=samples, batch_size=50), measured=measured)
         return [v.config for v in rank_by_rounds(verdicts, pricing)]
 
     assert [v.config for v in rank_by_rounds(
@@ -155,14 +155,14 @@ def test_verification_ranks_by_the_planned_run_with_the_searchs_one_time_costs()
 
 def test_a_candidate_faster_per_step_but_slower_over_the_planned_run_fails_the_plan_check():
     baseline, compiled = TrialConfig(batch_size=50), TrialConfig(batch_size=50, compile="default")
-    pricing = Pricing(plan=Plan(samples=10_000, batch_size=50),
+    pricing = Pricing(plan=PlannedRun(samples=10_000, batch_size=50),
                       measured=(Measured(config=baseline, samples_per_s=1000.0, one_time_s=2.0),
                                 Measured(config=compiled, samples_per_s=1250.0, one_time_s=62.0)))
     speed = _served(compiled, 1250.0, 1000.0).checks["speed"].detail
-    check = pricing.check(compiled, speed, baseline=baseline, base_speed={"median_samples_per_s": 1000.0})
+    check = plan_check(pricing, compiled, speed, baseline=baseline, base_speed={"median_samples_per_s": 1000.0})
     assert check.passed is False and "slower than the baseline over the planned run" in check.reason
-    long = Pricing(plan=Plan(samples=10_000_000, batch_size=50), measured=pricing.measured)
-    assert long.check(compiled, speed, baseline=baseline, base_speed={"median_samples_per_s": 1000.0}).passed
+    long = Pricing(plan=PlannedRun(samples=10_000_000, batch_size=50), measured=pricing.measured)
+    assert plan_check(long, compiled, speed, baseline=baseline, base_speed={"median_samples_per_s": 1000.0}).passed
 
 
 # --- the whole run, on a model where compiling wins long runs only ----------------------

@@ -16,7 +16,7 @@ from autotune.cli import main as cli_main
 from autotune.config import TrialConfig
 from autotune.emit import stacks
 from autotune.errors import UsageError
-from autotune.options import RunOptions, parse_scale_lr
+from autotune.options import RunOptions, parse_fixes, parse_scale_lr
 from autotune.runtime.distributed import Distributed
 from autotune.runtime.knobs import LrScaling
 from autotune.runtime.main import batch_note
@@ -24,7 +24,7 @@ from autotune.runtime.model import build_model, config_lr_factor
 from autotune.runtime.session import load_user_module
 from autotune.search.task_space import build_task_space
 from autotune.sections import SearchOptions
-from autotune.space import build_space, parse_fixes
+from autotune.space import build_space
 from autotune.space.conditional import DEFAULT_OPTIMIZER
 from autotune.verify import ablation
 

@@ -18,12 +18,12 @@ from autotune.document.measures import Check, Standalone
 from autotune.document.run import RunDocument
 from autotune.errors import NotVerified
 from autotune.report.console import Reporter
+from autotune.reverify import reverify
 from autotune.search.task_space import build_task_space
 from autotune.search.trial_summary import TrialSummary
 from autotune.sections import SearchOptions
 from autotune.trials.script_report import ScriptReport
 from autotune.verify import sequential, standalone
-from autotune.verify.again import reverify
 from autotune.verify.settings import Settings
 from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
 from autotune.verify.stats import RatioInterval
@@ -205,7 +205,7 @@ def test_autotune_verify_runs_a_copied_folder_and_trains_the_model_file_it_is_gi
 
 def test_autotune_verify_fresh_trials_measures_each_configuration_in_a_fresh_process(task, tmp_path, monkeypatch):
     """`autotune verify --fresh-trials` builds the trial runner a run with that flag would."""
-    from autotune.verify import again
+    from autotune import reverify as again
 
     tune_stand_in(task, tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
     built = []

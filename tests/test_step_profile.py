@@ -292,8 +292,8 @@ def test_the_data_advice_says_what_the_search_did_with_more_workers():
 
 
 def test_a_stand_in_runner_measures_nothing_so_nothing_is_profiled(tmp_path):
+    from autotune.emit.step_profile import profile_emitted
     from autotune.report.console import Reporter
-    from autotune.verify.step_profile import profile_emitted
 
     from doubles import RunnerDouble
 

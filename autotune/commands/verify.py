@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from autotune.pipeline import EXIT_NOT_VERIFIED, EXIT_VERIFIED
     from autotune.report.console import Reporter
-    from autotune.verify.again import reverify
+    from autotune.reverify import reverify
 
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
     result = reverify(args.out, options=run_options(args), reporter=reporter, model_file=args.model_file)

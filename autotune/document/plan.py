@@ -1,7 +1,7 @@
 """The planned run's part of a run's document (``"plan"`` in best_config.json), present when
 the user gave ``--train-steps`` or ``--epochs``: the plan, the predicted wall time of the
 baseline and of the emitted configuration, and each compiled configuration's break-even
-(``autotune.search.objective``)."""
+(``autotune.task.objective``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.runtime.json_value import JsonObject
-from autotune.search.objective import BreakEven, Plan, Pricing, break_evens
+from autotune.task.objective import BreakEven, PlannedRun, Pricing, break_evens
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,15 +33,15 @@ class Predicted:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PlannedRun:
-    plan: Plan
+class PlanPrediction:
+    plan: PlannedRun
     baseline: Predicted
     chosen: Predicted
     break_even: tuple[BreakEven, ...]
 
     @classmethod
     def of(cls, pricing: Pricing, *, baseline: TrialConfig, baseline_samples_per_s: float,
-           chosen: TrialConfig, chosen_samples_per_s: float) -> PlannedRun:
+           chosen: TrialConfig, chosen_samples_per_s: float) -> PlanPrediction:
         def predicted(cfg: TrialConfig, rate: float) -> Predicted:
             return Predicted(one_time_s=pricing.one_time_s(cfg), samples_per_s=rate,
                              predicted_s=pricing.predicted_s(cfg, rate))
@@ -60,7 +60,7 @@ class PlannedRun:
                 "break_even": [b.to_json() for b in self.break_even]}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PlannedRun:
-        return cls(plan=Plan.from_json(data), baseline=Predicted.from_json(data["baseline"]),
+    def from_json(cls, data: Mapping[str, Any]) -> PlanPrediction:
+        return cls(plan=PlannedRun.from_json(data), baseline=Predicted.from_json(data["baseline"]),
                    chosen=Predicted.from_json(data["chosen"]),
                    break_even=tuple(BreakEven.from_json(b) for b in data["break_even"]))

@@ -25,7 +25,7 @@ from autotune.document.measures import (
     optional_fields,
 )
 from autotune.document.memory import MemoryFit
-from autotune.document.plan import PlannedRun
+from autotune.document.plan import PlanPrediction
 from autotune.document.stages import VerificationStages
 from autotune.document.steering import Steering
 from autotune.document.utilisation import Utilisation
@@ -140,7 +140,7 @@ class RunDocument:
     environment: Mapping[str, str]
     ablation: Ablation | None = None
     stages: VerificationStages | None = None  # how verification's stages ran, and what --timeout shortened
-    plan: PlannedRun | None = None  # None: no run was planned (--train-steps, --epochs)
+    plan: PlanPrediction | None = None  # None: no run was planned (--train-steps, --epochs)
     memory: MemoryFit | None = None  # None: a document from before memory was measured
     batch: BatchChoice | None = None  # None: a document from before the batch was judged
     step_profile: StepProfile | None = None  # None: not profiled (--no-profile, or it failed)
@@ -232,7 +232,7 @@ class RunDocument:
             layout_effect=LayoutEffect.from_json(effect) if effect else None,
             environment=data["environment"],
             ablation=Ablation.from_json(ablation) if ablation else None,
-            plan=PlannedRun.from_json(plan) if plan else None,
+            plan=PlanPrediction.from_json(plan) if plan else None,
             memory=MemoryFit.from_json(data["memory"]) if data.get("memory") else None,
             batch=BatchChoice.from_json(data["batch"]) if data.get("batch") else None,
             step_profile=StepProfile.from_json(data["step_profile"]) if data.get("step_profile") else None,

@@ -12,16 +12,19 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
 from autotune.config import TrialConfig
+from autotune.document import paths
 from autotune.document.run import CandidateDocument, RunDocument
 from autotune.emit import hf_trainer, nodes, shell, stacks
-from autotune.errors import UsageError
 from autotune.outdir import write_atomically
+from autotune.probes import Machine
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import ConfigDict, Device, ScriptSettings
+from autotune.task import Task
 from autotune.trials import launch
 
 # 2: the memory knobs (activation_checkpointing, grad_accum, sharding) in a configuration.
@@ -185,26 +188,13 @@ def write_candidate(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: d
     return written
 
 
-def resolve(doc: RunDocument | CandidateDocument, folder: Path, key: str) -> Path:
-    """An output of ``doc`` (``"launcher"``, ``"script"``, ``"config"``) in ``folder``,
-    the folder best_config.json was read from (an absolute path, as older documents hold,
-    stays as it is)."""
-    # set wherever a document was written, and the schema requires it of one read back
-    assert doc.outputs is not None, "a document not yet written has no outputs"
-    return folder / doc.outputs[key]
-
-
-def model_file(doc: RunDocument | CandidateDocument, folder: Path, *,
-               override: str | os.PathLike[str] | None = None) -> Path:
-    """The model file of ``doc``: ``override`` (``--model-file``), else its path relative
-    to ``folder`` (a folder moved with the project), else where it was when tuned."""
-    if override is not None:
-        return Path(override)
-    relative = (folder / doc.model_file).resolve()
-    if relative.exists():
-        return relative
-    tuned = Path(doc.model_file_tuned or doc.model_file)
-    if tuned.exists():
-        return tuned
-    raise UsageError(f"the model file is neither at {relative} (relative to {folder}) nor at {tuned} "
-                     "(where it was tuned): give it with --model-file")
+def candidate_emitter(task: Task, machine: Machine) -> Callable[[TrialConfig, Path], Path]:
+    """``emit_candidate(cfg, folder)``: writes ``cfg``'s train_tuned.py (with its
+    train_tuned.json and tuned_runtime/) and launch.sh into ``folder`` and returns the
+    launcher's path."""
+    def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
+        env, _ = launch.environment(cfg, machine=machine)
+        doc = write_candidate(folder, cfg=cfg, model_file=task.path, env=env,
+                              description=f"Train {task.path.name} (candidate)")
+        return paths.resolve(doc, folder, "launcher")
+    return emit_candidate

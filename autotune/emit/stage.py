@@ -1,15 +1,14 @@
 """The emit stage: the chosen configuration's outputs written to the output folder (its
 train_tuned.py, launch.sh, best_config.json with this machine's environment), then where
-its step goes, profiled once (``verify.step_profile``)."""
+its step goes, profiled once (``emit.step_profile``)."""
 from __future__ import annotations
 
 import dataclasses
 
 from autotune.document.run import RunDocument
-from autotune.emit import outputs
+from autotune.emit import outputs, step_profile
 from autotune.sections import MeasureOptions
 from autotune.trials import launch
-from autotune.verify import step_profile
 from autotune.workbench import Workbench
 
 

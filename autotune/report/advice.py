@@ -20,8 +20,8 @@ from autotune.config import Layout, TrialConfig
 from autotune.document.measures import Effect, Interval
 from autotune.document.run import RunDocument
 from autotune.report import profile
-from autotune.search.objective import duration
 from autotune.search.study import quiet_optuna
+from autotune.task.objective import duration
 from autotune.trials.protocol import StudyAttr
 
 # What other hardware or software would add to the search, keyed by the space's

@@ -28,11 +28,11 @@ from rich.text import Text
 
 from autotune.config import TrialConfig
 from autotune.document.measures import Speedup
+from autotune.document.paths import resolve
 from autotune.document.run import RunDocument
-from autotune.emit.outputs import resolve
 from autotune.report.advice import ablation_lines, plan_lines
 from autotune.runtime.knobs import Precision
-from autotune.search.objective import duration
+from autotune.task.objective import duration
 from autotune.trials.progress import (
     BudgetStop,
     ProgressInfo,

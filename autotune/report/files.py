@@ -31,8 +31,8 @@ from autotune.report import advice, profile, quality
 from autotune.report.render import Plot, Table, answers, render_html, render_markdown
 from autotune.report.utilisation import utilisation_tables
 from autotune.result import read_document
-from autotune.search.objective import duration
 from autotune.search.study import folder_of, load_study
+from autotune.task.objective import duration
 from autotune.trials.protocol import Failure, Role, StudyAttr
 
 MARKDOWN_NAME = "report.md"

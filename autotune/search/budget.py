@@ -5,8 +5,34 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Protocol
 
+from autotune.options import SEARCH_SHARE
+from autotune.search.memory import MemoryLimit
 from autotune.search.outcome import SearchOutcome
+from autotune.space import Space
+
+
+def search_timeout(timeout_s: float | None) -> float | None:
+    """The search's part of ``--timeout``; None without one."""
+    return None if timeout_s is None else SEARCH_SHARE * timeout_s
+
+
+class Reserve(Protocol):
+    """What comes after the search keeps of --timeout (``verify.reserve.Reserve``): see
+    ``SearchBudget.enough`` and ``SearchBudget.room_s``."""
+
+    def enough(self, outcome: SearchOutcome) -> str | None: ...
+
+    def room_s(self, outcome: SearchOutcome, once_s: float) -> float: ...
+
+
+class Reserving(Protocol):
+    """What makes the ``Reserve`` for the space the search settled, what a rank may hold, and
+    when --timeout ends the run (``verify.reserve.leave_for_verification``, given by the
+    pipeline: the search does not price verification itself)."""
+
+    def __call__(self, *, space: Space, limit: MemoryLimit, ends_at: float) -> Reserve: ...
 
 
 @dataclasses.dataclass(frozen=True)

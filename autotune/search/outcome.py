@@ -12,9 +12,9 @@ from autotune.config import TrialConfig
 from autotune.document.run import SearchFailure
 from autotune.search.ledger import Ledger
 from autotune.search.memory import MemoryLimit, known_to_fit
-from autotune.search.objective import Measured
 from autotune.search.pruner import config_of
 from autotune.search.trial_summary import TrialSummary
+from autotune.task.objective import Measured
 from autotune.trials.protocol import Failure, Role, StudyAttr
 
 

@@ -22,7 +22,7 @@ class ClearlySlowerPruner(optuna.pruners.BasePruner):
 
     Single windows on a shared machine vary by 20% or more, so only a wide gap
     prunes: the median of the reported windows under ``ratio`` x the best value. Under a
-    planned run (``search.objective``) the best value is an effective throughput, and the
+    planned run (``task.objective``) the best value is an effective throughput, and the
     windows are steady throughput, which no trial's effective throughput exceeds (its
     one-time cost only lowers it): a trial pruned is clearly slower still. Exact
     (fp32, unpruned) trials are compared with exact ones only: where bf16 runs twice as

@@ -7,8 +7,8 @@ import dataclasses
 from autotune.config import TrialConfig
 from autotune.runtime.json_value import JsonObject
 from autotune.search.memory import MemoryLimit
-from autotune.search.objective import Plan
 from autotune.search.trial_summary import TrialSummary
+from autotune.task.objective import PlannedRun
 from autotune.trials.protocol import Failure, Status
 from autotune.trials.runner import TrialResult
 
@@ -16,11 +16,11 @@ from autotune.trials.runner import TrialResult
 @dataclasses.dataclass(frozen=True)
 class Scoring:
     """``plan``: the run the user plans, whose predicted time ranks the trials as an
-    effective throughput (``search.objective``), None for steady throughput;
+    effective throughput (``task.objective``), None for steady throughput;
     ``memory_limit``: what a rank may hold (a trial over it is failed as out of memory: it
     is not chosen, and is retried holding less)."""
 
-    plan: Plan | None = None
+    plan: PlannedRun | None = None
     memory_limit: MemoryLimit | None = None
 
     def score(self, cfg: TrialConfig, result: TrialResult) -> tuple[JsonObject, float | None, float | None]:

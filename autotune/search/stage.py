@@ -10,21 +10,19 @@ from autotune.errors import NotVerified
 from autotune.harness import memory_limit as host_memory_limit
 from autotune.probes import Machine
 from autotune.search import batch_range
-from autotune.search.budget import SearchBudget
+from autotune.search.budget import Reserving, SearchBudget, search_timeout
 from autotune.search.course import Course, Starts
 from autotune.search.memory import MemoryLimit, nothing_fits
-from autotune.search.objective import Pricing
 from autotune.search.outcome import SearchOutcome
 from autotune.search.place import StudyPlace, open_place
 from autotune.search.scoring import Scoring
 from autotune.search.starts import heuristics
 from autotune.search.study import settle_space, shown_url, study_lock
 from autotune.search.tuner import Tuner
-from autotune.sections import MeasureOptions, SearchOptions, SharingOptions, VerifyOptions
+from autotune.sections import SearchOptions, SharingOptions
 from autotune.space import Space
+from autotune.task.objective import Pricing
 from autotune.trials.protocol import Failure
-from autotune.verify.deadline import search_timeout
-from autotune.verify.reserve import leave_for_verification
 from autotune.workbench import Workbench
 
 
@@ -48,11 +46,12 @@ def memory_limit(search: SearchOptions, machine: Machine) -> MemoryLimit:
     return MemoryLimit(user_mb=search.memory_limit_mb, host_mb=host / 2**20 if host else None)
 
 
-def run_search(bench: Workbench, search: SearchOptions, verify: VerifyOptions, measure: MeasureOptions,
-               sharing: SharingOptions, *, space: Space, started_at: float) -> Searched:
+def run_search(bench: Workbench, search: SearchOptions, sharing: SharingOptions, *, space: Space,
+               started_at: float, reserve: Reserving | None = None) -> Searched:
     """The search, resumed from the study in the output folder (or the shared one) when
     there is one; under --timeout it has its share of the time from ``started_at`` (a shared
-    study's: from when the study began), and leaves verification at least its least.
+    study's: from when the study began), and leaves what ``reserve`` keeps for what comes
+    after it (verification at its least).
     Raises NotVerified when the baseline could not be measured: nothing could be compared
     with it."""
     reporter, machine, task = bench.reporter, bench.machine, bench.task
@@ -74,11 +73,10 @@ def run_search(bench: Workbench, search: SearchOptions, verify: VerifyOptions, m
                      where=shown_url(sharing.storage) if sharing.storage else str(bench.out))
     began = place.started_at if place.started_at is not None else started_at
     ends_at = None if search.timeout_s is None else began + search.timeout_s
-    reserve = None if ends_at is None else leave_for_verification(bench, verify, measure, space=space, limit=limit,
-                                                                   ends_at=ends_at)
+    kept = None if ends_at is None or reserve is None else reserve(space=space, limit=limit, ends_at=ends_at)
     budget = SearchBudget(trials=search.trials, timeout_s=search_timeout(search.timeout_s), started_at=began,
-                          enough=None if reserve is None else reserve.enough,
-                          room_s=None if reserve is None else reserve.room_s)
+                          enough=None if kept is None else kept.enough,
+                          room_s=None if kept is None else kept.room_s)
     course = Course(budget=budget, starts=Starts(heuristics=starts, fastest_batch=fastest_allowed(ramp, space)),
                     scoring=Scoring(plan=search.plan, memory_limit=limit), turns=place.turns(notice=reporter.warn))
     tuner = Tuner(study=place.study, space=space, runner=bench.runner, course=course, progress=reporter.search)

@@ -23,12 +23,12 @@ from autotune.runtime.knobs import CompileMode, Device
 from autotune.search import late, memory, steering
 from autotune.search.course import Course
 from autotune.search.ledger import Ledger, baseline_config, is_rung
-from autotune.search.objective import described
 from autotune.search.outcome import SearchOutcome, outcome_of
 from autotune.search.pruner import ClearlySlowerPruner, config_of
 from autotune.search.stages import Stages
 from autotune.search.study import create_or_resume, quiet_optuna
 from autotune.space import Space, Unsplittable
+from autotune.task.objective import described
 from autotune.trials.progress import BudgetStop, Progress, StaleTrial, TrialEnd, TrialStart, TrialWindow, no_progress
 from autotune.trials.protocol import Failure, ProgressEvent, Role, Status, StudyAttr
 from autotune.trials.runner import TrialResult, TrialRunnerLike

@@ -6,6 +6,5 @@ one into Optuna's params and back."""
 from __future__ import annotations
 
 from autotune.space.build import LATE_KNOBS, MEMORY_KNOBS, Space, Unsplittable, build_space
-from autotune.space.fixes import parse_fixes
 
-__all__ = ["LATE_KNOBS", "MEMORY_KNOBS", "Space", "Unsplittable", "build_space", "parse_fixes"]
+__all__ = ["LATE_KNOBS", "MEMORY_KNOBS", "Space", "Unsplittable", "build_space"]

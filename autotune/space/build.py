@@ -3,7 +3,7 @@
 Built from the machine probe (``autotune.probes.Machine``) and the model file
 (``Task``). Each knob has a small builder (``autotune.space.choices``) that returns its
 candidate values and a reason for every value it leaves out; ``build_space`` composes them
-and applies the user's ``--fix`` pins (read by ``autotune.space.fixes``). ``Space`` asks
+and applies the user's ``--fix`` pins (read by ``autotune.options.parse_fixes``). ``Space`` asks
 Optuna for a configuration and turns one into Optuna's params and back.
 """
 from __future__ import annotations
@@ -44,10 +44,9 @@ from autotune.space.choices import (
     prune_ratio_choice,
     sharding_choice,
 )
-from autotune.space.fixes import parse_fixes
 from autotune.space.gpu import gpu_knob_choices, late_params, normalised
 
-__all__ = ["LATE_KNOBS", "MEMORY_KNOBS", "Space", "Unsplittable", "build_space", "parse_fixes"]
+__all__ = ["LATE_KNOBS", "MEMORY_KNOBS", "Space", "Unsplittable", "build_space"]
 
 # Knobs whose every trial carries a long one-time cost (torch.compile takes tens of
 # seconds even for a small model on a few cores). Sampling them throughout would spend

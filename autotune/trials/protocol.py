@@ -173,7 +173,7 @@ class StudyAttr(str, enum.Enum):
     PUBLISHED = "published"            # a shared study's verified result, for every worker
     BATCH_ENQUEUED = "batch_enqueued"  # the refinement's trials (batch sizes, edges): how many; True in older studies
     LATE_ENQUEUED = "late_enqueued"    # the late knobs on the best were queued
-    PLAN = "plan"                      # the planned run its values rank for (search.objective)
+    PLAN = "plan"                      # the planned run its values rank for (task.objective)
     SPACE = "space"                    # the values searched per knob (search.study.settle_space)
     BATCH_RAMP = "batch_ramp"          # what set the batch range (search.batch_range.Ramp)
     STEERING = "steering"              # the leaders profiled and what each profile queued (search.steering)

@@ -19,16 +19,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from autotune.config import TrialConfig
-from autotune.options import SEARCH_SHARE
 from autotune.search.trial_summary import TrialSummary
 from autotune.verify.device_room import DeviceRoom
-from autotune.verify.side_by_side import Plan
-
-
-def search_timeout(timeout_s: float | None) -> float | None:
-    """The search's part of ``--timeout``; None without one."""
-    return None if timeout_s is None else SEARCH_SHARE * timeout_s
-
+from autotune.verify.side_by_side import Visits
 
 # A compile read from the on-disk cache, as a share of the cold one the search measured:
 # the kernels are cached, Dynamo's trace and the CUDA graphs' capture are not.
@@ -80,9 +73,9 @@ class Costs:
         return start + samples * self.sample_s
 
     def side_by_side(self, configs: Sequence[TrialConfig], rounds: int, room: DeviceRoom | None = None) -> float:
-        """``configs`` measured side by side for ``rounds`` rounds (``side_by_side.Plan``):
+        """``configs`` measured side by side for ``rounds`` rounds (``side_by_side.Visits``):
         those held started once, the others once a visit, and every round one window each."""
-        plan = Plan.of(configs, rounds, room)
+        plan = Visits.of(configs, rounds, room)
         fresh = len(configs) - len(plan.held)
         held = len(plan.held) * self.start_s
         if plan.held and room is not None and room.capacity_mb is not None:

@@ -39,7 +39,7 @@ from autotune.verify.trainings import training_steps
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class FittedStages:
     """The stages as fitted: their settings, the candidates to verify, what was shortened
     (by stage, in words), the estimate, the seconds left, and ``over`` when even the
     minimum did not fit."""
@@ -162,7 +162,7 @@ MARGIN = 1.1
 
 
 def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
-        budget: Budget, has_evaluate: bool, shortest_run_s: float) -> Plan:
+        budget: Budget, has_evaluate: bool, shortest_run_s: float) -> FittedStages:
     """``settings`` and ``candidates`` shortened, in the module's order, until their
     estimate fits what ``budget`` has left. ``shortest_run_s``: the least timed training
     a standalone run may be cut to."""
@@ -216,10 +216,11 @@ def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tria
     if need > left:
         over = (f"--timeout {budget.timeout_s:g} left {max(0.0, left_s):.0f} s for verification; even at its "
                 f"minimum it takes about {need * MARGIN:.0f} s with a margin: verifying at the minimum")
-    return Plan(settings=s, candidates=cands, shortened=shortened, estimate_s=need, left_s=left_s, over=over)
+    return FittedStages(settings=s, candidates=cands, shortened=shortened, estimate_s=need, left_s=left_s, over=over)
 
 
-def stages(plan: Plan | None, records: Sequence[StageRecord], budget: Budget | None) -> VerificationStages | None:
+def stages(plan: FittedStages | None, records: Sequence[StageRecord],
+           budget: Budget | None) -> VerificationStages | None:
     """The stages' records as they ran, each with what the plan shortened on it (a stage
     the plan left out gets a record of its own), in the order the stages run; None where
     nothing was verified and nothing fitted."""

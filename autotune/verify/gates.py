@@ -42,7 +42,7 @@ from autotune.verify.quality import quality_check
 from autotune.verify.reference import KeptReferences
 from autotune.verify.settings import Settings
 from autotune.verify.side_by_side import Held, speed_check
-from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
+from autotune.verify.speed import CandidateSpeed, ReferenceSpeed, plan_check
 from autotune.verify.trainings import Trainings
 from autotune.verify.verdict import Verdict, rank_by_rounds
 
@@ -185,8 +185,8 @@ def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[
         by_cfg[cfg].checks["speed"] = check
         if settings.pricing is not None and check.passed:  # faster per step: and over the planned run?
             assert base_speed is not None
-            by_cfg[cfg].checks["plan"] = settings.pricing.check(
-                cfg, check.detail, baseline=baseline,
+            by_cfg[cfg].checks["plan"] = plan_check(
+                settings.pricing, cfg, check.detail, baseline=baseline,
                 base_speed={"median_samples_per_s": base_speed.median_samples_per_s})
     verdicts = list(by_cfg.values())
     ranked = [v for v in rank_by_rounds(verdicts, settings.pricing) if v.passed]

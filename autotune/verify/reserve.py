@@ -15,6 +15,7 @@ from autotune.verify import fit
 from autotune.verify.candidates import batch_rival, choose_candidates
 from autotune.verify.deadline import FROM_CACHE_SHARE, Costs
 from autotune.verify.sequential import PAIRS_FEWEST
+from autotune.verify.settings import Settings
 from autotune.workbench import Workbench
 
 
@@ -64,7 +65,7 @@ def leave_for_verification(bench: Workbench, verify: VerifyOptions, measure: Mea
                                        machine=bench.machine, fits=outcome.fits(limit), rival=batch_rival(others))
         costs = Costs.from_trials([c.result for c in outcome.ranked], window_s=measure.window_s,
                                   baseline_rate=outcome.baseline.measured.samples_per_s)
-        settings = verify.settings.on(bench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()])
+        settings = Settings.asked(verify).on(bench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()])
         return fit.least(settings, candidates, baseline=baseline, costs=costs,
                          has_evaluate=bench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
     return Reserve(ends_at=ends_at, need=need, timeout_s=float(verify.timeout_s or 0.0))

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterable, Sequence
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.probes import Machine
-from autotune.search.objective import Pricing
+from autotune.sections import VerifyOptions
+from autotune.task.objective import Pricing
 from autotune.verify.deadline import Budget
 from autotune.verify.device_room import DeviceRoom
 from autotune.verify.overlap import ahead
@@ -38,6 +39,12 @@ class Settings:
     # what verification may hold on the GPUs at once (autotune.verify.device_room)
     room: DeviceRoom | None = None
     cores: int | None = None  # the machine's usable cores: whether a run may set up beside another
+
+    @classmethod
+    def asked(cls, verify: VerifyOptions) -> Settings:
+        """What the user asked of verification, before the run learns anything."""
+        return cls(rounds=verify.rounds, pairs=verify.pairs, pair_seconds=verify.pair_seconds,
+                   max_quality_drop=verify.max_quality_drop, path=verify.path, pinned=frozenset(verify.fixed))
 
     def on(self, machine: Machine, measured: Iterable[tuple[TrialConfig, float | None]]) -> Settings:
         """These settings on ``machine``: its usable cores, and the room on its GPUs for the

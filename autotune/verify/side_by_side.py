@@ -6,7 +6,7 @@ The verification's speed check measures its candidates against the baseline this
 (``autotune.verify.gates``), and the ablation the winner's variants against the winner
 (``autotune.verify.ablation``). The configurations are held alive side by side between
 windows, on GPUs those whose device memory fits together (``autotune.verify.device_room``);
-any other is started fresh for each of its turns (``Plan``).
+any other is started fresh for each of its turns (``Visits``).
 
 Rounds go on up to the cap; a sequential rule (``autotune.verify.sequential``) may stop a
 configuration, or the whole measurement, once what it decides is settled.
@@ -76,7 +76,7 @@ def hold_within_budget(live: list[LiveTrialLike | None], failures: list[str | No
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Visits:
     """How a session measures its configurations: ``held``, the indices held alive for the
     whole session (all of them on a CPU; on GPUs those ``DeviceRoom`` fits together), the
     others started fresh for each visit; ``per_visit`` windows (rounds) each configuration
@@ -92,7 +92,7 @@ class Plan:
         return self.per_visit * self.visits
 
     @classmethod
-    def of(cls, configs: Sequence[TrialConfig], rounds: int, room: DeviceRoom | None = None) -> Plan:
+    def of(cls, configs: Sequence[TrialConfig], rounds: int, room: DeviceRoom | None = None) -> Visits:
         held = frozenset((room or DeviceRoom()).held_together(configs))
         if len(held) == len(configs):
             return cls(held, 1, rounds)
@@ -157,7 +157,7 @@ class Session:
         return decision
 
 
-def measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Plan,
+def measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Visits,
             progress: Progress, name: str, reference_label: str,
             rule: Rule | None, held: Held | None = None) -> Session:
     """Round after round, rotating, each configuration measures ``plan.per_visit``
@@ -299,7 +299,7 @@ def speed_check(
     GPUs (``device_room``; without it, every GPU configuration is visited fresh).
     Raises NotVerified when the reference fails: nothing can be compared with it."""
     configs = [reference, *others]
-    session = measure(runner, configs, plan=Plan.of(configs, rounds, room), progress=progress, name=name,
+    session = measure(runner, configs, plan=Visits.of(configs, rounds, room), progress=progress, name=name,
                       reference_label=reference_label, rule=rule, held=held)
     values, failures = session.values, session.failures
     base_values = values[0]

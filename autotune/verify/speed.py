@@ -7,8 +7,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.config import TrialConfig
 from autotune.document.measures import Check
 from autotune.runtime.json_value import JsonObject
+from autotune.task.objective import Pricing, duration
 from autotune.verify.stats import RatioInterval
 
 
@@ -66,3 +68,25 @@ class CandidateSpeed:
     def from_check(cls, check: Check) -> CandidateSpeed | None:
         """The figures of a speed check; None where the candidate failed when re-measured."""
         return cls.from_json(check.detail) if "ratios" in check.detail else None
+
+
+def plan_check(pricing: Pricing, cfg: TrialConfig, speed: Mapping[str, Any], *, baseline: TrialConfig,
+               base_speed: Mapping[str, Any]) -> Check:
+    """Whether ``cfg``, faster per step than the baseline side by side (``speed``: its
+    speed check's figures), is faster over the planned run too, once one-time costs
+    count: compiling can save a fifth of every step and still lose a short run."""
+    base_rate = float(base_speed["median_samples_per_s"])
+    rate = float(speed["median"]) * base_rate
+    mine, theirs = pricing.predicted_s(cfg, rate), pricing.predicted_s(baseline, base_rate)
+    once, base_once = pricing.one_time_s(cfg), pricing.one_time_s(baseline)
+    detail: JsonObject = {
+        "plan": pricing.plan.describe(), "predicted_s": mine, "baseline_predicted_s": theirs,
+        "one_time_s": once, "baseline_one_time_s": base_once}
+    if mine < theirs:
+        return Check(True, detail)
+    detail["reason"] = (
+        f"slower than the baseline over the planned run ({pricing.plan.describe()}): "
+        f"{duration(mine)} predicted against {duration(theirs)}, its one-time cost of "
+        f"{duration(once)} (the baseline's {duration(base_once)}) outweighs "
+        f"{float(speed['median']):.2f}x the speed per step")
+    return Check(False, detail)

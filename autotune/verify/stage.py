@@ -11,7 +11,6 @@ from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation
 from autotune.document.run import RunDocument
 from autotune.document.stages import Stage, StageRecord, VerificationStages
-from autotune.harness import candidate_emitter
 from autotune.search.ledger import measured_trials
 from autotune.search.stage import Searched
 from autotune.sections import MeasureOptions, VerifyOptions
@@ -19,6 +18,7 @@ from autotune.verify import fit, gates, standalone
 from autotune.verify.candidates import batch_rival, choose_candidates
 from autotune.verify.deadline import Budget, Costs
 from autotune.verify.reference import KEPT_REFERENCES, KeptReferences
+from autotune.verify.settings import Settings
 from autotune.verify.speed import ReferenceSpeed
 from autotune.verify.trainings import slowest_rate
 from autotune.verify.verdict import Verdict
@@ -41,9 +41,11 @@ class Verified:
 
 
 def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOptions, *,
-                     searched: Searched) -> Verified:
+                     searched: Searched, emit: Callable[[TrialConfig, Path], Path]) -> Verified:
     """The search's best against the baseline: the candidates chosen from its ranking, the
-    stages fitted to what --timeout leaves (where it was given), then checked."""
+    stages fitted to what --timeout leaves (where it was given), then checked; ``emit(cfg,
+    folder)`` writes a candidate's scripts there and returns its launcher
+    (``emit.outputs.candidate_emitter``)."""
     outcome, reporter = searched.outcome, bench.reporter
     assert outcome.baseline is not None  # the search raises otherwise
     # the user's configuration, or, where it ran out of memory, it holding less (search.memory)
@@ -65,7 +67,7 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
         budget = Budget(timeout_s=verify.timeout_s, ends_at=searched.ends_at, costs=Costs.from_trials(
             [c.result for c in outcome.ranked], window_s=measure.window_s,
             baseline_rate=outcome.baseline.measured.samples_per_s))
-    asked = verify.settings
+    asked = Settings.asked(verify)
     settings = dataclasses.replace(
         asked.on(bench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()]),
         pricing=searched.pricing, budget=budget, fits=fits,
@@ -81,7 +83,6 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
             if line:
                 reporter.info(f"verify: {line}")
     records: list[StageRecord] = []
-    emit = candidate_emitter(bench.task, bench.machine)
     scripts: dict[TrialConfig, Path] = {}
 
     def emit_candidate(cfg: TrialConfig, folder: Path) -> Path:
@@ -109,15 +110,15 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
 
 
 def recheck(bench: Workbench, verify: VerifyOptions, *, doc: RunDocument, launcher: Callable[[], Path],
+            emit_baseline: Callable[[TrialConfig, Path], Path],
             config: TrialConfig | None = None) -> tuple[Verdict | None, list[Verdict], ReferenceSpeed | None]:
     """The configuration ``doc`` emitted (or ``config``, the one it kept) against its
     baseline, here and now: the same checks as a run's, on the script as it is
-    (``launcher()``: its launch.sh) against the baseline's written afresh, without the
+    (``launcher()``: its launch.sh) against the baseline's written afresh (``emit_baseline``), without the
     ablation (the configuration as written)."""
     cfg = config if config is not None else doc.config
-    emit_baseline = candidate_emitter(bench.task, bench.machine)
     peaks = [(cfg, doc.best.cuda_peak_mb)] if doc.best else []
-    settings = dataclasses.replace(verify.settings.on(bench.machine, peaks), ablation=False)
+    settings = dataclasses.replace(Settings.asked(verify).on(bench.machine, peaks), ablation=False)
     return gates.verify_candidates(
         bench.runner, baseline=doc.baseline.config, candidates=[cfg], settings=settings,
         has_evaluate=bench.task.has_evaluate,

@@ -8,7 +8,7 @@ import math
 from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation
 from autotune.document.measures import CandidateOutcome, Check, Standalone
-from autotune.search.objective import Pricing
+from autotune.task.objective import Pricing
 from autotune.verify.side_by_side import relative_to_level
 from autotune.verify.speed import CandidateSpeed
 
@@ -53,7 +53,7 @@ def rank_by_rounds(verdicts: list[Verdict], pricing: Pricing | None = None) -> l
                                  beside=[s.samples_per_s for _, s in beside])
     for (_, s), r in zip(ordered, relative):
         s.relative_to_candidates = r
-    if pricing is not None:  # search.objective: compiling's one-time cost counts
+    if pricing is not None:  # task.objective: compiling's one-time cost counts
         priced = pricing.price([(v.config, s.samples_per_s, r) for (v, s), r in zip(ordered, relative)])
         for (_, s), (planned_s, one_time_s) in zip(ordered, priced):
             s.planned_s, s.one_time_s = planned_s, one_time_s

@@ -8,18 +8,19 @@ import dataclasses
 import json
 from pathlib import Path
 
+from autotune.document import paths
 from autotune.document.run import RunDocument
 from autotune.emit import outputs
 from autotune.outdir import write_atomically
-from autotune.report.console import Reporter
 from autotune.runtime.step_profile import StepProfile
 from autotune.trials.runner import TrialRunner, TrialRunnerLike, run_launcher
+from autotune.workbench import Reporting
 
 PROFILE_DIR = "profile"  # in the output folder: the profiled run's log and report
 
 
 def profile_emitted(out: Path, doc: RunDocument, *, runner: TrialRunnerLike, profile: bool,
-                    reporter: Reporter) -> RunDocument:
+                    reporter: Reporting) -> RunDocument:
     """``doc`` with the emitted script's step profile, rewritten to best_config.json; ``doc``
     itself under --no-profile, with a stand-in runner (it measures nothing), where it has a
     profile (a shared study's published result, profiled by the worker that verified it), or
@@ -29,7 +30,7 @@ def profile_emitted(out: Path, doc: RunDocument, *, runner: TrialRunnerLike, pro
     reporter.info("profiling one window of the emitted script: where its step goes ...")
     runner.close()  # alone on the machine, as the standalone runs were
     try:
-        report = run_launcher(outputs.resolve(doc, out, "launcher"), steps=1, workdir=out / PROFILE_DIR,
+        report = run_launcher(paths.resolve(doc, out, "launcher"), steps=1, workdir=out / PROFILE_DIR,
                               timeout_s=runner.timeout_s, cwd=runner.cwd, extra=("--profile",),
                               compile_cache=runner.compile_cache)
         taken = StepProfile.from_json(report.step_profile)

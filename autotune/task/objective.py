@@ -26,7 +26,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.document.measures import Check
 from autotune.errors import UsageError
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import CompileMode
@@ -50,7 +49,7 @@ def per_step(seconds: float) -> str:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Plan:
+class PlannedRun:
     """The run the user plans: ``samples`` of training, given as ``train_steps`` at
     ``batch_size`` (the user's own global batch) or as ``epochs`` of ``dataset_len`` samples."""
 
@@ -62,7 +61,7 @@ class Plan:
 
     @classmethod
     def of(cls, *, train_steps: int | None, epochs: int | None, batch_size: int,
-           dataset_len: int | None) -> Plan | None:
+           dataset_len: int | None) -> PlannedRun | None:
         """The plan of ``--train-steps`` or ``--epochs`` (``RunOptions`` checked them) for a
         model file of ``batch_size`` and ``dataset_len``; None when neither was given."""
         if train_steps is not None:
@@ -102,17 +101,17 @@ class Plan:
                                      ("dataset_len", self.dataset_len)) if v is not None}}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+    def from_json(cls, data: Mapping[str, Any]) -> PlannedRun:
         return cls(samples=data["samples"], batch_size=data["batch_size"],
                    train_steps=data.get("train_steps"), epochs=data.get("epochs"),
                    dataset_len=data.get("dataset_len"))
 
 
 def described(plan: Mapping[str, Any] | None) -> str:
-    """A plan as stored (``Plan.to_json``), or none, in words."""
+    """A plan as stored (``PlannedRun.to_json``), or none, in words."""
     if plan is None:
         return "no planned run (steady throughput, as without --train-steps and --epochs)"
-    return f"a planned run of {Plan.from_json(plan).describe()}"
+    return f"a planned run of {PlannedRun.from_json(plan).describe()}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -131,7 +130,7 @@ class Pricing:
     candidates with. Verification measures steady rates only (side by side, then the
     scripts alone); a configuration's one-time cost is the search's."""
 
-    plan: Plan
+    plan: PlannedRun
     measured: tuple[Measured, ...]
 
     def one_time_s(self, cfg: TrialConfig) -> float:
@@ -161,27 +160,6 @@ class Pricing:
         return [(self.predicted_s(cfg, max(relative * level, 1e-9)), self.one_time_s(cfg))
                 for cfg, _, relative in speeds]
 
-    def check(self, cfg: TrialConfig, speed: Mapping[str, Any], *, baseline: TrialConfig,
-              base_speed: Mapping[str, Any]) -> Check:
-        """Whether ``cfg``, faster per step than the baseline side by side (``speed``: its
-        speed check's figures), is faster over the planned run too, once one-time costs
-        count: compiling can save a fifth of every step and still lose a short run."""
-        base_rate = float(base_speed["median_samples_per_s"])
-        rate = float(speed["median"]) * base_rate
-        mine, theirs = self.predicted_s(cfg, rate), self.predicted_s(baseline, base_rate)
-        once, base_once = self.one_time_s(cfg), self.one_time_s(baseline)
-        detail: JsonObject = {
-            "plan": self.plan.describe(), "predicted_s": mine, "baseline_predicted_s": theirs,
-            "one_time_s": once, "baseline_one_time_s": base_once}
-        if mine < theirs:
-            return Check(True, detail)
-        detail["reason"] = (
-            f"slower than the baseline over the planned run ({self.plan.describe()}): "
-            f"{duration(mine)} predicted against {duration(theirs)}, its one-time cost of "
-            f"{duration(once)} (the baseline's {duration(base_once)}) outweighs "
-            f"{float(speed['median']):.2f}x the speed per step")
-        return Check(False, detail)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BreakEven:
@@ -197,7 +175,7 @@ class BreakEven:
     saved_per_step_s: float | None = None
     steps: float | None = None
 
-    def line(self, *, plan: Plan | None = None) -> str:
+    def line(self, *, plan: PlannedRun | None = None) -> str:
         """One line for the summary; with the ``plan``, how many such steps it has."""
         what = f"compile={self.config.compile}"
         eager = self.config.replace(compile=CompileMode.OFF.value).short()

@@ -14,7 +14,7 @@ from autotune import __version__
 from autotune.config import TrialConfig
 from autotune.document.kept import Kept
 from autotune.document.measures import Baseline, Best, Rejection
-from autotune.document.plan import PlannedRun
+from autotune.document.plan import PlanPrediction
 from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
 from autotune.document.utilisation import Utilisation, pick_facts, trial_facts
 from autotune.probes import fingerprint, fingerprint_id
@@ -93,7 +93,7 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
                                            *((c, r.facts) for c, r in trials)], work_key=work_key)
             if best else None,
             pick_samples_per_s=best.samples_per_s if best else None),
-        plan=None if pricing is None else PlannedRun.of(
+        plan=None if pricing is None else PlanPrediction.of(
             pricing, baseline=reference, baseline_samples_per_s=baseline.samples_per_s, chosen=chosen,
             chosen_samples_per_s=best.samples_per_s if best is not None else baseline.samples_per_s))
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune import outdir
+from autotune.document import paths
 from autotune.document.measures import Interval, Speedup
-from autotune.emit import outputs
+from autotune.emit.outputs import candidate_emitter
 from autotune.harness import make_runner
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, fingerprint, fingerprint_diff, probe_machine
@@ -44,7 +45,7 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     doc = read_document(out)
     folder = Path(out)
     folder = (folder if folder.is_dir() else folder.parent).absolute()
-    task = load_task(outputs.model_file(doc, folder, override=model_file))
+    task = load_task(paths.model_file(doc, folder, override=model_file))
     cfg, baseline = doc.config, doc.baseline.config
     machine = as_machine(machine) if machine is not None else probe_machine()
     tuned_on = {k: v for k, v in doc.fingerprint.items() if k != "id"}
@@ -72,7 +73,8 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
             # the user's launch.sh (or the kept one's) as it is; the baseline's script written afresh
             winner, verdicts, base_speed = recheck(
                 bench, VerifyOptions.of(options), doc=doc, config=kept.config if kept is not None else None,
-                launcher=lambda: kept_launcher or outputs.resolve(doc, folder, "launcher"))
+                launcher=lambda: kept_launcher or paths.resolve(doc, folder, "launcher"),
+                emit_baseline=candidate_emitter(task, machine))
     finally:
         if previous is None:
             os.environ.pop("MODEL_FILE", None)
