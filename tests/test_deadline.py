@@ -12,7 +12,7 @@ from autotune import pipeline, schemas
 from autotune.config import TrialConfig
 from autotune.document.run import RunDocument
 from autotune.document.stages import Stage
-from autotune.harness import candidate_emitter
+from autotune.emit.outputs import candidate_emitter
 from autotune.options import SEARCH_SHARE
 from autotune.probes import as_machine
 from autotune.report.console import Reporter

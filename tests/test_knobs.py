@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.document import paths
 from autotune.emit import outputs as emit
 from autotune.probes import probe_machine
 from autotune.trials import launch
@@ -100,7 +101,7 @@ def _trial_and_script(group: str, machine: dict, tmp_path: Path) -> tuple[dict, 
     env, _ = launch.environment(cfg, machine=machine, base_env={})
     doc = emit.write_candidate(tmp_path / "out", cfg=cfg, model_file=MODEL, env=env, description=group)
     report = tmp_path / "report.json"
-    proc = subprocess.run(["bash", emit.resolve(doc, tmp_path / "out", "launcher"), "--max-steps", "4", "--no-checkpoint",
+    proc = subprocess.run(["bash", paths.resolve(doc, tmp_path / "out", "launcher"), "--max-steps", "4", "--no-checkpoint",
                            "--report", str(report)], capture_output=True, text=True, timeout=240,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

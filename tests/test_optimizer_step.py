@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from autotune.config import TrialConfig
+from autotune.document import paths
 from autotune.emit import outputs as emit
 from autotune.emit import stacks
 from autotune.runtime.distributed import Distributed
@@ -232,7 +233,7 @@ def test_the_fused_step_and_prefetch_take_effect_in_the_trial_and_in_train_tuned
     doc = emit.write_candidate(tmp_path / "out", cfg=cfg, model_file=GROUPS, env=env, description="groups")
     assert json.loads((tmp_path / "out" / "train_tuned.json").read_text())["config"]["optimizer_step"] == "fused"
     report = tmp_path / "report.json"
-    proc = subprocess.run(["bash", emit.resolve(doc, tmp_path / "out", "launcher"), "--max-steps", "3",
+    proc = subprocess.run(["bash", paths.resolve(doc, tmp_path / "out", "launcher"), "--max-steps", "3",
                            "--no-checkpoint", "--report", str(report)], capture_output=True, text=True,
                           timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -18,14 +18,13 @@ from autotune.emit import stacks
 from autotune.errors import UsageError
 from autotune.options import RunOptions, parse_fixes, parse_scale_lr
 from autotune.runtime.distributed import Distributed
-from autotune.runtime.knobs import LrScaling
+from autotune.runtime.knobs import DEFAULT_OPTIMIZER, LrScaling
 from autotune.runtime.main import batch_note
 from autotune.runtime.model import build_model, config_lr_factor
 from autotune.runtime.session import load_user_module
 from autotune.search.task_space import build_task_space
 from autotune.sections import SearchOptions
 from autotune.space import build_space
-from autotune.space.conditional import DEFAULT_OPTIMIZER
 from autotune.verify import ablation
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in

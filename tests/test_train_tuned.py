@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.document import paths
 from autotune.emit import outputs as emit
 from autotune.trials import launch
 
@@ -139,14 +140,14 @@ def test_best_config_holds_paths_relative_to_its_folder(tmp_path):
     moved = tmp_path / "moved"
     project.rename(moved)  # the project moved, its output folder with it
     folder = moved / "autotune-out" / "dropout_cnn"
-    assert emit.model_file(doc, folder) == moved / "models" / "dropout_cnn.py"
-    assert emit.resolve(doc, folder, "launcher") == folder / "launch.sh"
+    assert paths.model_file(doc, folder) == moved / "models" / "dropout_cnn.py"
+    assert paths.resolve(doc, folder, "launcher") == folder / "launch.sh"
     from autotune.errors import UsageError
 
     (moved / "models" / "dropout_cnn.py").unlink()
     with pytest.raises(UsageError, match="give it with --model-file"):
-        emit.model_file(doc, folder)
-    assert emit.model_file(doc, folder, override="x.py") == Path("x.py")
+        paths.model_file(doc, folder)
+    assert paths.model_file(doc, folder, override="x.py") == Path("x.py")
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.document import paths
 from autotune.emit import outputs as emit
 
 from helpers import run_document
@@ -18,7 +19,7 @@ MODEL = Path(__file__).parent / "models" / "knob_cnn.py"
 def run_script(tmp_path, fingerprint):
     doc = emit.write_outputs(tmp_path / "out", cfg=TrialConfig(threads=1), model_file=MODEL,
                              env={}, document=run_document(TrialConfig(threads=1), fingerprint=fingerprint), description="t")
-    return subprocess.run(["bash", emit.resolve(doc, tmp_path / "out", "launcher"), "--max-steps", "2",
+    return subprocess.run(["bash", paths.resolve(doc, tmp_path / "out", "launcher"), "--max-steps", "2",
                            "--no-checkpoint"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
