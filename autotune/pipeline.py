@@ -20,7 +20,7 @@ from autotune import outdir
 from autotune.document.run import RunDocument
 from autotune.emit.assemble import build_document
 from autotune.emit.outputs import candidate_emitter
-from autotune.emit.stage import emit_outputs
+from autotune.emit.write import emit_outputs
 from autotune.harness import make_runner
 from autotune.options import RunOptions
 from autotune.probes import Machine, as_machine, probe_machine

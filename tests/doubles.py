@@ -143,7 +143,7 @@ class StandIn(RunnerDouble):
         return {}
 
     def utilisation(self, cfg: TrialConfig) -> dict[str, Any]:
-        """What a trial's first step reports for utilisation (trials.utilisation): the
+        """What a trial's first step reports for utilisation (trials.step_facts): the
         model's FLOPs per sample and its ranks' peak, the datasheet's for a GPU the
         machine document names, else a matmul's 50 GFLOP/s a thread."""
         from autotune.probes import peaks

@@ -79,7 +79,7 @@ def test_the_model_files_check_says_whether_it_has_convolutions(task):
 def _queued(space: Space, *, heuristics, fastest: int | None, tmp_path: Path) -> list[tuple[str, TrialConfig]]:
     """What the start queues: (role, configuration), in order."""
     from autotune.search.ledger import Ledger
-    from autotune.search.stages import Stages
+    from autotune.search.queued import Stages
 
     study = open_study(storage_path=tmp_path / "study.journal", study_name="starts")
     Stages(Ledger(study, space), trials=20, heuristics=heuristics, fastest_batch=fastest).enqueue_start()

@@ -14,7 +14,7 @@ import torch
 from autotune.config import TrialConfig
 from autotune.emit import stacks
 from autotune.probes.libraries import find_native_libraries
-from autotune.runtime import memory
+from autotune.runtime import memory_knobs
 from autotune.runtime.distributed import Distributed
 from autotune.runtime.model import build_model, make_step
 from autotune.runtime.session import load_user_module
@@ -56,13 +56,13 @@ class Net(torch.nn.Module):
 
 def test_repeated_blocks_are_the_outermost_repeated_classes_with_modules_of_their_own():
     net = Net()
-    assert memory.repeated_blocks(net) == list(net.blocks)  # not the one head Sequential, not ModuleList
+    assert memory_knobs.repeated_blocks(net) == list(net.blocks)  # not the one head Sequential, not ModuleList
     encoder = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, 16), num_layers=3,
                                           enable_nested_tensor=False)
     # the layers, not the attention inside each (a class nested in a chosen one)
-    assert memory.block_names(encoder) == ("TransformerEncoderLayer",)
-    assert len(memory.repeated_blocks(encoder)) == 3
-    assert memory.block_names(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())) == ()
+    assert memory_knobs.block_names(encoder) == ("TransformerEncoderLayer",)
+    assert len(memory_knobs.repeated_blocks(encoder)) == 3
+    assert memory_knobs.block_names(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())) == ()
 
 
 def test_a_sequential_of_blocks_that_hold_sequentials_is_their_container_not_a_block():
@@ -77,8 +77,8 @@ def test_a_sequential_of_blocks_that_hold_sequentials_is_their_container_not_a_b
             return x + self.mlp(x)
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(Mlp(), Mlp(), Mlp()))
-    assert memory.block_names(model) == ("Mlp",)
-    assert memory.repeated_blocks(model) == list(model[1])
+    assert memory_knobs.block_names(model) == ("Mlp",)
+    assert memory_knobs.repeated_blocks(model) == list(model[1])
 
 
 @pytest.mark.slow
@@ -89,7 +89,7 @@ def test_the_contract_check_names_the_block_classes():
 def test_checkpointing_a_model_without_blocks_is_a_clear_error_naming_it():
     plain = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="activation_checkpointing: the model Sequential has no repeated blocks"):
-        memory.checkpoint_activations(plain)
+        memory_knobs.checkpoint_activations(plain)
 
 
 # --- activation checkpointing, in this process --------------------------------------------------
@@ -98,7 +98,7 @@ def test_checkpointing_a_model_without_blocks_is_a_clear_error_naming_it():
 def _grads(model: torch.nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
     torch.manual_seed(3)  # dropout's draws
     model(x).square().mean().backward()
-    return {n.replace(memory.CHECKPOINT_PREFIX, ""): p.grad for n, p in model.named_parameters()}
+    return {n.replace(memory_knobs.CHECKPOINT_PREFIX, ""): p.grad for n, p in model.named_parameters()}
 
 
 def test_checkpointing_recomputes_each_block_with_the_plain_gradients_and_names():
@@ -106,9 +106,9 @@ def test_checkpointing_recomputes_each_block_with_the_plain_gradients_and_names(
     plain = Net()
     wrapped = Net()
     wrapped.load_state_dict(plain.state_dict())
-    assert memory.checkpoint_activations(wrapped) == 3
+    assert memory_knobs.checkpoint_activations(wrapped) == 3
     calls = collections.Counter()
-    for i, block in enumerate(memory.inner_blocks(wrapped)):
+    for i, block in enumerate(memory_knobs.inner_blocks(wrapped)):
         block.register_forward_pre_hook(lambda m, a, i=i: calls.update([i]))
     x = torch.randn(5, 4)
     expected, got = _grads(plain, x), _grads(wrapped, x)
@@ -128,13 +128,13 @@ def test_micro_batches_split_every_tensor_along_dim_0():
     Pair = collections.namedtuple("Pair", "x y")
     batch = {"x": torch.arange(8).reshape(4, 2), "y": [torch.arange(4), 7], "p": Pair(torch.ones(4), "t"),
              "scale": torch.tensor(2.0)}
-    parts = memory.micro_batches(batch, 2)
+    parts = memory_knobs.micro_batches(batch, 2)
     assert len(parts) == 2
     assert parts[1]["x"].tolist() == [[4, 5], [6, 7]] and parts[0]["y"][0].tolist() == [0, 1]
     assert parts[0]["y"][1] == 7 and isinstance(parts[0]["p"], Pair) and parts[0]["p"].y == "t"
     assert parts[1]["scale"].item() == 2.0  # a scalar goes whole into each
     with pytest.raises(ValueError, match=r"grad_accum=3: a batch tensor of shape \(4, 2\) does not split"):
-        memory.micro_batches(torch.zeros(4, 2), 3)
+        memory_knobs.micro_batches(torch.zeros(4, 2), 3)
 
 
 def _train(cfg: dict, user, batches) -> tuple[list[float], list[int]]:

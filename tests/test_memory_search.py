@@ -190,7 +190,7 @@ def test_without_a_limit_a_cpu_rank_may_hold_its_share_of_the_machine_and_a_gpu_
 
 def test_a_processs_host_peak_starts_afresh_for_each_configuration():
     """A warm process measures several configurations: each one's peak is its own."""
-    from autotune.trials.memory import host_peak_mb, reset_host_peak
+    from autotune.trials.peak_memory import host_peak_mb, reset_host_peak
 
     big = bytearray(200 * 2**20)
     big[:: 4096] = b"x" * len(big[:: 4096])  # touched: resident

@@ -257,16 +257,16 @@ def test_on_a_gpu_a_compiled_bf16_step_counts_the_models_flops_and_its_peak_is_t
 
 def test_a_peak_that_could_not_be_measured_leaves_the_share_out_not_the_trial(monkeypatch):
     from autotune.document.utilisation import Share
-    from autotune.trials import utilisation
+    from autotune.trials import step_facts
 
     def fails(**kw):
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(utilisation, "_PEAKS", {})
+    monkeypatch.setattr(step_facts, "_PEAKS", {})
     monkeypatch.setattr(peaks, "measured_peak", fails)
     session = Session(str(MODELS / "blocks_mlp.py"), {"batch_size": 16, "threads": 1})
     try:
-        facts = utilisation.utilisation_facts(session, settle=lambda: None)
+        facts = step_facts.utilisation_facts(session, settle=lambda: None)
     finally:
         session.close()
     assert facts["flops_per_sample"] == BLOCKS_MLP_PER_SAMPLE and facts["peak_flop_per_s"] == 0.0

@@ -20,7 +20,7 @@ from .compiler import CompilerCheck
 from .cpu import CpuInfo, read_cpu
 from .extensions import IpexStatus
 from .gpu import GpuInfo, GpuLink, GpuProbe, cross_check_torch
-from .memory import MemoryInfo, read_memory
+from .host_memory import MemoryInfo, read_memory
 from .nvml import read_gpu_processes, read_gpus
 from .torch_build import TorchBuild
 from .units import format_bytes

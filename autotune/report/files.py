@@ -27,7 +27,7 @@ from autotune.document.ablation import Ablation, AblationPath
 from autotune.document.measures import CandidateOutcome, Effect, Interval, Rounds, Speedup
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
-from autotune.report import advice, profile, quality
+from autotune.report import advice, profile, quality_check
 from autotune.report.render import Plot, Table, answers, render_html, render_markdown
 from autotune.report.utilisation import utilisation_tables
 from autotune.result import read_document
@@ -236,7 +236,7 @@ def report_tables(doc: RunDocument, study: optuna.Study | None) -> list[Table]:
     if doc.step_profile is not None:
         tables.append(Table(profile.TITLE, list(profile.HEADERS), profile.table_rows(doc), profile.table_note(doc)))
     if doc.precision.judged:
-        tables.append(quality.table(doc.precision.judged))
+        tables.append(quality_check.table(doc.precision.judged))
     if doc.candidates:
         tables.append(Table("Candidates in verification", ["configuration", "side by side", "interval", "outcome"],
                             [[c.config.short(), f"{c.median:.2f}x" if c.median else "",
@@ -286,7 +286,7 @@ def write_plots(folder: Path, doc: RunDocument, study: optuna.Study | None) -> l
              ("The path from the baseline, one knob at a time", "path.png", _draw_path(figure, doc)),
              ("Verification: tuned over baseline, per round", "verification.png", _draw_verification(figure, doc)),
              ("Quality check: evaluate() along each training", "quality.png",
-              quality.draw(figure, doc.precision.judged))]
+              quality_check.draw(figure, doc.precision.judged))]
     plots = []
     for title, name, fig in drawn:
         if fig is None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import gpu_knobs, memory
+from . import gpu_knobs, memory_knobs
 from .data import first_tensor
 from .json_value import JsonObject
 from .knobs import Device, OptimizerStep
@@ -109,7 +109,7 @@ def step_facts(session: Session) -> tuple[torch.Tensor, JsonObject]:
     if not compiled:
         hooks.append(base.register_forward_pre_hook(count, with_kwargs=True))
         # A checkpointed block runs its forward again in the backward pass.
-        hooks += [b.register_forward_pre_hook(count_block) for b in memory.inner_blocks(base)]
+        hooks += [b.register_forward_pre_hook(count_block) for b in memory_knobs.inner_blocks(base)]
     batch = session.next_batch()
     first = first_tensor(batch)
     try:
@@ -117,13 +117,13 @@ def step_facts(session: Session) -> tuple[torch.Tensor, JsonObject]:
     finally:
         for h in hooks:
             h.remove()
-    held, total = memory.local_share(base)
+    held, total = memory_knobs.local_share(base)
     return loss, {
         "activation_dtypes": sorted(dtypes),
         "conv_inputs_channels_last": conv_inputs_channels_last[:1],
         "per_rank_batch": int(first.shape[0]) if first is not None and first.dim() > 0 else None,
         "layer_widths": {
-            name.replace(memory.CHECKPOINT_PREFIX, ""):
+            name.replace(memory_knobs.CHECKPOINT_PREFIX, ""):
                 (m.out_channels if hasattr(m, "out_channels") else m.out_features)
             for name, m in base.named_modules()
             if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear))
@@ -134,12 +134,12 @@ def step_facts(session: Session) -> tuple[torch.Tensor, JsonObject]:
         **gpu_knobs.ddp_facts(uncompiled),
         "float8_layers": gpu_knobs.float8_layers(base),
         "cuda_expandable_segments": gpu_knobs.expandable_in_use(session.dist.device),
-        "checkpointed_blocks": memory.checkpointed_blocks(base),
+        "checkpointed_blocks": memory_knobs.checkpointed_blocks(base),
         # None under compile, whose graphs the hook would change
         "model_calls": len(calls) if not compiled else None,
         "micro_batch": calls[0] if calls else None,
         "block_calls": block_calls[0] if not compiled else None,
-        "sharded": memory.is_sharded(base),
+        "sharded": memory_knobs.is_sharded(base),
         "parameters_held": held,  # this rank's share of the parameters' elements
         "parameter_share": held / total if total else None,
         "world": session.dist.world,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from . import memory
+from . import memory_knobs
 from .data import first_tensor, move
 from .model import unwrap_model, user_loss
 from .session import Session
@@ -119,11 +119,11 @@ def step_flops(session: Session) -> StepFlops | None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
     model = unwrap_model(session.model)
-    if memory.is_sharded(model):
+    if memory_knobs.is_sharded(model):
         return None
     cfg, device = session.cfg, session.dist.device
     batch = move(session.peek_batch(), device, channels_last=bool(cfg.get("channels_last")))
-    part = memory.micro_batches(batch, int(cfg.get("grad_accum") or 1))[0]
+    part = memory_knobs.micro_batches(batch, int(cfg.get("grad_accum") or 1))[0]
     first = first_tensor(part)
     if first is None or first.dim() == 0 or first.shape[0] == 0:
         return None
@@ -133,7 +133,7 @@ def step_flops(session: Session) -> StepFlops | None:
     # and compile's fusion).
     samples = int(first.shape[0])
     least = next((d for d in range(2, samples + 1) if samples % d == 0), samples)
-    part = memory.micro_batches(part, samples // least)[0]
+    part = memory_knobs.micro_batches(part, samples // least)[0]
     first = first_tensor(part)
     assert first is not None
     wrappers = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]

@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 
 import torch
 
-from . import memory
+from . import memory_knobs
 from .distributed import Distributed
 from .facts import process_facts, process_peak_mb, step_facts
 from .json_value import JsonObject
@@ -97,11 +97,11 @@ class Checkpoints:
             states = [None] * session.dist.world
             torch.distributed.all_gather_object(states, rng_state(session.dist.device))
         model = unwrap_model(session.model)
-        if memory.is_sharded(model):
+        if memory_knobs.is_sharded(model):
             # Gathered from every rank's share into the format an unsharded run saves: the
             # user's names, loadable into the plain model and its plain optimizer.
-            weights = memory.full_model_state(model)
-            optimizer = memory.full_optimizer_state(model, session.optimizer)
+            weights = memory_knobs.full_model_state(model)
+            optimizer = memory_knobs.full_optimizer_state(model, session.optimizer)
         elif session.dist.rank == 0:
             weights, optimizer = model.state_dict(), session.optimizer.state_dict()
         if session.dist.rank != 0 or self.folder is None:
@@ -126,8 +126,8 @@ def restore(session: Session, state: dict[str, Any]) -> list[str]:
     """Load a checkpoint into a session built at its step; returns warnings."""
     warnings = []
     model = unwrap_model(session.model)
-    if memory.is_sharded(model):
-        memory.load_full_state(model, session.optimizer, model_state=state["model"],
+    if memory_knobs.is_sharded(model):
+        memory_knobs.load_full_state(model, session.optimizer, model_state=state["model"],
                                optimizer_state=state["optimizer"])
     else:
         model.load_state_dict(state["model"])

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import gpu_knobs, memory
+from . import gpu_knobs, memory_knobs
 from .data import move
 from .distributed import Distributed
 from .knobs import CompileMode, ConfigDict, Device, LrScaling, Precision, Sharding, lr_factor
@@ -26,7 +26,7 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     Its state_dict has the user's parameter names, without the wrappers' prefixes, and
     calling it runs no DDP gradient synchronisation. A sharded model is its own (FSDP2
     shards in place): its parameters are this rank's shares, and calling it gathers them,
-    a collective (see memory.gathered for the user's evaluate())."""
+    a collective (see memory_knobs.gathered for the user's evaluate())."""
     model = getattr(model, "_orig_mod", model)
     if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
         model = model.module
@@ -108,8 +108,8 @@ def first_lr(optimizer: Any) -> float | None:
 
 class BuiltModel(NamedTuple):
     """What build_model makes: the model as trained, its optimizer, and for a sharded model
-    the plain model's structure without weights (memory.skeleton), which the user's
-    evaluate() gets with the gathered weights (memory.gathered); None otherwise."""
+    the plain model's structure without weights (memory_knobs.skeleton), which the user's
+    evaluate() gets with the gathered weights (memory_knobs.gathered); None otherwise."""
 
     model: Any
     optimizer: Any
@@ -137,11 +137,11 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
     model.train()
     sharding = str(cfg.get("sharding", Sharding.OFF))
     sharded = dist.enabled and sharding != Sharding.OFF
-    plain = memory.skeleton(model) if sharded else None
+    plain = memory_knobs.skeleton(model) if sharded else None
     if cfg.get("float8"):  # on the device, before checkpointing, sharding, DDP and compile wrap it
         gpu_knobs.convert_to_float8(model)
     if cfg.get("activation_checkpointing"):
-        memory.checkpoint_activations(model)
+        memory_knobs.checkpoint_activations(model)
     mode = str(cfg.get("compile", CompileMode.OFF))
     compile_mode = None if mode == CompileMode.DEFAULT else mode
     make_optimizer = getattr(user, "build_optimizer", None)
@@ -159,9 +159,9 @@ def build_model(user: Any, cfg: ConfigDict, dist: Distributed, example_batch: An
         if mode != CompileMode.OFF:
             # Block by block, in place (the names stay the user's): FSDP2's hooks around
             # each block stay outside the compiled code.
-            for block in memory.repeated_blocks(model):
+            for block in memory_knobs.repeated_blocks(model):
                 block.compile(mode=compile_mode)
-        memory.shard(model, dist, reshard_after_forward=sharding == Sharding.FULL)
+        memory_knobs.shard(model, dist, reshard_after_forward=sharding == Sharding.FULL)
         return BuiltModel(model, optimizer_of(model.parameters()), plain)
     optimizer = optimizer_of(model.parameters())
     if cfg.get("ipex"):
@@ -217,7 +217,7 @@ def make_step(user: Any, model: Any, optimizer: Any, cfg: ConfigDict, device: to
     raises. Each step also tells the CUDA graph trees that a new iteration begins.
 
     With ``grad_accum`` above 1 the batch is split into that many micro-batches along dim
-    0 (memory.micro_batches; the user's training_step gets each), their gradients add up
+    0 (memory_knobs.micro_batches; the user's training_step gets each), their gradients add up
     before the one optimizer step, and the loss returned is the micro-losses' mean: the
     batch's loss, for a mean-reduced loss."""
     channels_last = bool(cfg.get("channels_last"))
@@ -246,12 +246,12 @@ def make_step(user: Any, model: Any, optimizer: Any, cfg: ConfigDict, device: to
         else:
             # Each micro-batch's loss over grad_accum: the gradients add up to the mean-
             # reduced loss's over the whole batch; the ranks synchronise on the last only.
-            parts = memory.micro_batches(batch, accumulate)
+            parts = memory_knobs.micro_batches(batch, accumulate)
             micro_losses = []
             for i, part in enumerate(parts):
                 if graphs and i:
                     torch.compiler.cudagraph_mark_step_begin()
-                with memory.gradient_sync(model, on=i == accumulate - 1):
+                with memory_knobs.gradient_sync(model, on=i == accumulate - 1):
                     loss = forward_loss(part) / accumulate
                     backward(loss)
                 micro_losses.append(loss.detach())

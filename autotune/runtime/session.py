@@ -20,7 +20,7 @@ from . import gpu_knobs
 from .data import batches, build_loader, global_batch_size, length
 from .distributed import DIST_TIMEOUT_MIN, Distributed
 from .knobs import CompileMode, ConfigDict, Device, Precision
-from .memory import gathered
+from .memory_knobs import gathered
 from .model import build_model, check_finite, make_scaler, make_step, unwrap_model
 
 

@@ -13,7 +13,7 @@ from autotune.search.turns import Turns
 
 @dataclasses.dataclass(frozen=True)
 class Starts:
-    """Where the search starts besides the user's configuration (``search.stages``):
+    """Where the search starts besides the user's configuration (``search.queued``):
     ``heuristics``, the machine's start points; ``fastest_batch``, the batch range's fastest
     (``search.batch_range``)."""
 

@@ -1,7 +1,7 @@
 """The study's trials as the search reads them: which cost a trial of the budget, which
 are running, which a dead tuner left behind, whether a configuration was measured before,
 what the trials say about memory, and the best configuration so far. Shared by the loop
-(``search.tuner``) and what it queues (``search.stages``)."""
+(``search.tuner``) and what it queues (``search.queued``)."""
 from __future__ import annotations
 
 import optuna

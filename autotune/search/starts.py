@@ -16,7 +16,7 @@ def gpu_start(space: Space, machine: Machine) -> list[TrialConfig]:
     DataLoader workers up to each rank's share of the host's cores (less its own), pinned (and so
     persistent), cuDNN's benchmark where the model has convolutions, the fused optimizer
     step where torch has one for its optimizer; at the smallest searched batch from the
-    user's up that the ranks split (the batch range then moves it: ``search.stages``)."""
+    user's up that the ranks split (the batch range then moves it: ``search.queued``)."""
     params = {k: v[0] for k, v in space.choices.items()}
     ranks = max(layout.nprocs for layout in space.layouts)
     params["layout"] = next(str(layout) for layout in space.layouts if layout.nprocs == ranks)

@@ -4,7 +4,7 @@ The study is stored by ``autotune.search.study`` (one per model file and machine
 running the same command again). Trials are run with Optuna's ask-and-tell interface:
 each one is measured in its own process tree by ``autotune.trials.runner``. The start, the
 trials the leader's step profile asks for (``search.steering``), the refinements at the end
-(``search.stages``) and TPE's samples are told apart by the trial's ``StudyAttr.ROLE``.
+(``search.queued``) and TPE's samples are told apart by the trial's ``StudyAttr.ROLE``.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from autotune.search.course import Course
 from autotune.search.ledger import Ledger, baseline_config, is_rung
 from autotune.search.outcome import SearchOutcome, outcome_of
 from autotune.search.pruner import ClearlySlowerPruner, config_of
-from autotune.search.stages import Stages
+from autotune.search.queued import Stages
 from autotune.search.study import create_or_resume, quiet_optuna
 from autotune.space import Space, Unsplittable
 from autotune.task.objective import described

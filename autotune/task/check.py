@@ -199,7 +199,7 @@ def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
     import torch
 
     from autotune.runtime.data import tensors
-    from autotune.runtime.memory import block_names
+    from autotune.runtime.memory_knobs import block_names
 
     # An (inputs, targets) pair's inputs; any other item (a dict for training_step) whole:
     # its image need not come first, e.g. {"labels": ..., "pixel_values": ...}.

@@ -45,7 +45,7 @@ class Task:
     # Names of BatchNorm layers: several ranks would each normalize over their own share
     # of the batch, so a multi-rank layout trains a different model (see space.py).
     batchnorm_layers: tuple[str, ...] = ()
-    # Class names of the model's repeated blocks (autotune.runtime.memory.repeated_blocks):
+    # Class names of the model's repeated blocks (autotune.runtime.memory_knobs.repeated_blocks):
     # what activation checkpointing and sharding act on; none, and those knobs cannot apply.
     blocks: tuple[str, ...] = ()
     # The file calls the model its own way (training_step): the tuner cannot call it on a

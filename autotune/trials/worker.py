@@ -29,7 +29,7 @@ import psutil
 from autotune.runtime import ranks
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Device, Precision
-from autotune.trials import memory, proctree
+from autotune.trials import peak_memory, proctree
 from autotune.trials.events import (
     BeatEvent,
     DoneEvent,
@@ -68,7 +68,7 @@ class Events:
 
 def probe_step_facts(session: Session) -> JsonObject:
     from autotune.runtime.facts import step_facts
-    from autotune.trials.utilisation import utilisation_facts
+    from autotune.trials.step_facts import utilisation_facts
 
     _, facts = step_facts(session)
     return {**facts, "loader_worker_pids": [c.pid for c in psutil.Process().children()],
@@ -219,7 +219,7 @@ def finish(session: Session, values: list[float], losses: list[float], *,
 
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
     # the rank that holds the most: a limit per rank (per GPU) binds there first
-    rank_peak_mb = session.dist.agree_max(memory.peak_mb(session.dist.device))
+    rank_peak_mb = session.dist.agree_max(peak_memory.peak_mb(session.dist.device))
     cuda = cuda_memory(session.dist.device)
     return DoneEvent(
         mode=Mode.MEASURE,
@@ -327,7 +327,7 @@ def run_spec(spec: TrialSpec, setup: ProcessSetup | None, events: Events) -> Pro
     if setup is None:
         setup = ProcessSetup(model_file, cfg, seed=seed, strict_fp32=strict_fp32)
     process_s = time.perf_counter() - started
-    memory.reset_host_peak()  # this configuration's peak, not an earlier one's in this process
+    peak_memory.reset_host_peak()  # this configuration's peak, not an earlier one's in this process
     session = Session(model_file, cfg, seed=seed, strict_fp32=strict_fp32, setup=setup)
     events.emit(SetupEvent(
         seconds=time.perf_counter() - started,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.probes import cgroup, cpu, memory
+from autotune.probes import cgroup, cpu, host_memory
 from autotune.probes.cgroup import CgroupMount
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -135,33 +135,33 @@ def test_memory_limit_parsing() -> None:
 
 
 def test_meminfo_parser() -> None:
-    info = memory.parse_meminfo("MemTotal:  1024 kB\nMemAvailable:   512 kB\nHugePages_Total:  0\n")
+    info = host_memory.parse_meminfo("MemTotal:  1024 kB\nMemAvailable:   512 kB\nHugePages_Total:  0\n")
     assert info == {"MemTotal": 1 << 20, "MemAvailable": 512 << 10, "HugePages_Total": 0}
 
 
 def test_usable_is_min_of_available_and_cgroup_headroom() -> None:
-    level = memory.CgroupMemoryLevel(limit=16 * GiB, usage=6 * GiB, inactive_file=2 * GiB)
-    info = memory.summarize_memory(total=256 * GiB, available=200 * GiB, levels=[level])
+    level = host_memory.CgroupMemoryLevel(limit=16 * GiB, usage=6 * GiB, inactive_file=2 * GiB)
+    info = host_memory.summarize_memory(total=256 * GiB, available=200 * GiB, levels=[level])
     assert info.cgroup_limit_bytes == 16 * GiB
     assert info.usable_bytes == 12 * GiB  # 16 - (6 - 2 reclaimable)
-    roomy = memory.summarize_memory(total=8 * GiB, available=3 * GiB, levels=[level])
+    roomy = host_memory.summarize_memory(total=8 * GiB, available=3 * GiB, levels=[level])
     assert roomy.usable_bytes == 3 * GiB  # host is tighter than the cgroup
 
 
 def test_no_cgroup_limit_means_available() -> None:
-    info = memory.summarize_memory(total=8 * GiB, available=5 * GiB, levels=[memory.CgroupMemoryLevel(None, GiB)])
+    info = host_memory.summarize_memory(total=8 * GiB, available=5 * GiB, levels=[host_memory.CgroupMemoryLevel(None, GiB)])
     assert info.cgroup_limit_bytes is None and info.usable_bytes == 5 * GiB
 
 
 def test_memory_v2_pod_hierarchy_fixture() -> None:
-    info = memory.read_memory(root("amd_genoa_nps4"))
+    info = host_memory.read_memory(root("amd_genoa_nps4"))
     assert info.total_bytes == 395945628 * 1024
     assert info.cgroup_limit_bytes == 16 * GiB
     assert info.usable_bytes == 13 * GiB  # container: 16 GiB - (4 - 1) GiB working set
 
 
 def test_memory_v1_docker_fixture() -> None:
-    info = memory.read_memory(root("arm_graviton3"))
+    info = host_memory.read_memory(root("arm_graviton3"))
     assert info.cgroup_limit_bytes == 32 * GiB
     assert info.cgroup_usage_bytes == 6 * GiB
     assert info.usable_bytes == 28 * GiB  # total_inactive_file (2 GiB) is reclaimable
@@ -169,6 +169,6 @@ def test_memory_v1_docker_fixture() -> None:
 
 def test_memory_unlimited_fixtures() -> None:
     for machine in ("intel_spr_2s", "local_epyc_kvm"):
-        info = memory.read_memory(root(machine))
+        info = host_memory.read_memory(root(machine))
         assert info.cgroup_limit_bytes is None, machine
         assert info.usable_bytes == info.available_bytes, machine

@@ -442,24 +442,24 @@ def test_the_fingerprint_counts_the_gpus_a_trial_sees(monkeypatch: pytest.Monkey
 # ---------------------------------------------------------------- K7: /dev/shm and the printout
 
 def test_shm_size_is_read_from_statvfs() -> None:
-    from autotune.probes import memory
+    from autotune.probes import host_memory
 
-    assert memory.statvfs_size(SimpleNamespace(f_frsize=4096, f_blocks=16384)) == 64 << 20
-    assert memory.statvfs_size(object()) is None
+    assert host_memory.statvfs_size(SimpleNamespace(f_frsize=4096, f_blocks=16384)) == 64 << 20
+    assert host_memory.statvfs_size(object()) is None
     seen = []
 
     def fake(path: str) -> Any:
         seen.append(path)
         return SimpleNamespace(f_frsize=4096, f_blocks=16384)
 
-    assert memory.read_shm_bytes("/", statvfs=fake) == 64 << 20 and seen == ["/dev/shm"]
-    assert memory.read_shm_bytes(str(FIXTURES / "intel_spr_2s"), statvfs=fake) is None  # no /dev/shm there
+    assert host_memory.read_shm_bytes("/", statvfs=fake) == 64 << 20 and seen == ["/dev/shm"]
+    assert host_memory.read_shm_bytes(str(FIXTURES / "intel_spr_2s"), statvfs=fake) is None  # no /dev/shm there
 
 
 def test_a_small_dev_shm_and_busy_gpus_are_warned_about() -> None:
     from autotune.probes import render_text
     from autotune.probes._machine import resource_warnings
-    from autotune.probes.memory import MemoryInfo
+    from autotune.probes.host_memory import MemoryInfo
 
     small = MemoryInfo(total_bytes=None, available_bytes=None, cgroup_limit_bytes=None,
                        cgroup_usage_bytes=None, usable_bytes=None, shm_bytes=64 << 20)
