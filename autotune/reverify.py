@@ -16,7 +16,7 @@ from typing import Any
 
 from autotune import outdir
 from autotune.document import paths
-from autotune.document.measures import Interval, Speedup
+from autotune.document.measures import Interval, VerifiedSpeedup
 from autotune.emit.outputs import candidate_emitter
 from autotune.harness import make_runner
 from autotune.options import RunOptions
@@ -95,7 +95,7 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     return result
 
 
-def outside_printed(now: Speedup | None, printed: Interval | None) -> str | None:
+def outside_printed(now: VerifiedSpeedup | None, printed: Interval | None) -> str | None:
     """A plain sentence when the speedup measured now lies outside the interval printed
     when the configuration was tuned; None when inside (or nothing to compare)."""
     if now is None or printed is None:

@@ -15,7 +15,16 @@ from autotune.options import RunOptions
 from autotune.report import advice
 from autotune.report.files import report_tables
 from autotune.report.profile import advice_lines
-from autotune.runtime.shares import DATA_WAIT, STEP, WINDOW, Category, Event, EventKind, category_of, step_shares
+from autotune.runtime.shares import (
+    DATA_WAIT,
+    STEP,
+    WINDOW,
+    Category,
+    ProfilerEvent,
+    ProfilerEventKind,
+    category_of,
+    step_shares,
+)
 from autotune.runtime.step_profile import StepProfile
 
 from helpers import MODELS, emit_outputs, run_launch_sh
@@ -24,9 +33,9 @@ from recorded_run import load_doc
 FIXTURES = Path(__file__).parent / "fixtures" / "profiles"
 
 
-def recorded(name: str) -> list[Event]:
+def recorded(name: str) -> list[ProfilerEvent]:
     data = json.loads((FIXTURES / name).read_text())
-    return [Event(name=n, start=s, duration=d, kind=EventKind(k), thread=t) for n, s, d, k, t in data["events"]]
+    return [ProfilerEvent(name=n, start=s, duration=d, kind=ProfilerEventKind(k), thread=t) for n, s, d, k, t in data["events"]]
 
 
 @pytest.mark.parametrize(("name", "category"), [
@@ -147,25 +156,25 @@ def test_a_profile_written_before_convolutions_had_a_category_reads_back_and_con
         t for t in report_tables(read, None) if t.title == "Where the step goes").rows
 
 
-def _gpu_timeline() -> list[Event]:
+def _gpu_timeline() -> list[ProfilerEvent]:
     """One step on a GPU, microseconds: the host waits for data over [0, 100) and
     [500, 600); kernels on two streams, with gaps."""
-    k = EventKind.KERNEL
+    k = ProfilerEventKind.KERNEL
     return [
-        Event(WINDOW, 0, 1000), Event(STEP, 0, 990),
-        Event(DATA_WAIT, 0, 100), Event(DATA_WAIT, 500, 100),
-        Event("aten::linear", 100, 5), Event("Optimizer.step#AdamW.step", 120, 10),  # host ops: not counted
-        Event("sm90_xmma_gemm_f32f32_f32f32_f32_tn_n", 100, 200, k),
-        Event("flash_fwd_kernel", 300, 100, k),
+        ProfilerEvent(WINDOW, 0, 1000), ProfilerEvent(STEP, 0, 990),
+        ProfilerEvent(DATA_WAIT, 0, 100), ProfilerEvent(DATA_WAIT, 500, 100),
+        ProfilerEvent("aten::linear", 100, 5), ProfilerEvent("Optimizer.step#AdamW.step", 120, 10),  # host ops: not counted
+        ProfilerEvent("sm90_xmma_gemm_f32f32_f32f32_f32_tn_n", 100, 200, k),
+        ProfilerEvent("flash_fwd_kernel", 300, 100, k),
         # the optimizer's range on the device's timeline holds its kernels; our step's holds all
-        Event("Optimizer.step#AdamW.step", 395, 60, EventKind.ANNOTATION), Event(STEP, 0, 1000, EventKind.ANNOTATION),
-        Event("vectorized_elementwise_kernel<AddFunctor>", 400, 50, k),
-        Event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 450, 50, k),
-        Event("vectorized_elementwise_kernel", 460, 20, k, thread=7),  # another stream, under the all-reduce
+        ProfilerEvent("Optimizer.step#AdamW.step", 395, 60, ProfilerEventKind.ANNOTATION), ProfilerEvent(STEP, 0, 1000, ProfilerEventKind.ANNOTATION),
+        ProfilerEvent("vectorized_elementwise_kernel<AddFunctor>", 400, 50, k),
+        ProfilerEvent("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 450, 50, k),
+        ProfilerEvent("vectorized_elementwise_kernel", 460, 20, k, thread=7),  # another stream, under the all-reduce
         # gap [500, 600): the host was in next(batches)
-        Event("vectorized_elementwise_kernel", 600, 300, k),
+        ProfilerEvent("vectorized_elementwise_kernel", 600, 300, k),
         # gap [900, 1000): nothing runs and the host was not waiting for data
-        Event("late_kernel_after_the_window", 1100, 50, k),
+        ProfilerEvent("late_kernel_after_the_window", 1100, 50, k),
     ]
 
 
@@ -190,7 +199,7 @@ def test_recorded_h100_events_put_cudnn_sdpa_in_attention_and_the_hosts_sleep_in
     assert sum(shares.shares.values()) == pytest.approx(1.0)
     assert shares.window_ms == pytest.approx(data["measured_window_ms"], rel=0.1)
     assert 11.0 <= shares.ms[Category.DATA_WAIT] <= 12.5  # 4 x 3 ms, less the kernels still running
-    kernels = [e for e in events if e.kind == EventKind.KERNEL]
+    kernels = [e for e in events if e.kind == ProfilerEventKind.KERNEL]
     sdpa = sum(e.duration for e in kernels if "sdpa" in e.name) / 1000.0
     assert sdpa > 0 and shares.ms[Category.ATTENTION] >= sdpa
     assert shares.ms[Category.MATMUL] >= sum(e.duration for e in kernels if e.name.startswith("nvjet")) / 1000.0 > 0
@@ -200,7 +209,7 @@ def test_recorded_h100_events_put_cudnn_sdpa_in_attention_and_the_hosts_sleep_in
 
 def test_events_without_a_window_are_refused():
     with pytest.raises(ValueError, match="autotune.window"):
-        step_shares([Event("aten::mm", 0, 10)])
+        step_shares([ProfilerEvent("aten::mm", 0, 10)])
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.document.measures import Interval, Speedup, optional_fields
+from autotune.document.measures import Interval, VerifiedSpeedup, optional_fields
 from autotune.runtime.json_value import JsonObject
 
 
@@ -26,7 +26,7 @@ class Kept:
     lower_bound: float | None = None
 
     @classmethod
-    def of(cls, config: TrialConfig, *, launcher: str, speedup: Speedup) -> Kept:
+    def of(cls, config: TrialConfig, *, launcher: str, speedup: VerifiedSpeedup) -> Kept:
         return cls(config=config, launcher=launcher, interval=speedup.interval, pairs=speedup.pairs,
                    lower_bound=speedup.lower_bound)
 

@@ -84,7 +84,7 @@ class Check:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Speedup:
+class VerifiedSpeedup:
     """The printed speedup: the standalone pairs' median ratio and where a re-measurement
     of as many pairs lands (``interval``); ``lower_bound`` the figure a re-measurement stays
     above, as often as ``interval.ci_level`` says (one-sided; None in documents from before
@@ -118,7 +118,7 @@ class Speedup:
                 **optional_fields(unsteady=self.unsteady, speed_shift=self.speed_shift)}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Speedup:
+    def from_json(cls, data: Mapping[str, Any]) -> VerifiedSpeedup:
         mi = data["median_interval"]
         return cls(interval=Interval.from_json(data), pairs=data["pairs"],
                    seconds_per_run=data["seconds_per_run"], wall_s=data["wall_s"],
@@ -133,7 +133,7 @@ class Speedup:
 class Standalone:
     """The standalone check's figures: the pairs' rates, both sides, and the speedup."""
 
-    speedup: Speedup
+    speedup: VerifiedSpeedup
     ratios: tuple[float, ...]
     samples_per_s: tuple[float, ...]
     baseline_samples_per_s: tuple[float, ...]
@@ -167,7 +167,7 @@ class Standalone:
         if check is None or "ratios" not in check.detail:
             return None
         d = check.detail
-        return cls(speedup=Speedup.from_json(d), ratios=tuple(d["ratios"]),
+        return cls(speedup=VerifiedSpeedup.from_json(d), ratios=tuple(d["ratios"]),
                    samples_per_s=tuple(d["samples_per_s"]),
                    baseline_samples_per_s=tuple(d["baseline_samples_per_s"]),
                    median_samples_per_s=d["median_samples_per_s"],

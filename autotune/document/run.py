@@ -20,7 +20,7 @@ from autotune.document.measures import (
     PrecisionNote,
     Rejection,
     Rounds,
-    Speedup,
+    VerifiedSpeedup,
     json_list,
     optional_fields,
 )
@@ -129,7 +129,7 @@ class RunDocument:
     config: TrialConfig
     baseline: Baseline
     best: Best | None  # None: nothing verified, the baseline is emitted
-    speedup: Speedup | None  # None: nothing verified, nothing measured against the baseline
+    speedup: VerifiedSpeedup | None  # None: nothing verified, nothing measured against the baseline
     verification: Mapping[str, Check]  # the emitted configuration's checks
     precision: PrecisionNote
     rejected: tuple[Rejection, ...]
@@ -223,7 +223,7 @@ class RunDocument:
             fingerprint=data["fingerprint"], config=TrialConfig.from_dict(data["config"]),
             baseline=Baseline.from_json(data["baseline"]),
             best=Best.from_json(data["best"]) if data.get("best") else None,
-            speedup=Speedup.from_json(data["speedup"]) if data.get("speedup") else None,
+            speedup=VerifiedSpeedup.from_json(data["speedup"]) if data.get("speedup") else None,
             verification={n: Check.from_json(c) for n, c in data["verification"].items()},
             precision=PrecisionNote.from_json(data["precision"]),
             rejected=tuple(Rejection.from_json(r) for r in data["rejected"]),

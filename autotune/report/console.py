@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.config import TrialConfig
-from autotune.document.measures import Speedup
+from autotune.document.measures import VerifiedSpeedup
 from autotune.document.paths import resolve
 from autotune.document.run import RunDocument
 from autotune.report.advice import ablation_lines, plan_lines
@@ -241,7 +241,7 @@ class Reporter:
                            markup=False)
 
 
-def speedup_words(speed: Speedup) -> str:
+def speedup_words(speed: VerifiedSpeedup) -> str:
     """The verified speedup, what a user can rely on first: the figure a re-run stays above
     (documents from before it had none: the median and the interval)."""
     iv = speed.interval

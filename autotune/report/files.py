@@ -24,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import KnobValue, TrialConfig
 from autotune.document.ablation import Ablation, AblationPath
-from autotune.document.measures import CandidateOutcome, Effect, Interval, Rounds, Speedup
+from autotune.document.measures import CandidateOutcome, Effect, Interval, Rounds, VerifiedSpeedup
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 from autotune.report import advice, profile, quality_check
@@ -205,7 +205,7 @@ def _ablation_table(ablation: Ablation) -> Table:
                  "above 1.00x the knob helps; one not shown to help and worth under 1.05x is removed")
 
 
-def _path_table(found: AblationPath, total: Effect, speed: Speedup | None) -> Table:
+def _path_table(found: AblationPath, total: Effect, speed: VerifiedSpeedup | None) -> Table:
     rows = [["+ " + ", ".join(step.knobs),
              ", ".join(f"{advice.shown(b)} -> {advice.shown(w)}" for b, w in zip(step.baseline, step.winner)),
              f"{step.effect.ratio:.2f}x", _interval(step.effect), "kept" if step.kept else "removed"]

@@ -21,7 +21,7 @@ from .json_value import JsonObject
 from .knobs import Device
 from .model import check_finite
 from .session import Session
-from .shares import DATA_WAIT, STEP, WINDOW, Event, EventKind, step_shares, table_lines
+from .shares import DATA_WAIT, STEP, WINDOW, ProfilerEvent, ProfilerEventKind, step_shares, table_lines
 
 WARM_STEPS = 3
 WARM_S = 1.0
@@ -31,16 +31,16 @@ MIN_STEPS = 5
 MAX_STEPS = 50
 
 
-def _kind(event: Any) -> EventKind:
+def _kind(event: Any) -> ProfilerEventKind:
     if event.device_type == torch.autograd.DeviceType.CPU:
-        return EventKind.CPU
+        return ProfilerEventKind.CPU
     # the device-side copy of a record_function range (the optimizer's, ours), not work
-    return EventKind.ANNOTATION if getattr(event, "is_user_annotation", False) else EventKind.KERNEL
+    return ProfilerEventKind.ANNOTATION if getattr(event, "is_user_annotation", False) else ProfilerEventKind.KERNEL
 
 
-def events_of(prof: Any) -> list[Event]:
+def events_of(prof: Any) -> list[ProfilerEvent]:
     """The profiler's events as ``shares.Event``s: host ops and ranges, and device work."""
-    return [Event(name=e.name, start=float(e.time_range.start), duration=float(e.time_range.elapsed_us()),
+    return [ProfilerEvent(name=e.name, start=float(e.time_range.start), duration=float(e.time_range.elapsed_us()),
                   kind=_kind(e), thread=int(e.thread))
             for e in prof.events()]
 

@@ -55,7 +55,7 @@ _LABELS = {
 }
 
 
-class EventKind(str, enum.Enum):
+class ProfilerEventKind(str, enum.Enum):
     CPU = "cpu"  # a host op or record_function range, on one thread
     KERNEL = "kernel"  # device work: a kernel, a memcpy or memset
     # a record_function range on the device's timeline: where the device ran the work
@@ -64,13 +64,13 @@ class EventKind(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Event:
+class ProfilerEvent:
     """One profiler event; times in microseconds on the profiler's clock."""
 
     name: str
     start: float
     duration: float
-    kind: EventKind = EventKind.CPU
+    kind: ProfilerEventKind = ProfilerEventKind.CPU
     thread: int = 0
 
     @property
@@ -148,11 +148,11 @@ class StepShares:
 
 @dataclasses.dataclass
 class _Node:
-    event: Event
+    event: ProfilerEvent
     children: list[_Node] = dataclasses.field(default_factory=list)
 
 
-def _nest(events: Sequence[Event]) -> list[_Node]:
+def _nest(events: Sequence[ProfilerEvent]) -> list[_Node]:
     """Events of one thread as the trees their time ranges make (a child lies inside its
     parent); the roots in time order."""
     roots: list[_Node] = []
@@ -183,15 +183,15 @@ def _walk(node: _Node, ms: dict[Category, float], *, end: float, container: Cate
     ms[container] += max(0.0, span - inner)
 
 
-def _window(events: Sequence[Event]) -> Event:
-    windows = [e for e in events if e.name == WINDOW and e.kind == EventKind.CPU]
+def _window(events: Sequence[ProfilerEvent]) -> ProfilerEvent:
+    windows = [e for e in events if e.name == WINDOW and e.kind == ProfilerEventKind.CPU]
     if not windows:
         raise ValueError(f"no {WINDOW} range among the events: nothing to divide")
     return max(windows, key=lambda e: e.duration)
 
 
-def _cpu_shares(events: Sequence[Event], window: Event) -> dict[Category, float]:
-    inside = [e for e in events if e.kind == EventKind.CPU and e.thread == window.thread and e is not window
+def _cpu_shares(events: Sequence[ProfilerEvent], window: ProfilerEvent) -> dict[Category, float]:
+    inside = [e for e in events if e.kind == ProfilerEventKind.CPU and e.thread == window.thread and e is not window
               and e.start >= window.start and e.start < window.end]
     ms = {c: 0.0 for c in Category}
     root = _Node(window, _nest(inside))
@@ -210,12 +210,12 @@ def _overlap(start: float, end: float, ranges: Sequence[tuple[float, float]]) ->
     return sum(max(0.0, min(end, b) - max(start, a)) for a, b in ranges)
 
 
-def _kernel_shares(events: Sequence[Event], window: Event) -> dict[Category, float]:
-    kernels = sorted((e for e in events if e.kind == EventKind.KERNEL and e.end > window.start
+def _kernel_shares(events: Sequence[ProfilerEvent], window: ProfilerEvent) -> dict[Category, float]:
+    kernels = sorted((e for e in events if e.kind == ProfilerEventKind.KERNEL and e.end > window.start
                       and e.start < window.end), key=lambda e: e.start)
-    waits = sorted((e.start, e.end) for e in events if e.kind == EventKind.CPU and e.name == DATA_WAIT)
+    waits = sorted((e.start, e.end) for e in events if e.kind == ProfilerEventKind.CPU and e.name == DATA_WAIT)
     optimizer = [(e.start, e.end) for e in events
-                 if e.kind == EventKind.ANNOTATION and category_of(e.name) == Category.OPTIMIZER]
+                 if e.kind == ProfilerEventKind.ANNOTATION and category_of(e.name) == Category.OPTIMIZER]
     ms = {c: 0.0 for c in Category}
     gaps: list[tuple[float, float]] = []
     covered_until = window.start
@@ -238,14 +238,14 @@ def _kernel_shares(events: Sequence[Event], window: Event) -> dict[Category, flo
     return ms
 
 
-def step_shares(events: Iterable[Event]) -> StepShares:
+def step_shares(events: Iterable[ProfilerEvent]) -> StepShares:
     """Where the window's time went (see the module's text): by GPU kernels where the
     events hold any, else by CPU ops. Raises ValueError without an ``autotune.window``."""
     events = list(events)
     window = _window(events)
-    steps = sum(1 for e in events if e.name == STEP and e.kind == EventKind.CPU
+    steps = sum(1 for e in events if e.name == STEP and e.kind == ProfilerEventKind.CPU
                 and window.start <= e.start < window.end)
-    on_device = any(e.kind == EventKind.KERNEL for e in events)
+    on_device = any(e.kind == ProfilerEventKind.KERNEL for e in events)
     ms = _kernel_shares(events, window) if on_device else _cpu_shares(events, window)
     return StepShares(window_ms=window.duration / 1000.0, steps=steps,
                       ms={c: v / 1000.0 for c, v in ms.items()},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from autotune.document.measures import Check, Speedup, optional_fields
+from autotune.document.measures import Check, VerifiedSpeedup, optional_fields
 from autotune.runtime.json_value import JsonObject
 
 
@@ -22,8 +22,8 @@ class Reverified:
     verified: bool
     reason: str | None = None
     baseline_samples_per_s: float | None = None
-    speedup: Speedup | None = None
-    printed_when_tuned: Speedup | None = None
+    speedup: VerifiedSpeedup | None = None
+    printed_when_tuned: VerifiedSpeedup | None = None
     checks: Mapping[str, Check] | None = None
     fingerprint_differs: bool = False
     outside_printed_interval: str | None = None

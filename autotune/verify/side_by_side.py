@@ -132,7 +132,7 @@ class Held:
 
 
 @dataclasses.dataclass
-class Session:
+class SideBySide:
     """What a side-by-side measurement measured: each configuration's rate per round (the
     reference's in every round; the others' in the rounds before they failed or were
     stopped), why each failed or was stopped, and why the whole ended before ``cap``."""
@@ -159,7 +159,7 @@ class Session:
 
 def measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Visits,
             progress: Progress, name: str, reference_label: str,
-            rule: Rule | None, held: Held | None = None) -> Session:
+            rule: Rule | None, held: Held | None = None) -> SideBySide:
     """Round after round, rotating, each configuration measures ``plan.per_visit``
     windows in its turn: those held (``plan.held``) in their process, the others each in
     a process started for its turn and ended after it, so that nothing else of autotune's
@@ -169,7 +169,7 @@ def measure(runner: TrialRunnerLike, configs: list[TrialConfig], *, plan: Visits
     ended at once. ``held``: processes started earlier are taken from it, and those held
     still measuring at the end are left in it (else ended)."""
     live: list[LiveTrialLike | None] = [None] * len(configs)
-    session = Session(values=[[] for _ in configs], failures=[None] * len(configs),
+    session = SideBySide(values=[[] for _ in configs], failures=[None] * len(configs),
                       stopped=[None] * len(configs), cap=plan.cap)
     failures, values = session.failures, session.values
     budget = runner.memory_limit_bytes

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from autotune.config import TrialConfig
-from autotune.document.measures import Check, Interval, Speedup, Standalone
+from autotune.document.measures import Check, Interval, Standalone, VerifiedSpeedup
 from autotune.errors import NotVerified
 from autotune.search.trial_summary import TrialSummary
 from autotune.trials import limits
@@ -244,7 +244,7 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
             "changed while it was measured (other tenants, power or thermal limits); the figure "
             "may not hold - run `autotune verify` on the output folder later to measure it again")
     figures = Standalone(
-        speedup=Speedup(
+        speedup=VerifiedSpeedup(
             interval=Interval(median=median, ci_low=rerun.low, ci_high=rerun.high, ci_level=RERUN_LEVEL),
             lower_bound=rerun.lower,
             median_interval=Interval(median=median, ci_low=of_median.ci_low, ci_high=of_median.ci_high,
