@@ -60,8 +60,8 @@ class Result:
         sp = doc.speedup
         speedup = None
         if sp is not None and sp.pairs:
-            speedup = Speedup(median=sp.interval.median, low=sp.interval.ci_low, high=sp.interval.ci_high,
-                              level=sp.interval.ci_level, pairs=sp.pairs, lower=sp.lower_bound)
+            speedup = Speedup(median=sp.interval.ratio, low=sp.interval.low, high=sp.interval.high,
+                              level=sp.interval.level, pairs=sp.pairs, lower=sp.lower_bound)
         return cls(
             verified=doc.verified,
             config=doc.config,

@@ -100,11 +100,11 @@ def outside_printed(now: VerifiedSpeedup | None, printed: Interval | None) -> st
     when the configuration was tuned; None when inside (or nothing to compare)."""
     if now is None or printed is None:
         return None
-    low, high, median = printed.ci_low, printed.ci_high, now.interval.median
+    low, high, median = printed.low, printed.high, now.interval.ratio
     if low <= median <= high:
         return None
     side = "below" if median < low else "above"
     return (f"the speedup measured now, {median:.2f}x, is {side} the interval printed when this "
-            f"configuration was tuned ({low:.2f}-{high:.2f}x, median {printed.median:.2f}x): "
+            f"configuration was tuned ({low:.2f}-{high:.2f}x, median {printed.ratio:.2f}x): "
             "this machine runs the two scripts differently now (its load, its other tenants, or "
             "what changed since) - trust today's figure, and tune again if it matters")

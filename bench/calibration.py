@@ -267,14 +267,16 @@ def render_table(records: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[st
 
 def _as_interval(result: Any, level: float) -> Interval:
     """A speedup_interval result, whatever its shape: a mapping (median, low/ci_low,
-    high/ci_high, lower/lower_bound/one_sided_low), an object with those attributes, or a
-    tuple (median, low, high[, lower])."""
-    names = {"median": ("median",), "low": ("low", "ci_low"), "high": ("high", "ci_high"),
+    high/ci_high, lower/lower_bound/one_sided_low), an object with those attributes (or with
+    its interval's as ``interval``: ratio, low, high), or a tuple (median, low, high[, lower])."""
+    names = {"median": ("median", "ratio"), "low": ("low", "ci_low"), "high": ("high", "ci_high"),
              "lower": ("lower", "lower_bound", "one_sided_low", "one_sided_lower", "ci_lower")}
     if isinstance(result, (tuple, list)):
         out = dict(zip(("median", "low", "high", "lower"), (float(v) for v in result)))
     else:
-        get = result.get if isinstance(result, Mapping) else (lambda key: getattr(result, key, None))
+        inner = getattr(result, "interval", None)
+        get = result.get if isinstance(result, Mapping) else (
+            lambda key: getattr(result, key, None) if hasattr(result, key) else getattr(inner, key, None))
         out = {}
         for key, options in names.items():
             value = next((v for v in map(get, options) if v is not None), None)

@@ -53,10 +53,11 @@ def main() -> int:
             if session.failures[1] or not fresh:
                 print(f"{role}: the fresh process failed: {session.failures[1]}")
                 continue
-            interval = ratio_interval([h / f for h, f in zip(held, fresh)]).to_json()
+            found = ratio_interval([h / f for h, f in zip(held, fresh)])
+            interval = {"median": found.ratio, "ci_low": found.low, "ci_high": found.high, "ci_level": found.level}
             figures[role] = {"config": cfg.short(), "held_samples_per_s": held, "fresh_samples_per_s": fresh,
-                             **{k: interval[k] for k in ("median", "ci_low", "ci_high", "ci_level")}}
-            alike = interval["ci_low"] <= 1.0 <= interval["ci_high"]
+                             **interval}
+            alike = found.low <= 1.0 <= found.high
             print(f"{role} ({cfg.short()}): held/fresh {interval['median']:.3f} "
                   f"({interval['ci_level']:.0%} interval {interval['ci_low']:.3f}-{interval['ci_high']:.3f}) "
                   f"over {len(held)} rounds: {'alike' if alike else 'NOT alike'}")

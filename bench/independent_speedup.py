@@ -73,7 +73,7 @@ def main() -> int:
             "max": max(ratios), "interval": [low, high], "interval_level": level,
             "reported": doc.speedup.to_json() if doc.speedup else None,
             "median_inside_reported_interval": None if doc.speedup is None
-            else doc.speedup.interval.ci_low <= statistics.median(ratios) <= doc.speedup.interval.ci_high,
+            else doc.speedup.interval.low <= statistics.median(ratios) <= doc.speedup.interval.high,
         })
     if len(docs) > 1:  # each further run against the first, round by round
         for name, result in zip(names[2:], results[1:]):

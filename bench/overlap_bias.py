@@ -62,9 +62,9 @@ def main() -> int:
             print(f"pair {i + 1} {mode}: {rates[mode][-1]:,.1f} samples/s", flush=True)
     ratios = [b / a for b, a in zip(rates["beside"], rates["alone"])]
     interval = ratio_interval(ratios)
-    alike = interval.ci_low <= 1.0 <= interval.ci_high
-    print(f"beside/alone {interval.median:.3f} ({interval.ci_level:.0%} interval {interval.ci_low:.3f}-"
-          f"{interval.ci_high:.3f}) over {len(ratios)} pairs: "
+    alike = interval.low <= 1.0 <= interval.high
+    print(f"beside/alone {interval.ratio:.3f} ({interval.level:.0%} interval {interval.low:.3f}-"
+          f"{interval.high:.3f}) over {len(ratios)} pairs: "
           + ("alike" if alike else "DIFFERENT: a run setting up beside changes the measured speed"))
     print(f"alone median {statistics.median(rates['alone']):,.1f}, beside median "
           f"{statistics.median(rates['beside']):,.1f} samples/s; {doc.config.short()}")

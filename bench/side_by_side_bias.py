@@ -95,7 +95,7 @@ def main() -> int:
 
     def summary(ratios: list[float]) -> dict[str, float]:
         interval = stats.ratio_interval(ratios, confidence=0.9)
-        return {k: round(v, 3) for k, v in interval.to_json().items()}
+        return {k: round(float(v), 3) for k, v in interval.to_json().items() if isinstance(v, (int, float))}
 
     hz = 100  # USER_HZ: /proc/stat counts in hundredths of a second on Linux
     result = {

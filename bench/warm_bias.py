@@ -120,9 +120,11 @@ def main() -> int:
         everything = [w / f for v in values.values() for w, f in zip(v["warm"], v["fresh"])]
         report[name] = {
             "configs": {label: cfg.short() for label, cfg in cfgs.items()},
-            "warm_over_fresh": {label: {k: round(x, 3) for k, x in ri.items()} for label, ri in ratios.items()},
-            "all_configs": {k: round(x, 3)
-                            for k, x in stats.ratio_interval(everything, confidence=0.9).to_json().items()},
+            "warm_over_fresh": {label: {k: round(float(x), 3) for k, x in ri.items() if isinstance(x, (int, float))}
+                                for label, ri in ratios.items()},
+            "all_configs": {k: round(float(x), 3)
+                            for k, x in stats.ratio_interval(everything, confidence=0.9).to_json().items()
+                            if isinstance(x, (int, float))},
             "trial_wall_s": {k: round(statistics.median(ph["overhead_s"] + ph["measure_s"] for ph in v), 2)
                              for k, v in phases.items() if v},
             "overhead_s": {k: round(statistics.median(ph["overhead_s"] for ph in v), 2)

@@ -8,7 +8,8 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation, AblationPath
-from autotune.document.measures import Effect, Rejection
+from autotune.document.interval import Interval
+from autotune.document.measures import Rejection
 from autotune.document.run import RunDocument
 from autotune.report.advice import advise, param_importances, throughput_by_value
 
@@ -54,12 +55,12 @@ def test_when_single_effects_do_not_multiply_to_the_whole_the_advice_says_why(do
     lines = [line.strip() for line in advise(doc)]
     assert ("the leave-one-out ratios above multiply to 4.10x instead: the knobs complement each "
             "other: each removal costs more than its share") in lines
-    path = dataclasses.replace(ABLATION.path, total=Effect(ratio=2.2, ci_low=2.1, ci_high=2.3, ci_level=0.95))
+    path = dataclasses.replace(ABLATION.path, total=Interval(ratio=2.2, low=2.1, high=2.3, level=0.95))
     doc = dataclasses.replace(doc, ablation=dataclasses.replace(ABLATION, path=path))
     lines = [line.strip() for line in advise(doc)]
     assert any(line.endswith("the speed check measured it at 2.79x (2.48-4.94): the intervals do not overlap "
                              "(the machine's speed changed between the two?)") for line in lines), lines
-    interval = dataclasses.replace(doc.speedup.interval, ci_low=3.0, ci_high=3.5, median=3.2)
+    interval = dataclasses.replace(doc.speedup.interval, low=3.0, high=3.5, ratio=3.2)
     doc = dataclasses.replace(doc, speedup=dataclasses.replace(doc.speedup, interval=interval))
     assert any(line.endswith(": outside (on this machine the speedup measured side by side is 0.87x the one "
                              "measured alone, and the steps are measured side by side)")

@@ -13,8 +13,8 @@ import pytest
 from autotune import pipeline, schemas
 from autotune.cli import main
 from autotune.config import TrialConfig
+from autotune.document.interval import Interval
 from autotune.document.kept import Kept
-from autotune.document.measures import Interval
 from autotune.document.run import RunDocument
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
@@ -28,7 +28,7 @@ from helpers import MODELS, knob_cnn
 from recorded_run import load_doc
 
 KEPT = Kept(config=TrialConfig(nprocs=1, threads=2, batch_size=128), launcher="verify/candidate-0/launch.sh",
-            interval=Interval(median=1.31, ci_low=0.87, ci_high=1.99, ci_level=0.95), pairs=6, lower_bound=0.93)
+            interval=Interval(ratio=1.31, low=0.87, high=1.99, level=0.95), pairs=6, lower_bound=0.93)
 
 
 def kept_document() -> RunDocument:

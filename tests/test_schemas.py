@@ -94,3 +94,27 @@ def test_an_error_under_json_is_json_on_stdout_and_named_on_stderr(tmp_path, cap
 def test_a_document_that_breaks_the_schema_is_described_where_it_breaks():
     assert schemas.problem({"config": {}}, "best_config") == (
         "at the top level, 'schema' is a required property")
+
+
+EARLIER = Path(__file__).parent / "fixtures" / "documents"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EARLIER.glob("*.json")))
+def test_a_document_an_earlier_version_wrote_reads_back_as_itself(name):
+    """best_config.json as 55ea3ca wrote it (a stand-in run; with --path and --train-steps):
+    read into its types and written again, it is the same document, and the schema holds it."""
+    earlier = json.loads((EARLIER / name).read_text())
+    assert RunDocument.from_json(earlier).to_json() == earlier
+    assert schemas.problem(earlier, "best_config") is None
+
+
+def test_an_interval_reads_either_spelling_and_writes_the_published_one():
+    from autotune.document.interval import Interval
+
+    spelled = Interval(ratio=1.5, low=1.2, high=1.9, level=0.95)
+    assert Interval.from_json({"median": 1.5, "ci_low": 1.2, "ci_high": 1.9, "ci_level": 0.95}) == spelled
+    assert Interval.from_json({"median": 1.5, "low": 1.2, "high": 1.9, "level": 0.95}) == spelled
+    assert Interval.from_json({"ratio": 1.5, "ci_low": 1.2, "ci_high": 1.9, "ci_level": 0.95}) == spelled
+    assert Interval.around(1.5, spelled.bounds_json()) == spelled
+    assert spelled.to_json() == {"median": 1.5, "ci_low": 1.2, "ci_high": 1.9, "ci_level": 0.95}
+    assert list(spelled.to_json(centre="ratio")) == ["ratio", "ci_low", "ci_high", "ci_level"]

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.document.interval import Interval
 from autotune.trials.runner import Measurement, TrialRunner
 from autotune.trials.script_report import ScriptReport
 from autotune.verify import ablation, gates, sequential, side_by_side, standalone
 from autotune.verify.reference import work_key
 from autotune.verify.settings import Settings
 from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
-from autotune.verify.stats import RatioInterval
 from autotune.verify.trainings import Trainings
 from autotune.verify.verdict import Verdict, rank_by_rounds
 
@@ -222,7 +222,7 @@ def alone(runner: Scripts, tmp_path: Path, *, pairs: int, budget=None, sbs_noise
     rng = random.Random(5)
     ratios = [runner.ratio * math.exp(rng.gauss(0.0, sbs_noise)) for _ in range(10)]
     served = CandidateSpeed(
-        interval=RatioInterval(median=runner.ratio, ci_low=min(ratios), ci_high=max(ratios), ci_level=0.9,
+        interval=Interval(ratio=runner.ratio, low=min(ratios), high=max(ratios), level=0.9,
                                rounds=len(ratios)),
         ratios=tuple(ratios), samples_per_s=(), median_samples_per_s=100.0 * runner.ratio)
     b = standalone.Script(Path("b"), BASE, 100.0)

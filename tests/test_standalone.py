@@ -14,6 +14,7 @@ import pytest
 
 from autotune import pipeline
 from autotune.config import TrialConfig
+from autotune.document.interval import Interval
 from autotune.document.measures import Check, Standalone
 from autotune.document.run import RunDocument
 from autotune.errors import NotVerified
@@ -26,7 +27,6 @@ from autotune.trials.script_report import ScriptReport
 from autotune.verify import sequential, standalone
 from autotune.verify.settings import Settings
 from autotune.verify.speed import CandidateSpeed, ReferenceSpeed
-from autotune.verify.stats import RatioInterval
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
 from helpers import knob_cnn
@@ -168,8 +168,8 @@ def test_autotune_verify_says_when_today_lands_outside_the_printed_interval(
     written = json.loads((tmp_path / "out" / "reverify.json").read_text())
     assert written == result.to_json()
     assert result.speedup is not None
-    assert result.speedup.interval.median == pytest.approx(0.8 * doc["speedup"]["median"])
-    assert written["speedup"]["median"] == result.speedup.interval.median
+    assert result.speedup.interval.ratio == pytest.approx(0.8 * doc["speedup"]["median"])
+    assert written["speedup"]["median"] == result.speedup.interval.ratio
     assert written["outside_printed_interval"]
 
 
@@ -280,7 +280,7 @@ class TwoSpeeds:
 def alone_check(runner, tmp_path, *, pairs: int = 6):
     """The standalone check of ``runner``'s two scripts, side-by-side figures made up; a
     session of ``pairs`` pairs, run to its end (a clear pass would stop at the fewest)."""
-    served = CandidateSpeed(interval=RatioInterval(median=5.0, ci_low=4.8, ci_high=5.1, ci_level=0.9, rounds=4),
+    served = CandidateSpeed(interval=Interval(ratio=5.0, low=4.8, high=5.1, level=0.9, rounds=4),
                             ratios=(4.8, 4.9, 5.0, 5.1), samples_per_s=(), median_samples_per_s=80_000.0)
     b = standalone.Script(Path("b"), TrialConfig(batch_size=16), 17_000.0)
     c = standalone.Script(Path("c"), TrialConfig(batch_size=16), 80_000.0)

@@ -5,6 +5,7 @@ import statistics
 
 import pytest
 
+from autotune.document.interval import Interval
 from autotune.verify import stats
 
 
@@ -18,17 +19,17 @@ def test_median_interval_uses_order_statistics_with_sign_test_coverage():
 def test_one_disturbed_round_does_not_decide_the_interval():
     ratios = [1.3, 1.25, 1.35, 1.28, 0.2, 1.31, 1.27, 1.33, 1.29, 1.3]
     interval = stats.ratio_interval(ratios)
-    assert interval.ci_low > 1.0, "a single outlier round must not hide a steady 1.3x"
-    assert interval.median == pytest.approx(1.295)
+    assert interval.low > 1.0, "a single outlier round must not hide a steady 1.3x"
+    assert interval.ratio == pytest.approx(1.295)
 
 
 def test_an_interval_that_includes_one_is_not_faster():
     interval = stats.ratio_interval([1.1, 0.95, 1.2, 0.9, 1.05])
-    assert interval.ci_low <= 1.0 <= interval.ci_high
+    assert interval.low <= 1.0 <= interval.high
 
 
 def test_paired_ratio_divides_round_by_round():
-    assert stats.paired_ratio([2, 4, 6], [1, 2, 3]).median == 2
+    assert stats.paired_ratio([2, 4, 6], [1, 2, 3]).ratio == 2
 
 
 def test_intervals_write_the_keys_the_documents_have_always_held():
@@ -37,10 +38,10 @@ def test_intervals_write_the_keys_the_documents_have_always_held():
     interval = stats.ratio_interval([1.1, 0.95, 1.2, 0.9, 1.05])
     assert list(interval.to_json()) == ["median", "ci_low", "ci_high", "ci_level", "rounds"]
     assert isinstance(interval.to_json()["rounds"], int)
-    assert stats.RatioInterval.from_json(json.loads(json.dumps(interval.to_json()))) == interval
+    assert Interval.from_json(json.loads(json.dumps(interval.to_json()))) == interval
     path = stats.geometric_interval([1.1, 0.95, 1.2, 0.9, 1.05])
-    assert list(path.to_json()) == ["ratio", "ci_low", "ci_high", "ci_level", "rounds"]
-    assert stats.GeometricInterval.from_json(json.loads(json.dumps(path.to_json()))) == path
+    assert list(path.to_json(centre="ratio")) == ["ratio", "ci_low", "ci_high", "ci_level", "rounds"]
+    assert Interval.from_json(json.loads(json.dumps(path.to_json(centre="ratio"))), centre="ratio") == path
 
 
 @pytest.mark.parametrize(("p", "df", "expected"), [
@@ -68,7 +69,7 @@ def test_speedup_interval_holds_a_rerun_in_another_session_as_often_as_it_says()
         figures = stats.speedup_interval(*session(), level=0.95)
         base, cand = session()
         again = statistics.median(c / b for c, b in zip(cand, base))
-        inside += figures.low <= again <= figures.high
+        inside += figures.interval.low <= again <= figures.interval.high
         above += again >= figures.lower
     assert 0.93 <= inside / trials <= 0.99 and 0.93 <= above / trials <= 0.99, (inside, above)
 
@@ -102,15 +103,15 @@ def test_speedup_interval_reads_raw_pairs_and_leads_with_a_lower_bound():
     base = [100.0, 101.0, 99.0, 100.5, 99.5, 100.0]
     cand = [200.0, 203.0, 197.0, 200.0, 201.0, 199.0]
     figures = stats.speedup_interval(base, cand, level=0.95)
-    assert figures.median == pytest.approx(statistics.median(c / b for c, b in zip(cand, base)))
-    assert figures.low < figures.lower < figures.median < figures.high
+    assert figures.interval.ratio == pytest.approx(statistics.median(c / b for c, b in zip(cand, base)))
+    assert figures.interval.low < figures.lower < figures.interval.ratio < figures.interval.high
     assert figures.pairs == figures.rerun == 6 and figures.trend == 0.0
     # a steady sample's interval is still as wide as a drift from one session to the next
     z = statistics.NormalDist().inv_cdf(0.975)
-    assert math.log(figures.high / figures.median) >= z * stats.SESSION_DRIFT_SD * 0.99
+    assert math.log(figures.interval.high / figures.interval.ratio) >= z * stats.SESSION_DRIFT_SD * 0.99
     # none when nothing drifts between sessions: the pairs' own noise alone
     own = stats.speedup_interval(base, cand, session_sd=0.0)
-    assert own.high / own.low < figures.high / figures.low
+    assert own.interval.high / own.interval.low < figures.interval.high / figures.interval.low
     with pytest.raises(ValueError):
         stats.speedup_interval(base, cand[:-1])
 
@@ -121,7 +122,7 @@ def test_speedup_interval_covers_either_speed_of_a_baseline_that_runs_at_two():
     figures = stats.speedup_interval(base, cand)
     assert figures.baseline.two_speeds and figures.baseline.speeds[0] < 15_000 < 19_000 < figures.baseline.speeds[1]
     assert figures.baseline.runs == (3, 3) and figures.baseline.step is None and not figures.candidate.two_speeds
-    assert figures.low < 80_000 / 19_500 and figures.high > 80_000 / 14_500
+    assert figures.interval.low < 80_000 / 19_500 and figures.interval.high > 80_000 / 14_500
     # the noise is what is left about each speed: tight
     assert figures.noise_sd < 0.02
     stepped = stats.speedup_interval([14_500.0, 14_600.0, 14_450.0, 19_500.0, 19_400.0, 19_550.0], cand)

@@ -37,13 +37,13 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2))
     elif result.verified and now is not None:  # verified: its pairs ran
         shown = now.interval
-        lead = (f"{now.lower_bound:.2f}x or more in {shown.ci_level:.0%} of re-runs, median "
+        lead = (f"{now.lower_bound:.2f}x or more in {shown.level:.0%} of re-runs, median "
                 if now.lower_bound else "")
         # the configuration the run kept, not emitted, was never verified before
         said = "verified again" if result.kept is None else f"the kept configuration ({result.kept}) verified here"
-        reporter.info(f"{said}: speedup {lead}{shown.median:.2f}x over {now.pairs} pairs of "
-                      f"standalone runs (a re-run lands in {shown.ci_low:.2f}-"
-                      f"{shown.ci_high:.2f}x, {shown.ci_level:.0%})")
+        reporter.info(f"{said}: speedup {lead}{shown.ratio:.2f}x over {now.pairs} pairs of "
+                      f"standalone runs (a re-run lands in {shown.low:.2f}-"
+                      f"{shown.high:.2f}x, {shown.level:.0%})")
     else:
         reporter.info(f"not verified here: {result.reason}")
     if result.outside_printed_interval:

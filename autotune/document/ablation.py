@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.config import KnobValue
-from autotune.document.measures import Effect, optional_fields
+from autotune.document.interval import Centre, Interval
+from autotune.document.measures import optional_fields
 from autotune.runtime.json_value import JsonObject
 
 
@@ -21,19 +22,19 @@ class KnobEffect:
     winner: KnobValue
     kept: bool
     note: str
-    effect: Effect | None = None
+    effect: Interval | None = None
     rounds: int | None = None  # the rounds its effect rests on (it stops once settled)
 
     def to_json(self) -> JsonObject:
         return {"knob": self.knob, "baseline": self.baseline, "winner": self.winner,
-                **(self.effect.to_json() if self.effect else {}), "kept": self.kept,
+                **(self.effect.to_json(centre="ratio") if self.effect else {}), "kept": self.kept,
                 "note": self.note, **optional_fields(rounds=self.rounds)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KnobEffect:
         return cls(knob=data["knob"], baseline=data["baseline"], winner=data["winner"],
                    kept=data["kept"], note=data["note"],
-                   effect=Effect.from_json(data) if "ratio" in data else None,
+                   effect=_effect(data) if "ratio" in data else None,
                    rounds=data.get("rounds"))
 
 
@@ -46,18 +47,18 @@ class PathStep:
     baseline: tuple[KnobValue, ...]
     winner: tuple[KnobValue, ...]
     kept: bool
-    effect: Effect
+    effect: Interval
     rounds: int
 
     def to_json(self) -> JsonObject:
         return {"knobs": list(self.knobs), "baseline": list(self.baseline),
-                "winner": list(self.winner), "kept": self.kept, **self.effect.to_json(),
+                "winner": list(self.winner), "kept": self.kept, **self.effect.to_json(centre="ratio"),
                 "rounds": self.rounds}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PathStep:
         return cls(knobs=tuple(data["knobs"]), baseline=tuple(data["baseline"]),
-                   winner=tuple(data["winner"]), kept=data["kept"], effect=Effect.from_json(data),
+                   winner=tuple(data["winner"]), kept=data["kept"], effect=_effect(data),
                    rounds=data["rounds"])
 
 
@@ -67,7 +68,7 @@ class AblationPath:
     is what the steps multiply to. ``skipped``: why it was not measured (then nothing else)."""
 
     steps: tuple[PathStep, ...] = ()
-    total: Effect | None = None
+    total: Interval | None = None
     rounds: int = 0
     kept_product: float = 1.0
     skipped: str | None = None
@@ -75,18 +76,15 @@ class AblationPath:
     def to_json(self) -> JsonObject:
         if self.skipped is not None or self.total is None:
             return {"skipped": self.skipped}
-        t = self.total
-        return {"steps": [s.to_json() for s in self.steps], "total": t.ratio, "ci_low": t.ci_low,
-                "ci_high": t.ci_high, "ci_level": t.ci_level, "rounds": self.rounds,
-                "kept_product": self.kept_product}
+        return {"steps": [s.to_json() for s in self.steps], **self.total.to_json(centre="total"),
+                "rounds": self.rounds, "kept_product": self.kept_product}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AblationPath:
         if "skipped" in data:
             return cls(skipped=data["skipped"])
         return cls(steps=tuple(PathStep.from_json(s) for s in data["steps"]),
-                   total=Effect(ratio=data["total"], ci_low=data["ci_low"],
-                                ci_high=data["ci_high"], ci_level=data["ci_level"]),
+                   total=_effect(data, centre="total"),
                    rounds=data["rounds"], kept_product=data["kept_product"])
 
 
@@ -147,3 +145,8 @@ class Ablation:
                    simplified=(Simplified.from_json(data["simplified"])
                                if "simplified" in data else None),
                    skipped=data.get("skipped"))
+
+
+def _effect(data: Mapping[str, Any], *, centre: Centre = "ratio") -> Interval:
+    """An effect as its part writes it: the rounds it rests on are the part's, beside it."""
+    return dataclasses.replace(Interval.from_json(data, centre=centre), rounds=None)

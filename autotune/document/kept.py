@@ -35,16 +35,16 @@ class Kept:
         ``folder`` is the output folder as the user named it; None (a report inside the
         folder): paths relative to it."""
         iv = self.interval
-        rerun = f"{iv.ci_low:.2f}-{iv.ci_high:.2f}x"
+        rerun = f"{iv.low:.2f}-{iv.high:.2f}x"
         # the standalone check fails a candidate whose figure a re-run stays above is not over
         # 1x, so this interval reaches below 1x; one that judged the median's own interval
         # (older documents) may have failed a candidate whose re-run interval does not
-        doubt = (f"a re-run may be slower on this machine ({rerun})" if iv.ci_low < 1.0
+        doubt = (f"a re-run may be slower on this machine ({rerun})" if iv.low < 1.0
                  else f"its pairs did not clear 1x (a re-run lands in {rerun})")
         again = (f"`autotune verify {folder}` measures it again (its scripts: {Path(folder, self.launcher)})"
                  if folder is not None else
                  f"`autotune verify` on this folder measures it again (its scripts: {self.launcher})")
-        return (f"faster by a median of {iv.median:.2f}x over {self.pairs} pairs, "
+        return (f"faster by a median of {iv.ratio:.2f}x over {self.pairs} pairs, "
                 f"but {doubt}: not emitted; the baseline is recommended. {again}")
 
     def to_json(self) -> JsonObject:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from autotune.config import KnobValue, TrialConfig
+from autotune.document.interval import Interval
 from autotune.document.quality import QualityJudgement
 from autotune.runtime.json_value import JsonObject, JsonValue
 
@@ -21,46 +22,6 @@ STANDALONE_COVERS = ("where a re-measurement of as many pairs of the emitted lau
 def optional_fields(**fields: JsonValue) -> JsonObject:
     """The fields that are set: an absent key, not a null, where a part did not happen."""
     return {k: v for k, v in fields.items() if v is not None}
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Interval:
-    """A median ratio and the interval around it, at ``ci_level``."""
-
-    median: float
-    ci_low: float
-    ci_high: float
-    ci_level: float
-
-    def to_json(self) -> JsonObject:
-        return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high,
-                "ci_level": self.ci_level}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Interval:
-        """Also reads a speed check's figures, which carry these keys
-        (``autotune.verify.stats.RatioInterval.to_json``)."""
-        return cls(median=data["median"], ci_low=data["ci_low"], ci_high=data["ci_high"],
-                   ci_level=data["ci_level"])
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Effect:
-    """A geometric-mean ratio (``autotune.verify.stats.geometric_interval``) and its interval."""
-
-    ratio: float
-    ci_low: float
-    ci_high: float
-    ci_level: float
-
-    def to_json(self) -> JsonObject:
-        return {"ratio": self.ratio, "ci_low": self.ci_low, "ci_high": self.ci_high,
-                "ci_level": self.ci_level}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Effect:
-        return cls(ratio=data["ratio"], ci_low=data["ci_low"], ci_high=data["ci_high"],
-                   ci_level=data["ci_level"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +48,7 @@ class Check:
 class VerifiedSpeedup:
     """The printed speedup: the standalone pairs' median ratio and where a re-measurement
     of as many pairs lands (``interval``); ``lower_bound`` the figure a re-measurement stays
-    above, as often as ``interval.ci_level`` says (one-sided; None in documents from before
+    above, as often as ``interval.level`` says (one-sided; None in documents from before
     it); ``median_interval`` is the median's own distribution-free interval (what the check
     tests against 1.0); ``side_by_side`` the same two configurations' ratio in the
     verification's side-by-side rounds; ``speed_shift`` names a side that ran at two
@@ -109,21 +70,18 @@ class VerifiedSpeedup:
         return {**self.interval.to_json(), "pairs": self.pairs, **optional_fields(lower_bound=self.lower_bound)}
 
     def to_json(self) -> JsonObject:
-        mi = self.median_interval
         return {**self.interval.to_json(), **optional_fields(lower_bound=self.lower_bound), "pairs": self.pairs,
                 "seconds_per_run": self.seconds_per_run, "wall_s": self.wall_s,
                 "covers": self.covers,
-                "median_interval": {"low": mi.ci_low, "high": mi.ci_high, "level": mi.ci_level},
+                "median_interval": self.median_interval.bounds_json(),
                 "side_by_side": self.side_by_side.to_json(),
                 **optional_fields(unsteady=self.unsteady, speed_shift=self.speed_shift)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> VerifiedSpeedup:
-        mi = data["median_interval"]
         return cls(interval=Interval.from_json(data), pairs=data["pairs"],
                    seconds_per_run=data["seconds_per_run"], wall_s=data["wall_s"],
-                   median_interval=Interval(median=data["median"], ci_low=mi["low"],
-                                            ci_high=mi["high"], ci_level=mi["level"]),
+                   median_interval=Interval.around(data["median"], data["median_interval"]),
                    side_by_side=Interval.from_json(data["side_by_side"]),
                    unsteady=data.get("unsteady"), covers=data["covers"],
                    lower_bound=data.get("lower_bound"), speed_shift=data.get("speed_shift"))
@@ -269,10 +227,13 @@ class PrecisionNote:
     judged: Mapping[str, QualityJudgement] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> JsonObject:
+        # inconclusive and judged only where the quality check ran: a document without one
+        # reads as an earlier version wrote it
         return {"chosen": self.chosen, **optional_fields(checked=self.checked),
-                "rejected": dict(self.rejected), "inconclusive": dict(self.inconclusive), "instead": self.instead,
+                "rejected": dict(self.rejected),
+                **({"inconclusive": dict(self.inconclusive)} if self.inconclusive else {}), "instead": self.instead,
                 **optional_fields(opt_out=self.opt_out), "skipped": dict(self.skipped),
-                "judged": {name: j.to_json() for name, j in self.judged.items()}}
+                **({"judged": {name: j.to_json() for name, j in self.judged.items()}} if self.judged else {})}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PrecisionNote:
@@ -292,17 +253,14 @@ class LayoutEffect:
     effect: Interval  # the multi-rank layout's speed over the single process's
 
     def to_json(self) -> JsonObject:
-        e = self.effect
         return {"multi_rank": self.multi_rank, "single_process": self.single_process,
-                "other_knobs": dict(self.other_knobs), "ratio": e.median, "ci_low": e.ci_low,
-                "ci_high": e.ci_high, "ci_level": e.ci_level}
+                "other_knobs": dict(self.other_knobs), **self.effect.to_json(centre="ratio")}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LayoutEffect:
         return cls(multi_rank=data["multi_rank"], single_process=data["single_process"],
                    other_knobs=data["other_knobs"],
-                   effect=Interval(median=data["ratio"], ci_low=data["ci_low"],
-                                   ci_high=data["ci_high"], ci_level=data["ci_level"]))
+                   effect=Interval.from_json(data, centre="ratio"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -85,7 +85,7 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
             chosen=chosen, space=space, batch_range=verify.batch_range, pinned=verify.pinned_batch,
             has_evaluate=bench.task.has_evaluate, ramp=searched.place.study.user_attrs.get(StudyAttr.BATCH_RAMP),
             checks=winner.checks if winner is not None else {}, gated=[(v.config, v.checks) for v in verdicts],
-            speedup=claim.speedup.interval.median if claim is not None else None,
+            speedup=claim.speedup.interval.ratio if claim is not None else None,
             baseline_samples_per_s=baseline.samples_per_s),
         utilisation=Utilisation.of(
             baseline_facts=trial_facts(outcome.baseline.result.facts), baseline_samples_per_s=baseline.samples_per_s,
@@ -124,7 +124,7 @@ def _kept(verdicts: Sequence[Verdict], scripts: Mapping[TrialConfig, Path], *, o
     by_config = {v.config: v for v in verdicts}
     for cfg, launcher in scripts.items():
         alone = by_config[cfg].standalone if cfg in by_config else None
-        if alone is not None and alone.speedup.interval.median > 1.0:
+        if alone is not None and alone.speedup.interval.ratio > 1.0:
             return Kept.of(cfg, launcher=Path(os.path.relpath(launcher, out)).as_posix(), speedup=alone.speedup)
     return None
 

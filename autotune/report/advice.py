@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import Layout, TrialConfig
-from autotune.document.measures import Effect, Interval
+from autotune.document.interval import Interval
 from autotune.document.run import RunDocument
 from autotune.report import profile
 from autotune.search.study import quiet_optuna
@@ -92,9 +92,9 @@ def outcome_lines(doc: RunDocument) -> list[str]:
         lines += [f"  rejected {r.config.short()}: {r.reason}" for r in doc.rejected]
         return lines
     sp, iv = doc.speedup, doc.speedup.interval
-    level = f", {iv.ci_level:.0%}" if iv.ci_level else ""
-    lines = [f"The tuned configuration trains at {iv.median:.2f}x the baseline's speed "
-             f"({iv.ci_low:.2f}-{iv.ci_high:.2f}x{level}): "
+    level = f", {iv.level:.0%}" if iv.level else ""
+    lines = [f"The tuned configuration trains at {iv.ratio:.2f}x the baseline's speed "
+             f"({iv.low:.2f}-{iv.high:.2f}x{level}): "
              f"{doc.best.samples_per_s if doc.best else 0:,.0f} against {base.samples_per_s:,.0f} samples/s."]
     if sp.covers:
         lines.append(f"  the interval is {sp.covers}")
@@ -126,7 +126,7 @@ def ablation_lines(doc: RunDocument) -> list[str]:
         elif not k.kept and "but kept" in k.note:
             lines.append(f"  {name} ({_span(e)}): {k.note}")
         elif not k.kept:
-            effect = "slows the winner down" if e.ci_high < 1.0 else "no measurable effect"
+            effect = "slows the winner down" if e.high < 1.0 else "no measurable effect"
             lines.append(f"  {name} {before} -> {after}: {effect} ({e.ratio:.2f}x, {_span(e)}): "
                          "removed from the emitted configuration")
         else:
@@ -158,24 +158,24 @@ def path_lines(doc: RunDocument) -> list[str]:
     speed = doc.speedup
     held = speed.side_by_side if speed is not None else None
     whole = f"  = {total.ratio:.2f}x ({_span(total)}), the winner over the baseline side by side"
-    if held is not None and held.ci_low:
+    if held is not None and held.low:
         # Two measurements of one ratio, each with its noise: they agree where their
         # intervals meet, not only where one's point falls in the other's interval.
-        overlap = total.ci_low <= held.ci_high and held.ci_low <= total.ci_high
-        whole += (f"; the speed check measured it at {held.median:.2f}x ({_span(held)}): "
+        overlap = total.low <= held.high and held.low <= total.high
+        whole += (f"; the speed check measured it at {held.ratio:.2f}x ({_span(held)}): "
                   + ("consistent, the intervals overlap" if overlap
                      else "the intervals do not overlap (the machine's speed changed between the two?)"))
     lines.append(whole)
     if speed is not None and speed.pairs:
         product, alone_iv = found.kept_product, speed.interval
-        alone = alone_iv.ci_low <= product <= alone_iv.ci_high
+        alone = alone_iv.low <= product <= alone_iv.high
         which = ("the kept knobs' steps multiply to" if any(not s.kept for s in found.steps)
                  else "the steps multiply to")
         line = (f"  {which} {product:.2f}x; the emitted configuration's script run alone against the "
-                f"baseline's: {alone_iv.median:.2f}x ({_span(alone_iv)}): {'inside' if alone else 'outside'}")
-        if not alone and held is not None and held.median:
+                f"baseline's: {alone_iv.ratio:.2f}x ({_span(alone_iv)}): {'inside' if alone else 'outside'}")
+        if not alone and held is not None and held.ratio:
             line += (f" (on this machine the speedup measured side by side is "
-                     f"{held.median / alone_iv.median:.2f}x the one measured alone, and the steps are "
+                     f"{held.ratio / alone_iv.ratio:.2f}x the one measured alone, and the steps are "
                      "measured side by side)")
         lines.append(line)
     loo = doc.ablation.product if doc.ablation is not None else None
@@ -210,8 +210,8 @@ def plan_lines(doc: RunDocument) -> list[str]:
     return lines
 
 
-def _span(effect: Interval | Effect) -> str:
-    return f"{effect.ci_low:.2f}-{effect.ci_high:.2f}"
+def _span(effect: Interval) -> str:
+    return f"{effect.low:.2f}-{effect.high:.2f}"
 
 
 def completed(study: optuna.Study) -> list[FrozenTrial]:

@@ -215,8 +215,8 @@ class Reporter:
             e = layout.effect
             self.out.print(
                 f"process layout: {layout.multi_rank} ranks x threads runs "
-                f"{e.median:.2f}x the speed of {layout.single_process} "
-                f"({e.ci_level:.0%} interval {e.ci_low:.2f}-{e.ci_high:.2f}x, "
+                f"{e.ratio:.2f}x the speed of {layout.single_process} "
+                f"({e.level:.0%} interval {e.low:.2f}-{e.high:.2f}x, "
                 "other knobs equal, measured side by side)"
             )
         for line in (ablation_lines(doc) + plan_lines(doc) + (doc.memory.lines() if doc.memory else [])
@@ -246,10 +246,10 @@ def speedup_words(speed: VerifiedSpeedup) -> str:
     (documents from before it had none: the median and the interval)."""
     iv = speed.interval
     if speed.lower_bound is None:
-        return (f"{iv.median:.2f}x over {speed.pairs} pairs of standalone runs "
-                f"(a re-run lands in {iv.ci_low:.2f}-{iv.ci_high:.2f}x, {iv.ci_level:.0%})")
-    return (f"{speed.lower_bound:.2f}x or more in {iv.ci_level:.0%} of re-runs (median {iv.median:.2f}x, "
-            f"{iv.ci_level:.0%} of re-runs within {iv.ci_low:.2f}-{iv.ci_high:.2f}x; "
+        return (f"{iv.ratio:.2f}x over {speed.pairs} pairs of standalone runs "
+                f"(a re-run lands in {iv.low:.2f}-{iv.high:.2f}x, {iv.level:.0%})")
+    return (f"{speed.lower_bound:.2f}x or more in {iv.level:.0%} of re-runs (median {iv.ratio:.2f}x, "
+            f"{iv.level:.0%} of re-runs within {iv.low:.2f}-{iv.high:.2f}x; "
             f"{speed.pairs} pairs of standalone runs)")
 
 

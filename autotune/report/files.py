@@ -24,7 +24,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import KnobValue, TrialConfig
 from autotune.document.ablation import Ablation, AblationPath
-from autotune.document.measures import CandidateOutcome, Effect, Interval, Rounds, VerifiedSpeedup
+from autotune.document.interval import Interval
+from autotune.document.measures import CandidateOutcome, Rounds, VerifiedSpeedup
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 from autotune.report import advice, profile, quality_check
@@ -76,10 +77,9 @@ def _rate(value: Any) -> str:
     return f"{value:,.0f}" if isinstance(value, (int, float)) else ""
 
 
-def _interval(item: Interval | Effect | Rounds | CandidateOutcome) -> str:
-    if item.ci_low is None or item.ci_high is None:
-        return ""
-    return f"{item.ci_low:.2f}-{item.ci_high:.2f}"
+def _interval(item: Interval | Rounds | CandidateOutcome) -> str:
+    low, high = (item.low, item.high) if isinstance(item, Interval) else (item.ci_low, item.ci_high)
+    return "" if low is None or high is None else f"{low:.2f}-{high:.2f}"
 
 
 def _facts(doc: RunDocument) -> Table:
@@ -91,11 +91,11 @@ def _facts(doc: RunDocument) -> Table:
         rows.append(["kept, not emitted", f"{doc.kept.config.short()}: {doc.kept.words(None)}"])
     if doc.speedup is not None:
         iv = doc.speedup.interval
-        level = f" ({iv.ci_level:.0%})" if iv.ci_level else ""
+        level = f" ({iv.level:.0%})" if iv.level else ""
         lower = doc.speedup.lower_bound
-        said = (f"{iv.median:.2f}x, interval {_interval(iv)}{level}" if lower is None else
-                f"{lower:.2f}x or more in {iv.ci_level:.0%} of re-runs (median {iv.median:.2f}x, "
-                f"{iv.ci_level:.0%} of re-runs within {_interval(iv)}x)")
+        said = (f"{iv.ratio:.2f}x, interval {_interval(iv)}{level}" if lower is None else
+                f"{lower:.2f}x or more in {iv.level:.0%} of re-runs (median {iv.ratio:.2f}x, "
+                f"{iv.level:.0%} of re-runs within {_interval(iv)}x)")
         rows += [["tuned samples/s", _rate(doc.best.samples_per_s if doc.best is not None else None)],
                  ["speedup", f"{said}, {doc.speedup.pairs} standalone pairs"]]
         if doc.speedup.speed_shift:
@@ -205,19 +205,19 @@ def _ablation_table(ablation: Ablation) -> Table:
                  "above 1.00x the knob helps; one not shown to help and worth under 1.05x is removed")
 
 
-def _path_table(found: AblationPath, total: Effect, speed: VerifiedSpeedup | None) -> Table:
+def _path_table(found: AblationPath, total: Interval, speed: VerifiedSpeedup | None) -> Table:
     rows = [["+ " + ", ".join(step.knobs),
              ", ".join(f"{advice.shown(b)} -> {advice.shown(w)}" for b, w in zip(step.baseline, step.winner)),
              f"{step.effect.ratio:.2f}x", _interval(step.effect), "kept" if step.kept else "removed"]
             for step in found.steps]
     rows.append(["= the winner over the baseline", "", f"{total.ratio:.2f}x", _interval(total), ""])
     note = f"the kept steps multiply to {found.kept_product:.2f}x"
-    if speed is not None and speed.side_by_side.ci_low:
+    if speed is not None and speed.side_by_side.low:
         note += f"; the winner's speedup side by side: interval {_interval(speed.side_by_side)}"
     if speed is not None and speed.pairs:
-        at_least = (f"{speed.lower_bound:.2f}x or more in {speed.interval.ci_level:.0%} of re-runs, "
+        at_least = (f"{speed.lower_bound:.2f}x or more in {speed.interval.level:.0%} of re-runs, "
                     if speed.lower_bound is not None else "")
-        note += (f"; the verified speedup (scripts alone): {at_least}median {speed.interval.median:.2f}x, "
+        note += (f"; the verified speedup (scripts alone): {at_least}median {speed.interval.ratio:.2f}x, "
                  f"interval {_interval(speed.interval)}")
     return Table("The path from the baseline: each knob added to those before it",
                  ["step", "change", "ratio", "interval", ""], rows, note)
@@ -369,8 +369,8 @@ def _draw_ablation(figure: Callable[[float, float], Figure], doc: RunDocument) -
     ax = fig.add_subplot()
     ys = range(len(knobs))
     ratios = [e.ratio for _, e in knobs]
-    errors = [[max(0.0, e.ratio - e.ci_low) for _, e in knobs],
-              [max(0.0, e.ci_high - e.ratio) for _, e in knobs]]
+    errors = [[max(0.0, e.ratio - e.low) for _, e in knobs],
+              [max(0.0, e.high - e.ratio) for _, e in knobs]]
     colors = ["tab:green" if k.kept else "tab:gray" for k, _ in knobs]
     # bars grow from 1.00 (no effect): right where the knob helps, left where it hurts
     ax.barh(list(ys), [r - 1.0 for r in ratios], left=1.0, xerr=errors, color=colors, capsize=4)
@@ -402,7 +402,7 @@ def _draw_path(figure: Callable[[float, float], Figure], doc: RunDocument) -> Fi
         level = after
     speed = doc.speedup
     if speed is not None and speed.pairs:
-        ax.axvspan(speed.interval.ci_low, speed.interval.ci_high, color="tab:blue", alpha=0.15,
+        ax.axvspan(speed.interval.low, speed.interval.high, color="tab:blue", alpha=0.15,
                    label="verified speedup's interval (scripts alone)")
         ax.legend(loc="lower right")
     ax.axvline(1.0, color="black", linewidth=1)
@@ -424,7 +424,7 @@ def _draw_verification(figure: Callable[[float, float], Figure], doc: RunDocumen
         ("side by side (ranking)", "round", speed,
          (speed.median, speed.ci_low, speed.ci_high) if speed is not None else (None, None, None)),
         ("standalone pairs (printed speedup)", "pair", alone,
-         (printed.median, printed.ci_low, printed.ci_high) if printed is not None else (None, None, None)))
+         (printed.ratio, printed.low, printed.high) if printed is not None else (None, None, None)))
         if part is not None]
     if not panels:
         return None

@@ -30,7 +30,7 @@ from typing import Any
 
 from autotune.config import KnobValue, TrialConfig
 from autotune.document.ablation import Ablation, AblationPath, KnobEffect, PathStep
-from autotune.document.measures import Effect
+from autotune.document.interval import Interval
 from autotune.errors import AutotuneError, UsageError
 from autotune.runtime.knobs import Device
 from autotune.space.gpu import normalised
@@ -272,17 +272,16 @@ def _path_effects(steps: list[Step], detail: dict[TrialConfig, Any], winner: Tri
         out.append(PathStep(knobs=knobs, baseline=tuple(_value(baseline, k) for k in knobs),
                             winner=tuple(_value(winner, k) for k in knobs),
                             kept=not all(k in removed for k in knobs),
-                            effect=_effect(effect), rounds=effect.rounds))
+                            effect=_effect(effect), rounds=rounds))
     total = stats.geometric_interval([1 / r for r in base[:rounds]])
     kept = [s.effect.ratio for s in out if s.kept]
     return AblationPath(steps=tuple(out), total=_effect(total), rounds=rounds,
                         kept_product=math.prod(kept) if kept else 1.0)
 
 
-def _effect(interval: stats.GeometricInterval) -> Effect:
+def _effect(interval: Interval) -> Interval:
     """The document's effect leaves out the rounds: a step and the path record them beside it."""
-    return Effect(ratio=interval.ratio, ci_low=interval.ci_low, ci_high=interval.ci_high,
-                  ci_level=interval.ci_level)
+    return dataclasses.replace(interval, rounds=None)
 
 
 def _knob_effect(variant: Variant, detail: Any, winner: TrialConfig,
@@ -294,13 +293,13 @@ def _knob_effect(variant: Variant, detail: Any, winner: TrialConfig,
         return KnobEffect(**named, kept=True, note=f"could not be measured without it: "
                                                    f"{detail.get('reason', 'failed')}")
     interval = stats.ratio_interval([1 / r for r in ratios])
-    measurable = interval.ci_low > 1.0
-    kept = measurable or interval.median >= NEGLIGIBLE
+    measurable = interval.low > 1.0
+    kept = measurable or interval.ratio >= NEGLIGIBLE
     if measurable:
         note = ""
     elif kept:
         note = "not measurably faster, but likely worth keeping: kept"
-    elif interval.ci_high < 1.0:  # the search's pick, by noise or for another knob's sake
+    elif interval.high < 1.0:  # the search's pick, by noise or for another knob's sake
         note = "slows the winner down: removed from the emitted configuration"
     else:
         note = "no measurable effect: removed from the emitted configuration"
@@ -308,8 +307,7 @@ def _knob_effect(variant: Variant, detail: Any, winner: TrialConfig,
         kept, note = True, "no measurable effect, but kept: without it the configuration is not known to fit in memory"
     if detail.get("reused"):
         note = "; ".join(filter(None, [note, "measured in the speed check's rounds"]))
-    effect = Effect(ratio=interval.median, ci_low=interval.ci_low,
-                    ci_high=interval.ci_high, ci_level=interval.ci_level)
+    effect = _effect(interval)
     return KnobEffect(**named, kept=kept, note=note, effect=effect, rounds=len(ratios))
 
 

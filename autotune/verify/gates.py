@@ -244,7 +244,8 @@ def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[
 
 
 def _speed_record(base_speed: ReferenceSpeed, checks: list[Check]) -> StageRecord:
-    dropped = [s.interval.rounds for c in checks if (s := CandidateSpeed.from_check(c)) is not None and s.stopped]
+    dropped = [s.interval.rounds or 0 for c in checks
+               if (s := CandidateSpeed.from_check(c)) is not None and s.stopped]
     return StageRecord(stage=Stage.SPEED, ran=base_speed.rounds, cap=base_speed.cap,
                        stopped=base_speed.stopped,
                        dropped=(f"{len(dropped)} candidate{'s' if len(dropped) > 1 else ''} measured no more "

@@ -2,8 +2,11 @@
 against its layout contrast (``candidates.layout_contrast``), window against window."""
 from __future__ import annotations
 
+import dataclasses
+
 from autotune.config import TrialConfig
-from autotune.document.measures import Interval, LayoutEffect
+from autotune.document.interval import Interval
+from autotune.document.measures import LayoutEffect
 from autotune.probes import Machine
 from autotune.space import Space
 from autotune.verify import stats
@@ -29,7 +32,6 @@ def layout_effect(verdicts: list[Verdict], top: TrialConfig, space: Space, machi
                         effect=_interval(stats.paired_ratio(multi, single)))
 
 
-def _interval(effect: stats.RatioInterval) -> Interval:
+def _interval(effect: Interval) -> Interval:
     """The document's interval leaves out the rounds: its reader counts them in the rates."""
-    return Interval(median=effect.median, ci_low=effect.ci_low, ci_high=effect.ci_high,
-                    ci_level=effect.ci_level)
+    return dataclasses.replace(effect, rounds=None)

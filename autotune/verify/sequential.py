@@ -27,7 +27,8 @@ import dataclasses
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
-from autotune.verify.stats import RatioInterval, ratio_interval, speedup_interval
+from autotune.document.interval import Interval
+from autotune.verify.stats import ratio_interval, speedup_interval
 
 CONFIDENCE = 0.9
 # Candidates this close are alike for the ranking: once none can be this much faster than
@@ -48,14 +49,14 @@ def fewest(confidence: float = CONFIDENCE) -> int:
 FEWEST = fewest()
 
 
-def settled(interval: RatioInterval) -> bool:
+def settled(interval: Interval) -> bool:
     """Whether a ratio's interval decides it: wholly above 1 or wholly below."""
-    return interval.ci_low > 1.0 or interval.ci_high < 1.0
+    return interval.low > 1.0 or interval.high < 1.0
 
 
-def describe(interval: RatioInterval) -> str:
-    return (f"{interval.median:.2f}x ({interval.ci_level:.0%} interval "
-            f"{interval.ci_low:.2f}-{interval.ci_high:.2f}x)")
+def describe(interval: Interval) -> str:
+    return (f"{interval.ratio:.2f}x ({interval.level:.0%} interval "
+            f"{interval.low:.2f}-{interval.high:.2f}x)")
 
 
 def _over(values: Sequence[float], reference: Sequence[float]) -> list[float]:
@@ -95,20 +96,20 @@ class Ranking:
             return Decision(done="no candidate is left to measure")
         against_base = {i: ratio_interval(_over(values[i], values[0]), confidence=CONFIDENCE)
                         for i in active}
-        leader = max(active, key=lambda i: against_base[i].median)
+        leader = max(active, key=lambda i: against_base[i].ratio)
         stop = {}
         for i in active:
             if i == leader:
                 continue
             against = ratio_interval(_over(values[i], values[leader]), confidence=CONFIDENCE)
-            if against.ci_high < 1.0:
+            if against.high < 1.0:
                 stop[i] = (f"clearly slower than the leader after {rounds} rounds: "
                            f"{describe(against)} of its speed")
         remaining = [i for i in active if i not in stop]
         if len(remaining) == 1 and settled(against_base[leader]):
             return Decision(stop, done="the leader is clear and every verdict against the baseline settled")
         if all(settled(against_base[i]) for i in remaining) and all(
-                ratio_interval(_over(values[i], values[leader]), confidence=CONFIDENCE).ci_high < ALIKE
+                ratio_interval(_over(values[i], values[leader]), confidence=CONFIDENCE).high < ALIKE
                 for i in remaining if i != leader):
             return Decision(stop, done=f"every verdict against the baseline settled, and no other candidate "
                                        f"is shown to be {ALIKE - 1:.0%} faster than the leader")
@@ -185,7 +186,7 @@ class PairsRule:
         # too little of the next ones'
         if n >= FEWEST:
             decided = ratio_interval(_over(candidate, baseline), confidence=self.confidence)
-            if decided.ci_high < 1.0:
+            if decided.high < 1.0:
                 return f"not faster alone, settled after {n} pairs: {describe(decided)}"
             if figure.lower_after(self.limit) <= 1.0:
                 return (f"cannot clear 1x: after {n} pairs a re-run stays above {figure.lower:.2f}x, and "

@@ -310,11 +310,11 @@ def speed_check(
             continue
         ratios = [v / b for v, b in zip(values[i], base_values)]
         stats = ratio_interval(ratios)
-        passed = stats.ci_low > 1.0
+        passed = stats.low > 1.0
         stopped = session.stopped[i] or None
         reason = None if passed else (
-            f"not faster than the baseline: speedup {stats.median:.2f}x, "
-            f"{stats.ci_level:.0%} interval {stats.ci_low:.2f}-{stats.ci_high:.2f}x "
+            f"not faster than the baseline: speedup {stats.ratio:.2f}x, "
+            f"{stats.level:.0%} interval {stats.low:.2f}-{stats.high:.2f}x "
             "includes 1.0" + (f" (measured no more: {stopped})" if stopped else ""))
         speed = CandidateSpeed(interval=stats, ratios=tuple(ratios), samples_per_s=tuple(values[i]),
                                median_samples_per_s=statistics.median(values[i]), stopped=stopped, reason=reason)

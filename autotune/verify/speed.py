@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.config import TrialConfig
+from autotune.document.interval import Interval
 from autotune.document.measures import Check
 from autotune.runtime.json_value import JsonObject
 from autotune.task.objective import Pricing, duration
-from autotune.verify.stats import RatioInterval
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -35,7 +35,7 @@ class CandidateSpeed:
     ranking (``verdict.rank_by_rounds``) records its rate relative to the candidates'
     level and, under a planned run, the run's predicted time and its one-time cost."""
 
-    interval: RatioInterval
+    interval: Interval
     ratios: tuple[float, ...]
     samples_per_s: tuple[float, ...]
     median_samples_per_s: float
@@ -58,7 +58,7 @@ class CandidateSpeed:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CandidateSpeed:
-        return cls(interval=RatioInterval.from_json(data), ratios=tuple(data["ratios"]),
+        return cls(interval=Interval.from_json(data), ratios=tuple(data["ratios"]),
                    samples_per_s=tuple(data["samples_per_s"]),
                    median_samples_per_s=data["median_samples_per_s"], stopped=data.get("stopped"),
                    reason=data.get("reason"), relative_to_candidates=data.get("relative_to_candidates"),

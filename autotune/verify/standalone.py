@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Protocol
 
 from autotune.config import TrialConfig
-from autotune.document.measures import Check, Interval, Standalone, VerifiedSpeedup
+from autotune.document.interval import Interval
+from autotune.document.measures import Check, Standalone, VerifiedSpeedup
 from autotune.errors import NotVerified
 from autotune.search.trial_summary import TrialSummary
 from autotune.trials import limits
@@ -234,7 +235,7 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
         return Check(False, {"reason": f"the generated script failed: {exc}"})
     ratios = pairs.ratios
     of_median = ratio_interval(ratios, confidence=STANDALONE_CONFIDENCE)
-    median = of_median.median
+    median = of_median.ratio
     rerun = speedup_interval(pairs.baseline, pairs.candidate, level=RERUN_LEVEL)
     alone, base_alone = statistics.median(pairs.candidate), statistics.median(pairs.baseline)
     unsteady = None
@@ -245,13 +246,11 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
             "may not hold - run `autotune verify` on the output folder later to measure it again")
     figures = Standalone(
         speedup=VerifiedSpeedup(
-            interval=Interval(median=median, ci_low=rerun.low, ci_high=rerun.high, ci_level=RERUN_LEVEL),
+            interval=Interval(ratio=median, low=rerun.interval.low, high=rerun.interval.high, level=RERUN_LEVEL),
             lower_bound=rerun.lower,
-            median_interval=Interval(median=median, ci_low=of_median.ci_low, ci_high=of_median.ci_high,
-                                     ci_level=of_median.ci_level), pairs=len(ratios),
+            median_interval=dataclasses.replace(of_median, rounds=None), pairs=len(ratios),
             seconds_per_run=pairs.seconds_per_run, wall_s=round(pairs.wall_s, 1),
-            side_by_side=Interval(median=served.interval.median, ci_low=served.interval.ci_low,
-                                  ci_high=served.interval.ci_high, ci_level=served.interval.ci_level),
+            side_by_side=dataclasses.replace(served.interval, rounds=None),
             unsteady=unsteady,
             speed_shift=speed_shift(rerun.baseline, rerun.candidate)),
         ratios=tuple(ratios), samples_per_s=tuple(pairs.candidate), median_samples_per_s=alone,
@@ -262,12 +261,13 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
         peak_mb=max(pairs.candidate_peak_mb) if pairs.candidate_peak_mb else None,
         overlapped=together > 0)
     detail = figures.to_json()
+    within = f"{rerun.interval.low:.2f}-{rerun.interval.high:.2f}x"
     if rerun.lower <= 1.0:
         detail["reason"] = (
             f"faster by a median of {median:.2f}x over {len(ratios)} pairs, but a re-run may be slower on "
-            f"this machine ({rerun.low:.2f}-{rerun.high:.2f}x, {RERUN_LEVEL:.0%} of re-runs)"
+            f"this machine ({within}, {RERUN_LEVEL:.0%} of re-runs)"
             if median > 1.0 else
             f"not faster when run alone: the generated script against the baseline's, {median:.2f}x over "
-            f"{len(ratios)} pairs ({RERUN_LEVEL:.0%} of re-runs within {rerun.low:.2f}-{rerun.high:.2f}x)")
+            f"{len(ratios)} pairs ({RERUN_LEVEL:.0%} of re-runs within {within})")
         return Check(False, detail)
     return Check(True, detail)

@@ -12,7 +12,9 @@ import dataclasses
 import functools
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+
+from autotune.document.interval import Interval
 
 
 def median_interval(values: Sequence[float], *, confidence: float = 0.9) -> tuple[float, float, float]:
@@ -31,58 +33,13 @@ def median_interval(values: Sequence[float], *, confidence: float = 0.9) -> tupl
     return xs[k - 1], xs[n - k], coverage(k)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RatioInterval:
-    """A median ratio over ``rounds`` rounds and its distribution-free interval, which
-    covers the median with probability ``ci_level``."""
-
-    median: float
-    ci_low: float
-    ci_high: float
-    ci_level: float
-    rounds: int
-
-    def to_json(self) -> dict[str, float]:
-        """The keys, in this order, that a speed check's figures carry into the reports
-        and best_config.json."""
-        return {"median": self.median, "ci_low": self.ci_low, "ci_high": self.ci_high,
-                "ci_level": self.ci_level, "rounds": self.rounds}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, float]) -> RatioInterval:
-        return cls(median=data["median"], ci_low=data["ci_low"], ci_high=data["ci_high"],
-                   ci_level=data["ci_level"], rounds=int(data["rounds"]))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GeometricInterval:
-    """A geometric-mean ratio over ``rounds`` rounds and its t interval at ``ci_level``.
-    Apart from ``RatioInterval``: its centre is a mean, and its documents call it ``ratio``."""
-
-    ratio: float
-    ci_low: float
-    ci_high: float
-    ci_level: float
-    rounds: int
-
-    def to_json(self) -> dict[str, float]:
-        return {"ratio": self.ratio, "ci_low": self.ci_low, "ci_high": self.ci_high,
-                "ci_level": self.ci_level, "rounds": self.rounds}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, float]) -> GeometricInterval:
-        return cls(ratio=data["ratio"], ci_low=data["ci_low"], ci_high=data["ci_high"],
-                   ci_level=data["ci_level"], rounds=int(data["rounds"]))
-
-
-def ratio_interval(ratios: Sequence[float], *, confidence: float = 0.9) -> RatioInterval:
+def ratio_interval(ratios: Sequence[float], *, confidence: float = 0.9) -> Interval:
     """Median ratio over the rounds and its distribution-free interval."""
     low, high, level = median_interval(ratios, confidence=confidence)
-    return RatioInterval(median=statistics.median(ratios), ci_low=low, ci_high=high,
-                         ci_level=level, rounds=len(ratios))
+    return Interval(ratio=statistics.median(ratios), low=low, high=high, level=level, rounds=len(ratios))
 
 
-def paired_ratio(num: Sequence[float], den: Sequence[float]) -> RatioInterval:
+def paired_ratio(num: Sequence[float], den: Sequence[float]) -> Interval:
     """``num`` over ``den``, measurement against measurement of the same round."""
     return ratio_interval([a / b for a, b in zip(num, den)])
 
@@ -116,7 +73,7 @@ def t_quantile(p: float, df: int) -> float:
     return (low + high) / 2
 
 
-def geometric_interval(ratios: Sequence[float], *, level: float = 0.95) -> GeometricInterval:
+def geometric_interval(ratios: Sequence[float], *, level: float = 0.95) -> Interval:
     """Geometric mean of the ratios and a t interval for it (on the log ratios). Unlike
     medians, geometric means of paired ratios telescope: the steps of a path measured in
     the same rounds multiply exactly to the whole."""
@@ -124,9 +81,8 @@ def geometric_interval(ratios: Sequence[float], *, level: float = 0.95) -> Geome
     centre = statistics.fmean(logs)
     half = (t_quantile(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
             if len(logs) > 1 else math.inf)
-    return GeometricInterval(ratio=math.exp(centre), ci_low=math.exp(centre - half),
-                             ci_high=math.exp(centre + half) if half != math.inf else math.inf,
-                             ci_level=level, rounds=len(logs))
+    return Interval(ratio=math.exp(centre), low=math.exp(centre - half),
+                    high=math.exp(centre + half) if half != math.inf else math.inf, level=level, rounds=len(logs))
 
 
 # --- the printed speedup: where a re-run of the standalone pairs lands -------------------
@@ -224,17 +180,14 @@ class Side:
 
 
 @dataclasses.dataclass(frozen=True)
-class SpeedupInterval:
-    """``speedup_interval``'s figures: the pairs' median ratio; where a re-run's median
-    ratio lands with probability ``level`` (``low``-``high``) and the figure it stays above
-    with probability ``level`` (``lower``); the parts that made them (log ratios); and what
-    each side's rates showed."""
+class SpeedupEstimate:
+    """``speedup_interval``'s figures: the pairs' median ratio and where a re-run's median
+    ratio lands with probability ``interval.level`` (``interval``); the figure it stays above
+    with that probability (``lower``); the parts that made them (log ratios); and what each
+    side's rates showed."""
 
-    median: float
-    low: float
-    high: float
+    interval: Interval
     lower: float
-    level: float
     pairs: int
     rerun: int
     noise_sd: float  # the pairs' own spread, each side's speeds and drift taken out
@@ -248,11 +201,12 @@ class SpeedupInterval:
         """The figure a re-run stays above once ``pairs`` pairs are measured, where the
         pairs to come spread as these did: what more pairs can still do for ``lower``."""
         more = max(0, pairs - self.pairs)
-        now = _half(self.level, df=self.df, noise=self.noise_sd, n=self.pairs, m=self.rerun,
+        level = self.interval.level
+        now = _half(level, df=self.df, noise=self.noise_sd, n=self.pairs, m=self.rerun,
                     session_sd=self.session_sd, trend=self.trend)
-        then = _half(self.level, df=self.df + more, noise=self.noise_sd, n=self.pairs + more,
+        then = _half(level, df=self.df + more, noise=self.noise_sd, n=self.pairs + more,
                      m=max(self.rerun, pairs), session_sd=self.session_sd, trend=self.trend)
-        return min(self.median, self.lower * math.exp(now - then))
+        return min(self.interval.ratio, self.lower * math.exp(now - then))
 
 
 def _half(p: float, *, df: int, noise: float, n: int, m: int, session_sd: float, trend: float) -> float:
@@ -285,7 +239,7 @@ def _side(rates: Sequence[float]) -> tuple[Side, list[float], list[int]]:
 
 def speedup_interval(baseline_rates: Sequence[float], candidate_rates: Sequence[float], *,
                      level: float = 0.95, rerun: int | None = None,
-                     session_sd: float = SESSION_DRIFT_SD) -> SpeedupInterval:
+                     session_sd: float = SESSION_DRIFT_SD) -> SpeedupEstimate:
     """Where the median ratio of a re-run of ``rerun`` standalone pairs (as many as these by
     default) lands, from the pairs' raw rates alone, pair i being ``candidate_rates[i]``
     against ``baseline_rates[i]``. Pure: a calibration script re-scores stored pairs with it.
@@ -325,8 +279,8 @@ def speedup_interval(baseline_rates: Sequence[float], candidate_rates: Sequence[
 
     two_sided = half(0.5 + level / 2)
     median = statistics.median(c / b for c, b in zip(candidate_rates, baseline_rates))
-    return SpeedupInterval(
-        median=median, low=min(median, math.exp(min(centres) - two_sided)),
-        high=max(median, math.exp(max(centres) + two_sided)),
-        lower=min(median, math.exp(min(centres) - half(level))), level=level, pairs=n, rerun=m,
+    return SpeedupEstimate(
+        interval=Interval(ratio=median, low=min(median, math.exp(min(centres) - two_sided)),
+                          high=max(median, math.exp(max(centres) + two_sided)), level=level, rounds=n),
+        lower=min(median, math.exp(min(centres) - half(level))), pairs=n, rerun=m,
         noise_sd=noise, session_sd=session_sd, trend=trend, baseline=base, candidate=cand, df=df)

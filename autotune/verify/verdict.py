@@ -103,5 +103,5 @@ def _outcome_speed(speed: CandidateSpeed | None) -> dict[str, float | None]:
     if speed is None:
         return dict.fromkeys(CandidateOutcome.SPEED_KEYS)
     interval = speed.interval
-    return {"median": interval.median, "ci_low": interval.ci_low, "ci_high": interval.ci_high,
+    return {"median": interval.ratio, "ci_low": interval.low, "ci_high": interval.high,
             "relative_to_candidates": speed.relative_to_candidates}
