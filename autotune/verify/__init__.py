@@ -1,2 +1,2 @@
-"""Stage 4, verify: the gates (numerics, quality), side-by-side speed, the ablation, the
-standalone pairs, and re-verifying an output folder later."""
+"""Stage 4, verify: the gates (numerics, quality), side-by-side speed, the ablation and the
+standalone pairs (stage.py); what the search leaves it of --timeout (reserve.py)."""
