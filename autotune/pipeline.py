@@ -74,8 +74,8 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             machine = probe_machine()
             runner = make_runner(task, machine, out, parts.measure)
             stack.callback(runner.close)
-            bench = Workbench(task=task, machine=machine, runner=runner, out=out, reporter=reporter)
-            return run(bench, parts, started_at=started)
+            workbench = Workbench(task=task, machine=machine, runner=runner, out=out, reporter=reporter)
+            return run(workbench, parts, started_at=started)
     finally:
         proctree.reap_orphans()
 
@@ -87,44 +87,44 @@ def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Ma
     ``started_at``: when the run began (epoch seconds; default now), what --timeout
     bounds the run from."""
     started = time.time() if started_at is None else started_at
-    bench = Workbench(task=task, machine=as_machine(machine), runner=runner, out=out, reporter=reporter)
-    return run(bench, sections(options, task=task), started_at=started)
+    workbench = Workbench(task=task, machine=as_machine(machine), runner=runner, out=out, reporter=reporter)
+    return run(workbench, sections(options, task=task), started_at=started)
 
 
-def run(bench: Workbench, parts: Sections, *, started_at: float) -> RunDocument:
-    """The stages, in their order, on ``bench``; ``started_at``: what --timeout counts from."""
-    probed(bench)
-    space = build_task_space(bench.task, bench.machine, parts.search)
+def run(workbench: Workbench, parts: Sections, *, started_at: float) -> RunDocument:
+    """The stages, in their order, on ``workbench``; ``started_at``: what --timeout counts from."""
+    probed(workbench)
+    space = build_task_space(workbench.task, workbench.machine, parts.search)
     for knob, reason in space.excluded.items():
-        bench.reporter.info(f"  skipping {knob}: {reason}")
-    searched = run_search(bench, parts.search, parts.sharing, space=space, started_at=started_at,
-                          reserve=functools.partial(leave_for_verification, bench, parts.verify, parts.measure))
+        workbench.reporter.info(f"  skipping {knob}: {reason}")
+    searched = run_search(workbench, parts.search, parts.sharing, space=space, started_at=started_at,
+                          reserve=functools.partial(leave_for_verification, workbench, parts.verify, parts.measure))
 
     def verify() -> RunDocument:
-        verified = run_verification(bench, parts.verify, parts.measure, searched=searched,
-                                    emit=candidate_emitter(bench.task, bench.machine))
-        return build_document(bench, parts.verify, parts.sharing, searched=searched, verified=verified,
+        verified = run_verification(workbench, parts.verify, parts.measure, searched=searched,
+                                    emit=candidate_emitter(workbench.task, workbench.machine))
+        return build_document(workbench, parts.verify, parts.sharing, searched=searched, verified=verified,
                               options=parts.record)
 
     if searched.place.shared:
-        doc = verify_for_the_study(bench, parts, searched=searched, verify=verify)
+        doc = verify_for_the_study(workbench, parts, searched=searched, verify=verify)
     else:
-        doc = emit_outputs(bench, parts.measure, document=verify())
-    report(bench, doc, searched=searched)
+        doc = emit_outputs(workbench, parts.measure, document=verify())
+    report(workbench, doc, searched=searched)
     return doc
 
 
-def probed(bench: Workbench) -> None:
+def probed(workbench: Workbench) -> None:
     """What the probe found that the user should know before the run measures."""
-    for w in bench.machine.warnings:
-        bench.reporter.warn(w)
+    for w in workbench.machine.warnings:
+        workbench.reporter.warn(w)
     inherited = launch.inherited_distributed(os.environ)
     if inherited:
-        bench.reporter.warn(f"{', '.join(inherited)} from your environment are not passed to trials: "
+        workbench.reporter.warn(f"{', '.join(inherited)} from your environment are not passed to trials: "
                             "each trial starts its own rank group on this machine")
 
 
-def verify_for_the_study(bench: Workbench, parts: Sections, *, searched: Searched,
+def verify_for_the_study(workbench: Workbench, parts: Sections, *, searched: Searched,
                          verify: Callable[[], RunDocument]) -> RunDocument:
     """A shared study's result, verified once for all its workers (``shared.verify_once``:
     here, or by another worker, waited for), then emitted here."""
@@ -134,23 +134,23 @@ def verify_for_the_study(bench: Workbench, parts: Sections, *, searched: Searche
     def verify_for_all() -> JsonObject:
         # emitted and profiled before it is published: the workers that take it write the
         # same document, the step profile included (profile_emitted keeps one it finds)
-        with measure_lock.held(notice=bench.reporter.warn):
-            return emit_outputs(bench, parts.measure, document=verify()).to_json()
+        with measure_lock.held(notice=workbench.reporter.warn):
+            return emit_outputs(workbench, parts.measure, document=verify()).to_json()
 
     published, here = shared.verify_once(place.study, place.storage, lock_name=f"{place.name}:verify",
                                          verify=verify_for_all, wait_s=parts.sharing.verify_wait_s,
-                                         notice=bench.reporter.info)
+                                         notice=workbench.reporter.info)
     if not here:
-        bench.reporter.info("another worker of the study verified its result: writing the same outputs here")
-    return emit_outputs(bench, parts.measure, document=RunDocument.from_json(published))
+        workbench.reporter.info("another worker of the study verified its result: writing the same outputs here")
+    return emit_outputs(workbench, parts.measure, document=RunDocument.from_json(published))
 
 
-def report(bench: Workbench, doc: RunDocument, *, searched: Searched) -> None:
+def report(workbench: Workbench, doc: RunDocument, *, searched: Searched) -> None:
     """report.md and report.html beside the outputs; a shared study's connections closed."""
     place = searched.place
     try:
-        write_report(bench.out, doc=doc, study=place.study)
+        write_report(workbench.out, doc=doc, study=place.study)
     except Exception as exc:  # a finished run never fails over its report
-        bench.reporter.warn(f"report.md/report.html not written: {exc}")
+        workbench.reporter.warn(f"report.md/report.html not written: {exc}")
     if place.storage is not None:  # the API may run many: each would keep its connections open
         place.storage.engine.dispose()

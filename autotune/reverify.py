@@ -69,10 +69,10 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     try:
         with outdir.exclusive(folder), measure_lock.held(notice=reporter.warn):
             runner = runner or make_runner(task, machine, folder, MeasureOptions.of(options))
-            bench = Workbench(task=task, machine=machine, runner=runner, out=folder, reporter=reporter)
+            workbench = Workbench(task=task, machine=machine, runner=runner, out=folder, reporter=reporter)
             # the user's launch.sh (or the kept one's) as it is; the baseline's script written afresh
             winner, verdicts, base_speed = recheck(
-                bench, VerifyOptions.of(options), doc=doc, config=kept.config if kept is not None else None,
+                workbench, VerifyOptions.of(options), doc=doc, config=kept.config if kept is not None else None,
                 launcher=lambda: kept_launcher or paths.resolve(doc, folder, "launcher"),
                 emit_baseline=candidate_emitter(task, machine))
     finally:

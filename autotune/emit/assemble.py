@@ -36,12 +36,12 @@ from autotune.verify.verdict import Verdict, outcomes
 from autotune.workbench import Workbench
 
 
-def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOptions, *, searched: Searched,
+def build_document(workbench: Workbench, verify: VerifyOptions, sharing: SharingOptions, *, searched: Searched,
                    verified: Verified, options: Mapping[str, Any]) -> RunDocument:
     """The run's document: with a winner, the rates and the speedup are those of its
     standalone pairs (what the user will measure); without one, the baseline's side-by-side
     (or search) rate."""
-    outcome, space, machine = searched.outcome, searched.space, bench.machine
+    outcome, space, machine = searched.outcome, searched.space, workbench.machine
     assert outcome.baseline is not None  # the search raises otherwise
     reference, winner, verdicts = outcome.baseline.config, verified.winner, verified.verdicts
     chosen = winner.config if winner is not None else reference
@@ -59,7 +59,7 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
     # ranked before the checks are read: the ranking records its figures in the speed checks
     candidates = tuple(outcomes(verdicts, winner, pricing))
     return RunDocument(
-        model_file=str(bench.task.path), autotune_version=__version__,
+        model_file=str(workbench.task.path), autotune_version=__version__,
         fingerprint={**fingerprint(machine.to_dict()), "id": fingerprint_id(machine.to_dict())},
         config=chosen, baseline=baseline, best=best,
         speedup=claim.speedup if claim is not None else None,
@@ -76,14 +76,14 @@ def build_document(bench: Workbench, verify: VerifyOptions, sharing: SharingOpti
                        if verified.candidates else None),
         environment={}, options=dict(options),
         ablation=winner.ablation if winner is not None else None, stages=verified.stages,
-        kept=_kept(verdicts, verified.scripts, out=bench.out) if winner is None else None,
+        kept=_kept(verdicts, verified.scripts, out=workbench.out) if winner is None else None,
         memory=fit_of(searched.limit, chosen=chosen, user=space.baseline, reference=reference,
                       user_result=outcome.user_result, measured=outcome.results(), failed=outcome.failed(),
                       alone_peak_mb=claim.peak_mb if claim is not None else None),
         steering=steering.found(searched.place.study),
         batch=verify_batch.describe(
             chosen=chosen, space=space, batch_range=verify.batch_range, pinned=verify.pinned_batch,
-            has_evaluate=bench.task.has_evaluate, ramp=searched.place.study.user_attrs.get(StudyAttr.BATCH_RAMP),
+            has_evaluate=workbench.task.has_evaluate, ramp=searched.place.study.user_attrs.get(StudyAttr.BATCH_RAMP),
             checks=winner.checks if winner is not None else {}, gated=[(v.config, v.checks) for v in verdicts],
             speedup=claim.speedup.interval.ratio if claim is not None else None,
             baseline_samples_per_s=baseline.samples_per_s),

@@ -12,18 +12,18 @@ from autotune.trials import launch
 from autotune.workbench import Workbench
 
 
-def emit_outputs(bench: Workbench, measure: MeasureOptions, *, document: RunDocument) -> RunDocument:
+def emit_outputs(workbench: Workbench, measure: MeasureOptions, *, document: RunDocument) -> RunDocument:
     """``document``'s configuration written out with this machine's environment (a shared
     study's verified document too: each machine writes its own); returns the document as
     written."""
-    machine, task = bench.machine, bench.task
+    machine, task = workbench.machine, workbench.task
     env, warnings = launch.environment(document.config, machine=machine)
     for w in warnings:
-        bench.reporter.warn(w)
-    doc = outputs.write_outputs(bench.out, cfg=document.config, model_file=task.path, env=env,
+        workbench.reporter.warn(w)
+    doc = outputs.write_outputs(workbench.out, cfg=document.config, model_file=task.path, env=env,
                                 document=dataclasses.replace(document, environment=env),
                                 description=f"Train {task.path.name} with the configuration "
                                             "autotune verified on this machine.",
                                 default_threads=machine.torch.num_threads, blocks=task.blocks)
-    return step_profile.profile_emitted(bench.out, doc, runner=bench.runner, profile=measure.profile,
-                                        reporter=bench.reporter)
+    return step_profile.profile_emitted(workbench.out, doc, runner=workbench.runner, profile=measure.profile,
+                                        reporter=workbench.reporter)

@@ -46,7 +46,7 @@ def memory_limit(search: SearchOptions, machine: Machine) -> MemoryLimit:
     return MemoryLimit(user_mb=search.memory_limit_mb, host_mb=host / 2**20 if host else None)
 
 
-def run_search(bench: Workbench, search: SearchOptions, sharing: SharingOptions, *, space: Space,
+def run_search(workbench: Workbench, search: SearchOptions, sharing: SharingOptions, *, space: Space,
                started_at: float, reserve: Reserving | None = None) -> Searched:
     """The search, resumed from the study in the output folder (or the shared one) when
     there is one; under --timeout it has its share of the time from ``started_at`` (a shared
@@ -54,23 +54,23 @@ def run_search(bench: Workbench, search: SearchOptions, sharing: SharingOptions,
     after it (verification at its least).
     Raises NotVerified when the baseline could not be measured: nothing could be compared
     with it."""
-    reporter, machine, task = bench.reporter, bench.machine, bench.task
+    reporter, machine, task = workbench.reporter, workbench.machine, workbench.task
     if search.plan is not None:
         reporter.info(f"ranking by the planned run's predicted time: {search.plan.describe()}")
-    place = open_place(bench, sharing, space=space)
+    place = open_place(workbench, sharing, space=space)
     limit = memory_limit(search, machine)
     starts = heuristics(space, machine)
     # a shared study's ramp is measured once, by the first worker; the others wait for it
     with (study_lock(place.storage, f"{place.name}:ramp") if place.storage is not None
           else contextlib.nullcontext()):
         space, ramp = batch_range.settle(
-            place.study, space, runner=bench.runner, start=starts[0] if starts else space.baseline,
+            place.study, space, runner=workbench.runner, start=starts[0] if starts else space.baseline,
             has_evaluate=task.has_evaluate, dataset_len=task.dataset_len, limit=limit,
             batch_range=search.batch_range, say=reporter.info,
             for_s=None if search.timeout_s is None
             else (search_timeout(search.timeout_s) or 0.0) * batch_range.TIMEOUT_SHARE)
         settle_space(place.study, space.recorded,
-                     where=shown_url(sharing.storage) if sharing.storage else str(bench.out))
+                     where=shown_url(sharing.storage) if sharing.storage else str(workbench.out))
     began = place.started_at if place.started_at is not None else started_at
     ends_at = None if search.timeout_s is None else began + search.timeout_s
     kept = None if ends_at is None or reserve is None else reserve(space=space, limit=limit, ends_at=ends_at)
@@ -79,13 +79,13 @@ def run_search(bench: Workbench, search: SearchOptions, sharing: SharingOptions,
                           room_s=None if kept is None else kept.room_s)
     course = Course(budget=budget, starts=Starts(heuristics=starts, fastest_batch=fastest_allowed(ramp, space)),
                     scoring=Scoring(plan=search.plan, memory_limit=limit), turns=place.turns(notice=reporter.warn))
-    tuner = Tuner(study=place.study, space=space, runner=bench.runner, course=course, progress=reporter.search)
+    tuner = Tuner(study=place.study, space=space, runner=workbench.runner, course=course, progress=reporter.search)
     try:
         outcome = tuner.run()
     finally:
         reporter.end_search()
     if outcome.baseline is None:
-        raise NotVerified(unmeasured(outcome, space=space, limit=limit, out=bench.out))
+        raise NotVerified(unmeasured(outcome, space=space, limit=limit, out=workbench.out))
     pricing = (None if search.plan is None
                else Pricing(plan=search.plan, measured=tuple(c.measured for c in outcome.ranked)))
     return Searched(place=place, outcome=outcome, space=space, limit=limit, pricing=pricing, ends_at=ends_at)

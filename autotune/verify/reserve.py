@@ -52,7 +52,7 @@ class Reserve:
         return self.ends_at - time.time() - max(walls, default=0.0) - need * fit.MARGIN
 
 
-def leave_for_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOptions, *, space: Space,
+def leave_for_verification(workbench: Workbench, verify: VerifyOptions, measure: MeasureOptions, *, space: Space,
                            limit: MemoryLimit, ends_at: float) -> Reserve:
     """What the search leaves verification by ``ends_at``: verification at its least for the
     candidates the search has so far, with its costs estimated from the trials so far."""
@@ -62,12 +62,12 @@ def leave_for_verification(bench: Workbench, verify: VerifyOptions, measure: Mea
         baseline = outcome.baseline.config
         others = [c for c in outcome.ranked if c.config != baseline]
         candidates = choose_candidates([c.config for c in others], top=verify.top, space=space,
-                                       machine=bench.machine, fits=outcome.fits(limit), rival=batch_rival(others))
+                                       machine=workbench.machine, fits=outcome.fits(limit), rival=batch_rival(others))
         costs = Costs.from_trials([c.result for c in outcome.ranked], window_s=measure.window_s,
                                   baseline_rate=outcome.baseline.measured.samples_per_s)
-        settings = Settings.asked(verify).on(bench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()])
+        settings = Settings.asked(verify).on(workbench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()])
         return fit.least(settings, candidates, baseline=baseline, costs=costs,
-                         has_evaluate=bench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
+                         has_evaluate=workbench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
     return Reserve(ends_at=ends_at, need=need, timeout_s=float(verify.timeout_s or 0.0))
 
 

@@ -40,13 +40,13 @@ class Verified:
     scripts: Mapping[TrialConfig, Path] = dataclasses.field(default_factory=dict)
 
 
-def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOptions, *,
+def run_verification(workbench: Workbench, verify: VerifyOptions, measure: MeasureOptions, *,
                      searched: Searched, emit: Callable[[TrialConfig, Path], Path]) -> Verified:
     """The search's best against the baseline: the candidates chosen from its ranking, the
     stages fitted to what --timeout leaves (where it was given), then checked; ``emit(cfg,
     folder)`` writes a candidate's scripts there and returns its launcher
     (``emit.outputs.candidate_emitter``)."""
-    outcome, reporter = searched.outcome, bench.reporter
+    outcome, reporter = searched.outcome, workbench.reporter
     assert outcome.baseline is not None  # the search raises otherwise
     # the user's configuration, or, where it ran out of memory, it holding less (search.memory)
     baseline = outcome.baseline.config
@@ -60,7 +60,7 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
     others = [c for c in outcome.ranked if not same_as_baseline(c.config)]
     ranked = [c.config for c in others]
     fits = outcome.fits(searched.limit)
-    candidates = choose_candidates(ranked, top=verify.top, space=searched.space, machine=bench.machine, fits=fits,
+    candidates = choose_candidates(ranked, top=verify.top, space=searched.space, machine=workbench.machine, fits=fits,
                                    rival=batch_rival(others))
     budget = None
     if searched.ends_at is not None and verify.timeout_s is not None:
@@ -69,7 +69,7 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
             baseline_rate=outcome.baseline.measured.samples_per_s))
     asked = Settings.asked(verify)
     settings = dataclasses.replace(
-        asked.on(bench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()]),
+        asked.on(workbench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()]),
         pricing=searched.pricing, budget=budget, fits=fits,
         # a script that compiles as its trial did may need longer than the scripts' least
         script_timeout_s=standalone.script_timeout_s(asked.script_timeout_s, [c.result for c in outcome.ranked],
@@ -77,7 +77,7 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
     fitted = None
     if budget is not None and candidates:
         fitted = fit.fit(settings, candidates, baseline=baseline, budget=budget,
-                         has_evaluate=bench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
+                         has_evaluate=workbench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
         settings, candidates = fitted.settings, fitted.candidates
         for line in [*(f"{stage.named}: {why}" for stage, why in fitted.shortened.items()), fitted.over]:
             if line:
@@ -94,10 +94,10 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
     if candidates:
         reporter.info(f"verifying {len(candidates)} candidates against the baseline ...")
         winner, verdicts, base_speed = gates.verify_candidates(
-            bench.runner, baseline=baseline, candidates=candidates, reserve=ranked,
-            settings=settings, has_evaluate=bench.task.has_evaluate,
-            emit_candidate=emit_candidate, workdir=bench.out / "verify", progress=reporter.verify, stages=records,
-            slowest=slowest_rate(measured_trials(searched.place.study)), kept=kept_references(bench))
+            workbench.runner, baseline=baseline, candidates=candidates, reserve=ranked,
+            settings=settings, has_evaluate=workbench.task.has_evaluate,
+            emit_candidate=emit_candidate, workdir=workbench.out / "verify", progress=reporter.verify, stages=records,
+            slowest=slowest_rate(measured_trials(searched.place.study)), kept=kept_references(workbench))
     else:
         winner, verdicts, base_speed = None, [], None
     if winner is not None and fitted is not None and Stage.ABLATION in fitted.shortened:
@@ -109,7 +109,7 @@ def run_verification(bench: Workbench, verify: VerifyOptions, measure: MeasureOp
                     stages=fit.stages(fitted, records, budget), scripts=scripts)
 
 
-def recheck(bench: Workbench, verify: VerifyOptions, *, doc: RunDocument, launcher: Callable[[], Path],
+def recheck(workbench: Workbench, verify: VerifyOptions, *, doc: RunDocument, launcher: Callable[[], Path],
             emit_baseline: Callable[[TrialConfig, Path], Path],
             config: TrialConfig | None = None) -> tuple[Verdict | None, list[Verdict], ReferenceSpeed | None]:
     """The configuration ``doc`` emitted (or ``config``, the one it kept) against its
@@ -118,14 +118,14 @@ def recheck(bench: Workbench, verify: VerifyOptions, *, doc: RunDocument, launch
     ablation (the configuration as written)."""
     cfg = config if config is not None else doc.config
     peaks = [(cfg, doc.best.cuda_peak_mb)] if doc.best else []
-    settings = dataclasses.replace(Settings.asked(verify).on(bench.machine, peaks), ablation=False)
+    settings = dataclasses.replace(Settings.asked(verify).on(workbench.machine, peaks), ablation=False)
     return gates.verify_candidates(
-        bench.runner, baseline=doc.baseline.config, candidates=[cfg], settings=settings,
-        has_evaluate=bench.task.has_evaluate,
+        workbench.runner, baseline=doc.baseline.config, candidates=[cfg], settings=settings,
+        has_evaluate=workbench.task.has_evaluate,
         emit_candidate=lambda c, where: launcher() if c == cfg else emit_baseline(c, where),
-        workdir=bench.out / "reverify", progress=bench.reporter.verify, kept=kept_references(bench))
+        workdir=workbench.out / "reverify", progress=workbench.reporter.verify, kept=kept_references(workbench))
 
 
-def kept_references(bench: Workbench) -> KeptReferences:
+def kept_references(workbench: Workbench) -> KeptReferences:
     """The output folder's scored fp32 trainings (``KEPT_REFERENCES``), kept between runs."""
-    return KeptReferences(bench.out / KEPT_REFERENCES, model_file=Path(bench.task.path))
+    return KeptReferences(workbench.out / KEPT_REFERENCES, model_file=Path(workbench.task.path))
