@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from typing import Any
 
 from autotune.space import LATE_KNOBS, MEMORY_KNOBS, build_space
+
+SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "probe.schema.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,3 +40,30 @@ def main(args: argparse.Namespace) -> int:
     for knob, reason in space.excluded.items():
         print(f"  not searched: {knob}: {reason}")
     return 0
+
+
+def probe_schema() -> dict[str, Any]:
+    """The JSON Schema of ``probe --json``, generated from the probe document's types
+    (``Machine``) with the two sections this command adds: the machine's fingerprint id and
+    the search space it implies (``Space.describe``)."""
+    from autotune.probes import Machine, typed
+
+    machine = typed.schema(Machine)
+    properties = {**machine["properties"], "fingerprint_id": {"type": "string"},
+                  "space": {"type": "object", "required": ["included", "fixed", "excluded"],
+                            "properties": {"included": {"type": "object"}, "fixed": {"type": "object"},
+                                           "excluded": {"type": "object",
+                                                        "additionalProperties": {"type": "string"}}}}}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "autotune/probe.schema.json",
+            "title": "autotune probe --json",
+            "description": "What this machine offers as autotune reads it, its fingerprint, and the search "
+                           "space it implies for a model with batch size 32. Generated from the probe "
+                           "document's types: python -c 'from autotune.commands.probe import write_schema; "
+                           "write_schema()'",
+            "type": "object", "required": [*machine.get("required", []), "fingerprint_id", "space"],
+            "properties": properties, "$defs": machine.get("$defs", {})}
+
+
+def write_schema() -> None:
+    """Write ``probe_schema()`` over the shipped schema file."""
+    SCHEMA.write_text(json.dumps(probe_schema(), indent=1) + "\n")

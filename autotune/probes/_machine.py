@@ -14,10 +14,10 @@ from typing import Any
 
 from autotune.runtime.json_value import JsonObject
 
-from . import _io
+from . import _io, typed
 from . import software as sw_mod
 from .compiler import CompilerCheck
-from .cpu import CpuInfo, read_cpu
+from .cpu import CpuInfo, given_cpu, read_cpu
 from .extensions import IpexStatus
 from .gpu import GpuInfo, GpuLink, GpuProbe, cross_check_torch
 from .host_memory import MemoryInfo, read_memory
@@ -38,7 +38,7 @@ class Machine:
     driver: dict[str, str | None] = field(default_factory=dict)  # NVML's version and CUDA driver version
     torch: TorchBuild = field(default_factory=TorchBuild)
     backends: dict[str, bool] = field(default_factory=dict)
-    backend_errors: dict[str, str] = field(default_factory=dict)
+    backend_errors: dict[str, str | None] = field(default_factory=dict)
     compile: CompilerCheck = field(default_factory=CompilerCheck)
     allocators: dict[str, str | None] = field(default_factory=dict)
     openmp: dict[str, str | None] = field(default_factory=dict)
@@ -51,52 +51,20 @@ class Machine:
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> JsonObject:
-        return {
-            "schema_version": self.schema_version,
-            "host": dict(self.host),
-            "cpu": self.cpu.to_dict(),
-            "memory": self.memory.to_dict(),
-            "gpus": [g.to_dict() for g in self.gpus],
-            "gpu_links": [link.to_dict() for link in self.gpu_links],
-            "gpu_error": self.gpu_error,
-            "driver": dict(self.driver),
-            "torch": self.torch.to_json(),
-            "backends": dict(self.backends),
-            "backend_errors": dict(self.backend_errors),
-            "compile": self.compile.to_json(),
-            "allocators": dict(self.allocators),
-            "openmp": dict(self.openmp),
-            "ipex": self.ipex.to_json(),
-            "tools": dict(self.tools),
-            "warnings": list(self.warnings),
-            "probe_seconds": self.probe_seconds,
-            "timings": dict(self.timings),
-        }
+        return typed.written(self)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Machine:
-        """Rebuild from a saved document (e.g. a tuning record's machine)."""
-        return cls(
-            cpu=CpuInfo.from_dict(doc.get("cpu") or {}),
-            memory=MemoryInfo.from_dict(doc.get("memory") or {}),
-            gpus=[GpuInfo.from_dict(g) for g in doc.get("gpus") or []],
-            gpu_links=[GpuLink.from_dict(g) for g in doc.get("gpu_links") or []],
-            gpu_error=doc.get("gpu_error"),
-            driver=dict(doc.get("driver") or {}),
-            torch=TorchBuild.from_json(doc.get("torch") or {}),
-            backends=dict(doc.get("backends") or {}),
-            backend_errors=dict(doc.get("backend_errors") or {}),
-            compile=CompilerCheck.from_json(doc.get("compile") or {}),
-            allocators=dict(doc.get("allocators") or {}),
-            openmp=dict(doc.get("openmp") or {}),
-            ipex=IpexStatus.from_json(doc.get("ipex") or {}),
-            tools=dict(doc.get("tools") or {}),
-            host=dict(doc.get("host") or {}),
-            warnings=list(doc.get("warnings") or []),
-            probe_seconds=doc.get("probe_seconds"),
-            timings=dict(doc.get("timings") or {}),
-            schema_version=int(doc.get("schema_version") or SCHEMA_VERSION),
-        )
+        """Rebuild from a saved document (e.g. a tuning record's machine); what it lacks
+        reads as not probed, and a section that is null as an empty one."""
+        given = {k: v for k, v in doc.items() if v is not None or k in _NULLABLE}
+        given["cpu"] = given_cpu(doc.get("cpu") or {})
+        given["memory"] = doc.get("memory") or {}
+        return typed.read(cls, given)
+
+
+# the sections a probe writes as null where it learnt nothing (the others read null as empty)
+_NULLABLE = frozenset({"gpu_error", "probe_seconds"})
 
 
 def probe_machine(
@@ -168,7 +136,7 @@ def probe_machine(
         driver=gpus.driver,
         torch=sw.torch,
         backends=sw.backends,
-        backend_errors=sw.backend_errors,
+        backend_errors={name: error for name, error in sw.backend_errors.items()},
         compile=sw.compile,
         allocators=sw.allocators,
         openmp=sw.openmp,

@@ -9,9 +9,6 @@ import sysconfig
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from autotune.runtime.json_value import JsonObject
 
 from . import _io
 
@@ -27,12 +24,6 @@ class CompilerCheck:
     compiler: str | None = None
     reason: str | None = None
 
-    def to_json(self) -> JsonObject:
-        return {"available": self.available, "compiler": self.compiler, "reason": self.reason}
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> CompilerCheck:
-        return cls(available=doc.get("available", False), compiler=doc.get("compiler"), reason=doc.get("reason"))
 
 CXX_PROBE_SOURCE = r"""
 #include <Python.h>

@@ -11,10 +11,8 @@ import os
 import re
 import subprocess
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-from autotune.runtime.json_value import JsonObject
 
 from . import _io, cgroup
 from .cpu_text import (
@@ -54,34 +52,19 @@ class CpuInfo:
     isa: dict[str, bool]
     sources: dict[str, str] = field(default_factory=dict)
 
-    def to_dict(self) -> JsonObject:
-        doc = asdict(self)
-        # JSON object keys must be strings; keep node order numeric.
-        doc["numa_nodes"] = {str(k): v for k, v in sorted(self.numa_nodes.items())}
-        doc["usable_numa_nodes"] = {str(k): v for k, v in sorted(self.usable_numa_nodes.items())}
-        return doc
 
-    @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> CpuInfo:
-        def given(key: str, default: T) -> T:
-            value = doc.get(key)
-            return default if value is None else value
-
-        def nodes(key: str) -> dict[int, list[int]]:
-            return {int(k): list(v) for k, v in (doc.get(key) or {}).items()}
-
-        # A partial document (a hand-written or older record) reads as a one-core machine
-        # that says nothing more about itself.
-        usable = int(doc.get("usable_cores") or len(doc.get("usable_cpus") or []) or 1)
-        return cls(
-            vendor=doc.get("vendor"), model=doc.get("model"), arch=doc.get("arch"),
-            sockets=given("sockets", 1), physical_cores=given("physical_cores", usable),
-            logical_cores=given("logical_cores", usable), threads_per_core=given("threads_per_core", 1),
-            usable_cores=given("usable_cores", usable), usable_cpus=given("usable_cpus", []),
-            cgroup_cpu_limit=doc.get("cgroup_cpu_limit"),
-            numa_nodes=nodes("numa_nodes"), usable_numa_nodes=nodes("usable_numa_nodes"),
-            caches=given("caches", {}), isa=given("isa", {}), sources=given("sources", {}),
-        )
+def given_cpu(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A document's cpu section with what it lacks filled in: a partial document (a
+    hand-written or older record) reads as a one-core machine that says nothing more about
+    itself."""
+    cores = doc.get("usable_cores")  # anything but a count is refused by the reader, by name
+    usable = cores if isinstance(cores, int) and cores > 0 else len(doc.get("usable_cpus") or []) or 1
+    defaults: dict[str, Any] = {
+        "vendor": None, "model": None, "arch": None, "sockets": 1, "physical_cores": usable,
+        "logical_cores": usable, "threads_per_core": 1, "usable_cores": usable, "usable_cpus": [],
+        "cgroup_cpu_limit": None, "numa_nodes": {}, "usable_numa_nodes": {}, "caches": {}, "isa": {},
+        "sources": {}}
+    return {**defaults, **{k: v for k, v in doc.items() if v is not None}}
 
 
 def usable_core_count(affinity: Iterable[int], cgroup_limit: float | None) -> int:

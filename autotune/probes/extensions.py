@@ -7,11 +7,9 @@ import importlib.metadata
 import importlib.util
 import os
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from autotune.runtime.json_value import JsonObject
 
 from . import _io
 from .child import LOOPBACK_ENV, child_failure, child_python_argv
@@ -29,14 +27,6 @@ class IpexStatus:
     version: str | None = None
     reason: str | None = None
 
-    def to_json(self) -> JsonObject:
-        return {"installed": self.installed, "compatible": self.compatible, "version": self.version,
-                "reason": self.reason}
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> IpexStatus:
-        return cls(installed=doc.get("installed", False), compatible=doc.get("compatible", False),
-                   version=doc.get("version"), reason=doc.get("reason"))
 
 CCL_PROBE_SCRIPT = r"""
 import torch, oneccl_bindings_for_pytorch

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
-
-from autotune.runtime.json_value import JsonObject
 
 from .torch_build import TorchDevice
 
@@ -25,15 +23,10 @@ class MigDevice:
     """One MIG device of a MIG-enabled GPU, as NVML lists it: CUDA_VISIBLE_DEVICES names
     it by its MIG-... UUID."""
 
-    index: int  # its slot under the parent GPU
+    index: int = 0  # its slot under the parent GPU
     uuid: str | None = None
     name: str | None = None
     memory_bytes: int | None = None
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> MigDevice:
-        return cls(index=doc.get("index", 0), uuid=doc.get("uuid"), name=doc.get("name"),
-                   memory_bytes=doc.get("memory_bytes"))
 
 
 @dataclass
@@ -49,31 +42,14 @@ class GpuInfo:
     mig_devices: list[MigDevice] = field(default_factory=list)  # a MIG-enabled GPU's instances
     processes: int | None = None  # compute processes NVML saw on it, None when unknown
 
-    def to_dict(self) -> JsonObject:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> GpuInfo:
-        data = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
-        data["mig_devices"] = [MigDevice.from_json(m) for m in doc.get("mig_devices") or [] if isinstance(m, Mapping)]
-        return cls(**data)
-
 
 @dataclass
 class GpuLink:
-    a: int
-    b: int
-    p2p: str | None  # P2P read status name, "ok" when usable
-    nvlink: bool | None
-    topology: str | None  # common PCIe ancestor, None when NVML can't say
-
-    def to_dict(self) -> JsonObject:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> GpuLink:
-        return cls(a=doc.get("a", 0), b=doc.get("b", 0), p2p=doc.get("p2p"), nvlink=doc.get("nvlink"),
-                   topology=doc.get("topology"))
+    a: int = 0
+    b: int = 0
+    p2p: str | None = None  # P2P read status name, "ok" when usable
+    nvlink: bool | None = None
+    topology: str | None = None  # common PCIe ancestor, None when NVML can't say
 
 
 @dataclass

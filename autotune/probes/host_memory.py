@@ -2,31 +2,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
-
-from autotune.runtime.json_value import JsonObject
 
 from . import _io, cgroup
 
 
 @dataclass
 class MemoryInfo:
-    total_bytes: int | None
-    available_bytes: int | None
-    cgroup_limit_bytes: int | None
-    cgroup_usage_bytes: int | None
-    usable_bytes: int | None
+    total_bytes: int | None = None
+    available_bytes: int | None = None
+    cgroup_limit_bytes: int | None = None
+    cgroup_usage_bytes: int | None = None
+    usable_bytes: int | None = None
     # Size of /dev/shm: DataLoader workers pass batches through it, NCCL's SHM transport too.
     shm_bytes: int | None = None
-
-    def to_dict(self) -> JsonObject:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> MemoryInfo:
-        return cls(**{k: doc.get(k) for k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-from . import _io
+from . import _io, typed
 from .child import LOOPBACK_ENV, child_failure, child_python_argv
 from .gpu import torch_device
 from .torch_build import TorchBuild
@@ -167,7 +167,7 @@ def parse_torch_probe_output(stdout: str, *, returncode: int | None, stderr: str
         if kind == "torch":
             raw_devices = record.pop("cuda_devices", None) or []
             torch = dataclasses.replace(
-                TorchBuild.from_json(record),
+                typed.read(TorchBuild, record),
                 cuda_devices=tuple(torch_device(d) for d in raw_devices if isinstance(d, dict)))
         elif kind == "backend" and record.get("name") in BACKENDS:
             backends[record["name"]] = bool(record.get("ok"))

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.probes import cpu, cpu_text
+from autotune.probes import cpu, cpu_text, typed
 from autotune.probes.cpu import CpuFallback, summarize_cpu, usable_core_count
 from autotune.probes.cpu_text import (
     format_cpulist,
@@ -225,6 +225,6 @@ def test_usable_core_count(affinity: range, limit: float | None, expected: int) 
 
 def test_cpu_info_dict_round_trip() -> None:
     info = summary_from_fixture("intel_spr_2s")
-    doc = info.to_dict()
+    doc = typed.written(info)
     assert list(doc["numa_nodes"]) == ["0", "1"]
-    assert cpu.CpuInfo.from_dict(doc) == info
+    assert typed.read(cpu.CpuInfo, doc) == info

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from autotune.probes import Machine, cuda_visible, fingerprint, gpu, nvml, probe_machine
+from autotune.probes import Machine, cuda_visible, fingerprint, gpu, nvml, probe_machine, typed
 from autotune.probes.torch_build import TorchBuild
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -251,7 +251,7 @@ def test_the_probe_counts_processes_and_warns_when_gpus_are_busy() -> None:
 def test_torch_device_entries_take_nvidia_smis_uuid_and_nvmls_bus_id() -> None:
     raw = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "memory_bytes": 85520809984,
            "uuid": "6f1d2c3b-8a4e-4b7f-9c2d-1e3f5a7b9c0d", "pci": [0, 0x18, 0]}
-    assert gpu.torch_device(raw).to_json() == {
+    assert typed.written(gpu.torch_device(raw)) == {
         "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "memory_bytes": 85520809984,
         "uuid": "GPU-6f1d2c3b-8a4e-4b7f-9c2d-1e3f5a7b9c0d", "pci_bus_id": "00000000:18:00.0"}
     mig = gpu.torch_device({"name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "uuid": "1111-22",
@@ -273,7 +273,7 @@ def test_the_torch_probes_devices_are_written_as_the_document_keeps_them() -> No
             '"cuda_device_count": 1, "cuda_visible_devices": "MIG-1111", "cuda_devices": [{"name": '
             '"NVIDIA H100 80GB HBM3 MIG 3g.40gb", "compute_capability": "9.0", "memory_bytes": 1, '
             '"uuid": "1111-2222", "pci": [0, 24, 0]}]}')
-    torch = torch_probe.parse_torch_probe_output(line, returncode=0).torch.to_json()
+    torch = typed.written(torch_probe.parse_torch_probe_output(line, returncode=0).torch)
     assert torch["cuda_visible_devices"] == "MIG-1111"
     assert torch["cuda_devices"] == [{"name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb", "compute_capability": "9.0",
                                       "memory_bytes": 1, "uuid": "MIG-1111-2222",
@@ -400,7 +400,7 @@ def test_documents_without_torchs_list_fall_back_to_nvml() -> None:
     gpus, hidden = cuda_visible.usable_gpus(machine, "2,3")
     assert [g.uuid for g in gpus] == [machine.gpus[2].uuid, machine.gpus[3].uuid]
     assert [g.index for g in gpus] == [0, 1] and hidden == ["0", "1", "4", "5", "6", "7"]
-    machine.torch = TorchBuild.from_json({})  # torch not probed at all
+    machine.torch = TorchBuild()  # torch not probed at all
     assert len(cuda_visible.usable_gpus(machine, None)[0]) == 8
 
 

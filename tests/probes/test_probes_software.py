@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from autotune.probes import compiler, extensions, libraries, torch_probe
+from autotune.probes import compiler, extensions, libraries, torch_probe, typed
 from autotune.probes.compiler import choose_compiler
 from autotune.probes.libraries import (
     find_library,
@@ -200,7 +200,7 @@ def test_probe_torch_child_binds_loopback_only() -> None:
 def test_ipex_not_installed_costs_no_subprocess() -> None:
     run = FakeRun()
     result = extensions.probe_ipex(run=run, find_spec=lambda name: None)
-    assert result.to_json() == {"installed": False, "compatible": False, "version": None, "reason": "not installed"}
+    assert typed.written(result) == {"installed": False, "compatible": False, "version": None, "reason": "not installed"}
     assert run.calls == []
 
 
@@ -217,7 +217,7 @@ def test_ipex_mismatch_is_caught_in_the_child() -> None:
 def test_ipex_compatible() -> None:
     run = FakeRun(returncode=0, stdout="2.13.0+cpu\n")
     result = extensions.probe_ipex(run=run, find_spec=lambda name: object(), version_of=lambda name: "2.13.0+cpu")
-    assert result.to_json() == {"installed": True, "compatible": True, "version": "2.13.0+cpu", "reason": None}
+    assert typed.written(result) == {"installed": True, "compatible": True, "version": "2.13.0+cpu", "reason": None}
 
 
 def test_ccl_absent_costs_no_subprocess() -> None:
