@@ -5,10 +5,12 @@ import argparse
 import json
 import signal
 import sys
+from pathlib import Path
+from typing import Any
 
 from autotune import __version__
 from autotune.commands import dashboard, init, probe, report, run, show, verify
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, ErrorDocument
 
 COMMANDS = (run, probe, show, report, verify, dashboard, init)
 
@@ -42,13 +44,36 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except AutotuneError as exc:
         if getattr(args, "json", False):  # a script reading stdout gets JSON either way
-            print(json.dumps({"error": str(exc), "exit_code": exc.exit_code, "command": args.command}))
+            from autotune.schemas import typed
+
+            print(json.dumps(typed.written(ErrorDocument(error=str(exc), exit_code=exc.exit_code,
+                                                         command=args.command))))
         print(f"autotune {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"\nautotune {args.command}: interrupted. Run the same command again to resume.",
               file=sys.stderr)
         return 130
+
+
+def error_schema() -> dict[str, Any]:
+    """The JSON Schema of an error under --json, generated from its type (``ErrorDocument``)."""
+    from autotune.schemas import typed
+
+    generated = typed.schema(ErrorDocument)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "autotune/error.schema.json",
+            "title": "an autotune error under --json",
+            "description": "What any command prints on stdout instead of its document when it fails under --json; "
+                           "the exit code is the process's. Generated from its type: python -c 'from "
+                           "autotune.cli import write_schema; write_schema()'",
+            "type": "object", "required": generated["required"], "properties": generated["properties"],
+            "additionalProperties": False}
+
+
+def write_schema() -> None:
+    """Write ``error_schema()`` over the shipped schema file."""
+    (Path(__file__).resolve().parent / "schemas" / "error.schema.json").write_text(
+        json.dumps(error_schema(), indent=1) + "\n")
 
 
 if __name__ == "__main__":

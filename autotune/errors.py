@@ -1,6 +1,8 @@
 """Errors shown to the user as one short message, never as a tuner traceback."""
 from __future__ import annotations
 
+import dataclasses
+
 
 class AutotuneError(Exception):
     """An error whose message is meant for the user as it stands."""
@@ -20,3 +22,13 @@ class NotVerified(AutotuneError):
     """No configuration could be verified (e.g. the baseline itself fails)."""
 
     exit_code = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorDocument:
+    """What any command prints on stdout instead of its document when it fails under --json;
+    the exit code is the process's."""
+
+    error: str
+    exit_code: int
+    command: str

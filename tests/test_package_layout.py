@@ -113,8 +113,8 @@ def test_circles_finds_what_it_should(text, expected):
 # folder or top-level module has to be placed here before its first test passes.
 LEVELS: tuple[tuple[str, ...], ...] = (
     ("runtime", "errors", "templates"),  # the trial process's own code; what everything raises
-    ("config", "probes", "outdir", "user_file", "schemas"),
-    ("autotune", "options"),  # the package's front door; the options a user gives
+    ("config", "schemas", "outdir", "user_file"),  # schemas: documents read and written by type
+    ("probes", "autotune", "options"),  # the machine; the package's front door; the options a user gives
     ("trials",),
     ("space", "task"),
     ("document", "workbench"),  # the documents' types; what every stage works with

@@ -148,3 +148,13 @@ def test_a_probe_document_with_a_mistyped_section_is_refused_naming_it():
     earlier = json.loads((EARLIER / "probe_55ea3ca.json").read_text())
     with pytest.raises(ValidationError, match="cpu.usable_cores"):
         Machine.from_dict({**earlier, "cpu": {**earlier["cpu"], "usable_cores": "two"}})
+
+
+def test_the_error_schema_is_the_one_its_type_generates(capsys):
+    from autotune.cli import error_schema
+
+    assert schemas.load("error") == error_schema(), (
+        "regenerate it: python -c 'from autotune.cli import write_schema; write_schema()'")
+    assert main(["show", "/nonexistent/folder", "--json"]) != 0
+    printed = json.loads(capsys.readouterr().out)
+    assert schemas.problem(printed, "error") is None and printed["command"] == "show"

@@ -46,7 +46,8 @@ def probe_schema() -> dict[str, Any]:
     """The JSON Schema of ``probe --json``, generated from the probe document's types
     (``Machine``) with the two sections this command adds: the machine's fingerprint id and
     the search space it implies (``Space.describe``)."""
-    from autotune.probes import Machine, typed
+    from autotune.probes import Machine
+    from autotune.schemas import typed
 
     machine = typed.schema(Machine)
     properties = {**machine["properties"], "fingerprint_id": {"type": "string"},

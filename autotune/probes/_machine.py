@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.runtime.json_value import JsonObject
+from autotune.schemas import typed
 
-from . import _io, typed
+from . import _io
 from . import software as sw_mod
 from .compiler import CompilerCheck
 from .cpu import CpuInfo, given_cpu, read_cpu

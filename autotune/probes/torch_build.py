@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-# A note left out of the document where there is none (pydantic's writer: ``probes.typed``).
+# A note left out of the document where there is none (pydantic's writer: ``schemas.typed``).
 _WrittenIfSet = Annotated[str | None, Field(exclude_if=lambda v: v is None)]
 
 

@@ -9,7 +9,9 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-from . import _io, typed
+from autotune.schemas import typed
+
+from . import _io
 from .child import LOOPBACK_ENV, child_failure, child_python_argv
 from .gpu import torch_device
 from .torch_build import TorchBuild

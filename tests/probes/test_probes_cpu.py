@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.probes import cpu, cpu_text, typed
+from autotune.probes import cpu, cpu_text
 from autotune.probes.cpu import CpuFallback, summarize_cpu, usable_core_count
 from autotune.probes.cpu_text import (
     format_cpulist,
@@ -17,6 +17,7 @@ from autotune.probes.cpu_text import (
     parse_status_cpus_allowed,
     summarize_cpuinfo,
 )
+from autotune.schemas import typed
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

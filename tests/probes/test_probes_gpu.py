@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from autotune.probes import Machine, cuda_visible, fingerprint, gpu, nvml, probe_machine, typed
+from autotune.probes import Machine, cuda_visible, fingerprint, gpu, nvml, probe_machine
 from autotune.probes.torch_build import TorchBuild
+from autotune.schemas import typed
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GiB = 1 << 30

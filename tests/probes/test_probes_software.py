@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from autotune.probes import compiler, extensions, libraries, torch_probe, typed
+from autotune.probes import compiler, extensions, libraries, torch_probe
 from autotune.probes.compiler import choose_compiler
 from autotune.probes.libraries import (
     find_library,
@@ -15,6 +15,7 @@ from autotune.probes.libraries import (
     parse_ldconfig_p,
 )
 from autotune.probes.torch_probe import parse_torch_probe_output
+from autotune.schemas import typed
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

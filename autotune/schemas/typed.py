@@ -1,6 +1,6 @@
-"""The probe document read into its types and written from them, by pydantic: the types
-are the dataclasses of this folder, and the JSON Schema of ``probe --json``
-(``autotune/schemas/probe.schema.json``) is generated from the same types (``schema``)."""
+"""Documents read into their types and written from them, by pydantic (its TypeAdapter over
+the dataclasses that hold them), and their JSON Schemas generated from the same types: the
+probe document (``probes.Machine``) and an error under ``--json`` (``errors.ErrorDocument``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
