@@ -51,7 +51,7 @@ __all__ = ["LATE_KNOBS", "MEMORY_KNOBS", "Space", "Unsplittable", "build_space"]
 # Knobs whose every trial carries a long one-time cost (torch.compile takes tens of
 # seconds even for a small model on a few cores). Sampling them throughout would spend
 # the budget compiling; they are tried on the best configuration near the end instead.
-LATE_KNOBS = ("compile", "float8")  # float8 pays only compiled (gpu_space.late_params)
+LATE_KNOBS = ("compile", "float8")  # float8 pays only compiled (space.gpu.late_params)
 # Knobs that spend speed to save memory: a configuration that fits needs none of them, so
 # they are not sampled; a trial that retries one that ran out of memory (``Role.MEMORY``,
 # ``autotune.search.memory.rescue``) asks for them.

@@ -1,4 +1,4 @@
-"""The model file's dataset, checked in the contract's child process (``task_check``): a
+"""The model file's dataset, checked in the contract's child process (``task.check``): a
 map-style dataset or a stream (an IterableDataset), with at least one full batch of items
 the default step can unpack."""
 from __future__ import annotations

@@ -6,7 +6,7 @@ that crashes, hangs or exits cannot take the tuner with it. Every violation beco
 ContractError naming the file, the function and the fix.
 
 The check's step and evaluate() run with the model where the trials put it: cuda:0 when
-the checking process sees a GPU (task_check.check_device). evaluate(model) gets the model
+the checking process sees a GPU (check.check_device). evaluate(model) gets the model
 on its training device, so a file whose evaluate() builds its inputs on the CPU fails
 here, named, and not at the end of the first epoch of a GPU run.
 """
@@ -37,7 +37,7 @@ class Task:
     path: Path
     batch_size: int
     # Items per epoch; None for an IterableDataset without a length whose stream runs past
-    # task_dataset.STREAM_LOOKAHEAD_BATCHES batches (endless, or too long to count in the check).
+    # dataset.STREAM_LOOKAHEAD_BATCHES batches (endless, or too long to count in the check).
     dataset_len: int | None
     image_inputs: bool  # 4-D float inputs: channels_last can apply
     has_evaluate: bool
@@ -118,7 +118,7 @@ def _run_check(path: Path, timeout_s: float, device: str | None = None) -> Check
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 # Still running, so its whole tree can be found: end all of it. (When the
-                # check ends by itself, it ends what it started: see task_check._main.)
+                # check ends by itself, it ends what it started: see check._main.)
                 proctree.kill_tree(proc.pid)
                 proc.wait()
                 raise ContractError(

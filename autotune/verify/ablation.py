@@ -61,7 +61,7 @@ KNOB_GROUPS: dict[str, tuple[str, ...]] = {
     "cudnn_benchmark": ("cudnn_benchmark",),
     "prefetch_factor": ("prefetch_factor",),  # after num_workers: on the path it needs them
     "optimizer_step": ("optimizer_step",),
-    # the GPU knobs (gpu_space): float8 after precision and compile, which it needs
+    # the GPU knobs (space.gpu): float8 after precision and compile, which it needs
     "expandable_segments": ("expandable_segments",),
     "float8": ("float8",),
     "ddp_bucket_view": ("ddp_bucket_view",),
