@@ -39,7 +39,7 @@ class Machine:
     driver: dict[str, str | None] = field(default_factory=dict)  # NVML's version and CUDA driver version
     torch: TorchBuild = field(default_factory=TorchBuild)
     backends: dict[str, bool] = field(default_factory=dict)
-    backend_errors: dict[str, str | None] = field(default_factory=dict)
+    backend_errors: Mapping[str, str | None] = field(default_factory=dict)  # records may hold null
     compile: CompilerCheck = field(default_factory=CompilerCheck)
     allocators: dict[str, str | None] = field(default_factory=dict)
     openmp: dict[str, str | None] = field(default_factory=dict)
@@ -137,7 +137,7 @@ def probe_machine(
         driver=gpus.driver,
         torch=sw.torch,
         backends=sw.backends,
-        backend_errors={name: error for name, error in sw.backend_errors.items()},
+        backend_errors=sw.backend_errors,
         compile=sw.compile,
         allocators=sw.allocators,
         openmp=sw.openmp,

@@ -12,7 +12,7 @@ import re
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from . import _io, cgroup
 from .cpu_text import (
@@ -30,8 +30,6 @@ from .cpu_text import (
     parse_sysfs_caches,
     summarize_cpuinfo,
 )
-
-T = TypeVar("T")
 
 
 @dataclass
