@@ -21,6 +21,12 @@ if _WORKER:
     _name = os.environ.get("AUTOTUNE_MEASURE_LOCK")
     os.environ["AUTOTUNE_MEASURE_LOCK"] = f"{_name}-{_WORKER}" if _name else f"tests-{_WORKER}"
 
+# Two workers share the cores, and each starts torch processes whose OpenMP threads, once a
+# parallel region ends, spin for their next one: beside the other worker's they spin on the
+# cores that worker's processes need. Passive threads sleep instead. A user's own setting is
+# kept; autotune tunes no wait policy, so no knob's effect is hidden by it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from helpers import MODELS, machine_doc  # noqa: E402
 
 # The order and grouping of tests under pytest-xdist: hooks, so imported into this namespace.
