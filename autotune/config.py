@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple, TypeAlias
 
 from autotune.errors import UsageError
+from autotune.runtime.json_value import own_codec
 from autotune.runtime.knobs import (
     Affinity,
     Allocator,
@@ -203,6 +204,11 @@ class TrialConfig:
         """The fields as JSON and YAML hold them: a vocabulary's member as its value."""
         return {name: value.value if isinstance(value, enum.Enum) else value
                 for name, value in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        # inside a document pydantic reads: as to_dict writes it, unknown knobs refused by name
+        return own_codec(cls, read=cls.from_dict, write=cls.to_dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrialConfig:

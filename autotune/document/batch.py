@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
-from autotune.runtime.json_value import JsonObject, JsonValue
+from autotune.runtime.json_value import JsonValue
+from autotune.schemas.typed import Record
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BatchChoice:
+class BatchChoice(Record):
     """``searched``: the smallest and largest global batch the search tried; ``set_by``:
     what set that range; ``ramp``: the ramp's measurements (``search.batch_range.Ramp``
     as JSON) where it set it; ``check``: the emitted batch's batch check, in words (None:
@@ -44,16 +44,3 @@ class BatchChoice:
         if self.unchecked:
             lines.append(f"  {self.unchecked}.")
         return lines
-
-    def to_json(self) -> JsonObject:
-        return {"chosen": self.chosen, "user": self.user, "searched": list(self.searched), "set_by": self.set_by,
-                "ramp": dict(self.ramp) if self.ramp is not None else None, "check": self.check,
-                "trains_faster": self.trains_faster, "rejected": dict(self.rejected),
-                "unchecked": self.unchecked}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> BatchChoice:
-        return cls(chosen=data["chosen"], user=data["user"], searched=tuple(data["searched"]),
-                   set_by=data["set_by"], ramp=data.get("ramp"), check=data.get("check"),
-                   trains_faster=data.get("trains_faster"), rejected=data.get("rejected") or {},
-                   unchecked=data.get("unchecked"))

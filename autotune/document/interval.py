@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
+
+from pydantic import SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from autotune.runtime.json_value import JsonObject
+from autotune.schemas.typed import HandWritten
 
 Centre = Literal["median", "ratio", "total"]  # "total": the ablation path's
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Interval:
+class Interval(HandWritten):
     ratio: float
     low: float
     high: float
@@ -50,3 +53,32 @@ class Interval:
     def around(cls, ratio: float, bounds: Mapping[str, Any]) -> Interval:
         """``ratio`` with the ends written apart from it (``bounds_json``)."""
         return cls(ratio=ratio, low=bounds["low"], high=bounds["high"], level=bounds["level"])
+
+
+class Inline:
+    """A dataclass read and written by pydantic (``autotune.schemas.typed.Record``) whose
+    interval, the field ``INTERVAL``, is written as its own keys (``CENTRE``, ``ci_low``, ...)
+    among the part's: the shape best_config.json has always had. Where the part counts
+    its own ``rounds``, the interval's are the part's."""
+
+    INTERVAL: ClassVar[str] = "effect"
+    CENTRE: ClassVar[Centre] = "ratio"
+
+    @model_serializer(mode="wrap")
+    def _inline(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # dict[str, Any], not JsonObject: pydantic reads this annotation, and the recursive
+        # alias does not resolve outside its module
+        out: dict[str, Any] = handler(self)
+        out.pop(self.INTERVAL, None)
+        interval: Interval | None = getattr(self, self.INTERVAL)
+        return out if interval is None else {**interval.to_json(centre=self.CENTRE), **out}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or "ci_low" not in data:  # no interval written
+            return data
+        interval = Interval.from_json(data, centre=cls.CENTRE)
+        if "rounds" in {f.name for f in dataclasses.fields(cls)}:  # type: ignore[arg-type]
+            interval = dataclasses.replace(interval, rounds=None)
+        return {**data, cls.INTERVAL: interval}

@@ -4,17 +4,19 @@ where verification wrote them, and ``autotune verify OUTDIR`` measures them agai
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
+
+from pydantic import computed_field
 
 from autotune.config import TrialConfig
-from autotune.document.measures import Interval, VerifiedSpeedup, optional_fields
-from autotune.runtime.json_value import JsonObject
+from autotune.document.interval import Centre, Inline, Interval
+from autotune.document.measures import VerifiedSpeedup
+from autotune.schemas.typed import Omitted, Record
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Kept:
+class Kept(Inline, Record):
     """The configuration, its launch.sh relative to the output folder (a moved folder still
     finds it), and its standalone pairs' figures: the median and where a re-run of as many
     pairs lands (``interval``), the figure a re-run stays above, and how many pairs ran."""
@@ -23,7 +25,15 @@ class Kept:
     launcher: str
     interval: Interval
     pairs: int
-    lower_bound: float | None = None
+    lower_bound: Omitted[float] = None
+
+    INTERVAL: ClassVar[str] = "interval"
+    CENTRE: ClassVar[Centre] = "median"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def config_short(self) -> str:
+        return self.config.short()
 
     @classmethod
     def of(cls, config: TrialConfig, *, launcher: str, speedup: VerifiedSpeedup) -> Kept:
@@ -46,13 +56,3 @@ class Kept:
                  f"`autotune verify` on this folder measures it again (its scripts: {self.launcher})")
         return (f"faster by a median of {iv.ratio:.2f}x over {self.pairs} pairs, "
                 f"but {doubt}: not emitted; the baseline is recommended. {again}")
-
-    def to_json(self) -> JsonObject:
-        return {"config": self.config.to_dict(), "config_short": self.config.short(),
-                "launcher": self.launcher, **self.interval.to_json(),
-                **optional_fields(lower_bound=self.lower_bound), "pairs": self.pairs}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Kept:
-        return cls(config=TrialConfig.from_dict(data["config"]), launcher=data["launcher"],
-                   interval=Interval.from_json(data), pairs=data["pairs"], lower_bound=data.get("lower_bound"))

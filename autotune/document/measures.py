@@ -3,13 +3,16 @@ its standalone pairs, the candidates' outcomes, the precision note, the baseline
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from pydantic import computed_field, field_serializer, model_validator
 
 from autotune.config import KnobValue, TrialConfig
-from autotune.document.interval import Interval
+from autotune.document.interval import Centre, Inline, Interval
 from autotune.document.quality import QualityJudgement
 from autotune.runtime.json_value import JsonObject, JsonValue
+from autotune.schemas.typed import Flattened, HandWritten, Omitted, OmittedEmpty, Record
 
 # Where the printed speedup's interval comes from, as best_config.json tells its reader.
 STANDALONE_COVERS = ("where a re-measurement of as many pairs of the emitted launch.sh against "
@@ -25,7 +28,7 @@ def optional_fields(**fields: JsonValue) -> JsonObject:
 
 
 @dataclasses.dataclass(frozen=True)
-class Check:
+class Check(HandWritten):
     """One verification check: passed, failed, or None where it does not apply; ``detail``
     holds its figures and, where it failed or did not apply, its ``reason``."""
 
@@ -45,7 +48,7 @@ class Check:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class VerifiedSpeedup:
+class VerifiedSpeedup(Inline, Record):
     """The printed speedup: the standalone pairs' median ratio and where a re-measurement
     of as many pairs lands (``interval``); ``lower_bound`` the figure a re-measurement stays
     above, as often as ``interval.level`` says (one-sided; None in documents from before
@@ -60,36 +63,34 @@ class VerifiedSpeedup:
     wall_s: float
     median_interval: Interval
     side_by_side: Interval
-    unsteady: str | None = None  # why the figure may not hold, when the pairs ranged widely
+    unsteady: Omitted[str] = None  # why the figure may not hold, when the pairs ranged widely
     covers: str = STANDALONE_COVERS
-    lower_bound: float | None = None
-    speed_shift: str | None = None
+    lower_bound: Omitted[float] = None
+    speed_shift: Omitted[str] = None
+
+    INTERVAL: ClassVar[str] = "interval"
+    CENTRE: ClassVar[Centre] = "median"
 
     def headline(self) -> JsonObject:
         """The figures a re-verification prints and compares (reverify.json)."""
         return {**self.interval.to_json(), "pairs": self.pairs, **optional_fields(lower_bound=self.lower_bound)}
 
-    def to_json(self) -> JsonObject:
-        return {**self.interval.to_json(), **optional_fields(lower_bound=self.lower_bound), "pairs": self.pairs,
-                "seconds_per_run": self.seconds_per_run, "wall_s": self.wall_s,
-                "covers": self.covers,
-                "median_interval": self.median_interval.bounds_json(),
-                "side_by_side": self.side_by_side.to_json(),
-                **optional_fields(unsteady=self.unsteady, speed_shift=self.speed_shift)}
+    @field_serializer("median_interval")
+    def _bounds(self, interval: Interval) -> dict[str, Any]:
+        return interval.bounds_json()  # written beside the median it is around: its ends alone
 
+    @model_validator(mode="before")
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> VerifiedSpeedup:
-        return cls(interval=Interval.from_json(data), pairs=data["pairs"],
-                   seconds_per_run=data["seconds_per_run"], wall_s=data["wall_s"],
-                   median_interval=Interval.around(data["median"], data["median_interval"]),
-                   side_by_side=Interval.from_json(data["side_by_side"]),
-                   unsteady=data.get("unsteady"), covers=data["covers"],
-                   lower_bound=data.get("lower_bound"), speed_shift=data.get("speed_shift"))
+    def _around(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and isinstance(data.get("median_interval"), Mapping) and "median" in data:
+            return {**data, "median_interval": Interval.around(data["median"], data["median_interval"])}
+        return data
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Standalone:
-    """The standalone check's figures: the pairs' rates, both sides, and the speedup."""
+class Standalone(Flattened, Record):
+    """The standalone check's figures: the pairs' rates, both sides, and the speedup
+    (written as its own keys among them)."""
 
     speedup: VerifiedSpeedup
     ratios: tuple[float, ...]
@@ -98,40 +99,25 @@ class Standalone:
     median_samples_per_s: float
     baseline_median_samples_per_s: float
     served_over_alone: Mapping[str, float]  # candidate, baseline: side by side over alone
-    cap: int | None = None  # the most pairs it would have run (--pairs)
-    stopped: str | None = None  # why the pairs ended before the cap
-    peak_mb: float | None = None  # the emitted script's busiest rank at its peak, the most of its runs
-    overlapped: bool = False  # each run set up while the one before it trained
+    cap: Omitted[int] = None  # the most pairs it would have run (--pairs)
+    stopped: Omitted[str] = None  # why the pairs ended before the cap
+    peak_mb: Omitted[float] = None  # the emitted script's busiest rank at its peak, the most of its runs
+    overlapped: OmittedEmpty[bool] = False  # each run set up while the one before it trained
 
-    def to_json(self) -> JsonObject:
-        sp = self.speedup.to_json()
-        return {**self.speedup.interval.to_json(), "interval": "rerun",
-                **optional_fields(lower_bound=self.speedup.lower_bound),
-                "median_interval": sp["median_interval"], "pairs": self.speedup.pairs,
-                "ratios": list(self.ratios), "samples_per_s": list(self.samples_per_s),
-                "median_samples_per_s": self.median_samples_per_s,
-                "baseline_samples_per_s": list(self.baseline_samples_per_s),
-                "baseline_median_samples_per_s": self.baseline_median_samples_per_s,
-                "seconds_per_run": self.speedup.seconds_per_run, "wall_s": self.speedup.wall_s,
-                "side_by_side": sp["side_by_side"], "served_over_alone": dict(self.served_over_alone),
-                "covers": self.speedup.covers,
-                **optional_fields(unsteady=self.speedup.unsteady, speed_shift=self.speedup.speed_shift,
-                                  cap=self.cap, stopped=self.stopped, peak_mb=self.peak_mb),
-                **({"overlapped": True} if self.overlapped else {})}
+    FLAT: ClassVar[str] = "speedup"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def interval(self) -> str:
+        """What the interval covers: a re-run of as many pairs."""
+        return "rerun"
 
     @classmethod
     def from_check(cls, check: Check | None) -> Standalone | None:
         """The figures of a standalone check; None when it did not run or its script failed."""
         if check is None or "ratios" not in check.detail:
             return None
-        d = check.detail
-        return cls(speedup=VerifiedSpeedup.from_json(d), ratios=tuple(d["ratios"]),
-                   samples_per_s=tuple(d["samples_per_s"]),
-                   baseline_samples_per_s=tuple(d["baseline_samples_per_s"]),
-                   median_samples_per_s=d["median_samples_per_s"],
-                   baseline_median_samples_per_s=d["baseline_median_samples_per_s"],
-                   served_over_alone=d["served_over_alone"], cap=d.get("cap"), stopped=d.get("stopped"),
-                   peak_mb=d.get("peak_mb"), overlapped=bool(d.get("overlapped")))
+        return cls.from_json(check.detail)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -159,59 +145,39 @@ class Rounds:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class CandidateOutcome:
-    """One candidate of the verification: its side-by-side speed over the baseline (None
-    where it was not measured) and what became of it."""
+class CandidateOutcome(Record):
+    """One candidate of the verification: its side-by-side speed over the baseline (the
+    median and interval of its rounds, and its rate relative to the candidates' level;
+    None each where it was not measured) and what became of it."""
 
     config: TrialConfig
-    speed: Mapping[str, float | None]  # median, ci_low, ci_high, relative_to_candidates
+    median: float | None
+    ci_low: float | None
+    ci_high: float | None
+    relative_to_candidates: float | None
     checks: tuple[str, ...]
     outcome: str
 
-    SPEED_KEYS = ("median", "ci_low", "ci_high", "relative_to_candidates")
-
+    @computed_field  # type: ignore[prop-decorator]
     @property
-    def median(self) -> float | None:
-        return self.speed.get("median")
-
-    @property
-    def ci_low(self) -> float | None:
-        return self.speed.get("ci_low")
-
-    @property
-    def ci_high(self) -> float | None:
-        return self.speed.get("ci_high")
-
-    def to_json(self) -> JsonObject:
-        return {"config_short": self.config.short(), "config": self.config.to_dict(),
-                **{k: self.speed.get(k) for k in self.SPEED_KEYS},
-                "checks": list(self.checks), "outcome": self.outcome}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> CandidateOutcome:
-        return cls(config=TrialConfig.from_dict(data["config"]),
-                   speed={k: data.get(k) for k in cls.SPEED_KEYS},
-                   checks=tuple(data["checks"]), outcome=data["outcome"])
+    def config_short(self) -> str:
+        return self.config.short()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Rejection:
+class Rejection(Record):
     config: TrialConfig
     reason: str
     checks: Mapping[str, Check]
 
-    def to_json(self) -> JsonObject:
-        return {"config": self.config.to_dict(), "config_short": self.config.short(),
-                "reason": self.reason, "checks": {n: c.to_json() for n, c in self.checks.items()}}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Rejection:
-        return cls(config=TrialConfig.from_dict(data["config"]), reason=data["reason"],
-                   checks={n: Check.from_json(c) for n, c in data["checks"].items()})
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def config_short(self) -> str:
+        return self.config.short()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PrecisionNote:
+class PrecisionNote(Record):
     """Which precision was chosen, how it was checked, why others were not, how to opt out.
     ``inconclusive``: the faster precisions whose quality check could not tell, and how to
     accept one; ``judged``: what the quality check found for each configuration it judged,
@@ -221,30 +187,15 @@ class PrecisionNote:
     rejected: Mapping[str, str]
     instead: str
     skipped: Mapping[str, str]
-    checked: str | None = None
-    opt_out: str | None = None
-    inconclusive: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    judged: Mapping[str, QualityJudgement] = dataclasses.field(default_factory=dict)
-
-    def to_json(self) -> JsonObject:
-        # inconclusive and judged only where the quality check ran: a document without one
-        # reads as an earlier version wrote it
-        return {"chosen": self.chosen, **optional_fields(checked=self.checked),
-                "rejected": dict(self.rejected),
-                **({"inconclusive": dict(self.inconclusive)} if self.inconclusive else {}), "instead": self.instead,
-                **optional_fields(opt_out=self.opt_out), "skipped": dict(self.skipped),
-                **({"judged": {name: j.to_json() for name, j in self.judged.items()}} if self.judged else {})}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PrecisionNote:
-        return cls(chosen=data["chosen"], rejected=data["rejected"], instead=data["instead"],
-                   skipped=data["skipped"], checked=data.get("checked"), opt_out=data.get("opt_out"),
-                   inconclusive=data.get("inconclusive") or {},
-                   judged={name: QualityJudgement.from_json(j) for name, j in (data.get("judged") or {}).items()})
+    checked: Omitted[str] = None
+    opt_out: Omitted[str] = None
+    # only where the quality check ran: a document without one reads as an earlier version wrote it
+    inconclusive: OmittedEmpty[Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    judged: OmittedEmpty[Mapping[str, QualityJudgement]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LayoutEffect:
+class LayoutEffect(Inline, Record):
     """Several ranks against one process on all cores, every other knob equal."""
 
     multi_rank: str
@@ -252,61 +203,22 @@ class LayoutEffect:
     other_knobs: Mapping[str, KnobValue]
     effect: Interval  # the multi-rank layout's speed over the single process's
 
-    def to_json(self) -> JsonObject:
-        return {"multi_rank": self.multi_rank, "single_process": self.single_process,
-                "other_knobs": dict(self.other_knobs), **self.effect.to_json(centre="ratio")}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LayoutEffect:
-        return cls(multi_rank=data["multi_rank"], single_process=data["single_process"],
-                   other_knobs=data["other_knobs"],
-                   effect=Interval.from_json(data, centre="ratio"))
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Baseline:
+class Baseline(Record):
     config: TrialConfig
     samples_per_s: float
     runs: tuple[float, ...]  # the rates its figure is the median of
 
-    def to_json(self) -> JsonObject:
-        return {"config": self.config.to_dict(), "samples_per_s": self.samples_per_s,
-                "runs": list(self.runs)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Baseline:
-        return cls(config=TrialConfig.from_dict(data["config"]),
-                   samples_per_s=data["samples_per_s"], runs=tuple(data["runs"]))
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Best:
+class Best(Record):
     """The emitted configuration's rate (from the standalone pairs) and what the search
     measured of its memory and one-time cost; the GPU's peak where it ran on one."""
 
     samples_per_s: float
     peak_mem_mb: float | None
     one_time_s: float | None
-    cuda_peak_mb: float | None = None
-    cuda_total_mb: float | None = None
-
-    def to_json(self) -> JsonObject:
-        out: JsonObject = {"samples_per_s": self.samples_per_s, "peak_mem_mb": self.peak_mem_mb,
-                           "one_time_s": self.one_time_s}
-        if self.cuda_peak_mb is not None:  # host memory says nothing of the GPU's
-            out.update(cuda_peak_mb=self.cuda_peak_mb, cuda_total_mb=self.cuda_total_mb)
-        return out
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Best:
-        return cls(samples_per_s=data["samples_per_s"], peak_mem_mb=data["peak_mem_mb"],
-                   one_time_s=data["one_time_s"], cuda_peak_mb=data.get("cuda_peak_mb"),
-                   cuda_total_mb=data.get("cuda_total_mb"))
-
-
-class WritesJson(Protocol):
-    def to_json(self) -> JsonObject: ...
-
-
-def json_list(items: Sequence[WritesJson]) -> list[JsonObject]:
-    return [item.to_json() for item in items]
+    # where it ran on a GPU: host memory says nothing of the GPU's
+    cuda_peak_mb: Omitted[float] = None
+    cuda_total_mb: Omitted[float] = None

@@ -4,14 +4,12 @@ ran out of memory without them and the fastest configuration that fit without an
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
 
-from autotune.runtime.json_value import JsonObject
+from autotune.schemas.typed import Record
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BestWithout:
+class BestWithout(Record):
     """The fastest configuration the search measured within the limit with no memory knob
     (``config``, short) and its rate, beside the emitted one's, both as the search measured them."""
 
@@ -19,18 +17,9 @@ class BestWithout:
     samples_per_s: float
     chosen_samples_per_s: float
 
-    def to_json(self) -> JsonObject:
-        return {"config": self.config, "samples_per_s": self.samples_per_s,
-                "chosen_samples_per_s": self.chosen_samples_per_s}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> BestWithout:
-        return cls(config=data["config"], samples_per_s=data["samples_per_s"],
-                   chosen_samples_per_s=data["chosen_samples_per_s"])
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MemoryFit:
+class MemoryFit(Record):
     """``limit_mb``: what one rank of the emitted configuration may hold (None: no limit
     applies, as on a GPU without --memory-limit, where CUDA itself refuses more);
     ``source``: where the limit comes from; the peaks are the search's, of the rank that
@@ -76,19 +65,3 @@ class MemoryFit:
                              f"{best.samples_per_s:,.1f} samples/s in the search; the emitted one at "
                              f"{best.chosen_samples_per_s:,.1f} ({ratio:.2f}x).")
         return lines
-
-    def to_json(self) -> JsonObject:
-        return {"limit_mb": self.limit_mb, "source": self.source, "chosen_peak_mb": self.chosen_peak_mb,
-                "baseline_peak_mb": self.baseline_peak_mb, "memory_knobs": list(self.memory_knobs),
-                "baseline_over": self.baseline_over, "reference": self.reference, "alone": self.alone,
-                "without": self.without,
-                "best_without": self.best_without.to_json() if self.best_without is not None else None}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> MemoryFit:
-        return cls(limit_mb=data["limit_mb"], source=data["source"], chosen_peak_mb=data["chosen_peak_mb"],
-                   baseline_peak_mb=data["baseline_peak_mb"], memory_knobs=tuple(data["memory_knobs"]),
-                   baseline_over=data.get("baseline_over"), reference=data.get("reference"),
-                   alone=bool(data.get("alone")),
-                   without=data.get("without"),
-                   best_without=BestWithout.from_json(data["best_without"]) if data.get("best_without") else None)

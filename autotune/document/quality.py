@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
-from typing import Any
 
-from autotune.runtime.json_value import JsonObject
+from autotune.schemas.typed import Record
 
 
 class QualityVerdict(str, enum.Enum):
@@ -22,7 +20,7 @@ class QualityVerdict(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class QualityJudgement:
+class QualityJudgement(Record):
     """``points``: the steps trained at each compared evaluation (after the warm-up; the
     last is the training's end). ``references``: evaluate() of each fp32 training (one per
     seed) at those points; ``candidate``: the candidate's, from the first reference's seed.
@@ -58,24 +56,4 @@ class QualityJudgement:
         if self.verdict is QualityVerdict.INCONCLUSIVE and self.gain is not None:
             text += f"; fp32 gained only {self.gain:.4g} over the training"
         return text + f"; a test that rejects at most {self.level:.0%} of precisions that train as fp32 does)"
-
-    def to_json(self) -> JsonObject:
-        return {"points": list(self.points), "references": [list(r) for r in self.references],
-                "candidate": list(self.candidate), "untrained": self.untrained, "spread": self.spread,
-                "distance": self.distance, "allowed": self.allowed, "allowance": self.allowance,
-                "factor": self.factor, "margin": self.margin, "gain": self.gain, "level": self.level,
-                "verdict": self.verdict.value}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> QualityJudgement:
-        untrained, gain = data.get("untrained"), data.get("gain")
-        return cls(points=tuple(int(p) for p in data["points"]),
-                   references=tuple(tuple(float(v) for v in r) for r in data["references"]),
-                   candidate=tuple(float(v) for v in data["candidate"]),
-                   untrained=None if untrained is None else float(untrained),
-                   spread=float(data["spread"]), distance=float(data["distance"]),
-                   allowed=float(data["allowed"]), allowance=str(data["allowance"]),
-                   factor=float(data["factor"]), margin=float(data["margin"]),
-                   gain=None if gain is None else float(gain), level=float(data["level"]),
-                   verdict=QualityVerdict(data["verdict"]))
 

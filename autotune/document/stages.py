@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
-from typing import Any
+from typing import Annotated
 
-from autotune.document.measures import optional_fields
-from autotune.runtime.json_value import JsonObject
+from pydantic import Field, computed_field
+
+from autotune.schemas.typed import Omitted, Record
 
 
 class Stage(str, enum.Enum):
@@ -30,24 +30,30 @@ class Stage(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class StageRecord:
+class StageRecord(Record):
     """One stage: ``ran`` of ``cap`` rounds (pairs for the standalone stage; None where it
     did not run); ``stopped``: why it ended before its cap; ``dropped``: what it stopped
     measuring before its end, and why; ``shortened``: what --timeout changed, and how;
     ``config``: the candidate it measured, where it measures one."""
 
     stage: Stage
-    ran: int | None = None
-    cap: int | None = None
-    stopped: str | None = None
-    dropped: str | None = None
-    shortened: str | None = None
-    config: str | None = None
+    ran: Omitted[int] = None
+    cap: Omitted[int] = None
+    stopped: Omitted[str] = None
+    dropped: Omitted[str] = None
+    shortened: Omitted[str] = None
+    config: Omitted[str] = None
 
     @property
     def remarkable(self) -> bool:
         """Whether it ran otherwise than asked: the summary says so."""
         return bool(self.stopped or self.dropped or self.shortened)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def note(self) -> str:
+        """The summary's line, written beside the figures."""
+        return self.line()
 
     def line(self) -> str:
         """What the summary prints, e.g. "standalone pairs: stopped after 5 of 6, not faster
@@ -60,41 +66,18 @@ class StageRecord:
         parts += [p for p in (self.dropped, self.shortened) if p]
         return f"{head}: " + "; ".join(parts)
 
-    def to_json(self) -> JsonObject:
-        return {"stage": self.stage.value,
-                **optional_fields(ran=self.ran, cap=self.cap, stopped=self.stopped, dropped=self.dropped,
-                                  shortened=self.shortened, config=self.config),
-                "note": self.line()}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> StageRecord:
-        return cls(stage=Stage(data["stage"]), ran=data.get("ran"), cap=data.get("cap"),
-                   stopped=data.get("stopped"), dropped=data.get("dropped"),
-                   shortened=data.get("shortened"), config=data.get("config"))
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class VerificationStages:
+class VerificationStages(Record):
     """Every stage's record, in the order they ran; with ``--timeout``, the seconds it
     left verification (``left_s``), what the fitted stages were estimated to take
     (``estimate_s``), and ``over`` where even their minimum did not fit."""
 
-    records: tuple[StageRecord, ...] = ()
-    timeout_s: float | None = None
-    left_s: float | None = None
-    estimate_s: float | None = None
-    over: str | None = None
-
-    def to_json(self) -> JsonObject:
-        return {"stages": [r.to_json() for r in self.records],
-                **optional_fields(timeout_s=self.timeout_s, left_s=self.left_s,
-                                  estimate_s=self.estimate_s, over=self.over)}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> VerificationStages:
-        return cls(records=tuple(StageRecord.from_json(r) for r in data["stages"]),
-                   timeout_s=data.get("timeout_s"), left_s=data.get("left_s"),
-                   estimate_s=data.get("estimate_s"), over=data.get("over"))
+    records: Annotated[tuple[StageRecord, ...], Field(alias="stages")] = ()
+    timeout_s: Omitted[float] = None
+    left_s: Omitted[float] = None
+    estimate_s: Omitted[float] = None
+    over: Omitted[str] = None
 
     def lines(self) -> list[str]:
         """What the summary says: the stages that stopped early or were shortened, and

@@ -4,15 +4,13 @@ profile says (``search.steering``)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
 
-from autotune.runtime.json_value import JsonObject
 from autotune.runtime.step_profile import StepProfile
+from autotune.schemas.typed import Record
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SteeredTrial:
+class SteeredTrial(Record):
     """A trial a profile asked for: its configuration (short), the profile's category and
     why, and its rate (None where it did not finish: ``outcome`` says why)."""
 
@@ -22,19 +20,9 @@ class SteeredTrial:
     samples_per_s: float | None
     outcome: str
 
-    def to_json(self) -> JsonObject:
-        return {"config": self.config, "category": self.category, "why": self.why,
-                "samples_per_s": self.samples_per_s, "outcome": self.outcome}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SteeredTrial:
-        rate = data.get("samples_per_s")
-        return cls(config=str(data["config"]), category=str(data["category"]), why=str(data["why"]),
-                   samples_per_s=None if rate is None else float(rate), outcome=str(data["outcome"]))
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SteeringRound:
+class SteeringRound(Record):
     """One profile of the leader (``config``, short; its rate in the search), where its
     step went (None where the profiled run failed: ``failed``), and the trials it led to."""
 
@@ -43,18 +31,6 @@ class SteeringRound:
     profile: StepProfile | None
     failed: str | None
     trials: tuple[SteeredTrial, ...]
-
-    def to_json(self) -> JsonObject:
-        return {"config": self.config, "samples_per_s": self.samples_per_s,
-                "profile": self.profile.to_json() if self.profile else None, "failed": self.failed,
-                "trials": [t.to_json() for t in self.trials]}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SteeringRound:
-        rate = data.get("samples_per_s")
-        return cls(config=str(data["config"]), samples_per_s=None if rate is None else float(rate),
-                   profile=StepProfile.from_json(data["profile"]) if data.get("profile") else None,
-                   failed=data.get("failed"), trials=tuple(SteeredTrial.from_json(t) for t in data.get("trials") or ()))
 
     def lines(self) -> list[str]:
         if self.profile is None:
@@ -71,7 +47,7 @@ class SteeringRound:
 
 
 @dataclasses.dataclass(frozen=True)
-class Steering:
+class Steering(Record):
     rounds: tuple[SteeringRound, ...]
 
     def lines(self) -> list[str]:
@@ -79,10 +55,3 @@ class Steering:
             return []
         return ["where the leader's step went, and what the search tried for it:",
                 *(line for r in self.rounds for line in r.lines())]
-
-    def to_json(self) -> JsonObject:
-        return {"rounds": [r.to_json() for r in self.rounds]}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Steering:
-        return cls(tuple(SteeringRound.from_json(r) for r in data.get("rounds") or ()))

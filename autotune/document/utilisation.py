@@ -11,7 +11,7 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.probes.peaks import mfu_peak
-from autotune.runtime.json_value import JsonObject
+from autotune.schemas.typed import Record
 
 COUNTED = ("FlopCounterMode on one real batch: the model's forward and backward passes, "
            "uncompiled and without activation checkpointing's recomputation; the optimizer's "
@@ -19,7 +19,7 @@ COUNTED = ("FlopCounterMode on one real batch: the model's forward and backward 
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Share:
+class Share(Record):
     """One configuration's achieved FLOP/s and its share of the peak it runs against."""
 
     flops_per_sample: float
@@ -55,13 +55,6 @@ class Share:
         source = "datasheet's" if kind == "table" else kind
         return f"the {source} {what} peak" + (f" on {' x '.join(on)}" if on else "")
 
-    def to_json(self) -> JsonObject:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Share:
-        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
-
 
 def flop_rate(value: float) -> str:
     """FLOP/s in the unit that reads best: ``41 GFLOP/s``."""
@@ -72,7 +65,7 @@ def flop_rate(value: float) -> str:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Utilisation:
+class Utilisation(Record):
     """best_config.json's ``utilisation``: the user's model's FLOPs per sample, and the
     baseline's and the pick's share of their peak (the pick's None where the baseline
     is emitted, or where its FLOPs or peak were not measured)."""
@@ -118,17 +111,6 @@ class Utilisation:
                 f"{who} {one.flop_per_s / peak.flop_per_s:.1%}" for who, one, peak in mfu)
                 + f" of {flop_rate(mfu[0][2].flop_per_s)}")
         return [*lines, f"  {self.flops_per_sample:.4g} FLOPs per sample (forward and backward)"]
-
-    def to_json(self) -> JsonObject:
-        return {"flops_per_sample": self.flops_per_sample, "counted": self.counted,
-                "baseline": self.baseline.to_json() if self.baseline else None,
-                "pick": self.pick.to_json() if self.pick else None}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Utilisation:
-        return cls(flops_per_sample=data["flops_per_sample"], counted=data.get("counted", COUNTED),
-                   baseline=Share.from_json(data["baseline"]) if data.get("baseline") else None,
-                   pick=Share.from_json(data["pick"]) if data.get("pick") else None)
 
 
 def trial_facts(facts: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

@@ -5,10 +5,26 @@ Readers turn a document back into a dataclass of their own; nothing reads a
 ``JsonObject`` by key across modules."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TypeAlias
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+from typing_extensions import TypeAliasType
 
 # Sequence and Mapping, not list and dict: they are covariant, so a list[float] or a
-# dict[str, int] field is a JSON value as it stands.
-JsonValue: TypeAlias = None | bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"]
+# dict[str, int] field is a JSON value as it stands. A named alias, so that pydantic, which
+# reads the documents' types (autotune.schemas.typed), follows its recursion.
+JsonValue = TypeAliasType(
+    "JsonValue", "None | bool | int | float | str | Sequence[JsonValue] | Mapping[str, JsonValue]")
 JsonObject: TypeAlias = dict[str, JsonValue]
+
+
+def own_codec(kind: type[Any], *, read: Callable[[Any], Any], write: Callable[[Any], Any]) -> Any:
+    """pydantic's core schema for a type that reads and writes its JSON itself (``read``
+    and ``write``), where it sits inside a document pydantic reads and writes
+    (``autotune.schemas.typed``). Imported here, on first use: the trial process, which
+    writes these types, runs without pydantic."""
+    from pydantic_core import core_schema
+
+    return core_schema.no_info_plain_validator_function(
+        lambda value: value if isinstance(value, kind) else read(value),
+        serialization=core_schema.plain_serializer_function_ser_schema(write))

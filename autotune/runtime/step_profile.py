@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .json_value import JsonObject
+from .json_value import JsonObject, own_codec
 from .shares import Category
 
 
@@ -31,6 +31,10 @@ class StepProfile:
     def ranked(self) -> list[tuple[Category, float]]:
         """The categories with a share, largest first."""
         return sorted(((c, self.share(c)) for c in Category if self.share(c) > 0), key=lambda cs: -cs[1])
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        return own_codec(cls, read=cls.from_json, write=cls.to_json)
 
     def to_json(self) -> JsonObject:
         return {"step_ms": self.step_ms, "steps": self.steps, "device": self.device, "source": self.source,

@@ -1,16 +1,44 @@
 """Documents read into their types and written from them, by pydantic (its TypeAdapter over
 the dataclasses that hold them), and their JSON Schemas generated from the same types: the
-probe document (``probes.Machine``) and an error under ``--json`` (``errors.ErrorDocument``)."""
+probe document (``probes.Machine``), an error under ``--json`` (``errors.ErrorDocument``) and
+the parts of best_config.json whose JSON is their fields (``Record``).
+
+A part whose published JSON is not its fields (an interval spelled as its parent's keys, a
+check's free-form figures) keeps its own ``to_json`` and ``from_json``; ``HandWritten`` lets
+pydantic read and write it through them where it sits inside a typed part."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import TypeAdapter
+from pydantic import (
+    Field,
+    GetCoreSchemaHandler,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+    model_validator,
+)
+from typing_extensions import Self
 
-from autotune.runtime.json_value import JsonObject
+from autotune.runtime.json_value import JsonObject, own_codec
 
 T = TypeVar("T")
+
+
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+def _is_empty(value: object) -> bool:
+    return not value
+
+
+# A field written only where it is set: an absent key, not a null, where a part did not happen.
+Omitted = Annotated[T | None, Field(exclude_if=_is_none)]
+# A mapping or list written only where it holds something: a document without one reads as
+# an earlier version wrote it.
+OmittedEmpty = Annotated[T, Field(exclude_if=_is_empty)]
 
 
 _ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
@@ -30,10 +58,52 @@ def read(kind: type[T], doc: Mapping[str, Any]) -> T:
 
 
 def written(value: object) -> JsonObject:
-    """``value`` as JSON holds it: tuples as lists, integer keys as strings."""
-    return _adapter(type(value)).dump_python(value, mode="json")
+    """``value`` as JSON holds it: tuples as lists, integer keys as strings, ``Omitted``
+    fields left out where unset."""
+    return _adapter(type(value)).dump_python(value, mode="json", by_alias=True)
 
 
 def schema(kind: type[Any]) -> dict[str, Any]:
     """The JSON Schema of what ``written`` makes of a ``kind``."""
-    return _adapter(kind).json_schema(mode="serialization")
+    return _adapter(kind).json_schema(mode="serialization", by_alias=True)
+
+
+class Record:
+    """A dataclass whose JSON is its fields, read and written by pydantic."""
+
+    def to_json(self) -> JsonObject:
+        return written(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        return read(cls, data)
+
+
+class Flattened:
+    """A ``Record`` one of whose parts, the field ``FLAT`` (a ``Record`` too), is written
+    as its own keys among the part's, and read back from them."""
+
+    FLAT: ClassVar[str]
+
+    @model_serializer(mode="wrap")
+    def _flatten(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        return {**out.pop(self.FLAT), **out}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and cls.FLAT not in data:
+            return {**data, cls.FLAT: data}  # the part's reader passes over the keys not its own
+        return data
+
+
+class HandWritten:
+    """A part with its own ``to_json`` and ``from_json`` classmethod, which pydantic calls
+    where the part sits inside a ``Record``."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        # its subclasses define both: looked up by name, as this base cannot declare them
+        # without becoming a reader and writer of its own
+        return own_codec(cls, read=getattr(cls, "from_json"), write=lambda part: part.to_json())  # noqa: B009

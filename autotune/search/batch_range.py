@@ -33,13 +33,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
-from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Device
+from autotune.schemas.typed import Record
 from autotune.search.memory import MemoryLimit
 from autotune.search.trial_summary import TrialSummary
 from autotune.space import Space
@@ -72,7 +72,7 @@ def unchecked_top(user_batch: int, batch_range: tuple[int, int] | None) -> int:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Ramp:
+class Ramp(Record):
     """What the ramp measured: ``config`` (short form) at each batch, ``rates`` as
     (batch, samples/s) in the order measured, why it ``stopped``, and the largest batch
     the search tries (``top``)."""
@@ -96,15 +96,6 @@ class Ramp:
             return None
         batch, rate = max(beyond, key=lambda r: r[1])
         return (batch, rate, max(within)) if rate >= max(within) * (1 + FLAT) else None
-
-    def to_json(self) -> JsonObject:
-        return {"config": self.config, "rates": [list(r) for r in self.rates], "stopped": self.stopped,
-                "top": self.top, "memory_bound": self.memory_bound}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Ramp:
-        return cls(config=data["config"], rates=tuple((int(b), float(r)) for b, r in data["rates"]),
-                   stopped=data["stopped"], top=int(data["top"]), memory_bound=bool(data.get("memory_bound")))
 
 
 @contextlib.contextmanager

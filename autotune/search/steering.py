@@ -20,8 +20,8 @@ from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
 from autotune.document.steering import SteeredTrial, Steering, SteeringRound
-from autotune.runtime.json_value import JsonObject
 from autotune.runtime.step_profile import StepProfile
+from autotune.schemas.typed import Record
 from autotune.search.ledger import Ledger
 from autotune.search.pruner import config_of
 from autotune.search.steer import steer
@@ -37,7 +37,7 @@ _START = (Role.BASELINE, Role.HEURISTIC, Role.PRECISION)
 
 
 @dataclasses.dataclass(frozen=True)
-class Round:
+class Round(Record):
     """One profile: of ``config`` (short form), its shares (None where the profiled run
     failed: ``failed`` says why), and the trials it queued: each a dict of ``config``,
     ``category``, ``share``, ``why``."""
@@ -46,16 +46,6 @@ class Round:
     profile: StepProfile | None
     queued: tuple[Mapping[str, Any], ...] = ()
     failed: str | None = None
-
-    def to_json(self) -> JsonObject:
-        return {"config": self.config, "profile": self.profile.to_json() if self.profile else None,
-                "queued": [dict(q) for q in self.queued], "failed": self.failed}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Round:
-        return cls(config=str(data["config"]),
-                   profile=StepProfile.from_json(data["profile"]) if data.get("profile") else None,
-                   queued=tuple(dict(q) for q in data.get("queued") or ()), failed=data.get("failed"))
 
 
 def rounds_of(study: optuna.Study) -> list[Round]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 from autotune.runtime.json_value import JsonObject
+from autotune.schemas.typed import Record
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TrialSummary:
+class TrialSummary(Record):
     """How the trial ended (``status``, ``failure``, ``message``, ``log_tail``), its median
     window (``value``, samples/s), the windows and their spread (``values``, ``iqr``), its
     one-time cost, what its tree (``peak_rss_mb``) and its busiest rank (``rank_peak_mb``;
@@ -40,19 +40,3 @@ class TrialSummary:
     cuda_peak_mb: float | None = None
     cuda_total_mb: float | None = None
     planned_s: float | None = None
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> TrialSummary:
-        def number(key: str) -> float | None:
-            value = data.get(key)
-            return float(value) if value is not None else None
-
-        return cls(status=data.get("status"), value=number("value"), values=tuple(data.get("values") or ()),
-                   iqr=number("iqr"), failure=data.get("failure"), message=data.get("message") or "",
-                   log_tail=data.get("log_tail") or "", one_time_s=number("one_time_s"),
-                   peak_rss_mb=number("peak_rss_mb"), rank_peak_mb=number("rank_peak_mb"), wall_s=number("wall_s"),
-                   phases=dict(data.get("phases") or {}), warm=bool(data.get("warm")),
-                   losses=tuple(data.get("losses") or ()), facts=dict(data.get("facts") or {}),
-                   threads_seen=data.get("threads_seen"), world=data.get("world"),
-                   cuda_peak_mb=number("cuda_peak_mb"), cuda_total_mb=number("cuda_total_mb"),
-                   planned_s=number("planned_s"))

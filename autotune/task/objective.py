@@ -25,10 +25,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import computed_field
+
 from autotune.config import TrialConfig
 from autotune.errors import UsageError
-from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import CompileMode
+from autotune.schemas.typed import Omitted, Record
 
 
 def duration(seconds: float) -> str:
@@ -49,15 +51,15 @@ def per_step(seconds: float) -> str:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PlannedRun:
+class PlannedRun(Record):
     """The run the user plans: ``samples`` of training, given as ``train_steps`` at
     ``batch_size`` (the user's own global batch) or as ``epochs`` of ``dataset_len`` samples."""
 
     samples: int
     batch_size: int
-    train_steps: int | None = None
-    epochs: int | None = None
-    dataset_len: int | None = None
+    train_steps: Omitted[int] = None
+    epochs: Omitted[int] = None
+    dataset_len: Omitted[int] = None
 
     @classmethod
     def of(cls, *, train_steps: int | None, epochs: int | None, batch_size: int,
@@ -94,17 +96,6 @@ class PlannedRun:
             return (f"{self.epochs:,} epoch{'s' if self.epochs != 1 else ''} of "
                     f"{self.dataset_len or 0:,} samples")
         return f"{self.train_steps or 0:,} steps at batch {self.batch_size}"
-
-    def to_json(self) -> JsonObject:
-        return {"samples": self.samples, "batch_size": self.batch_size,
-                **{k: v for k, v in (("train_steps", self.train_steps), ("epochs", self.epochs),
-                                     ("dataset_len", self.dataset_len)) if v is not None}}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PlannedRun:
-        return cls(samples=data["samples"], batch_size=data["batch_size"],
-                   train_steps=data.get("train_steps"), epochs=data.get("epochs"),
-                   dataset_len=data.get("dataset_len"))
 
 
 def described(plan: Mapping[str, Any] | None) -> str:
@@ -162,7 +153,7 @@ class Pricing:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BreakEven:
+class BreakEven(Record):
     """After how many steps a compiled configuration's extra one-time cost is paid back by
     the time it saves a step against its eager twin (the same configuration with
     compile=off), both as the search measured them; steps at the compiled configuration's
@@ -174,6 +165,16 @@ class BreakEven:
     one_time_s: float | None = None  # compiling's extra one-time seconds over the twin
     saved_per_step_s: float | None = None
     steps: float | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def config_short(self) -> str:
+        return self.config.short()
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def compile(self) -> CompileMode:
+        return CompileMode(self.config.compile)
 
     def line(self, *, plan: PlannedRun | None = None) -> str:
         """One line for the summary; with the ``plan``, how many such steps it has."""
@@ -197,20 +198,6 @@ class BreakEven:
                     f"{per_step(self.saved_per_step_s)} saved a step{on}")
         return (f"{what} pays off after {math.ceil(self.steps):,} steps{at}: {duration(self.one_time_s)} "
                 f"of compiling, {per_step(self.saved_per_step_s)} saved a step{planned}{on}")
-
-    def to_json(self) -> JsonObject:
-        return {"config_short": self.config.short(), "config": self.config.to_dict(),
-                "compile": self.config.compile,
-                "twin": self.twin.to_dict() if self.twin is not None else None,
-                "one_time_s": self.one_time_s, "saved_per_step_s": self.saved_per_step_s,
-                "steps": self.steps}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> BreakEven:
-        return cls(config=TrialConfig.from_dict(data["config"]),
-                   twin=TrialConfig.from_dict(data["twin"]) if data.get("twin") else None,
-                   one_time_s=data.get("one_time_s"), saved_per_step_s=data.get("saved_per_step_s"),
-                   steps=data.get("steps"))
 
 
 def break_even(compiled: Measured, twin: Measured | None) -> BreakEven:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from autotune.config import TrialConfig
-from autotune.document.interval import Interval
+from autotune.document.interval import Centre, Inline, Interval
 from autotune.document.measures import Check
 from autotune.runtime.json_value import JsonObject
+from autotune.schemas.typed import Omitted, Record
 from autotune.task.objective import Pricing, duration
 
 
@@ -28,7 +29,7 @@ class ReferenceSpeed:
 
 
 @dataclasses.dataclass(kw_only=True)
-class CandidateSpeed:
+class CandidateSpeed(Inline, Record):
     """A candidate's side-by-side figures against the reference: its ratio per round and
     their interval, its rates, why the check stopped measuring it (None where it ran to
     the end) and, where it was not shown faster, why. Built up after the check: the
@@ -39,30 +40,14 @@ class CandidateSpeed:
     ratios: tuple[float, ...]
     samples_per_s: tuple[float, ...]
     median_samples_per_s: float
-    stopped: str | None = None
-    reason: str | None = None
-    relative_to_candidates: float | None = None
-    planned_s: float | None = None
-    one_time_s: float | None = None
+    stopped: Omitted[str] = None
+    reason: Omitted[str] = None
+    relative_to_candidates: Omitted[float] = None
+    planned_s: Omitted[float] = None
+    one_time_s: Omitted[float] = None
 
-    def to_json(self) -> JsonObject:
-        """The speed check's figures, in the order its check has always written them."""
-        out: JsonObject = {**self.interval.to_json(), "ratios": list(self.ratios),
-                           "samples_per_s": list(self.samples_per_s),
-                           "median_samples_per_s": self.median_samples_per_s}
-        later = (("stopped", self.stopped), ("reason", self.reason),
-                 ("relative_to_candidates", self.relative_to_candidates),
-                 ("planned_s", self.planned_s), ("one_time_s", self.one_time_s))
-        out.update({k: v for k, v in later if v is not None})
-        return out
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> CandidateSpeed:
-        return cls(interval=Interval.from_json(data), ratios=tuple(data["ratios"]),
-                   samples_per_s=tuple(data["samples_per_s"]),
-                   median_samples_per_s=data["median_samples_per_s"], stopped=data.get("stopped"),
-                   reason=data.get("reason"), relative_to_candidates=data.get("relative_to_candidates"),
-                   planned_s=data.get("planned_s"), one_time_s=data.get("one_time_s"))
+    INTERVAL: ClassVar[str] = "interval"
+    CENTRE: ClassVar[Centre] = "median"
 
     @classmethod
     def from_check(cls, check: Check) -> CandidateSpeed | None:

@@ -91,17 +91,10 @@ def outcomes(verdicts: list[Verdict], winner: Verdict | None,
         else:
             outcome = ("faster side by side; its script was not run alone (verification runs "
                        "the scripts of the fastest few only)")
+        interval = v.speed.interval if v.speed is not None else None
         out.append(CandidateOutcome(
-            config=v.config, speed=_outcome_speed(v.speed),
+            config=v.config, median=interval.ratio if interval else None,
+            ci_low=interval.low if interval else None, ci_high=interval.high if interval else None,
+            relative_to_candidates=v.speed.relative_to_candidates if v.speed is not None else None,
             checks=tuple(sorted(v.checks)), outcome=outcome))
     return out
-
-
-def _outcome_speed(speed: CandidateSpeed | None) -> dict[str, float | None]:
-    """The figures of ``speed`` a candidate's outcome records (``CandidateOutcome.SPEED_KEYS``);
-    None each where it was not measured."""
-    if speed is None:
-        return dict.fromkeys(CandidateOutcome.SPEED_KEYS)
-    interval = speed.interval
-    return {"median": interval.ratio, "ci_low": interval.low, "ci_high": interval.high,
-            "relative_to_candidates": speed.relative_to_candidates}
