@@ -34,7 +34,8 @@ from autotune.options import RunOptions
 from autotune.report.console import Reporter
 from autotune.runtime.step_profile import StepProfile
 from autotune.task import Task
-from autotune.trials.events import DoneEvent, SetupEvent, WarmupEvent
+from autotune.trials.events import DoneEvent, WarmupEvent
+from autotune.trials.logs import read_event
 from autotune.trials.protocol import Mode
 from autotune.trials.runner import LiveTrialLike, TrialResult
 from autotune.trials.script_report import ScriptReport
@@ -174,11 +175,11 @@ class StandIn(RunnerDouble):
                                                            samples_per_s=self.throughput(cfg)))
         if trajectory_steps is not None:
             self.gated.append(cfg)
-            return TrialResult(status="ok", done=DoneEvent.from_json({"losses": self.losses(cfg, trajectory_steps)}))
+            return TrialResult(status="ok", done=read_event({"e": "done", "losses": self.losses(cfg, trajectory_steps)}))
         if quality_steps is not None:
             self.gated.append(cfg)
             metric = 0.5 if self.diverge and not cfg.exact else 0.9
-            return TrialResult(status="ok", done=DoneEvent.from_json({"metric": metric,
+            return TrialResult(status="ok", done=read_event({"e": "done", "metric": metric,
                                                                       "losses": self.losses(cfg, quality_steps)}))
         self.measured.append(cfg)
         value = self.throughput(cfg)
@@ -187,10 +188,10 @@ class StandIn(RunnerDouble):
                 return TrialResult(status="pruned")
         step_s = cfg.batch_size / value
         return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
-                           setup=SetupEvent.from_json({"threads": self.threads_seen(cfg), "seconds": 0.0}),
+                           setup=read_event({"e": "setup", "threads": self.threads_seen(cfg), "seconds": 0.0}),
                            facts={"utilisation": self.utilisation(cfg)},
                            warmup=WarmupEvent(first_step_s=step_s + self.one_time_s(cfg), step_s=step_s),
-                           done=DoneEvent.from_json(self.measured_done(cfg)))
+                           done=read_event({"e": "done", **self.measured_done(cfg)}))
 
 
 class StandInRunner(StandIn):
@@ -257,8 +258,8 @@ class ScriptedRunner(RunnerDouble):
         self.runs.append(cfg)
         if trajectory_steps is not None:
             return TrialResult(status="ok",
-                               done=DoneEvent.from_json({"losses": self.losses[cfg.precision][:trajectory_steps]}))
-        return TrialResult(status="ok", done=DoneEvent.from_json({
+                               done=read_event({"e": "done", "losses": self.losses[cfg.precision][:trajectory_steps]}))
+        return TrialResult(status="ok", done=read_event({"e": "done",
             "metric": self.metric[cfg.precision], "losses": self.losses.get(cfg.precision, [1.0])[:quality_steps]}))
 
 

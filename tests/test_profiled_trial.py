@@ -10,7 +10,8 @@ import pytest
 from autotune.config import TrialConfig
 from autotune.runtime.shares import Category
 from autotune.runtime.step_profile import StepProfile
-from autotune.trials.events import DoneEvent, read_event
+from autotune.trials.events import DoneEvent
+from autotune.trials.logs import read_event
 from autotune.trials.protocol import Measurement, Mode
 from autotune.trials.result import TrialResult
 from autotune.trials.runner import TrialRunner

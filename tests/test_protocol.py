@@ -10,8 +10,8 @@ from autotune.trials.events import (
     SetupEvent,
     WarmupEvent,
     WindowEvent,
-    read_event,
 )
+from autotune.trials.logs import read_event
 from autotune.trials.protocol import Event, Failure, Measurement, Mode, Role, Status
 from autotune.trials.runner import LiveTrial, TrialResult
 from autotune.trials.spec import TrialMode, TrialSpec
@@ -102,9 +102,9 @@ def test_a_line_of_an_unknown_kind_is_passed_over_and_a_stand_ins_short_lines_ar
 
 
 def test_the_done_event_says_its_mode_by_what_it_carries():
-    assert DoneEvent.from_json({"value": 1.0, "values": [1.0], "losses": []}).mode is Mode.MEASURE
-    assert DoneEvent.from_json({"losses": [1.0]}).mode is Mode.TRAJECTORY
-    quality = DoneEvent.from_json({"losses": [1.0], "metric": 0.5})
+    assert read_event({"e": "done", "value": 1.0, "values": [1.0], "losses": []}).mode is Mode.MEASURE
+    assert read_event({"e": "done", "losses": [1.0]}).mode is Mode.TRAJECTORY
+    quality = read_event({"e": "done", "losses": [1.0], "metric": 0.5})
     assert quality.mode is Mode.QUALITY and quality.metric == 0.5
     assert set(DoneEvent(mode=Mode.TRAJECTORY, losses=[1.0]).to_json()) == {"e", "rank", "t", "losses"}
 
@@ -128,7 +128,7 @@ def test_the_spec_round_trips_and_keeps_the_keys_specs_always_had(tmp_path):
 
 
 def test_the_summary_stored_on_the_study_keeps_its_keys_and_values():
-    setup = SetupEvent.from_json(SETUP_LINE)
+    setup = read_event(SETUP_LINE)
     result = TrialResult(status=Status.OK, value=99.5, values=[99.5], iqr=0.0, setup=setup,
                          facts={"e": "facts", "rank": 0, "t": 1.0, "ddp": True, "layer_widths": {"fc": 4}},
                          warmup=WarmupEvent(first_step_s=0.5, step_s=0.1, t=102.0),

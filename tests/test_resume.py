@@ -88,7 +88,7 @@ from autotune.search.budget import SearchBudget
 from autotune.search.course import Course, Starts
 from autotune.search.tuner import Tuner, open_study
 from autotune.space import build_space
-from autotune.trials.events import SetupEvent
+from autotune.trials.logs import read_event
 from autotune.trials.runner import TrialResult
 
 
@@ -116,7 +116,7 @@ class StandInRunner:
         if cfg.threads is None and opts.get("baseline_best"):
             value = 10_000.0
         return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
-                           setup=SetupEvent.from_json({"threads": cfg.threads or 2}))
+                           setup=read_event({"e": "setup", "threads": cfg.threads or 2}))
 
 
 study = open_study(storage_path=journal, study_name="sim")

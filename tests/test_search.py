@@ -13,7 +13,8 @@ from autotune.search.course import Course
 from autotune.search.study import StudyDamaged, repair_journal
 from autotune.search.tuner import Tuner, open_study
 from autotune.space import MEMORY_KNOBS, build_space
-from autotune.trials.events import SetupEvent, WarmupEvent
+from autotune.trials.events import WarmupEvent
+from autotune.trials.logs import read_event
 from autotune.trials.protocol import Role
 from autotune.trials.runner import TrialResult
 
@@ -41,7 +42,7 @@ class ThroughputOfBatch:
         self.measured.append(cfg)
         value = throughput(cfg.batch_size, cfg.num_workers, cfg.nprocs)
         return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
-                           setup=SetupEvent.from_json({"threads": cfg.threads or 2}))
+                           setup=read_event({"e": "setup", "threads": cfg.threads or 2}))
 
 
 def _but_batch(cfg: dict) -> dict:
@@ -110,7 +111,7 @@ def test_a_batch_whose_throughput_peaks_far_from_the_samples_is_climbed_to(tmp_p
             b = cfg.batch_size
             value = 1000.0 * (b / peak if b <= peak else peak / b) ** 0.5
             return TrialResult(status="ok", value=value, values=[value] * 3, iqr=0.0,
-                               setup=SetupEvent.from_json({"threads": cfg.threads or 2}))
+                               setup=read_event({"e": "setup", "threads": cfg.threads or 2}))
 
     study = open_study(storage_path=tmp_path / "study.journal", study_name="sim")
     runner = PeaksAt256()

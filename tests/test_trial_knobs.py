@@ -211,13 +211,13 @@ class _StubRunner:
         self.configs: list[TrialConfig] = []
 
     def run(self, cfg, *, name, on_window=None, **_):
-        from autotune.trials.events import SetupEvent
+        from autotune.trials.logs import read_event
         from autotune.trials.runner import TrialResult
 
         self.configs.append(cfg)
         value = 100.0 if cfg.threads is None else 50.0
         return TrialResult(status="ok", value=value, values=[value, value],
-                           setup=SetupEvent.from_json({"threads": cfg.threads or 2, "world": 1}))
+                           setup=read_event({"e": "setup", "threads": cfg.threads or 2, "world": 1}))
 
 
 # Regression guard: the best trial is the baseline (threads=None) and the layout of the

@@ -11,7 +11,7 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.document.measures import Check
-from autotune.trials.events import DoneEvent
+from autotune.trials.logs import read_event
 from autotune.trials.runner import Measurement, TrialResult, TrialRunner
 from autotune.verify import device_room, side_by_side, stats
 from autotune.verify.device_room import DeviceRoom
@@ -197,7 +197,7 @@ def test_quality_check_trains_both_and_compares_evaluate(tmp_path):
 def test_a_training_guarded_by_its_reference_ends_exactly_where_the_numerics_check_rejects_it():
     rng = random.Random(3)
     ref = [2.3 * 0.95 ** i for i in range(40)]
-    reference = TrialResult(status="ok", done=DoneEvent.from_json({"losses": ref}))
+    reference = TrialResult(status="ok", done=read_event({"e": "done", "losses": ref}))
     near = guard(reference, TrialConfig(batch_size=16, precision="bf16"), steps=40, tolerance=0.1)
     assert near is not None and near.by == pytest.approx(0.23)
     assert guard(reference, TrialConfig(batch_size=16, precision="fp16"), steps=40, tolerance=0.1) is None

@@ -4,6 +4,7 @@ of training alone."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -277,7 +278,7 @@ def train(session: Session, *, total: int, start: int, config: ConfigDict, check
             # The first step, with hooks that record what each knob did here, the way
             # autotune's trials record it.
             loss, first = step_facts(session)
-            facts = {**first, **process_facts().to_json()}
+            facts = {**first, **dataclasses.asdict(process_facts())}
             pending.append(loss)
         else:
             pending.append(session.step())

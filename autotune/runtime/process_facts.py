@@ -4,10 +4,6 @@ torch); this module imports no torch, for the tuner reads them back from the eve
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
-
-from .json_value import JsonObject
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,13 +18,4 @@ class ProcessFacts:
     libraries: list[str] = dataclasses.field(default_factory=list)
     env: dict[str, str | None] = dataclasses.field(default_factory=dict)
 
-    def to_json(self) -> JsonObject:
-        return {"threads": self.threads, "interop_threads": self.interop_threads, "affinity": self.affinity,
-                "libraries": self.libraries, "env": self.env}
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ProcessFacts:
-        """Lenient: a trial's setup line may carry only some of them (a stand-in's)."""
-        return cls(threads=data.get("threads"), interop_threads=data.get("interop_threads"),
-                   affinity=list(data.get("affinity") or []), libraries=list(data.get("libraries") or []),
-                   env=dict(data.get("env") or {}))

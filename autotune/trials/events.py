@@ -1,6 +1,7 @@
 """The lines of a trial's events.jsonl, one dataclass per ``Event`` kind: the worker builds
 one and ``Events.emit`` stamps it (its rank, the wall-clock time) and writes its
-``to_json()``; the tuner reads each line back with ``read_event``.
+``to_json()``; the tuner reads each line back into its type with ``trials.logs.read_event``
+(the trial process writes them without pydantic, which reads them).
 
 Every line is ``{"e": kind, "rank": ..., "t": ..., **fields}``, the fields as they were
 before these types: tests, tools and older tuners read them by key. Reading is lenient
@@ -10,8 +11,8 @@ strict where it does (a window's rate, an error's kind).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeAlias
+import enum
+from typing import ClassVar, TypeAlias
 
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.process_facts import ProcessFacts
@@ -23,14 +24,29 @@ def _stamp(kind: Event, rank: int, t: float) -> JsonObject:
     return {"e": kind.value, "rank": rank, "t": t}
 
 
+class _Line:
+    """An event whose line is its stamp, then its fields in their order (a vocabulary's
+    member as its value)."""
+
+    KIND: ClassVar[Event]
+    rank: int
+    t: float
+
+    def to_json(self) -> JsonObject:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)  # type: ignore[arg-type]
+                  if f.name not in ("rank", "t")}
+        return {**_stamp(self.KIND, self.rank, self.t),
+                **{k: v.value if isinstance(v, enum.Enum) else v for k, v in fields.items()}}
+
+
 @dataclasses.dataclass(frozen=True)
-class SetupEvent:
+class SetupEvent(_Line):
     """The process group, model and data are ready, ``seconds`` after the configuration
     began, of which ``process_s`` the process's own setup (imports, build_dataset: paid
     once by a warm process, whose later configurations report 0)."""
 
     KIND: ClassVar[Event] = Event.SETUP
-    seconds: float
+    seconds: float = 0.0
     process_s: float = 0.0
     world: int | None = None
     backend: str | None = None
@@ -41,36 +57,21 @@ class SetupEvent:
     t: float = 0.0
 
     def to_json(self) -> JsonObject:
-        return {**_stamp(self.KIND, self.rank, self.t), "seconds": self.seconds, "process_s": self.process_s,
-                "world": self.world, "backend": self.backend, "pid": self.pid, "warm": self.warm,
-                **(self.process.to_json() if self.process is not None else {})}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SetupEvent:
-        return cls(seconds=float(data.get("seconds") or 0.0), process_s=float(data.get("process_s") or 0.0),
-                   world=data.get("world"), backend=data.get("backend"), pid=data.get("pid"),
-                   warm=bool(data.get("warm")),
-                   process=ProcessFacts.from_json(data) if "threads" in data else None,
-                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
+        # the process's facts among the line's own
+        line = super().to_json()
+        del line["process"]
+        return {**line, **(dataclasses.asdict(self.process) if self.process is not None else {})}
 
 
 @dataclasses.dataclass(frozen=True)
-class BeatEvent:
+class BeatEvent(_Line):
     """A warm-up step finished: the hang watch's heartbeat."""
 
     KIND: ClassVar[Event] = Event.BEAT
-    step: int
     phase: str = "warmup"
+    step: int = 0
     rank: int = 0
     t: float = 0.0
-
-    def to_json(self) -> JsonObject:
-        return {**_stamp(self.KIND, self.rank, self.t), "phase": self.phase, "step": self.step}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> BeatEvent:
-        return cls(step=int(data.get("step") or 0), phase=str(data.get("phase", "warmup")),
-                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +88,6 @@ class FactsEvent:
     def to_json(self) -> JsonObject:
         return {**_stamp(self.KIND, self.rank, self.t), **self.facts}
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> FactsEvent:
-        return cls(facts={k: v for k, v in data.items() if k not in ("e", "rank", "t")},
-                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
-
 
 @dataclasses.dataclass(frozen=True)
 class WarmupEvent:
@@ -100,7 +96,7 @@ class WarmupEvent:
 
     KIND: ClassVar[Event] = Event.WARMUP
     first_step_s: float
-    step_s: float
+    step_s: float = 0.0
     steps_per_window: int | None = None
     rank: int = 0
     t: float = 0.0
@@ -112,32 +108,18 @@ class WarmupEvent:
             out["steps_per_window"] = self.steps_per_window
         return out
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> WarmupEvent:
-        steps = data.get("steps_per_window")
-        return cls(first_step_s=float(data["first_step_s"]), step_s=float(data.get("step_s") or 0.0),
-                   steps_per_window=int(steps) if steps is not None else None,
-                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
-
 
 @dataclasses.dataclass(frozen=True)
-class ReadyEvent:
+class ReadyEvent(_Line):
     """A served trial waits for window commands."""
 
     KIND: ClassVar[Event] = Event.READY
     rank: int = 0
     t: float = 0.0
 
-    def to_json(self) -> JsonObject:
-        return _stamp(self.KIND, self.rank, self.t)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ReadyEvent:
-        return cls(rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
-
 
 @dataclasses.dataclass(frozen=True)
-class WindowEvent:
+class WindowEvent(_Line):
     """One measured window: its index, throughput, seconds and steps."""
 
     KIND: ClassVar[Event] = Event.WINDOW
@@ -147,16 +129,6 @@ class WindowEvent:
     steps: int = 0
     rank: int = 0
     t: float = 0.0
-
-    def to_json(self) -> JsonObject:
-        return {**_stamp(self.KIND, self.rank, self.t), "i": self.i, "samples_per_s": self.samples_per_s,
-                "seconds": self.seconds, "steps": self.steps}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> WindowEvent:
-        return cls(i=int(data["i"]), samples_per_s=float(data["samples_per_s"]),
-                   seconds=float(data.get("seconds", 0.0)), steps=int(data.get("steps") or 0),
-                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,30 +181,9 @@ class DoneEvent:
                     out["evaluations"] = [[step, score] for step, score in self.evaluations]
         return out
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> DoneEvent:
-        if "step_profile" in data:
-            profile = data["step_profile"]
-            return cls(mode=Mode.PROFILE, step_profile=StepProfile.from_json(profile) if profile else None,
-                       samples_per_s=_number(data, "samples_per_s"),
-                       rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
-        mode = Mode.MEASURE if "value" in data else Mode.QUALITY if "metric" in data else Mode.TRAJECTORY
-        return cls(mode=mode, losses=[float(v) for v in data.get("losses") or []], value=_number(data, "value"),
-                   values=[float(v) for v in data.get("values") or []], iqr=_number(data, "iqr"),
-                   peak_rss_mb=_number(data, "peak_rss_mb"), rank_peak_mb=_number(data, "rank_peak_mb"),
-                   cuda_peak_mb=_number(data, "cuda_peak_mb"), cuda_total_mb=_number(data, "cuda_total_mb"),
-                   minor_faults_per_step=_number(data, "minor_faults_per_step"), metric=_number(data, "metric"),
-                   evaluations=[(int(step), float(score)) for step, score in data.get("evaluations") or []],
-                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
-
-
-def _number(data: Mapping[str, Any], key: str) -> float | None:
-    value = data.get(key)
-    return None if value is None else float(value)
-
 
 @dataclasses.dataclass(frozen=True)
-class ErrorEvent:
+class ErrorEvent(_Line):
     """The trial failed (every rank reports its own): how (a ``Failure``), its message and
     traceback."""
 
@@ -243,31 +194,6 @@ class ErrorEvent:
     rank: int = 0
     t: float = 0.0
 
-    def to_json(self) -> JsonObject:
-        return {**_stamp(self.KIND, self.rank, self.t), "kind": self.kind.value, "message": self.message,
-                "traceback": self.traceback}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ErrorEvent:
-        return cls(kind=Failure(data["kind"]), message=str(data["message"]), traceback=str(data.get("traceback", "")),
-                   rank=int(data.get("rank", 0)), t=float(data.get("t") or 0.0))
-
 
 TrialEvent: TypeAlias = (SetupEvent | BeatEvent | FactsEvent | WarmupEvent | ReadyEvent | WindowEvent | DoneEvent
                           | ErrorEvent)
-
-_READERS: dict[Event, Callable[[Mapping[str, Any]], TrialEvent]] = {
-    Event.SETUP: SetupEvent.from_json, Event.BEAT: BeatEvent.from_json, Event.FACTS: FactsEvent.from_json,
-    Event.WARMUP: WarmupEvent.from_json, Event.READY: ReadyEvent.from_json, Event.WINDOW: WindowEvent.from_json,
-    Event.DONE: DoneEvent.from_json, Event.ERROR: ErrorEvent.from_json,
-}
-
-
-def read_event(data: Mapping[str, Any]) -> TrialEvent | None:
-    """A line of events.jsonl as its event; None for a kind this tuner does not know (a
-    newer worker's: nothing here acts on it)."""
-    try:
-        kind = Event(data.get("e"))
-    except ValueError:
-        return None
-    return _READERS[kind](data)

@@ -2,13 +2,29 @@
 ``__getitem__`` cannot fill the disk, and read from the end) and its event file."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from autotune.runtime.process_facts import ProcessFacts
 from autotune.runtime.ranks import RANKS_PREFIX
-from autotune.trials.events import TrialEvent, read_event
+from autotune.schemas import typed
+from autotune.trials.events import (
+    BeatEvent,
+    DoneEvent,
+    ErrorEvent,
+    FactsEvent,
+    ReadyEvent,
+    SetupEvent,
+    TrialEvent,
+    WarmupEvent,
+    WindowEvent,
+)
+from autotune.trials.protocol import Event, Mode
 
 # A trial's log past LOG_CAP_BYTES keeps its first and last LOG_KEEP_BYTES: a print in
 # __getitem__ would otherwise fill the disk.
@@ -38,6 +54,42 @@ def cap_log(path: Path, *, cap: int, keep: int) -> int:
         marker = f"\n[autotune: {removed:,} bytes of this log were cut here]\n".encode()
         f.write(marker + tail)
     return removed
+
+
+KINDS: dict[Event, type[TrialEvent]] = {kind.KIND: kind for kind in (
+    SetupEvent, BeatEvent, FactsEvent, WarmupEvent, ReadyEvent, WindowEvent, DoneEvent, ErrorEvent)}
+STAMP = ("e", "rank", "t")
+
+
+def read_event(data: Mapping[str, Any]) -> TrialEvent | None:
+    """A line of events.jsonl as its event; None for a kind this tuner does not know (a
+    newer worker's: nothing here acts on it). A null reads as the field's default where
+    it has one (a stand-in worker's lines carry few fields); a field the tuner acts on
+    (a window's rate, an error's kind) must be there, of its type (pydantic's
+    ValidationError names it)."""
+    try:
+        kind = KINDS[Event(data.get("e"))]
+    except ValueError:
+        return None
+    fields = _set(kind, data)
+    # the parts a line carries flat among its fields
+    if kind is SetupEvent and "threads" in data:
+        fields["process"] = typed.read(ProcessFacts, _set(ProcessFacts, data))
+    elif kind is FactsEvent:
+        fields = {"facts": {k: v for k, v in data.items() if k not in STAMP},
+                  **{k: v for k, v in fields.items() if k in STAMP}}
+    elif kind is DoneEvent:  # the mode is not on the line: what it carries says
+        fields["mode"] = (Mode.PROFILE if "step_profile" in data else Mode.MEASURE if "value" in data
+                          else Mode.QUALITY if "metric" in data else Mode.TRAJECTORY)
+    return typed.read(kind, fields)
+
+
+def _set(kind: type[Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` less the nulls of fields that have a default other than None."""
+    defaulted = {f.name for f in dataclasses.fields(kind)
+                 if f.default is not None and (f.default is not dataclasses.MISSING
+                                               or f.default_factory is not dataclasses.MISSING)}
+    return {k: v for k, v in data.items() if not (v is None and k in defaulted)}
 
 
 class EventReader:

@@ -15,7 +15,8 @@ from autotune.outdir import write_atomically
 from autotune.runtime.knobs import Device
 from autotune.search import memory
 from autotune.trials.events import DoneEvent
-from autotune.trials.protocol import Failure, Status
+from autotune.trials.logs import read_event
+from autotune.trials.protocol import Event, Failure, Status
 from autotune.trials.runner import TrialResult
 
 # Knobs that only place or feed the work (threads, allocator, pinning, DataLoader
@@ -125,7 +126,8 @@ class KeptReferences:
         found = self._all().get(self._key(cfg, seed=seed, steps=steps, evaluate_at=evaluate_at))
         if not isinstance(found, dict):
             return None
-        return TrialResult(status=Status.OK, done=DoneEvent.from_json(found["done"]))
+        done = read_event({**found["done"], "e": Event.DONE.value})
+        return TrialResult(status=Status.OK, done=done) if isinstance(done, DoneEvent) else None
 
     def write(self, cfg: TrialConfig, result: TrialResult, *, seed: int, steps: int,
               evaluate_at: tuple[int, ...]) -> None:
