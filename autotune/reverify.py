@@ -49,7 +49,7 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     cfg, baseline = doc.config, doc.baseline.config
     machine = as_machine(machine) if machine is not None else probe_machine()
     tuned_on = {k: v for k, v in doc.fingerprint.items() if k != "id"}
-    differs = fingerprint_diff(tuned_on, fingerprint(machine.to_dict()))
+    differs = fingerprint_diff(tuned_on, fingerprint(machine.to_json()))
     for line in differs:
         reporter.warn(f"this machine differs from the one the config was tuned on: {line}")
     kept = doc.kept if cfg == baseline else None

@@ -36,7 +36,7 @@ def main() -> int:
     p.add_argument("--multipliers", default="1,4", help="batch sizes as multiples of the file's")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    machine = probe_machine().to_dict()
+    machine = probe_machine().to_json()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for path in WORKLOADS:

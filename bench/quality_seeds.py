@@ -51,7 +51,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     user = load_user_module(str(Path(args.model_file).resolve()))
     machine = probe_machine()
-    gpu = bool(machine.to_dict().get("gpus"))
+    gpu = bool(machine.to_json().get("gpus"))
     # on CPU, tcmalloc: one warm process runs every training (glibc's allocator gets a fresh one each)
     baseline = TrialConfig.from_dict({"batch_size": int(getattr(user, "batch_size", 32)),
                                       "device": "cuda" if gpu else "cpu", "backend": "nccl" if gpu else "gloo",

@@ -157,7 +157,7 @@ def test_train_tuned_evaluates_after_each_epoch_on_cuda(tmp_path, no_autotune_en
     from autotune.probes import probe_machine
 
     cfg = TrialConfig(device="cuda", backend="nccl", batch_size=TINY_BATCH, num_workers=1, pin_memory=True)
-    env, _ = launch.environment(cfg, machine=probe_machine().to_dict())
+    env, _ = launch.environment(cfg, machine=probe_machine().to_json())
     out, work = tmp_path / "out", tmp_path / "work"
     emit.write_candidate(out, cfg=cfg, model_file=MODELS / "tiny_cnn.py", env=env, description="t")
     proc = run_launch_sh(out, work, no_autotune_env, "--epochs", "2", "--log-every", "1", "--report", "r.json",
@@ -211,7 +211,7 @@ EIGHT = TrialConfig(device="cuda", backend="nccl", nprocs=8, threads=1, batch_si
 def _emit_eight(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     from autotune.probes import probe_machine
 
-    env, _ = launch.environment(EIGHT, machine=probe_machine().to_dict())
+    env, _ = launch.environment(EIGHT, machine=probe_machine().to_json())
     out = tmp_path / "out"
     emit.write_outputs(out, cfg=EIGHT, model_file=MODELS / "knob_cnn.py", env=env,
                        document=run_document(EIGHT, baseline=TrialConfig(device="cuda")), description="t")

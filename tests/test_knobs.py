@@ -23,7 +23,7 @@ MODEL = Path(__file__).parent / "models" / "knob_cnn.py"
 
 @pytest.fixture(scope="module")
 def machine():
-    return probe_machine().to_dict()
+    return probe_machine().to_json()
 
 
 def needs_allocator(machine, name):

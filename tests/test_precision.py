@@ -19,7 +19,7 @@ MODELS = Path(__file__).parent / "models"
 def _native_bf16() -> bool:
     from autotune.probes import probe_machine
 
-    isa = probe_machine().to_dict()["cpu"].get("isa") or {}
+    isa = probe_machine().to_json()["cpu"].get("isa") or {}
     return bool(isa.get("avx512_bf16") or isa.get("amx_bf16"))
 
 

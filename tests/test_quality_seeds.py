@@ -28,7 +28,7 @@ def gated(model: str, batch_size: int, workdir: Path) -> list[tuple[bool, str | 
     and how many steps the candidate trained."""
     machine = probe_machine()
     # tcmalloc: trainings share one warm process (glibc's allocator gets a fresh one each)
-    allocator = "tcmalloc" if machine.to_dict()["allocators"].get("tcmalloc") else "default"
+    allocator = "tcmalloc" if machine.to_json()["allocators"].get("tcmalloc") else "default"
     baseline = TrialConfig(batch_size=batch_size, allocator=allocator)
     runner = TrialRunner(model_file=MODELS / model, machine=machine, workdir=workdir)
     verdicts = []

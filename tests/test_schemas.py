@@ -108,6 +108,22 @@ def test_a_document_an_earlier_version_wrote_reads_back_as_itself(name):
     assert schemas.problem(earlier, "best_config") is None
 
 
+def test_a_document_read_into_its_types_refuses_a_mistyped_part_naming_where_it_is():
+    """Each part of best_config.json is read by its type (pydantic), not by key: a value of
+    the wrong type is refused with its path, where a reader by key took it as it was."""
+    from pydantic import ValidationError
+
+    earlier = json.loads((EARLIER / "best_config_55ea3ca_path_plan.json").read_text())
+    mistyped = {**earlier, "search": {**earlier["search"], "ranking": [{"config": "x", "samples_per_s": "fast"}]}}
+    with pytest.raises(ValidationError, match=r"search\.ranking\.0\.samples_per_s"):
+        RunDocument.from_json(mistyped)
+    plan = {**earlier["plan"], "chosen": {**earlier["plan"]["chosen"], "predicted_s": [1]}}
+    with pytest.raises(ValidationError, match=r"plan\.chosen\.predicted_s"):
+        RunDocument.from_json({**earlier, "plan": plan})
+    # what a part leaves out where it did not happen stays out, and reads back as absent
+    assert "ablation" not in RunDocument.from_json({k: v for k, v in earlier.items() if k != "ablation"}).to_json()
+
+
 def test_an_interval_reads_either_spelling_and_writes_the_published_one():
     from autotune.document.interval import Interval
 
@@ -136,7 +152,7 @@ def test_a_probe_document_an_earlier_version_wrote_reads_into_its_types_as_itsel
 
     earlier = json.loads((EARLIER / "probe_55ea3ca.json").read_text())
     machine = {k: v for k, v in earlier.items() if k not in ("fingerprint_id", "space")}
-    assert Machine.from_dict(machine).to_dict() == machine
+    assert Machine.from_json(machine).to_json() == machine
     assert schemas.problem(earlier, "probe") is None
 
 
@@ -147,7 +163,7 @@ def test_a_probe_document_with_a_mistyped_section_is_refused_naming_it():
 
     earlier = json.loads((EARLIER / "probe_55ea3ca.json").read_text())
     with pytest.raises(ValidationError, match="cpu.usable_cores"):
-        Machine.from_dict({**earlier, "cpu": {**earlier["cpu"], "usable_cores": "two"}})
+        Machine.from_json({**earlier, "cpu": {**earlier["cpu"], "usable_cores": "two"}})
 
 
 def test_the_error_schema_is_the_one_its_type_generates(capsys):

@@ -193,7 +193,7 @@ DOC = {"cpu": {"usable_cores": 4, "usable_cpus": [0, 1, 2, 3], "isa": {"amx_bf16
 
 
 def test_a_probe_and_its_document_give_the_same_space():
-    probe = Machine.from_dict(DOC)
+    probe = Machine.from_json(DOC)
     assert isinstance(probe, Machine)
     kw = dict(baseline_batch=16, dataset_len=1000, image_inputs=True, batchnorm_layers=("bn",))
     typed, doc = build_space(probe, **kw), build_space(DOC, **kw)

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from autotune.probes import fingerprint_id, probe_machine, render_text
 
-    doc = probe_machine().to_dict()
+    doc = probe_machine().to_json()
     doc["fingerprint_id"] = fingerprint_id(doc)
     space = build_space(doc)
     doc["space"] = space.describe()

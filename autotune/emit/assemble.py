@@ -60,7 +60,7 @@ def build_document(workbench: Workbench, verify: VerifyOptions, sharing: Sharing
     candidates = tuple(outcomes(verdicts, winner, pricing))
     return RunDocument(
         model_file=str(workbench.task.path), autotune_version=__version__,
-        fingerprint={**fingerprint(machine.to_dict()), "id": fingerprint_id(machine.to_dict())},
+        fingerprint={**fingerprint(machine.to_json()), "id": fingerprint_id(machine.to_json())},
         config=chosen, baseline=baseline, best=best,
         speedup=claim.speedup if claim is not None else None,
         verification=dict(winner.checks) if winner is not None else {},

@@ -12,8 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.runtime.json_value import JsonObject
-from autotune.schemas import typed
+from pydantic import model_validator
+
+from autotune.schemas.typed import Record
 
 from . import _io
 from . import software as sw_mod
@@ -30,7 +31,7 @@ SCHEMA_VERSION = 1
 
 
 @dataclass
-class Machine:
+class Machine(Record):
     cpu: CpuInfo
     memory: MemoryInfo
     gpus: list[GpuInfo] = field(default_factory=list)
@@ -51,17 +52,17 @@ class Machine:
     timings: dict[str, float] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
-    def to_dict(self) -> JsonObject:
-        return typed.written(self)
-
+    @model_validator(mode="before")
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> Machine:
-        """Rebuild from a saved document (e.g. a tuning record's machine); what it lacks
-        reads as not probed, and a section that is null as an empty one."""
+    def _given(cls, doc: Any) -> Any:
+        """A saved document (e.g. a tuning record's machine) as far as it goes: what it
+        lacks reads as not probed, and a section that is null as an empty one."""
+        if not isinstance(doc, Mapping):
+            return doc
         given = {k: v for k, v in doc.items() if v is not None or k in _NULLABLE}
         given["cpu"] = given_cpu(doc.get("cpu") or {})
         given["memory"] = doc.get("memory") or {}
-        return typed.read(cls, given)
+        return given
 
 
 # the sections a probe writes as null where it learnt nothing (the others read null as empty)
@@ -171,7 +172,7 @@ def resource_warnings(memory: MemoryInfo, gpus: list[GpuInfo]) -> list[str]:
 def as_machine(machine: Machine | Mapping[str, Any]) -> Machine:
     """The typed machine, from itself or from a saved probe document (a recorded probe
     of another machine, a tuning record's machine)."""
-    return machine if isinstance(machine, Machine) else Machine.from_dict(machine)
+    return machine if isinstance(machine, Machine) else Machine.from_json(machine)
 
 
 def _host_facts() -> dict[str, str]:

@@ -48,7 +48,7 @@ def open_place(workbench: Workbench, sharing: SharingOptions, *, space: Space) -
     """The run's study, resumed when there is one; for a shared study, with when its budget
     began (the study refuses a worker that is not what it was created for)."""
     task, out, reporter = workbench.task, workbench.out, workbench.reporter
-    name = sharing.study or study_name(task.path, fingerprint_id(workbench.machine.to_dict()))
+    name = sharing.study or study_name(task.path, fingerprint_id(workbench.machine.to_json()))
     if sharing.storage is None:
         repaired = repair_journal(storage_path(out))
         if repaired:
@@ -61,7 +61,7 @@ def open_place(workbench: Workbench, sharing: SharingOptions, *, space: Space) -
     storage = database_storage(sharing.storage, heartbeat_s=sharing.heartbeat_s, on_stale=retry_stale)
     study = open_study(storage=storage, study_name=name)
     started_at = shared.join(study, storage, lock_name=f"{name}:queue", mine=shared.identity(
-        fingerprint=fingerprint(workbench.machine.to_dict()), model_file=task.path, space=space.describe()))
+        fingerprint=fingerprint(workbench.machine.to_json()), model_file=task.path, space=space.describe()))
     reporter.info(f"a worker of the study {name!r} in {shown_url(sharing.storage)} "
                   f"({len(study.trials)} trials stored)")
     return StudyPlace(study=study, name=name, storage=storage, started_at=started_at)

@@ -14,7 +14,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.fixture(scope="module")
 def docs() -> dict[str, dict]:
-    return {m: probe_machine(root=str(FIXTURES / m)).to_dict()
+    return {m: probe_machine(root=str(FIXTURES / m)).to_json()
             for m in ("local_epyc_kvm", "intel_spr_2s", "amd_genoa_nps4", "arm_graviton3")}
 
 
@@ -43,7 +43,7 @@ def test_fingerprint_id_is_stable(docs: dict[str, dict]) -> None:
     assert fingerprint_id(copy.deepcopy(doc)) == fid
     assert fingerprint_id(fingerprint(doc)) == fid  # docs and fingerprints hash alike
     assert fingerprint_id(json.loads(json.dumps(doc))) == fid
-    assert fingerprint_id(Machine.from_dict(doc).to_dict()) == fid
+    assert fingerprint_id(Machine.from_json(doc).to_json()) == fid
     # Volatile readings are not part of the identity.
     noisy = copy.deepcopy(doc)
     noisy["memory"]["available_bytes"] = 1
@@ -94,7 +94,7 @@ def test_render_text_mentions_the_key_facts(docs: dict[str, dict]) -> None:
 
 
 def test_render_text_with_gpus() -> None:
-    doc = probe_machine(root=str(FIXTURES / "intel_spr_2s")).to_dict()
+    doc = probe_machine(root=str(FIXTURES / "intel_spr_2s")).to_json()
     doc["gpus"] = [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 << 30, "compute_capability": "9.0"}]
     doc["gpu_error"] = None
     assert "0: NVIDIA H100 80GB HBM3, 80 GiB, sm 9.0" in render_text(doc)

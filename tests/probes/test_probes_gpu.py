@@ -128,17 +128,17 @@ def test_query_failure_after_init_is_reported() -> None:
 
 def test_fake_root_with_fake_nvml_in_document() -> None:
     probe = probe_machine(root=str(FIXTURES / "intel_spr_2s"), nvml=FakeNVML(2))
-    doc = probe.to_dict()
+    doc = probe.to_json()
     assert doc["gpu_error"] is None
     assert [g["compute_capability"] for g in doc["gpus"]] == ["9.0", "9.0"]
     assert doc["gpu_links"][0]["nvlink"] is True
     fp = fingerprint(doc)
     assert fp["gpu_count"] == 2 and fp["gpu_names"] == ["NVIDIA H100 80GB HBM3"] * 2
-    assert Machine.from_dict(doc).to_dict() == doc
+    assert Machine.from_json(doc).to_json() == doc
 
 
 def test_fake_root_without_nvml_does_not_probe_host_gpus() -> None:
-    doc = probe_machine(root=str(FIXTURES / "arm_graviton3")).to_dict()
+    doc = probe_machine(root=str(FIXTURES / "arm_graviton3")).to_json()
     assert doc["gpus"] == [] and "not probed" in doc["gpu_error"]
 
 
@@ -241,10 +241,10 @@ def test_other_processes_on_the_gpus_are_counted_but_not_ours() -> None:
 
 
 def test_the_probe_counts_processes_and_warns_when_gpus_are_busy() -> None:
-    doc = probe_machine(root=str(FIXTURES / "intel_spr_2s"), nvml=FakeMigNVML(2)).to_dict()
+    doc = probe_machine(root=str(FIXTURES / "intel_spr_2s"), nvml=FakeMigNVML(2)).to_json()
     assert [g["processes"] for g in doc["gpus"]] == [0, 1]
     assert any("other processes compute on GPU 1 (1)" in w for w in doc["warnings"])
-    assert Machine.from_dict(doc).to_dict() == doc
+    assert Machine.from_json(doc).to_json() == doc
 
 
 # ---------------------------------------------------------------- torch's devices
@@ -286,7 +286,7 @@ def test_the_torch_probes_devices_are_written_as_the_document_keeps_them() -> No
 def machine_fixture(name: str) -> Machine:
     import json
 
-    return Machine.from_dict(json.loads((MACHINES / f"{name}.json").read_text()))
+    return Machine.from_json(json.loads((MACHINES / f"{name}.json").read_text()))
 
 
 def test_the_h100_fixtures_agree_with_themselves() -> None:
@@ -430,14 +430,14 @@ def test_visible_gpus_shows_a_mig_gpu_as_one_mig_device() -> None:
 def test_the_fingerprint_counts_the_gpus_a_trial_sees(monkeypatch: pytest.MonkeyPatch) -> None:
     from autotune.probes import fingerprint_id
 
-    doc = machine_fixture("h100x8").to_dict()
+    doc = machine_fixture("h100x8").to_json()
     assert fingerprint(doc, cuda_visible_devices=None)["gpu_count"] == 8
     assert fingerprint(doc, cuda_visible_devices="0,1,2,3")["gpu_count"] == 4
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     narrowed = fingerprint_id(doc)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert fingerprint_id(doc) != narrowed  # a study tuned on eight is not resumed on four
-    assert fingerprint(machine_fixture("h100x8_mig").to_dict(), cuda_visible_devices=None)["gpu_count"] == 1
+    assert fingerprint(machine_fixture("h100x8_mig").to_json(), cuda_visible_devices=None)["gpu_count"] == 1
 
 
 # ---------------------------------------------------------------- K7: /dev/shm and the printout
@@ -471,13 +471,13 @@ def test_a_small_dev_shm_and_busy_gpus_are_warned_about() -> None:
     assert "GPU 1 (2)" in warnings[1]
     assert resource_warnings(dataclasses.replace(small, shm_bytes=8 << 30), busy[:1]) == []
     assert resource_warnings(dataclasses.replace(small, shm_bytes=None), []) == []
-    doc = machine_fixture("h100x8_mig").to_dict()
+    doc = machine_fixture("h100x8_mig").to_json()
     doc["warnings"] = warnings
     text = render_text(doc)
     assert "Warnings   /dev/shm is 64 MiB" in text
     assert "compute mode default, MIG on (2 instance(s))" in text
     assert "cuda:0 NVIDIA H100 80GB HBM3 MIG 3g.40gb" in text
-    exclusive = render_text(machine_fixture("h100x8_exclusive").to_dict())
+    exclusive = render_text(machine_fixture("h100x8_exclusive").to_json())
     assert "compute mode exclusive_process" in exclusive
 
 

@@ -25,9 +25,9 @@ def live() -> tuple[Machine, float]:
 
 @pytest.mark.slow
 def test_document_is_json_and_round_trips(live: tuple[Machine, float]) -> None:
-    doc = live[0].to_dict()
+    doc = live[0].to_json()
     assert json.loads(json.dumps(doc)) == doc
-    assert Machine.from_dict(doc).to_dict() == doc
+    assert Machine.from_json(doc).to_json() == doc
     for key in ("cpu", "memory", "gpus", "gpu_error", "driver", "torch", "backends", "backend_errors",
                 "compile", "allocators", "openmp", "ipex", "tools"):
         assert key in doc, key
