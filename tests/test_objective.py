@@ -158,11 +158,11 @@ def test_a_candidate_faster_per_step_but_slower_over_the_planned_run_fails_the_p
     pricing = Pricing(plan=PlannedRun(samples=10_000, batch_size=50),
                       measured=(Measured(config=baseline, samples_per_s=1000.0, one_time_s=2.0),
                                 Measured(config=compiled, samples_per_s=1250.0, one_time_s=62.0)))
-    speed = _served(compiled, 1250.0, 1000.0).checks["speed"].detail
-    check = plan_check(pricing, compiled, speed, baseline=baseline, base_speed={"median_samples_per_s": 1000.0})
+    speed = CandidateSpeed.from_check(_served(compiled, 1250.0, 1000.0).checks["speed"])
+    check = plan_check(pricing, compiled, speed, baseline=baseline, base_rate=1000.0)
     assert check.passed is False and "slower than the baseline over the planned run" in check.reason
     long = Pricing(plan=PlannedRun(samples=10_000_000, batch_size=50), measured=pricing.measured)
-    assert plan_check(long, compiled, speed, baseline=baseline, base_speed={"median_samples_per_s": 1000.0}).passed
+    assert plan_check(long, compiled, speed, baseline=baseline, base_rate=1000.0).passed
 
 
 # --- the whole run, on a model where compiling wins long runs only ----------------------

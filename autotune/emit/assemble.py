@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from autotune import __version__
 from autotune.config import TrialConfig
@@ -18,7 +17,9 @@ from autotune.document.plan import PlanPrediction
 from autotune.document.run import Ranked, RunDocument, SearchSummary, SpaceSummary
 from autotune.document.utilisation import Utilisation, pick_facts, trial_facts
 from autotune.probes import fingerprint, fingerprint_id
+from autotune.runtime.json_value import JsonValue
 from autotune.search import steering
+from autotune.search.batch_range import ramp_of
 from autotune.search.ledger import measured_trials
 from autotune.search.memory import fit_of
 from autotune.search.outcome import Candidate
@@ -26,7 +27,6 @@ from autotune.search.stage import Searched
 from autotune.search.study import shown_url
 from autotune.search.trial_summary import TrialSummary
 from autotune.sections import SharingOptions, VerifyOptions
-from autotune.trials.protocol import StudyAttr
 from autotune.verify import batch as verify_batch
 from autotune.verify.layout import layout_effect
 from autotune.verify.precision import precision_note
@@ -37,7 +37,7 @@ from autotune.workbench import Workbench
 
 
 def build_document(workbench: Workbench, verify: VerifyOptions, sharing: SharingOptions, *, searched: Searched,
-                   verified: Verified, options: Mapping[str, Any]) -> RunDocument:
+                   verified: Verified, options: Mapping[str, JsonValue]) -> RunDocument:
     """The run's document: with a winner, the rates and the speedup are those of its
     standalone pairs (what the user will measure); without one, the baseline's side-by-side
     (or search) rate."""
@@ -83,7 +83,7 @@ def build_document(workbench: Workbench, verify: VerifyOptions, sharing: Sharing
         steering=steering.found(searched.place.study),
         batch=verify_batch.describe(
             chosen=chosen, space=space, batch_range=verify.batch_range, pinned=verify.pinned_batch,
-            has_evaluate=workbench.task.has_evaluate, ramp=searched.place.study.user_attrs.get(StudyAttr.BATCH_RAMP),
+            has_evaluate=workbench.task.has_evaluate, ramp=ramp_of(searched.place.study),
             checks=winner.checks if winner is not None else {}, gated=[(v.config, v.checks) for v in verdicts],
             speedup=claim.speedup.interval.ratio if claim is not None else None,
             baseline_samples_per_s=baseline.samples_per_s),

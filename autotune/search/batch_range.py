@@ -98,6 +98,12 @@ class Ramp(Record):
         return (batch, rate, max(within)) if rate >= max(within) * (1 + FLAT) else None
 
 
+def ramp_of(study: optuna.Study) -> Ramp | None:
+    """What the study's ramp measured, where it ran."""
+    stored = study.user_attrs.get(StudyAttr.BATCH_RAMP)
+    return Ramp.from_json(stored) if stored else None
+
+
 @contextlib.contextmanager
 def _short_windows(runner: TrialRunnerLike) -> Iterator[None]:
     """The runner measuring no longer than the default windows: the ramp finds a range, which

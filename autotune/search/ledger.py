@@ -90,8 +90,8 @@ class Ledger:
         trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
         return memory.bound(cfg, ran_out=[c for t in trials if (c := config_of(t)) and t.state == TrialState.FAIL
                                           and t.user_attrs.get(StudyAttr.FAILURE) == Failure.OUT_OF_MEMORY],
-                            measured=[(c, t.user_attrs.get(StudyAttr.RESULT, {})) for t in trials
-                                      if (c := config_of(t)) and t.state == TrialState.COMPLETE])
+                            measured=[(c, TrialSummary.from_json(t.user_attrs.get(StudyAttr.RESULT, {})))
+                                      for t in trials if (c := config_of(t)) and t.state == TrialState.COMPLETE])
 
     def best_config(self, *, several_ranks: bool | None = None,
                      exact: bool | None = None) -> TrialConfig | None:

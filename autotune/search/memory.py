@@ -9,7 +9,7 @@ retried with the memory knobs (``space.MEMORY_KNOBS``) before its batch is writt
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from autotune.config import TrialConfig
@@ -195,7 +195,7 @@ def oom_bound(failed: Iterable[TrialConfig], cfg: TrialConfig) -> int | None:
 
 
 def bound(cfg: TrialConfig, *, ran_out: Iterable[TrialConfig],
-          measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]]) -> str | None:
+          measured: Iterable[tuple[TrialConfig, TrialSummary]]) -> str | None:
     """Why ``cfg`` will not fit, from the trials so far: ``ran_out`` (the configurations
     that ran out of memory or over the limit) holds one of the same layout and memory
     knobs at its batch or a smaller one, or on a GPU two ``measured`` batches predict it
@@ -207,7 +207,7 @@ def bound(cfg: TrialConfig, *, ran_out: Iterable[TrialConfig],
     return predicted_over(measured, cfg)
 
 
-def predicted_over(measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]], cfg: TrialConfig) -> str | None:
+def predicted_over(measured: Iterable[tuple[TrialConfig, TrialSummary]], cfg: TrialConfig) -> str | None:
     """Why ``cfg`` would not fit in GPU memory, predicted from two measured batch sizes
     of the same kind of configuration (``measured``: configurations with their trials'
     summaries): a rank's peak grows linearly with its micro-batch (weights and optimizer
@@ -222,10 +222,10 @@ def predicted_over(measured: Iterable[tuple[TrialConfig, Mapping[str, Any]]], cf
 
     points: dict[int, tuple[float, float]] = {}
     for other, result in measured:
-        peak, total = result.get("cuda_peak_mb"), result.get("cuda_total_mb")
+        peak, total = result.cuda_peak_mb, result.cuda_total_mb
         if not peak or not total or kind(other) != kind(cfg):
             continue
-        points[other.micro_batch] = (float(peak), float(total))
+        points[other.micro_batch] = (peak, total)
     if len(points) < 2:
         return None
     (b1, (p1, _)), (b2, (p2, total)) = sorted(points.items())[-2:]

@@ -13,7 +13,6 @@ user's: ``search.batch_range``), and such a batch passes unchecked.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.document.batch import BatchChoice
@@ -72,7 +71,7 @@ def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, 
 
 def describe(*, chosen: TrialConfig, space: Space, batch_range: tuple[int, int] | None, pinned: int | None,
              has_evaluate: bool,
-             ramp: Mapping[str, Any] | None, checks: Mapping[str, Check],
+             ramp: Ramp | None, checks: Mapping[str, Check],
              gated: Sequence[tuple[TrialConfig, Mapping[str, Check]]], speedup: float | None,
              baseline_samples_per_s: float | None = None) -> BatchChoice:
     """What the summary and best_config.json say about the batch: ``chosen``'s, whose
@@ -88,7 +87,7 @@ def describe(*, chosen: TrialConfig, space: Space, batch_range: tuple[int, int] 
         said = check.detail.get("summary")
     elif check is not None and chosen.batch_size != user:
         said = check.reason
-    found = Ramp.from_json(ramp) if ramp else None
+    found = ramp
     largest = unchecked_top(user, batch_range)
     unchecked = None
     beyond = found.faster_beyond(largest) if found is not None and not has_evaluate else None

@@ -183,11 +183,11 @@ def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[
         # the ranking records its figures in the speed check's too (verdict.rank_by_rounds)
         by_cfg[cfg].speed = CandidateSpeed.from_check(check)
         by_cfg[cfg].checks["speed"] = check
-        if settings.pricing is not None and check.passed:  # faster per step: and over the planned run?
+        speed = by_cfg[cfg].speed
+        if settings.pricing is not None and check.passed and speed is not None:  # and over the planned run?
             assert base_speed is not None
-            by_cfg[cfg].checks["plan"] = plan_check(
-                settings.pricing, cfg, check.detail, baseline=baseline,
-                base_speed={"median_samples_per_s": base_speed.median_samples_per_s})
+            by_cfg[cfg].checks["plan"] = plan_check(settings.pricing, cfg, speed, baseline=baseline,
+                                                    base_rate=base_speed.median_samples_per_s)
     verdicts = list(by_cfg.values())
     ranked = [v for v in rank_by_rounds(verdicts, settings.pricing) if v.passed]
     simpler: Verdict | None = None

@@ -4,8 +4,7 @@ figures carry into the reports and best_config.json."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from autotune.config import TrialConfig
 from autotune.document.interval import Centre, Inline, Interval
@@ -55,13 +54,13 @@ class CandidateSpeed(Inline, Record):
         return cls.from_json(check.detail) if "ratios" in check.detail else None
 
 
-def plan_check(pricing: Pricing, cfg: TrialConfig, speed: Mapping[str, Any], *, baseline: TrialConfig,
-               base_speed: Mapping[str, Any]) -> Check:
+def plan_check(pricing: Pricing, cfg: TrialConfig, speed: CandidateSpeed, *, baseline: TrialConfig,
+               base_rate: float) -> Check:
     """Whether ``cfg``, faster per step than the baseline side by side (``speed``: its
-    speed check's figures), is faster over the planned run too, once one-time costs
-    count: compiling can save a fifth of every step and still lose a short run."""
-    base_rate = float(base_speed["median_samples_per_s"])
-    rate = float(speed["median"]) * base_rate
+    speed check's figures; ``base_rate``: the baseline's median rate beside it), is faster
+    over the planned run too, once one-time costs count: compiling can save a fifth of
+    every step and still lose a short run."""
+    rate = speed.interval.ratio * base_rate
     mine, theirs = pricing.predicted_s(cfg, rate), pricing.predicted_s(baseline, base_rate)
     once, base_once = pricing.one_time_s(cfg), pricing.one_time_s(baseline)
     detail: JsonObject = {
@@ -73,5 +72,5 @@ def plan_check(pricing: Pricing, cfg: TrialConfig, speed: Mapping[str, Any], *, 
         f"slower than the baseline over the planned run ({pricing.plan.describe()}): "
         f"{duration(mine)} predicted against {duration(theirs)}, its one-time cost of "
         f"{duration(once)} (the baseline's {duration(base_once)}) outweighs "
-        f"{float(speed['median']):.2f}x the speed per step")
+        f"{speed.interval.ratio:.2f}x the speed per step")
     return Check(False, detail)
