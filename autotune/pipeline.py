@@ -12,9 +12,8 @@ import contextlib
 import functools
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from autotune import outdir
 from autotune.document.run import RunDocument
@@ -23,7 +22,7 @@ from autotune.emit.outputs import candidate_emitter
 from autotune.emit.write import emit_outputs
 from autotune.harness import make_runner
 from autotune.options import RunOptions
-from autotune.probes import Machine, as_machine, probe_machine
+from autotune.probes import MachineLike, as_machine, probe_machine
 from autotune.report.console import Reporter
 from autotune.report.files import write_report
 from autotune.runtime.json_value import JsonObject
@@ -80,7 +79,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
         proctree.reap_orphans()
 
 
-def execute(task: Task, out: Path, options: RunOptions, *, machine: Machine | Mapping[str, Any],
+def execute(task: Task, out: Path, options: RunOptions, *, machine: MachineLike,
             runner: TrialRunnerLike, reporter: Reporter, started_at: float | None = None) -> RunDocument:
     """Search, verify and emit for ``task`` on ``machine`` (or a recorded probe document of
     it), measuring with ``runner``; returns the result document as written to ``out``.

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from autotune import outdir
 from autotune.document import paths
@@ -20,7 +18,7 @@ from autotune.document.measures import Interval, VerifiedSpeedup
 from autotune.emit.outputs import candidate_emitter
 from autotune.harness import make_runner
 from autotune.options import RunOptions
-from autotune.probes import Machine, as_machine, fingerprint, fingerprint_diff, probe_machine
+from autotune.probes import MachineLike, as_machine, fingerprint, fingerprint_diff, probe_machine
 from autotune.report.console import Reporter
 from autotune.result import read_document
 from autotune.sections import MeasureOptions, VerifyOptions
@@ -33,7 +31,7 @@ from autotune.workbench import Workbench
 
 
 def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Reporter,
-             machine: Machine | Mapping[str, Any] | None = None,
+             machine: MachineLike | None = None,
              runner: TrialRunnerLike | None = None,
              model_file: str | os.PathLike[str] | None = None) -> Reverified:
     """Measure the configuration in ``out`` against its baseline again (where it emitted the

@@ -8,12 +8,13 @@ the facts a tuned configuration depends on.
 """
 from __future__ import annotations
 
-from ._machine import Machine, as_machine, probe_machine
+from ._machine import Machine, MachineLike, as_machine, probe_machine
 from .fingerprint import fingerprint, fingerprint_diff, fingerprint_id
 from .render import render_text
 
 __all__ = [
     "Machine",
+    "MachineLike",
     "as_machine",
     "fingerprint",
     "fingerprint_diff",

@@ -10,10 +10,11 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from pydantic import model_validator
 
+from autotune.runtime.json_value import JsonValue
 from autotune.schemas.typed import Record
 
 from . import _io
@@ -169,7 +170,12 @@ def resource_warnings(memory: MemoryInfo, gpus: list[GpuInfo]) -> list[str]:
     return warnings
 
 
-def as_machine(machine: Machine | Mapping[str, Any]) -> Machine:
+# A machine as its type, or as its probe document (a recorded probe of another machine, a
+# tuning record's machine, a test's): what the stages take, read by ``as_machine``.
+MachineLike: TypeAlias = "Machine | Mapping[str, JsonValue]"
+
+
+def as_machine(machine: MachineLike) -> Machine:
     """The typed machine, from itself or from a saved probe document (a recorded probe
     of another machine, a tuning record's machine)."""
     return machine if isinstance(machine, Machine) else Machine.from_json(machine)

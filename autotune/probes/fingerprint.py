@@ -11,9 +11,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.runtime.json_value import JsonObject
+from autotune.runtime.json_value import JsonObject, JsonValue
 
-from ._machine import as_machine
+from ._machine import MachineLike, as_machine
 from .cuda_visible import current_visible_devices, usable_gpus
 
 FINGERPRINT_VERSION = 1
@@ -22,8 +22,8 @@ FINGERPRINT_VERSION = 1
 _FROM_ENVIRONMENT: Any = object()
 
 
-def fingerprint(doc: Mapping[str, Any], *, cuda_visible_devices: str | None = _FROM_ENVIRONMENT) -> JsonObject:
-    """Probe document (Machine.to_dict()) -> fingerprint dict.
+def fingerprint(doc: MachineLike, *, cuda_visible_devices: str | None = _FROM_ENVIRONMENT) -> JsonObject:
+    """A machine (or its probe document) -> fingerprint dict.
 
     The GPUs are those a trial started from here sees (``cuda_visible_devices``, by
     default this process's CUDA_VISIBLE_DEVICES): a study tuned on eight GPUs is not
@@ -31,18 +31,18 @@ def fingerprint(doc: Mapping[str, Any], *, cuda_visible_devices: str | None = _F
     """
     if cuda_visible_devices is _FROM_ENVIRONMENT:
         cuda_visible_devices = current_visible_devices()
-    cpu = doc.get("cpu") or {}
     machine = as_machine(doc)
+    cpu = machine.cpu
     gpus, _ = usable_gpus(machine, cuda_visible_devices)
-    allocators = doc.get("allocators") or {}
+    allocators = machine.allocators
     return {
         "version": FINGERPRINT_VERSION,
-        "arch": cpu.get("arch"),
-        "cpu_model": cpu.get("model"),
-        "usable_cores": cpu.get("usable_cores"),
+        "arch": cpu.arch,
+        "cpu_model": cpu.model,
+        "usable_cores": cpu.usable_cores,
         # Pinning choices depend on how many NUMA nodes our cores span.
-        "numa_nodes": len(cpu.get("usable_numa_nodes") or cpu.get("numa_nodes") or {}) or None,
-        "isa": sorted(flag for flag, present in (cpu.get("isa") or {}).items() if present),
+        "numa_nodes": len(cpu.usable_numa_nodes or cpu.numa_nodes or {}) or None,
+        "isa": sorted(flag for flag, present in cpu.isa.items() if present),
         "gpu_count": len(gpus),
         "gpu_names": [g.name for g in gpus],
         "torch_version": machine.torch.version,
@@ -51,14 +51,14 @@ def fingerprint(doc: Mapping[str, Any], *, cuda_visible_devices: str | None = _F
     }
 
 
-def fingerprint_id(doc_or_fingerprint: Mapping[str, Any]) -> str:
+def fingerprint_id(doc_or_fingerprint: Mapping[str, JsonValue]) -> str:
     """12 hex chars of sha256 over the canonical JSON of the fingerprint."""
     fp = _as_fingerprint(doc_or_fingerprint)
     canonical = json.dumps(fp, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
 
 
-def fingerprint_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+def fingerprint_diff(a: Mapping[str, JsonValue], b: Mapping[str, JsonValue]) -> list[str]:
     """Readable differences from ``a`` to ``b``; [] when equivalent.
 
     Accepts fingerprints or whole probe documents.
@@ -79,12 +79,12 @@ def fingerprint_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _as_fingerprint(data: Mapping[str, Any]) -> JsonObject:
+def _as_fingerprint(data: Mapping[str, JsonValue]) -> JsonObject:
     # A probe document has a "cpu" section; a fingerprint never does.
     return fingerprint(data) if "cpu" in data else dict(data)
 
 
-def _show(value: Any) -> str:
+def _show(value: JsonValue) -> str:
     if value is None:
         return "none"
     if isinstance(value, list):

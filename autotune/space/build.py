@@ -16,7 +16,7 @@ from typing import Any
 
 from autotune.config import KnobValue, Layout, TrialConfig
 from autotune.errors import UsageError
-from autotune.probes import Machine, as_machine
+from autotune.probes import MachineLike, as_machine
 from autotune.probes.cuda_visible import usable_gpus
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import DEFAULT_OPTIMIZER, Backend, Device, LrScaling, Precision
@@ -194,7 +194,7 @@ def _has_module(name: str) -> bool:
 
 
 def build_space(
-    machine: Machine | Mapping[str, Any],
+    machine: MachineLike,
     *,
     baseline_batch: int = 32,
     dataset_len: int | None = None,

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from autotune.config import TrialConfig
-from autotune.probes import Machine, as_machine
+from autotune.probes import MachineLike, as_machine
 from autotune.runtime import gpu_knobs
 from autotune.runtime.knobs import Affinity, Allocator, CompileMode, Device
 
@@ -36,7 +35,7 @@ def rank_cpus(cfg: TrialConfig, usable_cpus: list[int]) -> list[list[int]]:
 
 
 def environment(
-    cfg: TrialConfig, *, machine: Machine | Mapping[str, Any], base_env: Mapping[str, str] | None = None
+    cfg: TrialConfig, *, machine: MachineLike, base_env: Mapping[str, str] | None = None
 ) -> tuple[dict[str, str], list[str]]:
     """Variables this configuration sets, and a warning for each one the user had
     already set: theirs is kept, never overridden silently (autotune's own

@@ -18,11 +18,11 @@ import tempfile
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
-from autotune.probes import Machine, as_machine
+from autotune.probes import MachineLike, as_machine
 from autotune.runtime.knobs import Allocator, CompileMode, Device
 from autotune.trials import launch, logs, measure_lock, proctree
 from autotune.trials.live import LiveTrial, TrialProcess
@@ -152,7 +152,7 @@ class TrialRunner:
         self,
         *,
         model_file: str | os.PathLike[str],
-        machine: Machine | Mapping[str, Any],
+        machine: MachineLike,
         workdir: str | os.PathLike[str],
         measurement: Measurement = Measurement(),
         timeout_s: float = RunOptions.trial_timeout_s,
