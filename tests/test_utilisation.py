@@ -155,12 +155,12 @@ def test_a_runs_document_carries_the_baselines_and_the_picks_share_and_the_summa
 
 
 def test_a_known_gpus_share_is_of_its_datasheet_peak_times_its_ranks(tmp_path):
-    from autotune.document.utilisation import Utilisation
+    from autotune.document.utilisation import Counted, Utilisation
 
     peak = peaks.device_peak(device_type="cuda", gpu_name="NVIDIA H100 80GB HBM3", precision="bf16", ranks=8,
                              measure=lambda p: pytest.fail("a known GPU is not measured"))
     assert peak.flop_per_s == 8 * 989e12 and peak.source == "table:H100 SXM bf16 dense x 8 ranks"
-    facts = {"flops_per_sample": 6e9, **peak.to_json()}
+    facts = Counted.from_json({"flops_per_sample": 6e9, **peak.to_json()})
     found = Utilisation.of(baseline_facts=facts, baseline_samples_per_s=1000.0,
                            pick_facts=facts, pick_samples_per_s=40000.0)
     assert found is not None and found.pick.share == pytest.approx(6e9 * 4e4 / (8 * 989e12))
@@ -172,12 +172,12 @@ def test_an_fp32_baseline_on_a_gpu_is_also_put_against_the_dense_bf16_peak_the_f
     """An fp32 baseline's share of its fp32 peak says how well it runs fp32, not how far it
     is from what the GPU can do: MFU is quoted against the dense bf16 peak (measured on an
     H100: GPT-2 small's fp32 baseline ran 65% of the fp32 peak, 4.4% of the bf16 one)."""
-    from autotune.document.utilisation import Utilisation
+    from autotune.document.utilisation import Counted, Utilisation
 
-    def facts(precision: str) -> dict:
+    def facts(precision: str) -> Counted:
         peak = peaks.device_peak(device_type="cuda", gpu_name="NVIDIA H100 80GB HBM3", precision=precision,
                                  ranks=1, measure=lambda p: pytest.fail("a known GPU is not measured"))
-        return {"flops_per_sample": 8.945e11, **peak.to_json()}
+        return Counted.from_json({"flops_per_sample": 8.945e11, **peak.to_json()})
 
     found = Utilisation.of(baseline_facts=facts("fp32"), baseline_samples_per_s=49.0,
                            pick_facts=facts("bf16"), pick_samples_per_s=388.0)
@@ -256,7 +256,7 @@ def test_on_a_gpu_a_compiled_bf16_step_counts_the_models_flops_and_its_peak_is_t
 
 
 def test_a_peak_that_could_not_be_measured_leaves_the_share_out_not_the_trial(monkeypatch):
-    from autotune.document.utilisation import Share
+    from autotune.document.utilisation import Counted, Share
     from autotune.trials import step_facts
 
     def fails(**kw):
@@ -270,7 +270,7 @@ def test_a_peak_that_could_not_be_measured_leaves_the_share_out_not_the_trial(mo
     finally:
         session.close()
     assert facts["flops_per_sample"] == BLOCKS_MLP_PER_SAMPLE and facts["peak_flop_per_s"] == 0.0
-    assert Share.of(facts, samples_per_s=100.0) is None
+    assert Share.of(Counted.from_json(facts), samples_per_s=100.0) is None
 
 
 def test_a_pick_no_trial_ran_takes_the_models_flops_and_the_peak_of_a_trial_on_its_ranks_and_threads():
@@ -279,7 +279,7 @@ def test_a_pick_no_trial_ran_takes_the_models_flops_and_the_peak_of_a_trial_on_i
     alone. The model's FLOPs per sample are any trial's; the peak is that of a trial on the same
     ranks, threads and precision (a pruned trial's first step measured it)."""
     from autotune.config import TrialConfig
-    from autotune.document.utilisation import pick_facts
+    from autotune.document.utilisation import Counted, pick_facts
     from autotune.verify.reference import work_key
 
     def result(source: str, peak: float) -> dict:  # a trial's first-step facts
@@ -291,7 +291,7 @@ def test_a_pick_no_trial_ran_takes_the_models_flops_and_the_peak_of_a_trial_on_i
               (TrialConfig(nprocs=2, threads=1, batch_size=16, allocator="jemalloc"), result(two, 1.3e11))]
     chosen = TrialConfig(nprocs=2, threads=1, batch_size=1024, allocator="tcmalloc")
     facts = pick_facts(chosen, trials, work_key=work_key)
-    assert facts == {"flops_per_sample": 2.5e7, "peak_flop_per_s": 1.3e11, "peak_source": two}
+    assert facts == Counted(flops_per_sample=2.5e7, peak_flop_per_s=1.3e11, peak_source=two)
     # a pruned pick computes less: the unpruned model's count is not its count
     assert pick_facts(chosen.replace(prune_ratio=0.25), trials, work_key=work_key) is None
     # nor is another thread count's peak its peak

@@ -11,11 +11,23 @@ from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.probes.peaks import mfu_peak
+from autotune.runtime.json_value import JsonValue
 from autotune.schemas.typed import Record
 
 COUNTED = ("FlopCounterMode on one real batch: the model's forward and backward passes, "
            "uncompiled and without activation checkpointing's recomputation; the optimizer's "
            "element-wise update is not counted")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Counted(Record):
+    """What a trial's first step counted (its facts' ``utilisation``): the model's FLOPs per
+    sample and the peak FLOP/s of its ranks in its precision, with where that peak comes
+    from; None each where it was not counted."""
+
+    flops_per_sample: float | None = None
+    peak_flop_per_s: float | None = None
+    peak_source: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,18 +42,17 @@ class Share(Record):
     share: float
 
     @classmethod
-    def of(cls, facts: Mapping[str, Any] | None, *, samples_per_s: float | None) -> Share | None:
+    def of(cls, counted: Counted | None, *, samples_per_s: float | None) -> Share | None:
         """From a trial's utilisation facts and the samples/s measured for it; None where
         its FLOPs were not counted or it has no peak."""
-        if not facts or not samples_per_s:
+        if counted is None or not samples_per_s:
             return None
-        flops, peak = facts.get("flops_per_sample"), facts.get("peak_flop_per_s")
+        flops, peak = counted.flops_per_sample, counted.peak_flop_per_s
         if not flops or not peak:
             return None
-        achieved = float(flops) * float(samples_per_s)
-        return cls(flops_per_sample=float(flops), samples_per_s=float(samples_per_s), flop_per_s=achieved,
-                   peak_flop_per_s=float(peak), peak_source=str(facts.get("peak_source") or "unknown"),
-                   share=achieved / float(peak))
+        achieved = flops * samples_per_s
+        return cls(flops_per_sample=flops, samples_per_s=samples_per_s, flop_per_s=achieved,
+                   peak_flop_per_s=peak, peak_source=counted.peak_source or "unknown", share=achieved / peak)
 
     @property
     def peak_words(self) -> str:
@@ -76,8 +87,8 @@ class Utilisation(Record):
     counted: str = COUNTED
 
     @classmethod
-    def of(cls, *, baseline_facts: Mapping[str, Any] | None, baseline_samples_per_s: float,
-           pick_facts: Mapping[str, Any] | None, pick_samples_per_s: float | None) -> Utilisation | None:
+    def of(cls, *, baseline_facts: Counted | None, baseline_samples_per_s: float,
+           pick_facts: Counted | None, pick_samples_per_s: float | None) -> Utilisation | None:
         baseline = Share.of(baseline_facts, samples_per_s=baseline_samples_per_s)
         pick = Share.of(pick_facts, samples_per_s=pick_samples_per_s)
         counted = baseline or pick
@@ -113,13 +124,14 @@ class Utilisation(Record):
         return [*lines, f"  {self.flops_per_sample:.4g} FLOPs per sample (forward and backward)"]
 
 
-def trial_facts(facts: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+def trial_facts(facts: Mapping[str, JsonValue] | None) -> Counted | None:
     """The utilisation facts among a search trial's first-step ``facts`` (None before them)."""
-    return (facts or {}).get("utilisation")
+    found = (facts or {}).get("utilisation")
+    return Counted.from_json(found) if isinstance(found, Mapping) and found else None
 
 
-def pick_facts(chosen: TrialConfig, measured: Sequence[tuple[TrialConfig, Mapping[str, Any] | None]],
-               *, work_key: Any) -> Mapping[str, Any] | None:
+def pick_facts(chosen: TrialConfig, measured: Sequence[tuple[TrialConfig, Mapping[str, JsonValue] | None]],
+               *, work_key: Any) -> Counted | None:
     """The pick's utilisation facts: its own trial's, else those of a trial of the same
     work (ablation may drop a placement knob) whose peak is the pick's too: the same
     ranks, and the same threads where the peak was measured with them. Else, for a pick
@@ -133,14 +145,14 @@ def pick_facts(chosen: TrialConfig, measured: Sequence[tuple[TrialConfig, Mappin
         facts = trial_facts(result)
         if not facts or work_key(cfg) != work_key(chosen) or cfg.nprocs != chosen.nprocs:
             continue
-        if str(facts.get("peak_source", "")).startswith("table:") or cfg.threads == chosen.threads:
+        if (facts.peak_source or "").startswith("table:") or cfg.threads == chosen.threads:
             return facts
     counted = [(cfg, facts) for cfg, result in measured if (facts := trial_facts(result))]
-    flops = next((f["flops_per_sample"] for cfg, f in counted
-                  if f.get("flops_per_sample") and cfg.prune_ratio == chosen.prune_ratio), None)
-    peak = next((f for cfg, f in counted if f.get("peak_flop_per_s") and (cfg.device, cfg.precision, cfg.nprocs)
+    flops = next((f.flops_per_sample for cfg, f in counted
+                  if f.flops_per_sample and cfg.prune_ratio == chosen.prune_ratio), None)
+    peak = next((f for cfg, f in counted if f.peak_flop_per_s and (cfg.device, cfg.precision, cfg.nprocs)
                  == (chosen.device, chosen.precision, chosen.nprocs)
-                 and (str(f.get("peak_source", "")).startswith("table:") or cfg.threads == chosen.threads)), None)
+                 and ((f.peak_source or "").startswith("table:") or cfg.threads == chosen.threads)), None)
     if flops is None or peak is None:
         return None
-    return {"flops_per_sample": flops, "peak_flop_per_s": peak["peak_flop_per_s"], "peak_source": peak["peak_source"]}
+    return dataclasses.replace(peak, flops_per_sample=flops)

@@ -60,8 +60,8 @@ def open_place(workbench: Workbench, sharing: SharingOptions, *, space: Space) -
         return StudyPlace(study=study, name=name)
     storage = database_storage(sharing.storage, heartbeat_s=sharing.heartbeat_s, on_stale=retry_stale)
     study = open_study(storage=storage, study_name=name)
-    started_at = shared.join(study, storage, lock_name=f"{name}:queue", mine=shared.identity(
-        fingerprint=fingerprint(workbench.machine.to_json()), model_file=task.path, space=space.describe()))
+    started_at = shared.join(study, storage, lock_name=f"{name}:queue", mine=shared.StudyIdentity.of(
+        fingerprint=fingerprint(workbench.machine), model_file=task.path, space=space.describe()))
     reporter.info(f"a worker of the study {name!r} in {shown_url(sharing.storage)} "
                   f"({len(study.trials)} trials stored)")
     return StudyPlace(study=study, name=name, storage=storage, started_at=started_at)

@@ -12,62 +12,78 @@ dies releases the lock with its database session, and a waiting worker verifies 
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import optuna
 import optuna.storages
 
 from autotune.errors import AutotuneError, UsageError
 from autotune.probes import fingerprint_diff
-from autotune.runtime.json_value import JsonObject
+from autotune.runtime.json_value import JsonObject, JsonValue
+from autotune.schemas.typed import Record
 from autotune.search.study import study_lock
 from autotune.trials.protocol import StudyAttr
 
 
-def identity(*, fingerprint: Mapping[str, Any], model_file: Path, space: Mapping[str, Any]) -> JsonObject:
-    """What a study is for, as JSON: the machine's fingerprint, the model file (its name and
-    the hash of its text: the same file on every machine) and the search space."""
-    return json.loads(json.dumps({
-        "fingerprint": dict(fingerprint),
-        "model_file": {"name": model_file.name,
-                       "sha256": hashlib.sha256(model_file.read_bytes()).hexdigest()},
-        "space": dict(space),
-    }, default=str))
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelFile(Record):
+    """The model file as a study knows it: its name and the hash of its text (the same file
+    on every machine)."""
+
+    name: str
+    sha256: str
 
 
-def differences(study: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
-    """How ``mine`` differs from what the study was created for; [] when it does not."""
-    out = [f"machine: {line} (the study's -> this machine's)"
-           for line in fingerprint_diff(study.get("fingerprint", {}), mine.get("fingerprint", {}))]
-    theirs, ours = study.get("model_file", {}), mine.get("model_file", {})
-    if theirs != ours:
-        out.append(f"model file: {theirs.get('name')} (sha256 {str(theirs.get('sha256'))[:12]}) in the "
-                   f"study, {ours.get('name')} (sha256 {str(ours.get('sha256'))[:12]}) here")
-    space_a, space_b = study.get("space", {}), mine.get("space", {})
-    for part in sorted(set(space_a) | set(space_b)):
-        a, b = space_a.get(part, {}), space_b.get(part, {})
-        for knob in sorted(set(a) | set(b)):
-            if a.get(knob) != b.get(knob):
-                out.append(f"search space ({part}) {knob}: {a.get(knob)!r} in the study, {b.get(knob)!r} here")
-    return out
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StudyIdentity(Record):
+    """What a study is for: the machine's fingerprint, the model file and the search
+    space (``Space.describe``: each part's knobs)."""
+
+    fingerprint: Mapping[str, JsonValue]
+    model_file: ModelFile
+    space: Mapping[str, Mapping[str, JsonValue]]
+
+    @classmethod
+    def of(cls, *, fingerprint: Mapping[str, JsonValue], model_file: Path,
+           space: Mapping[str, JsonValue]) -> StudyIdentity:
+        # as the study stores it (lists, not tuples), so that a worker's compares equal
+        return cls.from_json(json.loads(json.dumps({
+            "fingerprint": fingerprint, "space": space,
+            "model_file": {"name": model_file.name, "sha256": hashlib.sha256(model_file.read_bytes()).hexdigest()},
+        }, default=str)))
+
+    def differences(self, mine: StudyIdentity) -> list[str]:
+        """How ``mine`` differs from what the study was created for (this); [] when it does not."""
+        out = [f"machine: {line} (the study's -> this machine's)"
+               for line in fingerprint_diff(self.fingerprint, mine.fingerprint)]
+        theirs, ours = self.model_file, mine.model_file
+        if theirs != ours:
+            out.append(f"model file: {theirs.name} (sha256 {theirs.sha256[:12]}) in the "
+                       f"study, {ours.name} (sha256 {ours.sha256[:12]}) here")
+        for part in sorted(set(self.space) | set(mine.space)):
+            a, b = self.space.get(part, {}), mine.space.get(part, {})
+            for knob in sorted(set(a) | set(b)):
+                if a.get(knob) != b.get(knob):
+                    out.append(f"search space ({part}) {knob}: {a.get(knob)!r} in the study, {b.get(knob)!r} here")
+        return out
 
 
 def join(study: optuna.Study, storage: optuna.storages.RDBStorage, *, lock_name: str,
-         mine: Mapping[str, Any]) -> float:
+         mine: StudyIdentity) -> float:
     """Record what ``study`` is for, or check that this worker matches it (UsageError naming
     each difference); returns when the study's first worker began (its budget's start)."""
     with study_lock(storage, lock_name):
         stored = study.user_attrs.get(StudyAttr.IDENTITY)
         if stored is None:
-            study.set_user_attr(StudyAttr.IDENTITY, dict(mine))
+            study.set_user_attr(StudyAttr.IDENTITY, mine.to_json())
             study.set_user_attr(StudyAttr.STARTED_AT, time.time())
         else:
-            diff = differences(stored, mine)
+            diff = StudyIdentity.from_json(stored).differences(mine)
             if diff:
                 raise UsageError(
                     f"this worker cannot join the study {study.study_name!r}: "
