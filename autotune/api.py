@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.config import KnobValue
 from autotune.errors import UsageError
 from autotune.options import RunOptions, flag_of, keyword_of
 from autotune.result import Result
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 def tune(
     model_file: str | os.PathLike[str], *, trials: int = RunOptions.trials,
     timeout: float | None = RunOptions.timeout_s, out: str | os.PathLike[str] | None = None,
-    fix: Mapping[str, Any] | Iterable[str] = (), exact: bool = RunOptions.exact,
+    fix: Mapping[str, KnobValue] | Iterable[str] = (), exact: bool = RunOptions.exact,
     max_quality_drop: float | None = RunOptions.max_quality_drop,
     train_steps: int | None = RunOptions.train_steps, epochs: int | None = RunOptions.epochs,
     memory_limit: str | float | None = None, scale_lr: str = RunOptions.scale_lr,
@@ -92,7 +93,7 @@ def tune(
     return Result.from_document(doc, folder)
 
 
-def run_options(*, named: Mapping[str, Any], more: Mapping[str, Any],
+def run_options(*, named: Mapping[str, object], more: Mapping[str, object],
                 options: type[RunOptions] = RunOptions) -> RunOptions:
     """``options`` from tune()'s keywords: ``named``, its own parameters, and ``more``, the
     rest, which must each be an option's keyword (``keyword_of``; a field's name unless

@@ -135,7 +135,7 @@ def _batch_range(given: Any, spelled: str) -> tuple[int, int]:
     return parse_batch_range(given) if isinstance(given, str) else given  # a tuple: checked by RunOptions
 
 
-def _fixes(given: Mapping[str, Any] | Iterable[str], spelled: str) -> dict[str, KnobValue]:
+def _fixes(given: Mapping[str, KnobValue] | Iterable[str], spelled: str) -> dict[str, KnobValue]:
     """``{"batch_size": 64}`` or ``["batch_size=64"]`` (repeated --fix) -> typed knob values."""
     items = [f"{k}={v}" for k, v in given.items()] if isinstance(given, Mapping) else list(given)
     return parse_fixes(items)

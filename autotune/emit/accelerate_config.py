@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping
-from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.emit.stack_knobs import (
@@ -149,7 +148,7 @@ def _several_nodes_accelerate(cfg: TrialConfig, *, several: bool) -> list[str]:
     return lines
 
 
-def _yaml(fields: Mapping[str, Any], indent: str = "") -> list[str]:
+def _yaml(fields: Mapping[str, object], indent: str = "") -> list[str]:
     """Flat YAML of scalars and one level of mappings, in the style accelerate writes."""
     out = []
     for key in sorted(fields):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import Any
 
 from autotune.config import TrialConfig
 from autotune.runtime import gpu_knobs
@@ -24,7 +23,7 @@ def ddp_kwargs(cfg: TrialConfig) -> JsonObject:
     return {name: bool(value) for name, value in options.items()}
 
 
-def _kwargs_text(kwargs: Mapping[str, Any]) -> str:
+def _kwargs_text(kwargs: Mapping[str, object]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
 
 

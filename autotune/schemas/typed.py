@@ -51,7 +51,7 @@ def _adapter(kind: Any) -> TypeAdapter[Any]:
     return _ADAPTERS[kind]
 
 
-def read(kind: type[T], doc: Mapping[str, Any]) -> T:
+def read(kind: type[T], doc: object) -> T:
     """``doc`` as ``kind``; keys it does not know are left out, those it lacks take their
     defaults. Raises pydantic's ValidationError (a ValueError) where a value has the wrong type."""
     return _adapter(kind).validate_python(doc)
@@ -75,7 +75,7 @@ class Record:
         return written(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Self:
+    def from_json(cls, data: object) -> Self:
         return read(cls, data)
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from autotune.config import TrialConfig
 from autotune.document.steering import SteeredTrial, Steering, SteeringRound
+from autotune.runtime.json_value import JsonValue
 from autotune.runtime.step_profile import StepProfile
 from autotune.schemas.typed import Record
 from autotune.search.ledger import Ledger
@@ -44,7 +44,7 @@ class Round(Record):
 
     config: str
     profile: StepProfile | None
-    queued: tuple[Mapping[str, Any], ...] = ()
+    queued: tuple[Mapping[str, JsonValue], ...] = ()
     failed: str | None = None
 
 

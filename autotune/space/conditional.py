@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from autotune.config import TrialConfig
+from autotune.config import KnobValue, TrialConfig
 from autotune.runtime.knobs import Device, OptimizerStep
 
 # What a builder decides, as autotune.space.choices.KnobChoice holds it: the values to search
@@ -83,7 +83,7 @@ def prefetch_factor_choice(workers: Sequence[int], pinned: int | None = None) ->
     return list(PREFETCH_FACTORS), {}
 
 
-def conditional_count(choices: Mapping[str, Sequence[Any]], fixed: Mapping[str, Any],
+def conditional_count(choices: Mapping[str, Sequence[Any]], fixed: Mapping[str, KnobValue],
                       baseline: TrialConfig) -> tuple[int, frozenset[str]]:
     """How many configurations the conditional knobs and the knobs they depend on make
     together (each value of a knob it depends on times the conditional knob's values

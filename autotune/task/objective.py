@@ -23,12 +23,12 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from pydantic import computed_field
 
 from autotune.config import TrialConfig
 from autotune.errors import UsageError
+from autotune.runtime.json_value import JsonValue
 from autotune.runtime.knobs import CompileMode
 from autotune.schemas.typed import Omitted, Record
 
@@ -98,7 +98,7 @@ class PlannedRun(Record):
         return f"{self.train_steps or 0:,} steps at batch {self.batch_size}"
 
 
-def described(plan: Mapping[str, Any] | None) -> str:
+def described(plan: Mapping[str, JsonValue] | None) -> str:
     """A plan as stored (``PlannedRun.to_json``), or none, in words."""
     if plan is None:
         return "no planned run (steady throughput, as without --train-steps and --epochs)"

@@ -61,7 +61,7 @@ KINDS: dict[Event, type[TrialEvent]] = {kind.KIND: kind for kind in (
 STAMP = ("e", "rank", "t")
 
 
-def read_event(data: Mapping[str, Any]) -> TrialEvent | None:
+def read_event(data: Mapping[str, object]) -> TrialEvent | None:
     """A line of events.jsonl as its event; None for a kind this tuner does not know (a
     newer worker's: nothing here acts on it). A null reads as the field's default where
     it has one (a stand-in worker's lines carry few fields); a field the tuner acts on
@@ -84,7 +84,7 @@ def read_event(data: Mapping[str, Any]) -> TrialEvent | None:
     return typed.read(kind, fields)
 
 
-def _set(kind: type[Any], data: Mapping[str, Any]) -> dict[str, Any]:
+def _set(kind: type[Any], data: Mapping[str, object]) -> dict[str, object]:
     """``data`` less the nulls of fields that have a default other than None."""
     defaulted = {f.name for f in dataclasses.fields(kind)
                  if f.default is not None and (f.default is not dataclasses.MISSING
