@@ -30,7 +30,7 @@ from autotune.task import load_task
 from autotune.trials.protocol import StudyAttr
 
 from doubles import StandInRunner, recorded_machine
-from helpers import MODELS, trial_measuring, written_document
+from helpers import MODELS, machine_doc, trial_measuring, written_document
 from postgres import PASSWORD, running_server
 
 # One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
@@ -69,6 +69,26 @@ def everything_written(*folders: Path) -> str:
             if path.is_file() and path.suffix in (".json", ".md", ".html", ".sh", ".py", ".log", ".txt", ""):
                 texts.append(path.read_text(errors="replace"))
     return "\n".join(texts)
+
+
+# --- what a study is for -------------------------------------------------------------------
+
+def test_a_workers_identity_read_back_from_the_study_names_each_difference_and_none_where_it_matches(tmp_path):
+    from autotune.probes import fingerprint
+    from autotune.search.shared import StudyIdentity
+
+    model = tmp_path / "model.py"
+    model.write_text("# a model file\n")
+    space = {"included": {"batch_size": (16, 32)}, "fixed": {}, "excluded": {}}
+    mine = StudyIdentity.of(fingerprint=fingerprint(machine_doc()), model_file=model, space=space)
+    stored = StudyIdentity.from_json(json.loads(json.dumps(mine.to_json())))  # as the study keeps it
+    assert stored == mine and stored.differences(mine) == []
+    model.write_text("# another model file\n")
+    other = StudyIdentity.of(fingerprint={**fingerprint(machine_doc()), "usable_cores": 64}, model_file=model,
+                             space={**space, "included": {"batch_size": [16, 64]}})
+    found = stored.differences(other)
+    assert [line.split(":")[0] for line in found] == ["machine", "model file", "search space (included) batch_size"]
+    assert "usable_cores" in found[0] and "model.py" in found[1] and "[16, 64] here" in found[2]
 
 
 # --- the URL, the driver, the database ------------------------------------------------------
