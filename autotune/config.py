@@ -208,7 +208,7 @@ class TrialConfig:
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
         # inside a document pydantic reads: as to_dict writes it, unknown knobs refused by name
-        return own_codec(cls, read=cls.from_dict, write=cls.to_dict)
+        return own_codec(cls, read=cls.from_dict, write=cls.to_dict, fields=handler(source))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrialConfig:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field
 
@@ -51,6 +51,16 @@ class AblationPath(HandWritten):
     rounds: int = 0
     kept_product: float = 1.0
     skipped: str | None = None
+
+    JSON_SCHEMA: ClassVar[dict[str, Any]] = {"anyOf": [
+        {"type": "object", "additionalProperties": False, "required": ["skipped"],
+         "properties": {"skipped": {"type": ["string", "null"]}}},
+        {"type": "object", "additionalProperties": False,
+         "required": ["steps", "total", "ci_low", "ci_high", "ci_level", "rounds", "kept_product"],
+         "properties": {"steps": {"type": "array", "items": {"type": "object"}}, "total": {"type": "number"},
+                        "ci_low": {"type": "number"}, "ci_high": {"type": "number"},
+                        "ci_level": {"type": "number", "minimum": 0, "maximum": 1},
+                        "rounds": {"type": "integer"}, "kept_product": {"type": "number"}}}]}
 
     def to_json(self) -> JsonObject:
         if self.skipped is not None or self.total is None:

@@ -11,10 +11,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import GetJsonSchemaHandler, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from autotune.runtime.json_value import JsonObject
-from autotune.schemas.typed import HandWritten
+from autotune.schemas.typed import HandWritten, fields_schema
 
 Centre = Literal["median", "ratio", "total"]  # "total": the ablation path's
 
@@ -26,6 +26,11 @@ class Interval(HandWritten):
     high: float
     level: float
     rounds: int | None = None  # the rounds or pairs it is over, where it counts them
+
+    JSON_SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "object", "additionalProperties": False, "required": ["median", "ci_low", "ci_high", "ci_level"],
+        "properties": {"median": {"type": "number"}, "ci_low": {"type": "number"}, "ci_high": {"type": "number"},
+                       "ci_level": {"type": "number", "minimum": 0, "maximum": 1}, "rounds": {"type": "integer"}}}
 
     def to_json(self, *, centre: Centre = "median") -> JsonObject:
         """The keys of a check's figures: ``centre``, ``ci_low``, ``ci_high``, ``ci_level``
@@ -55,6 +60,13 @@ class Interval(HandWritten):
         return cls(ratio=ratio, low=bounds["low"], high=bounds["high"], level=bounds["level"])
 
 
+# An interval's ends alone (``Interval.bounds_json``), where its centre is written beside it.
+BOUNDS_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": ["low", "high", "level"],
+    "properties": {"low": {"type": "number"}, "high": {"type": "number"},
+                   "level": {"type": "number", "minimum": 0, "maximum": 1}}}
+
+
 class Inline:
     """A dataclass read and written by pydantic (``autotune.schemas.typed.Record``) whose
     interval, the field ``INTERVAL``, is written as its own keys (``CENTRE``, ``ci_low``, ...)
@@ -72,6 +84,19 @@ class Inline:
         out.pop(self.INTERVAL, None)
         interval: Interval | None = getattr(self, self.INTERVAL)
         return out if interval is None else {**interval.to_json(centre=self.CENTRE), **out}
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        own = fields_schema(core, handler)
+        own["properties"].pop(cls.INTERVAL)
+        keys = {cls.CENTRE: {"type": "number"}, "ci_low": {"type": "number"}, "ci_high": {"type": "number"},
+                "ci_level": {"type": "number", "minimum": 0, "maximum": 1}}
+        own["properties"] = {**keys, "rounds": {"type": "integer"}, **own["properties"]}
+        required = set(own.get("required", []))
+        if cls.INTERVAL in required:  # an interval it always has
+            required = (required - {cls.INTERVAL}) | set(keys)
+        own["required"] = sorted(required)
+        return own
 
     @model_validator(mode="before")
     @classmethod

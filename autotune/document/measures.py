@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import computed_field, field_serializer, model_validator
+from pydantic import WithJsonSchema, computed_field, field_serializer, model_validator
 
 from autotune.config import KnobValue, TrialConfig
-from autotune.document.interval import Centre, Inline, Interval
+from autotune.document.interval import BOUNDS_SCHEMA, Centre, Inline, Interval
 from autotune.document.quality import QualityJudgement
 from autotune.runtime.json_value import JsonObject, JsonValue
 from autotune.schemas.typed import Flattened, HandWritten, Omitted, OmittedEmpty, Record
@@ -34,6 +34,11 @@ class Check(HandWritten):
 
     passed: bool | None
     detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    # each check writes its own figures beside these
+    JSON_SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "object", "required": ["passed"],
+        "properties": {"passed": {"type": ["boolean", "null"]}, "reason": {"type": "string"}}}
 
     @property
     def reason(self) -> str | None:
@@ -61,7 +66,7 @@ class VerifiedSpeedup(Inline, Record):
     pairs: int
     seconds_per_run: float
     wall_s: float
-    median_interval: Interval
+    median_interval: Annotated[Interval, WithJsonSchema(BOUNDS_SCHEMA, mode="serialization")]
     side_by_side: Interval
     unsteady: Omitted[str] = None  # why the figure may not hold, when the pairs ranged widely
     covers: str = STANDALONE_COVERS

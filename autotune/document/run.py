@@ -4,8 +4,10 @@ best_config.json beside a verification candidate's scripts."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import Field, computed_field
 
@@ -31,6 +33,7 @@ from autotune.document.steering import Steering
 from autotune.document.utilisation import Utilisation
 from autotune.runtime.json_value import JsonValue
 from autotune.runtime.step_profile import StepProfile
+from autotune.schemas import typed
 from autotune.schemas.typed import Omitted, Record
 
 
@@ -158,3 +161,26 @@ class CandidateDocument(Record):
     model_file_tuned: str
     launch: str
     outputs: Mapping[str, str]
+
+
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schemas" / "best_config.schema.json"
+
+
+def run_document_schema() -> dict[str, Any]:
+    """The JSON Schema of best_config.json (and of ``run --json`` and ``show --json``),
+    generated from ``RunDocument``: a written document always carries its schema version
+    and its outputs."""
+    generated = typed.schema(RunDocument)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "autotune/best_config.schema.json",
+            "title": "autotune best_config.json",
+            "description": "The result document of `autotune run`: the verified configuration, its baseline, "
+                           "the speedup measured as the user runs it, and the outputs written beside it. "
+                           "Generated from the document's types: python -c 'from autotune.document.run import "
+                           "write_schema; write_schema()'",
+            **{k: v for k, v in generated.items() if k not in ("title", "description", "required")},
+            "required": sorted({*generated.get("required", []), "schema", "outputs"})}
+
+
+def write_schema() -> None:
+    """Write ``run_document_schema()`` over the shipped schema file."""
+    SCHEMA_FILE.write_text(json.dumps(run_document_schema(), indent=1) + "\n")

@@ -18,13 +18,16 @@ JsonValue = TypeAliasType(
 JsonObject: TypeAlias = dict[str, JsonValue]
 
 
-def own_codec(kind: type[Any], *, read: Callable[[Any], Any], write: Callable[[Any], Any]) -> Any:
+def own_codec(kind: type[Any], *, read: Callable[[Any], Any], write: Callable[[Any], Any],
+              fields: Any = None) -> Any:
     """pydantic's core schema for a type that reads and writes its JSON itself (``read``
     and ``write``), where it sits inside a document pydantic reads and writes
-    (``autotune.schemas.typed``). Imported here, on first use: the trial process, which
-    writes these types, runs without pydantic."""
+    (``autotune.schemas.typed``); ``fields``, the core schema of the JSON it writes where
+    that is its fields (what its JSON Schema says). Imported here, on first use: the trial
+    process, which writes these types, runs without pydantic."""
     from pydantic_core import core_schema
 
     return core_schema.no_info_plain_validator_function(
         lambda value: value if isinstance(value, kind) else read(value),
-        serialization=core_schema.plain_serializer_function_ser_schema(write))
+        serialization=core_schema.plain_serializer_function_ser_schema(write),
+        metadata=None if fields is None else {"pydantic_js_functions": [lambda _, handler: handler(fields)]})

@@ -34,7 +34,7 @@ class StepProfile:
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
-        return own_codec(cls, read=cls.from_json, write=cls.to_json)
+        return own_codec(cls, read=cls.from_json, write=cls.to_json, fields=handler(source))
 
     def to_json(self) -> JsonObject:
         return {"step_ms": self.step_ms, "steps": self.steps, "device": self.device, "source": self.source,

@@ -8,12 +8,15 @@ check's free-form figures) keeps its own ``to_json`` and ``from_json``; ``HandWr
 pydantic read and write it through them where it sits inside a typed part."""
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, TypeVar
 
 from pydantic import (
+    ConfigDict,
     Field,
     GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     SerializerFunctionWrapHandler,
     TypeAdapter,
     model_serializer,
@@ -68,8 +71,29 @@ def schema(kind: type[Any]) -> dict[str, Any]:
     return _adapter(kind).json_schema(mode="serialization", by_alias=True)
 
 
+def fields_schema(core: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+    """The JSON Schema of a dataclass's fields as pydantic writes them, whatever serializer
+    the dataclass has: what a part that writes them otherwise starts its own schema from.
+    Every field it writes is required, but those ``Omitted`` where unset."""
+    plain = {k: v for k, v in core.items() if k != "serialization"}
+    out = copy.deepcopy(handler.resolve_ref_schema(handler(plain)))
+    node = core  # the dataclass's arguments, under any validator wrapped around them
+    while "fields" not in node or node.get("type") == "dataclass":
+        node = node["schema"]
+    omitted = {f.get("serialization_alias", f["name"]) for f in node["fields"] if "serialization_exclude_if" in f}
+    out["required"] = [name for name in out.get("properties", {}) if name not in omitted]
+    return out
+
+
 class Record:
-    """A dataclass whose JSON is its fields, read and written by pydantic."""
+    """A dataclass whose JSON is its fields, read and written by pydantic. Its schema
+    refuses a key it does not write (reading passes one over: a later version's)."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(json_schema_extra={"additionalProperties": False})
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return fields_schema(core, handler)
 
     def to_json(self) -> JsonObject:
         return written(self)
@@ -90,6 +114,15 @@ class Flattened:
         out: dict[str, Any] = handler(self)
         return {**out.pop(self.FLAT), **out}
 
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        own = fields_schema(core, handler)
+        flat = copy.deepcopy(handler.resolve_ref_schema(own["properties"].pop(cls.FLAT)))
+        required = [k for k in own.get("required", []) if k != cls.FLAT]
+        own["properties"] = {**flat["properties"], **own["properties"]}
+        own["required"] = sorted({*required, *flat.get("required", [])})
+        return own
+
     @model_validator(mode="before")
     @classmethod
     def _gather(cls, data: Any) -> Any:
@@ -100,7 +133,13 @@ class Flattened:
 
 class HandWritten:
     """A part with its own ``to_json`` and ``from_json`` classmethod, which pydantic calls
-    where the part sits inside a ``Record``."""
+    where the part sits inside a ``Record``; ``JSON_SCHEMA`` says what ``to_json`` writes."""
+
+    JSON_SCHEMA: ClassVar[dict[str, Any]]
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return copy.deepcopy(cls.JSON_SCHEMA)
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> Any:
