@@ -6,11 +6,14 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune import __version__
 from autotune.commands import dashboard, init, probe, report, run, show, verify
 from autotune.errors import AutotuneError, ErrorDocument
+
+if TYPE_CHECKING:
+    from pydantic.json_schema import JsonSchemaValue
 
 COMMANDS = (run, probe, show, report, verify, dashboard, init)
 
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def error_schema() -> dict[str, Any]:
+def error_schema() -> JsonSchemaValue:
     """The JSON Schema of an error under --json, generated from its type (``ErrorDocument``)."""
     from autotune.schemas import typed
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from autotune.space import LATE_KNOBS, MEMORY_KNOBS, build_space
+
+if TYPE_CHECKING:
+    from pydantic.json_schema import JsonSchemaValue
 
 SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "probe.schema.json"
 
@@ -42,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def probe_schema() -> dict[str, Any]:
+def probe_schema() -> JsonSchemaValue:
     """The JSON Schema of ``probe --json``, generated from the probe document's types
     (``Machine``) with the two sections this command adds: the machine's fingerprint id and
     the search space it implies (``Space.describe``)."""

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
 from pydantic import Field
+from pydantic.json_schema import JsonSchemaValue
 
 from autotune.config import KnobValue
 from autotune.document.interval import Inline, Interval
@@ -52,7 +53,7 @@ class AblationPath(HandWritten):
     kept_product: float = 1.0
     skipped: str | None = None
 
-    JSON_SCHEMA: ClassVar[dict[str, Any]] = {"anyOf": [
+    JSON_SCHEMA: ClassVar[JsonSchemaValue] = {"anyOf": [
         {"type": "object", "additionalProperties": False, "required": ["skipped"],
          "properties": {"skipped": {"type": ["string", "null"]}}},
         {"type": "object", "additionalProperties": False,

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import GetJsonSchemaHandler, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic.json_schema import JsonSchemaValue
 
 from autotune.runtime.json_value import JsonObject
 from autotune.schemas.typed import HandWritten, fields_schema
@@ -27,7 +28,7 @@ class Interval(HandWritten):
     level: float
     rounds: int | None = None  # the rounds or pairs it is over, where it counts them
 
-    JSON_SCHEMA: ClassVar[dict[str, Any]] = {
+    JSON_SCHEMA: ClassVar[JsonSchemaValue] = {
         "type": "object", "additionalProperties": False, "required": ["median", "ci_low", "ci_high", "ci_level"],
         "properties": {"median": {"type": "number"}, "ci_low": {"type": "number"}, "ci_high": {"type": "number"},
                        "ci_level": {"type": "number", "minimum": 0, "maximum": 1}, "rounds": {"type": "integer"}}}
@@ -61,7 +62,7 @@ class Interval(HandWritten):
 
 
 # An interval's ends alone (``Interval.bounds_json``), where its centre is written beside it.
-BOUNDS_SCHEMA: dict[str, Any] = {
+BOUNDS_SCHEMA: JsonSchemaValue = {
     "type": "object", "additionalProperties": False, "required": ["low", "high", "level"],
     "properties": {"low": {"type": "number"}, "high": {"type": "number"},
                    "level": {"type": "number", "minimum": 0, "maximum": 1}}}
@@ -86,7 +87,7 @@ class Inline:
         return out if interval is None else {**interval.to_json(centre=self.CENTRE), **out}
 
     @classmethod
-    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         own = fields_schema(core, handler)
         own["properties"].pop(cls.INTERVAL)
         keys = {cls.CENTRE: {"type": "number"}, "ci_low": {"type": "number"}, "ci_high": {"type": "number"},

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
 from pydantic import WithJsonSchema, computed_field, field_serializer, model_validator
+from pydantic.json_schema import JsonSchemaValue
 
 from autotune.config import KnobValue, TrialConfig
 from autotune.document.interval import BOUNDS_SCHEMA, Centre, Inline, Interval
@@ -36,7 +37,7 @@ class Check(HandWritten):
     detail: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     # each check writes its own figures beside these
-    JSON_SCHEMA: ClassVar[dict[str, Any]] = {
+    JSON_SCHEMA: ClassVar[JsonSchemaValue] = {
         "type": "object", "required": ["passed"],
         "properties": {"passed": {"type": ["boolean", "null"]}, "reason": {"type": "string"}}}
 
@@ -81,7 +82,7 @@ class VerifiedSpeedup(Inline, Record):
         return {**self.interval.to_json(), "pairs": self.pairs, **optional_fields(lower_bound=self.lower_bound)}
 
     @field_serializer("median_interval")
-    def _bounds(self, interval: Interval) -> dict[str, Any]:
+    def _bounds(self, interval: Interval) -> JsonObject:
         return interval.bounds_json()  # written beside the median it is around: its ends alone
 
     @model_validator(mode="before")

@@ -7,9 +7,10 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field, computed_field
+from pydantic.json_schema import JsonSchemaValue
 
 from autotune.config import KnobValue, TrialConfig
 from autotune.document.ablation import Ablation
@@ -166,7 +167,7 @@ class CandidateDocument(Record):
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schemas" / "best_config.schema.json"
 
 
-def run_document_schema() -> dict[str, Any]:
+def run_document_schema() -> JsonSchemaValue:
     """The JSON Schema of best_config.json (and of ``run --json`` and ``show --json``),
     generated from ``RunDocument``: a written document always carries its schema version
     and its outputs."""

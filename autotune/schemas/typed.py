@@ -22,6 +22,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
 from typing_extensions import Self
 
 from autotune.runtime.json_value import JsonObject, own_codec
@@ -66,12 +67,12 @@ def written(value: object) -> JsonObject:
     return _adapter(type(value)).dump_python(value, mode="json", by_alias=True)
 
 
-def schema(kind: type[Any]) -> dict[str, Any]:
+def schema(kind: type[Any]) -> JsonSchemaValue:
     """The JSON Schema of what ``written`` makes of a ``kind``."""
     return _adapter(kind).json_schema(mode="serialization", by_alias=True)
 
 
-def fields_schema(core: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+def fields_schema(core: Any, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
     """The JSON Schema of a dataclass's fields as pydantic writes them, whatever serializer
     the dataclass has: what a part that writes them otherwise starts its own schema from.
     Every field it writes is required, but those ``Omitted`` where unset."""
@@ -92,7 +93,7 @@ class Record:
     __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(json_schema_extra={"additionalProperties": False})
 
     @classmethod
-    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         return fields_schema(core, handler)
 
     def to_json(self) -> JsonObject:
@@ -115,7 +116,7 @@ class Flattened:
         return {**out.pop(self.FLAT), **out}
 
     @classmethod
-    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         own = fields_schema(core, handler)
         flat = copy.deepcopy(handler.resolve_ref_schema(own["properties"].pop(cls.FLAT)))
         required = [k for k in own.get("required", []) if k != cls.FLAT]
@@ -135,10 +136,10 @@ class HandWritten:
     """A part with its own ``to_json`` and ``from_json`` classmethod, which pydantic calls
     where the part sits inside a ``Record``; ``JSON_SCHEMA`` says what ``to_json`` writes."""
 
-    JSON_SCHEMA: ClassVar[dict[str, Any]]
+    JSON_SCHEMA: ClassVar[JsonSchemaValue]
 
     @classmethod
-    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+    def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         return copy.deepcopy(cls.JSON_SCHEMA)
 
     @classmethod
