@@ -89,13 +89,15 @@ class Inline:
     @classmethod
     def __get_pydantic_json_schema__(cls, core: Any, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         own = fields_schema(core, handler)
-        own["properties"].pop(cls.INTERVAL)
+        field = own["properties"].pop(cls.INTERVAL)
+        optional = {"type": "null"} in field.get("anyOf", [])  # None: no interval, no keys
         keys = {cls.CENTRE: {"type": "number"}, "ci_low": {"type": "number"}, "ci_high": {"type": "number"},
                 "ci_level": {"type": "number", "minimum": 0, "maximum": 1}}
         own["properties"] = {**keys, "rounds": {"type": "integer"}, **own["properties"]}
         required = set(own.get("required", []))
-        if cls.INTERVAL in required:  # an interval it always has
-            required = (required - {cls.INTERVAL}) | set(keys)
+        required.discard(cls.INTERVAL)
+        if not optional:  # an interval it always has
+            required |= set(keys)
         own["required"] = sorted(required)
         return own
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from autotune.config import TrialConfig
 from autotune.probes.peaks import mfu_peak
@@ -34,25 +36,27 @@ class Counted(Record):
 class Share(Record):
     """One configuration's achieved FLOP/s and its share of the peak it runs against."""
 
-    flops_per_sample: float
-    samples_per_s: float
-    flop_per_s: float
-    peak_flop_per_s: float
-    peak_source: str
-    share: float
+    flops_per_sample: Annotated[float, Field(gt=0)]
+    samples_per_s: Annotated[float, Field(gt=0)]
+    flop_per_s: Annotated[float, Field(ge=0)]
+    peak_flop_per_s: Annotated[float, Field(gt=0)]
+    # "table:<GPU> <precision> dense" (its datasheet) or "measured:<device> <precision>
+    # matmul[, N threads][ x N ranks]"
+    peak_source: Annotated[str, Field(pattern=r"^(table|measured):")]
+    share: Annotated[float, Field(ge=0)]
 
     @classmethod
     def of(cls, counted: Counted | None, *, samples_per_s: float | None) -> Share | None:
         """From a trial's utilisation facts and the samples/s measured for it; None where
-        its FLOPs were not counted or it has no peak."""
+        its FLOPs were not counted or it has no peak (or none it can name)."""
         if counted is None or not samples_per_s:
             return None
-        flops, peak = counted.flops_per_sample, counted.peak_flop_per_s
-        if not flops or not peak:
+        flops, peak, source = counted.flops_per_sample, counted.peak_flop_per_s, counted.peak_source
+        if not flops or not peak or not source:
             return None
         achieved = flops * samples_per_s
         return cls(flops_per_sample=flops, samples_per_s=samples_per_s, flop_per_s=achieved,
-                   peak_flop_per_s=peak, peak_source=counted.peak_source or "unknown", share=achieved / peak)
+                   peak_flop_per_s=peak, peak_source=source, share=achieved / peak)
 
     @property
     def peak_words(self) -> str:

@@ -19,15 +19,18 @@ JsonObject: TypeAlias = dict[str, JsonValue]
 
 
 def own_codec(kind: type[Any], *, read: Callable[[Any], Any], write: Callable[[Any], Any],
-              fields: Any = None) -> Any:
+              fields: Any = None, json_schema: JsonObject | None = None) -> Any:
     """pydantic's core schema for a type that reads and writes its JSON itself (``read``
     and ``write``), where it sits inside a document pydantic reads and writes
-    (``autotune.schemas.typed``); ``fields``, the core schema of the JSON it writes where
-    that is its fields (what its JSON Schema says). Imported here, on first use: the trial
-    process, which writes these types, runs without pydantic."""
+    (``autotune.schemas.typed``). Its JSON Schema: ``json_schema``, or, where what it
+    writes is its fields, theirs (``fields``, their core schema). Imported here, on first
+    use: the trial process, which writes these types, runs without pydantic."""
     from pydantic_core import core_schema
+
+    def schema_of(_: Any, handler: Any) -> Any:
+        return dict(json_schema) if json_schema is not None else handler(fields)
 
     return core_schema.no_info_plain_validator_function(
         lambda value: value if isinstance(value, kind) else read(value),
         serialization=core_schema.plain_serializer_function_ser_schema(write),
-        metadata=None if fields is None else {"pydantic_js_functions": [lambda _, handler: handler(fields)]})
+        metadata={"pydantic_js_functions": [schema_of]})

@@ -34,7 +34,7 @@ class StepProfile:
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
-        return own_codec(cls, read=cls.from_json, write=cls.to_json, fields=handler(source))
+        return own_codec(cls, read=cls.from_json, write=cls.to_json, json_schema=_SCHEMA)
 
     def to_json(self) -> JsonObject:
         return {"step_ms": self.step_ms, "steps": self.steps, "device": self.device, "source": self.source,
@@ -48,3 +48,17 @@ class StepProfile:
         shares = {c.value: 0.0 for c in Category} | {k: float(v) for k, v in data["shares"].items()}
         return cls(step_ms=float(data["step_ms"]), steps=int(data["steps"]), device=str(data["device"]),
                    source=str(data["source"]), shares=shares, measured_step_ms=data.get("measured_step_ms"))
+
+
+_SHARE: JsonObject = {"type": "number", "minimum": 0, "maximum": 1}
+# What ``to_json`` writes. Convolution is not required: documents written before it had a
+# category of its own counted it in matmul.
+_SCHEMA: JsonObject = {
+    "type": "object", "additionalProperties": False, "required": ["step_ms", "steps", "device", "source", "shares"],
+    "properties": {
+        "step_ms": {"type": "number", "minimum": 0}, "measured_step_ms": {"type": "number", "minimum": 0},
+        "steps": {"type": "integer", "minimum": 1}, "device": {"type": "string"},
+        "source": {"enum": ["cpu ops", "gpu kernels"]},
+        "shares": {"type": "object", "additionalProperties": False,
+                   "required": [c.value for c in Category if c is not Category.CONVOLUTION],
+                   "properties": {c.value: _SHARE for c in Category}}}}

@@ -29,5 +29,8 @@ def problem(doc: Any, name: str) -> str | None:
     error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
     if error is None:
         return None
+    # a part that may be null (absent where it did not happen) breaks as the part: say where in it
+    while error.context and (inside := [e for e in error.context if e.validator_value != "null"]):
+        error = jsonschema.exceptions.best_match(inside)
     where = ".".join(str(p) for p in error.absolute_path) or "the top level"
     return f"at {where}, {error.message}"
