@@ -197,3 +197,7 @@ class ErrorEvent(_Line):
 
 TrialEvent: TypeAlias = (SetupEvent | BeatEvent | FactsEvent | WarmupEvent | ReadyEvent | WindowEvent | DoneEvent
                           | ErrorEvent)
+
+# Each kind's type: what a line's "e" says it is.
+EVENT_TYPES: dict[Event, type[TrialEvent]] = {kind.KIND: kind for kind in (
+    SetupEvent, BeatEvent, FactsEvent, WarmupEvent, ReadyEvent, WindowEvent, DoneEvent, ErrorEvent)}

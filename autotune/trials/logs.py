@@ -13,17 +13,7 @@ from typing import Any
 from autotune.runtime.process_facts import ProcessFacts
 from autotune.runtime.ranks import RANKS_PREFIX
 from autotune.schemas import typed
-from autotune.trials.events import (
-    BeatEvent,
-    DoneEvent,
-    ErrorEvent,
-    FactsEvent,
-    ReadyEvent,
-    SetupEvent,
-    TrialEvent,
-    WarmupEvent,
-    WindowEvent,
-)
+from autotune.trials.events import EVENT_TYPES, DoneEvent, FactsEvent, SetupEvent, TrialEvent
 from autotune.trials.protocol import Event, Mode
 
 # A trial's log past LOG_CAP_BYTES keeps its first and last LOG_KEEP_BYTES: a print in
@@ -56,8 +46,6 @@ def cap_log(path: Path, *, cap: int, keep: int) -> int:
     return removed
 
 
-KINDS: dict[Event, type[TrialEvent]] = {kind.KIND: kind for kind in (
-    SetupEvent, BeatEvent, FactsEvent, WarmupEvent, ReadyEvent, WindowEvent, DoneEvent, ErrorEvent)}
 STAMP = ("e", "rank", "t")
 
 
@@ -68,7 +56,7 @@ def read_event(data: Mapping[str, object]) -> TrialEvent | None:
     (a window's rate, an error's kind) must be there, of its type (pydantic's
     ValidationError names it)."""
     try:
-        kind = KINDS[Event(data.get("e"))]
+        kind = EVENT_TYPES[Event(data.get("e"))]
     except ValueError:
         return None
     fields = _set(kind, data)
@@ -86,10 +74,21 @@ def read_event(data: Mapping[str, object]) -> TrialEvent | None:
 
 def _set(kind: type[Any], data: Mapping[str, object]) -> dict[str, object]:
     """``data`` less the nulls of fields that have a default other than None."""
-    defaulted = {f.name for f in dataclasses.fields(kind)
-                 if f.default is not None and (f.default is not dataclasses.MISSING
-                                               or f.default_factory is not dataclasses.MISSING)}
+    defaulted = _defaulted(kind)
     return {k: v for k, v in data.items() if not (v is None and k in defaulted)}
+
+
+_DEFAULTED: dict[type[Any], frozenset[str]] = {}
+
+
+def _defaulted(kind: type[Any]) -> frozenset[str]:
+    # once a type (functools.cache will not type-check on a type): the tuner reads every
+    # line a trial writes while it measures
+    if kind not in _DEFAULTED:
+        _DEFAULTED[kind] = frozenset(f.name for f in dataclasses.fields(kind)
+                                     if f.default is not None and (f.default is not dataclasses.MISSING
+                                                                   or f.default_factory is not dataclasses.MISSING))
+    return _DEFAULTED[kind]
 
 
 class EventReader:
