@@ -207,6 +207,42 @@ def test_recorded_h100_events_put_cudnn_sdpa_in_attention_and_the_hosts_sleep_in
     assert shares.shares[Category.OTHER] < 0.1  # elementwise and loss kernels: a small part here
 
 
+def test_the_profilers_raw_events_are_read_as_torchs_own_event_list_gives_them():
+    """A step that loads its batch sample by sample, profiled in this process: the events
+    read from the profiler's raw results are the ones its event list holds, and divide the
+    window alike."""
+    import torch
+
+    from autotune.runtime.profile import events_of, listed_events_of
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 1, 8, 8), torch.randint(0, 4, (64,)))
+    batches = iter(torch.utils.data.DataLoader(data, batch_size=16))
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function(WINDOW):
+            for _ in range(3):
+                with torch.profiler.record_function(STEP):
+                    with torch.profiler.record_function(DATA_WAIT):
+                        x, y = next(batches)
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+                    optimizer.step()
+    raw, listed = events_of(prof), listed_events_of(prof)
+
+    def key(e: ProfilerEvent) -> tuple:
+        return e.start, e.name, e.thread, e.kind
+
+    assert len(raw) == len(listed) > 100
+    for a, b in zip(sorted(raw, key=key), sorted(listed, key=key)):
+        assert (a.name, a.kind, a.thread) == (b.name, b.kind, b.thread)
+        assert a.start == pytest.approx(b.start, abs=1e-3) and a.duration == pytest.approx(b.duration, abs=1e-3)
+    assert {"aten::select", "aten::stack", "aten::convolution"} <= {e.name for e in raw}
+    shares, expected = step_shares(raw), step_shares(listed)
+    assert shares.steps == expected.steps == 3
+    assert shares.ms == pytest.approx(expected.ms, abs=1e-6)
+
+
 def test_events_without_a_window_are_refused():
     with pytest.raises(ValueError, match="autotune.window"):
         step_shares([ProfilerEvent("aten::mm", 0, 10)])

@@ -31,18 +31,55 @@ MIN_STEPS = 5
 MAX_STEPS = 50
 
 
-def _kind(event: Any) -> ProfilerEventKind:
-    if event.device_type == torch.autograd.DeviceType.CPU:
+def _kind(device_type: Any, is_user_annotation: bool) -> ProfilerEventKind:
+    if device_type == torch.autograd.DeviceType.CPU:
         return ProfilerEventKind.CPU
     # the device-side copy of a record_function range (the optimizer's, ours), not work
-    return ProfilerEventKind.ANNOTATION if getattr(event, "is_user_annotation", False) else ProfilerEventKind.KERNEL
+    return ProfilerEventKind.ANNOTATION if is_user_annotation else ProfilerEventKind.KERNEL
+
+
+# Ranges the profiler opens around each record_function and a few bookkeeping ops: no work
+# of the step's, and left out of torch's own event list too.
+_BOOKKEEPING = frozenset({"[memory]", "[OutOfMemory]", "profiler::_record_function_enter",
+                          "profiler::_record_function_enter_new", "profiler::_record_function_exit",
+                          "aten::is_leaf", "aten::output_nr", "aten::_version"})
+
+
+def listed_events_of(prof: Any) -> list[ProfilerEvent]:
+    """The profiler's events as torch's own event list (``prof.events()``) gives them."""
+    return [ProfilerEvent(name=e.name, start=float(e.time_range.start), duration=float(e.time_range.elapsed_us()),
+                          kind=_kind(e.device_type, bool(getattr(e, "is_user_annotation", False))),
+                          thread=int(e.thread))
+            for e in prof.events()]
 
 
 def events_of(prof: Any) -> list[ProfilerEvent]:
-    """The profiler's events as ``shares.Event``s: host ops and ranges, and device work."""
-    return [ProfilerEvent(name=e.name, start=float(e.time_range.start), duration=float(e.time_range.elapsed_us()),
-                  kind=_kind(e), thread=int(e.thread))
-            for e in prof.events()]
+    """The profiler's events as ``ProfilerEvent``s: host ops and ranges, and device work.
+
+    Read from the profiler's raw results: ``prof.events()`` first builds torch's whole
+    event tree (shapes, stacks, memory, parents), which for a step that loads its batch
+    sample by sample (thousands of small ops a step) takes many times the profiled window
+    itself. The fields read here are the ones that list takes from the same results."""
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if results is None:  # a torch that keeps no raw results
+        return listed_events_of(prof)
+    origin = results.trace_start_ns()
+    names: dict[str, str] = {}  # demangled once per name, as torch's StringTable does
+    hidden = getattr(torch._C._autograd._KinetoEvent, "is_hidden_event", None)
+    out = []
+    for e in results.events():
+        raw = e.name()
+        if raw in _BOOKKEEPING or (hidden is not None and hidden(e)):
+            continue
+        name = names.get(raw)
+        if name is None:
+            name = names[raw] = torch._C._demangle(raw) if len(raw) > 1 else raw
+        start_ns = e.start_ns()
+        out.append(ProfilerEvent(name=name, start=(start_ns - origin) / 1000.0,
+                                 duration=(e.end_ns() - start_ns) / 1000.0,
+                                 kind=_kind(e.device_type(), e.is_user_annotation()),
+                                 thread=int(e.start_thread_id())))
+    return out
 
 
 def warm_up(session: Session) -> float:
