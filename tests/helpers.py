@@ -38,6 +38,18 @@ def knob_cnn() -> Task:
     return load_task(MODELS / "knob_cnn.py")
 
 
+@functools.cache
+def pinned_allocator() -> str:
+    """The allocator an end-to-end test pins where the allocator is not its subject: one
+    autotune measures in warm processes, as by default (configurations that share their
+    process knobs one after another in one process, `--fresh-trials` off), where it is
+    installed (.ci/run installs tcmalloc); glibc's, whose configurations each start a
+    fresh process, where it is not."""
+    from autotune.probes.libraries import find_native_libraries
+
+    return "tcmalloc" if find_native_libraries()[0]["tcmalloc"] else "default"
+
+
 def written_document(out: Path) -> dict:
     """best_config.json as a run wrote it into ``out``."""
     return json.loads((out / "best_config.json").read_text())

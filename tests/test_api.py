@@ -18,7 +18,7 @@ from autotune import schemas
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
 
-from helpers import MODELS, REPO, knob_cnn
+from helpers import MODELS, REPO, knob_cnn, pinned_allocator
 
 EXAMPLES = REPO / "examples"
 
@@ -107,7 +107,7 @@ def tuned(tmp_path_factory) -> SimpleNamespace:
     with contextlib.redirect_stderr(printed):
         result = autotune.tune(
             model, trials=3, out=out, progress=False,
-            fix={"nprocs": 1, "compile": "off", "allocator": "default", "affinity": "none", "precision": "fp32",
+            fix={"nprocs": 1, "compile": "off", "allocator": pinned_allocator(), "affinity": "none", "precision": "fp32",
                  "batch_size": BATCH[model.name]},
             window_s=window_s, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
     return SimpleNamespace(result=result, out=out, printed=printed.getvalue())

@@ -22,7 +22,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from helpers import kernel_oom_kills, processes_of, read_trials, survivors
+from helpers import kernel_oom_kills, pinned_allocator, processes_of, read_trials, survivors
 
 # One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
 pytestmark = pytest.mark.xdist_group("isolation")
@@ -33,7 +33,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 LONG_TRIALS = [
     "--trials", "3", "--window", "90", "--windows", "2", "--trial-timeout", "300",
-    "--fix", "nprocs=1", "--fix", "compile=off", "--fix", "allocator=default",
+    "--fix", "nprocs=1", "--fix", "compile=off", f"--fix=allocator={pinned_allocator()}",
     "--fix", "affinity=none", "--fix", "interop_threads=none", "--fix", "batch_size=16",
 ]
 

@@ -25,6 +25,11 @@ from autotune.trials.runner import TrialRunner
 from helpers import MODELS, emit_outputs, machine_doc, run_launch_sh
 
 BLOCKS = MODELS / "blocks_mlp.py"
+TCMALLOC = find_native_libraries()[0]["tcmalloc"]
+# The trials' allocator where the allocator is not the subject: tcmalloc's configurations of
+# one layout train one after another in one warm process tree, each from the state a fresh
+# one would start in (glibc's start a fresh process each).
+BASE = TrialConfig(allocator="tcmalloc" if TCMALLOC else "default")
 
 
 class Block(torch.nn.Module):
@@ -276,8 +281,8 @@ QUICK = Measurement(warmup_steps=2, window_s=0.2, windows=1)
 def runner(tmp_path_factory):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 usable cores")
-    trials = TrialRunner(model_file=BLOCKS, machine=machine_doc(), workdir=tmp_path_factory.mktemp("trials"),
-                         measurement=QUICK, timeout_s=150, hang_s=60)
+    trials = TrialRunner(model_file=BLOCKS, machine={**machine_doc(), "allocators": {"tcmalloc": TCMALLOC}},
+                         workdir=tmp_path_factory.mktemp("trials"), measurement=QUICK, timeout_s=150, hang_s=60)
     yield trials
     trials.close()
 
@@ -297,7 +302,7 @@ def _same_steps(a: list[float], b: list[float]) -> tuple[list[float], list[float
 
 @pytest.mark.slow
 def test_each_knob_takes_effect_in_a_trial_process_and_trains_the_plain_models_losses(runner):
-    one = TrialConfig(threads=1, batch_size=16)
+    one = BASE.replace(threads=1, batch_size=16)
     plain = _ok(runner.run(one, name="plain")).losses
     checkpointed = _ok(runner.run(one.replace(activation_checkpointing=True), name="ac"))
     assert checkpointed.facts["checkpointed_blocks"] == 4
@@ -311,7 +316,7 @@ def test_each_knob_takes_effect_in_a_trial_process_and_trains_the_plain_models_l
     got, expected = _same_steps(accumulated.losses, plain)
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
-    two = TrialConfig(nprocs=2, threads=1, batch_size=16)
+    two = BASE.replace(nprocs=2, threads=1, batch_size=16)
     replicated = _ok(runner.run(two, name="ddp"))
     sharded = _ok(runner.run(two.replace(sharding="full", grad_accum=2), name="fsdp"))
     facts = sharded.facts
@@ -323,7 +328,7 @@ def test_each_knob_takes_effect_in_a_trial_process_and_trains_the_plain_models_l
 
 @pytest.mark.slow
 def test_a_sharded_trials_evaluate_gets_the_gathered_weights(runner):
-    ddp = TrialConfig(nprocs=2, threads=1, batch_size=16)
+    ddp = BASE.replace(nprocs=2, threads=1, batch_size=16)
     replicated = _ok(runner.run(ddp, name="ddp-q", quality_steps=5))
     for sharding in ("full", "grad-op"):
         cfg = ddp.replace(sharding=sharding)
@@ -338,7 +343,6 @@ def test_a_sharded_trials_evaluate_gets_the_gathered_weights(runner):
 # MORE than a DDP rank: FSDP's all-gather buffers, freed and reallocated each block, fragment
 # glibc's per-thread arenas (MALLOC_ARENA_MAX=1 brings it back under DDP). tcmalloc reuses
 # them, so what a rank holds is its share of weights, gradients and AdamW's state.
-TCMALLOC = find_native_libraries()[0]["tcmalloc"]
 
 
 @pytest.mark.slow

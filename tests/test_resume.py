@@ -24,7 +24,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from helpers import read_stale, read_trials, survivors, trial_measuring
+from helpers import pinned_allocator, read_stale, read_trials, survivors, trial_measuring
 
 # One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
 pytestmark = pytest.mark.xdist_group("resume")
@@ -173,7 +173,7 @@ CLI_ARGS = [
     "--pairs", "2", "--pair-seconds", "0.5",
     "--trial-timeout", "120",
     "--fix", "nprocs=1", "--fix", "compile=off", "--fix", "precision=fp32",
-    "--fix", "allocator=default", "--fix", "affinity=none", "--fix", "interop_threads=none",
+    f"--fix=allocator={pinned_allocator()}", "--fix", "affinity=none", "--fix", "interop_threads=none",
 ]
 
 

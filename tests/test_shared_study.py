@@ -30,7 +30,7 @@ from autotune.task import load_task
 from autotune.trials.protocol import StudyAttr
 
 from doubles import StandInRunner, recorded_machine
-from helpers import MODELS, machine_doc, trial_measuring, written_document
+from helpers import MODELS, machine_doc, pinned_allocator, trial_measuring, written_document
 from postgres import PASSWORD, running_server
 
 # One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
@@ -257,7 +257,7 @@ BUDGET = 4  # the study's trials, whichever worker measures them
 CLI_ARGS = [
     "--trials", str(BUDGET), "--window", "0.2", "--windows", "2", "--rounds", "2", "--top", "1",
     "--pairs", "2", "--pair-seconds", "0.5", "--trial-timeout", "120", "--heartbeat", "1",
-    "--fix", "nprocs=1", "--fix", "compile=off", "--fix", "allocator=default",
+    "--fix", "nprocs=1", "--fix", "compile=off", f"--fix=allocator={pinned_allocator()}",
     "--fix", "affinity=none", "--fix", "interop_threads=none", "--fix", "precision=fp32",
 ]
 
