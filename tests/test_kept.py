@@ -24,7 +24,7 @@ from autotune.sections import SearchOptions
 from autotune.trials.script_report import ScriptReport
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS, knob_cnn
+from helpers import MODELS, knob_cnn, pinned_allocator
 from recorded_run import load_doc
 
 KEPT = Kept(config=TrialConfig(nprocs=1, threads=2, batch_size=128), launcher="verify/candidate-0/launch.sh",
@@ -130,7 +130,7 @@ def test_a_run_whose_pairs_straddle_1x_keeps_the_faster_and_autotune_verify_meas
 # Everything but the batch size pinned: the search's heuristic trials reach batch 32 within
 # three trials, and no other knob lengthens the verification.
 LEVEL_FIXES = ("layout=1xdefault", "num_workers=0", "interop_threads=default", "optimizer_step=default",
-               "compile=off", "allocator=default", "affinity=none", "precision=fp32")
+               "compile=off", f"allocator={pinned_allocator()}", "affinity=none", "precision=fp32")
 
 
 @pytest.mark.slow

@@ -170,7 +170,7 @@ def test_search_goes_on_when_the_best_is_a_baseline_outside_the_pinned_space(tmp
 # the baseline-outside-the-pinned-space test.)
 CLI_ARGS = [
     "--trials", "5", "--window", "0.2", "--windows", "2", "--rounds", "2", "--top", "1",
-    "--pairs", "2", "--pair-seconds", "0.5",
+    "--pairs", "2", "--pair-seconds", "0.5", "--no-profile",
     "--trial-timeout", "120",
     "--fix", "nprocs=1", "--fix", "compile=off", "--fix", "precision=fp32",
     f"--fix=allocator={pinned_allocator()}", "--fix", "affinity=none", "--fix", "interop_threads=none",

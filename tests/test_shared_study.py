@@ -256,7 +256,7 @@ def test_a_worker_waits_no_longer_than_it_is_told(database):
 BUDGET = 4  # the study's trials, whichever worker measures them
 CLI_ARGS = [
     "--trials", str(BUDGET), "--window", "0.2", "--windows", "2", "--rounds", "2", "--top", "1",
-    "--pairs", "2", "--pair-seconds", "0.5", "--trial-timeout", "120", "--heartbeat", "1",
+    "--pairs", "2", "--pair-seconds", "0.5", "--trial-timeout", "120", "--heartbeat", "1", "--no-profile",
     "--fix", "nprocs=1", "--fix", "compile=off", f"--fix=allocator={pinned_allocator()}",
     "--fix", "affinity=none", "--fix", "interop_threads=none", "--fix", "precision=fp32",
 ]
