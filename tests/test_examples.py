@@ -17,6 +17,9 @@ from autotune.task import load_task
 from helpers import MODELS, REPO
 
 EXAMPLES = REPO / "examples"
+# long_sequences.py's step (attention over 512 tokens) takes over a second on one thread; its
+# loss falls from the first steps on
+STEPS = {"long_sequences.py": 10}
 
 
 @pytest.fixture
@@ -40,7 +43,7 @@ def test_an_example_passes_the_contract_and_its_loss_falls(name, torch_threads):
         assert task.blocks == ("Block",)
     # one thread: this test's steps share the cores with the other test worker's (pytest -n 2)
     session = Session(str(EXAMPLES / name), {"batch_size": task.batch_size, "threads": 1})
-    _, losses = session.run_steps(30)
+    _, losses = session.run_steps(STEPS.get(name, 30))
     assert sum(losses[-5:]) < sum(losses[:5]), losses
 
 
