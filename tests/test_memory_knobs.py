@@ -22,14 +22,12 @@ from autotune.task import load_task
 from autotune.trials.protocol import Measurement
 from autotune.trials.runner import TrialRunner
 
-from helpers import MODELS, emit_outputs, machine_doc, run_launch_sh
+from helpers import MODELS, emit_outputs, machine_doc, pinned_allocator, run_launch_sh
 
 BLOCKS = MODELS / "blocks_mlp.py"
 TCMALLOC = find_native_libraries()[0]["tcmalloc"]
-# The trials' allocator where the allocator is not the subject: tcmalloc's configurations of
-# one layout train one after another in one warm process tree, each from the state a fresh
-# one would start in (glibc's start a fresh process each).
-BASE = TrialConfig(allocator="tcmalloc" if TCMALLOC else "default")
+# The trials' allocator where the allocator is not the subject (helpers.pinned_allocator)
+BASE = TrialConfig(allocator=pinned_allocator())
 
 
 class Block(torch.nn.Module):
