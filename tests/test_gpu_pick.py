@@ -201,6 +201,29 @@ def test_the_leader_is_profiled_after_the_start_and_its_profile_queues_the_next_
     assert "idle 80%" in lines[1] and "x the leader" in lines[2], lines
 
 
+def test_a_profile_queues_no_more_trials_than_the_budget_has_left(task, tmp_path):
+    """The start leaves one trial of the budget: the leader's idle step would queue two or
+    more, and only one is queued and measured. A trial queued past the budget would wait in
+    the study after the search ended, and a resumed run would find it unfinished."""
+    space = space_of(task)
+    starts = gpu_start(space, recorded_machine("h100x1"))
+
+    def search(name: str, trials: int) -> tuple[Profiled, optuna.Study]:
+        runner = Profiled(recorded_machine("h100x1"))
+        study = open_study(storage_path=tmp_path / f"{name}.journal", study_name=name)
+        course = Course(budget=SearchBudget(trials=trials), starts=Starts(heuristics=starts))
+        Tuner(study=study, space=space, runner=runner, course=course).run()
+        return runner, study
+
+    start = len(search("start", 1)[1].get_trials(deepcopy=False))  # the whole start is queued first
+    runner, study = search("room", start + 1)
+    trials = study.get_trials(deepcopy=False)
+    assert runner.profiled and len(runner.measured) == start + 1
+    assert [t.user_attrs.get(StudyAttr.ROLE) for t in trials].count(Role.STEERED) == 1
+    left = [(t.number, t.state.name) for t in trials if not t.state.is_finished()]
+    assert not left, f"trials left unfinished after the search: {left}"
+
+
 def test_without_a_profile_nothing_is_steered_and_the_search_goes_on(task, tmp_path):
     space = space_of(task)
     runner = CompileWins(recorded_machine("h100x1"))  # its profiled runs report nothing

@@ -72,9 +72,11 @@ def _due(study: optuna.Study, ledger: Ledger) -> TrialConfig | None:
     return leader
 
 
-def steer_once(study: optuna.Study, ledger: Ledger, runner: TrialRunnerLike) -> Round | None:
-    """Profile the leader where a round is due (``_due``) and queue what its profile says;
-    returns the round (None where none was due). The caller holds the study's lock."""
+def steer_once(study: optuna.Study, ledger: Ledger, runner: TrialRunnerLike, *, room: int) -> Round | None:
+    """Profile the leader where a round is due (``_due``) and queue what its profile says,
+    at most ``room`` trials (what the budget has left: a trial queued past it would wait in
+    the study after the search ended); returns the round (None where none was due). The
+    caller holds the study's lock."""
     leader = _due(study, ledger)
     if leader is None:
         return None
@@ -87,7 +89,7 @@ def steer_once(study: optuna.Study, ledger: Ledger, runner: TrialRunnerLike) -> 
     else:
         tried = [c for t in study.get_trials(deepcopy=False) if (c := config_of(t)) is not None]
         picked = [s for s in steer(profile, leader, space=ledger.space, tried=tried)
-                  if ledger.memory_bound(s.config) is None][:MOST]
+                  if ledger.memory_bound(s.config) is None][:max(0, min(MOST, room))]
         for s in picked:
             study.enqueue_trial(ledger.space.params_of(s.config), user_attrs={
                 StudyAttr.ROLE: Role.STEERED,

@@ -178,8 +178,11 @@ class Tuner:
                 continue
             if stop is None and asks_left > 0 and len(measured) + len(self.ledger.running()) < self.budget.trials:
                 with self.turns.lock():
-                    with self.turns.measuring():  # the profiled run is alone on the machine
-                        steered = steering.steer_once(self.study, self.ledger, self.runner)
+                    room = self.budget.trials - len(self.ledger.measured()) - len(self.ledger.running())
+                    steered = None
+                    if room > 0:
+                        with self.turns.measuring():  # the profiled run is alone on the machine
+                            steered = steering.steer_once(self.study, self.ledger, self.runner, room=room)
                     # asked under the lock, the budget looked at again: another worker may
                     # have started a trial while this one waited for the lock or profiled
                     trial = None
