@@ -1,0 +1,116 @@
+"""Which Python processes a command starts, what each costs in CPU, and whether it imported
+torch and torch._dynamo: run the test command (or any command) under it to see where a 2-core
+machine's time goes.
+
+    python bench/process_census.py -- .venv/bin/python -m pytest -n 2 --dist loadgroup
+
+Every Python interpreter the command starts (tests, autotune's trials, contract checks,
+emitted scripts, ranks) imports a ``sitecustomize`` put first on PYTHONPATH, which writes
+one line per process at its start and again at its end (``atexit`` and ``os._exit``): its
+CPU time (user and system, its own, not its children's), its command line and the test that
+started it (pytest's PYTEST_CURRENT_TEST, which child processes inherit). A process killed
+by a signal keeps its first line only: it is counted, its CPU is not. DataLoader workers
+forked from a process are not new interpreters and are not counted apart.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HOOK = '''
+import atexit, json, os, sys, time
+
+_dir = os.environ.get("CENSUS_DIR")
+if _dir:
+    _start = time.time()
+    _path = os.path.join(_dir, f"{os.getpid()}.json")
+
+    def _write(done):
+        t = os.times()
+        row = {"argv": list(getattr(sys, "argv", []))[:4], "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+               "torch": "torch" in sys.modules, "dynamo": "torch._dynamo" in sys.modules,
+               "cpu": t.user + t.system, "wall": time.time() - _start, "done": done}
+        try:
+            with open(_path, "w") as f:
+                json.dump(row, f)
+        except OSError:
+            pass
+
+    _write(False)
+    atexit.register(_write, True)
+    _exit = os._exit
+
+    def _exit_counted(code):
+        _write(True)
+        _exit(code)
+
+    os._exit = _exit_counted
+'''
+
+
+def kind(row: dict) -> str:
+    argv = row["argv"]
+    if not argv:
+        return "?"
+    name = Path(argv[0]).name
+    if name == "worker.py":
+        return "trial process (worker.py)"
+    if name == "check.py":
+        return "contract check (check.py)"
+    if name == "train_tuned.py":
+        return "emitted script (train_tuned.py)"
+    if argv[0] == "-c":
+        return "python -c (xdist workers, spawned ranks)"
+    return name
+
+
+def module(row: dict) -> str:
+    test = row["test"].split(" ")[0]
+    return test.split("::")[0] if test else "(no test)"
+
+
+def table(rows: list[dict], key, top: int) -> list[str]:
+    groups: dict[str, list[dict]] = collections.defaultdict(list)
+    for row in rows:
+        groups[key(row)].append(row)
+    ranked = sorted(groups.items(), key=lambda kv: -sum(r["cpu"] for r in kv[1]))
+    lines = ["| | processes | with torch | with torch._dynamo | CPU s |", "| --- | --- | --- | --- | --- |"]
+    for name, group in ranked[:top]:
+        lines.append(f"| {name} | {len(group)} | {sum(r['torch'] for r in group)} | "
+                     f"{sum(r['dynamo'] for r in group)} | {sum(r['cpu'] for r in group):.0f} |")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--top", type=int, default=15, help="rows of each table")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to count after --")
+    with tempfile.TemporaryDirectory() as hook_dir, tempfile.TemporaryDirectory() as census:
+        Path(hook_dir, "sitecustomize.py").write_text(HOOK)
+        path = os.pathsep.join(filter(None, [hook_dir, os.environ.get("PYTHONPATH")]))
+        code = subprocess.call(command, env={**os.environ, "PYTHONPATH": path, "CENSUS_DIR": census})
+        rows = []
+        for file in Path(census).glob("*.json"):
+            try:
+                rows.append(json.loads(file.read_text()))
+            except ValueError:  # written as the process was killed
+                continue
+    print(f"\n{len(rows)} Python processes, {sum(r['done'] for r in rows)} counted to their end, "
+          f"{sum(r['cpu'] for r in rows):.0f} CPU s; the command exited {code}\n")
+    print("\n".join(table(rows, kind, args.top)) + "\n")
+    print("\n".join(table(rows, module, args.top)))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
