@@ -24,18 +24,18 @@ import tempfile
 from pathlib import Path
 
 HOOK = '''
-import atexit, json, os, sys, time
+import atexit, json, os, sys
 
 _dir = os.environ.get("CENSUS_DIR")
 if _dir:
-    _start = time.time()
     _path = os.path.join(_dir, f"{os.getpid()}.json")
 
     def _write(done):
         t = os.times()
         row = {"argv": list(getattr(sys, "argv", []))[:4], "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+               "xdist": os.environ.get("PYTEST_XDIST_WORKER", ""),
                "torch": "torch" in sys.modules, "dynamo": "torch._dynamo" in sys.modules,
-               "cpu": t.user + t.system, "wall": time.time() - _start, "done": done}
+               "cpu": t.user + t.system, "done": done}
         try:
             with open(_path, "w") as f:
                 json.dump(row, f)
@@ -66,7 +66,9 @@ def kind(row: dict) -> str:
     if name == "train_tuned.py":
         return "emitted script (train_tuned.py)"
     if argv[0] == "-c":
-        return "python -c (xdist workers, spawned ranks)"
+        # an xdist worker runs no test when it starts; what it starts inherits the test's name
+        return "the tests themselves (xdist workers)" if row["xdist"] and not row["test"] else (
+            "spawned ranks and other python -c")
     return name
 
 

@@ -74,8 +74,8 @@ def test_importing_autotune_loads_neither_optuna_nor_torch():
     assert out.stdout.split() == ["False", "False"]
 
 
-# The shared run's model: its candidates with DataLoader workers are about twice as fast,
-# set by sleeps, so every stage of the verification settles at its fewest rounds and
+# The shared run's model: its candidates with DataLoader workers are clearly faster, as
+# sleeps set, so every stage of the verification settles at its fewest rounds and
 # pairs; a model whose candidates are marginal takes the standalone pairs to their limit.
 # (The examples, transformers' among them, run the whole pipeline in test_examples.py and
 # on the simulated GPU nodes of test_landscape.py.)
@@ -109,7 +109,7 @@ def test_tune_writes_what_the_cli_writes_and_returns_it(tuned):
     assert {p.name for p in tuned.out.iterdir()} >= {
         "best_config.json", "train_tuned.py", "launch.sh", "trials", "study.journal"}
     assert result.config.nprocs == 1 and result.config.compile == "off"
-    assert result.verified and result.config.num_workers > 0, "the candidate with workers, twice as fast, was not verified"
+    assert result.verified and result.config.num_workers > 0, "the candidate with workers, clearly faster, was not verified"
     assert result.speedup is not None and result.speedup.lower > 1
     assert tuned.printed == "", "progress=False prints nothing"
 

@@ -1,9 +1,9 @@
 """A small MLP whose data set takes as long to load a batch as the model takes to train on
 it: both sleep, a fixed time per sample. Without DataLoader workers (the baseline) a step
 loads, then trains; with one worker or more, loading overlaps training and a step takes
-about half as long. The sleeps, not the arithmetic, set the speeds, so the candidate is
-about twice as fast on any CPU and beside any other load, and every stage of the
-verification settles at its fewest rounds and pairs."""
+the longer of the two, not their sum. The sleeps, not the arithmetic, set the speeds, so
+the candidate is clearly faster on any CPU and beside any other load, and every stage of
+the verification settles at its fewest rounds and pairs."""
 import time
 
 import torch
