@@ -24,13 +24,19 @@ import tempfile
 from pathlib import Path
 
 HOOK = '''
-import atexit, json, os, sys
+import atexit, json, os, sys, time
 
 _dir = os.environ.get("CENSUS_DIR")
 if _dir:
-    _path = os.path.join(_dir, f"{os.getpid()}.json")
+    # the pid and the start time: a 2-core run of 20 minutes goes through pid_max (32768) and
+    # a process given an earlier one's pid would overwrite its row
+    _path = os.path.join(_dir, f"{os.getpid()}-{time.time_ns()}.json")
+
+    _pid = os.getpid()
 
     def _write(done):
+        if os.getpid() != _pid:  # a forked child (a DataLoader worker) ending: not counted apart
+            return
         t = os.times()
         row = {"argv": list(getattr(sys, "argv", []))[:4], "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
                "xdist": os.environ.get("PYTEST_XDIST_WORKER", ""),
@@ -92,6 +98,7 @@ def table(rows: list[dict], key, top: int) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=15, help="rows of each table")
+    parser.add_argument("--rows", type=Path, help="also write every process's row to this JSON file")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -107,6 +114,8 @@ def main() -> int:
                 rows.append(json.loads(file.read_text()))
             except ValueError:  # written as the process was killed
                 continue
+    if args.rows:
+        args.rows.write_text(json.dumps(rows))
     print(f"\n{len(rows)} Python processes, {sum(r['done'] for r in rows)} counted to their end, "
           f"{sum(r['cpu'] for r in rows):.0f} CPU s; the command exited {code}\n")
     print("\n".join(table(rows, kind, args.top)) + "\n")
