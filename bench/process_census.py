@@ -6,11 +6,12 @@ machine's time goes.
 
 Every Python interpreter the command starts (tests, autotune's trials, contract checks,
 emitted scripts, ranks) imports a ``sitecustomize`` put first on PYTHONPATH, which writes
-one line per process at its start and again at its end (``atexit`` and ``os._exit``): its
+one line per process at its start, every second, and at its end (``atexit``, ``os._exit``): its
 CPU time (user and system, its own, not its children's), its command line and the test that
 started it (pytest's PYTEST_CURRENT_TEST, which child processes inherit). A process killed
-by a signal keeps its first line only: it is counted, its CPU is not. DataLoader workers
-forked from a process are not new interpreters and are not counted apart.
+by a signal keeps the line a thread of the hook rewrites every second: its CPU until then
+(``ended`` counts the processes that wrote a last line). DataLoader workers forked from a
+process are not new interpreters and are not counted apart.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 HOOK = '''
-import atexit, json, os, sys, time
+import atexit, json, os, sys, threading, time
 
 _dir = os.environ.get("CENSUS_DIR")
 if _dir:
@@ -38,17 +39,31 @@ if _dir:
         if os.getpid() != _pid:  # a forked child (a DataLoader worker) ending: not counted apart
             return
         t = os.times()
-        row = {"argv": list(getattr(sys, "argv", []))[:4], "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+        # orig_argv: at start sys.argv of ``python -m x`` is only ["-m"], and a process killed
+        # by a signal keeps that row
+        row = {"argv": list(getattr(sys, "orig_argv", sys.argv))[1:5],
+               "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
                "xdist": os.environ.get("PYTEST_XDIST_WORKER", ""),
                "torch": "torch" in sys.modules, "dynamo": "torch._dynamo" in sys.modules,
                "cpu": t.user + t.system, "done": done}
+        # whole rows only: the thread and the last write may both be writing
+        part = f"{_path}.{threading.get_ident()}.part"
         try:
-            with open(_path, "w") as f:
+            with open(part, "w") as f:
                 json.dump(row, f)
+            os.replace(part, _path)
         except OSError:
             pass
 
+    def _every_second():
+        # a process killed by a signal (a warm trial process at the run's end) writes no last
+        # line: its row is at most a second behind
+        while True:
+            time.sleep(1.0)
+            _write(False)
+
     _write(False)
+    threading.Thread(target=_every_second, daemon=True, name="census").start()
     atexit.register(_write, True)
     _exit = os._exit
 
@@ -60,17 +75,19 @@ if _dir:
 '''
 
 
+KINDS = {"autotune.trials.worker": "trial process (worker.py)", "autotune.task.check": "contract check (check.py)",
+         "train_tuned.py": "emitted script (train_tuned.py)"}
+
+
 def kind(row: dict) -> str:
-    argv = row["argv"]
+    argv = [a for a in row["argv"] if not a.startswith("-") or a in ("-c", "-m")]  # -u, -X ...
     if not argv:
         return "?"
+    if argv[0] == "-m" and len(argv) > 1:
+        return KINDS.get(argv[1], f"-m {argv[1]}")
     name = Path(argv[0]).name
-    if name == "worker.py":
-        return "trial process (worker.py)"
-    if name == "check.py":
-        return "contract check (check.py)"
-    if name == "train_tuned.py":
-        return "emitted script (train_tuned.py)"
+    if name in KINDS:
+        return KINDS[name]
     if argv[0] == "-c":
         # an xdist worker runs no test when it starts; what it starts inherits the test's name
         return "the tests themselves (xdist workers)" if row["xdist"] and not row["test"] else (
@@ -88,9 +105,10 @@ def table(rows: list[dict], key, top: int) -> list[str]:
     for row in rows:
         groups[key(row)].append(row)
     ranked = sorted(groups.items(), key=lambda kv: -sum(r["cpu"] for r in kv[1]))
-    lines = ["| | processes | with torch | with torch._dynamo | CPU s |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| | processes | ended | with torch | with torch._dynamo | CPU s |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for name, group in ranked[:top]:
-        lines.append(f"| {name} | {len(group)} | {sum(r['torch'] for r in group)} | "
+        lines.append(f"| {name} | {len(group)} | {sum(r['done'] for r in group)} | {sum(r['torch'] for r in group)} | "
                      f"{sum(r['dynamo'] for r in group)} | {sum(r['cpu'] for r in group):.0f} |")
     return lines
 
