@@ -130,7 +130,7 @@ def main() -> int:
         for file in Path(census).glob("*.json"):
             try:
                 rows.append(json.loads(file.read_text()))
-            except ValueError:  # written as the process was killed
+            except ValueError:  # not JSON: a file the hook did not write
                 continue
     if args.rows:
         args.rows.write_text(json.dumps(rows))
