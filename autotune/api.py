@@ -25,7 +25,7 @@ def tune(
     max_quality_drop: float | None = RunOptions.max_quality_drop,
     train_steps: int | None = RunOptions.train_steps, epochs: int | None = RunOptions.epochs,
     memory_limit: str | float | None = None, scale_lr: str = RunOptions.scale_lr,
-    force: bool = False, progress: bool = True, **measurement: Any,
+    force: bool = False, progress: bool = True, script_args: Iterable[str] = (), **measurement: Any,
 ) -> Result:
     """Tune ``model_file`` on this machine: the run ``autotune run`` makes, with the same
     outputs (best_config.json, train_tuned.py, launch.sh, the report) written to ``out``.
@@ -58,6 +58,8 @@ def tune(
             the verification and the emitted script; ``"none"`` leaves it unchanged.
         force: Write into an existing folder that autotune did not make.
         progress: Print progress and the summary; False prints nothing.
+        script_args: For a Hugging Face Trainer script, the arguments it runs with (what
+            ``autotune run SCRIPT -- ARGS`` gives it).
         **measurement: The other options of a run, every field of ``RunOptions`` not
             named above, by its name (each is the flag of ``autotune run`` that --help
             describes): ``window_s``, ``windows``, ``top``, ``rounds``, ``pairs``, ``pair_seconds``,
@@ -89,7 +91,7 @@ def tune(
                           more=measurement)
     folder = output_folder(Path(model_file), Path(out) if out is not None else None)
     doc = run_pipeline(Path(model_file), out=folder, options=options, reporter=Reporter(quiet=not progress),
-                       force=force)
+                       force=force, script_args=tuple(str(a) for a in script_args))
     return Result.from_document(doc, folder)
 
 

@@ -40,4 +40,5 @@ def make_runner(task: Task, machine: Machine, out: Path, measure: MeasureOptions
         measurement=Measurement(window_s=measure.window_s, windows=measure.windows),
         timeout_s=measure.trial_timeout_s, hang_s=measure.hang_timeout_s, setup_hang_s=setup_hang_limit(task),
         memory_limit_bytes=memory_limit(machine), warm=measure.warm, compile_cache=out / COMPILE_CACHE,
+        script=task.script,
     )

@@ -49,9 +49,10 @@ def output_folder(model_file: Path, out: Path | None) -> Path:
 
 
 def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: Reporter,
-         force: bool = False) -> RunDocument:
-    """The run as the CLI starts it: the output folder held exclusively, the model file
-    checked before anything is created, one measuring autotune per machine."""
+         force: bool = False, script_args: tuple[str, ...] = ()) -> RunDocument:
+    """The run as the CLI starts it: the output folder held exclusively, the model file (or
+    the Trainer script, run with ``script_args``) checked before anything is created, one
+    measuring autotune per machine."""
     started = time.time()  # --timeout counts from here
     out = output_folder(model_file, out)
     # Subreaper first: processes the model file starts during its check are ours to end.
@@ -62,7 +63,13 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             if out.is_dir():  # a busy folder is refused before the model file is even checked
                 stack.enter_context(outdir.exclusive(out))
             # before creating anything: bad input loses nothing; the model where trials put it
-            task = load_task(model_file, device=Device.CPU if options.fixed.get("device") == Device.CPU else None)
+            task = load_task(model_file, device=Device.CPU if options.fixed.get("device") == Device.CPU else None,
+                             script_args=script_args)
+            if task.script is not None:
+                reporter.info(f"{model_file}: a Hugging Face Trainer script ({task.script.model_class}, "
+                              f"TrainingArguments {'from its command line' if task.script.parsed else 'in code'}"
+                              f"{', with an eval_dataset' if task.script.has_eval else ''}): trials run it "
+                              "with its TrainingArguments overridden, measured inside its Trainer")
             parts = sections(options, task=task)  # --epochs of a data set without a length: refused here
             proctree.reap_orphans()
             if not out.is_dir():

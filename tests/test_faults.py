@@ -280,8 +280,8 @@ def test_an_allocation_failure_is_out_of_memory_whatever_its_words(make):
     was raised under), so the memory knobs are tried and the batch range stops there."""
     import torch
 
+    from autotune.trials.failure import classify
     from autotune.trials.protocol import Failure
-    from autotune.trials.worker import classify
 
     exc = _raised_under_forward(make(torch))
     assert classify(exc, str(FAULTY / "raise_forward.py")) == Failure.OUT_OF_MEMORY
@@ -293,8 +293,8 @@ def test_an_allocation_failure_is_out_of_memory_whatever_its_words(make):
     "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k)`",
 ])
 def test_a_cuda_library_error_that_is_not_an_allocation_stays_the_model_files(message):
+    from autotune.trials.failure import classify
     from autotune.trials.protocol import Failure
-    from autotune.trials.worker import classify
 
     exc = _raised_under_forward(RuntimeError(message))
     assert classify(exc, str(FAULTY / "raise_forward.py")) == Failure.USER_ERROR

@@ -81,7 +81,7 @@ def test_the_cli_and_tune_refuse_a_bad_rule_before_anything_runs(capsys):
 def test_the_cli_passes_the_rule_to_the_run(monkeypatch, tmp_path):
     seen = {}
 
-    def fake_tune(model_file, *, out, options, reporter, force):
+    def fake_tune(model_file, *, out, options, reporter, force, script_args=()):
         seen["options"] = options
         raise SystemExit(0)
 
@@ -116,7 +116,7 @@ def test_every_configuration_of_the_space_carries_the_rule_and_its_own_factor():
 def test_the_run_builds_its_space_with_the_option():
     task = SimpleNamespace(batch_size=24, dataset_len=None, image_inputs=False, batchnorm_layers=(), blocks=(),
                            has_evaluate=False, has_training_step=False, optimizer=DEFAULT_OPTIMIZER,
-                           convolutions=False)
+                           convolutions=False, script=None)
     space = build_task_space(task, recorded_machine("avx2_epyc"), SearchOptions.of(RunOptions(scale_lr="sqrt"), task=task))
     assert (space.baseline.lr_scaling, space.baseline.lr_batch) == ("sqrt", 24)
 

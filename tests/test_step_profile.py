@@ -352,7 +352,7 @@ def test_no_profile_on_the_command_line_turns_the_profile_off(monkeypatch, tmp_p
 
     seen = []
 
-    def tune(model_file, *, out, options, reporter, force=False):
+    def tune(model_file, *, out, options, reporter, force=False, script_args=()):
         seen.append(options.profile)
         raise SystemExit(0)
 

@@ -12,7 +12,10 @@ from autotune.commands import add_options, add_output, run_options
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="tune a model file and emit the fastest verified config",
                        description=__doc__)
-    p.add_argument("model_file", metavar="FILE", help="your model file (see the README's contract)")
+    p.add_argument("model_file", metavar="FILE",
+                   help="your model file (see the README's contract), or your Hugging Face Trainer script")
+    p.add_argument("script_args", metavar="-- SCRIPT_ARGS", nargs="*", default=[],
+                   help="after --: the arguments your Trainer script runs with (as `python FILE ARGS` takes them)")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default autotune-out/<model name>)")
     p.add_argument("--force", action="store_true",
@@ -29,7 +32,8 @@ def main(args: argparse.Namespace) -> int:
     reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
     options = run_options(args)
     out = output_folder(Path(args.model_file), args.out)
-    doc = tune(Path(args.model_file), out=out, options=options, reporter=reporter, force=args.force)
+    doc = tune(Path(args.model_file), out=out, options=options, reporter=reporter, force=args.force,
+               script_args=tuple(args.script_args))
     if args.json:
         json.dump(doc.to_json(), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")

@@ -80,6 +80,19 @@ class SpaceSummary(Record):
     excluded: Mapping[str, str]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ScriptRecord(Record):
+    """A run of a Trainer script: its kind, the arguments it was tuned with, whether it parses
+    its TrainingArguments from them, and the TrainingArguments fields that differ for the
+    emitted configuration (``flags``: the same, as its command line takes them)."""
+
+    kind: str
+    argv: tuple[str, ...] = ()
+    parsed: bool = False
+    arguments: Mapping[str, JsonValue] = dataclasses.field(default_factory=dict)
+    flags: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RunDocument(Record):
     """best_config.json. ``schema``, ``model_file_tuned``, ``launch`` and ``outputs`` are
     added where the files are written (``autotune.emit.outputs.write_outputs``); a document read
@@ -118,6 +131,7 @@ class RunDocument(Record):
     model_file_tuned: Omitted[str] = None
     launch: Omitted[str] = None
     outputs: Omitted[Mapping[str, str]] = None
+    script: Omitted[ScriptRecord] = None  # None: a model file
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -24,6 +24,9 @@ def emit_outputs(workbench: Workbench, measure: MeasureOptions, *, document: Run
                                 document=dataclasses.replace(document, environment=env),
                                 description=f"Train {task.path.name} with the configuration "
                                             "autotune verified on this machine.",
-                                default_threads=machine.torch.num_threads, blocks=task.blocks)
-    return step_profile.profile_emitted(workbench.out, doc, runner=workbench.runner, profile=measure.profile,
+                                default_threads=machine.torch.num_threads, blocks=task.blocks,
+                                script=task.script)
+    # a Trainer script's step runs inside the user's Trainer, which run_tuned.py does not profile
+    return step_profile.profile_emitted(workbench.out, doc, runner=workbench.runner,
+                                        profile=measure.profile and task.script is None,
                                         reporter=workbench.reporter)

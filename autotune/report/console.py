@@ -8,6 +8,7 @@ must not end the run.
 """
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -233,6 +234,14 @@ class Reporter:
         keys = ["config", "script", "launcher"]
         keys += [k for k in doc.outputs or {} if k not in keys]
         self.out.print(f"wrote {', '.join(str(resolve(doc, folder, k)) for k in keys)}", markup=False)
+        if doc.script is not None:  # the answer in the script's own terms
+            if not doc.script.arguments:
+                self.out.print("your script's TrainingArguments are already the fastest verified ones", markup=False)
+            elif doc.script.parsed:
+                self.out.print(f"add to your script's command line: {shlex.join(doc.script.flags)}", markup=False)
+            else:
+                said = ", ".join(f"{k}={v!r}" for k, v in doc.script.arguments.items())
+                self.out.print(f"set in your script's TrainingArguments(...): {said}", markup=False)
         self.out.print(f"train with: {resolve(doc, folder, 'launcher')}  # {(doc.launch or '').partition('# ')[2]}",
                        markup=False)
         report = folder / "report.html"

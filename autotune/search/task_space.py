@@ -2,19 +2,53 @@
 options narrow it (``space.build_space``)."""
 from __future__ import annotations
 
+import dataclasses
+
+from autotune.config import Layout
 from autotune.probes import Machine
 from autotune.sections import SearchOptions
 from autotune.space import Space, build_space
 from autotune.task import Task
+from autotune.task.trainer_script import NOT_EXPRESSIBLE, ScriptFacts
 
 
 def build_task_space(task: Task, machine: Machine, search: SearchOptions) -> Space:
     """``task``'s space on ``machine``: its knobs as the model file allows them (its batch, its
     data set, what it has), less what --exact, --fix, --batch-range and --max-quality-drop rule out."""
-    return build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
+    space = build_space(machine, baseline_batch=task.batch_size, dataset_len=task.dataset_len,
                        image_inputs=task.image_inputs, batchnorm_layers=task.batchnorm_layers,
                        blocks=task.blocks, optimizer=task.optimizer, convolutions=task.convolutions,
                        has_evaluate=task.has_evaluate, has_training_step=task.has_training_step,
                        max_quality_drop=search.max_quality_drop,
                        exact=search.exact, fixed=search.fixed, batch_range=search.batch_range,
                        scale_lr=search.scale_lr)
+    return space if task.script is None else script_space(space, task.script)
+
+
+def script_space(space: Space, script: ScriptFacts) -> Space:
+    """``space`` as a Trainer script can be told it: the knobs its TrainingArguments and its
+    process take, the baseline as the script sets them (its workers, precision, compile), and
+    each knob it cannot take named with the reason."""
+    choices = dict(space.choices)
+    excluded = dict(space.excluded)
+    for knob, why in NOT_EXPRESSIBLE.items():
+        if knob in choices or any(k.split("=")[0] == knob for k in excluded):
+            choices.pop(knob, None)
+            excluded = {k: v for k, v in excluded.items() if k.split("=")[0] != knob}
+            excluded[knob] = why
+    several = [lay for lay in choices["layout"] if Layout.parse(lay).nprocs > 1]
+    if several:
+        choices["layout"] = [lay for lay in choices["layout"] if Layout.parse(lay).nprocs == 1]
+        excluded["layout=" + ",".join(several)] = ("a Trainer script: several ranks (torchrun with the Trainer's "
+                                                   "DDP) are not searched yet; threads are")
+    optim = script.user_values.get("optim")
+    if optim != "adamw_torch":
+        choices.pop("optimizer_step", None)
+        excluded["optimizer_step"] = f"the script's optim is {optim!r}: only adamw_torch has a fused step to switch to"
+    baseline = script.baseline(space.baseline)
+    for knob in ("num_workers", "precision", "compile", "prefetch_factor", "batch_size"):
+        value = getattr(baseline, knob)
+        if knob in choices and value not in choices[knob]:
+            choices[knob] = [value, *choices[knob]]  # the script's own value is always a point
+    return dataclasses.replace(space, choices=choices, excluded=excluded, baseline=baseline)
+

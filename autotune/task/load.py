@@ -24,6 +24,8 @@ from pathlib import Path
 from autotune.errors import ContractError
 from autotune.runtime.knobs import DEFAULT_OPTIMIZER
 from autotune.task.check_result import CheckResult
+from autotune.task.trainer_script import KIND as TRAINER_SCRIPT
+from autotune.task.trainer_script import ScriptFacts, check_script, recognise
 from autotune.trials import proctree
 from autotune.trials.proctree import with_package_on_path
 
@@ -59,14 +61,33 @@ class Task:
     # and does nothing for a model without them (True where not known).
     convolutions: bool = True
     check_s: float = 0.0  # how long the check took: import, build_dataset, build_model, a step
+    # A Hugging Face Trainer script rather than a model file: what its check saw (its
+    # arguments, its TrainingArguments as written); path is the script.
+    script: ScriptFacts | None = None
+
+    @property
+    def kind(self) -> str:
+        """Which way in: "model_file", or a Trainer script's kind."""
+        return TRAINER_SCRIPT if self.script is not None else "model_file"
 
 
 def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_S,
-              device: str | None = None) -> Task:
-    """Check the model file and describe it, or raise ContractError. ``device`` is where
-    the check puts the model; None: where the trials would (see check_device)."""
+              device: str | None = None, script_args: tuple[str, ...] = ()) -> Task:
+    """Check the model file, or the Trainer script run with ``script_args``, and describe it,
+    or raise ContractError. ``device`` is where the check puts a model file's model; None:
+    where the trials would (see check_device)."""
     path = Path(path)
-    _check_source(path)
+    kind = _check_source(path)
+    if kind == TRAINER_SCRIPT:
+        facts, check_s = check_script(path, script_args, timeout_s=timeout_s)
+        return Task(path=path.resolve(), batch_size=facts.per_device * facts.accumulation,
+                    dataset_len=facts.dataset_len, image_inputs=False, has_evaluate=facts.has_eval,
+                    parameters=facts.parameters, has_training_step=True, check_s=check_s, script=facts,
+                    optimizer=DEFAULT_OPTIMIZER if facts.user_values.get("optim") == "adamw_torch"
+                    else f"the Trainer's optim={facts.user_values.get('optim')}")
+    if script_args:
+        raise ContractError(f"{path}: arguments after `--` go to a Trainer script, and this is a model file: "
+                            "drop them (a model file takes its settings in code).")
     started = time.monotonic()
     result = _run_check(path, timeout_s, device)
     if result.checked is None:
@@ -80,8 +101,9 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
                 check_s=time.monotonic() - started)
 
 
-def _check_source(path: Path) -> None:
-    """What can be checked without running the file: it exists, reads and compiles."""
+def _check_source(path: Path) -> str:
+    """What can be checked without running the file: it exists, reads and compiles, and
+    which way in it is (``trainer_script.recognise``)."""
     if not path.exists():
         raise ContractError(f"{path}: no such file. Give the path of your model file (a .py file).")
     if not path.is_file():
@@ -97,6 +119,13 @@ def _check_source(path: Path) -> None:
             f"{path}:{exc.lineno}: syntax error: {exc.msg}. Fix the file so that "
             f"`python {path}` runs."
         ) from None
+    kind = recognise(path, source)
+    if kind is None:
+        raise ContractError(
+            f"{path}: not a file autotune takes. It takes a model file (one that defines build_model() and "
+            "build_dataset(); `autotune init` writes one to fill in) or a Hugging Face Trainer script (one "
+            "that imports transformers, builds a Trainer and calls trainer.train()).")
+    return kind
 
 
 def _run_check(path: Path, timeout_s: float, device: str | None = None) -> CheckResult:

@@ -23,6 +23,7 @@ from typing import Protocol
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
 from autotune.probes import MachineLike, as_machine
+from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Allocator, CompileMode, Device
 from autotune.trials import launch, logs, measure_lock, proctree
 from autotune.trials.live import LiveTrial, TrialProcess
@@ -31,6 +32,7 @@ from autotune.trials.protocol import Failure, Measurement, Mode, Status
 from autotune.trials.result import TrialResult
 from autotune.trials.script_report import ScriptReport
 from autotune.trials.script_run import ScriptProcess
+from autotune.trials.script_session import ScriptRun
 from autotune.trials.spec import LossGuard, TrialMode, TrialSpec
 
 # Knobs a process takes when it starts (its environment, its ranks and their cores,
@@ -145,6 +147,20 @@ class TrialRunnerLike(Protocol):
     def close(self) -> None: ...
 
 
+class ScriptFactsLike(Protocol):
+    """What the runner needs of a Trainer script (``task.trainer_script.ScriptFacts``)."""
+
+    @property
+    def argv(self) -> tuple[str, ...]: ...
+    @property
+    def metric(self) -> str: ...
+    @property
+    def greater_is_better(self) -> bool: ...
+    @property
+    def user_values(self) -> JsonObject: ...
+    def overrides(self, cfg: TrialConfig) -> JsonObject: ...
+
+
 class TrialRunner:
     """Runs configurations of one model file, each in a fresh process tree."""
 
@@ -165,8 +181,12 @@ class TrialRunner:
         seed: int = 0,
         warm: bool = True,
         compile_cache: str | os.PathLike[str] | None = None,
+        script: ScriptFactsLike | None = None,
     ) -> None:
         self.model_file = str(Path(model_file).resolve())
+        # A Trainer script (model_file is the script): each configuration runs the script
+        # with its TrainingArguments overridden, in a fresh process of its own.
+        self.script = script
         # torch.compile's cache for the run's processes (None: where torch keeps it)
         self.compile_cache = Path(compile_cache).resolve() if compile_cache is not None else None
         self.machine = as_machine(machine)
@@ -189,6 +209,17 @@ class TrialRunner:
         self.warm = warm
         self._idle: dict[str, TrialProcess] = {}
         self._finalizer = weakref.finalize(self, _end_all, self._idle)
+
+    def _script_run(self, cfg: TrialConfig, seed: int) -> ScriptRun | None:
+        """A Trainer script's run of ``cfg``: its overrides, and a seed of its own where the
+        trial asks for another than the script's (the quality check's references)."""
+        if self.script is None:
+            return None
+        overrides = dict(self.script.overrides(cfg))
+        if seed:
+            overrides["seed"] = int(str(self.script.user_values.get("seed") or 0)) + seed
+        return ScriptRun(argv=tuple(self.script.argv), overrides=overrides,
+                         metric=self.script.metric, greater_is_better=self.script.greater_is_better)
 
     def close(self) -> None:
         """End the idle warm processes."""
@@ -266,7 +297,8 @@ class TrialRunner:
         serving = mode.mode is Mode.SERVE
         if serving:
             self.close()  # held side by side, they share the machine with nothing of ours
-        key = process_key(cfg) if self.warm and not serving and not extra_env else None
+        key = (process_key(cfg) if self.warm and not serving and not extra_env and self.script is None
+               else None)
         folder = self.workdir / name
         folder.mkdir(parents=True, exist_ok=True)
         spec_path = folder / "spec.json"
@@ -274,7 +306,7 @@ class TrialRunner:
             (folder / stale).unlink(missing_ok=True)
         spec = TrialSpec(model_file=self.model_file, config=cfg.to_dict(), events=str(folder / "events.jsonl"),
                          control=str(folder / "control"), log=str(folder / "log.txt"), measure=self.measurement,
-                         seed=self.seed + seed_offset, mode=mode)
+                         seed=self.seed + seed_offset, mode=mode, script=self._script_run(cfg, self.seed + seed_offset))
         result = TrialResult(status=Status.FAILED, log_path=str(folder / "log.txt"))
         try:
             env_vars, result.warnings = launch.environment(cfg, machine=self.machine)
@@ -282,6 +314,10 @@ class TrialRunner:
             result.failure, result.message = Failure.ERROR, str(exc)
             return LiveTrial.failed_to_start(result)
         result.env = env_vars
+        if self.script is not None and mode.mode is Mode.PROFILE:
+            # its step runs inside the user's Trainer: nothing of it can be profiled apart
+            result.failure, result.message = Failure.ERROR, "a Trainer script's step is not profiled"
+            return LiveTrial.failed_to_start(result)
         warm = self._warm_process(key) if key is not None else None
         if warm is not None:
             assert warm.control is not None
@@ -304,6 +340,10 @@ class TrialRunner:
                **env_vars, **(extra_env or {}),
                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "TMPDIR": tmp,
                TRIAL_DIR_VARIABLE: str(folder)}
+        if self.script is not None:
+            from autotune.runtime.hf_script import offline_env
+
+            env = offline_env(env)
         # The worker runs from autotune's own source tree whether or not it is installed.
         env = with_package_on_path(env)
         argv = launch.command(cfg, ["-m", "autotune.trials.worker", str(spec_path)], python=self.python)

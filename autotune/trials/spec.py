@@ -15,6 +15,7 @@ from autotune.config import KnobValue
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import ConfigDict
 from autotune.trials.protocol import Measurement, Mode
+from autotune.trials.script_session import ScriptRun
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +88,9 @@ class TrialSpec:
     """One configuration's trial: the model file and configuration to train, the files it
     reports into (``events``) and takes commands from (``control``: a served trial's
     windows), its log, its measurement, seed and mode. ``next``: a warm process's control
-    file, where the spec of its next configuration will be named once this one reports."""
+    file, where the spec of its next configuration will be named once this one reports.
+    ``script``: for a Trainer script (``model_file`` is the script), its arguments and the
+    TrainingArguments the configuration overrides."""
 
     model_file: str
     config: dict[str, KnobValue]  # TrialConfig.to_dict()
@@ -98,6 +101,7 @@ class TrialSpec:
     seed: int = 0
     mode: TrialMode = TrialMode()
     next: str | None = None
+    script: ScriptRun | None = None
 
     @property
     def knobs(self) -> ConfigDict:
@@ -110,6 +114,8 @@ class TrialSpec:
                            "seed": self.seed, **self.mode.to_json()}
         if self.next is not None:
             out["next"] = self.next
+        if self.script is not None:
+            out["script"] = self.script.to_json()
         return out
 
     def write(self, path: str | os.PathLike[str]) -> None:
@@ -121,7 +127,8 @@ class TrialSpec:
         return cls(model_file=str(data["model_file"]), config=data["config"], events=str(data["events"]),
                    control=data.get("control"), log=data.get("log"),
                    measure=Measurement.from_json(data.get("measure", {})), seed=int(data.get("seed", 0)),
-                   mode=TrialMode.from_json(data), next=data.get("next") or None)
+                   mode=TrialMode.from_json(data), next=data.get("next") or None,
+                   script=ScriptRun.from_json(data["script"]) if data.get("script") else None)
 
     @classmethod
     def read(cls, path: str) -> TrialSpec:

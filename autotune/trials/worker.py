@@ -41,12 +41,14 @@ from autotune.trials.events import (
     WarmupEvent,
     WindowEvent,
 )
+from autotune.trials.failure import classify
 from autotune.trials.gate_runs import scored_training, trajectory
-from autotune.trials.protocol import Failure, Measurement, Mode
+from autotune.trials.protocol import Measurement, Mode
 from autotune.trials.spec import TrialSpec
 
 if TYPE_CHECKING:
     from autotune.runtime.session import ProcessSetup, Session
+    from autotune.trials.script_session import ScriptSession
 
 
 class Events:
@@ -66,67 +68,16 @@ class Events:
             os.close(fd)
 
 
-def probe_step_facts(session: Session) -> JsonObject:
+def probe_step_facts(session: Session | ScriptSession) -> JsonObject:
     from autotune.runtime.facts import step_facts
+    from autotune.trials.script_session import ScriptSession
     from autotune.trials.step_facts import utilisation_facts
 
+    if isinstance(session, ScriptSession):  # the arguments as its Trainer runs with them
+        return {**session.facts(), "loader_worker_pids": [c.pid for c in psutil.Process().children()]}
     _, facts = step_facts(session)
     return {**facts, "loader_worker_pids": [c.pid for c in psutil.Process().children()],
             "utilisation": utilisation_facts(session, settle=settle)}
-
-
-# What an allocation that found no memory says, where it does not say "out of memory":
-# CUDA's libraries name their own status (cuBLAS creating its handle or workspace, cuDNN
-# its workspace...), the driver and runtime APIs their error, torch's CPU allocator its
-# own words. Each is a configuration that held too much, and must be classified so that
-# the memory knobs are tried (search.memory.rescue) and the batch ramp stops as bound by
-# memory, not as broken. CUBLAS_STATUS_NOT_INITIALIZED is left out: a full GPU can cause
-# it, but so do a driver or library that does not load, which no less memory would fix.
-# Compared lowercased.
-OUT_OF_MEMORY_MARKERS = (
-    "out of memory",  # torch's allocators (CUDA, HIP, MPS, XPU), cudaGetErrorString, NCCL
-    "can't allocate memory",  # torch's CPU allocator
-    "cuda_error_out_of_memory",  # the driver API's name
-    "cudaerrormemoryallocation",  # the runtime API's name
-    "cublas_status_alloc_failed",
-    "cudnn_status_alloc_failed",
-    "cudnn_status_internal_error_host_allocation_failed",  # cuDNN 9
-    "cudnn_status_internal_error_device_allocation_failed",
-    "cusolver_status_alloc_failed",
-    "cusparse_status_alloc_failed",
-    "cufft_alloc_failed",
-    "curand_status_allocation_failed",
-)
-
-
-def classify(exc: BaseException, model_file: str) -> Failure:
-    import torch
-
-    from autotune.runtime.model import NonFiniteLoss
-
-    text = f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
-    if isinstance(exc, NonFiniteLoss):
-        return Failure.NAN_LOSS
-    # torch's own error by its type (torch.OutOfMemoryError since 2.5): its message may be
-    # a model file's, in words of its own
-    if (isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError))
-            or any(marker in text.lower() for marker in OUT_OF_MEMORY_MARKERS)):
-        return Failure.OUT_OF_MEMORY
-    if "torch._dynamo" in text or "torch._inductor" in text or "BackendCompilerFailed" in text:
-        return Failure.COMPILE_ERROR
-    path = os.path.abspath(model_file)
-    frames = traceback.extract_tb(exc.__traceback__)
-    if any(os.path.abspath(f.filename) == path for f in frames):
-        return Failure.USER_ERROR
-    if isinstance(exc, SyntaxError) and exc.filename and os.path.abspath(exc.filename) == path:
-        return Failure.USER_ERROR
-    obj = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
-    source = getattr(obj, "__file__", None)
-    if source and os.path.abspath(source) == path:
-        return Failure.USER_ERROR  # a contract function missing from the user's module
-    if f'File "{path}"' in str(exc):  # re-raised from a DataLoader worker, traceback as text
-        return Failure.USER_ERROR
-    return Failure.ERROR
 
 
 def warm_up(session: Session, spec: Measurement, events: Events) -> tuple[float, float]:
@@ -308,6 +259,38 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
             losses.extend(window_losses)
 
 
+def run_script_spec(spec: TrialSpec, events: Events) -> None:
+    """A Trainer script's configuration: the user's script run with its overrides, measured
+    (or trained for a gate) inside its Trainer; one configuration a process."""
+    from autotune.runtime.facts import process_facts
+    from autotune.trials.script_session import ScriptSession
+
+    assert spec.script is not None
+    started = time.perf_counter()
+    mode = spec.mode.mode
+    if mode is Mode.PROFILE:
+        raise ValueError("a Trainer script's trial is not profiled (its step runs inside the user's Trainer)")
+    out_dir = os.path.join(os.path.dirname(spec.events), "script-output")
+    session = ScriptSession(spec.model_file, spec.knobs, spec.script, out_dir=out_dir)
+    events.emit(SetupEvent(seconds=time.perf_counter() - started, process_s=time.perf_counter() - started,
+                           world=session.dist.world, backend=session.dist.backend, pid=os.getpid(),
+                           process=process_facts()))
+    measurement = spec.measure
+    if mode is Mode.TRAJECTORY or mode is Mode.QUALITY:
+        if spec.mode.steps is None:
+            raise ValueError(f"a {mode} trial's spec names no steps")
+        done = (trajectory(session, spec.mode.steps, spec.mode.guard) if mode is Mode.TRAJECTORY  # type: ignore[arg-type]
+                else scored_training(session, spec.mode.steps, spec.mode.evaluate_at, spec.mode.guard))  # type: ignore[arg-type]
+    elif mode is Mode.SERVE:
+        if spec.control is None:
+            raise ValueError("a served trial's spec names no control file")
+        serve(session, measurement, spec.control, events)  # type: ignore[arg-type]
+        raise AssertionError("a served trial runs until it is ended")
+    else:
+        done = measure(session, measurement, events)  # type: ignore[arg-type]
+    events.emit(done)
+
+
 def run_spec(spec: TrialSpec, setup: ProcessSetup | None, events: Events) -> ProcessSetup:
     """Train and measure one configuration as its spec says, in this process's ``setup``
     (made here for the process's first configuration); returns the setup. A spec with a
@@ -395,6 +378,9 @@ def main(argv: list[str]) -> int:
         events = Events(data["events"], rank)
         try:
             spec = TrialSpec.from_json(data)
+            if spec.script is not None:
+                run_script_spec(spec, events)
+                break
             setup = run_spec(spec, setup, events)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):

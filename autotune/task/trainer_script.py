@@ -1,0 +1,368 @@
+"""The second way in: a Hugging Face Trainer script the user already runs.
+
+A file that builds a ``transformers.Trainer`` and calls ``.train()`` (at import or under
+``if __name__ == "__main__":``; its ``TrainingArguments`` in code or parsed by
+``HfArgumentParser`` from the arguments after ``--``) is recognised by its source and checked
+in a child process (``python -m autotune.task.trainer_script SCRIPT OUT [ARGS]``): the
+script runs as its user runs it, with ``runtime.hf_script``'s hooks, up to two steps of its
+Trainer, and what it built is written back (``ScriptFacts``). Trials run it the same way with
+``overrides`` for their configuration; the baseline is the script as written.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from autotune.config import TrialConfig
+from autotune.errors import ContractError
+from autotune.runtime.hf_script import offline_env
+from autotune.runtime.json_value import JsonObject
+from autotune.runtime.knobs import CompileMode, Device, OptimizerStep, Precision
+from autotune.schemas.typed import Record
+from autotune.trials import proctree
+from autotune.user_file import _user_frames
+
+KIND = "hf_trainer"
+# The knobs a Trainer script cannot be told through its TrainingArguments or its process,
+# and why: named as skipped by the space.
+NOT_EXPRESSIBLE = {
+    "channels_last": "a Trainer script: TrainingArguments has no memory-format argument",
+    "prune_ratio": "a Trainer script: pruning changes the model the script builds",
+    "interop_threads": "a Trainer script: no TrainingArguments field or environment variable sets it",
+    "ipex": "a Trainer script: the Trainer's IPEX option ended with intel-extension-for-pytorch 2.8",
+    "cudnn_benchmark": "a Trainer script: TrainingArguments has no cuDNN benchmark argument",
+    "activation_checkpointing": "a Trainer script: gradient checkpointing is not searched yet",
+    "sharding": "a Trainer script: FSDP through the Trainer is not searched yet",
+    "grad_accum": "a Trainer script: gradient accumulation is kept as the script has it",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptFacts(Record):
+    """A Trainer script as its check saw it: the arguments it was given (``argv``), whether
+    ``HfArgumentParser`` built its TrainingArguments from them (``parsed``), the lines that
+    built them and called ``train()``, the knob fields as the user wrote them, and what the
+    Trainer trains on."""
+
+    argv: tuple[str, ...] = ()
+    parsed: bool = False
+    args_line: int | None = None
+    train_line: int | None = None
+    user_values: JsonObject = dataclasses.field(default_factory=dict)
+    has_eval: bool = False
+    metric: str = "eval_loss"
+    greater_is_better: bool = False
+    model_class: str = ""
+    parameters: int = 0
+    dataset_len: int | None = None
+
+    def number(self, key: str, default: int) -> int:
+        value = self.user_values.get(key)
+        return int(value) if isinstance(value, (int, float)) and value else default
+
+    @property
+    def per_device(self) -> int:
+        return self.number("per_device_train_batch_size", 8)
+
+    @property
+    def accumulation(self) -> int:
+        return self.number("gradient_accumulation_steps", 1)
+
+    def baseline(self, cfg: TrialConfig) -> TrialConfig:
+        """``cfg`` (the space's baseline) as the script sets its knobs: its batch, workers,
+        precision and compile as written."""
+        v = self.user_values
+        workers = self.number("dataloader_num_workers", 0)
+        precision = (Precision.BF16 if v.get("bf16") else Precision.FP16 if v.get("fp16")
+                     else Precision.TF32 if v.get("tf32") and cfg.device == Device.CUDA else Precision.FP32)
+        compile_mode = (CompileMode(v.get("torch_compile_mode") or CompileMode.DEFAULT.value)
+                        if v.get("torch_compile") else CompileMode.OFF)
+        return cfg.replace(batch_size=self.per_device * self.accumulation, grad_accum=self.accumulation,
+                           num_workers=workers, precision=precision, compile=compile_mode,
+                           persistent_workers=bool(v.get("dataloader_persistent_workers")) and workers > 0,
+                           prefetch_factor=self.number("dataloader_prefetch_factor", 0) or None if workers else None,
+                           pin_memory=bool(v.get("dataloader_pin_memory")) and cfg.device == Device.CUDA)
+
+    def overrides(self, cfg: TrialConfig) -> JsonObject:
+        """The TrainingArguments fields that make the script train ``cfg``: those whose value
+        for ``cfg`` differs from what the script has (none for its baseline)."""
+        v = self.user_values
+        want: JsonObject = {
+            "per_device_train_batch_size": cfg.micro_batch,
+            "gradient_accumulation_steps": cfg.grad_accum,
+            "dataloader_num_workers": cfg.num_workers,
+            "dataloader_persistent_workers": cfg.persistent_workers and cfg.num_workers > 0,
+            "bf16": cfg.precision == Precision.BF16,
+            "fp16": cfg.precision == Precision.FP16,
+            "torch_compile": cfg.compile != CompileMode.OFF,
+        }
+        if cfg.num_workers and cfg.prefetch_factor:  # TrainingArguments refuses it without workers
+            want["dataloader_prefetch_factor"] = cfg.prefetch_factor
+        if cfg.device == Device.CUDA:
+            want["dataloader_pin_memory"] = cfg.pin_memory
+            want["tf32"] = cfg.precision == Precision.TF32
+        if cfg.compile != CompileMode.OFF:
+            want["torch_compile_mode"] = None if cfg.compile == CompileMode.DEFAULT else cfg.compile.value
+        if cfg.optimizer_step == OptimizerStep.FUSED:
+            want["optim"] = "adamw_torch_fused"
+        if cfg.device == Device.CPU and cfg.precision == Precision.BF16:
+            want["use_cpu"] = True  # TrainingArguments takes bf16 on a CPU only so
+        out: JsonObject = {}
+        for key, value in want.items():
+            mine = v.get(key)
+            if key == "tf32" and mine is None and value is False:
+                continue  # torch's own default, as the script has it
+            if key == "torch_compile_mode" and cfg.compile == CompileMode.OFF:
+                continue
+            if mine != value:
+                out[key] = value
+        return out
+
+    def flags(self, overrides: JsonObject) -> list[str]:
+        """``overrides`` as HfArgumentParser takes them on the command line."""
+        out: list[str] = []
+        for key, value in overrides.items():
+            out += [f"--{key}", "None" if value is None else str(value)]
+        return out
+
+
+# Names only a model file defines: a file with any of them is checked as one (and its
+# check names what is missing).
+MODEL_FILE_NAMES = {"build_model", "build_dataset", "build_optimizer", "loss_fn", "training_step",
+                    "collate_fn", "evaluate", "batch_size"}
+
+
+def recognise(path: Path, source: str) -> str | None:
+    """The kind of file ``source`` is: a model file (it defines ``build_model``, or other names
+    of the contract), a Trainer script (it imports transformers and calls a ``.train()``), or
+    None."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    names |= {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    if "build_model" in names:
+        return "model_file"
+    imports_transformers = any(
+        (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "transformers" for a in n.names))
+        or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "transformers")
+        for n in ast.walk(tree))
+    if imports_transformers and train_calls(tree):
+        return KIND
+    if names & MODEL_FILE_NAMES:
+        return "model_file"
+    return None
+
+
+def train_calls(tree: ast.AST) -> list[ast.Call]:
+    """The ``X.train(...)`` calls of the source whose receiver is not a model (``model.train()``
+    switches a module to training mode)."""
+    calls = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "train"
+                and not (isinstance(node.func.value, ast.Name) and "model" in node.func.value.id.lower())):
+            calls.append(node)
+    return calls
+
+
+def _in_loop(tree: ast.AST, line: int) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
+            end = getattr(node, "end_lineno", node.lineno)
+            if node.lineno <= line <= (end or node.lineno):
+                return True
+    return False
+
+
+def check_trains_once(shown: str, source: str, line: int | None) -> None:
+    """A script whose training autotune measures calls ``train()`` once: a second call
+    trains something else (the baseline would be ambiguous)."""
+    tree = ast.parse(source)
+    lines = sorted({c.lineno for c in train_calls(tree)})
+    if len(lines) > 1:
+        raise ContractError(
+            f"{shown}:{lines[1]}: the script calls train() more than once (lines {', '.join(map(str, lines))}). "
+            "autotune tunes one training: keep one trainer.train() call (put the others behind a "
+            "command-line flag), then run autotune again.")
+    if line is not None and _in_loop(tree, line):
+        raise ContractError(
+            f"{shown}:{line}: train() is called inside a loop, so the script trains more than once. "
+            "autotune tunes one training: call trainer.train() once, then run autotune again.")
+
+
+# --- the check, in its child process
+
+def _hub_name(exc: BaseException) -> str | None:
+    """The Hub model or data set a failed load asked for, where one did."""
+    tb = exc.__traceback__
+    name = None
+    while tb is not None:
+        local = tb.tb_frame.f_locals
+        for key in ("pretrained_model_name_or_path", "repo_id", "path"):
+            value = local.get(key)
+            if isinstance(value, str) and value and not os.path.exists(value):
+                name = name or value
+        tb = tb.tb_next
+    return name
+
+
+def _offline_failure(exc: BaseException) -> bool:
+    text = f"{type(exc).__module__}.{type(exc).__name__}: {exc}".lower()
+    return ("huggingface_hub" in text or "offline" in text or "couldn't connect" in text
+            or "local_files_only" in text or "hf.co" in text or "huggingface.co" in text)
+
+
+def _explain(shown: str, path: str, exc: BaseException) -> str:
+    if isinstance(exc, ContractError):
+        return str(exc)
+    from autotune.runtime.hf_script import ScriptEnded
+
+    parser_error = _parser_refusal(exc)
+    if parser_error is not None:
+        return (f"{shown}: the script's argument parser refused the arguments after `--`: {parser_error}. "
+                "Give the arguments the script takes (run `python SCRIPT --help`).")
+    if isinstance(exc, ScriptEnded):
+        return (f"{shown}: {exc}. autotune measures the training the script starts: make sure "
+                "running `python SCRIPT [ARGS]` reaches trainer.train() (arguments for the script go after "
+                "`--`: autotune run SCRIPT -- ARGS).")
+    if isinstance(exc, OSError) and _offline_failure(exc):
+        name = _hub_name(exc)
+        what = f"'{name}'" if name else "a model or data set"
+        return (f"{shown}: the script loads {what} from the Hugging Face Hub, and it is not on this machine "
+                "(autotune's check and trials download nothing). Download it once "
+                f"(`hf download {name or 'NAME'}`), or point the script at a local folder, then run "
+                f"autotune again.\n{_user_frames(''.join(traceback.format_exception(exc)), path)}")
+    return (f"{shown}: the script raised an error before its Trainer's first steps:\n"
+            f"{_user_frames(''.join(traceback.format_exception(exc)), path)}")
+
+
+def _parser_refusal(exc: BaseException) -> str | None:
+    """What HfArgumentParser (argparse) said when it refused the command line: it prints
+    its message and exits with 2."""
+    from autotune.runtime.hf_script import ScriptEnded
+
+    if isinstance(exc, ScriptEnded) and exc.code == 2:
+        return "see its message above"
+    if isinstance(exc, ValueError) and "Some specified arguments are not used by the HfArgumentParser" in str(exc):
+        return str(exc)
+    return None
+
+
+def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[ScriptFacts, float]:
+    from autotune.runtime import hf_script
+
+    shown = os.path.relpath(path)
+    source = Path(path).read_text()
+    stepper = hf_script.Stepper(path, argv, {**hf_script.QUIET, "output_dir": out_dir,
+                                            "max_steps": hf_script.ENDLESS_STEPS})
+    try:
+        stepper.start()
+    except BaseException as exc:
+        raise ContractError(_explain(shown, path, exc)) from None
+    built = stepper.built
+    train_line = built.train_lines[0] if built.train_lines else None
+    check_trains_once(shown, source, train_line)
+    try:
+        stepper.run_steps(1)
+        step_s, _ = stepper.run_steps(1)
+    except BaseException as exc:
+        raise ContractError(_explain(shown, path, exc)) from None
+    trainer = stepper.trainer
+    dataset = trainer.train_dataset
+    try:
+        dataset_len: int | None = len(dataset)
+    except TypeError:
+        dataset_len = None
+    args = trainer.args
+    metric = args.metric_for_best_model or "eval_loss"
+    if not metric.startswith("eval_"):
+        metric = f"eval_{metric}"
+    greater = args.greater_is_better
+    if greater is None:
+        greater = not metric.endswith("loss")
+    model = trainer.model
+    return ScriptFacts(
+        argv=tuple(argv), parsed=built.parsed, args_line=built.args_line, train_line=train_line,
+        user_values=built.user_values, has_eval=trainer.eval_dataset is not None, metric=metric,
+        greater_is_better=bool(greater), model_class=type(model).__name__,
+        parameters=sum(p.numel() for p in model.parameters()), dataset_len=dataset_len,
+    ), step_s
+
+
+def _main(argv: list[str]) -> int:
+    path, out, *script_argv = argv
+    proctree.become_subreaper()
+    proctree.die_with_parent()
+    result: JsonObject
+    try:
+        with tempfile.TemporaryDirectory(prefix="autotune-check-out-") as tmp:
+            try:
+                facts, step_s = _check(path, script_argv, tmp)
+                result = {"script": facts.to_json(), "step_s": step_s}
+            except ContractError as exc:
+                result = {"error": str(exc)}
+            Path(out).write_text(json.dumps(result))
+    finally:
+        from autotune.task.check import _end_descendants
+
+        _end_descendants()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the script's thread waits inside its Trainer: nothing to tear down
+
+
+def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[ScriptFacts, float]:
+    """Run the check of the Trainer script ``path`` with ``argv``; its facts and how long it
+    took, or ContractError."""
+    import subprocess
+
+    from autotune.trials.proctree import with_package_on_path
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
+        out, log = Path(tmp) / "result.json", Path(tmp) / "log.txt"
+        with open(log, "wb") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "autotune.task.trainer_script", str(path.resolve()), str(out), *argv],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                env=offline_env(with_package_on_path(os.environ)), start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proctree.kill_tree(proc.pid)
+                proc.wait()
+                raise ContractError(
+                    f"{path}: the script did not reach its Trainer's first steps within {timeout_s:.0f} s "
+                    "(importing it, building the model and data, two training steps). Make sure running it "
+                    "reaches trainer.train() quickly.") from None
+        proctree.kill_tree(proc.pid)
+        if not out.exists():
+            tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-8:])
+            raise ContractError(f"{path}: the process checking the script ended abruptly (exit code "
+                                f"{proc.returncode}).\n{tail}")
+        data = json.loads(out.read_text())
+        if "error" in data:
+            message = str(data["error"])
+            if "its message above" in message:
+                said = [line for line in log.read_text(errors="replace").splitlines() if "error:" in line]
+                message = message.replace("see its message above", said[-1].strip() if said else "see --help")
+            raise ContractError(message)
+        return ScriptFacts.from_json(data["script"]), time.monotonic() - started
+
+
+if __name__ == "__main__":
+    # through the module's own name: its types are the ones the tuner reads back
+    from autotune.task import trainer_script
+
+    trainer_script._main(sys.argv[1:])

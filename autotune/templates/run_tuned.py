@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Run your Hugging Face Trainer script with the TrainingArguments autotune verified on
+this machine (run_tuned.json, beside this file, says which).
+
+Needs transformers and your script, not autotune: ``tuned_runtime/hf_script.py`` beside it
+is the code the trials ran your script with, copied unchanged. For a script that parses its
+TrainingArguments (HfArgumentParser), the tuned ones go on its command line as flags; for one
+that builds them in code, they are set on its TrainingArguments before they are checked, as if
+written there.
+
+    python run_tuned.py                     # your script's training, tuned
+    python run_tuned.py --as-written        # your script as it is (the baseline)
+    python run_tuned.py -- ARGS             # your script with other arguments, tuned
+    python run_tuned.py --max-steps 200 --report report.json   # a timed run, saving nothing
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from tuned_runtime import hf_script  # noqa: E402  (beside this file)
+
+SETTINGS = "run_tuned.json"
+WARM_STEPS = 3  # steps before the clock starts: the first carries compilation and lazy setup
+
+
+def _script(settings: dict, given: str | None) -> str:
+    """Your script: --script or SCRIPT=..., else where it lies relative to this folder, else
+    where it was when tuned."""
+    given = given or os.environ.get("SCRIPT")
+    if given:
+        return os.path.abspath(given)
+    relative = os.path.normpath(os.path.join(HERE, settings["script"]))
+    return relative if os.path.exists(relative) else settings["script_tuned"]
+
+
+def _measure(report: str, steps: int, start_after: str | None):
+    """A TrainerCallback that times the steps after the first WARM_STEPS and writes what
+    autotune reads of a run (its samples per second, losses, the arguments the Trainer ran
+    with) to ``report``."""
+    from transformers import TrainerCallback
+
+    losses: list[float] = []
+
+    class Measure(TrainerCallback):
+        trainer = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.facts = hf_script.trainer_facts(self.trainer)
+            if start_after:
+                while not os.path.exists(start_after):
+                    time.sleep(0.02)
+            self.start = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            hf_script.close_step(self.trainer)
+            if state.global_step == min(WARM_STEPS, steps - 1):
+                hf_script.synchronize(self.trainer)
+                self.start, self.first = time.perf_counter(), state.global_step
+
+        def on_train_end(self, args, state, control, **kwargs):
+            hf_script.synchronize(self.trainer)
+            timed = state.global_step - self.first if self.start is not None else 0
+            elapsed = time.perf_counter() - self.start if self.start is not None else 0.0
+            batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+            rate = timed * batch / elapsed if timed > 0 and elapsed > 0 else None
+            if rate:
+                print(f"{rate:.1f} samples/s over {timed} steps", flush=True)
+            with open(report, "w") as f:
+                json.dump({"steps": state.global_step, "first_step": 1, "timed_steps": timed,
+                           "samples_per_s": rate, "losses": losses, "facts": self.facts}, f)
+
+    measure = Measure()
+
+    def callbacks(trainer):
+        measure.trainer = trainer
+        hf_script.keep_step_losses(trainer, losses)
+        return [measure]
+
+    return callbacks
+
+
+def main(argv: list[str]) -> int:
+    with open(os.path.join(HERE, SETTINGS)) as f:
+        settings = json.load(f)
+    parser = argparse.ArgumentParser(description=settings.get("description"))
+    parser.add_argument("--script", default=None, help="your script (default: the one autotune tuned; or SCRIPT=...)")
+    parser.add_argument("--as-written", action="store_true", help="run the script without the tuned arguments")
+    parser.add_argument("--max-steps", type=int, default=None, help="train this many steps (a timed run)")
+    parser.add_argument("--report", default=None, help="write the timed run's samples per second here (JSON)")
+    parser.add_argument("--start-after", default=None, metavar="FILE",
+                        help="set up, then wait until FILE exists before the first step")
+    # what autotune's timed runs pass to every launcher: a timed run saves and evaluates nothing
+    parser.add_argument("--no-checkpoint", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-evaluate", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--log-every", type=int, default=None, help=argparse.SUPPRESS)
+    ours, _, rest = (argv[: argv.index("--")], "--", argv[argv.index("--") + 1:]) if "--" in argv else (argv, "", None)
+    args = parser.parse_args(ours)
+    script = _script(settings, args.script)
+    script_argv = list(settings.get("argv", [])) if rest is None else rest
+    tuned = {} if args.as_written else dict(settings.get("overrides", {}))
+    overrides: dict = {}
+    if settings.get("parsed"):
+        script_argv += list(settings.get("flags", [])) if not args.as_written else []
+    else:
+        overrides.update(tuned)
+    timed = args.report is not None or args.max_steps is not None
+    with tempfile.TemporaryDirectory(prefix="run-tuned-") as tmp:
+        if timed:  # nothing saved, pushed or reported; outputs in a folder that goes
+            overrides.update({**hf_script.QUIET, "output_dir": tmp})
+            if args.max_steps is not None:
+                overrides["max_steps"] = args.max_steps
+        callbacks = (_measure(args.report, args.max_steps or hf_script.ENDLESS_STEPS, args.start_after)
+                     if args.report else (lambda trainer: ()))
+        hf_script.install(script, overrides, callbacks)
+        for key, value in settings.get("env_notes", {}).items():
+            print(f"run_tuned.py: {key}: {value}", file=sys.stderr)
+        hf_script.run_script(script, script_argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

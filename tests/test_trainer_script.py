@@ -1,0 +1,250 @@
+"""The Trainer script as a way in: recognised by its source, checked by running it up to its
+Trainer's first steps, each fault named with the fix and nothing left running; its
+configurations as TrainingArguments overrides; one real run of a parsed script, tuned and
+verified, whose emitted arguments are read back from inside the Trainer of run_tuned.py and
+launch.sh and are those its verified runs ran."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.emit import script_outputs
+from autotune.errors import ContractError
+from autotune.search.task_space import script_space
+from autotune.space import build_space
+from autotune.task import load_task
+from autotune.task.trainer_script import KIND, ScriptFacts, check_trains_once, recognise
+
+from doubles import recorded_machine
+from helpers import MODELS
+
+SCRIPTS = MODELS / "trainer"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "hf_trainer.py"
+PARSED_ARGS = ("--output_dir", "o", "--per_device_train_batch_size", "16", "--report_to", "none")
+
+pytestmark = pytest.mark.xdist_group("trainer_script")
+
+
+def facts(**values) -> ScriptFacts:
+    user = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "dataloader_num_workers": 0,
+            "dataloader_pin_memory": True, "dataloader_persistent_workers": False,
+            "dataloader_prefetch_factor": None, "bf16": False, "fp16": False, "tf32": None,
+            "torch_compile": False, "torch_compile_mode": None, "optim": "adamw_torch_fused", "seed": 42,
+            "use_cpu": False}
+    return ScriptFacts(user_values={**user, **values}, parsed=True, argv=("--output_dir", "o"))
+
+
+# --- without processes
+
+def test_the_kind_of_file_is_read_from_its_source(tmp_path):
+    assert recognise(EXAMPLE, EXAMPLE.read_text()) == KIND
+    assert recognise(SCRIPTS / "parsed.py", (SCRIPTS / "parsed.py").read_text()) == KIND
+    assert recognise(MODELS / "tiny_cnn.py", (MODELS / "tiny_cnn.py").read_text()) == "model_file"
+    # a model file missing build_model is still one: its check names what is missing
+    assert recognise(MODELS / "bad_no_build_model.py", (MODELS / "bad_no_build_model.py").read_text()) == "model_file"
+    # model.train() is a module's mode, not a Trainer's training
+    assert recognise(tmp_path / "x.py", "import transformers\nmodel.train()\n") is None
+    neither = tmp_path / "neither.py"
+    neither.write_text("print('hello')\n")
+    with pytest.raises(ContractError) as err:
+        load_task(neither)
+    assert "neither.py: not a file autotune takes" in str(err.value)
+    assert "autotune init" in str(err.value) and "Trainer" in str(err.value)
+
+
+def test_arguments_after_the_double_dash_are_refused_for_a_model_file():
+    with pytest.raises(ContractError, match="arguments after `--` go to a Trainer script"):
+        load_task(MODELS / "tiny_cnn.py", script_args=("--output_dir", "o"))
+
+
+def test_the_baseline_overrides_nothing_and_each_knob_its_own_argument():
+    script = facts(dataloader_num_workers=2, dataloader_persistent_workers=True)
+    base = script.baseline(TrialConfig())
+    assert (base.batch_size, base.num_workers, base.persistent_workers, base.precision) == (8, 2, True, "fp32")
+    assert script.overrides(base) == {}
+    assert script.overrides(base.replace(batch_size=32)) == {"per_device_train_batch_size": 32}
+    assert script.overrides(base.replace(precision="bf16")) == {"bf16": True, "use_cpu": True}
+    assert script.overrides(base.replace(num_workers=0, persistent_workers=False)) == {
+        "dataloader_num_workers": 0, "dataloader_persistent_workers": False}
+    assert script.overrides(base.replace(compile="default")) == {"torch_compile": True}  # the Trainer's default mode
+    assert script.overrides(base.replace(compile="max-autotune-no-cudagraphs"))["torch_compile_mode"] == \
+        "max-autotune-no-cudagraphs"
+    assert script.flags({"bf16": True, "per_device_train_batch_size": 32}) == [
+        "--bf16", "True", "--per_device_train_batch_size", "32"]
+    # a script written with bf16 has it as its baseline; an fp32 candidate turns it off
+    assert facts(bf16=True).baseline(TrialConfig()).precision == "bf16"
+    assert facts(bf16=True).overrides(TrialConfig(batch_size=8)) == {"bf16": False}
+
+
+def test_a_second_training_is_refused_with_its_lines():
+    with pytest.raises(ContractError, match=r"train\(\) more than once \(lines 6, 7\)"):
+        check_trains_once("t.py", (SCRIPTS / "trains_twice.py").read_text(), 6)
+    loop = "import transformers\nfor lr in (1, 2):\n    trainer.train()\n"
+    with pytest.raises(ContractError, match="t.py:3: train\\(\\) is called inside a loop"):
+        check_trains_once("t.py", loop, 3)
+    check_trains_once("t.py", EXAMPLE.read_text(), 45)
+
+
+def test_the_space_names_what_a_trainer_cannot_take_and_starts_from_the_scripts_values():
+    machine = recorded_machine("avx2_epyc")
+    script = facts(dataloader_num_workers=3, dataloader_persistent_workers=True)
+    space = script_space(build_space(machine, baseline_batch=8, image_inputs=True), script)
+    assert "channels_last" not in space.choices and "TrainingArguments" in space.excluded["channels_last"]
+    assert all(layout.startswith("1x") for layout in space.choices["layout"])
+    assert any(k.startswith("layout=") and "several ranks" in v for k, v in space.excluded.items())
+    assert space.baseline.num_workers == 3 and 3 in space.choices["num_workers"]
+    assert "adamw_torch_fused" in space.excluded["optimizer_step"]
+
+
+def test_the_tuned_arguments_are_said_as_the_script_takes_them(tmp_path):
+    script = facts()
+    cfg = script.baseline(TrialConfig()).replace(batch_size=32)
+    text = script_outputs.arguments_text(cfg, script, script=Path("train.py"), env={"OMP_NUM_THREADS": "2"})
+    assert "    --per_device_train_batch_size 32" in text
+    assert "python train.py --output_dir o --per_device_train_batch_size 32" in text
+    assert "export OMP_NUM_THREADS=2" in text
+    in_code = ScriptFacts(user_values=script.user_values, parsed=False, args_line=33)
+    text = script_outputs.arguments_text(cfg, in_code, script=Path("train.py"), env={})
+    assert "in code (line 33)" in text and "    per_device_train_batch_size=32," in text
+
+
+# --- the check, a child process per script
+
+def left_running(script: Path) -> list[str]:
+    """Processes still running the script (the check's, its DataLoader workers)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        with_script = any(str(script) in part for part in (p.info["cmdline"] or []))
+        if with_script and p.pid != os.getpid():
+            out.append(" ".join(p.info["cmdline"]))
+    return out
+
+
+def contract_error(script: Path, args: tuple[str, ...] = (), timeout_s: float = 120) -> str:
+    with pytest.raises(ContractError) as err:
+        load_task(script, script_args=args, timeout_s=timeout_s)
+    assert left_running(script) == []
+    return str(err.value)
+
+
+@pytest.mark.slow
+def test_the_check_reads_a_script_with_arguments_in_code_and_one_that_parses_them():
+    task = load_task(EXAMPLE)
+    assert task.kind == KIND and task.script is not None
+    assert not task.script.parsed and task.script.args_line == 33 and task.script.train_line == 45
+    assert task.has_evaluate and task.script.metric == "eval_loss" and not task.script.greater_is_better
+    assert task.batch_size == 8 and task.dataset_len == 2048 and task.script.model_class == "GPT2LMHeadModel"
+    parsed = load_task(SCRIPTS / "parsed.py", script_args=PARSED_ARGS)
+    assert parsed.script is not None and parsed.script.parsed and parsed.script.argv == PARSED_ARGS
+    assert parsed.batch_size == 16 and not parsed.has_evaluate
+    assert left_running(EXAMPLE) == [] and left_running(SCRIPTS / "parsed.py") == []
+
+
+@pytest.mark.slow
+def test_a_script_that_never_reaches_its_training_is_ended_and_named():
+    msg = contract_error(SCRIPTS / "never_trains.py", timeout_s=20)
+    assert "never_trains.py: the script did not reach its Trainer's first steps within 20 s" in msg
+
+
+@pytest.mark.slow
+def test_a_script_that_ends_without_training_is_named():
+    msg = contract_error(SCRIPTS / "ends_without_training.py")
+    assert "ends_without_training.py ended without calling Trainer.train()" in msg and "autotune run SCRIPT -- ARGS" in msg
+
+
+@pytest.mark.slow
+def test_a_script_that_trains_twice_is_named_with_its_lines():
+    msg = contract_error(SCRIPTS / "trains_twice.py")
+    assert "trains_twice.py:7: the script calls train() more than once (lines 6, 7)" in msg
+
+
+@pytest.mark.slow
+def test_a_model_from_the_hub_that_is_not_here_is_named():
+    msg = contract_error(SCRIPTS / "needs_the_hub.py")
+    assert "loads 'autotune-tests/not-on-this-machine' from the Hugging Face Hub" in msg
+    assert "hf download autotune-tests/not-on-this-machine" in msg
+
+
+@pytest.mark.slow
+def test_a_script_that_fails_before_training_shows_its_own_frames():
+    msg = contract_error(SCRIPTS / "fails_before_training.py")
+    assert "the script raised an error before its Trainer's first steps" in msg
+    assert 'fails_before_training.py", line 7, in load_data' in msg
+    assert "FileNotFoundError: data/train.jsonl: no such file" in msg
+    assert "autotune/" not in msg.split("Traceback")[1]  # their frames, not the tuner's
+
+
+@pytest.mark.slow
+def test_arguments_its_parser_refuses_are_named():
+    msg = contract_error(SCRIPTS / "parsed.py", ("--output_dir", "o", "--no_such_flag", "1"))
+    assert "the script's argument parser refused the arguments after `--`" in msg and "--no_such_flag" in msg
+
+
+# --- one real run of a parsed script, shared by the tests below
+
+SLOW_ARGS = (*PARSED_ARGS, "--seconds_per_sample", "0.0005", "--logging_steps", "1000")
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> SimpleNamespace:
+    """``autotune run parsed.py -- ARGS``: a parsed script whose DataLoader workers are clearly
+    faster (sleeps set its speeds), three trials, short windows; the knobs that only lengthen
+    the verification are fixed."""
+    out = tmp_path_factory.mktemp("trainer") / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(SCRIPTS / "parsed.py"), "--out", str(out), "--trials", "3",
+         "--fix", "compile=off", "--fix", "precision=fp32", "--fix", "affinity=none", "--fix", "allocator=default",
+         "--fix", "batch_size=16", "--window", "0.3", "--windows", "2", "--rounds", "2", "--pairs", "2",
+         "--pair-seconds", "0.5", "--no-profile", "--", *SLOW_ARGS],
+        capture_output=True, text=True, timeout=900)
+    return SimpleNamespace(out=out, proc=proc, doc=json.loads((out / "best_config.json").read_text())
+                           if (out / "best_config.json").exists() else None)
+
+
+def read_back(out: Path, command: list[str], tmp_path: Path) -> dict:
+    """The arguments the Trainer ran with, read from inside it by a timed run's report."""
+    report = tmp_path / f"{command[0].replace('.', '_')}.json"
+    subprocess.run([*command, "--max-steps", "4", "--report", str(report)], cwd=out, check=True,
+                   capture_output=True, timeout=300)
+    return json.loads(report.read_text())["facts"]["training_args"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_parsed_script_is_tuned_and_verified_by_running_it(tuned):
+    assert tuned.proc.returncode == 0, tuned.proc.stdout[-3000:] + tuned.proc.stderr[-3000:]
+    doc = tuned.doc
+    assert doc["verified"] and doc["config"]["num_workers"] > 0
+    assert doc["outputs"]["script"] == "run_tuned.py" and (tuned.out / "run_tuned.py").is_file()
+    settings = json.loads((tuned.out / "run_tuned.json").read_text())
+    assert settings["parsed"] and settings["argv"] == list(SLOW_ARGS)
+    assert settings["overrides"]["dataloader_num_workers"] == doc["config"]["num_workers"]
+    arguments = (tuned.out / "tuned_arguments.md").read_text()
+    assert f"--dataloader_num_workers {doc['config']['num_workers']}" in arguments
+    assert "a Hugging Face Trainer script" in tuned.proc.stdout + tuned.proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_emitted_arguments_are_what_the_trainer_runs_and_what_verification_ran(tuned, tmp_path):
+    assert tuned.doc is not None, tuned.proc.stderr[-3000:]
+    settings = json.loads((tuned.out / "run_tuned.json").read_text())
+    emitted = settings["overrides"]
+    for command in ([sys.executable, "run_tuned.py"], ["bash", "launch.sh"]):
+        ran = read_back(tuned.out, command, tmp_path)
+        assert {k: ran[k] for k in emitted} == emitted, command
+        assert ran["per_device_train_batch_size"] == 16  # the script's own, unchanged
+    as_written = read_back(tuned.out, [sys.executable, "run_tuned.py", "--as-written"], tmp_path)
+    assert as_written["dataloader_num_workers"] == 0  # the script as it is: the baseline
+    # the standalone pairs ran the winner's launch.sh: their reports show the same arguments
+    reports = [json.loads(p.read_text()) for p in (tuned.out / "verify").rglob("script-report.json")]
+    ran = [r["facts"]["training_args"] for r in reports if r.get("facts")]
+    assert any(all(r[k] == v for k, v in emitted.items()) for r in ran), ran
