@@ -42,7 +42,18 @@ def _terminate(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `autotune run SCRIPT [OPTIONS] -- ARGS`: what follows the first -- is the script's own
+    script_args: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if script_args is not None:
+        if args.command != "run":
+            parser.error(f"arguments after -- go to a Trainer script, which only `autotune run` takes "
+                         f"(autotune {args.command} got {' '.join(script_args)})")
+        args.script_args = script_args
     try:
         return int(args.handler(args) or 0)
     except AutotuneError as exc:

@@ -211,7 +211,7 @@ def tuned(tmp_path_factory) -> SimpleNamespace:
 
 def read_back(out: Path, command: list[str], tmp_path: Path) -> dict:
     """The arguments the Trainer ran with, read from inside it by a timed run's report."""
-    report = tmp_path / f"{command[0].replace('.', '_')}.json"
+    report = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
     subprocess.run([*command, "--max-steps", "4", "--report", str(report)], cwd=out, check=True,
                    capture_output=True, timeout=300)
     return json.loads(report.read_text())["facts"]["training_args"]
@@ -248,3 +248,32 @@ def test_the_emitted_arguments_are_what_the_trainer_runs_and_what_verification_r
     reports = [json.loads(p.read_text()) for p in (tuned.out / "verify").rglob("script-report.json")]
     ran = [r["facts"]["training_args"] for r in reports if r.get("facts")]
     assert any(all(r[k] == v for k, v in emitted.items()) for r in ran), ran
+
+
+@pytest.mark.slow
+def test_each_knob_takes_effect_inside_the_trainer_of_a_trial(tmp_path):
+    """A trial's Trainer runs with its configuration's arguments: read back from inside it."""
+    from autotune.probes import probe_machine
+    from autotune.trials.protocol import Measurement, Status
+    from autotune.trials.runner import TrialRunner
+
+    task = load_task(SCRIPTS / "parsed.py", script_args=PARSED_ARGS)
+    assert task.script is not None
+    machine = probe_machine()
+    runner = TrialRunner(model_file=task.path, machine=machine, workdir=tmp_path, script=task.script,
+                         measurement=Measurement(window_s=0.2, windows=2))
+    base = task.script.baseline(TrialConfig())
+    bf16 = bool(machine.cpu.isa and (machine.cpu.isa.get("avx512_bf16") or machine.cpu.isa.get("amx_bf16")))
+    tuned = base.replace(batch_size=32, num_workers=1, persistent_workers=True, threads=1,
+                         **({"precision": "bf16"} if bf16 else {}))
+    result = runner.run(tuned, name="tuned")
+    assert result.status == Status.OK and result.value, result.message
+    ran = result.facts["training_args"]
+    assert ran["per_device_train_batch_size"] == 32 and ran["dataloader_num_workers"] == 1
+    assert ran["dataloader_persistent_workers"] and ran["bf16"] == bf16
+    assert result.facts["report_to"] == [] and result.facts["save_strategy"] == "no"
+    assert str(tmp_path) in result.facts["output_dir"]  # inside autotune's folder, never the user's
+    assert len(result.facts["loader_worker_pids"]) == 1
+    assert result.env["OMP_NUM_THREADS"] == "1"
+    trajectory = runner.run(base, name="base", trajectory_steps=4)
+    assert trajectory.status == Status.OK and len(trajectory.losses) == 4

@@ -11,11 +11,12 @@ from autotune.commands import add_options, add_output, run_options
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="tune a model file and emit the fastest verified config",
-                       description=__doc__)
+                       description=__doc__, usage="autotune run FILE [OPTIONS] [-- SCRIPT ARGS]",
+                       epilog="After --: the arguments your Trainer script runs with, as `python FILE ARGS` "
+                              "takes them (autotune run train.py -- --output_dir out).")
     p.add_argument("model_file", metavar="FILE",
                    help="your model file (see the README's contract), or your Hugging Face Trainer script")
-    p.add_argument("script_args", metavar="-- SCRIPT_ARGS", nargs="*", default=[],
-                   help="after --: the arguments your Trainer script runs with (as `python FILE ARGS` takes them)")
+    p.set_defaults(script_args=[])  # what follows `--` (cli.main): the Trainer script's own arguments
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default autotune-out/<model name>)")
     p.add_argument("--force", action="store_true",
