@@ -28,8 +28,12 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+def small_gpt2() -> GPT2LMHeadModel:
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=128, n_layer=2, n_head=4))
+
+
 def main() -> None:
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=128, n_layer=2, n_head=4))
+    model = small_gpt2()
     args = TrainingArguments(
         output_dir="hf-trainer-out",
         per_device_train_batch_size=8,

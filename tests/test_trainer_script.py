@@ -47,6 +47,8 @@ def facts(**values) -> ScriptFacts:
 def test_the_kind_of_file_is_read_from_its_source(tmp_path):
     assert recognise(EXAMPLE, EXAMPLE.read_text()) == KIND
     assert recognise(SCRIPTS / "parsed.py", (SCRIPTS / "parsed.py").read_text()) == KIND
+    parsed_example = EXAMPLE.with_name("hf_trainer_parsed.py")
+    assert recognise(parsed_example, parsed_example.read_text()) == KIND
     assert recognise(MODELS / "tiny_cnn.py", (MODELS / "tiny_cnn.py").read_text()) == "model_file"
     # a model file missing build_model is still one: its check names what is missing
     assert recognise(MODELS / "bad_no_build_model.py", (MODELS / "bad_no_build_model.py").read_text()) == "model_file"
@@ -90,7 +92,7 @@ def test_a_second_training_is_refused_with_its_lines():
     loop = "import transformers\nfor lr in (1, 2):\n    trainer.train()\n"
     with pytest.raises(ContractError, match="t.py:3: train\\(\\) is called inside a loop"):
         check_trains_once("t.py", loop, 3)
-    check_trains_once("t.py", EXAMPLE.read_text(), 45)
+    check_trains_once("t.py", EXAMPLE.read_text(), 49)
 
 
 def test_the_space_names_what_a_trainer_cannot_take_and_starts_from_the_scripts_values():
@@ -139,7 +141,7 @@ def contract_error(script: Path, args: tuple[str, ...] = (), timeout_s: float = 
 def test_the_check_reads_a_script_with_arguments_in_code_and_one_that_parses_them():
     task = load_task(EXAMPLE)
     assert task.kind == KIND and task.script is not None
-    assert not task.script.parsed and task.script.args_line == 33 and task.script.train_line == 45
+    assert not task.script.parsed and task.script.args_line == 37 and task.script.train_line == 49
     assert task.has_evaluate and task.script.metric == "eval_loss" and not task.script.greater_is_better
     assert task.batch_size == 8 and task.dataset_len == 2048 and task.script.model_class == "GPT2LMHeadModel"
     parsed = load_task(SCRIPTS / "parsed.py", script_args=PARSED_ARGS)

@@ -13,20 +13,16 @@ here, named, and not at the end of the first epoch of a GPU run.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 from autotune.errors import ContractError
 from autotune.runtime.knobs import DEFAULT_OPTIMIZER
 from autotune.task.check_result import CheckResult
+from autotune.task.child import run_check
 from autotune.task.trainer_script import KIND as TRAINER_SCRIPT
 from autotune.task.trainer_script import ScriptFacts, check_script, recognise
-from autotune.trials import proctree
 from autotune.trials.proctree import with_package_on_path
 
 CHECK_TIMEOUT_S = 300
@@ -131,34 +127,10 @@ def _check_source(path: Path) -> str:
 def _run_check(path: Path, timeout_s: float, device: str | None = None) -> CheckResult:
     """Run the check in a child process; returns what it wrote. Raises ContractError if
     it times out or dies without writing."""
-    with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
-        out = Path(tmp) / "result.json"
-        log = Path(tmp) / "log.txt"
-        # Output goes to a file, not a pipe: a process the user's code leaves running would
-        # hold a pipe open and keep us waiting for its end instead of the check's.
-        with open(log, "wb") as log_file:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "autotune.task.check", str(path.resolve()), str(out),
-                 *([device] if device else [])],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env=with_package_on_path(os.environ), start_new_session=True,
-            )
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                # Still running, so its whole tree can be found: end all of it. (When the
-                # check ends by itself, it ends what it started: see check._main.)
-                proctree.kill_tree(proc.pid)
-                proc.wait()
-                raise ContractError(
-                    f"{path}: checking the file took over {timeout_s:.0f} s (importing it, building "
-                    "the model and dataset, one training step). Make build_model/build_dataset quick."
-                ) from None
-        if not out.exists():
-            text = log.read_text(errors="replace")
-            tail = "\n".join(text.strip().splitlines()[-5:])
-            raise ContractError(
-                f"{path}: the process checking the file ended abruptly (exit code "
-                f"{proc.returncode}) while importing or calling it.\n{tail}"
-            )
-        return CheckResult.from_json(json.loads(out.read_text()))
+    data, _ = run_check(
+        "autotune.task.check", [str(path.resolve()), *([device] if device else [])],
+        env=with_package_on_path(os.environ), timeout_s=timeout_s,
+        late=(f"{path}: checking the file took over {timeout_s:.0f} s (importing it, building "
+              "the model and dataset, one training step). Make build_model/build_dataset quick."),
+        abrupt=f"{path}: the process checking the file ended abruptly while importing or calling it")
+    return CheckResult.from_json(data)

@@ -325,40 +325,26 @@ def _main(argv: list[str]) -> int:
 def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[ScriptFacts, float]:
     """Run the check of the Trainer script ``path`` with ``argv``; its facts and how long it
     took, or ContractError."""
-    import subprocess
-
+    from autotune.task.child import run_check
     from autotune.trials.proctree import with_package_on_path
 
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
-        out, log = Path(tmp) / "result.json", Path(tmp) / "log.txt"
-        with open(log, "wb") as log_file:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "autotune.task.trainer_script", str(path.resolve()), str(out), *argv],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env=offline_env(with_package_on_path(os.environ)), start_new_session=True)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proctree.kill_tree(proc.pid)
-                proc.wait()
-                raise ContractError(
-                    f"{path}: the script did not reach its Trainer's first steps within {timeout_s:.0f} s "
-                    "(importing it, building the model and data, two training steps). Make sure running it "
-                    "reaches trainer.train() quickly.") from None
-        proctree.kill_tree(proc.pid)
-        if not out.exists():
-            tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-8:])
-            raise ContractError(f"{path}: the process checking the script ended abruptly (exit code "
-                                f"{proc.returncode}).\n{tail}")
-        data = json.loads(out.read_text())
-        if "error" in data:
-            message = str(data["error"])
-            if "its message above" in message:
-                said = [line for line in log.read_text(errors="replace").splitlines() if "error:" in line]
-                message = message.replace("see its message above", said[-1].strip() if said else "see --help")
-            raise ContractError(message)
-        return ScriptFacts.from_json(data["script"]), time.monotonic() - started
+    data, log = run_check(
+        "autotune.task.trainer_script", [str(path.resolve()), *argv],
+        env=offline_env(with_package_on_path(os.environ)), timeout_s=timeout_s,
+        late=(f"{path}: the script did not reach its Trainer's first steps within {timeout_s:.0f} s "
+              "(importing it, building the model and data, two training steps). Make sure running it "
+              "reaches trainer.train() quickly."),
+        abrupt=f"{path}: the process checking the script ended abruptly")
+    if "error" in data:
+        message = str(data["error"])
+        if "its message above" in message:  # argparse printed it, then exited
+            said = [line for line in log.splitlines() if "error:" in line]
+            message = message.replace("see its message above", said[-1].strip() if said else "see --help")
+        raise ContractError(message)
+    script = data["script"]
+    assert isinstance(script, dict)
+    return ScriptFacts.from_json(script), time.monotonic() - started
 
 
 if __name__ == "__main__":
