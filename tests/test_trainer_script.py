@@ -112,6 +112,10 @@ def test_the_tuned_arguments_are_said_as_the_script_takes_them(tmp_path):
     text = script_outputs.arguments_text(cfg, script, script=Path("train.py"), env={"OMP_NUM_THREADS": "2"})
     assert "    --per_device_train_batch_size 32" in text
     assert "python train.py --output_dir o --per_device_train_batch_size 32" in text
+    given = ScriptFacts(user_values=script.user_values, parsed=True,
+                        argv=("--per_device_train_batch_size", "8", "--bf16", "--output_dir=o", "--seed=1"))
+    assert given.argv_with({"per_device_train_batch_size": 32, "bf16": False, "output_dir": "p", "tf32": True}) == [
+        "--per_device_train_batch_size", "32", "--bf16", "False", "--output_dir", "p", "--seed=1", "--tf32", "True"]
     assert "export OMP_NUM_THREADS=2" in text
     in_code = ScriptFacts(user_values=script.user_values, parsed=False, args_line=33)
     text = script_outputs.arguments_text(cfg, in_code, script=Path("train.py"), env={})

@@ -33,7 +33,7 @@ def settings(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, out_dir: Pat
     return {"description": description,
             "script": os.path.relpath(script.absolute(), out_dir.absolute()), "script_tuned": str(script.absolute()),
             "argv": list(facts.argv), "parsed": facts.parsed, "overrides": overrides,
-            "flags": facts.flags(overrides)}
+            "flags": facts.flags(overrides), "tuned_argv": facts.argv_with(overrides)}
 
 
 def arguments_text(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, env: dict[str, str]) -> str:
@@ -44,7 +44,7 @@ def arguments_text(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, env: d
     if not overrides:
         lines.append("None: your TrainingArguments are already the fastest verified ones.")
     elif facts.parsed:
-        command = shlex.join(["python", name, *facts.argv, *facts.flags(overrides)])
+        command = shlex.join(["python", name, *facts.argv_with(overrides)])
         lines += ["Your script parses its TrainingArguments: add these flags to its command line.", "",
                   "    " + shlex.join(facts.flags(overrides)), "", "The whole command:", "", "    " + command]
     else:

@@ -133,6 +133,25 @@ class ScriptFacts(Record):
             out += [f"--{key}", "None" if value is None else str(value)]
         return out
 
+    def argv_with(self, overrides: JsonObject) -> list[str]:
+        """The script's arguments with ``overrides`` in place of the same flags where it has
+        them (``--key value``, ``--key=value`` or a bare ``--flag``), added after them where not."""
+        rest = dict(overrides)
+        out: list[str] = []
+        argv = list(self.argv)
+        i = 0
+        while i < len(argv):
+            token = argv[i]
+            key = token[2:].split("=", 1)[0] if token.startswith("--") else None
+            if key is None or key not in rest:
+                out.append(token)
+                i += 1
+                continue
+            out += self.flags({key: rest.pop(key)})
+            has_value = "=" not in token and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            i += 2 if has_value else 1
+        return out + self.flags(rest)
+
 
 # Names only a model file defines: a file with any of them is checked as one (and its
 # check names what is missing).

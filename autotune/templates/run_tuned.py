@@ -104,12 +104,15 @@ def main(argv: list[str]) -> int:
     ours, _, rest = (argv[: argv.index("--")], "--", argv[argv.index("--") + 1:]) if "--" in argv else (argv, "", None)
     args = parser.parse_args(ours)
     script = _script(settings, args.script)
-    script_argv = list(settings.get("argv", [])) if rest is None else rest
     tuned = {} if args.as_written else dict(settings.get("overrides", {}))
     overrides: dict = {}
-    if settings.get("parsed"):
-        script_argv += list(settings.get("flags", [])) if not args.as_written else []
+    if rest is not None:  # other arguments: the tuned flags after them, for a script that parses them
+        script_argv = rest + (list(settings.get("flags", [])) if settings.get("parsed") and tuned else [])
+    elif settings.get("parsed") and tuned:
+        script_argv = list(settings["tuned_argv"])  # the script's arguments, the tuned ones in place
     else:
+        script_argv = list(settings.get("argv", []))
+    if not settings.get("parsed"):
         overrides.update(tuned)
     timed = args.report is not None or args.max_steps is not None
     with tempfile.TemporaryDirectory(prefix="run-tuned-") as tmp:
