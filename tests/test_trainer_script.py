@@ -236,6 +236,9 @@ def test_a_parsed_script_is_tuned_and_verified_by_running_it(tuned):
     arguments = (tuned.out / "tuned_arguments.md").read_text()
     assert f"--dataloader_num_workers {doc['config']['num_workers']}" in arguments
     assert "a Hugging Face Trainer script" in tuned.proc.stdout + tuned.proc.stderr
+    flags = " ".join(settings["flags"])
+    assert f"add to your script's command line: {flags}" in tuned.proc.stdout
+    assert f"| your script's tuned TrainingArguments | {flags} |" in (tuned.out / "report.md").read_text()
 
 
 @pytest.mark.slow
