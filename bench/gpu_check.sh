@@ -32,6 +32,9 @@
 #                                                                 -> gpt2_mfu.log, gpt2_mfu.json
 #   gpt2       autotune run bench/workloads/gpt2_small.py, its --timeout what is left
 #                                                                 -> gpt2.log (+ gpt2_best_config.json)
+#   trainer    autotune run examples/hf_trainer.py (a small GPT-2 in the user's own Trainer script),
+#              its --timeout what is left, then bench/script_speedup.py on its output
+#                                                                 -> trainer.log (+ its best_config.json)
 # summary.txt gets a line per check: its name, exit code, seconds, and "CUT" when the limit
 # ended it (exit 124/137) or "skipped" when no time (or no input) was left. One or two files
 # a check (at most 12 in all).
@@ -48,6 +51,7 @@
 #   OVERLAP_ARGS="--pairs 3 --seconds 4 --setup 15"   OVERLAP_CAP=150
 #   PYTEST_ARGS='-k "not end_to_end"'   PYTEST_CAP=300   (the examples run end to end above already)
 #   TINY_ARGS="--trials 8"   TINY_CAP=300
+#   TRAINER_ARGS="--trials 8"   TRAINER_CAP=360   (not among the default checks: CHECKS="... trainer")
 #   GPT2_MFU_ARGS="--config ... --profile ..."   GPT2_MFU_CAP=300   (see bench/gpu_mfu.py)
 #   GPT2_ARGS="--trials 8"   GPT2_CAP=400
 #   QUALITY_ARGS="--runs 2"   QUALITY_CAP=420
@@ -328,7 +332,7 @@ run_check gpt2 "$gpt2_cap" "$OUTDIR/gpt2.log" \
 fi
 
 # --- the other example, its --timeout what is left ------------------------------------------------------
-wanted tiny_gpt || exit 0
+if wanted tiny_gpt; then
 tiny_budget=$(left)
 tiny_cap=${TINY_CAP:-300}
 [ "$tiny_budget" -lt "$tiny_cap" ] && tiny_cap=$tiny_budget
@@ -339,4 +343,21 @@ run_check tiny_gpt "$tiny_cap" "$OUTDIR/tiny_gpt.log" \
   "$PY" -m autotune run examples/tiny_gpt.py ${TINY_ARGS:---trials 8} --timeout "$tiny_timeout" --out "$WORK/tiny_gpt"
 [ $? = 125 ] || note "  (the command: autotune run examples/tiny_gpt.py ${TINY_ARGS:---trials 8} --timeout $tiny_timeout)"
 [ -f "$WORK/tiny_gpt/best_config.json" ] && { echo; echo "=== best_config.json ==="; cat "$WORK/tiny_gpt/best_config.json"; } >> "$OUTDIR/tiny_gpt.log"
+fi
+
+# --- a Trainer script as the user runs it, its --timeout what is left, then its independent check -------
+wanted trainer || exit 0
+trainer_budget=$(left)
+trainer_cap=${TRAINER_CAP:-360}
+[ "$trainer_budget" -lt "$trainer_cap" ] && trainer_cap=$trainer_budget
+trainer_timeout=$((trainer_cap * 6 / 10 > 10 ? trainer_cap * 6 / 10 : 10))
+# shellcheck disable=SC2086
+run_check trainer "$trainer_cap" "$OUTDIR/trainer.log" \
+  "$PY" -m autotune run examples/hf_trainer.py ${TRAINER_ARGS:---trials 8} --timeout "$trainer_timeout" --out "$WORK/trainer"
+[ $? = 125 ] || note "  (the command: autotune run examples/hf_trainer.py ${TRAINER_ARGS:---trials 8} --timeout $trainer_timeout)"
+if [ -f "$WORK/trainer/best_config.json" ]; then
+  { echo; echo "=== best_config.json ==="; cat "$WORK/trainer/best_config.json"; } >> "$OUTDIR/trainer.log"
+  left_s=$(left)
+  [ "$left_s" -gt 30 ] && { echo; echo "=== bench/script_speedup.py ==="; timeout "$left_s" "$PY" bench/script_speedup.py "$WORK/trainer" --pairs 3 --seconds 4; } >> "$OUTDIR/trainer.log" 2>&1
+fi
 exit 0
