@@ -91,6 +91,12 @@ class ScriptRecord(Record):
     arguments: Mapping[str, JsonValue] = dataclasses.field(default_factory=dict)
     flags: tuple[str, ...] = ()
 
+    def said(self) -> str:
+        """The tuned arguments as the script takes them: flags, or keyword arguments."""
+        if self.parsed:
+            return " ".join(self.flags)
+        return ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunDocument(Record):

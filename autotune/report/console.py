@@ -240,8 +240,7 @@ class Reporter:
             elif doc.script.parsed:
                 self.out.print(f"add to your script's command line: {shlex.join(doc.script.flags)}", markup=False)
             else:
-                said = ", ".join(f"{k}={v!r}" for k, v in doc.script.arguments.items())
-                self.out.print(f"set in your script's TrainingArguments(...): {said}", markup=False)
+                self.out.print(f"set in your script's TrainingArguments(...): {doc.script.said()}", markup=False)
         self.out.print(f"train with: {resolve(doc, folder, 'launcher')}  # {(doc.launch or '').partition('# ')[2]}",
                        markup=False)
         report = folder / "report.html"

@@ -105,10 +105,7 @@ def _facts(doc: RunDocument) -> Table:
                                     f"the baseline {duration(doc.plan.baseline.predicted_s)}"])
     if doc.launch:
         rows.append(["train with", doc.launch])
-    if doc.script is not None:  # the answer in the script's own terms (tuned_arguments.md)
-        said = (" ".join(doc.script.flags) if doc.script.parsed
-                else ", ".join(f"{k}={v!r}" for k, v in doc.script.arguments.items()))
-        rows.append(["your script's tuned TrainingArguments", said or "yours, unchanged"])
+    rows += [["your script's tuned TrainingArguments", doc.script.said() or "yours, unchanged"]] if doc.script else []
     return Table("Result", ["", "value"], rows)
 
 
