@@ -66,10 +66,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             task = load_task(model_file, device=Device.CPU if options.fixed.get("device") == Device.CPU else None,
                              script_args=script_args)
             if task.script is not None:
-                reporter.info(f"{model_file}: a Hugging Face Trainer script ({task.script.model_class}, "
-                              f"TrainingArguments {'from its command line' if task.script.parsed else 'in code'}"
-                              f"{', with an eval_dataset' if task.script.has_eval else ''}): trials run it "
-                              "with its TrainingArguments overridden, measured inside its Trainer")
+                reporter.info(f"{model_file}: {task.script.describe()}")
             parts = sections(options, task=task)  # --epochs of a data set without a length: refused here
             proctree.reap_orphans()
             if not out.is_dir():

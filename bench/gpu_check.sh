@@ -35,6 +35,8 @@
 #   trainer    autotune run examples/hf_trainer.py (a small GPT-2 in the user's own Trainer script),
 #              its --timeout what is left, then bench/script_speedup.py on its output
 #                                                                 -> trainer.log (+ its best_config.json)
+#   lightning  the same for examples/lightning_datamodule.py (a LightningModule and DataModule)
+#                                                                 -> lightning.log (+ its best_config.json)
 # summary.txt gets a line per check: its name, exit code, seconds, and "CUT" when the limit
 # ended it (exit 124/137) or "skipped" when no time (or no input) was left. One or two files
 # a check (at most 12 in all).
@@ -52,6 +54,7 @@
 #   PYTEST_ARGS='-k "not end_to_end"'   PYTEST_CAP=300   (the examples run end to end above already)
 #   TINY_ARGS="--trials 8"   TINY_CAP=300
 #   TRAINER_ARGS="--trials 8"   TRAINER_CAP=360   (not among the default checks: CHECKS="... trainer")
+#   LIGHTNING_ARGS="--trials 8"   LIGHTNING_CAP=360   (not among the default checks: CHECKS="... lightning")
 #   GPT2_MFU_ARGS="--config ... --profile ..."   GPT2_MFU_CAP=300   (see bench/gpu_mfu.py)
 #   GPT2_ARGS="--trials 8"   GPT2_CAP=400
 #   QUALITY_ARGS="--runs 2"   QUALITY_CAP=420
@@ -345,19 +348,23 @@ run_check tiny_gpt "$tiny_cap" "$OUTDIR/tiny_gpt.log" \
 [ -f "$WORK/tiny_gpt/best_config.json" ] && { echo; echo "=== best_config.json ==="; cat "$WORK/tiny_gpt/best_config.json"; } >> "$OUTDIR/tiny_gpt.log"
 fi
 
-# --- a Trainer script as the user runs it, its --timeout what is left, then its independent check -------
-wanted trainer || exit 0
-trainer_budget=$(left)
-trainer_cap=${TRAINER_CAP:-360}
-[ "$trainer_budget" -lt "$trainer_cap" ] && trainer_cap=$trainer_budget
-trainer_timeout=$((trainer_cap * 6 / 10 > 10 ? trainer_cap * 6 / 10 : 10))
-# shellcheck disable=SC2086
-run_check trainer "$trainer_cap" "$OUTDIR/trainer.log" \
-  "$PY" -m autotune run examples/hf_trainer.py ${TRAINER_ARGS:---trials 8} --timeout "$trainer_timeout" --out "$WORK/trainer"
-[ $? = 125 ] || note "  (the command: autotune run examples/hf_trainer.py ${TRAINER_ARGS:---trials 8} --timeout $trainer_timeout)"
-if [ -f "$WORK/trainer/best_config.json" ]; then
-  { echo; echo "=== best_config.json ==="; cat "$WORK/trainer/best_config.json"; } >> "$OUTDIR/trainer.log"
-  left_s=$(left)
-  [ "$left_s" -gt 30 ] && { echo; echo "=== bench/script_speedup.py ==="; timeout "$left_s" "$PY" bench/script_speedup.py "$WORK/trainer" --pairs 3 --seconds 4; } >> "$OUTDIR/trainer.log" 2>&1
-fi
+# --- scripts as the user runs them (a Trainer script, a Lightning one), each its --timeout what is left,
+# --- then its independent check
+script_check() {  # NAME EXAMPLE ARGS CAP
+  local name=$1 example=$2 args=$3 cap=$4 budget timeout_s left_s
+  budget=$(left)
+  [ "$budget" -lt "$cap" ] && cap=$budget
+  timeout_s=$((cap * 6 / 10 > 10 ? cap * 6 / 10 : 10))
+  # shellcheck disable=SC2086
+  run_check "$name" "$cap" "$OUTDIR/$name.log" \
+    "$PY" -m autotune run "$example" $args --timeout "$timeout_s" --out "$WORK/$name"
+  [ $? = 125 ] || note "  (the command: autotune run $example $args --timeout $timeout_s)"
+  if [ -f "$WORK/$name/best_config.json" ]; then
+    { echo; echo "=== best_config.json ==="; cat "$WORK/$name/best_config.json"; } >> "$OUTDIR/$name.log"
+    left_s=$(left)
+    [ "$left_s" -gt 30 ] && { echo; echo "=== bench/script_speedup.py ==="; timeout "$left_s" "$PY" bench/script_speedup.py "$WORK/$name" --pairs 3 --seconds 4; } >> "$OUTDIR/$name.log" 2>&1
+  fi
+}
+wanted trainer && script_check trainer examples/hf_trainer.py "${TRAINER_ARGS:---trials 8}" "${TRAINER_CAP:-360}"
+wanted lightning && script_check lightning examples/lightning_datamodule.py "${LIGHTNING_ARGS:---trials 8}" "${LIGHTNING_CAP:-360}"
 exit 0

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import optuna
 import psutil
+import pytest
 
 from autotune.config import TrialConfig
 from autotune.document.run import CandidateDocument, RunDocument
 from autotune.emit import outputs as emit
-from autotune.task import Task
+from autotune.errors import ContractError
+from autotune.task import Task, load_task
 from autotune.trials import launch
 
 from recorded_run import load_doc
@@ -247,3 +249,20 @@ def interrupt_after(proc: subprocess.Popen, line_start: str, signum: int) -> tup
             break
     out, err = proc.communicate(timeout=120)
     return "".join(seen) + out, err
+
+
+def left_running(script: Path) -> list[str]:
+    """Processes still running the script (the check's, its DataLoader workers)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        with_script = any(str(script) in part for part in (p.info["cmdline"] or []))
+        if with_script and p.pid != os.getpid():
+            out.append(" ".join(p.info["cmdline"]))
+    return out
+
+
+def contract_error(script: Path, args: tuple[str, ...] = (), timeout_s: float = 120) -> str:
+    with pytest.raises(ContractError) as err:
+        load_task(script, script_args=args, timeout_s=timeout_s)
+    assert left_running(script) == []
+    return str(err.value)

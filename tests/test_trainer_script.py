@@ -6,13 +6,11 @@ launch.sh and are those its verified runs ran."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import psutil
 import pytest
 
 from autotune.config import TrialConfig
@@ -21,10 +19,11 @@ from autotune.errors import ContractError
 from autotune.search.task_space import script_space
 from autotune.space import build_space
 from autotune.task import load_task
-from autotune.task.trainer_script import KIND, ScriptFacts, check_trains_once, recognise
+from autotune.task.load import recognise
+from autotune.task.trainer_script import KIND, ScriptFacts, check_trains_once
 
 from doubles import recorded_machine
-from helpers import MODELS
+from helpers import MODELS, contract_error, left_running
 
 SCRIPTS = MODELS / "trainer"
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "hf_trainer.py"
@@ -63,7 +62,7 @@ def test_the_kind_of_file_is_read_from_its_source(tmp_path):
 
 
 def test_arguments_after_the_double_dash_are_refused_for_a_model_file():
-    with pytest.raises(ContractError, match="arguments after `--` go to a Trainer script"):
+    with pytest.raises(ContractError, match="arguments after `--` go to a Trainer or Lightning script"):
         load_task(MODELS / "tiny_cnn.py", script_args=("--output_dir", "o"))
 
 
@@ -123,23 +122,6 @@ def test_the_tuned_arguments_are_said_as_the_script_takes_them(tmp_path):
 
 
 # --- the check, a child process per script
-
-def left_running(script: Path) -> list[str]:
-    """Processes still running the script (the check's, its DataLoader workers)."""
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        with_script = any(str(script) in part for part in (p.info["cmdline"] or []))
-        if with_script and p.pid != os.getpid():
-            out.append(" ".join(p.info["cmdline"]))
-    return out
-
-
-def contract_error(script: Path, args: tuple[str, ...] = (), timeout_s: float = 120) -> str:
-    with pytest.raises(ContractError) as err:
-        load_task(script, script_args=args, timeout_s=timeout_s)
-    assert left_running(script) == []
-    return str(err.value)
-
 
 @pytest.mark.slow
 def test_the_check_reads_a_script_with_arguments_in_code_and_one_that_parses_them():

@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        epilog="After --: the arguments your Trainer script runs with, as `python FILE ARGS` "
                               "takes them (autotune run train.py -- --output_dir out).")
     p.add_argument("model_file", metavar="FILE",
-                   help="your model file (see the README's contract), or your Hugging Face Trainer script")
+                   help="your model file (see the README's contract), or your Hugging Face Trainer or Lightning script")
     p.set_defaults(script_args=[])  # what follows `--` (cli.main): the Trainer script's own arguments
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default autotune-out/<model name>)")

@@ -35,7 +35,7 @@ from autotune.document.utilisation import Utilisation
 from autotune.runtime.json_value import JsonValue
 from autotune.runtime.step_profile import StepProfile
 from autotune.schemas import typed
-from autotune.schemas.typed import Omitted, Record
+from autotune.schemas.typed import Omitted, OmittedEmpty, Record
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,18 +81,28 @@ class SpaceSummary(Record):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ScriptRecord(Record):
-    """A run of a Trainer script: its kind, the arguments it was tuned with, whether it parses
-    its TrainingArguments from them, and the TrainingArguments fields that differ for the
-    emitted configuration (``flags``: the same, as its command line takes them)."""
+    """A run of a script the user runs: its kind ("hf_trainer", "lightning"), the arguments it
+    was tuned with, whether it parses its TrainingArguments from them, what differs for the
+    emitted configuration (``arguments``: TrainingArguments fields; for Lightning, its Trainer's
+    and DataLoader's keyword arguments, its batch size and compile), ``flags``: the same as its
+    command line takes them, and ``lines``: the same as the changes to make in the script."""
 
     kind: str
     argv: tuple[str, ...] = ()
     parsed: bool = False
     arguments: Mapping[str, JsonValue] = dataclasses.field(default_factory=dict)
     flags: tuple[str, ...] = ()
+    lines: OmittedEmpty[tuple[str, ...]] = ()
+
+    @property
+    def stack(self) -> str:
+        """What the user's script is, for the messages."""
+        return "Trainer and DataLoader arguments" if self.kind == "lightning" else "TrainingArguments"
 
     def said(self) -> str:
         """The tuned arguments as the script takes them: flags, or keyword arguments."""
+        if self.lines:
+            return "; ".join(self.lines)
         if self.parsed:
             return " ".join(self.flags)
         return ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())

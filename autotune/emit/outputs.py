@@ -25,7 +25,9 @@ from autotune.probes import Machine
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import ConfigDict, Device, ScriptSettings
 from autotune.task import Task
-from autotune.task.trainer_script import KIND, ScriptFacts
+from autotune.task.lightning_script import KIND as LIGHTNING
+from autotune.task.lightning_script import LightningFacts
+from autotune.task.trainer_script import ScriptFacts
 from autotune.trials import launch
 
 # 2: the memory knobs (activation_checkpointing, grad_accum, sharding) in a configuration.
@@ -122,10 +124,11 @@ def render_launcher(
     return "\n".join(lines) + "\n"
 
 
-def launch_line(cfg: TrialConfig, script: ScriptFacts | None = None) -> str:
+def launch_line(cfg: TrialConfig, script: ScriptFacts | LightningFacts | None = None) -> str:
     """How the tuned configuration runs, in words, for best_config.json's "launch"."""
     if script is not None:
-        return f"python {script_outputs.SCRIPT_NAME}: your script with the tuned TrainingArguments"
+        what = "Trainer and DataLoader arguments" if script.kind == LIGHTNING else "TrainingArguments"
+        return f"python {script_outputs.SCRIPT_NAME}: your script with the tuned {what}"
     if cfg.nprocs == 1:
         return f"python {SCRIPT_NAME}"
     return f"python {SCRIPT_NAME} as {cfg.nprocs} ranks, started by the script over loopback"
@@ -135,7 +138,7 @@ def _write_files(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict
                  description: str, tuned_for: JsonObject | None = None,
                  baseline: TrialConfig | None = None,
                  default_threads: int | None = None, blocks: tuple[str, ...] = (),
-                 script: ScriptFacts | None = None) -> dict[str, str]:
+                 script: ScriptFacts | LightningFacts | None = None) -> dict[str, str]:
     """The script (see write_script) and launch.sh, and given the run's ``baseline`` the
     stack files (see stacks.write_stack_files, hf_trainer.write_hf_arguments); returns the outputs by name, relative to
     ``out_dir``, best_config.json included (the caller writes it). For a Trainer ``script``:
@@ -171,7 +174,7 @@ def _model_paths(model_file: Path, out_dir: Path) -> tuple[str, str]:
 def write_outputs(
     out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
     document: RunDocument, description: str, default_threads: int | None = None,
-    blocks: tuple[str, ...] = (), script: ScriptFacts | None = None,
+    blocks: tuple[str, ...] = (), script: ScriptFacts | LightningFacts | None = None,
 ) -> RunDocument:
     """Write a run's result: best_config.json, launch.sh, the script (see write_script) and
     the stack files (threads left to PyTorch named as ``default_threads``, see
@@ -189,8 +192,9 @@ def write_outputs(
     record = None
     if script is not None:
         arguments = script.overrides(cfg)
-        record = ScriptRecord(kind=KIND, argv=script.argv, parsed=script.parsed, arguments=arguments,
-                              flags=tuple(script.flags(arguments)))
+        record = ScriptRecord(kind=script.kind, argv=script.argv, parsed=script.parsed, arguments=arguments,
+                              flags=tuple(script.flags(arguments)),
+                              lines=tuple(script.said(arguments)) if script.kind == LIGHTNING else ())
     written = dataclasses.replace(document, schema=SCHEMA, model_file=relative, model_file_tuned=tuned,
                                   launch=f"./{LAUNCHER_NAME}  # runs: {launch_line(cfg, script)}", outputs=outputs,
                                   script=record)
@@ -199,7 +203,7 @@ def write_outputs(
 
 
 def write_candidate(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
-                    description: str, script: ScriptFacts | None = None) -> CandidateDocument:
+                    description: str, script: ScriptFacts | LightningFacts | None = None) -> CandidateDocument:
     """Write the script and launch.sh of a configuration for a verification to run, and the
     best_config.json that names it (no stack files: no user runs it); returns that document."""
     outputs = _write_files(out_dir, cfg=cfg, model_file=model_file, env=env, description=description,

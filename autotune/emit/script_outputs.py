@@ -1,8 +1,9 @@
-"""What a run of a Trainer script leaves in place of train_tuned.py: ``run_tuned.py`` (a short
-constant script, ``autotune/templates/run_tuned.py``) with ``run_tuned.json`` (the tuned
-arguments, as data) and ``tuned_runtime/hf_script.py`` (the hooks the trials ran the script
-with, copied unchanged), and ``tuned_arguments.md``: the arguments that differ from the
-user's, in the form their script takes them."""
+"""What a run of a script the user runs leaves in place of train_tuned.py: ``run_tuned.py`` (a
+short constant script: ``autotune/templates/run_tuned.py`` for a Trainer script,
+``run_tuned_lightning.py`` for a Lightning one) with ``run_tuned.json`` (the tuned arguments,
+as data) and ``tuned_runtime/`` (the hooks the trials ran the script with, copied unchanged),
+and ``tuned_arguments.md``: the arguments that differ from the user's, in the form their
+script takes them."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,8 @@ from pathlib import Path
 from autotune.config import TrialConfig
 from autotune.outdir import write_atomically
 from autotune.runtime.json_value import JsonObject
+from autotune.task.lightning_script import KIND as LIGHTNING
+from autotune.task.lightning_script import LightningFacts
 from autotune.task.trainer_script import ScriptFacts
 
 SCRIPT_NAME = "run_tuned.py"
@@ -21,11 +24,13 @@ ARGUMENTS_NAME = "tuned_arguments.md"
 RUNTIME_NAME = "tuned_runtime"
 
 PACKAGE = Path(__file__).resolve().parent.parent
-TEMPLATE = PACKAGE / "templates" / SCRIPT_NAME
-HOOKS = PACKAGE / "runtime" / "hf_script.py"
+TEMPLATES = {"hf_trainer": PACKAGE / "templates" / SCRIPT_NAME,
+             LIGHTNING: PACKAGE / "templates" / "run_tuned_lightning.py"}
+HOOKS = {"hf_trainer": PACKAGE / "runtime" / "hf_script.py", LIGHTNING: PACKAGE / "runtime" / "lightning_script.py"}
+Facts = ScriptFacts | LightningFacts
 
 
-def settings(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, out_dir: Path, description: str) -> JsonObject:
+def settings(cfg: TrialConfig, facts: Facts, *, script: Path, out_dir: Path, description: str) -> JsonObject:
     """run_tuned.json: the script (relative to the folder, and where it was when tuned), the
     arguments it was tuned with, the TrainingArguments fields that differ for ``cfg``, and
     those as flags for a script that parses them."""
@@ -33,15 +38,21 @@ def settings(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, out_dir: Pat
     return {"description": description,
             "script": os.path.relpath(script.absolute(), out_dir.absolute()), "script_tuned": str(script.absolute()),
             "argv": list(facts.argv), "parsed": facts.parsed, "overrides": overrides,
-            "flags": facts.flags(overrides), "tuned_argv": facts.argv_with(overrides)}
+            "flags": facts.flags(overrides), "tuned_argv": facts.argv_with(overrides),
+            "kind": facts.kind, "source_module": facts.source_module}
 
 
-def arguments_text(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, env: dict[str, str]) -> str:
+def arguments_text(cfg: TrialConfig, facts: Facts, *, script: Path, env: dict[str, str]) -> str:
     """tuned_arguments.md: what to change in the user's own command or code."""
     overrides = facts.overrides(cfg)
     name = script.name
     lines = [f"# The tuned arguments for {name}", ""]
-    if not overrides:
+    if isinstance(facts, LightningFacts):
+        if not overrides:
+            lines.append("None: your Trainer and DataLoader arguments are already the fastest verified ones.")
+        else:
+            lines += ["Change these in your script:", ""] + [f"- {line}" for line in facts.said(overrides)]
+    elif not overrides:
         lines.append("None: your TrainingArguments are already the fastest verified ones.")
     elif facts.parsed:
         command = shlex.join(["python", name, *facts.argv_with(overrides)])
@@ -58,16 +69,17 @@ def arguments_text(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, env: d
     return "\n".join(lines) + "\n"
 
 
-def write_run_tuned(out_dir: Path, *, cfg: TrialConfig, facts: ScriptFacts, script: Path, env: dict[str, str],
+def write_run_tuned(out_dir: Path, *, cfg: TrialConfig, facts: Facts, script: Path, env: dict[str, str],
                     description: str) -> dict[str, str]:
     """run_tuned.py and what it runs, and tuned_arguments.md, in ``out_dir``; returns the
     outputs by name."""
     runtime = out_dir / RUNTIME_NAME
     runtime.mkdir(parents=True, exist_ok=True)
     write_atomically(runtime / "__init__.py", b"")
-    write_atomically(runtime / HOOKS.name, HOOKS.read_bytes())
+    hooks = HOOKS[facts.kind]
+    write_atomically(runtime / hooks.name, hooks.read_bytes())
     data = settings(cfg, facts, script=script, out_dir=out_dir, description=description)
     write_atomically(out_dir / SETTINGS_NAME, json.dumps(data, indent=2) + "\n")
-    write_atomically(out_dir / SCRIPT_NAME, TEMPLATE.read_bytes())
+    write_atomically(out_dir / SCRIPT_NAME, TEMPLATES[facts.kind].read_bytes())
     write_atomically(out_dir / ARGUMENTS_NAME, arguments_text(cfg, facts, script=script, env=env))
     return {"script": SCRIPT_NAME, "arguments": ARGUMENTS_NAME}

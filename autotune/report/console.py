@@ -236,9 +236,13 @@ class Reporter:
         self.out.print(f"wrote {', '.join(str(resolve(doc, folder, k)) for k in keys)}", markup=False)
         if doc.script is not None:  # the answer in the script's own terms
             if not doc.script.arguments:
-                self.out.print("your script's TrainingArguments are already the fastest verified ones", markup=False)
+                self.out.print(f"your script's {doc.script.stack} are already the fastest verified ones",
+                               markup=False)
             elif doc.script.parsed:
                 self.out.print(f"add to your script's command line: {shlex.join(doc.script.flags)}", markup=False)
+            elif doc.script.kind == "lightning":
+                for line in doc.script.lines:
+                    self.out.print(f"change in your script: {line}", markup=False)
             else:
                 self.out.print(f"set in your script's TrainingArguments(...): {doc.script.said()}", markup=False)
         self.out.print(f"train with: {resolve(doc, folder, 'launcher')}  # {(doc.launch or '').partition('# ')[2]}",

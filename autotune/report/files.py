@@ -105,7 +105,7 @@ def _facts(doc: RunDocument) -> Table:
                                     f"the baseline {duration(doc.plan.baseline.predicted_s)}"])
     if doc.launch:
         rows.append(["train with", doc.launch])
-    rows += [["your script's tuned TrainingArguments", doc.script.said() or "yours, unchanged"]] if doc.script else []
+    rows += [[f"your script's tuned {doc.script.stack}", doc.script.said() or "yours, unchanged"]] if doc.script else []
     return Table("Result", ["", "value"], rows)
 
 

@@ -24,8 +24,6 @@ import dataclasses
 import os
 import runpy
 import sys
-import threading
-import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -57,15 +55,6 @@ def offline_env(env: Mapping[str, str]) -> dict[str, str]:
     the script's integrations quiet."""
     return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
             "WANDB_MODE": "disabled", "HF_HUB_DISABLE_TELEMETRY": "1"}
-
-
-class ScriptEnded(Exception):
-    """The script returned, or exited (``code``: its exit status), without the training
-    autotune waited for."""
-
-    def __init__(self, message: str, code: object = None) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclasses.dataclass
@@ -178,109 +167,6 @@ def synchronize(trainer: Any) -> None:
     device = trainer.args.device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class Stepper:
-    """The user's training, step by step, on command: the script runs in a thread of its own
-    and its Trainer stops at the end of every optimizer step until ``run_steps`` asks for more
-    (``make_callback`` is what stops it). What the caller does between steps (time them,
-    evaluate) happens while the Trainer waits."""
-
-    def __init__(self, script: str, argv: Sequence[str], overrides: Mapping[str, Any]) -> None:
-        self.script = os.path.abspath(script)
-        self.losses: list[float] = []
-        self._cond = threading.Condition()
-        self._quota = 0
-        self._started = False
-        self._ended: BaseException | None = None
-        self.loader: Any = None
-        self.built = install(self.script, overrides, self._callbacks)
-        self._thread = threading.Thread(target=self._run, args=(list(argv),), daemon=True,
-                                        name="user-script")
-
-    def _callbacks(self, trainer: Any) -> Sequence[Any]:
-        if self.built.trainers > 1:
-            return ()
-        keep_step_losses(trainer, self.losses)
-        return (make_callback(self),)
-
-    def _run(self, argv: list[str]) -> None:
-        try:
-            run_script(self.script, argv)
-            error: BaseException = ScriptEnded(self._ended_message())
-        except SystemExit as exc:
-            error = ScriptEnded(f"{self._ended_message()} (it exited with {exc.code!r})", exc.code)
-        except BaseException as exc:
-            error = exc
-        with self._cond:
-            self._ended = error
-            self._cond.notify_all()
-
-    def _ended_message(self) -> str:
-        name = os.path.basename(self.script)
-        if not self._started:
-            return f"{name} ended without calling Trainer.train()"
-        return f"{name}'s Trainer.train() returned before autotune had measured it"
-
-    # --- the Trainer's side (its thread)
-    def begin(self, loader: Any) -> None:
-        with self._cond:
-            self.loader, self._started = loader, True
-            self._cond.notify_all()
-            self._cond.wait_for(lambda: self._quota > 0)
-
-    def step_ended(self, trainer: Any) -> None:
-        close_step(trainer)
-        synchronize(trainer)
-        with self._cond:
-            self._quota -= 1
-            self._cond.notify_all()
-            self._cond.wait_for(lambda: self._quota > 0)
-
-    # --- the caller's side
-    def start(self, timeout_s: float | None = None) -> None:
-        """Run the script up to its Trainer's first step; raises what the script raised."""
-        self._thread.start()
-        with self._cond:
-            self._cond.wait_for(lambda: self._started or self._ended is not None, timeout=timeout_s)
-            if not self._started:
-                self._raise()
-
-    def _raise(self) -> None:
-        error = self._ended or ScriptEnded(self._ended_message())
-        raise error
-
-    def run_steps(self, n: int) -> tuple[float, list[float]]:
-        """``n`` optimizer steps of the user's Trainer, then a device synchronize; returns
-        (wall seconds, their losses)."""
-        first = len(self.losses)
-        with self._cond:
-            start = time.perf_counter()
-            self._quota = n
-            self._cond.notify_all()
-            self._cond.wait_for(lambda: self._quota == 0 or self._ended is not None)
-            elapsed = time.perf_counter() - start
-            if self._quota:
-                self._raise()
-        return elapsed, self.losses[first:]
-
-    @property
-    def trainer(self) -> Any:
-        return self.built.trainer
-
-
-def make_callback(stepper: Stepper) -> Any:
-    """The TrainerCallback that hands each step's end to ``stepper``."""
-    from transformers import TrainerCallback
-
-    class StepByStep(TrainerCallback):
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            stepper.begin(kwargs.get("train_dataloader"))
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            stepper.step_ended(stepper.trainer)
-
-    return StepByStep()
 
 
 def trainer_facts(trainer: Any) -> dict[str, Any]:

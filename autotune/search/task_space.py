@@ -9,7 +9,10 @@ from autotune.probes import Machine
 from autotune.sections import SearchOptions
 from autotune.space import Space, build_space
 from autotune.task import Task
-from autotune.task.trainer_script import NOT_EXPRESSIBLE, ScriptFacts
+from autotune.task.lightning_script import LightningFacts
+from autotune.task.trainer_script import ScriptFacts
+
+WHO = {"hf_trainer": "Trainer script", "lightning": "Lightning script"}
 
 
 def build_task_space(task: Task, machine: Machine, search: SearchOptions) -> Space:
@@ -25,13 +28,14 @@ def build_task_space(task: Task, machine: Machine, search: SearchOptions) -> Spa
     return space if task.script is None else script_space(space, task.script)
 
 
-def script_space(space: Space, script: ScriptFacts) -> Space:
-    """``space`` as a Trainer script can be told it: the knobs its TrainingArguments and its
-    process take, the baseline as the script sets them (its workers, precision, compile), and
-    each knob it cannot take named with the reason."""
+def script_space(space: Space, script: ScriptFacts | LightningFacts) -> Space:
+    """``space`` as a script the user runs can be told it: the knobs its arguments (a Trainer
+    script's TrainingArguments; a Lightning script's Trainer, DataLoader and batch attribute)
+    and its process take, the baseline as the script sets them (its batch, workers, precision,
+    compile), and each knob it cannot take named with the reason."""
     choices = dict(space.choices)
     excluded = dict(space.excluded)
-    for knob, why in NOT_EXPRESSIBLE.items():
+    for knob, why in script.skipped().items():
         if knob in choices or any(k.split("=")[0] == knob for k in excluded):
             choices.pop(knob, None)
             excluded = {k: v for k, v in excluded.items() if k.split("=")[0] != knob}
@@ -39,14 +43,10 @@ def script_space(space: Space, script: ScriptFacts) -> Space:
     several = [lay for lay in choices["layout"] if Layout.parse(lay).nprocs > 1]
     if several:
         choices["layout"] = [lay for lay in choices["layout"] if Layout.parse(lay).nprocs == 1]
-        excluded["layout=" + ",".join(several)] = ("a Trainer script: several ranks (torchrun with the Trainer's "
-                                                   "DDP) are not searched yet; threads are")
-    optim = script.user_values.get("optim")
-    if optim != "adamw_torch":
-        choices.pop("optimizer_step", None)
-        excluded["optimizer_step"] = f"the script's optim is {optim!r}: only adamw_torch has a fused step to switch to"
+        excluded["layout=" + ",".join(several)] = (f"a {WHO[script.kind]}: several ranks (torchrun with the "
+                                                   "Trainer's DDP) are not searched yet; threads are")
     baseline = script.baseline(space.baseline)
-    for knob in ("num_workers", "precision", "compile", "prefetch_factor", "batch_size"):
+    for knob in ("num_workers", "precision", "compile", "prefetch_factor", "batch_size", "grad_accum"):
         value = getattr(baseline, knob)
         if knob in choices and value not in choices[knob]:
             choices[knob] = [value, *choices[knob]]  # the script's own value is always a point

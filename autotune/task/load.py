@@ -12,6 +12,7 @@ here, named, and not at the end of the first epoch of a GPU run.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import time
@@ -19,10 +20,12 @@ from pathlib import Path
 
 from autotune.errors import ContractError
 from autotune.runtime.knobs import DEFAULT_OPTIMIZER
+from autotune.task import lightning_script, trainer_script
 from autotune.task.check_result import CheckResult
 from autotune.task.child import run_check
+from autotune.task.lightning_script import LightningFacts
 from autotune.task.trainer_script import KIND as TRAINER_SCRIPT
-from autotune.task.trainer_script import ScriptFacts, check_script, recognise
+from autotune.task.trainer_script import ScriptFacts, check_script
 from autotune.trials.proctree import with_package_on_path
 
 CHECK_TIMEOUT_S = 300
@@ -57,14 +60,14 @@ class Task:
     # and does nothing for a model without them (True where not known).
     convolutions: bool = True
     check_s: float = 0.0  # how long the check took: import, build_dataset, build_model, a step
-    # A Hugging Face Trainer script rather than a model file: what its check saw (its
-    # arguments, its TrainingArguments as written); path is the script.
-    script: ScriptFacts | None = None
+    # A script the user runs (a Hugging Face Trainer script, a Lightning script) rather than a
+    # model file: what its check saw (its arguments, its Trainer's as written); path is the script.
+    script: ScriptFacts | LightningFacts | None = None
 
     @property
     def kind(self) -> str:
-        """Which way in: "model_file", or a Trainer script's kind."""
-        return TRAINER_SCRIPT if self.script is not None else "model_file"
+        """Which way in: "model_file", or the script's kind."""
+        return self.script.kind if self.script is not None else "model_file"
 
 
 def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_S,
@@ -81,9 +84,15 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
                     parameters=facts.parameters, has_training_step=True, check_s=check_s, script=facts,
                     optimizer=DEFAULT_OPTIMIZER if facts.user_values.get("optim") == "adamw_torch"
                     else f"the Trainer's optim={facts.user_values.get('optim')}")
+    if kind == lightning_script.KIND:
+        found, check_s = lightning_script.check_script(path, script_args, timeout_s=timeout_s)
+        return Task(path=path.resolve(), batch_size=found.per_device * found.accumulation,
+                    dataset_len=found.dataset_len, image_inputs=False, has_evaluate=found.has_eval,
+                    parameters=found.parameters, has_training_step=True, check_s=check_s, script=found,
+                    optimizer="the LightningModule's configure_optimizers()")
     if script_args:
-        raise ContractError(f"{path}: arguments after `--` go to a Trainer script, and this is a model file: "
-                            "drop them (a model file takes its settings in code).")
+        raise ContractError(f"{path}: arguments after `--` go to a Trainer or Lightning script, and this is a "
+                            "model file: drop them (a model file takes its settings in code).")
     started = time.monotonic()
     result = _run_check(path, timeout_s, device)
     if result.checked is None:
@@ -97,9 +106,37 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
                 check_s=time.monotonic() - started)
 
 
+def recognise(path: Path, source: str) -> str | None:
+    """The kind of file ``source`` is: a model file (it defines ``build_model``, or other names
+    of the contract), a Trainer script (it imports transformers and calls a ``.train()``), a
+    Lightning script (it imports lightning or pytorch_lightning and calls a ``.fit()``), or
+    None."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    names |= {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    if "build_model" in names:
+        return "model_file"
+    imports_transformers = any(
+        (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "transformers" for a in n.names))
+        or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "transformers")
+        for n in ast.walk(tree))
+    if lightning_script.imports(tree) and lightning_script.fit_calls(tree):
+        return lightning_script.KIND
+    if imports_transformers and trainer_script.train_calls(tree):
+        return TRAINER_SCRIPT
+    if names & trainer_script.MODEL_FILE_NAMES:
+        return "model_file"
+    return None
+
+
 def _check_source(path: Path) -> str:
     """What can be checked without running the file: it exists, reads and compiles, and
-    which way in it is (``trainer_script.recognise``)."""
+    which way in it is (``recognise``)."""
     if not path.exists():
         raise ContractError(f"{path}: no such file. Give the path of your model file (a .py file).")
     if not path.is_file():
@@ -120,7 +157,8 @@ def _check_source(path: Path) -> str:
         raise ContractError(
             f"{path}: not a file autotune takes. It takes a model file (one that defines build_model() and "
             "build_dataset(); `autotune init` writes one to fill in) or a Hugging Face Trainer script (one "
-            "that imports transformers, builds a Trainer and calls trainer.train()).")
+            "that imports transformers, builds a Trainer and calls trainer.train()) or a Lightning script (one that "
+            "imports lightning, builds a Trainer and calls trainer.fit()).")
     return kind
 
 

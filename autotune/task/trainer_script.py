@@ -64,6 +64,29 @@ class ScriptFacts(Record):
     parameters: int = 0
     dataset_len: int | None = None
 
+    kind = KIND
+    source_module = "transformers"
+
+    def describe(self) -> str:
+        return (f"a Hugging Face Trainer script ({self.model_class}, TrainingArguments "
+                f"{'from its command line' if self.parsed else 'in code'}"
+                f"{', with an eval_dataset' if self.has_eval else ''}): trials run it with its TrainingArguments "
+                "overridden, measured inside its Trainer")
+
+    def skipped(self) -> dict[str, str]:
+        """The knobs this script cannot take, with the reason."""
+        out = dict(NOT_EXPRESSIBLE)
+        optim = self.user_values.get("optim")
+        if optim != "adamw_torch":
+            out["optimizer_step"] = f"the script's optim is {optim!r}: only adamw_torch has a fused step to switch to"
+        return out
+
+    def said(self, overrides: JsonObject) -> list[str]:
+        """``overrides`` as the script takes them: flags, or keyword arguments."""
+        if self.parsed:
+            return [" ".join(self.flags(overrides))] if overrides else []
+        return [", ".join(f"{k}={v!r}" for k, v in overrides.items())] if overrides else []
+
     def number(self, key: str, default: int) -> int:
         value = self.user_values.get(key)
         return int(value) if isinstance(value, (int, float)) and value else default
@@ -159,31 +182,6 @@ MODEL_FILE_NAMES = {"build_model", "build_dataset", "build_optimizer", "loss_fn"
                     "collate_fn", "evaluate", "batch_size"}
 
 
-def recognise(path: Path, source: str) -> str | None:
-    """The kind of file ``source`` is: a model file (it defines ``build_model``, or other names
-    of the contract), a Trainer script (it imports transformers and calls a ``.train()``), or
-    None."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-    names |= {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
-    names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
-    if "build_model" in names:
-        return "model_file"
-    imports_transformers = any(
-        (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "transformers" for a in n.names))
-        or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "transformers")
-        for n in ast.walk(tree))
-    if imports_transformers and train_calls(tree):
-        return KIND
-    if names & MODEL_FILE_NAMES:
-        return "model_file"
-    return None
-
-
 def train_calls(tree: ast.AST) -> list[ast.Call]:
     """The ``X.train(...)`` calls of the source whose receiver is not a model (``model.train()``
     switches a module to training mode)."""
@@ -245,7 +243,7 @@ def _offline_failure(exc: BaseException) -> bool:
 def _explain(shown: str, path: str, exc: BaseException) -> str:
     if isinstance(exc, ContractError):
         return str(exc)
-    from autotune.runtime.hf_script import ScriptEnded
+    from autotune.runtime.stepper import ScriptEnded
 
     parser_error = _parser_refusal(exc)
     if parser_error is not None:
@@ -269,7 +267,7 @@ def _explain(shown: str, path: str, exc: BaseException) -> str:
 def _parser_refusal(exc: BaseException) -> str | None:
     """What HfArgumentParser (argparse) said when it refused the command line: it prints
     its message and exits with 2."""
-    from autotune.runtime.hf_script import ScriptEnded
+    from autotune.runtime.stepper import ScriptEnded
 
     if isinstance(exc, ScriptEnded) and exc.code == 2:
         return "see its message above"
@@ -280,10 +278,11 @@ def _parser_refusal(exc: BaseException) -> str | None:
 
 def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[ScriptFacts, float]:
     from autotune.runtime import hf_script
+    from autotune.runtime.stepper import HfStepper
 
     shown = os.path.relpath(path)
     source = Path(path).read_text()
-    stepper = hf_script.Stepper(path, argv, {**hf_script.QUIET, "output_dir": out_dir,
+    stepper = HfStepper(path, argv, {**hf_script.QUIET, "output_dir": out_dir,
                                             "max_steps": hf_script.ENDLESS_STEPS})
     try:
         stepper.start()

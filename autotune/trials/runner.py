@@ -148,8 +148,13 @@ class TrialRunnerLike(Protocol):
 
 
 class ScriptFactsLike(Protocol):
-    """What the runner needs of a Trainer script (``task.trainer_script.ScriptFacts``)."""
+    """What the runner needs of a script the user runs (``task.trainer_script.ScriptFacts``,
+    ``task.lightning_script.LightningFacts``)."""
 
+    @property
+    def kind(self) -> str: ...
+    @property
+    def source_module(self) -> str: ...
     @property
     def argv(self) -> tuple[str, ...]: ...
     @property
@@ -218,8 +223,9 @@ class TrialRunner:
         overrides = dict(self.script.overrides(cfg))
         if seed:
             overrides["seed"] = int(str(self.script.user_values.get("seed") or 0)) + seed
-        return ScriptRun(argv=tuple(self.script.argv), overrides=overrides,
-                         metric=self.script.metric, greater_is_better=self.script.greater_is_better)
+        return ScriptRun(argv=tuple(self.script.argv), overrides=overrides, metric=self.script.metric,
+                         greater_is_better=self.script.greater_is_better, kind=self.script.kind,
+                         source_module=self.script.source_module)
 
     def close(self) -> None:
         """End the idle warm processes."""
@@ -316,7 +322,8 @@ class TrialRunner:
         result.env = env_vars
         if self.script is not None and mode.mode is Mode.PROFILE:
             # its step runs inside the user's Trainer: nothing of it can be profiled apart
-            result.failure, result.message = Failure.ERROR, "a Trainer script's step is not profiled"
+            result.failure = Failure.ERROR
+            result.message = "a script's step runs inside its own Trainer and is not profiled"
             return LiveTrial.failed_to_start(result)
         warm = self._warm_process(key) if key is not None else None
         if warm is not None:

@@ -269,7 +269,7 @@ def run_script_spec(spec: TrialSpec, events: Events) -> None:
     started = time.perf_counter()
     mode = spec.mode.mode
     if mode is Mode.PROFILE:
-        raise ValueError("a Trainer script's trial is not profiled (its step runs inside the user's Trainer)")
+        raise ValueError("a script's trial is not profiled (its step runs inside the user's Trainer)")
     out_dir = os.path.join(os.path.dirname(spec.events), "script-output")
     session = ScriptSession(spec.model_file, spec.knobs, spec.script, out_dir=out_dir)
     events.emit(SetupEvent(seconds=time.perf_counter() - started, process_s=time.perf_counter() - started,

@@ -1,0 +1,267 @@
+"""The user's own training, step by step, on command: their script runs in a thread of its
+own and its Trainer stops at the end of every optimizer step until ``run_steps`` asks for
+more. What the caller does between steps (time them, evaluate) happens while the Trainer
+waits. ``HfStepper`` holds a Hugging Face Trainer (``runtime.hf_script``), ``LightningStepper``
+a Lightning one (``runtime.lightning_script``); the check and the trials use them, the emitted
+``run_tuned.py`` does not (it runs the script straight through)."""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+
+class ScriptEnded(Exception):
+    """The script returned, or exited (``code``: its exit status), without the training
+    autotune waited for."""
+
+    def __init__(self, message: str, code: object = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Stepper:
+    """The thread and the hand-over between it and the caller; a subclass installs the
+    framework's hooks (which call ``begin`` and ``step_ended``)."""
+
+    train_call = "train()"  # what the script calls to train, for the messages
+
+    def __init__(self, script: str, argv: Sequence[str], run_script: Callable[[str, Sequence[str]], None]) -> None:
+        self.script = os.path.abspath(script)
+        self.losses: list[float] = []
+        self.loader: Any = None
+        self._cond = threading.Condition()
+        self._quota = 0
+        self._started = False
+        self._ended: BaseException | None = None
+        self._call: Callable[[], Any] | None = None
+        self._answer: tuple[bool, Any] | None = None
+        self._run_script = run_script
+        self._thread = threading.Thread(target=self._run, args=(list(argv),), daemon=True, name="user-script")
+
+    def _run(self, argv: list[str]) -> None:
+        try:
+            self._run_script(self.script, argv)
+            error: BaseException = ScriptEnded(self._ended_message())
+        except SystemExit as exc:
+            error = ScriptEnded(f"{self._ended_message()} (it exited with {exc.code!r})", exc.code)
+        except BaseException as exc:
+            error = exc
+        with self._cond:
+            self._ended = error
+            self._cond.notify_all()
+
+    def _ended_message(self) -> str:
+        name = os.path.basename(self.script)
+        if not self._started:
+            return f"{name} ended without calling {self.train_call}"
+        return f"{name}'s {self.train_call} returned before autotune had measured it"
+
+    # --- the Trainer's side (its thread)
+    def begin(self, loader: Any) -> None:
+        with self._cond:
+            self.loader, self._started = loader, True
+            self._cond.notify_all()
+            self._wait_for_steps()
+
+    def step_ended(self, loss: float) -> None:
+        self.losses.append(loss)
+        with self._cond:
+            self._quota -= 1
+            self._cond.notify_all()
+            self._wait_for_steps()
+
+    def _wait_for_steps(self) -> None:
+        """Wait (holding the condition) for steps to run, doing what the caller asks to be done
+        in this thread meanwhile (``in_script``)."""
+        while True:
+            self._cond.wait_for(lambda: self._quota > 0 or self._call is not None)
+            if self._call is None:
+                return
+            call, self._call = self._call, None
+            try:
+                self._answer = (True, call())
+            except BaseException as exc:
+                self._answer = (False, exc)
+            self._cond.notify_all()
+
+    # --- the caller's side
+    def start(self, timeout_s: float | None = None) -> None:
+        """Run the script up to its Trainer's first step; raises what the script raised."""
+        self._thread.start()
+        with self._cond:
+            self._cond.wait_for(lambda: self._started or self._ended is not None, timeout=timeout_s)
+            if not self._started:
+                self._raise()
+
+    def _raise(self) -> None:
+        raise self._ended or ScriptEnded(self._ended_message())
+
+    def run_steps(self, n: int) -> tuple[float, list[float]]:
+        """``n`` optimizer steps of the user's Trainer, then a device synchronize; returns
+        (wall seconds, their losses)."""
+        first = len(self.losses)
+        with self._cond:
+            start = time.perf_counter()
+            self._quota = n
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._quota == 0 or self._ended is not None)
+            elapsed = time.perf_counter() - start
+            if self._quota:
+                self._raise()
+        return elapsed, self.losses[first:]
+
+    def in_script(self, call: Callable[[], Any]) -> Any:
+        """``call()`` run in the script's thread while its Trainer waits between steps (where
+        the framework expects its own loops to run); its result, or what it raised."""
+        with self._cond:
+            self._answer, self._call = None, call
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._answer is not None or self._ended is not None)
+            answer = self._answer
+            if answer is None:
+                self._raise()
+                raise AssertionError("unreachable")
+            done, value = answer
+        if not done:
+            raise value
+        return value
+
+    # --- what a session reads of it (the subclasses)
+    @property
+    def trainer(self) -> Any:
+        raise NotImplementedError
+
+    @property
+    def model(self) -> Any:
+        raise NotImplementedError
+
+    def global_batch(self) -> int:
+        raise NotImplementedError
+
+    def evaluate(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    def facts(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class HfStepper(Stepper):
+    """A Hugging Face Trainer held at each ``on_step_end`` (a ``TrainerCallback``)."""
+
+    def __init__(self, script: str, argv: Sequence[str], overrides: Mapping[str, Any]) -> None:
+        from . import hf_script
+
+        super().__init__(script, argv, hf_script.run_script)
+        self.built = hf_script.install(self.script, overrides, self._callbacks)
+
+    def _callbacks(self, trainer: Any) -> Sequence[Any]:
+        from transformers import TrainerCallback
+
+        from . import hf_script
+
+        if self.built.trainers > 1:
+            return ()
+        hf_script.keep_step_losses(trainer, [])
+        stepper = self
+
+        class StepByStep(TrainerCallback):
+            def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                stepper.begin(kwargs.get("train_dataloader"))
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                loss = hf_script.close_step(trainer)
+                hf_script.synchronize(trainer)
+                stepper.step_ended(loss)
+
+        return (StepByStep(),)
+
+    @property
+    def trainer(self) -> Any:
+        return self.built.trainer
+
+    @property
+    def model(self) -> Any:
+        return self.trainer.model
+
+    def global_batch(self) -> int:
+        args = self.trainer.args
+        return int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps) * int(args.world_size)
+
+    def evaluate(self) -> dict[str, float]:
+        # the Trainer's evaluation loop runs beside its paused training loop: it keeps no state of its own there
+        return {k: float(v) for k, v in self.trainer.evaluate().items() if isinstance(v, (int, float))}
+
+    def facts(self) -> dict[str, Any]:
+        from .hf_script import trainer_facts
+
+        return trainer_facts(self.trainer)
+
+
+class LightningStepper(Stepper):
+    """A Lightning Trainer held at each optimizer step's ``on_train_batch_end`` (a ``Callback``)."""
+
+    train_call = "Trainer.fit()"
+
+    def __init__(self, script: str, argv: Sequence[str], overrides: Mapping[str, Any], *,
+                 source_module: str, out_dir: str) -> None:
+        from . import lightning_script
+
+        super().__init__(script, argv, lightning_script.run_script)
+        self.pl = lightning_script.package(source_module)
+        self.built = lightning_script.install(self.script, overrides, self._callbacks, source_module=source_module,
+                                              quiet=True, out_dir=out_dir)
+
+    def _callbacks(self, trainer: Any) -> Sequence[Any]:
+        from . import lightning_script
+
+        stepper = self
+        pending: list[Any] = []
+
+        class StepByStep(self.pl.Callback):  # type: ignore[name-defined]
+            last = 0
+
+            def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+                self.last = trainer.global_step
+                stepper.begin(trainer.train_dataloader)
+
+            def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                                   batch_idx: int) -> None:
+                loss = lightning_script.step_loss(outputs)
+                if loss is not None:
+                    pending.append(loss)
+                if trainer.global_step == self.last:
+                    return  # accumulating: the optimizer has not stepped yet
+                self.last = trainer.global_step
+                value = sum(float(v) for v in pending) / len(pending) if pending else math.nan
+                pending.clear()
+                lightning_script.synchronize(trainer)
+                stepper.step_ended(value)
+
+        return (StepByStep(),)
+
+    @property
+    def trainer(self) -> Any:
+        return self.built.trainer
+
+    @property
+    def model(self) -> Any:
+        return self.trainer.lightning_module
+
+    def global_batch(self) -> int:
+        from .lightning_script import global_batch
+
+        return global_batch(self.trainer)
+
+    def evaluate(self) -> dict[str, float]:
+        from .lightning_script import validate_now
+
+        return self.in_script(lambda: validate_now(self.trainer))
+
+    def facts(self) -> dict[str, Any]:
+        from .lightning_script import trainer_facts
+
+        return trainer_facts(self.trainer)

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Run your Lightning script with the Trainer and DataLoader arguments autotune verified on
+this machine (run_tuned.json, beside this file, says which).
+
+Needs lightning and your script, not autotune: ``tuned_runtime/lightning_script.py`` beside it
+is the code the trials ran your script with, copied unchanged. It sets the tuned Trainer
+arguments as if written in your ``Trainer(...)``, makes your training DataLoader again with
+the tuned workers, pinning and prefetch, sets the batch size where Lightning's batch-size
+finder would (your ``batch_size`` attribute), and compiles your LightningModule where tuned.
+
+    python run_tuned.py                     # your script's training, tuned
+    python run_tuned.py --as-written        # your script as it is (the baseline)
+    python run_tuned.py -- ARGS             # your script with other arguments, tuned
+    python run_tuned.py --max-steps 200 --report report.json   # a timed run, saving nothing
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from tuned_runtime import lightning_script  # noqa: E402  (beside this file)
+
+SETTINGS = "run_tuned.json"
+WARM_STEPS = 3  # steps before the clock starts: the first carries compilation and lazy setup
+
+
+def _script(settings: dict, given: str | None) -> str:
+    """Your script: --script or SCRIPT=..., else where it lies relative to this folder, else
+    where it was when tuned."""
+    given = given or os.environ.get("SCRIPT")
+    if given:
+        return os.path.abspath(given)
+    relative = os.path.normpath(os.path.join(HERE, settings["script"]))
+    return relative if os.path.exists(relative) else settings["script_tuned"]
+
+
+def _measure(pl, report: str, steps: int, start_after: str | None):
+    """A Callback that times the optimizer steps after the first WARM_STEPS and writes what
+    autotune reads of a run (its samples per second, losses, the arguments the Trainer and its
+    DataLoader ran with) to ``report``."""
+    losses: list[float] = []
+    pending: list[float] = []
+
+    class Measure(pl.Callback):
+        start = None
+        first = 0
+
+        def on_train_start(self, trainer, pl_module):
+            self.facts = lightning_script.trainer_facts(trainer)
+            if start_after:
+                while not os.path.exists(start_after):
+                    time.sleep(0.02)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            loss = lightning_script.step_loss(outputs)
+            if loss is not None:
+                pending.append(float(loss))
+            if len(losses) == trainer.global_step:
+                return  # accumulating: the optimizer has not stepped yet
+            losses.append(sum(pending) / len(pending) if pending else float("nan"))
+            pending.clear()
+            if trainer.global_step == min(WARM_STEPS, steps - 1):
+                lightning_script.synchronize(trainer)
+                self.start, self.first = time.perf_counter(), trainer.global_step
+
+        def on_train_end(self, trainer, pl_module):
+            lightning_script.synchronize(trainer)
+            timed = trainer.global_step - self.first if self.start is not None else 0
+            elapsed = time.perf_counter() - self.start if self.start is not None else 0.0
+            batch = lightning_script.global_batch(trainer)
+            rate = timed * batch / elapsed if timed > 0 and elapsed > 0 else None
+            if rate:
+                print(f"{rate:.1f} samples/s over {timed} steps", flush=True)
+            with open(report, "w") as f:
+                json.dump({"steps": trainer.global_step, "first_step": 1, "timed_steps": timed,
+                           "samples_per_s": rate, "losses": losses, "facts": self.facts}, f)
+
+    return Measure()
+
+
+def main(argv: list[str]) -> int:
+    with open(os.path.join(HERE, SETTINGS)) as f:
+        settings = json.load(f)
+    parser = argparse.ArgumentParser(description=settings.get("description"))
+    parser.add_argument("--script", default=None, help="your script (default: the one autotune tuned; or SCRIPT=...)")
+    parser.add_argument("--as-written", action="store_true", help="run the script without the tuned arguments")
+    parser.add_argument("--max-steps", type=int, default=None, help="train this many steps (a timed run)")
+    parser.add_argument("--report", default=None, help="write the timed run's samples per second here (JSON)")
+    parser.add_argument("--start-after", default=None, metavar="FILE",
+                        help="set up, then wait until FILE exists before the first step")
+    # what autotune's timed runs pass to every launcher: a timed run saves and evaluates nothing
+    parser.add_argument("--no-checkpoint", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-evaluate", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--log-every", type=int, default=None, help=argparse.SUPPRESS)
+    ours, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
+    args = parser.parse_args(ours)
+    script = _script(settings, args.script)
+    overrides = {} if args.as_written else json.loads(json.dumps(settings.get("overrides", {})))
+    timed = args.report is not None or args.max_steps is not None
+    pl = lightning_script.package(settings.get("source_module", "lightning"))
+    with tempfile.TemporaryDirectory(prefix="run-tuned-") as tmp:
+        if args.max_steps is not None:
+            overrides.setdefault("trainer", {})["max_steps"] = args.max_steps
+        steps = args.max_steps or lightning_script.ENDLESS
+        callbacks = (lambda trainer: [_measure(pl, args.report, steps, args.start_after)]) if args.report else (
+            lambda trainer: [])
+        # a timed run logs, saves and validates nothing, in a folder that goes
+        lightning_script.install(script, overrides, callbacks, source_module=settings.get("source_module", "lightning"),
+                                 quiet=timed, out_dir=tmp)
+        for key, value in settings.get("env_notes", {}).items():
+            print(f"run_tuned.py: {key}: {value}", file=sys.stderr)
+        lightning_script.run_script(script, rest if rest is not None else list(settings.get("argv", [])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
