@@ -6,11 +6,14 @@ time-out its whole tree is ended."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from autotune.errors import ContractError
 from autotune.runtime.json_value import JsonObject
@@ -41,3 +44,55 @@ def run_check(module: str, args: Sequence[str], *, env: Mapping[str, str], timeo
             tail = "\n".join(text.strip().splitlines()[-6:])
             raise ContractError(f"{abrupt} (exit code {proc.returncode}).\n{tail}")
         return json.loads(out.read_text()), text
+
+
+# --- a script's check (a Trainer script, a Lightning script): its child's side and the tuner's
+
+def script_child_main(check: Callable[[str, list[str], str], tuple[Any, float]], argv: list[str]) -> None:
+    """The child's whole life: ``check(path, argv, out_dir)`` (facts with ``to_json``, and a
+    step's seconds) run on the script, its answer (``{"script": ..., "step_s": ...}``, or
+    ``{"error": ...}`` for a ContractError) written to OUT, everything the script started
+    ended, then out at once: the script's thread waits inside its Trainer, nothing to tear down."""
+    path, out, *script_argv = argv
+    proctree.become_subreaper()
+    proctree.die_with_parent()
+    result: JsonObject
+    try:
+        with tempfile.TemporaryDirectory(prefix="autotune-check-out-") as tmp:
+            try:
+                facts, step_s = check(path, script_argv, tmp)
+                result = {"script": facts.to_json(), "step_s": step_s}
+            except ContractError as exc:
+                result = {"error": str(exc)}
+            Path(out).write_text(json.dumps(result))
+    finally:
+        from autotune.task.check import _end_descendants
+
+        _end_descendants()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def check_script_in_child(module: str, path: Path, argv: Sequence[str], *, timeout_s: float, calls: str,
+                          explain: Callable[[str, str], str] = lambda message, log: message,
+                          ) -> tuple[JsonObject, float]:
+    """Run ``python -m module SCRIPT OUT ARGS`` (``script_child_main``) on the script ``path``;
+    the facts it wrote (JSON) and how long it took, or ContractError (its message through
+    ``explain(message, log)``). ``calls``: what the script calls to train, for the message
+    when it is late."""
+    from autotune.runtime.hf_script import offline_env
+
+    started = time.monotonic()
+    data, log = run_check(
+        module, [str(path.resolve()), *argv], env=offline_env(proctree.with_package_on_path(os.environ)),
+        timeout_s=timeout_s,
+        late=(f"{path}: the script did not reach its Trainer's first steps within {timeout_s:.0f} s "
+              "(importing it, building the model and data, two training steps). Make sure running it "
+              f"reaches {calls} quickly."),
+        abrupt=f"{path}: the process checking the script ended abruptly")
+    if "error" in data:
+        raise ContractError(explain(str(data["error"]), log))
+    script = data["script"]
+    assert isinstance(script, dict)
+    return script, time.monotonic() - started

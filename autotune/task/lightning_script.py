@@ -11,22 +11,17 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
 import os
 import sys
-import tempfile
-import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from autotune.config import TrialConfig
 from autotune.errors import ContractError
-from autotune.runtime.hf_script import offline_env
 from autotune.runtime.json_value import JsonObject, JsonValue
 from autotune.runtime.knobs import CompileMode, Device, Precision
 from autotune.schemas.typed import Record
-from autotune.trials import proctree
 from autotune.user_file import _user_frames
 
 KIND = "lightning"
@@ -40,6 +35,8 @@ NOT_EXPRESSIBLE = {
     "ipex": "a Lightning script: IPEX ended with intel-extension-for-pytorch 2.8",
     "activation_checkpointing": "a Lightning script: its LightningModule would checkpoint its own blocks",
     "sharding": "a Lightning script: FSDP through the Trainer's strategy is not searched yet",
+    "ddp_bucket_view": "a Lightning script: DDPStrategy's options are not searched yet",
+    "ddp_static_graph": "a Lightning script: DDPStrategy's options are not searched yet",
     "optimizer_step": "a Lightning script: configure_optimizers() builds its own optimizer",
 }
 # The user's Trainer precision as a configuration's; others ("bf16-true", "64-true", ...) are kept.
@@ -77,6 +74,13 @@ class LightningFacts(Record):
 
     kind = KIND
     parsed = False  # its arguments are in code, said as keyword arguments
+
+    # Lightning's DDP seeds every rank again at its setup (after the model is built), so the
+    # ranks' shuffle is not the one process's: the numerics check, which compares a step's
+    # losses with one process's from the same seed and data order, could not pass them.
+    no_ranks = ("a Lightning script: several ranks (Trainer(devices=N, strategy=\"ddp\") under torchrun) are not "
+                "searched yet: its DDP seeds each rank again at setup, so their data order is not one process's "
+                "and the numerics check cannot compare them; threads are searched")
 
     @property
     def args_line(self) -> int | None:
@@ -164,6 +168,9 @@ class LightningFacts(Record):
             trainer["accumulate_grad_batches"] = cfg.grad_accum
         if cfg.device == Device.CUDA and cfg.cudnn_benchmark != base.cudnn_benchmark:
             trainer["benchmark"] = cfg.cudnn_benchmark
+        if self.trainer_values.get("devices") not in (None, 1, "1"):
+            # one process, as measured: Lightning's own launcher would start the others without the tuning
+            trainer["devices"] = 1
         loader: JsonObject = {}
         if self.a_loader:
             want: dict[str, JsonValue] = {"num_workers": cfg.num_workers,
@@ -337,50 +344,18 @@ def _metric(built: object, stepper: object) -> tuple[str, bool]:
     return name, not any(word in name.lower() for word in ("loss", "error", "perplexity", "mse", "mae"))
 
 
-def _main(argv: list[str]) -> int:
-    path, out, *script_argv = argv
-    proctree.become_subreaper()
-    proctree.die_with_parent()
-    result: JsonObject
-    try:
-        with tempfile.TemporaryDirectory(prefix="autotune-check-out-") as tmp:
-            try:
-                facts, step_s = _check(path, script_argv, tmp)
-                result = {"script": facts.to_json(), "step_s": step_s}
-            except ContractError as exc:
-                result = {"error": str(exc)}
-            Path(out).write_text(json.dumps(result))
-    finally:
-        from autotune.task.check import _end_descendants
-
-        _end_descendants()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # the script's thread waits inside its fit: nothing to tear down
-
-
 def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[LightningFacts, float]:
     """Run the check of the Lightning script ``path`` with ``argv``; its facts and how long it
     took, or ContractError."""
-    from autotune.task.child import run_check
-    from autotune.trials.proctree import with_package_on_path
+    from autotune.task.child import check_script_in_child
 
-    started = time.monotonic()
-    data, _ = run_check(
-        "autotune.task.lightning_script", [str(path.resolve()), *argv],
-        env=offline_env(with_package_on_path(os.environ)), timeout_s=timeout_s,
-        late=(f"{path}: the script did not reach its Trainer's first steps within {timeout_s:.0f} s "
-              "(importing it, building the model and data, two training steps). Make sure running it "
-              "reaches trainer.fit() quickly."),
-        abrupt=f"{path}: the process checking the script ended abruptly")
-    if "error" in data:
-        raise ContractError(str(data["error"]))
-    script = data["script"]
-    assert isinstance(script, dict)
-    return LightningFacts.from_json(script), time.monotonic() - started
+    data, seconds = check_script_in_child("autotune.task.lightning_script", path, argv, timeout_s=timeout_s,
+                                          calls="trainer.fit()")
+    return LightningFacts.from_json(data), seconds
 
 
 if __name__ == "__main__":
     from autotune.task import lightning_script
+    from autotune.task.child import script_child_main
 
-    lightning_script._main(sys.argv[1:])
+    script_child_main(lightning_script._check, sys.argv[1:])

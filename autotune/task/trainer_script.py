@@ -12,22 +12,17 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
 import os
 import sys
-import tempfile
-import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from autotune.config import TrialConfig
 from autotune.errors import ContractError
-from autotune.runtime.hf_script import offline_env
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import CompileMode, Device, OptimizerStep, Precision
 from autotune.schemas.typed import Record
-from autotune.trials import proctree
 from autotune.user_file import _user_frames
 
 KIND = "hf_trainer"
@@ -66,6 +61,8 @@ class ScriptFacts(Record):
 
     kind = KIND
     source_module = "transformers"
+    no_ranks = ("a Trainer script: several ranks (torchrun with the Trainer's DDP) are not searched yet; "
+                "threads are")
 
     def describe(self) -> str:
         return (f"a Hugging Face Trainer script ({self.model_class}, TrainingArguments "
@@ -318,55 +315,26 @@ def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[ScriptFacts, f
     ), step_s
 
 
-def _main(argv: list[str]) -> int:
-    path, out, *script_argv = argv
-    proctree.become_subreaper()
-    proctree.die_with_parent()
-    result: JsonObject
-    try:
-        with tempfile.TemporaryDirectory(prefix="autotune-check-out-") as tmp:
-            try:
-                facts, step_s = _check(path, script_argv, tmp)
-                result = {"script": facts.to_json(), "step_s": step_s}
-            except ContractError as exc:
-                result = {"error": str(exc)}
-            Path(out).write_text(json.dumps(result))
-    finally:
-        from autotune.task.check import _end_descendants
-
-        _end_descendants()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # the script's thread waits inside its Trainer: nothing to tear down
+def _explain_parser(message: str, log: str) -> str:
+    if "its message above" in message:  # argparse printed it, then exited
+        said = [line for line in log.splitlines() if "error:" in line]
+        message = message.replace("see its message above", said[-1].strip() if said else "see --help")
+    return message
 
 
 def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[ScriptFacts, float]:
     """Run the check of the Trainer script ``path`` with ``argv``; its facts and how long it
     took, or ContractError."""
-    from autotune.task.child import run_check
-    from autotune.trials.proctree import with_package_on_path
+    from autotune.task.child import check_script_in_child
 
-    started = time.monotonic()
-    data, log = run_check(
-        "autotune.task.trainer_script", [str(path.resolve()), *argv],
-        env=offline_env(with_package_on_path(os.environ)), timeout_s=timeout_s,
-        late=(f"{path}: the script did not reach its Trainer's first steps within {timeout_s:.0f} s "
-              "(importing it, building the model and data, two training steps). Make sure running it "
-              "reaches trainer.train() quickly."),
-        abrupt=f"{path}: the process checking the script ended abruptly")
-    if "error" in data:
-        message = str(data["error"])
-        if "its message above" in message:  # argparse printed it, then exited
-            said = [line for line in log.splitlines() if "error:" in line]
-            message = message.replace("see its message above", said[-1].strip() if said else "see --help")
-        raise ContractError(message)
-    script = data["script"]
-    assert isinstance(script, dict)
-    return ScriptFacts.from_json(script), time.monotonic() - started
+    data, seconds = check_script_in_child("autotune.task.trainer_script", path, argv, timeout_s=timeout_s,
+                                          calls="trainer.train()", explain=_explain_parser)
+    return ScriptFacts.from_json(data), seconds
 
 
 if __name__ == "__main__":
     # through the module's own name: its types are the ones the tuner reads back
     from autotune.task import trainer_script
+    from autotune.task.child import script_child_main
 
-    trainer_script._main(sys.argv[1:])
+    script_child_main(trainer_script._check, sys.argv[1:])
