@@ -64,6 +64,8 @@ def test_the_baseline_overrides_nothing_and_each_knob_its_own_argument():
         "loader": {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4}}
     assert script.overrides(base.replace(compile="default")) == {"compile": "default"}
     assert script.overrides(base.replace(batch_size=32, grad_accum=2)) == {"trainer": {"accumulate_grad_batches": 2}}
+    # a script written for several devices runs as the one process autotune measured
+    assert facts(trainer_values={"devices": 4}).overrides(base) == {"trainer": {"devices": 1}}
     # a script written with bf16-mixed has it as its baseline; an fp32 candidate turns it off
     written = facts(trainer_values={"precision": "bf16-mixed"})
     assert written.baseline(TrialConfig()).precision == "bf16"
@@ -81,6 +83,7 @@ def test_the_space_names_what_a_lightning_script_cannot_take():
     space = script_space(build_space(machine, baseline_batch=16), facts())
     assert "batch_size" in space.choices and "configure_optimizers" in space.excluded["optimizer_step"]
     assert all(layout.startswith("1x") for layout in space.choices["layout"])
+    assert any(k.startswith("layout=") and "seeds each rank again" in v for k, v in space.excluded.items())
     # no batch_size attribute: the batch is kept, and the reason says what to add
     nowhere = script_space(build_space(machine, baseline_batch=16), facts(batch_holder=None))
     assert "batch_size" not in nowhere.choices and "add one (self.batch_size = 32" in nowhere.excluded["batch_size"]
@@ -191,13 +194,13 @@ SLOW_ARGS = ("--seconds-per-sample", "0.001")
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory) -> SimpleNamespace:
-    """``autotune run datamodule.py -- ARGS``: a DataModule script whose DataLoader workers are
-    clearly faster (sleeps set its speeds), three trials, short windows; the knobs that only
-    lengthen the verification are fixed."""
+    """``autotune run datamodule.py -- ARGS``: a DataModule script whose two DataLoader workers
+    are clearly faster (sleeps set its speeds; one worker only matches the main process), three
+    trials of threads, short windows; the knobs that only lengthen the verification are fixed."""
     out = tmp_path_factory.mktemp("lightning") / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "autotune", "run", str(SCRIPTS / "datamodule.py"), "--out", str(out), "--trials", "3",
-         "--fix", "compile=off", "--fix", "precision=fp32", "--fix", "affinity=none", "--fix", "allocator=default",
+         "--fix", "num_workers=2", "--fix", "compile=off", "--fix", "precision=fp32", "--fix", "affinity=none", "--fix", "allocator=default",
          "--fix", "batch_size=16", "--window", "0.3", "--windows", "2", "--rounds", "2", "--pairs", "2",
          "--pair-seconds", "0.5", "--no-profile", "--", *SLOW_ARGS],
         capture_output=True, text=True, timeout=900)

@@ -107,6 +107,7 @@ def loader_values(loader: Any) -> dict[str, Any]:
     from torch.utils.data import RandomSampler
 
     values = {k: plain(getattr(loader, k, None)) for k in LOADER_FIELDS}
+    values["batch_size"] = batch_size(loader)
     values["shuffle"] = isinstance(getattr(loader, "sampler", None), RandomSampler)
     return values
 
@@ -137,6 +138,11 @@ def remake(loader: Any, settings: Mapping[str, Any]) -> Any:
         kwargs.pop("prefetch_factor", None)
         kwargs["persistent_workers"] = False
     return DataLoader(loader.dataset, **kwargs)
+
+
+def batch_size(loader: Any) -> int | None:
+    """The loader's batch, whether it batches itself or through a batch sampler that says it."""
+    return getattr(loader, "batch_size", None) or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
 
 
 def _batch_holders(module: Any, datamodule: Any) -> list[str]:
@@ -185,6 +191,9 @@ def install(script: str, overrides: Mapping[str, Any], callbacks: Callable[[Any]
             kwargs.update(QUIET)
             kwargs["default_root_dir"] = out_dir or kwargs.get("default_root_dir")
             own = [c for c in own if not any(d in type(c).__name__ for d in QUIET_DROPS)]
+            # one process, as measured: Lightning's own launcher would start the others as the bare
+            # script, without these hooks
+            kwargs["devices"] = 1
         kwargs.update(trainer_overrides)  # after QUIET: a timed run's max_steps
         kwargs["callbacks"] = own
         init(self, *args, **kwargs)
@@ -309,8 +318,7 @@ def validate_now(trainer: Any) -> dict[str, float]:
 
 def global_batch(trainer: Any) -> int:
     """Samples an optimizer step trains on: the loader's batch × accumulation × ranks."""
-    loader = trainer.train_dataloader
-    batch = getattr(loader, "batch_size", None) or 1
+    batch = batch_size(trainer.train_dataloader) or 1
     return int(batch) * int(trainer.accumulate_grad_batches) * int(trainer.world_size)
 
 

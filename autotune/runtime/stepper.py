@@ -27,7 +27,7 @@ class Stepper:
     """The thread and the hand-over between it and the caller; a subclass installs the
     framework's hooks (which call ``begin`` and ``step_ended``)."""
 
-    train_call = "train()"  # what the script calls to train, for the messages
+    train_call = "Trainer.train()"  # what the script calls to train, for the messages
 
     def __init__(self, script: str, argv: Sequence[str], run_script: Callable[[str, Sequence[str]], None]) -> None:
         self.script = os.path.abspath(script)

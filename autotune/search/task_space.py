@@ -12,8 +12,6 @@ from autotune.task import Task
 from autotune.task.lightning_script import LightningFacts
 from autotune.task.trainer_script import ScriptFacts
 
-WHO = {"hf_trainer": "Trainer script", "lightning": "Lightning script"}
-
 
 def build_task_space(task: Task, machine: Machine, search: SearchOptions) -> Space:
     """``task``'s space on ``machine``: its knobs as the model file allows them (its batch, its
@@ -41,10 +39,9 @@ def script_space(space: Space, script: ScriptFacts | LightningFacts) -> Space:
             excluded = {k: v for k, v in excluded.items() if k.split("=")[0] != knob}
             excluded[knob] = why
     several = [lay for lay in choices["layout"] if Layout.parse(lay).nprocs > 1]
-    if several:
+    if several and script.no_ranks:
         choices["layout"] = [lay for lay in choices["layout"] if Layout.parse(lay).nprocs == 1]
-        excluded["layout=" + ",".join(several)] = (f"a {WHO[script.kind]}: several ranks (torchrun with the "
-                                                   "Trainer's DDP) are not searched yet; threads are")
+        excluded["layout=" + ",".join(several)] = script.no_ranks
     baseline = script.baseline(space.baseline)
     for knob in ("num_workers", "precision", "compile", "prefetch_factor", "batch_size", "grad_accum"):
         value = getattr(baseline, knob)
