@@ -127,6 +127,16 @@ def test_an_iterable_of_its_own_is_taken_without_its_dataloader_knobs():
 
 
 @pytest.mark.slow
+def test_a_trainer_written_for_several_devices_is_checked_as_one_process():
+    """Lightning's own launcher would start the other processes as the bare script: the check
+    would wait on ranks that never join it."""
+    task = load_task(SCRIPTS / "two_devices.py", timeout_s=120)
+    assert isinstance(task.script, LightningFacts) and task.script.trainer_values["devices"] == 2
+    assert task.script.overrides(task.script.baseline(TrialConfig())) == {"trainer": {"devices": 1}}
+    assert left_running(SCRIPTS / "two_devices.py") == []
+
+
+@pytest.mark.slow
 def test_a_script_that_never_fits_is_ended_and_named():
     msg = contract_error(SCRIPTS / "never_fits.py", timeout_s=20)
     assert "never_fits.py: the script did not reach its Trainer's first steps within 20 s" in msg

@@ -194,7 +194,7 @@ def write_outputs(
         arguments = script.overrides(cfg)
         record = ScriptRecord(kind=script.kind, argv=script.argv, parsed=script.parsed, arguments=arguments,
                               flags=tuple(script.flags(arguments)),
-                              lines=tuple(script.said(arguments)) if script.kind == LIGHTNING else ())
+                              lines=tuple(script.said(arguments)))
     written = dataclasses.replace(document, schema=SCHEMA, model_file=relative, model_file_tuned=tuned,
                                   launch=f"./{LAUNCHER_NAME}  # runs: {launch_line(cfg, script)}", outputs=outputs,
                                   script=record)

@@ -39,7 +39,6 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-KIND = "lightning"
 # The Trainer keyword arguments autotune reads from the user's Trainer (their baseline) and may set.
 TRAINER_FIELDS = ("precision", "accumulate_grad_batches", "benchmark", "accelerator", "devices", "strategy",
                   "num_nodes", "deterministic", "max_epochs", "max_steps", "limit_train_batches", "gradient_clip_val")
@@ -89,7 +88,6 @@ class Built:
     batch_holder: str | None = None  # e.g. "datamodule.batch_size"; None: nowhere to set it
     seed: int | None = None
     trainer: Any = None
-    module: Any = None
     trainers: int = 0
     has_val: bool = False
 
@@ -212,7 +210,6 @@ def install(script: str, overrides: Mapping[str, Any], callbacks: Callable[[Any]
         if train is not None and hasattr(train, "train_dataloader"):  # a DataModule passed first
             datamodule, train = train, None
             a["datamodule"], a["train_dataloaders"] = datamodule, None
-        built.module = model
         built.has_val = a.get("val_dataloaders") is not None or any(
             _overrides_hook(obj, "val_dataloader") for obj in (datamodule, model) if obj is not None)
         holders = _batch_holders(model, datamodule)

@@ -131,9 +131,11 @@ class Stepper:
         return value
 
     # --- what a session reads of it (the subclasses)
+    built: Any  # the framework's record of what the script built (its ``trainer`` among it)
+
     @property
     def trainer(self) -> Any:
-        raise NotImplementedError
+        return self.built.trainer
 
     @property
     def model(self) -> Any:
@@ -178,10 +180,6 @@ class HfStepper(Stepper):
                 stepper.step_ended(loss)
 
         return (StepByStep(),)
-
-    @property
-    def trainer(self) -> Any:
-        return self.built.trainer
 
     @property
     def model(self) -> Any:
@@ -242,10 +240,6 @@ class LightningStepper(Stepper):
                 stepper.step_ended(value)
 
         return (StepByStep(),)
-
-    @property
-    def trainer(self) -> Any:
-        return self.built.trainer
 
     @property
     def model(self) -> Any:
