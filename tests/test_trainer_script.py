@@ -178,7 +178,7 @@ def test_arguments_its_parser_refuses_are_named():
 
 # --- one real run of a parsed script, shared by the tests below
 
-SLOW_ARGS = (*PARSED_ARGS, "--seconds_per_sample", "0.0005", "--logging_steps", "1000")
+SLOW_ARGS = (*PARSED_ARGS, "--seconds_per_sample", "0.001", "--logging_steps", "1000")
 
 
 @pytest.fixture(scope="module")
