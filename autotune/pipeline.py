@@ -32,7 +32,7 @@ from autotune.search.stage import Searched, run_search
 from autotune.search.task_space import build_task_space
 from autotune.sections import Sections, sections
 from autotune.task import Task, load_task
-from autotune.trials import launch, measure_lock, proctree
+from autotune.trials import forkserver, launch, measure_lock, proctree
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify.reserve import leave_for_verification
 from autotune.verify.stage import run_verification
@@ -65,6 +65,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             # before creating anything: bad input loses nothing; the model where trials put it
             task = load_task(model_file, device=Device.CPU if options.fixed.get("device") == Device.CPU else None,
                              script_args=script_args)
+            forkserver.shared().close()  # the check's warm interpreter: the trials have their own
             if task.script is not None:
                 reporter.info(f"{model_file}: {task.script.describe()}")
             parts = sections(options, task=task)  # --epochs of a data set without a length: refused here
@@ -76,7 +77,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             # else the workers of a shared study on this machine take turns per trial
             machine = probe_machine()
             runner = make_runner(task, machine, out, parts.measure)
-            stack.callback(runner.close)
+            stack.callback(runner.shutdown)
             workbench = Workbench(task=task, machine=machine, runner=runner, out=out, reporter=reporter)
             return run(workbench, parts, started_at=started)
     finally:

@@ -74,7 +74,7 @@ def run_trial(tmp_path):
             try:
                 result = runner.run(cfg, name="trial")
             finally:
-                runner.close()
+                runner.shutdown()
         left = survivors(str(tmp_path))
         assert not left, f"processes of the trial survived it: {left}"
         return result, watcher.seen
@@ -312,7 +312,7 @@ def test_the_batch_range_stops_as_memory_bound_at_an_allocation_failure(tmp_path
     try:
         found = batch_range.ramp(runner, TrialConfig(threads=1, batch_size=32), most=512, limit=None)
     finally:
-        runner.close()
+        runner.shutdown()
     assert found.stopped == "batch 64 ran out of memory", found
     assert found.memory_bound and found.top == 32, found
 
@@ -414,7 +414,7 @@ def test_a_trial_whose_workers_share_its_data_set_is_not_stopped_as_out_of_memor
     finally:
         stop.set()
         sampler.join()
-        runner.close()
+        runner.shutdown()
     assert result.status == "ok", describe(result)
     assert summed[0] > limit, summed[0] / 2**20  # the premise: summed resident sets pass it
     assert HELD_BYTES / 2**20 < result.peak_tree_mb < limit / 2**20, result.peak_tree_mb

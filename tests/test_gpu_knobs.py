@@ -375,7 +375,7 @@ def cuda_trial(tmp_path, cfg: TrialConfig, model=TINY):
     try:
         result = runner.run(cfg, name="gpu")
     finally:
-        runner.close()
+        runner.shutdown()
     assert result.status == "ok", f"{result.failure}: {result.message}\n{result.log_tail}"
     return result
 

@@ -277,6 +277,6 @@ def test_the_runs_processes_share_torch_compiles_cache_in_the_output_folder(tmp_
     try:
         assert runner.run(TrialConfig(batch_size=16), name="t").status == "ok"
     finally:
-        runner.close()
+        runner.shutdown()
     assert record.read_text() == str(cache)
     assert compile_cache_env({"TORCHINDUCTOR_CACHE_DIR": "/mine"}, folder=cache) == {}

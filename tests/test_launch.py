@@ -135,7 +135,7 @@ def test_a_trial_leaves_no_temporary_folders_even_from_a_long_output_path(tmp_pa
                 TrialConfig(threads=1, batch_size=16, num_workers=1, persistent_workers=True)):
         result = runner.run(cfg, name="verify-quality-candidate-1x2-512-bf16-and-more")
         assert result.status == "ok", f"{result.failure}: {result.message}\n{result.log_tail}"
-    runner.close()  # the warm processes' folders go with them
+    runner.shutdown()  # the warm processes' folders go with them
     assert _tmp_leftovers(own_tmp) == set()
 
 

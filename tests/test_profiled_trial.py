@@ -93,7 +93,7 @@ def test_a_real_trial_profiles_its_step_into_shares_that_add_up(tmp_path):
     try:
         result = runner.run(TrialConfig(threads=1, batch_size=16), name="profiled", profile=True)
     finally:
-        runner.close()
+        runner.shutdown()
     assert result.status == "ok", (result.failure, result.message, result.log_tail)
     profile = result.step_profile
     assert isinstance(profile, StepProfile)

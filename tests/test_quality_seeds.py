@@ -39,7 +39,7 @@ def gated(model: str, batch_size: int, workdir: Path) -> list[tuple[bool, str | 
             verdict = gate(trainings, baseline, cand, settings=Settings())
             verdicts.append((bool(verdict.passed), verdict.reason, len(trainings.runs[work_key(cand), 0].losses)))
     finally:
-        runner.close()
+        runner.shutdown()
     return verdicts
 
 

@@ -28,6 +28,7 @@ from autotune.trials.events import (
     WarmupEvent,
     WindowEvent,
 )
+from autotune.trials.forkserver import ForkedProcess
 from autotune.trials.protocol import PROGRESS_EVENTS, Command, Failure, Status
 from autotune.trials.result import TrialResult
 
@@ -44,12 +45,13 @@ class TrialProcess:
     """A trial's process tree; a warm one (``key`` set) takes its next configuration's
     spec from ``control`` once it has reported the last one."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     tmpdir: str
     key: str | None = None
     control: Path | None = None
     log: IO[bytes] | None = None  # where its output went when it started
     members: dict[int, float] = dataclasses.field(default_factory=dict)
+    marker: tuple[str, str] | None = None  # the variable and value every process it starts inherits
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -62,8 +64,11 @@ class TrialProcess:
     def kill(self) -> None:
         proctree.kill_tree(self.proc.pid)
         self.proc.wait()
-        # Descendants of a root that already exited were re-parented: find them by record.
+        # Descendants of a root that already exited were re-parented: find them by record,
+        # and by the marker in their environment (those started after the last record).
         proctree.kill_known(self.members)
+        if self.marker is not None:
+            proctree.kill_marked(*self.marker)
         if self.log is not None:
             self.log.close()
             self.log = None
@@ -119,7 +124,7 @@ class LiveTrial:
             process.dispatch(spec)
 
     @property
-    def proc(self) -> subprocess.Popen | None:
+    def proc(self) -> subprocess.Popen | ForkedProcess | None:
         return self.process.proc if self.process is not None else None
 
     @classmethod
@@ -354,6 +359,6 @@ class LiveTrial:
         elif result.failure is None:
             result.failure = Failure.CRASH
             code = process.proc.returncode
-            sig = -code if code < 0 else None
+            sig = -code if code is not None and code < 0 else None
             name_ = signal.Signals(sig).name if sig else logs.signal_from_log(result.log_tail)
             result.message = f"killed by {name_}" if name_ else f"exit code {code}"

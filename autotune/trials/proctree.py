@@ -217,6 +217,25 @@ def kill_tree(pid: int) -> None:
         psutil.wait_procs(procs, timeout=2)
 
 
+def kill_marked(variable: str, value: str) -> None:
+    """SIGKILL every process of ours whose environment, as it started, sets ``variable`` to
+    ``value``: what a trial started and then left (a helper in a session of its own, whose
+    parent exited before the tree was last walked) still carries the trial's marker."""
+    marked = []
+    for p in psutil.process_iter(["uids"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get(variable) == value:
+                marked.append(p)
+        except psutil.Error:
+            pass
+    for p in marked:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(marked, timeout=2)
+
+
 def reap_orphans() -> None:
     """End any process left under us (we are their subreaper): nothing outlives a run."""
     for child in psutil.Process().children(recursive=True):

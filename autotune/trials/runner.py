@@ -26,6 +26,7 @@ from autotune.probes import MachineLike, as_machine
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Allocator, CompileMode, Device
 from autotune.trials import launch, logs, measure_lock, proctree
+from autotune.trials.forkserver import ForkedProcess, ForkServerError, ForkServers
 from autotune.trials.live import LiveTrial, TrialProcess
 from autotune.trials.proctree import with_package_on_path
 from autotune.trials.protocol import Failure, Measurement, Mode, Status
@@ -187,6 +188,7 @@ class TrialRunner:
         warm: bool = True,
         compile_cache: str | os.PathLike[str] | None = None,
         script: ScriptFactsLike | None = None,
+        fork: bool = True,
     ) -> None:
         self.model_file = str(Path(model_file).resolve())
         # A Trainer script (model_file is the script): each configuration runs the script
@@ -214,6 +216,11 @@ class TrialRunner:
         self.warm = warm
         self._idle: dict[str, TrialProcess] = {}
         self._finalizer = weakref.finalize(self, _end_all, self._idle)
+        # Fresh processes are forked from a warm interpreter of their environment
+        # (``forkserver``) unless ``fork`` is False.
+        self.forks = ForkServers(folder=self.workdir, python=python) if fork else None
+        self._fork_finalizer = weakref.finalize(self, self.forks.close) if self.forks else None
+        self.fork_notes: list[str] = []  # said once each: why some processes started fresh
 
     def _script_run(self, cfg: TrialConfig, seed: int) -> ScriptRun | None:
         """A Trainer script's run of ``cfg``: its overrides, and a seed of its own where the
@@ -230,6 +237,12 @@ class TrialRunner:
     def close(self) -> None:
         """End the idle warm processes."""
         _end_all(self._idle)
+
+    def shutdown(self) -> None:
+        """End the idle warm processes and the warm interpreters: the run is over."""
+        self.close()
+        if self.forks is not None:
+            self.forks.close()
 
     def park(self, process: TrialProcess) -> None:
         """Keep a warm process that finished a configuration for the next one it can run;
@@ -358,19 +371,39 @@ class TrialRunner:
         log = open(folder / "log.txt", "ab")  # noqa: SIM115
         measure_lock.acquire()
         try:
-            proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, cwd=str(self.cwd), start_new_session=True,
-                preexec_fn=proctree.die_with_parent,
-            )
+            proc: subprocess.Popen | ForkedProcess | None = self._forked(
+                cfg, spec_path, env=env, log=folder / "log.txt", result=result)
+            if proc is None:
+                proc = subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=env, cwd=str(self.cwd), start_new_session=True,
+                    preexec_fn=proctree.die_with_parent,
+                )
         except BaseException:
             measure_lock.release()
             log.close()
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        process = TrialProcess(proc=proc, tmpdir=tmp, key=key, control=control, log=log)
+        process = TrialProcess(proc=proc, tmpdir=tmp, key=key, control=control, log=log,
+                               marker=(TRIAL_DIR_VARIABLE, str(folder)))
         return LiveTrial(self, folder=folder, process=process, result=result, on_window=on_window,
                          serving=serving, locked=True, warm_on_command=serving and cfg.device == Device.CUDA,
                          timeout_s=timeout_s)
 
-
+    def _forked(self, cfg: TrialConfig, spec_path: Path, *, env: Mapping[str, str], log: Path,
+                result: TrialResult) -> ForkedProcess | None:
+        """The trial's worker forked from the warm interpreter of its environment; None where
+        it starts fresh: several ranks (their launcher never imports torch, and each rank
+        starts as its own command line), or a server that could not start or fork (said
+        once, in the trial's warnings)."""
+        if self.forks is None or cfg.nprocs > 1:
+            return None
+        try:
+            return self.forks.spawn("autotune.trials.worker", [str(spec_path)], env=env, cwd=self.cwd, log=log,
+                                    framework=self.script.source_module if self.script is not None else None)
+        except ForkServerError as exc:
+            note = f"trial processes of this environment start fresh: {exc}"
+            if note not in self.fork_notes:
+                self.fork_notes.append(note)
+                result.warnings.append(note)
+            return None
