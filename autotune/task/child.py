@@ -21,16 +21,26 @@ from autotune.trials import proctree
 
 
 def run_check(module: str, args: Sequence[str], *, env: Mapping[str, str], timeout_s: float,
-              late: str, abrupt: str) -> tuple[JsonObject, str]:
+              late: str, abrupt: str, framework: str | None = None) -> tuple[JsonObject, str]:
     """Run ``python -m module OUT *args`` (``args[0]`` is the user's file, OUT its answer's
-    path); returns the JSON it wrote and its log. ContractError ``late`` past ``timeout_s``,
-    ``abrupt`` (with the exit code and the log's last lines) where it wrote nothing."""
+    path), forked from a warm interpreter that imported torch and ``framework``
+    (``forkserver.shared``) where one starts, else fresh; returns the JSON it wrote and its
+    log. ContractError ``late`` past ``timeout_s``, ``abrupt`` (with the exit code and the
+    log's last lines) where it wrote nothing."""
+    from autotune.trials import forkserver
+
     with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
         out, log = Path(tmp) / "result.json", Path(tmp) / "log.txt"
         with open(log, "wb") as log_file:
-            proc = subprocess.Popen([sys.executable, "-m", module, args[0], str(out), *args[1:]],
-                                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                    env=dict(env), start_new_session=True)
+            argv = [args[0], str(out), *args[1:]]
+            proc: subprocess.Popen | forkserver.ForkedProcess
+            try:
+                proc = forkserver.shared().spawn(module, argv, env=env, cwd=Path.cwd(), log=log,
+                                                 framework=framework)
+            except forkserver.ForkServerError:
+                proc = subprocess.Popen([sys.executable, "-m", module, *argv],
+                                        stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                        env=dict(env), start_new_session=True)
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -75,18 +85,18 @@ def script_child_main(check: Callable[[str, list[str], str], tuple[Any, float]],
 
 
 def check_script_in_child(module: str, path: Path, argv: Sequence[str], *, timeout_s: float, calls: str,
-                          explain: Callable[[str, str], str] = lambda message, log: message,
+                          framework: str, explain: Callable[[str, str], str] = lambda message, log: message,
                           ) -> tuple[JsonObject, float]:
     """Run ``python -m module SCRIPT OUT ARGS`` (``script_child_main``) on the script ``path``;
     the facts it wrote (JSON) and how long it took, or ContractError (its message through
     ``explain(message, log)``). ``calls``: what the script calls to train, for the message
-    when it is late."""
+    when it is late; ``framework``: the module it trains with (the warm interpreter imports it)."""
     from autotune.runtime.hf_script import offline_env
 
     started = time.monotonic()
     data, log = run_check(
         module, [str(path.resolve()), *argv], env=offline_env(proctree.with_package_on_path(os.environ)),
-        timeout_s=timeout_s,
+        timeout_s=timeout_s, framework=framework,
         late=(f"{path}: the script did not reach its Trainer's first steps within {timeout_s:.0f} s "
               "(importing it, building the model and data, two training steps). Make sure running it "
               f"reaches {calls} quickly."),

@@ -350,7 +350,7 @@ def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[
     from autotune.task.child import check_script_in_child
 
     data, seconds = check_script_in_child("autotune.task.lightning_script", path, argv, timeout_s=timeout_s,
-                                          calls="trainer.fit()")
+                                          calls="trainer.fit()", framework="lightning")
     return LightningFacts.from_json(data), seconds
 
 

@@ -328,7 +328,8 @@ def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[
     from autotune.task.child import check_script_in_child
 
     data, seconds = check_script_in_child("autotune.task.trainer_script", path, argv, timeout_s=timeout_s,
-                                          calls="trainer.train()", explain=_explain_parser)
+                                          calls="trainer.train()", framework="transformers",
+                                          explain=_explain_parser)
     return ScriptFacts.from_json(data), seconds
 
 
