@@ -18,7 +18,7 @@ from autotune.sections import SearchOptions
 from autotune.space import Space
 from autotune.space import gpu as gpu_space
 
-from doubles import recorded_machine
+from doubles import StandInRunner, recorded_machine
 from helpers import knob_cnn
 
 
@@ -238,3 +238,81 @@ def test_a_step_nothing_dominates_is_not_steered(h100):
 def test_a_leader_outside_the_space_is_not_steered(h100):
     outside = leader(h100).replace(batch_size=24)
     assert steer(profile_of(idle=0.9), outside, space=h100, tried=[]) == []
+
+
+# --- a change that lost is not queued again for the next leader ---------------------------
+
+class CompileLoses(StandInRunner):
+    """On this CPU compile runs at 0.7x; everything profiles as element-wise work
+    (``other``), with ``other_share(cfg)`` of the step."""
+
+    def __init__(self, doc: dict, other_share) -> None:
+        super().__init__(doc, profiles=lambda cfg: profile_of("cpu", other=other_share(cfg)))
+
+    def throughput(self, cfg: TrialConfig) -> float:
+        return super().throughput(cfg) * (0.7 / 1.05 if cfg.compile != "off" else 1.0)
+
+
+def steered_search(task, tmp_path, name: str, other_share):
+    from autotune.search import steering
+    from autotune.search.budget import SearchBudget
+    from autotune.search.course import Course
+    from autotune.search.tuner import Tuner, open_study
+
+    space = space_on(task, "avx2_epyc")
+    runner = CompileLoses(recorded_machine("avx2_epyc"), other_share)
+    study = open_study(storage_path=tmp_path / f"{name}.journal", study_name=name)
+    Tuner(study=study, space=space, runner=runner, course=Course(budget=SearchBudget(trials=24))).run()
+    rounds = steering.rounds_of(study)
+    assert len(rounds) == 2, [r.config for r in rounds]
+    return study, rounds
+
+
+def _categories(r) -> list[str]:
+    return [q["category"] for q in r.queued]
+
+
+def test_a_change_that_lost_for_one_leader_is_not_queued_for_the_next(task, tmp_path):
+    """Compile (element-wise work 60% of the step) lost for the first leader: for the next,
+    whose profile says the same, it is left out with the reason, and the trials go to layouts
+    the search had not measured; the summary says so."""
+    from autotune.search import steering
+
+    study, (first, second) = steered_search(task, tmp_path, "lost", lambda cfg: 0.6)
+    assert set(_categories(first)) == {"other"}, first.queued  # compile and max-autotune
+    assert "other" not in _categories(second), second.queued
+    assert len(second.skipped) == len(first.queued), second.skipped
+    for skipped in second.skipped:
+        assert f"for {first.config} (other 60% of its step, 60% of this one's)" in skipped["why"], skipped
+        assert skipped["why"].startswith("compile=") and ("was pruned" in skipped["why"] or "measured 0." in skipped["why"])
+    unmeasured = [q for q in second.queued if q["category"] == steering.UNMEASURED]
+    assert unmeasured, second.queued
+    ran = {c.layout for t in study.trials[:study.trials.index(next(
+        t for t in study.trials if (t.user_attrs.get("steer") or {}).get("profiled") == second.config))]
+        if (c := steering.config_of(t)) is not None}
+    for q in unmeasured:
+        layout = TrialConfig.from_dict(study.trials[[t.number for t in study.trials
+                                                     if (t.user_attrs.get("steer") or {}).get("why") == q["why"]][0]]
+                                       .user_attrs["config"]).layout
+        assert layout not in ran or q["why"].startswith("no trial ran batch"), (q, ran)
+    lines = steering.found(study).lines()
+    assert any(line.startswith("    -> not again: ") and "compile=" in line for line in lines), lines
+
+
+def test_a_change_that_lost_is_tried_again_where_its_category_grew_by_the_margin(task, tmp_path):
+    """The second leader's step is element-wise work 85% against the first's 60%: compile is
+    worth a trial again for it."""
+    first_leader: list[str] = []
+
+    def share(cfg):
+        first_leader.append(cfg.short())
+        return 0.6 if cfg.short() == first_leader[0] else 0.6 + steering_margin() + 0.05
+
+    study, (first, second) = steered_search(task, tmp_path, "grew", share)
+    assert "other" in _categories(second) and not second.skipped, (second.queued, second.skipped)
+
+
+def steering_margin() -> float:
+    from autotune.search.steering import MARGIN
+
+    return MARGIN

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from autotune.runtime.step_profile import StepProfile
-from autotune.schemas.typed import Record
+from autotune.schemas.typed import OmittedEmpty, Record
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,6 +31,8 @@ class SteeringRound(Record):
     profile: StepProfile | None
     failed: str | None
     trials: tuple[SteeredTrial, ...]
+    # the changes it did not queue again, each with why (they lost for an earlier leader)
+    skipped: OmittedEmpty[tuple[str, ...]] = ()
 
     def lines(self) -> list[str]:
         if self.profile is None:
@@ -41,6 +43,7 @@ class SteeringRound(Record):
             what = (f"{t.samples_per_s / self.samples_per_s:.2f}x the leader" if t.samples_per_s and self.samples_per_s
                     else f"{t.samples_per_s:,.0f} samples/s" if t.samples_per_s else t.outcome)
             out.append(f"    -> {t.why}: {what}")
+        out += [f"    -> not again: {line}" for line in self.skipped]
         if not self.trials:
             out.append("    -> nothing left to try for what dominates it")
         return out

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from autotune.config import KnobValue, TrialConfig
+from autotune.config import KnobValue, Layout, TrialConfig
 from autotune.errors import UsageError
 from autotune.runtime.knobs import CompileMode, Device, OptimizerStep, Precision
 from autotune.runtime.shares import Category
@@ -241,4 +241,44 @@ def steer(profile: StepProfile, best: TrialConfig, *, space: Space, tried: Colle
                 continue
             seen.add(cfg)
             out.append(Steer(config=cfg, category=category, share=share, why=why))
+    return out
+
+
+def change(space: Space, best: TrialConfig, cfg: TrialConfig) -> dict[str, KnobValue]:
+    """The knobs ``cfg`` sets otherwise than ``best``, as the space's params (JSON): what a
+    steered trial tried, compared across leaders (``search.steering``)."""
+    before, after = space.params_of(best), space.params_of(cfg)
+    return {k: v for k, v in after.items() if before.get(k) != v}
+
+
+def unmeasured(best: TrialConfig, *, space: Space, tried: Collection[TrialConfig]) -> list[tuple[TrialConfig, str]]:
+    """What the search has not measured near ``best``, with why: the leader on each layout
+    (ranks x threads) no trial ran, nearest in ranks first; then the leader's batch one step
+    up and down the space's, where no trial ran it on the leader's layout."""
+    try:
+        base = space.params_of(best)
+    except ValueError:
+        return []
+    seen = {best, *tried}
+    layouts = {c.layout for c in seen}
+    out: list[tuple[TrialConfig, str]] = []
+
+    def add(changes: Mapping[str, KnobValue], why: str) -> None:
+        cfg = _config(space, base, changes)
+        if cfg is not None and cfg not in seen:
+            seen.add(cfg)
+            out.append((cfg, why))
+
+    offered = [str(v) for v in space.choices.get("layout", [])]
+    for layout in sorted(offered, key=lambda v: (abs(Layout.parse(v).nprocs - best.nprocs), v)):
+        if layout not in layouts:
+            add({"layout": layout}, f"no trial ran {Layout.parse(layout).nprocs} rank(s) x "
+                                    f"{Layout.parse(layout).threads or 'default'} thread(s)")
+    batches = sorted(space.choices.get("batch_size", []))
+    on_layout = {c.batch_size for c in seen if c.layout == best.layout}
+    if best.batch_size in batches:
+        i = batches.index(best.batch_size)
+        for b in (batches[i + 1:i + 2] + batches[max(0, i - 1):i]):
+            if b not in on_layout:
+                add({"batch_size": b}, f"no trial ran batch {b} on the leader's layout")
     return out
