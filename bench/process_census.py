@@ -10,7 +10,9 @@ one line per process at its start, every second, and at its end (``atexit``, ``o
 CPU time (user and system, its own, not its children's), its command line and the test that
 started it (pytest's PYTEST_CURRENT_TEST, which child processes inherit). A process killed
 by a signal keeps the line a thread of the hook rewrites every second: its CPU until then
-(``ended`` counts the processes that wrote a last line). DataLoader workers forked from a
+(``ended`` counts the processes that wrote a last line). A process a warm interpreter
+(``autotune/trials/forkserver.py``) forked is counted as one of its own (``forked``: it did
+not import torch itself, the interpreter it came from did); DataLoader workers forked from a
 process are not new interpreters and are not counted apart.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ if _dir:
     _path = os.path.join(_dir, f"{os.getpid()}-{time.time_ns()}.json")
 
     _pid = os.getpid()
+    _forked_from_server = False
 
     def _write(done):
         if os.getpid() != _pid:  # a forked child (a DataLoader worker) ending: not counted apart
@@ -45,7 +48,7 @@ if _dir:
                "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
                "xdist": os.environ.get("PYTEST_XDIST_WORKER", ""),
                "torch": "torch" in sys.modules, "dynamo": "torch._dynamo" in sys.modules,
-               "cpu": t.user + t.system, "done": done}
+               "forked": _forked_from_server, "cpu": t.user + t.system, "done": done}
         # whole rows only: the thread and the last write may both be writing
         part = f"{_path}.{threading.get_ident()}.part"
         try:
@@ -62,6 +65,16 @@ if _dir:
             time.sleep(1.0)
             _write(False)
 
+    def _after_fork():
+        # forked by a warm interpreter: a trial or a check, a row of its own (its CPU times
+        # start at 0 with the fork); any other fork (a DataLoader worker) is not counted
+        global _pid, _path, _forked_from_server
+        if "autotune.trials.forkserver" in " ".join(getattr(sys, "orig_argv", sys.argv)):
+            _pid, _forked_from_server = os.getpid(), True
+            _path = os.path.join(_dir, f"{_pid}-{time.time_ns()}.json")
+            threading.Thread(target=_every_second, daemon=True, name="census").start()
+
+    os.register_at_fork(after_in_child=_after_fork)
     _write(False)
     threading.Thread(target=_every_second, daemon=True, name="census").start()
     atexit.register(_write, True)
@@ -76,6 +89,7 @@ if _dir:
 
 
 KINDS = {"autotune.trials.worker": "trial process (worker.py)", "autotune.task.check": "contract check (check.py)",
+         "autotune.trials.forkserver": "warm interpreter (forkserver.py)",
          "train_tuned.py": "emitted script (train_tuned.py)"}
 
 
@@ -105,11 +119,13 @@ def table(rows: list[dict], key, top: int) -> list[str]:
     for row in rows:
         groups[key(row)].append(row)
     ranked = sorted(groups.items(), key=lambda kv: -sum(r["cpu"] for r in kv[1]))
-    lines = ["| | processes | ended | with torch | with torch._dynamo | CPU s |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| | processes | forked warm | ended | importing torch | importing torch._dynamo | CPU s |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, group in ranked[:top]:
-        lines.append(f"| {name} | {len(group)} | {sum(r['done'] for r in group)} | {sum(r['torch'] for r in group)} | "
-                     f"{sum(r['dynamo'] for r in group)} | {sum(r['cpu'] for r in group):.0f} |")
+        cold = [r for r in group if not r.get("forked")]
+        lines.append(f"| {name} | {len(group)} | {len(group) - len(cold)} | {sum(r['done'] for r in group)} | "
+                     f"{sum(r['torch'] for r in cold)} | {sum(r['dynamo'] for r in cold)} | "
+                     f"{sum(r['cpu'] for r in group):.0f} |")
     return lines
 
 
