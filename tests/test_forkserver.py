@@ -168,3 +168,28 @@ def test_a_server_whose_imports_loaded_the_cuda_driver_refuses_to_fork(tmp_path)
             server.spawn("loads_cuda", [], env=env, cwd=tmp_path, log=tmp_path / "child.log")
     finally:
         server.close()
+
+
+def test_a_server_whose_processes_still_run_is_not_ended_to_make_room(tmp_path, monkeypatch):
+    """Configurations held side by side in verification run at once, each forked from the
+    server of its environment: past the servers kept, an idle one ends, never one whose
+    process runs (ending it would end that process, the parent-death signal)."""
+    from autotune.trials import forkserver
+
+    monkeypatch.setattr(forkserver, "MAX_SERVERS", 1)
+    (tmp_path / "sleeps.py").write_text("import time\ntime.sleep(600)\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    servers = ForkServers(folder=tmp_path / "servers")
+    try:
+        held = [servers.spawn("sleeps", [], env={**env, "OMP_NUM_THREADS": str(n)}, cwd=tmp_path,
+                              log=tmp_path / f"{n}.log") for n in (1, 2)]
+        assert [p.poll() for p in held] == [None, None]  # both run: the first's server was kept
+        held[0].kill()
+        assert held[0].wait(timeout=30) == -signal.SIGKILL
+        third = servers.spawn("sleeps", [], env={**env, "OMP_NUM_THREADS": "3"}, cwd=tmp_path,
+                              log=tmp_path / "3.log")
+        assert held[1].poll() is None and third.poll() is None
+        assert len(servers._servers) == 2  # the idle first one ended, the busy second kept
+    finally:
+        servers.close()
+    assert survivors(str(tmp_path / "servers")) == []

@@ -99,7 +99,10 @@ class ForkedProcess:
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(f"forked process {self.pid}", timeout or 0.0)
-            self.server.pump(0.05)
+            if self.server.closed:
+                time.sleep(0.05)
+            else:
+                self.server.pump(0.05)
         assert self.returncode is not None
         return self.returncode
 
@@ -137,13 +140,22 @@ class ForkServer:
         self._exits: dict[int, int] = {}
         self._spawned: list[int] = []
         self._refused: list[str] = []
+        self._live: set[int] = set()
         self.ready_s: float | None = None
+        self.closed = False
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return not self.closed and self.proc.poll() is None
+
+    def busy(self) -> bool:
+        """Whether a process it forked may still run (ending the server would end it)."""
+        self.pump()
+        return bool(self._live)
 
     def pump(self, timeout: float = 0.0) -> None:
         """Read what the server has said, waiting up to ``timeout`` for a first line."""
+        if self.closed:
+            return
         ready, _, _ = select.select([self._out], [], [], timeout)
         while ready:
             chunk = os.read(self._out, 65536)
@@ -159,8 +171,10 @@ class ForkServer:
                 self.ready_s = float(msg["seconds"])
             elif kind is Message.SPAWNED:
                 self._spawned.append(int(msg["pid"]))
+                self._live.add(int(msg["pid"]))
             elif kind is Message.EXITED:
                 self._exits[int(msg["pid"])] = int(msg["code"])
+                self._live.discard(int(msg["pid"]))
             elif kind is Message.REFUSED:
                 self._refused.append(str(msg["message"]))
 
@@ -204,9 +218,12 @@ class ForkServer:
 
     def close(self) -> None:
         """End the server; a process it forked that still runs ends with it."""
-        if self.alive():
+        if self.closed:
+            return
+        if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        self.closed = True
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 stream.close()
@@ -247,8 +264,11 @@ class ForkServers:
             server = ForkServer(env=base, cwd=cwd, modules=modules, label=str(self.folder),
                                 log=self.folder / f"forkserver-{n}.log", python=self.python)
         self._servers[key] = server
-        while len(self._servers) > MAX_SERVERS:
-            self._servers.popitem(last=False)[1].close()
+        # past MAX_SERVERS the least recently used idle ones end; one whose processes still
+        # run (configurations held side by side) is kept: ending it would end them
+        idle = [k for k, s in self._servers.items() if k != key and not s.busy()]
+        for k in idle[:max(0, len(self._servers) - MAX_SERVERS)]:
+            self._servers.pop(k).close()
         try:
             return server.spawn(module, args, env=env, cwd=cwd, log=log)
         except ForkServerError as exc:
