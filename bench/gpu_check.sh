@@ -55,6 +55,8 @@
 #   TINY_ARGS="--trials 8"   TINY_CAP=300
 #   TRAINER_ARGS="--trials 8"   TRAINER_CAP=360   (not among the default checks: CHECKS="... trainer")
 #   LIGHTNING_ARGS="--trials 8"   LIGHTNING_CAP=360   (not among the default checks: CHECKS="... lightning")
+#   FORK_ARGS="--workloads fashion_cnn --kinds default bf16 cuda --pairs 4"   FORK_CAP=240
+#                                     (not among the default checks: CHECKS="... fork")
 #   GPT2_MFU_ARGS="--config ... --profile ..."   GPT2_MFU_CAP=300   (see bench/gpu_mfu.py)
 #   GPT2_ARGS="--trials 8"   GPT2_CAP=400
 #   QUALITY_ARGS="--runs 2"   QUALITY_CAP=420
@@ -365,6 +367,14 @@ script_check() {  # NAME EXAMPLE ARGS CAP
     [ "$left_s" -gt 30 ] && { echo; echo "=== bench/script_speedup.py ==="; timeout "$left_s" "$PY" bench/script_speedup.py "$WORK/$name" --pairs 3 --seconds 4; } >> "$OUTDIR/$name.log" 2>&1
   fi
 }
+# --- a trial forked from a warm interpreter against a fresh one, on the GPU ---------------------------
+if wanted fork; then
+# shellcheck disable=SC2086
+run_check fork "${FORK_CAP:-240}" "$OUTDIR/fork.log" \
+  "$PY" bench/fork_bias.py ${FORK_ARGS:---workloads fashion_cnn --kinds default bf16 cuda --pairs 4} --out "$OUTDIR/fork_bias.json"
+grep -A3 '"forked_over_fresh"\|start_to_setup' "$OUTDIR/fork.log" 2>/dev/null | cut -c1-200 | sed 's/^/  /' >> "$SUMMARY"
+fi
+
 wanted trainer && script_check trainer examples/hf_trainer.py "${TRAINER_ARGS:---trials 8}" "${TRAINER_CAP:-360}"
 wanted lightning && script_check lightning examples/lightning_datamodule.py "${LIGHTNING_ARGS:---trials 8}" "${LIGHTNING_CAP:-360}"
 exit 0
