@@ -11,7 +11,7 @@ CPU time (user and system, its own, not its children's), its command line and th
 started it (pytest's PYTEST_CURRENT_TEST, which child processes inherit). A process killed
 by a signal keeps the line a thread of the hook rewrites every second: its CPU until then
 (``ended`` counts the processes that wrote a last line). A process a warm interpreter
-(``autotune/trials/forkserver.py``) forked is counted as one of its own (``forked``: it did
+(``autotune/trials/warm_interpreter.py``) forked is counted as one of its own (``forked``: it did
 not import torch itself, the interpreter it came from did); DataLoader workers forked from a
 process are not new interpreters and are not counted apart.
 """
@@ -69,7 +69,7 @@ if _dir:
         # forked by a warm interpreter: a trial or a check, a row of its own (its CPU times
         # start at 0 with the fork); any other fork (a DataLoader worker) is not counted
         global _pid, _path, _forked_from_server
-        if "autotune.trials.forkserver" in " ".join(getattr(sys, "orig_argv", sys.argv)):
+        if "autotune.trials.warm_interpreter" in " ".join(getattr(sys, "orig_argv", sys.argv)):
             _pid, _forked_from_server = os.getpid(), True
             _path = os.path.join(_dir, f"{_pid}-{time.time_ns()}.json")
             threading.Thread(target=_every_second, daemon=True, name="census").start()
@@ -89,7 +89,7 @@ if _dir:
 
 
 KINDS = {"autotune.trials.worker": "trial process (worker.py)", "autotune.task.check": "contract check (check.py)",
-         "autotune.trials.forkserver": "warm interpreter (forkserver.py)",
+         "autotune.trials.warm_interpreter": "warm interpreter (warm_interpreter.py)",
          "train_tuned.py": "emitted script (train_tuned.py)"}
 
 

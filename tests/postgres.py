@@ -37,8 +37,12 @@ def _as_server_user(argv: list[str]) -> list[str]:
 @contextlib.contextmanager
 def running_server() -> Iterator[str]:
     """A started server; yields its SQLAlchemy URL (with the password)."""
+    import pytest
+
     bin_dir = server_bin()
-    assert bin_dir is not None, "PostgreSQL is not installed (Debian: apt-get install postgresql)"
+    if bin_dir is None:  # a new user's machine: .ci/run installs it
+        pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql): the shared-study "
+                    "tests start a real server")
     # Short: a Unix socket's path has at most 107 bytes.
     folder = Path(tempfile.mkdtemp(prefix="atpg-"))
     data, sockets = folder / "data", folder / "sock"

@@ -98,7 +98,7 @@ def test_a_sigkill_of_the_owner_ends_the_server_and_what_it_forked(tmp_path):
     try:
         forked = int(owner.stdout.readline())
         server = psutil.Process(forked).ppid()
-        assert "autotune.trials.forkserver" in " ".join(psutil.Process(server).cmdline())
+        assert "autotune.trials.warm_interpreter" in " ".join(psutil.Process(server).cmdline())
         owner.send_signal(signal.SIGKILL)
         owner.wait()
         gone, alive = psutil.wait_procs([psutil.Process(server), psutil.Process(forked)], timeout=10)
@@ -136,13 +136,13 @@ def test_a_trial_runs_in_a_forked_process_and_measures(tmp_path):
         result = runner.run(TrialConfig(threads=1), name="t")
         assert result.status == Status.OK and result.value, result.describe_failure()
         seen = json.loads((tmp_path / "seen.json").read_text())
-        assert seen["dynamo_before"] and "autotune.trials.forkserver" in seen["parent"], seen
+        assert seen["dynamo_before"] and "autotune.trials.warm_interpreter" in seen["parent"], seen
         assert seen["omp"] == "1" and seen["threads"] == 1
         fresh = TrialRunner(model_file=model, machine=machine_doc(), workdir=tmp_path / "fresh",
                             measurement=Measurement(window_s=0.2, windows=2), warm=False, fork=False)
         assert fresh.run(TrialConfig(threads=1), name="t").status == Status.OK
         seen = json.loads((tmp_path / "seen.json").read_text())
-        assert not seen["dynamo_before"] and "autotune.trials.forkserver" not in seen["parent"]
+        assert not seen["dynamo_before"] and "autotune.trials.warm_interpreter" not in seen["parent"]
     finally:
         runner.shutdown()
     assert survivors(str(tmp_path / "trials")) == []
