@@ -111,7 +111,7 @@ def steer_once(study: optuna.Study, ledger: Ledger, runner: TrialRunnerLike, *, 
         tried = [c for t in study.get_trials(deepcopy=False) if (c := config_of(t)) is not None]
         proposed = [s for s in steer(profile, leader, space=ledger.space, tried=tried)
                     if ledger.memory_bound(s.config) is None]
-        lost = _lost(study, ledger)
+        lost = _lost(study)
         fresh, skipped = [], []
         for s in proposed:
             what = change(ledger.space, leader, s.config)
@@ -157,14 +157,20 @@ def _said(what: Mapping[str, JsonValue]) -> str:
     return " ".join(f"{k}={v}" for k, v in what.items())
 
 
-def _lost(study: optuna.Study, ledger: Ledger) -> list[_Lost]:
-    """The steered trials of earlier rounds that lost against the leader they came from."""
-    rounds = {r.config: r for r in rounds_of(study) if r.profile is not None}
-    trials = study.get_trials(deepcopy=False)
+def _rates(trials: list[optuna.trial.FrozenTrial]) -> dict[str, float]:
+    """Each configuration's best measured rate, by its short form."""
     rates: dict[str, float] = {}
     for t in trials:
         if t.state == TrialState.COMPLETE and t.value is not None and (c := config_of(t)) is not None:
             rates[c.short()] = max(rates.get(c.short(), 0.0), float(t.value))
+    return rates
+
+
+def _lost(study: optuna.Study) -> list[_Lost]:
+    """The steered trials of earlier rounds that lost against the leader they came from."""
+    rounds = {r.config: r for r in rounds_of(study) if r.profile is not None}
+    trials = study.get_trials(deepcopy=False)
+    rates = _rates(trials)
     out = []
     for t in trials:
         attr = t.user_attrs.get(StudyAttr.STEER) or {}
@@ -195,10 +201,7 @@ def found(study: optuna.Study) -> Steering | None:
     if not done:
         return None
     trials = study.get_trials(deepcopy=False)
-    rates: dict[str, float] = {}
-    for t in trials:
-        if t.state == TrialState.COMPLETE and t.value is not None and (c := config_of(t)) is not None:
-            rates[c.short()] = max(rates.get(c.short(), 0.0), float(t.value))
+    rates = _rates(trials)
     out = []
     for r in done:
         mine = []

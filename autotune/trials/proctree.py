@@ -64,6 +64,10 @@ def kill_known(members: dict[int, float]) -> None:
                 procs.append(p)
         except psutil.Error:
             pass
+    _kill_all(procs)
+
+
+def _kill_all(procs: list[psutil.Process]) -> None:
     for p in procs:
         try:
             p.kill()
@@ -228,12 +232,7 @@ def kill_marked(variable: str, value: str) -> None:
                 marked.append(p)
         except psutil.Error:
             pass
-    for p in marked:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(marked, timeout=2)
+    _kill_all(marked)
 
 
 def reap_orphans() -> None:
