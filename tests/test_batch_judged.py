@@ -205,8 +205,10 @@ def test_the_ramp_has_its_share_of_the_timeout_from_its_own_start(monkeypatch):
 
 
 def test_on_a_gpu_the_ramp_stops_where_device_memory_is_nearly_full():
-    """Each sample holds 10 MiB beside 2 GiB of weights on an 80 GiB GPU: the ramp stops
-    before the batch whose peak would pass 90% of it, without running out of memory."""
+    """Each sample holds 10 MiB beside 2 GiB of weights on an 80 GiB GPU: from its first two
+    batches' peaks the ramp jumps to the largest batch whose peak stays within 90% of it, and
+    stops there, without running out of memory (throughput rises all the way here: the batches
+    between are measured to find where it stops rising)."""
     class Filling(Rising):
         def measured_done(self, cfg):
             return {**super().measured_done(cfg), "cuda_peak_mb": 2048.0 + 10.0 * cfg.batch_size,
@@ -215,7 +217,8 @@ def test_on_a_gpu_the_ramp_stops_where_device_memory_is_nearly_full():
     runner = Filling(recorded_machine("h100x1"), knee=1 << 20)
     start = TrialConfig(batch_size=64, device="cuda", backend="nccl")
     found = batch_range.ramp(runner, start, most=64 * 1024, limit=None)
-    assert runner.ramped[-1] == 4096, runner.ramped  # 8192 would need about 84 GiB
+    assert runner.ramped[:3] == [64, 128, 4096], runner.ramped  # 8192 would need about 84 GiB
+    assert max(runner.ramped) == 4096 and found.knee == 4096 and found.top == 4096
     assert found.memory_bound and found.stopped.startswith("device memory is nearly full at batch 4096")
 
 

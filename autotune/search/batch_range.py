@@ -16,7 +16,11 @@ first trial and its range is stored with the study (``StudyAttr.SPACE``); a resu
 keeps the range it was searched over.
 
 On a GPU the ramp also stops where device memory is nearly full: the next batch's peak,
-extrapolated from the last two, would not fit (``MEMORY_FULL``). Its steps share one warm
+extrapolated from the last two, would not fit (``MEMORY_FULL``). There it does not double one
+step at a time (ten steps from a batch of 16 to 16,384): from the first two batches' peaks it
+jumps to the largest batch that fits (``jump_to``; a step no longer than ``JUMP_STEP_S``),
+then halves the gap to the knee, the smallest batch within ``FLAT`` of the fastest measured
+(``Ramp.knee``, where the search starts). Its steps share one warm
 process (the batch is not a process knob: ``trials.runner.process_key``), and under
 --timeout it has ``TIMEOUT_SHARE`` of the search's share from its own start: what ran
 before it (the probe, the model file's check) does not shorten it.
@@ -63,6 +67,9 @@ TIMEOUT_SHARE = 0.25
 # A GPU's memory is nearly full where the next batch's peak would pass this share of it:
 # what the allocator reserves beyond its peak, and a neighbour's context, take the rest.
 MEMORY_FULL = 0.9
+# On a GPU the ramp jumps no further than a batch whose step would take this long at the
+# rate just measured: a larger batch runs no slower a sample, so this bounds a step's time.
+JUMP_STEP_S = 5.0
 
 
 def unchecked_top(user_batch: int, batch_range: tuple[int, int] | None) -> int:
@@ -82,6 +89,14 @@ class Ramp(Record):
     stopped: str
     top: int
     memory_bound: bool = False  # it stopped where a batch ran out of memory or over the limit
+    # the batch the search starts from: where a ramp that jumped found throughput within FLAT
+    # of its fastest; the fastest measured for one that doubled (None: an earlier run's record)
+    knee: int | None = None
+    # its first step's process, where fresh: its start until it measured, and its end (a
+    # trial's wall time less its windows), and of that its setup before the first step; what
+    # verification's fresh processes pay where every trial ran in a process started before
+    start_s: float | None = None
+    setup_s: float | None = None
 
     @property
     def fastest(self) -> tuple[int, float] | None:
@@ -145,27 +160,64 @@ def doublings(first: int, most: int) -> list[int]:
     return out
 
 
-def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, steps: Sequence[int], end: str,
-          limit: MemoryLimit | None, ends_at: float | None, say: Callable[[str], None]) -> Ramp:
-    rates: list[tuple[int, float]] = []
-    best_rate, best_batch, flat = 0.0, start.batch_size, 0
-    stopped, memory_bound = "", False
-    peaks: list[tuple[int, TrialSummary]] = []
-    for at, batch in enumerate(steps):
-        cfg = start.replace(batch_size=batch)
-        result = runner.run(cfg, name=f"batch-ramp-{batch}")
-        over = (limit.over(cfg, TrialSummary.from_json(result.summary()))
-                if limit is not None and result.status == Status.OK else None)
+class _Steps:
+    """The ramp's measurements so far: each batch's rate, the peaks of those that ran, and
+    why it stopped (a failure or a limit)."""
+
+    def __init__(self, runner: TrialRunnerLike, start: TrialConfig, limit: MemoryLimit | None,
+                 say: Callable[[str], None]) -> None:
+        self.runner, self.start, self.limit, self.say = runner, start, limit, say
+        self.rates: list[tuple[int, float]] = []
+        self.peaks: list[tuple[int, TrialSummary]] = []
+        self.failed: str | None = None
+        self.memory_bound = False
+        self.jumped = False  # it jumped toward the memory knee (a GPU), then refined
+        self.start_s: float | None = None  # the first step's, where its process was fresh (Ramp.start_s)
+        self.setup_s: float | None = None
+
+    def by_batch(self) -> list[tuple[int, TrialSummary]]:
+        """The peaks measured, by batch: the last two are the largest batches that ran."""
+        return sorted(self.peaks, key=lambda p: p[0])
+
+    def measure(self, batch: int) -> float | None:
+        """``batch``'s rate; None where it failed or held more than allowed (``failed`` says why)."""
+        cfg = self.start.replace(batch_size=batch)
+        result = self.runner.run(cfg, name=f"batch-ramp-{batch}")
+        over = (self.limit.over(cfg, TrialSummary.from_json(result.summary()))
+                if self.limit is not None and result.status == Status.OK else None)
         if result.status != Status.OK or result.value is None or over:
             what = ("ran out of memory" if result.failure == Failure.OUT_OF_MEMORY
                     else over or f"failed ({result.describe_failure()})")
-            stopped = f"batch {batch} {what}"
-            memory_bound = result.failure == Failure.OUT_OF_MEMORY or over is not None
-            break
+            self.failed = f"batch {batch} {what}"
+            self.memory_bound = self.memory_bound or result.failure == Failure.OUT_OF_MEMORY or over is not None
+            return None
         rate = float(result.value)
-        rates.append((batch, rate))
-        say(f"batch range: batch {batch} at {rate:,.1f} samples/s")
-        peaks.append((batch, TrialSummary.from_json(result.summary())))
+        summary = TrialSummary.from_json(result.summary())
+        if not self.rates and not summary.warm and summary.phases.get("overhead_s") is not None:
+            self.start_s = float(summary.phases["overhead_s"])
+            self.setup_s = (float(summary.phases.get("start_import_s", 0.0))
+                            + float(summary.phases.get("setup_s", 0.0)))
+        self.rates.append((batch, rate))
+        self.say(f"batch range: batch {batch} at {rate:,.1f} samples/s")
+        self.peaks.append((batch, summary))
+        return rate
+
+    def rate(self, batch: int) -> float:
+        return next(r for b, r in self.rates if b == batch)
+
+
+def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, steps: Sequence[int], end: str,
+          limit: MemoryLimit | None, ends_at: float | None, say: Callable[[str], None]) -> Ramp:
+    done = _Steps(runner, start, limit, say)
+    best_rate, best_batch, flat = 0.0, start.batch_size, 0
+    stopped = ""
+    at = 0
+    while at < len(steps):
+        batch = steps[at]
+        rate = done.measure(batch)
+        if rate is None:
+            stopped = done.failed or ""
+            break
         if rate >= best_rate * (1 + FLAT):
             best_rate, best_batch, flat = rate, batch, 0
         else:
@@ -176,15 +228,95 @@ def _ramp(runner: TrialRunnerLike, start: TrialConfig, *, steps: Sequence[int], 
         if at + 1 == len(steps):
             stopped = end
             break
-        if full := nearly_full(peaks, steps[at + 1]):
-            stopped, memory_bound = full, True
+        if full := nearly_full(done.by_batch(), steps[at + 1]):
+            stopped, done.memory_bound = full, True
             break
         if ends_at is not None and time.time() >= ends_at:
             stopped = f"its share of --timeout was spent at batch {batch}"
             break
-    fit = [b for b, _ in rates]
+        jump = jump_to(done.by_batch(), steps, at, rate=rate) if flat == 0 else None
+        if jump is None:
+            at += 1
+            continue
+        knee, stopped, reached = _jump(done, steps, at, jump, ends_at=ends_at, end=end)
+        if reached is None:  # settled: the knee found, or the range's end, memory, or the clock
+            best_batch = knee
+            break
+        # still rising where a step's time bounded the jump: the ramp goes on from there
+        best_rate, best_batch, at = done.rate(steps[reached]), steps[reached], reached + 1
+        if full := nearly_full(done.by_batch(), steps[at]):
+            stopped, done.memory_bound = full, True
+            break
+        if ends_at is not None and time.time() >= ends_at:
+            stopped = f"its share of --timeout was spent at batch {best_batch}"
+            break
+    fit = [b for b, _ in done.rates]
     top = min(max(fit), 2 * best_batch) if fit else start.batch_size
-    return Ramp(config=start.short(), rates=tuple(rates), stopped=stopped, top=top, memory_bound=memory_bound)
+    fastest = max(done.rates, key=lambda r: r[1])[0] if done.rates else None
+    return Ramp(config=start.short(), rates=tuple(done.rates), stopped=stopped, top=top,
+                memory_bound=done.memory_bound, knee=best_batch if done.jumped else fastest,
+                start_s=done.start_s, setup_s=done.setup_s)
+
+
+def jump_to(peaks: Sequence[tuple[int, TrialSummary]], steps: Sequence[int], at: int, *, rate: float) -> int | None:
+    """Where the ramp jumps from ``steps[at]`` (just measured at ``rate``), on a GPU: the
+    index of the largest batch of ``steps`` whose device memory, extrapolated from the last
+    two peaks, stays within ``MEMORY_FULL`` of the device (its memory knee), and whose step
+    would take at most ``JUMP_STEP_S`` at ``rate`` (a larger batch only runs faster). None
+    where that is no more than the next step, or the memory per sample is not known (a CPU)."""
+    if len(peaks) < 2:
+        return None
+    (first, before), (batch, last) = peaks[-2], peaks[-1]
+    if (last.cuda_peak_mb is None or before.cuda_peak_mb is None or not last.cuda_total_mb
+            or first >= batch or rate <= 0):
+        return None
+    per_sample = max(0.0, (last.cuda_peak_mb - before.cuda_peak_mb) / (batch - first))
+    room = MEMORY_FULL * last.cuda_total_mb - last.cuda_peak_mb
+    fits = [i for i in range(at + 1, len(steps))
+            if per_sample * (steps[i] - batch) <= room and steps[i] / rate <= JUMP_STEP_S]
+    return fits[-1] if fits and fits[-1] > at + 1 else None
+
+
+def _jump(done: _Steps, steps: Sequence[int], at: int, to: int, *, ends_at: float | None,
+          end: str) -> tuple[int, str, int | None]:
+    """From ``steps[at]``, measured, to ``steps[to]``, then halving the gap (in powers of two)
+    to the knee: the smallest batch within ``FLAT`` of the fastest measured. Where the batch
+    jumped to fails (its memory was misjudged), the jump goes half as far. Returns the knee,
+    why the ramp stopped, and None; or, where the rate still rose at the batch jumped to and
+    larger ones remain (the jump was bounded by a step's time), the index it reached, from
+    which the ramp goes on."""
+    done.jumped = True
+    lo = at
+    while True:
+        if done.measure(steps[to]) is not None:
+            break
+        to = (lo + to) // 2
+        if to <= lo:
+            return steps[lo], f"{done.failed}: the ramp settled below it, at batch {steps[lo]}", None
+    hi, why = to, ""
+    while hi - lo > 1:
+        if ends_at is not None and time.time() >= ends_at:
+            why = f"its share of --timeout was spent between batch {steps[lo]} and {steps[hi]}"
+            break
+        mid = (lo + hi) // 2
+        rate = done.measure(steps[mid])
+        if rate is None:  # a batch below one that ran failed: nothing to refine on
+            why = done.failed or ""
+            break
+        best = max(r for _, r in done.rates)
+        if rate * (1 + FLAT) >= best:
+            hi = mid
+        else:
+            lo = mid
+    best = max(r for _, r in done.rates)
+    knee = min(b for b, r in done.rates if r * (1 + FLAT) >= best)
+    if knee == steps[to] and to + 1 < len(steps) and not why:
+        return knee, "", to
+    if not why:
+        why = (end if knee == steps[to]
+               else f"throughput stopped rising after batch {knee} (jumped to batch {steps[to]}, then halved "
+                    "the gap)")
+    return knee, why, None
 
 
 def nearly_full(peaks: Sequence[tuple[int, TrialSummary]], following: int) -> str | None:

@@ -73,7 +73,8 @@ def run_search(workbench: Workbench, search: SearchOptions, sharing: SharingOpti
                      where=shown_url(sharing.storage) if sharing.storage else str(workbench.out))
     began = place.started_at if place.started_at is not None else started_at
     ends_at = None if search.timeout_s is None else began + search.timeout_s
-    kept = None if ends_at is None or reserve is None else reserve(space=space, limit=limit, ends_at=ends_at)
+    kept = (None if ends_at is None or reserve is None
+            else reserve(space=space, limit=limit, ends_at=ends_at, fresh_start=fresh_start(ramp)))
     budget = SearchBudget(trials=search.trials, timeout_s=search_timeout(search.timeout_s), started_at=began,
                           enough=None if kept is None else kept.enough,
                           room_s=None if kept is None else kept.room_s)
@@ -91,10 +92,22 @@ def run_search(workbench: Workbench, search: SearchOptions, sharing: SharingOpti
     return Searched(place=place, outcome=outcome, space=space, limit=limit, pricing=pricing, ends_at=ends_at)
 
 
+def fresh_start(ramp: batch_range.Ramp | None) -> tuple[float, float] | None:
+    """A fresh process's start and setup as the ramp's first step paid them (None where it
+    ran in a process started before): what verification's fresh processes pay where every
+    trial of the search ran warm (``verify.deadline.Costs.from_trials``)."""
+    if ramp is None or ramp.start_s is None:
+        return None
+    return ramp.start_s, ramp.setup_s or 0.0
+
+
 def fastest_allowed(ramp: batch_range.Ramp | None, space: Space) -> int | None:
-    """The ramp's fastest batch among those ``space`` searches (a faster one beyond them is
-    advice, ``verify.batch.describe``); None without one."""
+    """The ramp's knee (``Ramp.knee``) where ``space`` searches it, else its fastest batch
+    among those ``space`` searches (a faster one beyond them is advice,
+    ``verify.batch.describe``); None without one."""
     allowed = set(space.choices.get("batch_size", []))
+    if ramp is not None and ramp.knee in allowed:
+        return ramp.knee
     rates = [(rate, batch) for batch, rate in (ramp.rates if ramp is not None else ()) if batch in allowed]
     return max(rates)[1] if rates else None
 
