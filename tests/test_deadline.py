@@ -4,10 +4,12 @@ shortened (autotune.verify.deadline, autotune.verify.fit)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
 
+import autotune
 from autotune import pipeline, schemas
 from autotune.config import TrialConfig
 from autotune.document.run import RunDocument
@@ -22,9 +24,10 @@ from autotune.verify import fit, gates, sequential
 from autotune.verify.deadline import Budget, Costs
 from autotune.verify.reserve import room_for_another
 from autotune.verify.settings import Settings
+from autotune.verify.trainings import evaluation_steps, training_steps
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import knob_cnn
+from helpers import MODELS, knob_cnn, pinned_allocator, written_document
 
 BASE = TrialConfig(batch_size=16)
 COSTS = Costs(start_s=5.0, window_s=1.0, sample_s=0.001)
@@ -107,12 +110,12 @@ class Timed(StandInRunner):
 def test_the_document_and_the_summary_say_which_stages_a_deadline_shortened(task, tmp_path, capsys):
     for name in ("roomy", "tight"):
         (tmp_path / name).mkdir()
-    doc = tune_stand_in(task, tmp_path / "roomy", Timed(recorded_machine("avx2_epyc")), timeout_s=400)
+    doc = tune_stand_in(task, tmp_path / "roomy", Timed(recorded_machine("avx2_epyc")), timeout_s=340)
     stages = doc["verification_stages"]
-    assert stages["timeout_s"] == 400 and 0 < stages["left_s"] <= 400
+    assert stages["timeout_s"] == 340 and 0 < stages["left_s"] <= 340
     shortened = {s["stage"]: s["shortened"] for s in stages["stages"] if "shortened" in s}
-    assert shortened == {"ablation": "skipped to fit --timeout 400"}
-    assert doc["verified"] and doc["ablation"]["skipped"] == "skipped to fit --timeout 400"
+    assert shortened == {"ablation": "skipped to fit --timeout 340"}
+    assert doc["verified"] and doc["ablation"]["skipped"] == "skipped to fit --timeout 340"
     assert schemas.problem(doc, "best_config") is None
 
     tight = tune_stand_in(task, tmp_path / "tight", Timed(recorded_machine("avx2_epyc")), timeout_s=30)
@@ -234,3 +237,67 @@ def test_the_gates_estimate_counts_the_batch_checks_trainings_as_they_run():
     # configuration over 40 x 512
     assert judged == pytest.approx(0.001 * (40 * 512 + 40 * 512 + 40 * 512 + 40 * 512))
     assert unjudged == pytest.approx(0.001 * (40 * 512 + 40 * 512))
+
+
+def test_the_gates_estimate_counts_each_scored_trainings_evaluations():
+    """evaluate() took 2 s in the model file's check (Task.evaluate_s): a scored training calls
+    it at step 0, half and three quarters of the way, and at its end. A bf16 candidate scores
+    its fp32 reference from two seeds and itself; a candidate at another batch than the user's
+    itself, and the user's configuration over the same samples, at its end alone."""
+    base = TrialConfig(batch_size=16)
+    bf16, larger = base.replace(threads=2, precision="bf16"), base.replace(batch_size=64, threads=2)
+    costs = Costs(start_s=5.0, window_s=1.0, sample_s=0.001, trial_start_s=1.0)
+    timed = dataclasses.replace(costs, evaluate_s=2.0)
+    settings = Settings()
+    per_training = len(evaluation_steps(training_steps(base, evaluate=True, numerics_steps=40,
+                                                       quality_samples=settings.quality_samples))) + 1
+    assert per_training == 4
+
+    def grows(cands, *, has_evaluate=True) -> tuple[float, float]:
+        gates = [fit.gates_cost(settings, cands, baseline=base, costs=c, has_evaluate=has_evaluate)
+                 for c in (timed, costs)]
+        least = [fit.least(settings, cands, baseline=base, costs=c, has_evaluate=has_evaluate,
+                           shortest_run_s=3.0) for c in (timed, costs)]
+        return gates[0] - gates[1], least[0] - least[1]
+
+    assert grows([bf16]) == pytest.approx((2.0 * 3 * per_training,) * 2)
+    assert grows([larger]) == pytest.approx((2.0 * (per_training + 1),) * 2)
+    assert grows([bf16, larger], has_evaluate=False) == (0.0, 0.0)  # nothing scored, nothing evaluated
+
+
+EVALUATE_TIMEOUT_S = 150.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_slow_evaluate_is_counted_and_the_run_ends_within_its_timeout(tmp_path, monkeypatch):
+    """tests/models/slow_evaluate.py: evaluate() takes 2 s a call, and with the batch pinned at
+    32 (the file's is 16) it judges every candidate (the batch check): the candidate's scored
+    training calls it 4 times, the user's configuration's over the same samples once. A real
+    run under --timeout 150 ends within it, and verification's estimate counts those calls at
+    what the model file's check timed."""
+    plans: list[tuple[dict, fit.FittedStages]] = []
+    real = fit.fit
+
+    def spy(*args, **kw):
+        plans.append((kw, real(*args, **kw)))
+        return plans[-1][1]
+
+    monkeypatch.setattr(fit, "fit", spy)
+    started = time.monotonic()
+    autotune.tune(MODELS / "slow_evaluate.py", trials=3, timeout=EVALUATE_TIMEOUT_S, out=tmp_path / "out",
+                  progress=False, window_s=0.2, windows=2, pair_seconds=1.0, profile=False,
+                  fix={"nprocs": 1, "compile": "off", "allocator": pinned_allocator(), "affinity": "none",
+                       "precision": "fp32", "batch_size": 32})
+    took = time.monotonic() - started
+    assert took <= EVALUATE_TIMEOUT_S + 10, f"the run took {took:.0f} s"
+    [(kw, plan)] = plans
+    costs = kw["budget"].costs
+    assert costs.evaluate_s >= 2.0  # the check's call, carried by the Task
+    untimed = sum(fit.estimate(plan.settings, plan.candidates, baseline=kw["baseline"],
+                               costs=dataclasses.replace(costs, evaluate_s=0.0), has_evaluate=True).values())
+    assert plan.estimate_s - untimed >= (4 + 1) * costs.evaluate_s
+    doc = written_document(tmp_path / "out")
+    assert doc["verification_stages"]["estimate_s"] == round(plan.estimate_s, 1)
+    # evaluate() judged the candidates' batch (whether a noisy machine lets the pairs verify one or not)
+    assert all("batch" in c["checks"] for c in doc["candidates"]), doc["candidates"]

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 
 from autotune.runtime.data import tensors
 from autotune.runtime.session import load_user_module
+from autotune.task import check as task_check
+from autotune.task import load as task_load
+from autotune.task import load_task
+from autotune.task.check_result import CheckResult
 
 from helpers import MODELS, REPO
 
@@ -77,3 +82,19 @@ def test_evaluate_calls_the_model_with_inputs_on_its_device(path):
     with pytest.raises(_Reached):
         module.evaluate(model)
     assert seen == [{"meta"}], f"{path.name}: evaluate() called the model on inputs on {seen}"
+
+
+def test_the_check_times_one_evaluate_call(monkeypatch):
+    """Task.evaluate_s, the seconds of the check's one evaluate() call: what each evaluation of
+    verification's scored trainings is priced at (verify.fit.gates_cost, Trainings.limit_s).
+    tests/models/slow_evaluate.py's evaluate() sleeps AUTOTUNE_TEST_EVALUATE_S. The check runs
+    here, in this process; its answer crosses to the Task as it does from the child."""
+    path = str(MODELS / "slow_evaluate.py")
+    monkeypatch.setenv("AUTOTUNE_TEST_EVALUATE_S", "0.5")
+    slow = task_check._check(path, "cpu")
+    monkeypatch.setenv("AUTOTUNE_TEST_EVALUATE_S", "0")
+    quick = task_check._check(path, "cpu")
+    assert slow.evaluate_s >= 0.5 and 0.0 < quick.evaluate_s < 0.25
+    answer = json.loads(json.dumps(CheckResult(checked=slow).to_json()))
+    monkeypatch.setattr(task_load, "_run_check", lambda *a, **kw: CheckResult.from_json(answer))
+    assert load_task(path).evaluate_s == slow.evaluate_s

@@ -5,6 +5,7 @@ memory-bound conv stack verified nothing (exit 3)."""
 from __future__ import annotations
 
 import optuna
+import pytest
 
 from autotune.config import TrialConfig
 from autotune.search.ledger import measured_trials
@@ -54,3 +55,24 @@ def test_the_slowest_rate_is_read_from_the_results_the_study_stores():
         study.add_trial(optuna.trial.create_trial(
             value=rate, user_attrs={StudyAttr.CONFIG: cfg.to_dict(), StudyAttr.RESULT: summary}))
     assert slowest_rate(measured_trials(study)) == 9.7
+
+
+def test_a_scored_training_gets_the_time_its_evaluations_take_too():
+    """evaluate() took 30 s in the model file's check: a scored training of 100 steps calls it
+    4 times (step 0, half, three quarters, the end), the batch check's over the user's samples
+    once, a numerics trajectory never; each call is given three times its time, as the steps."""
+    cfg = TrialConfig(batch_size=64)
+    runner = RecordingRunner()
+    trainings = Trainings(runner, evaluate=True, numerics_steps=40, quality_samples=6400, slowest=9.7,
+                          evaluate_s=30.0)
+    trainings.of(cfg, "scored", scored=True)
+    trainings.for_samples(cfg.replace(batch_size=32), "over-samples", samples=6400)
+    trainings.of(cfg.replace(threads=2, batch_size=4), "trajectory")
+    scored, over_samples, trajectory = runner.limits.values()
+    assert scored == pytest.approx(3.0 * (100 * 64 / 9.7 + 4 * 30.0) + 120.0)
+    assert over_samples == pytest.approx(3.0 * (200 * 32 / 9.7 + 1 * 30.0) + 120.0)
+    assert trajectory is None  # 3 x 40 x 4 / 9.7 + 120 s: within the runner's 300, no evaluate()
+    # without a rate from the search, the evaluations alone may pass the runner's limit
+    unrated = Trainings(RecordingRunner(), evaluate=True, evaluate_s=30.0)
+    assert unrated.limit_s(cfg, 100, evaluations=4) == 3.0 * 4 * 30.0 + 120.0
+    assert unrated.limit_s(cfg, 100) is None

@@ -192,8 +192,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def readme_run(task, name: str, out: Path, **options) -> tuple[dict, SimulatedGpuNode]:
     """The README example's run on a simulated node, every clock of the run (``--timeout``'s
-    among them) reading the node's simulated seconds."""
+    among them) reading the node's simulated seconds; evaluate() takes what the node charges
+    for it, not what the model file's check measured on this CPU."""
     node = SimulatedGpuNode(recorded_machine(name), README_MODEL)
+    task = dataclasses.replace(task, evaluate_s=node.costs.evaluate_s)
     began = time.time()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(time, "time", lambda: began + node.clock)
@@ -304,7 +306,8 @@ def test_verification_at_its_least_leaves_the_search_most_of_a_short_timeout(mon
     the search has seen a fresh process's start. It counts each gate's training whose process
     knobs differ from the one before it as a fresh process, as the node runs it: counted at a
     warm trial's start, the search stopped too late and the run overran --timeout 300 by 52 s.
-    The quality check's second fp32 seed adds its training (122 s before it)."""
+    The quality check's second fp32 seed adds its training (122 s before it), and evaluate()'s
+    four calls a scored training, 1 s each on this node, about 17 s (141 s)."""
     from autotune.verify import fit, reserve
 
     seen: list[float] = []
@@ -317,4 +320,4 @@ def test_verification_at_its_least_leaves_the_search_most_of_a_short_timeout(mon
     monkeypatch.setattr(reserve.fit, "least", spy)
     doc, node = readme_run(load_task(EXAMPLES / "fashion_cnn.py"), "h100x1", tmp_path, timeout_s=300.0)
     assert doc["verified"] and seen
-    assert max(seen[-3:]) <= 130, seen[-3:]
+    assert max(seen[-3:]) <= 145, seen[-3:]

@@ -368,6 +368,7 @@ def tune(found: Landscape, out: Path, *, has_evaluate: bool = True, **options) -
     if not has_evaluate:
         task = dataclasses.replace(task, has_evaluate=False)
     node = node_for(found)
+    task = dataclasses.replace(task, evaluate_s=node.costs.evaluate_s)  # as the node charges it
     began = time.time()
     out.mkdir(parents=True, exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
@@ -384,11 +385,42 @@ def unbounded(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=["fashion_cnn", pytest.param("tiny_gpt", marks=pytest.mark.xfail(
-    strict=True, reason="autotune's ramp under --timeout 300 ends at batch 512 (its share spent: 10 s of setup and "
-    "5 s a doubling from 16), where the pick reaches 0.41 of the best (4096, compiled)"))])
+    strict=True, reason="under --timeout 300 the ramp reaches 4096, but verifying it takes most of the run (the "
+    "batch check trains your batch of 16 over 163,840 samples, about 105 s): the search stops at 50 s, no compile "
+    "fits, and the pick reaches 0.73 of the best (4096, compiled)"))])
 def five_minutes(request, tmp_path_factory):
     found = fixture(request.param)
     return (*tune(found, tmp_path_factory.mktemp("timeout"), timeout_s=300.0), found)
+
+
+@pytest.mark.parametrize("name", ["fashion_cnn", "tiny_gpt"])
+def test_under_five_minutes_the_ramp_jumps_to_within_twice_the_knee(name):
+    """The ramp's share of --timeout 300 (a quarter of the search's half) from the GPU start:
+    from its first two batches' memory it jumps toward the memory knee, then halves the gap to
+    where throughput stops rising, ending within a factor of two of the landscape's best batch
+    (doubling from the user's batch it ended at 2048 and 512). Each step is as the node runs it."""
+    from autotune.search import batch_range
+    from autotune.search.starts import gpu_start
+    from autotune.search.task_space import build_task_space
+    from autotune.sections import SearchOptions
+
+    found = fixture(name)
+    task = load_task(ROOT / found.workload)
+    machine = recorded_machine("h100x1")
+    space = build_task_space(task, machine, SearchOptions.of(pipeline.RunOptions(), task=task))
+    start, _ = gpu_start(space, machine)
+    node = node_for(found)
+    began = time.time()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(time, "time", lambda: began + node.clock)
+        ramp = batch_range.ramp(node, start, most=batch_range.most_tried(
+            found.user_batch, dataset_len=task.dataset_len, has_evaluate=True, gpu=True), limit=None,
+            for_s=0.25 * 0.5 * 300)
+    knee = found.best().batch
+    assert ramp.knee is not None and knee / 2 <= ramp.knee <= 2 * knee, (ramp.knee, ramp.rates, ramp.stopped)
+    assert knee <= ramp.top <= 2 * knee and not ramp.memory_bound
+    assert node.clock <= 0.25 * 0.5 * 300 + 5 + found.setup_s, node.timeline  # within its share, a step's grace
+    assert ramp.start_s is not None and ramp.start_s >= found.setup_s  # its first step's fresh process
 
 
 @pytest.mark.slow

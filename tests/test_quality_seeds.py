@@ -25,7 +25,9 @@ SEEDED_TIMEOUT_S = 900
 
 def gated(model: str, batch_size: int, workdir: Path) -> list[tuple[bool, str | None, int]]:
     """The gates' verdict on bf16 at the model's batch in RUNS runs, each from its own seeds,
-    and how many steps the candidate trained."""
+    and how many steps the candidate trained. The fp32 references train as a run trains them:
+    on the fastest configuration measured alike (here, with a DataLoader worker), not on the
+    baseline's knobs (``reference.trained_fast``)."""
     machine = probe_machine()
     # tcmalloc: trainings share one warm process (glibc's allocator gets a fresh one each)
     allocator = "tcmalloc" if machine.to_json()["allocators"].get("tcmalloc") else "default"
@@ -35,7 +37,9 @@ def gated(model: str, batch_size: int, workdir: Path) -> list[tuple[bool, str | 
     try:
         for run in range(RUNS):
             runner.seed, runner.workdir = 100 + 10 * run, workdir / f"run{run}"
-            trainings, cand = Trainings(runner, evaluate=True), baseline.replace(precision="bf16")
+            fed = baseline.replace(num_workers=1, persistent_workers=True)
+            trainings = Trainings(runner, evaluate=True, measured=((baseline, 100.0), (fed, 150.0)))
+            cand = baseline.replace(precision="bf16")
             verdict = gate(trainings, baseline, cand, settings=Settings())
             verdicts.append((bool(verdict.passed), verdict.reason, len(trainings.runs[work_key(cand), 0].losses)))
     finally:

@@ -241,6 +241,7 @@ def test_valid_flat_model_with_training_step_and_defaults(tmp_path):
     assert task.dataset_len == 40
     assert task.image_inputs is False
     assert task.has_evaluate is False
+    assert task.evaluate_s == 0.0  # nothing to price in verification
     assert task.batchnorm_layers == ()
 
 

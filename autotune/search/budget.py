@@ -32,7 +32,8 @@ class Reserving(Protocol):
     when --timeout ends the run (``verify.reserve.leave_for_verification``, given by the
     pipeline: the search does not price verification itself)."""
 
-    def __call__(self, *, space: Space, limit: MemoryLimit, ends_at: float) -> Reserve: ...
+    def __call__(self, *, space: Space, limit: MemoryLimit, ends_at: float,
+                 fresh_start: tuple[float, float] | None = None) -> Reserve: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,9 @@ def _check(path: str, device: str | None = None) -> CheckedFile:
     if not has_training_step:
         check_item_is_pair(file, items[0])
     optimizer = _check_training_step(file, module, model, items, has_training_step, device)
-    if getattr(module, "evaluate", None) is not None:
-        _check_evaluate(file, module, model, device)
-    return _describe(module, model, items[0], batch_size=batch_size, dataset_len=n, optimizer=optimizer)
+    evaluate_s = _check_evaluate(file, module, model, device) if getattr(module, "evaluate", None) is not None else 0.0
+    return _describe(module, model, items[0], batch_size=batch_size, dataset_len=n, optimizer=optimizer,
+                     evaluate_s=evaluate_s)
 
 
 def _check_functions(file: UserFile, module: Any) -> None:
@@ -160,13 +161,16 @@ def _check_training_step(file: UserFile, module: Any, model: Any, items: list[An
     return DEFAULT_OPTIMIZER if isinstance(optimizer, _NoUpdate) else f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _check_evaluate(file: UserFile, module: Any, model: Any, device: str = "cpu") -> None:
+def _check_evaluate(file: UserFile, module: Any, model: Any, device: str = "cpu") -> float:
     """evaluate(model) runs, with the model on ``device``, and returns a number (a 1-element
-    tensor counts as one)."""
+    tensor counts as one). Returns the seconds the call took (Task.evaluate_s): what each of
+    the scored trainings' evaluations costs."""
     import torch
 
     try:
+        started = time.perf_counter()
         score = file.call("evaluate(model)", module.evaluate, model)
+        seconds = time.perf_counter() - started
     except ContractError as exc:
         if device == Device.CPU or not _names_a_device(str(exc)):
             raise
@@ -182,6 +186,7 @@ def _check_evaluate(file: UserFile, module: Any, model: Any, device: str = "cpu"
             f"{file.shown}: evaluate(model) returned {type(score).__name__}; expected a number "
             "(higher is better)."
         )
+    return seconds
 
 
 def _names_a_device(message: str) -> bool:
@@ -194,7 +199,7 @@ def _names_a_device(message: str) -> bool:
 
 
 def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
-              dataset_len: int | None, optimizer: str) -> CheckedFile:
+              dataset_len: int | None, optimizer: str, evaluate_s: float = 0.0) -> CheckedFile:
     """The Task fields of a file that passed every check (all but path and check_s)."""
     import torch
 
@@ -217,6 +222,7 @@ def _describe(module: Any, model: Any, item: Any, *, batch_size: int,
         blocks=tuple(block_names(model)),
         optimizer=optimizer,
         convolutions=any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()),
+        evaluate_s=evaluate_s,
     )
 
 

@@ -27,6 +27,7 @@ class CheckedFile(Record):
     blocks: tuple[str, ...] = ()
     optimizer: str = DEFAULT_OPTIMIZER
     convolutions: bool = True
+    evaluate_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,6 +60,9 @@ class Task:
     # and does nothing for a model without them (True where not known).
     convolutions: bool = True
     check_s: float = 0.0  # how long the check took: import, build_dataset, build_model, a step
+    # The seconds one evaluate(model) call took in the check (0: none, or a script's, untimed): each
+    # scored training of verification calls it several times, counted in --timeout and its limits.
+    evaluate_s: float = 0.0
     # A script the user runs (a Hugging Face Trainer script, a Lightning script) rather than a
     # model file: what its check saw (its arguments, its Trainer's as written); path is the script.
     script: ScriptFacts | LightningFacts | None = None
@@ -103,7 +106,7 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
                 parameters=checked.parameters, batchnorm_layers=checked.batchnorm_layers,
                 blocks=checked.blocks, has_training_step=checked.has_training_step,
                 optimizer=checked.optimizer, convolutions=checked.convolutions,
-                check_s=time.monotonic() - started)
+                check_s=time.monotonic() - started, evaluate_s=checked.evaluate_s)
 
 
 def recognise(path: Path, source: str) -> str | None:

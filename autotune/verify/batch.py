@@ -45,7 +45,8 @@ def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, 
                                       "file has no evaluate() to check that it trains as well"})
     # the longer of the two scored trainings (the numerics check's 40 steps at the larger batch)
     samples = max(trainings.samples(baseline), trainings.samples(cand))
-    runs = {"reference": trainings.for_samples(baseline, "batch-reference", samples=samples),
+    # the user's configuration, on the feeding knobs of the fastest the search measured alike
+    runs = {"reference": trainings.for_samples(trainings.reference(baseline), "batch-reference", samples=samples),
             "candidate": trainings.for_samples(cand, "batch-candidate", samples=samples)}
     scores, failed = metrics(runs)
     if failed is not None:

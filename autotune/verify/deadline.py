@@ -21,11 +21,17 @@ from collections.abc import Callable, Iterable, Sequence
 from autotune.config import TrialConfig
 from autotune.search.trial_summary import TrialSummary
 from autotune.verify.device_room import DeviceRoom
+from autotune.verify.reference import Measured, fastest_alike
 from autotune.verify.side_by_side import Visits
 
 # A compile read from the on-disk cache, as a share of the cold one the search measured:
 # the kernels are cached, Dynamo's trace and the CUDA graphs' capture are not.
 FROM_CACHE_SHARE = 0.25
+# How much slower than the fastest configuration measured at its batch a gate's training
+# of a configuration the search never measured (an fp32 reference beside bf16, eager beside
+# compiled) is priced: bf16's tensor cores run matrix products a few times fp32's rate, and
+# a step is rarely all matrix products.
+UNMEASURED_SLOWER = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +43,8 @@ class Costs:
     earlier one started pays no start): what the gates' runs pay, which the runner hands to
     warm processes alike; ``window_s``: one side-by-side window; ``sample_s``: one training
     step's time per sample at the baseline's rate (the candidates are faster: an upper
-    bound)."""
+    bound); ``evaluate_s``: one evaluate(model) call, as the model file's check timed it
+    (``Task.evaluate_s``), which a scored training of the gates makes several times."""
 
     start_s: float
     window_s: float
@@ -47,30 +54,64 @@ class Costs:
     # what each process of a compiled configuration pays on top: its compile read from the
     # run's on-disk cache (Dynamo's trace, the CUDA graphs' capture), a share of a cold one
     recompile_s: float = 0.0
+    evaluate_s: float = 0.0
+    # the configurations the search measured, with their samples/s: a gate's training of one
+    # of them, or of one that computes the same, trains at its rate (``rate_of``)
+    rates: Measured = ()
 
     @classmethod
     def from_trials(cls, results: Iterable[TrialSummary], *, window_s: float,
-                    baseline_rate: float) -> Costs:
-        """From the search's trials' results (``TrialResult.summary``)."""
+                    baseline_rate: float, evaluate_s: float = 0.0, rates: Measured = (),
+                    fresh_start: tuple[float, float] | None = None) -> Costs:
+        """From the search's trials' results (``TrialResult.summary``), and the seconds of one
+        evaluate() call (``Task.evaluate_s``). ``fresh_start``: a fresh process's start and its
+        setup as the batch ramp's first step paid them (``Ramp.start_s``), where every trial ran
+        in a process an earlier one started."""
         results = list(results)
         overheads = [(float(r.phases["overhead_s"]), r.warm) for r in results
                      if r.phases.get("overhead_s") is not None]
-        fresh = [s for s, warm in overheads if not warm] or [s for s, _ in overheads]
+        fresh = [s for s, warm in overheads if not warm]
         # the interpreter's start and imports, then the model file's setup: before the first step
         setups = [float(r.phases.get("start_import_s", 0.0)) + float(r.phases.get("setup_s", 0.0))
                   for r in results if not r.warm and "overhead_s" in r.phases]
+        if not fresh and fresh_start is not None:
+            fresh, setups = [fresh_start[0]], [fresh_start[1]]
+        fresh = fresh or [s for s, _ in overheads]
         start = statistics.median(fresh) if fresh else 0.0
         cold = max((float(r.one_time_s) for r in results if r.one_time_s), default=0.0)
         return cls(start_s=start, window_s=window_s, recompile_s=FROM_CACHE_SHARE * cold,
                    sample_s=1.0 / baseline_rate if baseline_rate > 0 else 0.0,
                    trial_start_s=statistics.median(s for s, _ in overheads) if overheads else None,
-                   setup_s=min(start, statistics.median(setups)) if setups else 0.0)
+                   setup_s=min(start, statistics.median(setups)) if setups else 0.0, evaluate_s=evaluate_s,
+                   rates=tuple(rates))
 
-    def process(self, *, samples: float = 0.0, fresh: bool = False) -> float:
-        """One trial that trains ``samples`` samples (a numerics trajectory, a quality run);
-        ``fresh``: in a process of its own (no warm one has its process knobs)."""
+    def rate_of(self, cfg: TrialConfig) -> float | None:
+        """The samples/s a training of ``cfg`` runs at: as the search measured it, else as the
+        fastest it measured that computes the same (``reference.fastest_alike``: a reference on
+        that one's feeding knobs); None where it measured neither."""
+        exact = [rate for measured, rate in self.rates if measured == cfg]
+        if exact:
+            return max(exact)
+        alike = fastest_alike(cfg, self.rates)
+        if alike is not None:
+            return alike[1]
+        # an fp32 reference at a batch the search measured only in reduced precision or
+        # compiled (the search stops before its fp32 twin where the reference is priced at the
+        # baseline's rate): a share of that batch's fastest, never below the baseline's rate
+        same = [rate for measured, rate in self.rates
+                if (measured.batch_size, measured.nprocs, measured.device) == (cfg.batch_size, cfg.nprocs, cfg.device)]
+        if not same:
+            return None
+        return max(max(same) / UNMEASURED_SLOWER, 1.0 / self.sample_s if self.sample_s else 0.0)
+
+    def process(self, *, samples: float = 0.0, fresh: bool = False, evaluations: int = 0,
+                rate: float | None = None) -> float:
+        """One trial that trains ``samples`` samples (a numerics trajectory, a quality run)
+        and calls evaluate() ``evaluations`` times; ``fresh``: in a process of its own (no
+        warm one has its process knobs); ``rate``: its samples/s where known (``rate_of``),
+        else the baseline's."""
         start = self.start_s if fresh or self.trial_start_s is None else self.trial_start_s
-        return start + samples * self.sample_s
+        return start + (samples / rate if rate else samples * self.sample_s) + evaluations * self.evaluate_s
 
     def side_by_side(self, configs: Sequence[TrialConfig], rounds: int, room: DeviceRoom | None = None) -> float:
         """``configs`` measured side by side for ``rounds`` rounds (``side_by_side.Visits``):

@@ -32,10 +32,10 @@ from autotune.trials.runner import process_key
 from autotune.verify import ablation
 from autotune.verify.deadline import Budget, Costs
 from autotune.verify.quality import REFERENCE_SEEDS, trades_quality
-from autotune.verify.reference import numerics_reference, quality_reference, work_key
+from autotune.verify.reference import numerics_reference, quality_reference, trained_fast, work_key
 from autotune.verify.sequential import FEWEST, PAIRS_FEWEST
 from autotune.verify.settings import Settings
-from autotune.verify.trainings import training_steps
+from autotune.verify.trainings import evaluation_steps, training_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,36 +59,45 @@ def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baselin
     other seeds), scored where a knob trades quality or
     evaluate() judges a batch unlike the user's (``verify.batch``), which also trains the
     user's configuration over the same samples. A run whose process knobs differ from the
-    run's before it starts a process of its own."""
-    seen: set[tuple[str, int]] = set()
+    run's before it starts a process of its own. A scored training calls evaluate() at its
+    ``evaluation_steps`` and at its end (``Costs.evaluate_s`` each); the batch check's run of
+    the user's configuration (``Trainings.for_samples``) at its end alone. A computation
+    trained unscored and then asked scored is trained again, as ``Trainings.of`` does."""
+    seen: dict[tuple[str, int], bool] = {}  # what was trained, and whether scored
     total = 0.0
     last: list[str | None] = [None]  # the process key of the run before: a warm process has it
 
-    def samples(cfg: TrialConfig, scored: bool) -> int:
-        return cfg.batch_size * training_steps(cfg, evaluate=scored, numerics_steps=settings.numerics_steps,
-                                               quality_samples=settings.quality_samples)
+    def steps(cfg: TrialConfig, scored: bool) -> int:
+        return training_steps(cfg, evaluate=scored, numerics_steps=settings.numerics_steps,
+                              quality_samples=settings.quality_samples)
 
-    def run(cfg: TrialConfig, count: float) -> float:
+    def samples(cfg: TrialConfig, scored: bool) -> int:
+        return cfg.batch_size * steps(cfg, scored)
+
+    def run(cfg: TrialConfig, count: float, evaluations: int = 0) -> float:
         key = process_key(cfg)
         fresh, last[0] = key is None or key != last[0], key
-        return costs.process(samples=count, fresh=fresh)
+        return costs.process(samples=count, fresh=fresh, evaluations=evaluations, rate=costs.rate_of(cfg))
 
     for cand in candidates:
         quality = has_evaluate and trades_quality(cand)
         judged = has_evaluate and cand.batch_size != baseline.batch_size  # the candidate's run is scored
-        reference = numerics_reference(baseline, cand)
+        # the references on the fastest alike's feeding knobs, as ``Trainings.reference`` trains them
+        reference = trained_fast(numerics_reference(baseline, cand), costs.rates)
         trained = [(reference, quality, 0), (cand, quality or judged, 0)]
         if quality:  # fp32's spread: its other seeds, unpruned
-            trained += [(quality_reference(baseline, cand), True, seed) for seed in range(1, REFERENCE_SEEDS)]
+            trained += [(trained_fast(quality_reference(baseline, cand), costs.rates), True, seed)
+                        for seed in range(1, REFERENCE_SEEDS)]
         for cfg, scored, seed in trained:
-            if (work_key(cfg), seed) not in seen:
-                seen.add((work_key(cfg), seed))
-                total += run(cfg, samples(cfg, scored))
+            if seen.get((work_key(cfg), seed)) not in (True, scored):
+                seen[work_key(cfg), seed] = scored
+                total += run(cfg, samples(cfg, scored),
+                             len(evaluation_steps(steps(cfg, scored))) + 1 if scored else 0)
         if judged:  # the user's configuration over the longer of the two budgets, once per length
             over = max(samples(baseline, True), samples(cand, True))
             if (f"batch:{over}", 0) not in seen:
-                seen.add((f"batch:{over}", 0))
-                total += run(baseline, over)
+                seen[f"batch:{over}", 0] = True
+                total += run(trained_fast(baseline, costs.rates), over, 1)
     return total
 
 

@@ -39,7 +39,7 @@ from autotune.verify import ablation, sequential, standalone
 from autotune.verify.batch import batch_check
 from autotune.verify.numerics import numerics_check
 from autotune.verify.quality import quality_check
-from autotune.verify.reference import KeptReferences
+from autotune.verify.reference import KeptReferences, Measured
 from autotune.verify.settings import Settings
 from autotune.verify.side_by_side import Held, speed_check
 from autotune.verify.speed import CandidateSpeed, ReferenceSpeed, plan_check
@@ -137,7 +137,7 @@ def verify_candidates(
     reserve: Sequence[TrialConfig] = (),
     progress: Progress = no_progress,
     stages: list[StageRecord] | None = None, slowest: float | None = None,
-    kept: KeptReferences | None = None,
+    kept: KeptReferences | None = None, evaluate_s: float = 0.0, measured: Measured = (),
 ) -> tuple[Verdict | None, list[Verdict], ReferenceSpeed | None]:
     """Gate the candidates (numerics, quality; ``screen``), measure the survivors'
     speed side by side with the baseline, then run the scripts of the fastest first
@@ -145,11 +145,15 @@ def verify_candidates(
     to pass all four checks wins (the simplified one of ``ablate`` first, when there is
     one). ``emit_candidate(cfg, folder)`` writes a candidate's launch.sh and returns its
     path. Each stage's record (``StageRecord``) is appended to ``stages``. ``slowest``: the
-    slowest samples/s the search measured, which sizes the gates' trainings' time limits;
-    ``kept``: where the scored fp32 trainings are kept between runs."""
+    slowest samples/s the search measured, which sizes the gates' trainings' time limits, with
+    ``evaluate_s``, one evaluate() call's seconds (``Task.evaluate_s``); ``kept``: where the
+    scored fp32 trainings are kept between runs; ``measured``: the configurations the search
+    measured, with their samples/s, whose fastest alike each reference trains on
+    (``reference.trained_fast``)."""
     log = stages if stages is not None else []
     trainings = Trainings(runner, evaluate=has_evaluate, numerics_steps=settings.numerics_steps,
-                          quality_samples=settings.quality_samples, slowest=slowest, kept=kept)
+                          quality_samples=settings.quality_samples, slowest=slowest, kept=kept,
+                          evaluate_s=evaluate_s, measured=measured)
     pool = Held(runner)
     try:
         return _verify(runner, baseline=baseline, candidates=candidates, settings=settings,

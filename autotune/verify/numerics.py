@@ -109,7 +109,7 @@ def numerics_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfi
         done[role] = trainings.of(cfg, role, scored=scored[role], guard=near)
         return done[role]
 
-    fitted = where_fp32_fits(run, numerics_reference(baseline, cand), cand)
+    fitted = where_fp32_fits(run, trainings.reference(numerics_reference(baseline, cand)), cand)
     results, ran, notes = fitted.results, fitted.candidate, fitted.notes
     shrunk = {"checked_at_batch": ran.batch_size, "notes": notes} if notes else {}
     for role, result in results.items():

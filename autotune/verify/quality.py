@@ -110,7 +110,7 @@ def quality_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig
         return Check(None, {"reason": f"{cand.precision}: the model file has no evaluate(); "
                                       "the numerics check is the gate"})
     fitted = where_fp32_fits(lambda cfg, role: trainings.of(cfg, role, scored=True),
-                             quality_reference(baseline, cand), cand)
+                             trainings.reference(quality_reference(baseline, cand)), cand)
     results = dict(fitted.results)
     if "candidate" in results:
         for seed in range(1, REFERENCE_SEEDS):

@@ -14,6 +14,7 @@ from autotune.config import TrialConfig
 from autotune.outdir import write_atomically
 from autotune.runtime.knobs import Device
 from autotune.search import memory
+from autotune.search.outcome import SearchOutcome
 from autotune.trials.events import DoneEvent
 from autotune.trials.logs import read_event
 from autotune.trials.protocol import Event, Failure, Status
@@ -26,10 +27,54 @@ PLACEMENT_KNOBS = ("threads", "interop_threads", "num_workers", "persistent_work
                    "prefetch_factor", "pin_memory", "allocator", "affinity")
 
 
+# What a reference takes from the fastest configuration the search measured that computes
+# what it computes: the knobs that place or feed the work, and cuDNN's benchmark, which picks
+# among kernels for the same convolution. An fp32 reference on the baseline's knobs (no
+# DataLoader workers, unpinned) may train several times slower than the candidates it checks.
+FEEDING_KNOBS = (*PLACEMENT_KNOBS, "cudnn_benchmark")
+# What such a configuration may differ in from the reference besides FEEDING_KNOBS: the
+# tensors' memory layout, the optimizer's step (fused or per tensor) and the CUDA allocator
+# compute the same to rounding, and say how fast the reference's own knobs run.
+ALIKE_BESIDE = (*FEEDING_KNOBS, "channels_last", "optimizer_step", "expandable_segments")
+
+
 def work_key(cfg: TrialConfig) -> str:
     """``cfg`` less its placement knobs: configurations with one key compute the same."""
     return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in PLACEMENT_KNOBS},
                       sort_keys=True)
+
+
+def _alike_key(cfg: TrialConfig) -> str:
+    return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in ALIKE_BESIDE}, sort_keys=True)
+
+
+Measured = tuple[tuple[TrialConfig, float], ...]  # configurations the search measured, with samples/s
+
+
+def fastest_alike(ref: TrialConfig, measured: Measured) -> tuple[TrialConfig, float] | None:
+    """The fastest of ``measured`` that computes what ``ref`` computes, to rounding (the same
+    precision, compile, batch, ranks, pruning and memory knobs: it differs at most in
+    ``ALIKE_BESIDE``), with its samples/s; None where the search measured none."""
+    key = _alike_key(ref)
+    alike = [(cfg, rate) for cfg, rate in measured if rate and _alike_key(cfg) == key]
+    return max(alike, key=lambda found: found[1]) if alike else None
+
+
+def measured_rates(outcome: SearchOutcome) -> Measured:
+    """Each configuration the search measured, with its samples/s: where the gates'
+    references train (``reference.trained_fast``) and what their trainings cost."""
+    return tuple((c.config, float(c.measured.samples_per_s)) for c in outcome.ranked if c.measured.samples_per_s)
+
+
+def trained_fast(ref: TrialConfig, measured: Measured) -> TrialConfig:
+    """``ref`` (an fp32 reference, or the user's configuration the batch check trains) with
+    the ``FEEDING_KNOBS`` of the fastest configuration the search measured that computes what
+    it computes (``fastest_alike``): its losses and scores are the same to fp32's rounding,
+    sooner. ``ref`` itself where none was measured."""
+    found = fastest_alike(ref, measured)
+    if found is None:
+        return ref
+    return ref.replace(**{k: getattr(found[0], k) for k in FEEDING_KNOBS})
 
 
 def numerics_reference(baseline: TrialConfig, cand: TrialConfig) -> TrialConfig:

@@ -11,13 +11,14 @@ from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation
 from autotune.document.run import RunDocument
 from autotune.document.stages import Stage, StageRecord, VerificationStages
+from autotune.search.batch_range import ramp_of
 from autotune.search.ledger import measured_trials
-from autotune.search.stage import Searched
+from autotune.search.stage import Searched, fresh_start
 from autotune.sections import MeasureOptions, VerifyOptions
 from autotune.verify import fit, gates, standalone
 from autotune.verify.candidates import batch_rival, choose_candidates
 from autotune.verify.deadline import Budget, Costs
-from autotune.verify.reference import KEPT_REFERENCES, KeptReferences
+from autotune.verify.reference import KEPT_REFERENCES, KeptReferences, measured_rates
 from autotune.verify.settings import Settings
 from autotune.verify.speed import ReferenceSpeed
 from autotune.verify.trainings import slowest_rate
@@ -66,7 +67,8 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
     if searched.ends_at is not None and verify.timeout_s is not None:
         budget = Budget(timeout_s=verify.timeout_s, ends_at=searched.ends_at, costs=Costs.from_trials(
             [c.result for c in outcome.ranked], window_s=measure.window_s,
-            baseline_rate=outcome.baseline.measured.samples_per_s))
+            baseline_rate=outcome.baseline.measured.samples_per_s, evaluate_s=workbench.task.evaluate_s,
+            rates=measured_rates(outcome), fresh_start=fresh_start(ramp_of(searched.place.study))))
     asked = Settings.asked(verify)
     settings = dataclasses.replace(
         asked.on(workbench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()]),
@@ -97,7 +99,8 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
             workbench.runner, baseline=baseline, candidates=candidates, reserve=ranked,
             settings=settings, has_evaluate=workbench.task.has_evaluate,
             emit_candidate=emit_candidate, workdir=workbench.out / "verify", progress=reporter.verify, stages=records,
-            slowest=slowest_rate(measured_trials(searched.place.study)), kept=kept_references(workbench))
+            slowest=slowest_rate(measured_trials(searched.place.study)), kept=kept_references(workbench),
+            evaluate_s=workbench.task.evaluate_s, measured=measured_rates(outcome))
     else:
         winner, verdicts, base_speed = None, [], None
     if winner is not None and fitted is not None and Stage.ABLATION in fitted.shortened:
@@ -123,9 +126,11 @@ def recheck(workbench: Workbench, verify: VerifyOptions, *, doc: RunDocument, la
         workbench.runner, baseline=doc.baseline.config, candidates=[cfg], settings=settings,
         has_evaluate=workbench.task.has_evaluate,
         emit_candidate=lambda c, where: launcher() if c == cfg else emit_baseline(c, where),
-        workdir=workbench.out / "reverify", progress=workbench.reporter.verify, kept=kept_references(workbench))
+        workdir=workbench.out / "reverify", progress=workbench.reporter.verify, kept=kept_references(workbench),
+        evaluate_s=workbench.task.evaluate_s)
 
 
 def kept_references(workbench: Workbench) -> KeptReferences:
     """The output folder's scored fp32 trainings (``KEPT_REFERENCES``), kept between runs."""
     return KeptReferences(workbench.out / KEPT_REFERENCES, model_file=Path(workbench.task.path))
+

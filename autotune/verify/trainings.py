@@ -21,7 +21,7 @@ from autotune.search.trial_summary import TrialSummary
 from autotune.trials.protocol import Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
 from autotune.trials.spec import LossGuard
-from autotune.verify.reference import KeptReferences, work_key
+from autotune.verify.reference import KeptReferences, Measured, trained_fast, work_key
 
 
 def slowest_rate(measured: Sequence[tuple[TrialConfig, TrialSummary]]) -> float | None:
@@ -86,16 +86,29 @@ class Trainings:
     slowest: float | None = None
     kept: KeptReferences | None = None
     reused: int = 0  # scored trainings read from ``kept`` instead of run
+    # the seconds of one evaluate() call, as the model file's check timed it (Task.evaluate_s)
+    evaluate_s: float = 0.0
+    # the configurations the search measured, with their samples/s: a reference trains on
+    # the feeding knobs of the fastest that computes what it computes (``reference``)
+    measured: Measured = ()
 
-    def limit_s(self, cfg: TrialConfig, steps: int) -> float | None:
-        """The time a training of ``steps`` steps of ``cfg`` may take where the runner's
-        trial limit would end it first: three times the steps at the slowest rate the search
-        measured, and two minutes to start; None (the runner's own) where that is less or
-        no rate is known."""
+    def reference(self, cfg: TrialConfig) -> TrialConfig:
+        """Where the reference ``cfg`` trains: on the feeding knobs of the fastest configuration
+        the search measured that computes what it computes (``reference.trained_fast``)."""
+        return trained_fast(cfg, self.measured)
+
+    def limit_s(self, cfg: TrialConfig, steps: int, *, evaluations: int = 0) -> float | None:
+        """The time a training of ``steps`` steps of ``cfg`` that calls evaluate()
+        ``evaluations`` times may take where the runner's trial limit would end it first:
+        three times the steps at the slowest rate the search measured and the evaluations at
+        ``evaluate_s``, and two minutes to start; None (the runner's own) where that is less
+        or neither is known."""
         own = getattr(self.runner, "timeout_s", None)
-        if not self.slowest or own is None:
+        scoring = evaluations * self.evaluate_s
+        if not (self.slowest or scoring) or own is None:
             return None
-        needed = 3.0 * steps * cfg.batch_size / self.slowest + 120.0
+        training = 3.0 * steps * cfg.batch_size / self.slowest if self.slowest else 0.0
+        needed = training + 3.0 * scoring + 120.0
         return needed if needed > own else None
 
     def steps(self, cfg: TrialConfig, *, scored: bool = True) -> int:
@@ -120,8 +133,8 @@ class Trainings:
         if (key, steps) not in self.over_samples:
             name = f"verify-gates-{self.ran}-{role}"
             self.ran += 1
-            self.over_samples[key, steps] = self.runner.run(cfg, name=name, quality_steps=steps,
-                                                            timeout_s=self.limit_s(cfg, steps))
+            self.over_samples[key, steps] = self.runner.run(cfg, name=name, quality_steps=steps,  # scored at its end
+                                                            timeout_s=self.limit_s(cfg, steps, evaluations=1))
         return self.over_samples[key, steps]
 
     def of(self, cfg: TrialConfig, role: str, *, scored: bool = False, seed: int = 0,
@@ -143,7 +156,8 @@ class Trainings:
                 result = kept
             else:
                 result = self.runner.run(cfg, name=self._name(role, seed), quality_steps=steps,
-                                         timeout_s=self.limit_s(cfg, steps), evaluate_at=points,
+                                         timeout_s=self.limit_s(cfg, steps, evaluations=len(points) + 1),
+                                         evaluate_at=points,
                                          seed_offset=seed, guard=guard)
                 if self.kept is not None and cfg.exact:
                     self.kept.write(cfg, result, seed=seeded, steps=steps, evaluate_at=points)
