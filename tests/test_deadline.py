@@ -301,3 +301,27 @@ def test_a_slow_evaluate_is_counted_and_the_run_ends_within_its_timeout(tmp_path
     assert doc["verification_stages"]["estimate_s"] == round(plan.estimate_s, 1)
     # evaluate() judged the candidates' batch (whether a noisy machine lets the pairs verify one or not)
     assert all("batch" in c["checks"] for c in doc["candidates"]), doc["candidates"]
+
+
+def test_a_fresh_start_is_not_a_compile_and_is_read_off_the_ramp_where_every_trial_ran_warm():
+    """A compiled trial's cold compile (its one-time cost) is no process's start: verification's
+    fresh processes are priced at the uncompiled start, and its compile once per process from
+    the cache (``recompile_s``). Where every trial ran in a process an earlier one started, a
+    fresh start is what the batch ramp's first step paid, not a warm trial's."""
+    from autotune.search.trial_summary import TrialSummary
+    from autotune.verify.deadline import FROM_CACHE_SHARE, Costs
+
+    def trial(overhead: float, *, warm: bool = False, once: float | None = None) -> TrialSummary:
+        return TrialSummary(status="ok", value=100.0, wall_s=overhead + 3.0, one_time_s=once, warm=warm,
+                            phases={"overhead_s": overhead, "measure_s": 3.0, "start_import_s": 0.0 if warm else 8.0})
+
+    results = [trial(12.0, once=0.5), trial(60.0, once=48.0)]
+    costs = Costs.from_trials(results, window_s=1.0, baseline_rate=100.0, compiled={1})
+    assert costs.start_s == pytest.approx(12.0) and costs.recompile_s == pytest.approx(FROM_CACHE_SHARE * 48.0)
+    as_before = Costs.from_trials(results, window_s=1.0, baseline_rate=100.0)  # the compile counted as a start
+    assert as_before.start_s == pytest.approx(36.0)
+    warm = [trial(2.0, warm=True), trial(2.0, warm=True)]
+    assert Costs.from_trials(warm, window_s=1.0, baseline_rate=100.0).start_s == pytest.approx(2.0)
+    ramped = Costs.from_trials(warm, window_s=1.0, baseline_rate=100.0, fresh_start=(12.0, 10.0))
+    assert ramped.start_s == pytest.approx(12.0) and ramped.setup_s == pytest.approx(10.0)
+    assert ramped.trial_start_s == pytest.approx(2.0)  # the gates' runs, handed to warm processes alike

@@ -147,7 +147,7 @@ class Stages:
         return [params for params in stage
                 if self.ledger.previous(self.space.config_from_params(params)) is None]
 
-    def late_stage(self, best: TrialConfig) -> list[dict[str, KnobValue]]:
+    def _late_stage(self, best: TrialConfig) -> list[dict[str, KnobValue]]:
         """Each late knob's values on the best configuration; the first one on the best of
         the other precision kind. On GPUs the compile modes likeliest to win go first
         (``late.ordered``), and once one is shown slower the rest are skipped (``_measure``)."""
@@ -176,15 +176,14 @@ class Stages:
         kinds = (beyond, stage) if turn % 2 == 0 else (stage, beyond)
         return next((pick for kind in kinds for pick in kind), None)
 
-    def enqueue_refinements(self, *, hurry: bool = False) -> None:
+    def enqueue_refinements(self) -> None:
         """Spend the end of the budget on the best configurations so far: first the
         refinement (``_refinement``, at most a third of the budget: the sampler keeps the
         rest), one trial at a time, each on the best as it stands then; then, on the best
         after those, each late knob (``_late_stage``). Each stage starts when nothing else
         is queued (a retry, the start) and the budget left equals what the stages still to
         come need; the refinement's slots are stored with the study
-        (``StudyAttr.BATCH_ENQUEUED``). ``hurry``: --timeout leaves the late stage no later
-        turn (``Tuner._late_due``): it is queued now, and the refinement not at all."""
+        (``StudyAttr.BATCH_ENQUEUED``)."""
         if (self.study.user_attrs.get(StudyAttr.LATE_ENQUEUED)
                 or self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))):
             return
@@ -192,9 +191,7 @@ class Stages:
         if cfg is None:
             return
         left = self.trials - len(self.ledger.measured()) - len(self.ledger.running())
-        late = self.late_stage(cfg)
-        if hurry and late:
-            left = len(late)
+        late = self._late_stage(cfg)
         slots = self.study.user_attrs.get(StudyAttr.BATCH_ENQUEUED)
         if slots is None:
             planned = max(3, self.trials // 3) if self._refinement(cfg, turn=0) is not None else 0

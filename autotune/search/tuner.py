@@ -188,7 +188,7 @@ class Tuner:
                     trial = None
                     if steered is None and (len(self.ledger.measured()) + len(self.ledger.running())
                                             < self.budget.trials):
-                        self.stages.enqueue_refinements(hurry=self._late_due())
+                        self.stages.enqueue_refinements()
                         trial = self._ask()
                 if trial is not None:
                     asks_left -= 1
@@ -204,24 +204,6 @@ class Tuner:
         if stop is not None:
             self.progress(ProgressEvent.BUDGET, BudgetStop(stop))
         return self.outcome()
-
-    def _late_due(self) -> bool:
-        """Under --timeout on a GPU: whether the late stage must be queued now, whatever
-        trials the budget has left. After one more trial as long as the longest so far, what
-        the run leaves (less verification at its least, ``SearchBudget.room_left_s``) would no
-        longer hold its first compile, and the compile the search found would be dropped for
-        want of time."""
-        best = self.ledger.best_config()
-        if self.budget.room_s is None or best is None or best.device != Device.CUDA:
-            return False
-        first = next((self.space.config_from_params(p) for p in self.stages.late_stage(best)), None)
-        if first is None or first.compile == CompileMode.OFF:
-            return False
-        once = late.compile_estimate_s(self.study.get_trials(deepcopy=False), first)
-        outcome = self.outcome()
-        left = self.budget.room_left_s(lambda: outcome, once_s=once)
-        longest = max((c.result.wall_s or 0.0 for c in outcome.ranked), default=0.0)
-        return left is not None and left - longest < once
 
     def _user_config_queued(self) -> bool:
         """Whether the user's configuration waits in the queue, not yet started."""

@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from autotune.config import TrialConfig
+from autotune.search.outcome import SearchOutcome
 from autotune.search.trial_summary import TrialSummary
 from autotune.verify.device_room import DeviceRoom
-from autotune.verify.reference import Measured, fastest_alike
+from autotune.verify.reference import Measured, fastest_alike, measured_rates
 from autotune.verify.side_by_side import Visits
 
 # A compile read from the on-disk cache, as a share of the cold one the search measured:
@@ -62,14 +63,16 @@ class Costs:
     @classmethod
     def from_trials(cls, results: Iterable[TrialSummary], *, window_s: float,
                     baseline_rate: float, evaluate_s: float = 0.0, rates: Measured = (),
-                    fresh_start: tuple[float, float] | None = None) -> Costs:
+                    fresh_start: tuple[float, float] | None = None, compiled: Collection[int] = ()) -> Costs:
         """From the search's trials' results (``TrialResult.summary``), and the seconds of one
         evaluate() call (``Task.evaluate_s``). ``fresh_start``: a fresh process's start and its
         setup as the batch ramp's first step paid them (``Ramp.start_s``), where every trial ran
-        in a process an earlier one started."""
+        in a process an earlier one started. ``compiled``: the indices of the results whose
+        configuration compiles: their one-time cost, a cold compile, is no process's start
+        (``recompile_s`` prices what each later process of theirs pays)."""
         results = list(results)
-        overheads = [(float(r.phases["overhead_s"]), r.warm) for r in results
-                     if r.phases.get("overhead_s") is not None]
+        overheads = [(float(r.phases["overhead_s"]) - (float(r.one_time_s or 0.0) if i in compiled else 0.0), r.warm)
+                     for i, r in enumerate(results) if r.phases.get("overhead_s") is not None]
         fresh = [s for s, warm in overheads if not warm]
         # the interpreter's start and imports, then the model file's setup: before the first step
         setups = [float(r.phases.get("start_import_s", 0.0)) + float(r.phases.get("setup_s", 0.0))
@@ -84,6 +87,17 @@ class Costs:
                    trial_start_s=statistics.median(s for s, _ in overheads) if overheads else None,
                    setup_s=min(start, statistics.median(setups)) if setups else 0.0, evaluate_s=evaluate_s,
                    rates=tuple(rates))
+
+    @classmethod
+    def of_search(cls, outcome: SearchOutcome, *, window_s: float, evaluate_s: float,
+                  fresh_start: tuple[float, float] | None) -> Costs:
+        """From the search's outcome (which has measured its baseline): its trials, their
+        rates, which of them compile (``from_trials``)."""
+        assert outcome.baseline is not None
+        return cls.from_trials([c.result for c in outcome.ranked], window_s=window_s,
+                               baseline_rate=outcome.baseline.measured.samples_per_s, evaluate_s=evaluate_s,
+                               rates=measured_rates(outcome), fresh_start=fresh_start,
+                               compiled={i for i, c in enumerate(outcome.ranked) if c.config.compile != "off"})
 
     def rate_of(self, cfg: TrialConfig) -> float | None:
         """The samples/s a training of ``cfg`` runs at: as the search measured it, else as the

@@ -14,7 +14,6 @@ from autotune.space import Space
 from autotune.verify import fit
 from autotune.verify.candidates import batch_rival, choose_candidates
 from autotune.verify.deadline import FROM_CACHE_SHARE, Costs
-from autotune.verify.reference import measured_rates
 from autotune.verify.sequential import PAIRS_FEWEST
 from autotune.verify.settings import Settings
 from autotune.workbench import Workbench
@@ -65,10 +64,8 @@ def leave_for_verification(workbench: Workbench, verify: VerifyOptions, measure:
         others = [c for c in outcome.ranked if c.config != baseline]
         candidates = choose_candidates([c.config for c in others], top=verify.top, space=space,
                                        machine=workbench.machine, fits=outcome.fits(limit), rival=batch_rival(others))
-        costs = Costs.from_trials([c.result for c in outcome.ranked], window_s=measure.window_s,
-                                  baseline_rate=outcome.baseline.measured.samples_per_s,
-                                  evaluate_s=workbench.task.evaluate_s, rates=measured_rates(outcome),
-                                  fresh_start=fresh_start)
+        costs = Costs.of_search(outcome, window_s=measure.window_s, evaluate_s=workbench.task.evaluate_s,
+                                fresh_start=fresh_start)
         settings = Settings.asked(verify).on(workbench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()])
         return fit.least(settings, candidates, baseline=baseline, costs=costs,
                          has_evaluate=workbench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)

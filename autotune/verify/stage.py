@@ -65,10 +65,9 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
                                    rival=batch_rival(others))
     budget = None
     if searched.ends_at is not None and verify.timeout_s is not None:
-        budget = Budget(timeout_s=verify.timeout_s, ends_at=searched.ends_at, costs=Costs.from_trials(
-            [c.result for c in outcome.ranked], window_s=measure.window_s,
-            baseline_rate=outcome.baseline.measured.samples_per_s, evaluate_s=workbench.task.evaluate_s,
-            rates=measured_rates(outcome), fresh_start=fresh_start(ramp_of(searched.place.study))))
+        budget = Budget(timeout_s=verify.timeout_s, ends_at=searched.ends_at, costs=Costs.of_search(
+            outcome, window_s=measure.window_s, evaluate_s=workbench.task.evaluate_s,
+            fresh_start=fresh_start(ramp_of(searched.place.study))))
     asked = Settings.asked(verify)
     settings = dataclasses.replace(
         asked.on(workbench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()]),
