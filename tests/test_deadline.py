@@ -265,17 +265,19 @@ def test_the_gates_estimate_counts_each_scored_trainings_evaluations():
     assert grows([bf16, larger], has_evaluate=False) == (0.0, 0.0)  # nothing scored, nothing evaluated
 
 
-EVALUATE_TIMEOUT_S = 150.0
+EVALUATE_TIMEOUT_S = 90.0
+EVALUATE_CALL_S = 1.5  # tests/models/slow_evaluate.py's evaluate(), a call
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_slow_evaluate_is_counted_and_the_run_ends_within_its_timeout(tmp_path, monkeypatch):
-    """tests/models/slow_evaluate.py: evaluate() takes 2 s a call, and with the batch pinned at
-    32 (the file's is 16) it judges every candidate (the batch check): the candidate's scored
+    """tests/models/slow_evaluate.py: evaluate() takes 1.5 s a call, and with the batch pinned
+    at 32 (the file's is 16) it judges every candidate (the batch check): the candidate's scored
     training calls it 4 times, the user's configuration's over the same samples once. A real
-    run under --timeout 150 ends within it, and verification's estimate counts those calls at
+    run under --timeout 90 ends within it, and verification's estimate counts those calls at
     what the model file's check timed."""
+    monkeypatch.setenv("AUTOTUNE_TEST_EVALUATE_S", str(EVALUATE_CALL_S))
     plans: list[tuple[dict, fit.FittedStages]] = []
     real = fit.fit
 
@@ -293,7 +295,7 @@ def test_a_slow_evaluate_is_counted_and_the_run_ends_within_its_timeout(tmp_path
     assert took <= EVALUATE_TIMEOUT_S + 10, f"the run took {took:.0f} s"
     [(kw, plan)] = plans
     costs = kw["budget"].costs
-    assert costs.evaluate_s >= 2.0  # the check's call, carried by the Task
+    assert costs.evaluate_s >= EVALUATE_CALL_S  # the check's call, carried by the Task
     untimed = sum(fit.estimate(plan.settings, plan.candidates, baseline=kw["baseline"],
                                costs=dataclasses.replace(costs, evaluate_s=0.0), has_evaluate=True).values())
     assert plan.estimate_s - untimed >= (4 + 1) * costs.evaluate_s

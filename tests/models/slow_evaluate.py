@@ -1,52 +1,23 @@
-"""A small MLP whose evaluate() takes seconds (AUTOTUNE_TEST_EVALUATE_S, default 2 s a call):
-stands for a model file that scores a validation set. Its data set takes as long to load a
-batch as the model takes to train on it (as tests/models/slow_loading.py), so a candidate
-with DataLoader workers is clearly faster and verification settles at its fewest rounds and
-pairs."""
+"""tests/models/slow_loading.py (its data set takes as long to load a batch as the model takes
+to train on it, so a candidate with DataLoader workers is clearly faster and verification
+settles at its fewest rounds and pairs) with an evaluate() that takes seconds
+(AUTOTUNE_TEST_EVALUATE_S, default 2 s a call): a model file that scores a validation set."""
+import importlib.util
 import os
 import time
+from pathlib import Path
 
 import torch
 
-batch_size = 16
-SECONDS_PER_SAMPLE = 0.0005
+# the model file is imported by its path: its sibling is loaded the same way
+_spec = importlib.util.spec_from_file_location("slow_loading", Path(__file__).with_name("slow_loading.py"))
+assert _spec is not None and _spec.loader is not None
+_loading = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_loading)
+
+batch_size = _loading.batch_size
+build_model, build_dataset, build_optimizer = _loading.build_model, _loading.build_dataset, _loading.build_optimizer
 EVALUATE_S = float(os.environ.get("AUTOTUNE_TEST_EVALUATE_S", "2"))
-
-
-class Slow(torch.utils.data.Dataset):
-    def __init__(self):
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(2048, 32, generator=g)
-        self.y = self.x[:, :4].argmax(1)
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        time.sleep(SECONDS_PER_SAMPLE)
-        return self.x[i], self.y[i]
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-
-    def forward(self, x):
-        time.sleep(x.shape[0] * SECONDS_PER_SAMPLE)
-        return self.body(x)
-
-
-def build_model():
-    return Net()
-
-
-def build_dataset():
-    return Slow()
-
-
-def build_optimizer(params):
-    return torch.optim.SGD(params, lr=0.05)
 
 
 def evaluate(model):
