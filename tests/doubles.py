@@ -344,3 +344,15 @@ class _NoisyTrial:
 
     def memory(self) -> int:
         return 0
+
+
+class NamedStandIn(StandInRunner):
+    """``StandInRunner``, keeping each run's name: the ramp's are ``batch-ramp-N``, the gates' ``verify-gates-N-ROLE``."""
+
+    def __init__(self, doc: dict) -> None:
+        super().__init__(doc)
+        self.names: list[tuple[str, TrialConfig]] = []
+
+    def run(self, cfg, *, name, **kw):
+        self.names.append((name, cfg))
+        return super().run(cfg, name=name, **kw)

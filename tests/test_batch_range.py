@@ -9,7 +9,7 @@ from autotune.errors import UsageError
 from autotune.options import RunOptions, parse_batch_range
 from autotune.space import build_space
 
-from doubles import StandInRunner, recorded_machine, tune_stand_in
+from doubles import NamedStandIn, StandInRunner, recorded_machine, tune_stand_in
 from helpers import knob_cnn
 
 
@@ -60,18 +60,6 @@ def test_a_study_is_not_resumed_over_another_range(tmp_path):
                       batch_range=(64, 2048))
     again = tune_stand_in(task, tmp_path, StandInRunner(recorded_machine("avx2_epyc")), trials=6)
     assert again["verified"]  # the same options resume it
-
-
-class NamedStandIn(StandInRunner):
-    """``StandInRunner``, keeping each run's name: the ramp's are ``batch-ramp-N``."""
-
-    def __init__(self, doc: dict) -> None:
-        super().__init__(doc)
-        self.names: list[tuple[str, TrialConfig]] = []
-
-    def run(self, cfg, *, name, **kw):
-        self.names.append((name, cfg))
-        return super().run(cfg, name=name, **kw)
 
 
 def test_the_ramp_climbs_inside_the_users_range_and_the_search_starts_at_its_fastest(tmp_path):

@@ -17,7 +17,7 @@ from autotune.verify.reference import fastest_alike, trained_fast
 from autotune.verify.settings import Settings
 from autotune.verify.trainings import Trainings
 
-from doubles import StandInRunner, recorded_machine
+from doubles import NamedStandIn, recorded_machine
 
 MODELS = Path(__file__).parent / "models"
 USER = TrialConfig(batch_size=64, device="cuda", backend="nccl")
@@ -56,21 +56,11 @@ def test_a_gates_training_is_priced_at_the_rate_of_what_it_trains_on():
     assert costs.process(samples=30_000) == pytest.approx(10.0 + 30.0)  # at the baseline's rate
 
 
-class Recording(StandInRunner):
-    def __init__(self, doc: dict) -> None:
-        super().__init__(doc)
-        self.trained: list[tuple[str, TrialConfig]] = []
-
-    def run(self, cfg, *, name, **kw):
-        self.trained.append((name, cfg))
-        return super().run(cfg, name=name, **kw)
-
-
 def test_the_gates_train_their_references_on_the_fastest_alike():
     """A bf16 candidate at a larger batch: its numerics and quality references (fp32 at its
     batch) and the batch check's run of the user's configuration each train on the feeding
     knobs of the fastest alike the search measured."""
-    runner = Recording(recorded_machine("h100x1"))
+    runner = NamedStandIn(recorded_machine("h100x1"))
     user = TrialConfig(batch_size=16, device="cuda", backend="nccl")
     cand = user.replace(batch_size=64, precision="bf16", num_workers=4, persistent_workers=True, pin_memory=True)
     measured = ((user, 100.0), (user.replace(num_workers=2, persistent_workers=True), 150.0),
@@ -78,9 +68,9 @@ def test_the_gates_train_their_references_on_the_fastest_alike():
     trainings = Trainings(runner, evaluate=True, measured=measured)
     verdict = gate(trainings, user, cand, settings=Settings())
     assert "numerics" in verdict.checks and "batch" in verdict.checks, verdict.checks
-    references = [cfg for name, cfg in runner.trained if "reference" in name]
+    references = [cfg for name, cfg in runner.names if "reference" in name]
     assert references and all(cfg.precision == "fp32" for cfg in references)
-    assert {(c.batch_size, c.num_workers) for c in references} == {(64, 4), (16, 2)}, runner.trained
+    assert {(c.batch_size, c.num_workers) for c in references} == {(64, 4), (16, 2)}, runner.names
 
 
 def _trained(runner: TrialRunner, cfg: TrialConfig, measured: tuple) -> tuple[list[float], float | None]:

@@ -99,6 +99,13 @@ class Ramp(Record):
     setup_s: float | None = None
 
     @property
+    def fresh_start(self) -> tuple[float, float] | None:
+        """A fresh process's start and setup as the first step paid them (None where it ran in
+        a process started before): what verification's fresh processes pay where every trial of
+        the search ran warm (``verify.deadline.Costs.from_trials``)."""
+        return None if self.start_s is None else (self.start_s, self.setup_s or 0.0)
+
+    @property
     def fastest(self) -> tuple[int, float] | None:
         return max(self.rates, key=lambda r: r[1]) if self.rates else None
 

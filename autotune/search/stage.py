@@ -74,7 +74,8 @@ def run_search(workbench: Workbench, search: SearchOptions, sharing: SharingOpti
     began = place.started_at if place.started_at is not None else started_at
     ends_at = None if search.timeout_s is None else began + search.timeout_s
     kept = (None if ends_at is None or reserve is None
-            else reserve(space=space, limit=limit, ends_at=ends_at, fresh_start=fresh_start(ramp)))
+            else reserve(space=space, limit=limit, ends_at=ends_at,
+                         fresh_start=ramp.fresh_start if ramp is not None else None))
     budget = SearchBudget(trials=search.trials, timeout_s=search_timeout(search.timeout_s), started_at=began,
                           enough=None if kept is None else kept.enough,
                           room_s=None if kept is None else kept.room_s)
@@ -90,15 +91,6 @@ def run_search(workbench: Workbench, search: SearchOptions, sharing: SharingOpti
     pricing = (None if search.plan is None
                else Pricing(plan=search.plan, measured=tuple(c.measured for c in outcome.ranked)))
     return Searched(place=place, outcome=outcome, space=space, limit=limit, pricing=pricing, ends_at=ends_at)
-
-
-def fresh_start(ramp: batch_range.Ramp | None) -> tuple[float, float] | None:
-    """A fresh process's start and setup as the ramp's first step paid them (None where it
-    ran in a process started before): what verification's fresh processes pay where every
-    trial of the search ran warm (``verify.deadline.Costs.from_trials``)."""
-    if ramp is None or ramp.start_s is None:
-        return None
-    return ramp.start_s, ramp.setup_s or 0.0
 
 
 def fastest_allowed(ramp: batch_range.Ramp | None, space: Space) -> int | None:

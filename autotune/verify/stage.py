@@ -13,7 +13,7 @@ from autotune.document.run import RunDocument
 from autotune.document.stages import Stage, StageRecord, VerificationStages
 from autotune.search.batch_range import ramp_of
 from autotune.search.ledger import measured_trials
-from autotune.search.stage import Searched, fresh_start
+from autotune.search.stage import Searched
 from autotune.sections import MeasureOptions, VerifyOptions
 from autotune.verify import fit, gates, standalone
 from autotune.verify.candidates import batch_rival, choose_candidates
@@ -67,7 +67,7 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
     if searched.ends_at is not None and verify.timeout_s is not None:
         budget = Budget(timeout_s=verify.timeout_s, ends_at=searched.ends_at, costs=Costs.of_search(
             outcome, window_s=measure.window_s, evaluate_s=workbench.task.evaluate_s,
-            fresh_start=fresh_start(ramp_of(searched.place.study))))
+            fresh_start=ramp.fresh_start if (ramp := ramp_of(searched.place.study)) else None))
     asked = Settings.asked(verify)
     settings = dataclasses.replace(
         asked.on(workbench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()]),
@@ -132,4 +132,3 @@ def recheck(workbench: Workbench, verify: VerifyOptions, *, doc: RunDocument, la
 def kept_references(workbench: Workbench) -> KeptReferences:
     """The output folder's scored fp32 trainings (``KEPT_REFERENCES``), kept between runs."""
     return KeptReferences(workbench.out / KEPT_REFERENCES, model_file=Path(workbench.task.path))
-
