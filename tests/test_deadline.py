@@ -191,6 +191,29 @@ def test_the_search_keeps_room_for_its_longest_trial_and_a_margin_on_verificatio
     assert room_for_another(now=0.0, ends_at=120.0, trial_walls=walls, need_s=85.0)
 
 
+def test_a_compile_on_a_gpu_is_not_counted_in_the_next_trials_time():
+    """After a compiled trial on a GPU (12 s of its 50 s a trial's, 38 s its compile) the
+    search keeps room for a trial as long as its longest other than that compile: the compile
+    is priced on its own (``late.too_late``), and no later process pays it cold. On a CPU the
+    longest trial's whole time is kept, as before."""
+    from autotune.search.outcome import Candidate, SearchOutcome
+    from autotune.search.trial_summary import TrialSummary
+    from autotune.verify.reserve import Reserve
+
+    def outcome(device: str) -> SearchOutcome:
+        cfg = TrialConfig(batch_size=64, device=device, backend="nccl" if device == "cuda" else "gloo")
+        trials = [(cfg, 12.0, None), (cfg.replace(compile="default"), 50.0, 38.0)]
+        ranked = [Candidate(number=i, config=c, value=1.0, result=TrialSummary(wall_s=wall, one_time_s=once))
+                  for i, (c, wall, once) in enumerate(trials)]
+        return SearchOutcome(study=None, baseline=ranked[0], ranked=ranked, failures=[])  # type: ignore[arg-type]
+
+    ends_at = time.time() + 100.0
+    reserve = Reserve(ends_at=ends_at, need=lambda _: 70.0 / fit.MARGIN, timeout_s=300.0)
+    assert reserve.enough(outcome("cuda")) is None  # 12 s and 70 s fit in 100
+    assert reserve.enough(outcome("cpu")) is not None  # 50 s and 70 s do not
+    assert reserve.room_s(outcome("cuda"), 0.0) == pytest.approx(100.0 - 12.0 - 70.0, abs=1.0)
+
+
 def test_a_second_candidates_script_runs_alone_only_when_its_pairs_fit(task, tmp_path):
     """The first candidate's script is slower alone; each script run takes 10 s of the
     clock: after its pairs, what is left cannot hold the next one's, and it is not run."""

@@ -307,7 +307,11 @@ def test_verification_at_its_least_leaves_the_search_most_of_a_short_timeout(mon
     knobs differ from the one before it as a fresh process, as the node runs it: counted at a
     warm trial's start, the search stopped too late and the run overran --timeout 300 by 52 s.
     The quality check's second fp32 seed adds its training (122 s before it), and evaluate()'s
-    four calls a scored training, 1 s each on this node, about 17 s (141 s)."""
+    four calls a scored training, 1 s each on this node, about 17 s (141 s). Under --timeout
+    the search now compiles the leader at the ramp's knee ahead of the queued starts, and
+    each of verification's processes of the compiled candidate (its gate's training, its held
+    process, its three standalone runs) reads that compile from the cache, priced at a
+    quarter of the cold one: about 50 s more (169 s), and the run still ends by 300 s."""
     from autotune.verify import fit, reserve
 
     seen: list[float] = []
@@ -320,4 +324,4 @@ def test_verification_at_its_least_leaves_the_search_most_of_a_short_timeout(mon
     monkeypatch.setattr(reserve.fit, "least", spy)
     doc, node = readme_run(load_task(EXAMPLES / "fashion_cnn.py"), "h100x1", tmp_path, timeout_s=300.0)
     assert doc["verified"] and seen
-    assert max(seen[-3:]) <= 145, seen[-3:]
+    assert max(seen[-3:]) <= 175, seen[-3:]

@@ -13,6 +13,7 @@ import pytest
 
 from autotune.config import TrialConfig
 from autotune.options import RunOptions
+from autotune.runtime.knobs import Device
 from autotune.runtime.shares import Category
 from autotune.runtime.step_profile import StepProfile
 from autotune.search import late, steering
@@ -135,10 +136,55 @@ def _tune_with_room(tmp_path: Path, *, room_s: float) -> tuple[optuna.Study, Com
 def test_on_a_gpu_a_compile_is_priced_against_the_whole_run_not_the_searchs_share(tmp_path):
     study, runner = _tune_with_room(tmp_path, room_s=200.0)
     assert any(cfg.compile != "off" for cfg in runner.measured), [c.short() for c in runner.measured]
-    study, runner = _tune_with_room(tmp_path, room_s=30.0)
+    study, runner = _tune_with_room(tmp_path, room_s=25.0)  # below the quickest mode's cold compile (30 s)
     assert not any(cfg.compile != "off" for cfg in runner.measured)
     skipped = [t.user_attrs[StudyAttr.SKIPPED] for t in study.trials if t.user_attrs.get(StudyAttr.SKIPPED)]
-    assert skipped and "past what --timeout leaves before verification (30 s left)" in skipped[0], skipped
+    assert skipped and "past what --timeout leaves before verification (25 s left)" in skipped[0], skipped
+
+
+def _search_at_the_knee(task, tmp_path: Path, *, room_s: float | None, trials: int = 8) -> list[tuple[str, TrialConfig]]:
+    """A search on one H100 whose ramp found batch 128 fastest, with --timeout's room as
+    given (None: no --timeout); the trials measured, (role, configuration), in order."""
+    space = space_of(task)
+    study = open_study(storage_path=tmp_path / f"knee{room_s}.journal", study_name="knee")
+    budget = (SearchBudget(trials=trials) if room_s is None else
+              SearchBudget(trials=trials, timeout_s=300.0, room_s=lambda outcome, once_s: room_s))
+    starts = Starts(heuristics=gpu_start(space, recorded_machine("h100x1")), fastest_batch=128)
+    runner = CompileWins(recorded_machine("h100x1"))
+    Tuner(study=study, space=space, runner=runner, course=Course(budget=budget, starts=starts)).run()
+    role = {TrialConfig.from_dict(t.user_attrs[StudyAttr.CONFIG]): t.user_attrs.get(StudyAttr.ROLE)
+            for t in study.trials if StudyAttr.CONFIG in t.user_attrs and not t.user_attrs.get(StudyAttr.DUPLICATE_OF)}
+    return [(role[cfg], cfg) for cfg in runner.measured]
+
+
+def test_under_a_timeout_the_leader_at_the_knee_is_compiled_ahead_of_the_queued_starts(task, tmp_path):
+    """Under --timeout on a GPU, once the user's configuration and the start at the ramp's
+    knee are measured, the next trial compiles the leader, in the default mode (its batch
+    fills the GPU: CUDA graphs save next to nothing there), ahead of the precisions queued
+    behind it: queued by the trials left it would come after them, by when a short --timeout
+    no longer holds it. Where the run does not hold its compile, or without --timeout, the
+    queue goes on in its order."""
+    ran = _search_at_the_knee(task, tmp_path, room_s=200.0)
+    roles = [role for role, _ in ran]
+    assert roles[:3] == [Role.BASELINE, Role.HEURISTIC, Role.LATE], [(r, c.short()) for r, c in ran]
+    leader, compiled = ran[1][1], ran[2][1]
+    assert leader.batch_size == 128 and compiled == leader.replace(compile="default"), compiled.short()
+    starts_end = max(i for i, role in enumerate(roles) if role == Role.PRECISION)  # the starts still run, after it
+    assert [i for i, (_, c) in enumerate(ran[:starts_end]) if c.compile != "off"] == [2]  # one compile ahead
+
+    for room_s in (25.0, None):  # below a cold compile of the default mode (30 s); no --timeout
+        ran = _search_at_the_knee(task, tmp_path, room_s=room_s)
+        first = next((i for i, (_, c) in enumerate(ran) if c.compile != "off"), len(ran))
+        assert all(role != Role.LATE for role, _ in ran[:first]) and first > 3, [(r, c.short()) for r, c in ran]
+        assert Role.PRECISION in [role for role, _ in ran[:first]]
+
+
+def test_a_batch_that_fills_the_gpu_compiles_in_the_default_mode_first():
+    variants = [{"compile": m} for m in ("reduce-overhead", "default", "max-autotune-no-cudagraphs")]
+    assert [p["compile"] for p in late.ordered(variants, Device.CUDA)][:2] == ["reduce-overhead", "default"]
+    assert [p["compile"] for p in late.ordered(variants, Device.CUDA, filled=True)] == [
+        "default", "max-autotune-no-cudagraphs", "reduce-overhead"]
+    assert late.ordered(variants, Device.CPU, filled=True) == variants  # on a CPU as the space gives them
 
 
 def _compiled_trial(compile_mode: str, once_s: float) -> optuna.trial.FrozenTrial:
@@ -149,7 +195,8 @@ def _compiled_trial(compile_mode: str, once_s: float) -> optuna.trial.FrozenTria
 
 def test_the_compile_estimate_comes_from_the_first_compile_measured():
     cfg = TrialConfig(batch_size=16, device="cuda", backend="nccl", compile="default")
-    assert late.compile_estimate_s([], cfg) == late.COLD_COMPILE_S
+    assert late.compile_estimate_s([], cfg) == late.COLD_DEFAULT_S  # the quickest mode to compile
+    assert late.compile_estimate_s([], cfg.replace(compile="reduce-overhead")) == late.COLD_COMPILE_S
     measured = [_compiled_trial("reduce-overhead", 12.0)]
     assert late.compile_estimate_s(measured, cfg) == 12.0
     autotuned = cfg.replace(compile="max-autotune-no-cudagraphs")

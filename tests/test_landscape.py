@@ -385,9 +385,9 @@ def unbounded(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=["fashion_cnn", pytest.param("tiny_gpt", marks=pytest.mark.xfail(
-    strict=True, reason="under --timeout 300 the ramp reaches 4096, but verifying it takes most of the run (the "
-    "batch check trains your batch of 16 over 163,840 samples, about 105 s): the search stops at 50 s, no compile "
-    "fits, and the pick reaches 0.73 of the best (4096, compiled)"))])
+    strict=True, reason="every point at 0.9 of the best compiles at batch 4096, and verifying 4096 takes most of "
+    "the run: the batch check trains your batch of 16 over the candidate's 163,840 samples (about 105 s at 1,553 "
+    "samples/s); the search stops at 50 s with no room for a compile, and the pick reaches 0.73 of the best"))])
 def five_minutes(request, tmp_path_factory):
     found = fixture(request.param)
     return (*tune(found, tmp_path_factory.mktemp("timeout"), timeout_s=300.0), found)
@@ -437,17 +437,21 @@ def test_given_the_time_the_pick_reaches_nine_tenths_of_the_best_point(unbounded
 
 
 @pytest.mark.slow
-def test_under_five_minutes_the_run_fits_and_the_search_has_two_fifths_of_it(five_minutes):
-    """--timeout 300: verified within it, the search (from the ramp's first step to the last
-    trial) given at least 40% of it; the pick at least 0.45 of the landscape's best."""
+def test_under_five_minutes_the_run_fits_and_the_pick_reaches_nine_tenths_of_the_best(five_minutes):
+    """--timeout 300: verified within it, the pick at least 0.9 of the landscape's best: the
+    leader at the ramp's knee is compiled ahead of the queued starts (on a batch that fills the
+    GPU, in the default mode first), while the run still holds its compile. The search (from
+    the ramp's first step to its last trial) has at least a third of the run: verification
+    reads the compile from the cache in each of its processes."""
     doc, node, found = five_minutes
+    timeline = [(n, round(t)) for n, t in node.timeline]
     assert doc["verified"], [c["outcome"] for c in doc["candidates"]]
-    assert node.clock <= 300, [(n, round(t)) for n, t in node.timeline]
+    assert node.clock <= 300, timeline
     verify_from = next(t for n, t in node.timeline if n.startswith("verify-"))
-    assert verify_from >= 0.4 * 300, [(n, round(t)) for n, t in node.timeline]
+    assert verify_from >= 300 / 3, timeline
     pick = TrialConfig.from_dict(doc["config"])
-    assert found.rate(pick) >= 0.45 * (found.best().samples_per_s or 0), pick.short()
-    assert pick.batch_size > found.user_batch
+    assert found.rate(pick) >= 0.9 * (found.best().samples_per_s or 0), (pick.short(), timeline)
+    assert pick.batch_size > found.user_batch and pick.compile != "off"
     if "fashion_cnn" in found.workload:  # its data loader is what binds at the user's batch
         assert pick.num_workers >= 4, pick.short()
 

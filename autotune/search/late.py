@@ -25,15 +25,25 @@ from autotune.search.trial_summary import TrialSummary
 from autotune.trials import limits
 from autotune.trials.protocol import Role, StudyAttr
 
-# On GPUs: CUDA graphs first (reduce-overhead: one launch replays a step's many small
-# kernels, whose launch overhead dominates the models a search measures), then the default
-# mode; the autotuning modes, the slowest to compile by far, last.
+# On GPUs, below the batch where the step fills the device: CUDA graphs first
+# (reduce-overhead: one launch replays a step's many small kernels, whose launch overhead
+# dominates there), then the default mode; the autotuning modes, the slowest to compile by
+# far, last.
 CUDA_COMPILE_ORDER = (CompileMode.REDUCE_OVERHEAD, CompileMode.DEFAULT,
                       CompileMode.MAX_AUTOTUNE_NO_CUDAGRAPHS, CompileMode.MAX_AUTOTUNE)
+# At or past that batch (the batch ramp's knee, where throughput stopped rising) the launches
+# are hidden behind the kernels, and CUDA graphs save next to nothing (ResNet-50: +44% at batch
+# 1, ~0% from 8): what a compile brings there is fused kernels, the default mode's first, then
+# autotuned ones (max-autotune-no-cudagraphs); reduce-overhead and max-autotune, which capture
+# graphs, last.
+CUDA_FILLED_ORDER = (CompileMode.DEFAULT, CompileMode.MAX_AUTOTUNE_NO_CUDAGRAPHS,
+                     CompileMode.REDUCE_OVERHEAD, CompileMode.MAX_AUTOTUNE)
 # A compile on a GPU in a mode the study has not measured yet, cold: tens of seconds for a
-# small model on an H100 (reduce-overhead and default modes; the autotuning modes take longer
-# and are tried last).
+# small model on an H100 (30-45 s for the README example on an H200); the default mode, which
+# captures no CUDA graphs and benchmarks no kernels, the quickest. The autotuning modes take
+# longer (AUTOTUNE_FACTOR where another mode was measured).
 COLD_COMPILE_S = 40.0
+COLD_DEFAULT_S = 30.0
 # An autotuning mode's compile against another's, where only another was measured: it
 # benchmarks kernel choices besides compiling them.
 AUTOTUNE_FACTOR = 2.5
@@ -42,12 +52,14 @@ AUTOTUNE_FACTOR = 2.5
 NOISE = 0.05
 
 
-def ordered(variants: Sequence[Mapping[str, KnobValue]], device: Device) -> list[dict[str, KnobValue]]:
-    """The late stage's params (``Space.late_variants``), on GPUs in ``CUDA_COMPILE_ORDER``."""
+def ordered(variants: Sequence[Mapping[str, KnobValue]], device: Device, *,
+            filled: bool = False) -> list[dict[str, KnobValue]]:
+    """The late stage's params (``Space.late_variants``), on GPUs in ``CUDA_COMPILE_ORDER``,
+    or ``CUDA_FILLED_ORDER`` where the configuration's batch fills the device (``filled``)."""
     out = [dict(p) for p in variants]
     if device != Device.CUDA:
         return out
-    rank = {m.value: i for i, m in enumerate(CUDA_COMPILE_ORDER)}
+    rank = {m.value: i for i, m in enumerate(CUDA_FILLED_ORDER if filled else CUDA_COMPILE_ORDER)}
     return sorted(out, key=lambda p: rank.get(str(p.get("compile")), len(rank)))
 
 
@@ -116,7 +128,8 @@ def priced_on_the_run(cfg: TrialConfig) -> bool:
 def compile_estimate_s(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialConfig) -> float:
     """What compiling ``cfg`` cold is expected to cost: the slowest the study measured in
     its mode on its device; else the first compile it measured in another mode (times
-    ``AUTOTUNE_FACTOR`` for an autotuning mode after one that is not); else ``COLD_COMPILE_S``."""
+    ``AUTOTUNE_FACTOR`` for an autotuning mode after one that is not); else ``COLD_DEFAULT_S``
+    for the default mode, ``COLD_COMPILE_S`` for another."""
     trials = list(trials)
     same = [once for once, _ in _compiles(trials, cfg)]
     if same:
@@ -125,7 +138,7 @@ def compile_estimate_s(trials: Iterable[optuna.trial.FrozenTrial], cfg: TrialCon
                    and (c := config_of(t)) is not None and c.device == cfg.device and c.compile != CompileMode.OFF
                    and (t.user_attrs.get(StudyAttr.RESULT) or {}).get("one_time_s")), key=lambda t: t.number)
     if not done:
-        return COLD_COMPILE_S
+        return COLD_DEFAULT_S if cfg.compile == CompileMode.DEFAULT else COLD_COMPILE_S
     first = done[0]
     once = float(first.user_attrs[StudyAttr.RESULT]["one_time_s"])
     measured_mode = str((config_of(first) or cfg).compile)

@@ -10,7 +10,7 @@ import itertools
 from optuna.trial import TrialState
 
 from autotune.config import KnobValue, Layout, TrialConfig
-from autotune.runtime.knobs import Device
+from autotune.runtime.knobs import CompileMode, Device
 from autotune.search import climb, late
 from autotune.search.ledger import Ledger
 from autotune.search.pruner import config_of
@@ -151,12 +151,39 @@ class Stages:
         """Each late knob's values on the best configuration; the first one on the best of
         the other precision kind. On GPUs the compile modes likeliest to win go first
         (``late.ordered``), and once one is shown slower the rest are skipped (``_measure``)."""
-        stage = late.ordered(self.space.late_variants(best), best.device)
+        stage = late.ordered(self.space.late_variants(best), best.device, filled=self._fills(best))
         other = self.ledger.best_config(exact=not best.exact)
         if other is not None:
-            stage += [p for p in late.ordered(self.space.late_variants(other), other.device)[:1]
+            stage += [p for p in late.ordered(self.space.late_variants(other), other.device,
+                                              filled=self._fills(other))[:1]
                       if p not in stage]
         return stage
+
+    def compile_ahead(self) -> dict[str, KnobValue] | None:
+        """The late stage's first compile on the best so far (``_late_stage``), to be measured
+        now, under --timeout (the caller's to say): where the best runs uncompiled on a GPU at
+        a batch that fills it (``_fills``), and no trial compiled, queued or measured, yet.
+        Queued by the trials left (``enqueue_refinements``), the compiles come after the
+        starts and the steered trials, by when a short --timeout no longer holds one; a compile
+        is the knob worth most on a GPU, paid once and read from the run's cache by every later
+        process, and the best at the ramp's knee is near where the search ends. None otherwise."""
+        best = self.ledger.best_config()
+        if (best is None or best.device != Device.CUDA or best.compile != CompileMode.OFF
+                or not self._fills(best)):
+            return None
+        for t in self.study.get_trials(deepcopy=False):
+            cfg = config_of(t)
+            queued = (t.system_attrs.get("fixed_params") or {}).get("compile")
+            if (t.user_attrs.get(StudyAttr.ROLE) == Role.LATE or (cfg is not None and cfg.compile != CompileMode.OFF)
+                    or queued not in (None, CompileMode.OFF)):
+                return None
+        return next((p for p in late.ordered(self.space.late_variants(best), best.device, filled=True)
+                     if p.get("compile") not in (None, CompileMode.OFF)), None)
+
+    def _fills(self, cfg: TrialConfig) -> bool:
+        """Whether ``cfg``'s batch fills its GPU: at or past the batch ramp's knee, where
+        throughput stopped rising with the batch."""
+        return self.fastest_batch is not None and cfg.batch_size >= self.fastest_batch
 
     def _refinement(self, best: TrialConfig, *, turn: int) -> tuple[Role, dict[str, KnobValue]] | None:
         """The refinement's next trial, taken in turns from two kinds (either where the

@@ -148,6 +148,31 @@ class Tuner:
             trial_id = self.study._storage.create_new_trial(self.study._study_id, template_trial=template)
         return optuna.Trial(self.study, trial_id)
 
+    def _compile_ahead(self) -> optuna.Trial | None:
+        """Under --timeout, the late stage's first compile on the best on a GPU
+        (``Stages.compile_ahead``), started for this worker to measure ahead of the queue,
+        where the whole run still holds it: its compile priced against what is left once
+        verification at its least is kept, the compile's cached reads included
+        (``late.too_late``). Only once the user's configuration was measured: before that,
+        verification cannot be priced. Decided under the study's lock: in a shared study one
+        worker takes it."""
+        if self.budget.room_s is None or self.outcome().baseline is None:
+            return None
+        with self.turns.lock():
+            params = self.stages.compile_ahead()
+            if params is None:
+                return None
+            cfg = self.space.config_from_params(params)
+            trials = self.study.get_trials(deepcopy=False)
+            left_s = self.budget.room_left_s(self.outcome, once_s=late.compile_estimate_s(trials, cfg))
+            if left_s is None or late.too_late(trials, cfg, left_s=left_s) is not None:
+                return None
+            # as Study.ask creates a trial of queued params, but ahead of the queue
+            template = optuna.trial.create_trial(state=TrialState.RUNNING, system_attrs={"fixed_params": params},
+                                                 user_attrs={StudyAttr.ROLE: Role.LATE})
+            trial_id = self.study._storage.create_new_trial(self.study._study_id, template_trial=template)
+        return optuna.Trial(self.study, trial_id)
+
     # --- the loop ------------------------------------------------------------------
 
     def run(self) -> SearchOutcome:
@@ -175,6 +200,11 @@ class Tuner:
                 continue
             if stop is not None and self._user_config_queued():
                 self._one_trial()  # the queue's head: the baseline, enqueued first
+                continue
+            if (stop is None and len(measured) + len(self.ledger.running()) < self.budget.trials
+                    and (ahead := self._compile_ahead()) is not None):
+                with _heartbeat(self.study, ahead):
+                    self._measure(ahead)
                 continue
             if stop is None and asks_left > 0 and len(measured) + len(self.ledger.running()) < self.budget.trials:
                 with self.turns.lock():

@@ -7,6 +7,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
+from autotune.search import late
 from autotune.search.memory import MemoryLimit
 from autotune.search.outcome import SearchOutcome
 from autotune.sections import MeasureOptions, VerifyOptions
@@ -34,8 +35,7 @@ class Reserve:
         need = self.need(outcome)
         if need is None:
             return None
-        walls = [c.result.wall_s or 0.0 for c in outcome.ranked]
-        if not room_for_another(now=time.time(), ends_at=self.ends_at, trial_walls=walls, need_s=need):
+        if not room_for_another(now=time.time(), ends_at=self.ends_at, trial_walls=_walls(outcome), need_s=need):
             return (f"--timeout {self.timeout_s:g} s: the rest is verification's, about {need:.0f} s "
                     "at its least")
         return None
@@ -48,8 +48,15 @@ class Reserve:
         says."""
         need = (self.need(outcome) or 0.0) + (2 + PAIRS_FEWEST) * FROM_CACHE_SHARE * once_s
         # the trial's own start and windows besides its compile: as long as the longest so far
-        walls = [c.result.wall_s or 0.0 for c in outcome.ranked]
-        return self.ends_at - time.time() - max(walls, default=0.0) - need * fit.MARGIN
+        return self.ends_at - time.time() - max(_walls(outcome), default=0.0) - need * fit.MARGIN
+
+
+def _walls(outcome: SearchOutcome) -> list[float]:
+    """The search's trials' wall times, each less the compile of one that compiled on a GPU:
+    a compiled trial there is priced with its compile on its own (``search.late.too_late``),
+    and no other trial pays it again."""
+    return [(c.result.wall_s or 0.0) - (c.result.one_time_s or 0.0 if late.priced_on_the_run(c.config) else 0.0)
+            for c in outcome.ranked]
 
 
 def leave_for_verification(workbench: Workbench, verify: VerifyOptions, measure: MeasureOptions, *, space: Space,
