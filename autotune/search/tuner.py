@@ -156,7 +156,8 @@ class Tuner:
         (``late.too_late``). Only once the user's configuration was measured: before that,
         verification cannot be priced. Decided under the study's lock: in a shared study one
         worker takes it."""
-        if self.budget.room_s is None or self.outcome().baseline is None:
+        # most of the time (on a CPU, once compiled) decided without the lock or the outcome
+        if self.budget.room_s is None or self.stages.compile_ahead() is None or self.outcome().baseline is None:
             return None
         with self.turns.lock():
             params = self.stages.compile_ahead()
