@@ -146,3 +146,52 @@ def test_the_summary_stored_on_the_study_keeps_its_keys_and_values():
     empty = TrialResult(status=Status.FAILED).summary()
     assert empty["one_time_s"] is None and empty["threads_seen"] is None and empty["world"] is None
     assert "rank_peak_mb" not in empty and "cuda_peak_mb" not in empty and empty["losses"] == []
+
+
+def test_windows_written_just_before_the_trial_ends_are_all_counted(tmp_path):
+    """A trial whose last window and report land between the tuner's read of its events and
+    its look at whether the process lives (a cold process ends right after reporting): the
+    report's windows and the windows' own seconds agree, so the trial's measured time
+    (``phases['measure_s']``) counts every window."""
+    import subprocess
+    import sys
+
+    from autotune.trials.live import TrialProcess
+
+    events = Events(str(tmp_path / "events.jsonl"), rank=0)
+    events.emit(SetupEvent(seconds=0.5, world=1, pid=1))
+    events.emit(WindowEvent(i=0, samples_per_s=100.0, seconds=1.0, steps=10))
+    (tmp_path / "trial.log").write_text("")
+
+    class EndsBetweenReadAndLook(TrialProcess):
+        ended = False
+
+        def alive(self) -> bool:  # the last lines come, then the process is gone
+            if not self.ended:
+                events.emit(WindowEvent(i=1, samples_per_s=110.0, seconds=1.5, steps=15))
+                events.emit(DoneEvent(value=105.0, values=[100.0, 110.0], losses=[]))
+                self.ended = True
+            return False
+
+    class Owner:
+        timeout_s, hang_s, setup_hang_s, memory_limit_bytes, log_cap_bytes = 60.0, 60.0, None, None, 10**6
+
+        def park(self, process) -> None:
+            raise AssertionError("a cold process is not kept")
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        process = EndsBetweenReadAndLook(proc=proc, tmpdir=str(tmp_path / "tmp"))
+        seen: list[int] = []
+        trial = LiveTrial(Owner(), folder=tmp_path, process=process,
+                          result=TrialResult(status=Status.OK, log_path=str(tmp_path / "trial.log")),
+                          on_window=lambda i, v: seen.append(i) or False, locked=True)
+        assert trial.poll()
+    finally:
+        proc.kill()
+        proc.wait()
+    result = trial.result
+    assert result.status == Status.OK and result.values == [100.0, 110.0]
+    assert result.window_seconds == [1.0, 1.5]
+    assert result.phases["measure_s"] == 2.5
+    assert seen == [0], "a window read once the trial ended is not offered for pruning"

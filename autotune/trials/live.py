@@ -133,7 +133,8 @@ class LiveTrial:
 
     # --- watching -------------------------------------------------------------------
 
-    def _handle(self, ev: TrialEvent) -> None:
+    def _handle(self, ev: TrialEvent, *, ended: bool = False) -> None:
+        """Record ``ev``; a window read once the trial ``ended`` is not offered for pruning."""
         result = self.result
         if ev.KIND in PROGRESS_EVENTS:
             self.last_progress = time.monotonic()
@@ -154,7 +155,7 @@ class LiveTrial:
             self.pending_since = None
             result.window_seconds.append(ev.seconds)
             result.values.append(ev.samples_per_s)
-            if self.killed_for is None and self.on_window and self.on_window(ev.i, ev.samples_per_s):
+            if self.killed_for is None and not ended and self.on_window and self.on_window(ev.i, ev.samples_per_s):
                 self.killed_for = (Status.PRUNED, "")
         elif isinstance(ev, DoneEvent):
             result.done = ev
@@ -315,10 +316,10 @@ class LiveTrial:
         assert self.process is not None and self.runner is not None
         process = self.process
         # lines written just before the end: a configuration that failed at once ended its
-        # process right after its setup line, which the last poll may not have read
+        # process right after its setup line, and a cold process ends right after its last
+        # window and report, which the last poll may not have read
         for ev in self.reader.read():
-            if isinstance(ev, (SetupEvent, FactsEvent, DoneEvent, ErrorEvent)):
-                self._handle(ev)
+            self._handle(ev, ended=True)
         kept = (process.key is not None and self.killed_for is None and self.result.done is not None
                 and self.result.failure is None and process.alive())
         if kept:
