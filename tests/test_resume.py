@@ -250,7 +250,9 @@ def test_study_with_failing_configs_runs_to_the_end(killed_and_resumed):
         assert _bad(t.user_attrs["config"]), t.user_attrs
     for t in run.after:
         if t.state == TrialState.COMPLETE and t.user_attrs.get("duplicate_of") is None:
-            assert not _bad(t.user_attrs["config"]), t.user_attrs
+            log = run.out / "trials" / f"trial-{t.number:04d}" / "log.txt"
+            assert not _bad(t.user_attrs["config"]), (
+                t.number, t.params, t.user_attrs["config"], log.read_text()[-3000:] if log.exists() else "no log")
 
 
 @pytest.mark.slow
