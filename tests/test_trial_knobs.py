@@ -53,6 +53,9 @@ def test_trial_runs_in_its_own_process_and_measures(trial):
     assert len(result.values) == MEASURE.windows
     assert all(v > 0 for v in result.values)
     assert result.facts["compiled"] is False
+    # forked from a warm interpreter: the imports it skipped, which a standalone run pays
+    assert result.preimported_s and result.preimported_s > 0.1
+    assert result.summary()["preimported_s"] == result.preimported_s
 
 
 def test_trial_wall_time_is_split_into_phases(trial):
@@ -138,6 +141,8 @@ def test_two_ranks_over_gloo(trial):
     assert result.facts["ddp"] is True
     assert result.facts["per_rank_batch"] == DDP.batch_size // 2
     assert result.value and result.value > 0 and len(result.values) == MEASURE.windows
+    # each rank starts as its own command line, importing torch itself
+    assert result.preimported_s is None and "preimported_s" not in result.summary()
 
 
 def result_losses_finite(result) -> bool:

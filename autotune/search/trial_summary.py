@@ -17,7 +17,8 @@ class TrialSummary(Record):
     one-time cost, what its tree (``peak_rss_mb``) and its busiest rank (``rank_peak_mb``;
     on CUDA rank 0's GPU, ``cuda_peak_mb`` of ``cuda_total_mb``) held at their peak, its
     wall time and phases, whether it ran in a warm process, its losses, the first step's
-    facts, the threads torch chose and the ranks, and ``planned_s`` under a planned run.
+    facts, the threads torch chose and the ranks, ``planned_s`` under a planned run, and the
+    imports its process found done (``preimported_s``: forked from a warm interpreter).
     A study from an older autotune may lack any of them: each reads as None (or empty)."""
 
     status: str | None = None
@@ -40,3 +41,4 @@ class TrialSummary(Record):
     cuda_peak_mb: float | None = None
     cuda_total_mb: float | None = None
     planned_s: float | None = None
+    preimported_s: float | None = None

@@ -117,6 +117,8 @@ class LiveTrial:
             measure_lock.acquire()
         self.started = time.monotonic()
         self.started_epoch = time.time()  # events carry wall-clock stamps
+        if isinstance(process.proc, ForkedProcess):  # a warm one too, forked for an earlier trial
+            result.preimported_s = process.proc.server.ready_s
         self.log_cut = 0  # bytes cut from the log (cap_log)
         self.reader = logs.EventReader(folder / "events.jsonl")
         self.memory_watch = proctree.TreeMemory(process.proc.pid, limit=runner.memory_limit_bytes)

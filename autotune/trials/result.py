@@ -31,6 +31,10 @@ class TrialResult:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     warnings: list[str] = dataclasses.field(default_factory=list)
     log_path: str = ""
+    # the seconds of imports its process found done, forked from a warm interpreter
+    # (``forkserver.ForkServer.ready_s``): what a fresh interpreter, a script the user runs,
+    # pays on top of this trial's start (None: it imported them itself)
+    preimported_s: float | None = None
 
     @property
     def one_time_s(self) -> float | None:
@@ -93,6 +97,7 @@ class TrialResult:
             "wall_s": round(self.wall_s, 2),
             "phases": self.phases,
             "warm": setup is not None and setup.warm,  # run in a process an earlier trial started
+            **({"preimported_s": self.preimported_s} if self.preimported_s is not None else {}),
             "losses": self.losses[:200],
             "facts": {k: v for k, v in self.facts.items() if k != "layer_widths"},
             "threads_seen": setup.process.threads if setup is not None and setup.process is not None else None,

@@ -45,7 +45,10 @@ class Costs:
     warm processes alike; ``window_s``: one side-by-side window; ``sample_s``: one training
     step's time per sample at the baseline's rate (the candidates are faster: an upper
     bound); ``evaluate_s``: one evaluate(model) call, as the model file's check timed it
-    (``Task.evaluate_s``), which a scored training of the gates makes several times."""
+    (``Task.evaluate_s``), which a scored training of the gates makes several times;
+    ``imports_s``: the imports (torch, torch._dynamo) the search's processes found done,
+    forked from a warm interpreter, and a standalone run, a fresh interpreter running the
+    emitted script, pays itself (``script_start_s``)."""
 
     start_s: float
     window_s: float
@@ -56,6 +59,7 @@ class Costs:
     # run's on-disk cache (Dynamo's trace, the CUDA graphs' capture), a share of a cold one
     recompile_s: float = 0.0
     evaluate_s: float = 0.0
+    imports_s: float = 0.0
     # the configurations the search measured, with their samples/s: a gate's training of one
     # of them, or of one that computes the same, trains at its rate (``rate_of``)
     rates: Measured = ()
@@ -82,7 +86,9 @@ class Costs:
         fresh = fresh or [s for s, _ in overheads]
         start = statistics.median(fresh) if fresh else 0.0
         cold = max((float(r.one_time_s) for r in results if r.one_time_s), default=0.0)
+        imported = [float(r.preimported_s) for r in results if r.preimported_s]
         return cls(start_s=start, window_s=window_s, recompile_s=FROM_CACHE_SHARE * cold,
+                   imports_s=statistics.median(imported) if imported else 0.0,
                    sample_s=1.0 / baseline_rate if baseline_rate > 0 else 0.0,
                    trial_start_s=statistics.median(s for s, _ in overheads) if overheads else None,
                    setup_s=min(start, statistics.median(setups)) if setups else 0.0, evaluate_s=evaluate_s,
@@ -138,17 +144,27 @@ class Costs:
             held = self.setup_s + len(plan.held) * (self.start_s - self.setup_s)
         return held + fresh * plan.visits * self.start_s + plan.cap * len(configs) * self.window_s
 
+    @property
+    def script_start_s(self) -> float:
+        """A standalone run's start and end: a fresh interpreter's, the imports included."""
+        return self.start_s + self.imports_s
+
+    @property
+    def script_setup_s(self) -> float:
+        """Of ``script_start_s``, what comes before its first step."""
+        return self.setup_s + self.imports_s
+
     def pairs(self, pairs: int, seconds: float, *, ahead: int = 0) -> float:
         """``pairs`` pairs of standalone runs of ``seconds`` of timed training each; with
         ``ahead`` runs setting up while one trains, each run but the first pays only its
         warm-up and training, or its share of a setup that takes longer."""
         if ahead:
-            return self.setup_s + pairs * 2 * self.ahead_run(seconds, ahead)
-        return pairs * 2 * (self.start_s + seconds)
+            return self.script_setup_s + pairs * 2 * self.ahead_run(seconds, ahead)
+        return pairs * 2 * (self.script_start_s + seconds)
 
     def ahead_run(self, seconds: float, ahead: int) -> float:
         """One standalone run of ``seconds`` with ``ahead`` runs setting up at once."""
-        return max(self.start_s - self.setup_s + seconds, self.setup_s / ahead)
+        return max(self.script_start_s - self.script_setup_s + seconds, self.script_setup_s / ahead)
 
 
 @dataclasses.dataclass(frozen=True)

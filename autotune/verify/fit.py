@@ -212,8 +212,8 @@ def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tria
         others = total(s, cands) - costs.pairs(s.pairs, s.pair_seconds, ahead=ahead)
         # the longest runs whose pairs fit what the other stages leave (a setup longer than
         # a run is paid whatever the run's length)
-        fits = ((left - others - costs.setup_s) / (2 * s.pairs) - (costs.start_s - costs.setup_s) if ahead
-                else (left - others) / (2 * s.pairs) - costs.start_s)
+        fits = ((left - others - costs.script_setup_s) / (2 * s.pairs) - (costs.script_start_s - costs.script_setup_s)
+                if ahead else (left - others) / (2 * s.pairs) - costs.script_start_s)
         s = dataclasses.replace(s, pair_seconds=round(max(shortest_run_s, min(s.pair_seconds, fits)), 1))
     cuts = [f"cut from {settings.pairs} pairs"] if s.pairs < settings.pairs else []
     if s.pair_seconds < settings.pair_seconds:
