@@ -111,7 +111,7 @@ def test_the_check_reads_a_datamodule_script_and_one_that_passes_its_loaders_to_
     assert isinstance(script, LightningFacts) and task.kind == KIND
     assert script.batch_holder == "datamodule.batch_size" and task.batch_size == 16 and task.dataset_len == 2048
     assert script.metric == "val_acc" and script.greater_is_better and task.has_evaluate
-    assert (script.trainer_line, script.fit_line, script.loader_line) == (68, 70, 37)
+    assert (script.trainer_line, script.fit_line, script.loader_line) == (73, 76, 40)
     passed = load_task(EXAMPLES / "lightning_dataloaders.py")
     assert isinstance(passed.script, LightningFacts) and passed.script.source_module == "pytorch_lightning"
     assert passed.script.batch_holder is None and passed.script.loader_source == "fit"
@@ -206,15 +206,21 @@ SLOW_ARGS = ("--seconds-per-sample", "0.001")
 def tuned(tmp_path_factory) -> SimpleNamespace:
     """``autotune run datamodule.py -- ARGS``: a DataModule script whose two DataLoader workers
     are clearly faster (sleeps set its speeds; one worker only matches the main process), three
-    trials of threads, short windows; the knobs that only lengthen the verification are fixed."""
+    trials of threads, short windows; the knobs that only lengthen the verification are fixed.
+    After its fit the script saves a checkpoint and writes a marker, both to absolute paths
+    outside the output folder (``elsewhere``)."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    argv = (*SLOW_ARGS, "--save-to", str(elsewhere / "final.ckpt"), "--marker", str(elsewhere / "fitted.txt"))
     out = tmp_path_factory.mktemp("lightning") / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "autotune", "run", str(SCRIPTS / "datamodule.py"), "--out", str(out), "--trials", "3",
          "--fix", "num_workers=2", "--fix", "compile=off", "--fix", "precision=fp32", "--fix", "affinity=none", "--fix", "allocator=default",
          "--fix", "batch_size=16", "--window", "0.3", "--windows", "2", "--rounds", "2", "--pairs", "2",
-         "--pair-seconds", "0.5", "--no-profile", "--", *SLOW_ARGS],
+         "--pair-seconds", "0.5", "--no-profile", "--", *argv],
         capture_output=True, text=True, timeout=900)
-    return SimpleNamespace(out=out, proc=proc, doc=json.loads((out / "best_config.json").read_text())
+    return SimpleNamespace(out=out, proc=proc, argv=argv, left=sorted(p.name for p in elsewhere.iterdir()),
+                           running=left_running(SCRIPTS / "datamodule.py"),
+                           doc=json.loads((out / "best_config.json").read_text())
                            if (out / "best_config.json").exists() else None)
 
 
@@ -234,11 +240,11 @@ def test_a_lightning_script_is_tuned_and_verified_by_running_it(tuned):
     assert doc["verified"] and doc["config"]["num_workers"] > 0
     assert doc["script"]["kind"] == KIND and doc["outputs"]["script"] == "run_tuned.py"
     settings = json.loads((tuned.out / "run_tuned.json").read_text())
-    assert settings["argv"] == list(SLOW_ARGS) and settings["kind"] == KIND
+    assert settings["argv"] == list(tuned.argv) and settings["kind"] == KIND
     assert settings["overrides"]["loader"]["num_workers"] == doc["config"]["num_workers"]
     arguments = (tuned.out / "tuned_arguments.md").read_text()
-    assert f"training DataLoader (line 37): num_workers={doc['config']['num_workers']}" in arguments
-    assert "change in your script: training DataLoader (line 37)" in tuned.proc.stdout
+    assert f"training DataLoader (line 40): num_workers={doc['config']['num_workers']}" in arguments
+    assert "change in your script: training DataLoader (line 40)" in tuned.proc.stdout
     assert (tuned.out / "tuned_runtime" / "lightning_script.py").is_file()
     assert "your script's tuned Trainer and DataLoader arguments" in (tuned.out / "report.md").read_text()
 
@@ -258,3 +264,13 @@ def test_the_emitted_arguments_are_what_the_trainer_and_its_dataloader_run(tuned
     reports = [json.loads(p.read_text()) for p in (tuned.out / "verify").rglob("script-report.json")]
     ran_loaders = [r["facts"]["loader"] for r in reports if r.get("facts")]
     assert any(all(r[k] == v for k, v in emitted["loader"].items()) for r in ran_loaders), ran_loaders
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_no_process_of_the_run_goes_past_the_scripts_fit(tuned):
+    """The check, the trials, the gates and the standalone pairs ran the script: none saved its
+    checkpoint or wrote its marker (the code after fit()), and none is left running."""
+    assert tuned.doc is not None, tuned.proc.stderr[-3000:]
+    assert list((tuned.out / "verify").rglob("script-report.json"))  # the standalone pairs did run it
+    assert tuned.left == [] and tuned.running == []

@@ -27,6 +27,8 @@ PACKAGE = Path(__file__).resolve().parent.parent
 TEMPLATES = {"hf_trainer": PACKAGE / "templates" / SCRIPT_NAME,
              LIGHTNING: PACKAGE / "templates" / "run_tuned_lightning.py"}
 HOOKS = {"hf_trainer": PACKAGE / "runtime" / "hf_script.py", LIGHTNING: PACKAGE / "runtime" / "lightning_script.py"}
+# what both kinds of hooks end a timed run with (its training, and nothing after it)
+SCRIPT_END = PACKAGE / "runtime" / "script_end.py"
 Facts = ScriptFacts | LightningFacts
 
 
@@ -77,7 +79,8 @@ def write_run_tuned(out_dir: Path, *, cfg: TrialConfig, facts: Facts, script: Pa
     runtime.mkdir(parents=True, exist_ok=True)
     write_atomically(runtime / "__init__.py", b"")
     hooks = HOOKS[facts.kind]
-    write_atomically(runtime / hooks.name, hooks.read_bytes())
+    for source in (hooks, SCRIPT_END):
+        write_atomically(runtime / source.name, source.read_bytes())
     data = settings(cfg, facts, script=script, out_dir=out_dir, description=description)
     write_atomically(out_dir / SETTINGS_NAME, json.dumps(data, indent=2) + "\n")
     write_atomically(out_dir / SCRIPT_NAME, TEMPLATES[facts.kind].read_bytes())

@@ -14,7 +14,11 @@ two things it offers no door for are done here, and only here:
   ``training_step`` is wrapped to keep each step's loss (the Trainer sums its losses on the
   device between logging steps and shows only their rounded mean).
 
-Both are wrappers that call the original, installed on the classes (subclasses inherit
+``Trainer.train`` is wrapped too: to see the line that calls it, and, in a process autotune
+started, to end the script with its training (``script_end``): ``on_train_end`` comes before
+the Trainer's last work, and a callback cannot stop the script's code after ``train()``.
+
+They are wrappers that call the original, installed on the classes (subclasses inherit
 them) for the life of the process. tests/test_hf_script.py runs them against the
 transformers release the project installs.
 """
@@ -92,10 +96,12 @@ def plain(value: Any) -> Any:
 
 
 def install(script: str, overrides: Mapping[str, Any],
-            callbacks: Callable[[Any], Sequence[Any]] = lambda trainer: ()) -> Built:
-    """Wrap ``TrainingArguments.__post_init__`` (set ``overrides`` first) and
-    ``Trainer.__init__`` (add ``callbacks(trainer)`` last) for this process; returns what the
-    script's run will have built, filled in as it builds it."""
+            callbacks: Callable[[Any], Sequence[Any]] = lambda trainer: (),
+            at_end: Callable[[], Any] | None = None) -> Built:
+    """Wrap ``TrainingArguments.__post_init__`` (set ``overrides`` first), ``Trainer.__init__``
+    (add ``callbacks(trainer)`` last) and ``Trainer.train`` (once its training has returned,
+    ``at_end()``, which does not return: ``script_end``) for this process; returns
+    what the script's run will have built, filled in as it builds it."""
     import transformers
 
     built = Built()
@@ -119,7 +125,10 @@ def install(script: str, overrides: Mapping[str, Any],
 
     def train_(self: Any, *args: Any, **kwargs: Any) -> Any:
         built.train_lines.append(_script_line(script) or 0)
-        return train(self, *args, **kwargs)
+        result = train(self, *args, **kwargs)
+        if at_end is not None:
+            at_end()  # nothing of the script after its training runs (script_end)
+        return result
 
     arguments.__post_init__ = __post_init__  # type: ignore[method-assign]
     trainer_class.__init__ = __init__  # type: ignore[method-assign]

@@ -158,11 +158,12 @@ def _batch_holders(module: Any, datamodule: Any) -> list[str]:
 
 
 def install(script: str, overrides: Mapping[str, Any], callbacks: Callable[[Any], Sequence[Any]] = lambda t: (),
-            *, source_module: str = "lightning", quiet: bool = False, out_dir: str | None = None) -> Built:
+            *, source_module: str = "lightning", quiet: bool = False, out_dir: str | None = None,
+            at_end: Callable[[], Any] | None = None) -> Built:
     """Wrap ``Trainer.__init__`` (the overrides' Trainer arguments, ``callbacks(trainer)`` added,
     and with ``quiet`` what a trial sets) and ``Trainer.fit`` (compile, seed, the remade
-    DataLoader; with ``quiet``, the script ends when its fit does) for this process; returns
-    what the script's run will have built, filled in as it builds it. ``overrides``:
+    DataLoader; once the fit has returned, ``at_end()``, which does not return: ``script_end``)
+    for this process; returns what the script's run will have built, filled in as it builds it. ``overrides``:
     ``trainer`` and ``loader`` (keyword arguments), ``batch_size``, ``compile`` (a
     torch.compile mode, "default", or absent), ``seed``, ``matmul_precision``."""
     pl = package(source_module)
@@ -246,9 +247,10 @@ def install(script: str, overrides: Mapping[str, Any], callbacks: Callable[[Any]
             mode = overrides["compile"]
             keep_logging_eager(model)
             a["model"] = torch.compile(model, **({} if mode == "default" else {"mode": mode}))
-        fit(*bound.args, **bound.kwargs)
-        if quiet:  # a trial's or a timed run's training is over: nothing after it (saving, testing) runs
-            sys.exit(0)
+        result = fit(*bound.args, **bound.kwargs)
+        if at_end is not None:
+            at_end()  # nothing of the script after its training (saving, testing) runs (script_end)
+        return result
 
     def set_batch(module: Any) -> None:
         if "batch_size" in overrides and built.batch_holder is not None:

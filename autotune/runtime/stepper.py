@@ -13,6 +13,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+# Set on an error the script's training raised: the optimizer step it raised on (1 = the first).
+FAULT_STEP = "_autotune_script_step"
+
+
+def fault_step(exc: BaseException) -> int | None:
+    """The training step of the user's script that raised ``exc``; None where it was raised
+    before the first step (or not by a stepped script)."""
+    step = getattr(exc, FAULT_STEP, None)
+    return step if isinstance(step, int) else None
+
 
 class ScriptEnded(Exception):
     """The script returned, or exited (``code``: its exit status), without the training
@@ -50,9 +60,25 @@ class Stepper:
             error = ScriptEnded(f"{self._ended_message()} (it exited with {exc.code!r})", exc.code)
         except BaseException as exc:
             error = exc
+            if self._started:  # the step it raised on, for the message (``fault_step``)
+                try:
+                    setattr(exc, FAULT_STEP, len(self.losses) + 1)
+                except AttributeError:  # an exception that takes no attributes
+                    pass
         with self._cond:
             self._ended = error
             self._cond.notify_all()
+
+    def training_over(self) -> None:
+        """The framework's training has returned (its ``train()`` or ``fit()``): autotune is
+        told, and this thread (the script's) goes no further, so that nothing the script does
+        after its training (saving, writing, testing) runs here (``script_end``)."""
+        from .script_end import park
+
+        with self._cond:
+            self._ended = ScriptEnded(self._ended_message())
+            self._cond.notify_all()
+        park()
 
     def _ended_message(self) -> str:
         name = os.path.basename(self.script)
@@ -158,7 +184,7 @@ class HfStepper(Stepper):
         from . import hf_script
 
         super().__init__(script, argv, hf_script.run_script)
-        self.built = hf_script.install(self.script, overrides, self._callbacks)
+        self.built = hf_script.install(self.script, overrides, self._callbacks, at_end=self.training_over)
 
     def _callbacks(self, trainer: Any) -> Sequence[Any]:
         from transformers import TrainerCallback
@@ -211,7 +237,7 @@ class LightningStepper(Stepper):
         super().__init__(script, argv, lightning_script.run_script)
         self.pl = lightning_script.package(source_module)
         self.built = lightning_script.install(self.script, overrides, self._callbacks, source_module=source_module,
-                                              quiet=True, out_dir=out_dir)
+                                              quiet=True, out_dir=out_dir, at_end=self.training_over)
 
     def _callbacks(self, trainer: Any) -> Sequence[Any]:
         from . import lightning_script

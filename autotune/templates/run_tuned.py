@@ -12,6 +12,9 @@ written there.
     python run_tuned.py --as-written        # your script as it is (the baseline)
     python run_tuned.py -- ARGS             # your script with other arguments, tuned
     python run_tuned.py --max-steps 200 --report report.json   # a timed run, saving nothing
+
+A timed run (``--report``, ``--max-steps``) ends once its training has, its report written: nothing your
+script does after ``trainer.train()`` runs in it (autotune's standalone runs are timed runs).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from tuned_runtime import hf_script  # noqa: E402  (beside this file)
+from tuned_runtime import hf_script, script_end  # noqa: E402  (beside this file)
 
 SETTINGS = "run_tuned.json"
 WARM_STEPS = 3  # steps before the clock starts: the first carries compilation and lazy setup
@@ -122,7 +125,9 @@ def main(argv: list[str]) -> int:
                 overrides["max_steps"] = args.max_steps
         callbacks = (_measure(args.report, args.max_steps or hf_script.ENDLESS_STEPS, args.start_after)
                      if args.report else (lambda trainer: ()))
-        hf_script.install(script, overrides, callbacks)
+        # a timed run ends with its training: nothing after the script's train() runs
+        hf_script.install(script, overrides, callbacks,
+                          at_end=(lambda: script_end.end_process(tmp)) if timed else None)
         for key, value in settings.get("env_notes", {}).items():
             print(f"run_tuned.py: {key}: {value}", file=sys.stderr)
         hf_script.run_script(script, script_argv)

@@ -12,6 +12,9 @@ finder would (your ``batch_size`` attribute), and compiles your LightningModule 
     python run_tuned.py --as-written        # your script as it is (the baseline)
     python run_tuned.py -- ARGS             # your script with other arguments, tuned
     python run_tuned.py --max-steps 200 --report report.json   # a timed run, saving nothing
+
+A timed run (``--report``, ``--max-steps``) ends once its training has, its report written: nothing your
+script does after ``trainer.fit()`` runs in it (autotune's standalone runs are timed runs).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from tuned_runtime import lightning_script  # noqa: E402  (beside this file)
+from tuned_runtime import lightning_script, script_end  # noqa: E402  (beside this file)
 
 SETTINGS = "run_tuned.json"
 WARM_STEPS = 3  # steps before the clock starts: the first carries compilation and lazy setup
@@ -113,7 +116,8 @@ def main(argv: list[str]) -> int:
             lambda trainer: [])
         # a timed run logs, saves and validates nothing, in a folder that goes
         lightning_script.install(script, overrides, callbacks, source_module=settings.get("source_module", "lightning"),
-                                 quiet=timed, out_dir=tmp)
+                                 quiet=timed, out_dir=tmp,
+                                 at_end=(lambda: script_end.end_process(tmp)) if timed else None)
         for key, value in settings.get("env_notes", {}).items():
             print(f"run_tuned.py: {key}: {value}", file=sys.stderr)
         lightning_script.run_script(script, rest if rest is not None else list(settings.get("argv", [])))

@@ -2,8 +2,11 @@
 
 With --seconds_per_sample S its data set and its model each sleep S a sample, as
 tests/models/slow_loading.py does: DataLoader workers then overlap loading with training and
-are clearly faster on any CPU, beside any load."""
+are clearly faster on any CPU, beside any load. With --save_to DIR and --marker FILE it saves
+its model and writes a file once its training is over, as a user's script does: no process
+autotune starts may run that part."""
 import dataclasses
+import pathlib
 import time
 
 import torch
@@ -14,6 +17,8 @@ from transformers import HfArgumentParser, Trainer, TrainingArguments
 class DataArguments:
     samples: int = 512
     seconds_per_sample: float = 0.0
+    save_to: str = ""
+    marker: str = ""
 
 
 SLEEP = [0.0]
@@ -52,6 +57,10 @@ def main() -> None:
     SLEEP[0] = data_args.seconds_per_sample
     trainer = Trainer(model=Net(), args=args, train_dataset=Pairs(data_args.samples))
     trainer.train()
+    if data_args.save_to:
+        trainer.save_model(data_args.save_to)
+    if data_args.marker:
+        pathlib.Path(data_args.marker).write_text("trained\n")
 
 
 if __name__ == "__main__":
