@@ -176,6 +176,45 @@ def test_arguments_its_parser_refuses_are_named():
     assert "the script's argument parser refused the arguments after `--`" in msg and "--no_such_flag" in msg
 
 
+@pytest.mark.slow
+def test_a_script_that_raises_on_a_later_step_is_named_with_its_line(tmp_path):
+    """Past the check's two steps, the script as written fails in its own code: said in its
+    words (its file, line and step, its own frames), exit 2, nothing after its training run."""
+    script = SCRIPTS / "fails_on_a_later_step.py"
+    proc = subprocess.run([sys.executable, "-m", "autotune", "run", str(script), "--out", str(tmp_path / "out"),
+                           "--trials", "2", "--no-profile"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    said = proc.stderr[proc.stderr.index("autotune run: error:"):]
+    assert ("the script as written cannot train, so there is nothing to tune: your script raised RuntimeError "
+            "at fails_on_a_later_step.py:13 on its 7th training step: the labels ran out") in said
+    assert 'fails_on_a_later_step.py", line 19, in <module>' in said  # its own frames
+    assert "site-packages" not in said
+    assert not (tmp_path / "never-written.pt").exists()
+    assert left_running(script) == []
+
+
+@pytest.mark.slow
+def test_a_trainer_whose_training_ends_in_a_stepped_script_runs_nothing_after_it(tmp_path):
+    """The check's, a trial's and a gate's Trainer: where its training returns before autotune
+    has measured it, autotune is told and the script's code after train() never runs."""
+    driver = (
+        "import os, sys\n"
+        "from autotune.runtime.stepper import HfStepper, ScriptEnded\n"
+        "stepper = HfStepper(sys.argv[1], sys.argv[2:], {'report_to': 'none', 'output_dir': 'o', 'max_steps': 3})\n"
+        "stepper.start(60)\n"
+        "try:\n"
+        "    stepper.run_steps(10)\n"
+        "except ScriptEnded as exc:\n"
+        "    print('ENDED:', exc, flush=True)\n"
+        "os._exit(0)\n")
+    save_to, marker = tmp_path / "elsewhere" / "model", tmp_path / "elsewhere" / "trained.txt"
+    proc = subprocess.run([sys.executable, "-c", driver, str(SCRIPTS / "parsed.py"), *PARSED_ARGS,
+                           "--save_to", str(save_to), "--marker", str(marker)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert "ENDED: parsed.py's Trainer.train() returned before autotune had measured it" in proc.stdout, proc.stderr
+    assert not save_to.exists() and not marker.exists()
+
+
 # --- one real run of a parsed script, shared by the tests below
 
 SLOW_ARGS = (*PARSED_ARGS, "--seconds_per_sample", "0.001", "--logging_steps", "1000")
@@ -185,15 +224,20 @@ SLOW_ARGS = (*PARSED_ARGS, "--seconds_per_sample", "0.001", "--logging_steps", "
 def tuned(tmp_path_factory) -> SimpleNamespace:
     """``autotune run parsed.py -- ARGS``: a parsed script whose DataLoader workers are clearly
     faster (sleeps set its speeds), three trials, short windows; the knobs that only lengthen
-    the verification are fixed."""
+    the verification are fixed. After its training the script saves its model and writes a
+    marker, both to absolute paths outside the output folder (``elsewhere``)."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    argv = (*SLOW_ARGS, "--save_to", str(elsewhere / "final-model"), "--marker", str(elsewhere / "trained.txt"))
     out = tmp_path_factory.mktemp("trainer") / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "autotune", "run", str(SCRIPTS / "parsed.py"), "--out", str(out), "--trials", "3",
          "--fix", "compile=off", "--fix", "precision=fp32", "--fix", "affinity=none", "--fix", "allocator=default",
          "--fix", "batch_size=16", "--window", "0.3", "--windows", "2", "--rounds", "2", "--pairs", "2",
-         "--pair-seconds", "0.5", "--no-profile", "--", *SLOW_ARGS],
+         "--pair-seconds", "0.5", "--no-profile", "--", *argv],
         capture_output=True, text=True, timeout=900)
-    return SimpleNamespace(out=out, proc=proc, doc=json.loads((out / "best_config.json").read_text())
+    return SimpleNamespace(out=out, proc=proc, argv=argv, elsewhere=elsewhere,
+                           left=sorted(p.name for p in elsewhere.iterdir()), running=left_running(SCRIPTS / "parsed.py"),
+                           doc=json.loads((out / "best_config.json").read_text())
                            if (out / "best_config.json").exists() else None)
 
 
@@ -213,7 +257,7 @@ def test_a_parsed_script_is_tuned_and_verified_by_running_it(tuned):
     assert doc["verified"] and doc["config"]["num_workers"] > 0
     assert doc["outputs"]["script"] == "run_tuned.py" and (tuned.out / "run_tuned.py").is_file()
     settings = json.loads((tuned.out / "run_tuned.json").read_text())
-    assert settings["parsed"] and settings["argv"] == list(SLOW_ARGS)
+    assert settings["parsed"] and settings["argv"] == list(tuned.argv)
     assert settings["overrides"]["dataloader_num_workers"] == doc["config"]["num_workers"]
     arguments = (tuned.out / "tuned_arguments.md").read_text()
     assert f"--dataloader_num_workers {doc['config']['num_workers']}" in arguments
@@ -268,3 +312,17 @@ def test_each_knob_takes_effect_inside_the_trainer_of_a_trial(tmp_path):
     assert result.env["OMP_NUM_THREADS"] == "1"
     trajectory = runner.run(base, name="base", trajectory_steps=4)
     assert trajectory.status == Status.OK and len(trajectory.losses) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_no_process_of_the_run_goes_past_the_scripts_training(tuned, tmp_path):
+    """The check, the trials, the gates and the standalone pairs ran the script: none saved its
+    model or wrote its marker (the code after train()), and none is left running. The user's
+    own launch.sh runs the script whole."""
+    assert tuned.doc is not None, tuned.proc.stderr[-3000:]
+    assert tuned.left == [] and tuned.running == []
+    assert list((tuned.out / "verify").rglob("script-report.json"))  # the standalone pairs did run it
+    subprocess.run(["bash", "launch.sh"], cwd=tuned.out, check=True, capture_output=True, timeout=300)
+    assert (tuned.elsewhere / "trained.txt").read_text() == "trained\n"
+    assert (tuned.elsewhere / "final-model").is_dir()

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 from pathlib import Path
 
-from autotune.errors import NotVerified
+from autotune.errors import ContractError, NotVerified
 from autotune.harness import memory_limit as host_memory_limit
 from autotune.probes import Machine
 from autotune.search import batch_range
@@ -87,6 +87,10 @@ def run_search(workbench: Workbench, search: SearchOptions, sharing: SharingOpti
     finally:
         reporter.end_search()
     if outcome.baseline is None:
+        if task.script is not None and (fault := script_fault(outcome, space=space)) is not None:
+            raise ContractError(f"{task.path}: the script as written cannot train, so there is nothing to tune: "
+                                f"{fault}\nFix it so that `python {task.path.name} ARGS` trains, then run "
+                                f"autotune again; trial logs are in {workbench.out / 'trials'}.")
         raise NotVerified(unmeasured(outcome, space=space, limit=limit, out=workbench.out))
     pricing = (None if search.plan is None
                else Pricing(plan=search.plan, measured=tuple(c.measured for c in outcome.ranked)))
@@ -102,6 +106,13 @@ def fastest_allowed(ramp: batch_range.Ramp | None, space: Space) -> int | None:
         return ramp.knee
     rates = [(rate, batch) for batch, rate in (ramp.rates if ramp is not None else ()) if batch in allowed]
     return max(rates)[1] if rates else None
+
+
+def script_fault(outcome: SearchOutcome, *, space: Space) -> str | None:
+    """What the user's script raised, in its words (``trials.failure.script_fault``), where its
+    configuration as written failed in its own code; None where it failed otherwise."""
+    failed = next((f for f in outcome.failures if f.config == space.baseline), None)
+    return failed.message if failed is not None and failed.failure == Failure.USER_ERROR else None
 
 
 def unmeasured(outcome: SearchOutcome, *, space: Space, limit: MemoryLimit, out: Path) -> str:

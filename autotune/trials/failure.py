@@ -59,3 +59,30 @@ def classify(exc: BaseException, model_file: str) -> Failure:
     if f'File "{path}"' in str(exc):  # re-raised from a DataLoader worker, traceback as text
         return Failure.USER_ERROR
     return Failure.ERROR
+
+
+# How an error the user's script raised is said (``script_fault``): it needs no "the model
+# file raised an error" before it (``TrialResult.describe_failure``).
+SCRIPT_FAULT = "your script raised "
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def script_fault(exc: BaseException, script: str, step: int | None) -> str:
+    """An error the user's script raised, in its words: "your script raised RuntimeError at
+    train.py:27 on its 7th training step: ...", then its own frames of the traceback (those in
+    the script's folder, outside installed packages). ``step``: the training step it raised on
+    (None: before the first)."""
+    path = os.path.abspath(script)
+    folder = os.path.dirname(path) + os.sep
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if os.path.abspath(f.filename) == path]
+    own = [f for f in frames if os.path.abspath(f.filename).startswith(folder) and "site-packages" not in f.filename]
+    where = f" at {os.path.basename(path)}:{mine[-1].lineno}" if mine else ""
+    when = f" on its {_ordinal(step)} training step" if step is not None else " before its first training step"
+    shown = "".join(traceback.format_list(own[-8:])).rstrip()
+    return (f"{SCRIPT_FAULT}{type(exc).__name__}{where}{when}: {exc}"
+            + (f"\nIts frames (most recent call last):\n{shown}" if shown else ""))

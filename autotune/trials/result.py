@@ -7,6 +7,7 @@ import dataclasses
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.step_profile import StepProfile
 from autotune.trials.events import DoneEvent, SetupEvent, WarmupEvent
+from autotune.trials.failure import SCRIPT_FAULT
 from autotune.trials.protocol import Failure, Status
 
 
@@ -73,6 +74,8 @@ class TrialResult:
         return [*self.done.evaluations, (len(self.done.losses), self.done.metric)]
 
     def describe_failure(self) -> str:
+        if self.failure == Failure.USER_ERROR and self.message.startswith(SCRIPT_FAULT):
+            return self.message  # said in the script's words already
         text = Failure.describe(self.failure)
         return f"{text}: {self.message}" if self.message else text
 

@@ -29,6 +29,7 @@ import psutil
 from autotune.runtime import ranks
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import Device, Precision
+from autotune.runtime.stepper import fault_step
 from autotune.trials import peak_memory, proctree
 from autotune.trials.events import (
     BeatEvent,
@@ -41,9 +42,9 @@ from autotune.trials.events import (
     WarmupEvent,
     WindowEvent,
 )
-from autotune.trials.failure import classify
+from autotune.trials.failure import classify, script_fault
 from autotune.trials.gate_runs import scored_training, trajectory
-from autotune.trials.protocol import Measurement, Mode
+from autotune.trials.protocol import Failure, Measurement, Mode
 from autotune.trials.spec import TrialSpec
 
 if TYPE_CHECKING:
@@ -385,8 +386,11 @@ def main(argv: list[str]) -> int:
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            events.emit(ErrorEvent(kind=classify(exc, data["model_file"]),
-                                   message=f"{type(exc).__name__}: {exc}"[:2000],
+            kind = classify(exc, data["model_file"])
+            message = f"{type(exc).__name__}: {exc}"
+            if kind is Failure.USER_ERROR and data.get("script") is not None:
+                message = script_fault(exc, data["model_file"], fault_step(exc))
+            events.emit(ErrorEvent(kind=kind, message=message[:2000],
                                    traceback=traceback.format_exc()[-8000:]),
                         all_ranks=True)
             traceback.print_exc()
