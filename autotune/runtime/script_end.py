@@ -7,12 +7,12 @@ standalone pair: it would overwrite the user's real outputs with a tuning run's,
 outside the output folder. So where the framework hands back from its training (``train()``
 or ``fit()`` returns), the process autotune started goes no further:
 
-- a timed run of ``run_tuned.py`` (``--report``: the standalone pairs) ends there, once its
-  report is written (``end_process``): no ``finally`` or ``atexit`` of the script runs;
+- a timed run of ``run_tuned.py`` (``--report`` or ``--max-steps``; the standalone pairs are
+  such runs) ends there, once its report is written (``end_process``): no ``finally`` or ``atexit`` of the script runs;
 - a stepped script (``runtime.stepper``: the check, trials and gates) parks its thread there,
   and the worker, which holds the process, ends it.
 
-``launch.sh`` and ``run_tuned.py`` run by the user, without ``--report``, run the script whole.
+``launch.sh`` and ``run_tuned.py`` run by the user, untimed, run the script whole.
 This file is copied into ``tuned_runtime/`` beside the hooks; it imports nothing of autotune.
 """
 from __future__ import annotations
