@@ -102,7 +102,8 @@ def run(workbench: Workbench, parts: Sections, *, started_at: float) -> RunDocum
     for knob, reason in space.excluded.items():
         workbench.reporter.info(f"  skipping {knob}: {reason}")
     searched = run_search(workbench, parts.search, parts.sharing, space=space, started_at=started_at,
-                          reserve=functools.partial(leave_for_verification, workbench, parts.verify, parts.measure))
+                          reserve=functools.partial(leave_for_verification, workbench, parts.verify, parts.measure,
+                                                    plan=parts.search.plan))
 
     def verify() -> RunDocument:
         verified = run_verification(workbench, parts.verify, parts.measure, searched=searched,

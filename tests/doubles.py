@@ -118,6 +118,7 @@ class StandIn(RunnerDouble):
 
     def __init__(self, *, profiles: Callable[[TrialConfig], StepProfile | None] = lambda cfg: None) -> None:
         self.gated: list[TrialConfig] = []  # configurations the gates trained
+        self.gated_seeds: list[tuple[TrialConfig, int]] = []  # and the seed each trained from
         self.measured: list[TrialConfig] = []  # configurations the search measured
         self.profiled: list[TrialConfig] = []  # configurations run with profile=True
         self.limits: list[tuple[TrialConfig, float | None]] = []  # each run's timeout_s, as given
@@ -221,6 +222,8 @@ class StandInRunner(StandIn):
     def run(self, cfg, *, name, on_window=None, trajectory_steps=None, quality_steps=None, timeout_s=None,
             profile=False, **kw):
         self.limits.append((cfg, timeout_s))
+        if trajectory_steps is not None or quality_steps is not None:
+            self.gated_seeds.append((cfg, kw.get("seed_offset", 0)))
         return self.result(cfg, on_window=on_window, trajectory_steps=trajectory_steps,
                            quality_steps=quality_steps, profile=profile)
 

@@ -230,8 +230,10 @@ def test_the_readme_example_verifies_within_minutes_on_a_simulated_gpu_node(read
     # every standalone pair ran to --pairs, each run set up after the one before it ended;
     # the pick on one GPU is now the expert's recipe, compiled, at the batch range's knee:
     # its ablation reverts more knobs, each variant compiling from the cache; 367 and 490
-    # before the quality check trained fp32 from a second seed)
-    assert node.clock - verify_from <= {"h100x1": 420, "h100x8": 560}[name], node.clock - verify_from
+    # before the quality check trained fp32 from a second seed, 478 and 641 once each gate's
+    # verdict trains its pairs from two seeds at the least: the candidate too, and the user's
+    # configuration for the batch check)
+    assert node.clock - verify_from <= {"h100x1": 500, "h100x8": 680}[name], node.clock - verify_from
     # "verified": the figure a re-run stays above clears 1x, from the fewest pairs on
     assert doc["speedup"]["lower_bound"] > 1.0 and doc["speedup"]["pairs"] >= sequential.PAIRS_FEWEST
     # no window was measured while another process ran on one of its GPUs

@@ -183,20 +183,21 @@ def test_the_simplified_configuration_is_gated_with_the_runs_already_made(tmp_pa
     simpler = gates.gate(trainings, BASE, bf16.replace(allocator="default", threads=None),
                          settings=Settings())
     assert first.passed and first.checks["quality"].passed and first.checks["batch"].passed
-    # the batch check reads the candidate's scored training too, and trains the user's configuration
-    assert ran == 4, ("one training each of the candidate and its reference serves all three gates, "
-                      "with the reference's second seed")
+    # the batch check reads the candidate's scored trainings too, and trains the user's
+    # configuration from the same two seeds
+    assert ran == 6, ("one training each of the candidate and its reference from each of two seeds serves "
+                      "all three gates, with the user's configuration's from both")
     assert simpler.passed and len(runner.runs) == ran
 
 
 def test_a_run_gates_each_computation_once(tmp_path):
     """Across the whole verification, the simplified configuration included: every
-    trajectory the numerics check ran computes something no other one did."""
+    training the gates ran computes, from its seed, something no other one did."""
     runner = StandInRunner(recorded_machine("avx2_epyc"))
     doc = tune_stand_in(knob_cnn(), tmp_path, runner)
     assert doc["ablation"]["simplified"]
-    keys = [work_key(cfg) for cfg in runner.gated]
-    assert len(keys) == len(set(keys))
+    keys = [(work_key(cfg), seed) for cfg, seed in runner.gated_seeds]
+    assert keys and len(keys) == len(set(keys)), keys
 
 
 class Scripts:

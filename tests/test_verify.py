@@ -231,8 +231,10 @@ def test_reduced_precision_needs_no_flag_and_is_held_to_evaluate_when_the_file_h
     assert no_eval.passed is None and not runner.runs, "without evaluate() numerics is the gate"
     ok = quality_check(Trainings(runner, evaluate=True), base, bf16, max_drop=None)
     assert ok.passed and ok.detail["max_drop"] == pytest.approx(0.02 * 0.90)
-    # the references are fp32 at the candidate's own batch size, from two seeds: only precision differs
-    assert [c.batch_size for c in runner.runs] == [64, 64, 64] and runner.runs[0].exact and runner.runs[2].exact
+    # the references are fp32 at the candidate's own batch size, each seed's beside the
+    # candidate's from it: only precision differs
+    assert [c.batch_size for c in runner.runs] == [64, 64, 64, 64]
+    assert [c.exact for c in runner.runs] == [True, False, True, False]
     worse = ScriptedRunner(losses={}, metric={"fp32": 0.90, "bf16": 0.80})
     bad = quality_check(Trainings(worse, evaluate=True), base, bf16, max_drop=None)
     assert bad.passed is False and "0.8" in bad.detail["reason"]
@@ -259,7 +261,7 @@ def test_only_what_trades_quality_trains_the_quality_checks_length():
     assert asked == [("fp32", 40, None)], "the candidate computes what its reference does: one run"
     bf16 = gate(trainings, base, TrialConfig(batch_size=16, precision="bf16"), settings=Settings())
     assert bf16.passed and bf16.checks["quality"].passed
-    assert asked[1:] == [("fp32", None, 400), ("bf16", None, 400), ("fp32", None, 400)], "fp32's second seed"
+    assert asked[1:] == [("fp32", None, 400), ("bf16", None, 400)] * 2, "the pair again from a second seed"
 
 
 def test_a_rejected_candidate_is_replaced_by_the_next_of_its_kind_before_any_speed_measurement():

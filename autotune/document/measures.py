@@ -185,8 +185,8 @@ class Rejection(Record):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PrecisionNote(Record):
     """Which precision was chosen, how it was checked, why others were not, how to opt out.
-    ``inconclusive``: the faster precisions whose quality check could not tell, and how to
-    accept one; ``judged``: what the quality check found for each configuration it judged,
+    ``inconclusive``: the faster precisions whose quality check could not tell within the seeds
+    verification holds, with its figures; ``judged``: what the quality check found for each configuration it judged,
     by its short name."""
 
     chosen: str

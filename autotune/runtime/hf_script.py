@@ -40,6 +40,9 @@ KNOB_FIELDS = (
     "bf16", "fp16", "tf32", "torch_compile", "torch_compile_mode", "optim", "seed",
     "gradient_checkpointing", "use_cpu", "metric_for_best_model", "greater_is_better", "eval_strategy",
 )
+# How long the user's training is (read, never set: trials train until measured, the gates
+# as far as ``autotune.verify.length`` says).
+LENGTH_FIELDS = ("max_steps", "num_train_epochs")
 
 # What a trial, or the check, sets whatever the configuration: in them the script saves
 # nothing, pushes nothing, reports to nothing and evaluates only when a gate asks; its
@@ -110,7 +113,8 @@ def install(script: str, overrides: Mapping[str, Any],
 
     def __post_init__(self: Any) -> None:
         if not built.user_values:  # the script's first TrainingArguments is the one it trains with
-            built.user_values = {k: plain(getattr(self, k)) for k in KNOB_FIELDS if hasattr(self, k)}
+            built.user_values = {k: plain(getattr(self, k)) for k in (*KNOB_FIELDS, *LENGTH_FIELDS)
+                                 if hasattr(self, k)}
             built.parsed = _parsed_by_hf_argparser()
             built.args_line = _script_line(script)
         for key, value in overrides.items():

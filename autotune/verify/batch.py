@@ -3,9 +3,12 @@
 A larger batch takes fewer optimizer steps over the same samples, and with the user's
 learning rate it may learn less from them; the numerics and quality checks compare a
 candidate with a reference at its own batch, so they cannot see it. Where the model file
-has evaluate(), the candidate and the user's configuration are trained from the same seed
-over the same samples (the quality check's budget of the two, the longer: ``Trainings.samples``)
-and the candidate passes when its metric is within the allowed drop of the user's.
+has evaluate(), the candidate and the user's configuration are trained from the same seeds
+over the same samples (the quality check's length of the two, the longer: ``Trainings.samples``),
+seed after seed, and the candidate passes where its drop from the user's, pair by pair, is
+shown within the margin: the allowed drop or half the user's configuration's spread between
+seeds, the larger (``autotune.verify.decide``). A drop is a rejection only where it is
+shown beyond that margin: a larger batch is not turned away for what a reseed moves.
 Without evaluate() nothing can judge a batch the user did not choose: the search keeps to
 the range the user allows (``--batch-range``, by default a quarter to eight times the
 user's: ``search.batch_range``), and such a batch passes unchecked.
@@ -17,8 +20,11 @@ from collections.abc import Mapping, Sequence
 from autotune.config import TrialConfig
 from autotune.document.batch import BatchChoice
 from autotune.document.measures import Check
+from autotune.document.quality import QualityJudgement, QualityVerdict
 from autotune.search.batch_range import Ramp, set_by, unchecked_top
 from autotune.space import Space
+from autotune.verify.decide import Allowance, Seed, judge, sequential
+from autotune.verify.length import described, within
 from autotune.verify.trainings import Trainings, metrics
 
 # What evaluate() may lose to a batch unlike the user's when --max-quality-drop is not
@@ -44,30 +50,48 @@ def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, 
         return Check(None, {"reason": f"batch {batch} is within the range allowed unchecked; the model "
                                       "file has no evaluate() to check that it trains as well"})
     # the longer of the two scored trainings (the numerics check's 40 steps at the larger batch)
-    samples = max(trainings.samples(baseline), trainings.samples(cand))
+    # (never past the user's own training)
+    samples = within(max(trainings.samples(baseline), trainings.samples(cand)), trainings.own, batch_size=batch)
     # the user's configuration, on the feeding knobs of the fastest the search measured alike
-    runs = {"reference": trainings.for_samples(trainings.reference(baseline), "batch-reference", samples=samples),
-            "candidate": trainings.for_samples(cand, "batch-candidate", samples=samples)}
-    scores, failed = metrics(runs)
-    if failed is not None:
-        return Check(False, {"reason": f"a training for the batch check failed: {failed}"})
-    allowed_drop = max_drop if max_drop is not None else BATCH_QUALITY_DROP * abs(scores["reference"])
-    drop = scores["reference"] - scores["candidate"]
-    detail = {"reference_metric": scores["reference"], "candidate_metric": scores["candidate"],
-              "drop": drop, "max_drop": allowed_drop, "samples": samples,
+    user_cfg = trainings.reference(baseline)
+    words = ("--max-quality-drop" if max_drop is not None
+             else f"default: {BATCH_QUALITY_DROP:.0%} of your configuration's metric")
+    length = described(samples, trainings.own, batch_size=batch)
+
+    def pair(seed: int) -> Seed | str:
+        runs = {"reference": trainings.for_samples(user_cfg, "batch-reference", samples=samples, seed=seed),
+                "candidate": trainings.for_samples(cand, "batch-candidate", samples=samples, seed=seed)}
+        scores, failed = metrics(runs)
+        if failed is not None:
+            return f"seed {seed}: {failed}"
+        return {samples: scores["reference"]}, {samples: scores["candidate"]}
+
+    def decide(seeds: Sequence[Seed], final: bool, more_s: float | None) -> QualityJudgement | None:
+        first = seeds[0][0][samples]
+        allowed = max_drop if max_drop is not None else BATCH_QUALITY_DROP * abs(first)
+        allowance = Allowance(allowed, words, unsettled=QualityVerdict.ACCEPTED)
+        return judge(seeds, allowance=allowance, samples=samples, length=length, final=final,
+                     more_s=more_s)
+
+    found = sequential(pair, decide, most=trainings.seeds, affords=trainings.affords)
+    if isinstance(found, str):
+        return Check(False, {"reason": f"a training for the batch check failed: {found}"})
+    reference = sum(r[-1] for r in found.references) / found.seeds
+    candidate = sum(c[-1] for c in found.candidates) / found.seeds
+    detail = {"reference_metric": reference, "candidate_metric": candidate,
+              "drop": found.mean_drop, "max_drop": found.margin, "samples": samples, "seeds": found.seeds,
               "reference_batch": user, "candidate_batch": batch,
               "reference_steps": trainings.steps_for(baseline, samples),
               "candidate_steps": trainings.steps_for(cand, samples),
               "lr_factor": cand.lr_factor, "lr_scaling": cand.lr_scaling,
-              "allowance": "--max-quality-drop" if max_drop is not None
-              else f"default: {BATCH_QUALITY_DROP:.0%} of your configuration's metric"}
-    what = (f"batch {batch}{_lr(cand)}: evaluate() {scores['candidate']:.4g} after {samples:,} samples "
-            f"against {scores['reference']:.4g} at your batch {user}")
-    if drop > allowed_drop:
-        detail["reason"] = f"{what}, a drop of {drop:.4g} (allowed {allowed_drop:.4g})"
-        return Check(False, detail)
-    detail["summary"] = f"{what} (allowed drop {allowed_drop:.4g})"
-    return Check(True, detail)
+              "allowance": words, "judgement": found.to_json()}
+    what = (f"batch {batch}{_lr(cand)}: evaluate() {candidate:.4g} after {samples:,} samples "
+            f"against {reference:.4g} at your batch {user}, the means over {found.seeds} seeds")
+    if found.verdict is QualityVerdict.ACCEPTED:
+        detail["summary"] = f"{what} ({found.words()})"
+        return Check(True, detail)
+    detail["reason"] = f"{what}: {found.words()}"
+    return Check(False, detail)
 
 
 def describe(*, chosen: TrialConfig, space: Space, batch_range: tuple[int, int] | None, pinned: int | None,

@@ -30,8 +30,10 @@ from autotune.document.stages import Stage, StageRecord, VerificationStages
 from autotune.runtime.knobs import CompileMode
 from autotune.trials.runner import process_key
 from autotune.verify import ablation
-from autotune.verify.deadline import Budget, Costs
-from autotune.verify.quality import REFERENCE_SEEDS, trades_quality
+from autotune.verify.deadline import MARGIN, Budget, Costs
+from autotune.verify.decide import FEWEST_SEEDS
+from autotune.verify.length import within
+from autotune.verify.quality import trades_quality
 from autotune.verify.reference import numerics_reference, quality_reference, trained_fast, work_key
 from autotune.verify.sequential import FEWEST, PAIRS_FEWEST
 from autotune.verify.settings import Settings
@@ -41,8 +43,9 @@ from autotune.verify.trainings import evaluation_steps, training_steps
 @dataclasses.dataclass(frozen=True)
 class FittedStages:
     """The stages as fitted: their settings, the candidates to verify, what was shortened
-    (by stage, in words), the estimate, the seconds left, and ``over`` when even the
-    minimum did not fit."""
+    (by stage, in words), the estimate, the seconds left, ``over`` when even the minimum did
+    not fit, and what the estimate holds for the stages after the gates (``after_gates_s``:
+    what a gate's extra seed must leave, ``Settings.affords``)."""
 
     settings: Settings
     candidates: list[TrialConfig]
@@ -50,15 +53,18 @@ class FittedStages:
     estimate_s: float
     left_s: float
     over: str | None = None
+    after_gates_s: float = 0.0
 
 
 def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
                costs: Costs, has_evaluate: bool) -> float:
     """One short training per computation (``Trainings``): each candidate's and its
-    reference's, shared by what they compute (and, where a knob trades quality, fp32's
-    other seeds), scored where a knob trades quality or
-    evaluate() judges a batch unlike the user's (``verify.batch``), which also trains the
-    user's configuration over the same samples. A run whose process knobs differ from the
+    reference's, shared by what they compute (and, where a knob trades quality, both from
+    the other seeds a verdict takes at its fewest, ``decide.FEWEST_SEEDS``), scored where a
+    knob trades quality or evaluate() judges a batch unlike the user's (``verify.batch``),
+    which also trains the user's configuration over the same samples, and both again from
+    the other seeds. More seeds, where a verdict needs them, are taken only where what is
+    left holds them (``Settings.affords``). A run whose process knobs differ from the
     run's before it starts a process of its own. A scored training calls evaluate() at its
     ``evaluation_steps`` and at its end (``Costs.evaluate_s`` each); the batch check's run of
     the user's configuration (``Trainings.for_samples``) at its end alone. A computation
@@ -85,19 +91,25 @@ def gates_cost(settings: Settings, candidates: Sequence[TrialConfig], *, baselin
         # the references on the fastest alike's feeding knobs, as ``Trainings.reference`` trains them
         reference = trained_fast(numerics_reference(baseline, cand), costs.rates)
         trained = [(reference, quality, 0), (cand, quality or judged, 0)]
-        if quality:  # fp32's spread: its other seeds, unpruned
-            trained += [(trained_fast(quality_reference(baseline, cand), costs.rates), True, seed)
-                        for seed in range(1, REFERENCE_SEEDS)]
+        if quality:  # the other seeds' pairs, the reference unpruned
+            for seed in range(1, FEWEST_SEEDS):
+                trained += [(trained_fast(quality_reference(baseline, cand), costs.rates), True, seed),
+                            (cand, True, seed)]
         for cfg, scored, seed in trained:
             if seen.get((work_key(cfg), seed)) not in (True, scored):
                 seen[work_key(cfg), seed] = scored
                 total += run(cfg, samples(cfg, scored),
                              len(evaluation_steps(steps(cfg, scored))) + 1 if scored else 0)
-        if judged:  # the user's configuration over the longer of the two budgets, once per length
-            over = max(samples(baseline, True), samples(cand, True))
-            if (f"batch:{over}", 0) not in seen:
-                seen[f"batch:{over}", 0] = True
-                total += run(trained_fast(baseline, costs.rates), over, 1)
+        if judged:  # the user's configuration over the longer of the two, once per length and seed
+            over = within(max(samples(baseline, True), samples(cand, True)), settings.own, batch_size=cand.batch_size)
+            for seed in range(FEWEST_SEEDS):
+                if (f"batch:{over}", seed) not in seen:
+                    seen[f"batch:{over}", seed] = True
+                    total += run(trained_fast(baseline, costs.rates), over, 1)
+                shared = seen.get((work_key(cand), seed)) is True and samples(cand, True) == over
+                if seed and not shared and (f"batch:{work_key(cand)}:{over}", seed) not in seen:
+                    seen[f"batch:{work_key(cand)}:{over}", seed] = True
+                    total += run(cand, over, 1)
     return total
 
 
@@ -164,10 +176,6 @@ def least(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tr
                         has_evaluate=has_evaluate).values())
 
 
-# The costs are estimated from a few trials of the search, and verification under
-# --timeout took 6-10% longer than they predicted: plans fit what is left less a tenth,
-# and the search leaves a tenth more than the least (autotune.verify.reserve).
-MARGIN = 1.1
 
 
 def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
@@ -221,11 +229,13 @@ def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tria
     if cuts:
         shortened[Stage.STANDALONE] = f"{' and '.join(cuts)} {why}"
     need = total(s, cands)
+    gates_s = estimate(s, cands, baseline=baseline, costs=costs, has_evaluate=has_evaluate)[Stage.GATES]
     over = None
     if need > left:
         over = (f"--timeout {budget.timeout_s:g} left {max(0.0, left_s):.0f} s for verification; even at its "
                 f"minimum it takes about {need * MARGIN:.0f} s with a margin: verifying at the minimum")
-    return FittedStages(settings=s, candidates=cands, shortened=shortened, estimate_s=need, left_s=left_s, over=over)
+    return FittedStages(settings=s, candidates=cands, shortened=shortened, estimate_s=need, left_s=left_s, over=over,
+                        after_gates_s=need - gates_s)
 
 
 def stages(plan: FittedStages | None, records: Sequence[StageRecord],

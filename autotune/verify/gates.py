@@ -153,7 +153,8 @@ def verify_candidates(
     log = stages if stages is not None else []
     trainings = Trainings(runner, evaluate=has_evaluate, numerics_steps=settings.numerics_steps,
                           quality_samples=settings.quality_samples, slowest=slowest, kept=kept,
-                          evaluate_s=evaluate_s, measured=measured)
+                          evaluate_s=evaluate_s, measured=measured, own=settings.own, seeds=settings.seeds,
+                          affords=settings.affords)
     pool = Held(runner)
     try:
         return _verify(runner, baseline=baseline, candidates=candidates, settings=settings,

@@ -12,6 +12,7 @@ from autotune.search.memory import MemoryLimit
 from autotune.search.outcome import SearchOutcome
 from autotune.sections import MeasureOptions, VerifyOptions
 from autotune.space import Space
+from autotune.task.objective import PlannedRun
 from autotune.verify import fit
 from autotune.verify.candidates import batch_rival, choose_candidates
 from autotune.verify.deadline import FROM_CACHE_SHARE, Costs
@@ -60,7 +61,7 @@ def _walls(outcome: SearchOutcome) -> list[float]:
 
 
 def leave_for_verification(workbench: Workbench, verify: VerifyOptions, measure: MeasureOptions, *, space: Space,
-                           limit: MemoryLimit, ends_at: float,
+                           limit: MemoryLimit, ends_at: float, plan: PlannedRun | None = None,
                            fresh_start: tuple[float, float] | None = None) -> Reserve:
     """What the search leaves verification by ``ends_at``: verification at its least for the
     candidates the search has so far, with its costs estimated from the trials so far."""
@@ -73,7 +74,8 @@ def leave_for_verification(workbench: Workbench, verify: VerifyOptions, measure:
                                        machine=workbench.machine, fits=outcome.fits(limit), rival=batch_rival(others))
         costs = Costs.of_search(outcome, window_s=measure.window_s, evaluate_s=workbench.task.evaluate_s,
                                 fresh_start=fresh_start)
-        settings = Settings.asked(verify).on(workbench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()])
+        settings = Settings.asked(verify).lengthened(workbench.task, plan, costs.rates).on(
+            workbench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()])
         return fit.least(settings, candidates, baseline=baseline, costs=costs,
                          has_evaluate=workbench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
     return Reserve(ends_at=ends_at, need=need, timeout_s=float(verify.timeout_s or 0.0))

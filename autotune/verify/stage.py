@@ -68,7 +68,8 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
         budget = Budget(timeout_s=verify.timeout_s, ends_at=searched.ends_at, costs=Costs.of_search(
             outcome, window_s=measure.window_s, evaluate_s=workbench.task.evaluate_s,
             fresh_start=ramp.fresh_start if (ramp := ramp_of(searched.place.study)) else None))
-    asked = Settings.asked(verify)
+    asked = Settings.asked(verify).lengthened(
+        workbench.task, searched.pricing.plan if searched.pricing is not None else None, measured_rates(outcome))
     settings = dataclasses.replace(
         asked.on(workbench.machine, [(c, r.cuda_peak_mb) for c, r in outcome.results()]),
         pricing=searched.pricing, budget=budget, fits=fits,
@@ -79,7 +80,8 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
     if budget is not None and candidates:
         fitted = fit.fit(settings, candidates, baseline=baseline, budget=budget,
                          has_evaluate=workbench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
-        settings, candidates = fitted.settings, fitted.candidates
+        settings = dataclasses.replace(fitted.settings, after_gates_s=fitted.after_gates_s)
+        candidates = fitted.candidates
         for line in [*(f"{stage.named}: {why}" for stage, why in fitted.shortened.items()), fitted.over]:
             if line:
                 reporter.info(f"verify: {line}")

@@ -14,13 +14,15 @@ read them instead of training them again.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from autotune.config import TrialConfig
 from autotune.search.trial_summary import TrialSummary
 from autotune.trials.protocol import Status
 from autotune.trials.runner import TrialResult, TrialRunnerLike
 from autotune.trials.spec import LossGuard
+from autotune.verify.decide import MOST_SEEDS
+from autotune.verify.length import OwnTraining
 from autotune.verify.reference import KeptReferences, Measured, trained_fast, work_key
 
 
@@ -77,9 +79,9 @@ class Trainings:
     quality_samples: int = 6400
     runs: dict[tuple[str, int], TrialResult] = dataclasses.field(default_factory=dict)
     scored: set[tuple[str, int]] = dataclasses.field(default_factory=set)
-    # the batch check's trainings, by work_key and steps: over a number of samples fixed by
-    # the user's batch, not by the numerics check's steps
-    over_samples: dict[tuple[str, int], TrialResult] = dataclasses.field(default_factory=dict)
+    # the batch check's trainings, by work_key, steps and seed: over a number of samples fixed
+    # by the user's batch, not by the numerics check's steps
+    over_samples: dict[tuple[str, int, int], TrialResult] = dataclasses.field(default_factory=dict)
     ran: int = 0  # trainings run: numbers their folders
     # the slowest samples/s the search measured: a training gets the time its steps would
     # take that slow, where the runner's limit is less
@@ -91,6 +93,11 @@ class Trainings:
     # the configurations the search measured, with their samples/s: a reference trains on
     # the feeding knobs of the fastest that computes what it computes (``reference``)
     measured: Measured = ()
+    # the user's own training, where known: what ``quality_samples`` is a length of
+    own: OwnTraining | None = None
+    seeds: int = MOST_SEEDS  # the most seeds a gate's verdict trains
+    # whether --timeout's reserve holds another seed of so many seconds (``Settings.affords``)
+    affords: Callable[[float], bool] = lambda seconds: True
 
     def reference(self, cfg: TrialConfig) -> TrialConfig:
         """Where the reference ``cfg`` trains: on the feeding knobs of the fastest configuration
@@ -123,19 +130,20 @@ class Trainings:
     def steps_for(cfg: TrialConfig, samples: int) -> int:
         return max(1, round(samples / cfg.batch_size))
 
-    def for_samples(self, cfg: TrialConfig, role: str, *, samples: int) -> TrialResult:
-        """``cfg`` trained over ``samples`` samples (to the nearest whole step) and scored:
-        the scored training ``of`` runs where it has as many steps."""
+    def for_samples(self, cfg: TrialConfig, role: str, *, samples: int, seed: int = 0) -> TrialResult:
+        """``cfg`` trained from ``seed`` over ``samples`` samples (to the nearest whole step) and
+        scored at its end: the scored training ``of`` runs where it has as many steps."""
         steps = self.steps_for(cfg, samples)
         key = work_key(cfg)
-        if (key, 0) in self.scored and self.steps(cfg) == steps:
-            return self.runs[key, 0]
-        if (key, steps) not in self.over_samples:
-            name = f"verify-gates-{self.ran}-{role}"
+        if (key, seed) in self.scored and self.steps(cfg) == steps:
+            return self.runs[key, seed]
+        if (key, steps, seed) not in self.over_samples:
+            name = f"verify-gates-{self.ran}-{role}" + (f"-seed{seed}" if seed else "")
             self.ran += 1
-            self.over_samples[key, steps] = self.runner.run(cfg, name=name, quality_steps=steps,  # scored at its end
-                                                            timeout_s=self.limit_s(cfg, steps, evaluations=1))
-        return self.over_samples[key, steps]
+            self.over_samples[key, steps, seed] = self.runner.run(
+                cfg, name=name, quality_steps=steps, seed_offset=seed,  # scored at its end
+                timeout_s=self.limit_s(cfg, steps, evaluations=1))
+        return self.over_samples[key, steps, seed]
 
     def of(self, cfg: TrialConfig, role: str, *, scored: bool = False, seed: int = 0,
            guard: LossGuard | None = None) -> TrialResult:
