@@ -381,3 +381,13 @@ def test_a_standalone_run_is_priced_with_the_imports_its_fresh_interpreter_pays(
     assert fresh.imports_s == 0.0 and fresh.pairs(3, 1.0) == pytest.approx(3 * 2 * (1.0 + 1.0))
     assert forked.side_by_side([TrialConfig(), TrialConfig(threads=2)], 5) == fresh.side_by_side(
         [TrialConfig(), TrialConfig(threads=2)], 5)
+
+
+def test_a_verdict_trains_another_seed_only_where_the_reserve_holds_it_and_the_stages_after_the_gates():
+    plan = planned(cost(Settings()))
+    assert 0 < plan.after_gates_s < plan.estimate_s, "the speed check, ablation and pairs, not the gates"
+    budget = Budget(timeout_s=600, ends_at=110.0, costs=COSTS, clock=lambda: 0.0)
+    settings = Settings(budget=budget, after_gates_s=50.0)
+    assert settings.affords(40.0), "110 s left: 100 s less the margin hold 40 s and the 50 s after"
+    assert not settings.affords(60.0)
+    assert Settings().affords(1e9), "without --timeout the most seeds alone bound a verdict"

@@ -69,8 +69,8 @@ class QualityJudgement(Record):
     def words(self) -> str:
         """One line for the summary: the test, the figures the verdict rests on, and the
         length it was taken at."""
-        margin = (f"the larger of {self.allowed:.4g} ({self.allowance}) and {self.noise_share:g}x fp32's spread "
-                  f"between seeds, {self.spread:.4g}" if self.noise_widens
+        margin = (f"the larger of {self.allowed:.4g} ({self.allowance}) and {self.noise_share:g}x fp32's standard "
+                  f"deviation between seeds, {self.spread:.4g}" if self.noise_widens
                   else f"{self.allowed:.4g} ({self.allowance})")
         text = (f"{self.verdict.value}: over {self.seeds} paired seeds evaluate() fell {self.mean_drop:+.4g} on "
                 f"average ({self.level:.0%} interval {self.low:+.4g} to {self.high:+.4g}) against a margin of "

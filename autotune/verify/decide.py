@@ -21,10 +21,10 @@ models measure both error rates as they are (BENCHMARKS.md, ``bench/verdicts.py`
 The margin: the allowance (``--max-quality-drop``, else a share of the reference's metric)
 or ``NOISE_SHARE`` times fp32's own standard deviation between seeds, the larger: a change
 smaller than half of what the user's training already varies by from seed to seed is not
-one the user could tell from a reseed. The spread widens the margin only where the training
-learned well beyond it (``TELLING_SHARE`` of its gain), so a training too short to learn
-anything cannot accept a knob on its noise, and never for a knob that trades quality by
-design (pruning: the allowance alone)."""
+one the user could tell from a reseed. The spread widens the margin only where fp32
+learned more over the training than its seeds differ by (its gain from step 0 past its
+standard deviation), so a training too short to learn cannot accept a knob on its noise;
+and never for a knob that trades quality by design (pruning: the allowance alone)."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +38,6 @@ from autotune.verify.stats import t_quantile
 
 LEVEL = 0.9  # the interval's: each end a one-sided test at 95%
 NOISE_SHARE = 0.5
-TELLING_SHARE = 0.5
 # A standard deviation needs two seeds; most verdicts are settled there (a precision that
 # tracks fp32 differs from its twin by far less than the margin). The most: a price.
 FEWEST_SEEDS = 2
@@ -93,7 +92,7 @@ def judge(seeds: Sequence[Seed], *, allowance: Allowance, samples: int, length: 
     spread = statistics.median(statistics.stdev(r[p] for r in refs) for p in points) if n > 1 else 0.0
     untrained = statistics.fmean(r[0] for r in refs) if all(0 in r for r in refs) else None
     gain = statistics.fmean(r[points[-1]] for r in refs) - untrained if untrained is not None else None
-    widens = allowance.noise_passes and (gain is None or NOISE_SHARE * spread < TELLING_SHARE * gain)
+    widens = allowance.noise_passes and (gain is None or spread < gain)
     margin = max(allowance.allowed, NOISE_SHARE * spread) if widens else allowance.allowed
     low, high = mean - half, mean + half
     if high <= margin:
