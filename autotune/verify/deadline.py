@@ -8,8 +8,8 @@ its stages are fitted to it (``autotune.verify.fit``). Costs are estimated from 
 the runner splits into phases: the part that is not the measured windows (a fresh
 interpreter, imports, the model file's setup, warm-up, the end) is what every fresh
 process of verification pays again (each configuration held side by side, each standalone
-run of a script); the gates' runs, which the runner may hand to a warm process, are
-estimated from all the trials, warm ones included.
+run of a script); a gate's run that the runner hands to a warm process pays what the
+search's warm trials paid.
 """
 from __future__ import annotations
 
@@ -46,9 +46,9 @@ class Costs:
     """Seconds, as this run measured them. ``start_s``: a fresh process from its start until
     it measures, and its end (a trial's wall time less its measured windows): what each
     configuration held side by side and each standalone run pays; ``trial_start_s``: the
-    same over all the search's trials, warm ones included (a trial handed to a process an
-    earlier one started pays no start): what the gates' runs pay, which the runner hands to
-    warm processes alike; ``window_s``: one side-by-side window; ``sample_s``: one training
+    same over the search's trials that ran in a process an earlier one started (all of them
+    where none did): what a gate's run handed to a warm process pays (``fit.gates_cost``
+    prices the others at ``start_s``); ``window_s``: one side-by-side window; ``sample_s``: one training
     step's time per sample at the baseline's rate (the candidates are faster: an upper
     bound); ``evaluate_s``: one evaluate(model) call, as the model file's check timed it
     (``Task.evaluate_s``), which a scored training of the gates makes several times;
@@ -84,6 +84,7 @@ class Costs:
         overheads = [(float(r.phases["overhead_s"]) - (float(r.one_time_s or 0.0) if i in compiled else 0.0), r.warm)
                      for i, r in enumerate(results) if r.phases.get("overhead_s") is not None]
         fresh = [s for s, warm in overheads if not warm]
+        warm = [s for s, was_warm in overheads if was_warm]
         # the interpreter's start and imports, then the model file's setup: before the first step
         setups = [float(r.phases.get("start_import_s", 0.0)) + float(r.phases.get("setup_s", 0.0))
                   for r in results if not r.warm and "overhead_s" in r.phases]
@@ -96,7 +97,7 @@ class Costs:
         return cls(start_s=start, window_s=window_s, recompile_s=FROM_CACHE_SHARE * cold,
                    imports_s=statistics.median(imported) if imported else 0.0,
                    sample_s=1.0 / baseline_rate if baseline_rate > 0 else 0.0,
-                   trial_start_s=statistics.median(s for s, _ in overheads) if overheads else None,
+                   trial_start_s=statistics.median(warm or [s for s, _ in overheads]) if overheads else None,
                    setup_s=min(start, statistics.median(setups)) if setups else 0.0, evaluate_s=evaluate_s,
                    rates=tuple(rates))
 
