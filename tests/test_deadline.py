@@ -361,6 +361,28 @@ def test_a_fresh_start_is_not_a_compile_and_is_read_off_the_ramp_where_every_tri
     assert ramped.trial_start_s == pytest.approx(2.0)  # the gates' runs, handed to warm processes alike
 
 
+def test_a_gate_run_in_a_warm_process_is_priced_at_the_warm_trials_overhead_and_a_fresh_one_at_a_start():
+    """Two fresh trials (10 s of start and warm-up each) and a warm one (2 s): a gate's run
+    the runner hands to a warm process pays the warm trial's 2 s, not the median of all
+    three (10 s: on the simulated H100 that priced the gates at 135 s for 87 s taken, and
+    the search stopped at a fifth of --timeout 300); where no trial ran warm, the median of
+    all; the first gate run, fresh, a start."""
+    from autotune.search.trial_summary import TrialSummary
+    from autotune.verify.deadline import Costs
+
+    def trial(overhead: float, *, warm: bool) -> TrialSummary:
+        return TrialSummary(status="ok", value=100.0, wall_s=overhead + 3.0, warm=warm,
+                            phases={"overhead_s": overhead, "measure_s": 3.0, "start_import_s": 0.0 if warm else 8.0})
+
+    costs = Costs.from_trials([trial(10.0, warm=False), trial(10.0, warm=False), trial(2.0, warm=True)],
+                              window_s=1.0, baseline_rate=100.0)
+    assert costs.start_s == pytest.approx(10.0) and costs.trial_start_s == pytest.approx(2.0)
+    assert costs.process(samples=100, fresh=False) == pytest.approx(2.0 + 1.0)
+    assert costs.process(samples=100, fresh=True) == pytest.approx(10.0 + 1.0)
+    cold = Costs.from_trials([trial(10.0, warm=False), trial(14.0, warm=False)], window_s=1.0, baseline_rate=100.0)
+    assert cold.trial_start_s == pytest.approx(12.0)
+
+
 def test_a_standalone_run_is_priced_with_the_imports_its_fresh_interpreter_pays():
     """The search's processes are forked from a warm interpreter that imported torch once
     (``preimported_s``); a standalone run is a fresh interpreter running the emitted script,
