@@ -88,6 +88,32 @@ def test_a_deadline_shortens_the_stages_in_the_documented_order():
     assert list(plan.shortened) == [Stage.ABLATION, Stage.SPEED, Stage.GATES, Stage.STANDALONE]
 
 
+def test_where_even_the_least_does_not_fit_a_measured_configuration_that_fits_is_verified_instead():
+    """--timeout bounds the whole run: where the candidates' verification at its least does
+    not fit what is left, the fastest configuration the search measured whose own does is
+    verified alone, and the plan says which and why; where none does, the least, as before."""
+    least = dataclasses.replace(Settings(), ablation=False, rounds=sequential.FEWEST,
+                                pairs=sequential.PAIRS_FEWEST, pair_seconds=3.0)
+    essential = fit.essential(CANDIDATES)
+    cheap = TrialConfig(nprocs=1, threads=2, batch_size=16)  # the user's batch in fp32: no batch or quality check
+    assert cost(least, [cheap]) < cost(least, essential)
+    ranked = [*CANDIDATES, cheap]
+
+    def planned_with(left: float) -> fit.FittedStages:
+        budget = Budget(timeout_s=600, ends_at=left, costs=COSTS, clock=lambda: 0.0)
+        return fit.fit(Settings(), CANDIDATES, baseline=BASE, budget=budget, has_evaluate=True,
+                       shortest_run_s=3.0, ranked=ranked)
+
+    left = (cost(least, [cheap]) + cost(least, essential)) / 2
+    plan = planned_with(left)
+    assert plan.candidates == [cheap] and plan.over is None
+    assert plan.estimate_s * fit.MARGIN <= left
+    said = plan.shortened[Stage.GATES]
+    assert f"{cheap.short()} verified instead of {CANDIDATES[0].short()}" in said and "to fit --timeout" in said
+    plan = planned_with(cost(least, [cheap]) / 2)  # not even that one: the least, said so
+    assert plan.candidates == essential and "verifying at the minimum" in (plan.over or "")
+
+
 def test_a_cap_the_user_set_below_the_fewest_is_kept():
     plan = planned(1.0, Settings(rounds=3, pairs=3))
     assert (plan.settings.rounds, plan.settings.pairs) == (3, 3)

@@ -15,10 +15,11 @@ and never below what can still verify:
 
 The gates (numerics, quality) are never shortened: their steps are what their tolerances
 were set for. If even the minimum does not fit, the plan says so and verification runs at
-the minimum. Later, the stages themselves look at the clock: the ablation is skipped when
-what is left no longer holds it and the pairs, a second candidate's script is run alone
-only when its pairs still fit, and the pairs stop (never below the minimum) once the next
-one would overrun.
+the minimum, unless a configuration the search measured verifies within what is left: then
+that one is verified alone instead (``fit``'s ``ranked``). Later, the stages themselves look
+at the clock: the ablation is skipped when what is left no longer holds it and the pairs, a
+second candidate's script is run alone only when its pairs still fit, and the pairs stop
+(never below the minimum) once the next one would overrun.
 """
 from __future__ import annotations
 
@@ -179,10 +180,15 @@ def least(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tr
 
 
 def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: TrialConfig,
-        budget: Budget, has_evaluate: bool, shortest_run_s: float) -> FittedStages:
+        budget: Budget, has_evaluate: bool, shortest_run_s: float,
+        ranked: Sequence[TrialConfig] = ()) -> FittedStages:
     """``settings`` and ``candidates`` shortened, in the module's order, until their
     estimate fits what ``budget`` has left. ``shortest_run_s``: the least timed training
-    a standalone run may be cut to."""
+    a standalone run may be cut to. ``ranked``: the search's other configurations, fastest
+    first: where even the candidates' least does not fit, the fastest of them whose own
+    verification fits is verified alone instead (a batch far from the user's, whose batch
+    check trains the user's batch over the candidate's samples from each seed, can take
+    longer than the whole --timeout)."""
     left_s, costs, why = budget.left(), budget.costs, budget.why
     left = left_s / MARGIN
     cands = list(candidates)
@@ -232,6 +238,16 @@ def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tria
     gates_s = estimate(s, cands, baseline=baseline, costs=costs, has_evaluate=has_evaluate)[Stage.GATES]
     over = None
     if need > left:
+        instead = next((c for c in ranked if c not in cands and total(s, [c]) <= left), None)
+        if instead is not None:
+            plan = fit(settings, [instead], baseline=baseline, budget=budget, has_evaluate=has_evaluate,
+                       shortest_run_s=shortest_run_s)
+            said = (f"{instead.short()} verified instead of {cands[0].short() if cands else 'the candidates'}: "
+                    f"verifying that one at its least takes about {need * MARGIN:.0f} s, past the "
+                    f"{max(0.0, left_s):.0f} s left {why}")
+            gates_said = "; ".join(filter(None, [said, plan.shortened.get(Stage.GATES)]))
+            shortened = {**plan.shortened, Stage.GATES: gates_said}
+            return dataclasses.replace(plan, shortened=shortened)
         over = (f"--timeout {budget.timeout_s:g} left {max(0.0, left_s):.0f} s for verification; even at its "
                 f"minimum it takes about {need * MARGIN:.0f} s with a margin: verifying at the minimum")
     return FittedStages(settings=s, candidates=cands, shortened=shortened, estimate_s=need, left_s=left_s, over=over,

@@ -79,7 +79,8 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
     fitted = None
     if budget is not None and candidates:
         fitted = fit.fit(settings, candidates, baseline=baseline, budget=budget,
-                         has_evaluate=workbench.task.has_evaluate, shortest_run_s=measure.shortest_run_s)
+                         has_evaluate=workbench.task.has_evaluate, shortest_run_s=measure.shortest_run_s,
+                         ranked=[c for c in ranked if fits(c)])
         settings = dataclasses.replace(fitted.settings, after_gates_s=fitted.after_gates_s)
         candidates = fitted.candidates
         for line in [*(f"{stage.named}: {why}" for stage, why in fitted.shortened.items()), fitted.over]:
