@@ -48,8 +48,8 @@ class Costs:
     configuration held side by side and each standalone run pays; ``trial_start_s``: the
     same over the search's trials that ran in a process an earlier one started (all of them
     where none did): what a gate's run handed to a warm process pays (``fit.gates_cost``
-    prices the others at ``start_s``); ``window_s``: one side-by-side window; ``sample_s``: one training
-    step's time per sample at the baseline's rate (the candidates are faster: an upper
+    prices the others at ``start_s``); ``window_s``: one side-by-side window; ``sample_s``:
+    one training step's time per sample at the baseline's rate (the candidates are faster: an upper
     bound); ``evaluate_s``: one evaluate(model) call, as the model file's check timed it
     (``Task.evaluate_s``), which a scored training of the gates makes several times;
     ``imports_s``: the imports (torch, torch._dynamo) the search's processes found done,

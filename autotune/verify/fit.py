@@ -243,7 +243,7 @@ def fit(settings: Settings, candidates: Sequence[TrialConfig], *, baseline: Tria
             plan = fit(settings, [instead], baseline=baseline, budget=budget, has_evaluate=has_evaluate,
                        shortest_run_s=shortest_run_s)
             said = (f"{instead.short()} verified instead of {cands[0].short() if cands else 'the candidates'}: "
-                    f"verifying that one at its least takes about {need * MARGIN:.0f} s, past the "
+                    f"verifying the candidates at their least takes about {need * MARGIN:.0f} s, past the "
                     f"{max(0.0, left_s):.0f} s left {why}")
             gates_said = "; ".join(filter(None, [said, plan.shortened.get(Stage.GATES)]))
             shortened = {**plan.shortened, Stage.GATES: gates_said}
