@@ -3,6 +3,7 @@ functions, each error shown as theirs (their own frames of the traceback) in a
 ContractError that names what raised it."""
 from __future__ import annotations
 
+import ast
 import dataclasses
 import traceback
 from collections.abc import Callable
@@ -50,3 +51,14 @@ def import_user_file(file: UserFile) -> Any:
             f"{file.shown}: importing the file raised an error:\n"
             f"{_user_frames(traceback.format_exc(), file.path)}"
         ) from None
+
+
+def in_loop(tree: ast.AST, line: int) -> bool:
+    """Whether ``line`` of the source ``tree`` lies in a ``for`` or ``while`` loop (a script's
+    ``train()`` or ``fit()`` there trains more than once)."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
+            end = getattr(node, "end_lineno", node.lineno)
+            if node.lineno <= line <= (end or node.lineno):
+                return True
+    return False

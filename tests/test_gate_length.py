@@ -12,15 +12,15 @@ from autotune import pipeline
 from autotune.report.console import Reporter
 from autotune.task.lightning_script import LightningFacts
 from autotune.task.objective import PlannedRun
-from autotune.task.trainer_script import ScriptFacts
+from autotune.task.trainer_script import TrainerFacts
 from autotune.verify.length import GATE_TRAINING_S, OwnTraining, described, gate_samples, own_training
 
 from doubles import recorded_machine
 from helpers import knob_cnn, written_document
 
 
-def trainer(**values) -> ScriptFacts:
-    return ScriptFacts(user_values={"per_device_train_batch_size": 4, **values}, parsed=True)
+def trainer(**values) -> TrainerFacts:
+    return TrainerFacts(user_values={"per_device_train_batch_size": 4, **values}, parsed=True)
 
 
 def test_a_trainer_scripts_own_length_is_its_max_steps_else_its_epochs_over_its_data_set():

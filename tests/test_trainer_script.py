@@ -20,7 +20,7 @@ from autotune.search.task_space import script_space
 from autotune.space import build_space
 from autotune.task import load_task
 from autotune.task.load import recognise
-from autotune.task.trainer_script import KIND, ScriptFacts, check_trains_once
+from autotune.task.trainer_script import KIND, TrainerFacts, check_trains_once
 
 from doubles import recorded_machine
 from helpers import MODELS, contract_error, left_running
@@ -32,13 +32,13 @@ PARSED_ARGS = ("--output_dir", "o", "--per_device_train_batch_size", "16", "--re
 pytestmark = pytest.mark.xdist_group("trainer_script")
 
 
-def facts(**values) -> ScriptFacts:
+def facts(**values) -> TrainerFacts:
     user = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "dataloader_num_workers": 0,
             "dataloader_pin_memory": True, "dataloader_persistent_workers": False,
             "dataloader_prefetch_factor": None, "bf16": False, "fp16": False, "tf32": None,
             "torch_compile": False, "torch_compile_mode": None, "optim": "adamw_torch_fused", "seed": 42,
             "use_cpu": False}
-    return ScriptFacts(user_values={**user, **values}, parsed=True, argv=("--output_dir", "o"))
+    return TrainerFacts(user_values={**user, **values}, parsed=True, argv=("--output_dir", "o"))
 
 
 # --- without processes
@@ -62,7 +62,7 @@ def test_the_kind_of_file_is_read_from_its_source(tmp_path):
 
 
 def test_arguments_after_the_double_dash_are_refused_for_a_model_file():
-    with pytest.raises(ContractError, match="arguments after `--` go to a Trainer or Lightning script"):
+    with pytest.raises(ContractError, match="arguments after `--` go to a script you run"):
         load_task(MODELS / "tiny_cnn.py", script_args=("--output_dir", "o"))
 
 
@@ -111,12 +111,12 @@ def test_the_tuned_arguments_are_said_as_the_script_takes_them(tmp_path):
     text = script_outputs.arguments_text(cfg, script, script=Path("train.py"), env={"OMP_NUM_THREADS": "2"})
     assert "    --per_device_train_batch_size 32" in text
     assert "python train.py --output_dir o --per_device_train_batch_size 32" in text
-    given = ScriptFacts(user_values=script.user_values, parsed=True,
+    given = TrainerFacts(user_values=script.user_values, parsed=True,
                         argv=("--per_device_train_batch_size", "8", "--bf16", "--output_dir=o", "--seed=1"))
     assert given.argv_with({"per_device_train_batch_size": 32, "bf16": False, "output_dir": "p", "tf32": True}) == [
         "--per_device_train_batch_size", "32", "--bf16", "False", "--output_dir", "p", "--seed=1", "--tf32", "True"]
     assert "export OMP_NUM_THREADS=2" in text
-    in_code = ScriptFacts(user_values=script.user_values, parsed=False, args_line=33)
+    in_code = TrainerFacts(user_values=script.user_values, parsed=False, args_line=33)
     text = script_outputs.arguments_text(cfg, in_code, script=Path("train.py"), env={})
     assert "in code (line 33)" in text and "    per_device_train_batch_size=32," in text
 
@@ -199,7 +199,7 @@ def test_a_trainer_whose_training_ends_in_a_stepped_script_runs_nothing_after_it
     has measured it, autotune is told and the script's code after train() never runs."""
     driver = (
         "import os, sys\n"
-        "from autotune.runtime.stepper import HfStepper, ScriptEnded\n"
+        "from autotune.runtime.hf_script import HfStepper\nfrom autotune.runtime.stepper import ScriptEnded\n"
         "stepper = HfStepper(sys.argv[1], sys.argv[2:], {'report_to': 'none', 'output_dir': 'o', 'max_steps': 3})\n"
         "stepper.start(60)\n"
         "try:\n"

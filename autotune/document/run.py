@@ -81,23 +81,20 @@ class SpaceSummary(Record):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ScriptRecord(Record):
-    """A run of a script the user runs: its kind ("hf_trainer", "lightning"), the arguments it
+    """A run of a script the user runs: its kind ("hf_trainer", "lightning", "loop"), what its
+    answer changes (``stack``: its TrainingArguments...), the arguments it
     was tuned with, whether it parses its TrainingArguments from them, what differs for the
     emitted configuration (``arguments``: TrainingArguments fields; for Lightning, its Trainer's
     and DataLoader's keyword arguments, its batch size and compile), ``flags``: the same as its
     command line takes them, and ``lines``: the same as the changes to make in the script."""
 
     kind: str
+    stack: str = "TrainingArguments"
     argv: tuple[str, ...] = ()
     parsed: bool = False
     arguments: Mapping[str, JsonValue] = dataclasses.field(default_factory=dict)
     flags: tuple[str, ...] = ()
     lines: OmittedEmpty[tuple[str, ...]] = ()
-
-    @property
-    def stack(self) -> str:
-        """What the user's script is, for the messages."""
-        return "Trainer and DataLoader arguments" if self.kind == "lightning" else "TrainingArguments"
 
     def said(self) -> str:
         """The tuned arguments as the script takes them: flags, or keyword arguments."""

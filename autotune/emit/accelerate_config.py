@@ -7,6 +7,7 @@ import shlex
 from collections.abc import Mapping
 
 from autotune.config import TrialConfig
+from autotune.emit.gpu_stacks import Tool
 from autotune.emit.stack_knobs import (
     accelerate_shards,
     blocks_text,
@@ -92,7 +93,7 @@ def render_accelerate(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[str,
         lines.append(f"# Gradient accumulation: DataLoader batches of {cfg.micro_batch}, {cfg.grad_accum} per "
                      "optimizer step; wrap each step in `with accelerator.accumulate(model):`.")
     lines += [f"# Not expressible here, do it in your script: {item}"
-              for item in not_expressible(cfg, baseline, tool="accelerate", blocks=blocks)]
+              for item in not_expressible(cfg, baseline, tool=Tool.ACCELERATE, blocks=blocks)]
     if sharded(cfg) and not accelerate_shards(cfg):
         lines += _accelerate_cpu_sharding(cfg, blocks)
     if several:

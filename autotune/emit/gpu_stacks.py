@@ -6,6 +6,7 @@ Expandable segments travel in the environment that every stack file already carr
 """
 from __future__ import annotations
 
+import enum
 import shlex
 from collections.abc import Mapping
 
@@ -40,18 +41,26 @@ def float8_note() -> str:
             "model on its GPU, before DDP and torch.compile wrap it")
 
 
-def not_expressible(cfg: TrialConfig, *, tool: str) -> list[str]:
+class Tool(str, enum.Enum):
+    """The tool a stack file is written for (a model file's answer in another tool's words)."""
+
+    ACCELERATE = "accelerate"
+    LIGHTNING = "lightning"
+    TORCHRUN = "torchrun"
+
+
+def not_expressible(cfg: TrialConfig, *, tool: Tool) -> list[str]:
     """The GPU knobs a tool's configuration cannot hold (Lightning holds DDP's options in
     its strategy, ``emit.lightning_trainer._lightning_strategy``)."""
     out = []
     if cfg.float8:
         out.append(f"float8 training (torchao): {'; '.join(FLOAT8_CODE)}; {float8_note()}")
     kwargs = ddp_kwargs(cfg)
-    if kwargs and tool == "accelerate":
+    if kwargs and tool == Tool.ACCELERATE:
         handler = f"DistributedDataParallelKwargs({_kwargs_text(kwargs)})"
         out.append("DDP options: from accelerate.utils import DistributedDataParallelKwargs; "
                    f"accelerator = Accelerator(kwargs_handlers=[{handler}])")
-    elif kwargs and tool != "lightning":
+    elif kwargs and tool != Tool.LIGHTNING:
         out.append(f"DDP options: DistributedDataParallel(model, ..., {_kwargs_text(kwargs)})")
     return out
 

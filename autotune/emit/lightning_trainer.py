@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from autotune.config import TrialConfig
 from autotune.emit import gpu_stacks
+from autotune.emit.gpu_stacks import Tool
 from autotune.emit.stack_knobs import (
     checkpoint_code,
     compile_mode,
@@ -90,7 +91,7 @@ def lightning_arguments(cfg: TrialConfig, baseline: TrialConfig, env: Mapping[st
         "compile": ({"mode": compile_mode(cfg), "how": "model = torch.compile(model, mode=...) in "
                                                         "configure_model() or before fit()"}
                     if cfg.compile != CompileMode.OFF else None),
-        "not_expressible": not_expressible(cfg, baseline, tool="lightning", blocks=blocks),
+        "not_expressible": not_expressible(cfg, baseline, tool=Tool.LIGHTNING, blocks=blocks),
         "several_nodes": {
             "num_nodes": "N nodes: Trainer(num_nodes=N) on every node; devices stays the tuned count per node",
             "launch": (f"on each node: torchrun --nnodes N --node-rank R --nproc-per-node {cfg.nprocs} "

@@ -25,9 +25,7 @@ from autotune.probes import Machine
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import ConfigDict, Device, ScriptSettings
 from autotune.task import Task
-from autotune.task.lightning_script import KIND as LIGHTNING
-from autotune.task.lightning_script import LightningFacts
-from autotune.task.trainer_script import ScriptFacts
+from autotune.task.way_in import ScriptFacts
 from autotune.trials import launch
 
 # 2: the memory knobs (activation_checkpointing, grad_accum, sharding) in a configuration.
@@ -124,11 +122,10 @@ def render_launcher(
     return "\n".join(lines) + "\n"
 
 
-def launch_line(cfg: TrialConfig, script: ScriptFacts | LightningFacts | None = None) -> str:
+def launch_line(cfg: TrialConfig, script: ScriptFacts | None = None) -> str:
     """How the tuned configuration runs, in words, for best_config.json's "launch"."""
     if script is not None:
-        what = "Trainer and DataLoader arguments" if script.kind == LIGHTNING else "TrainingArguments"
-        return f"python {script_outputs.SCRIPT_NAME}: your script with the tuned {what}"
+        return f"python {script_outputs.SCRIPT_NAME}: your script with the tuned {script.stack}"
     if cfg.nprocs == 1:
         return f"python {SCRIPT_NAME}"
     return f"python {SCRIPT_NAME} as {cfg.nprocs} ranks, started by the script over loopback"
@@ -138,7 +135,7 @@ def _write_files(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict
                  description: str, tuned_for: JsonObject | None = None,
                  baseline: TrialConfig | None = None,
                  default_threads: int | None = None, blocks: tuple[str, ...] = (),
-                 script: ScriptFacts | LightningFacts | None = None) -> dict[str, str]:
+                 script: ScriptFacts | None = None) -> dict[str, str]:
     """The script (see write_script) and launch.sh, and given the run's ``baseline`` the
     stack files (see stacks.write_stack_files, hf_trainer.write_hf_arguments); returns the outputs by name, relative to
     ``out_dir``, best_config.json included (the caller writes it). For a Trainer ``script``:
@@ -174,7 +171,7 @@ def _model_paths(model_file: Path, out_dir: Path) -> tuple[str, str]:
 def write_outputs(
     out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
     document: RunDocument, description: str, default_threads: int | None = None,
-    blocks: tuple[str, ...] = (), script: ScriptFacts | LightningFacts | None = None,
+    blocks: tuple[str, ...] = (), script: ScriptFacts | None = None,
 ) -> RunDocument:
     """Write a run's result: best_config.json, launch.sh, the script (see write_script) and
     the stack files (threads left to PyTorch named as ``default_threads``, see
@@ -192,7 +189,8 @@ def write_outputs(
     record = None
     if script is not None:
         arguments = script.overrides(cfg)
-        record = ScriptRecord(kind=script.kind, argv=script.argv, parsed=script.parsed, arguments=arguments,
+        record = ScriptRecord(kind=script.kind, stack=script.stack, argv=script.argv, parsed=script.parsed,
+                              arguments=arguments,
                               flags=tuple(script.flags(arguments)),
                               lines=tuple(script.said(arguments)))
     written = dataclasses.replace(document, schema=SCHEMA, model_file=relative, model_file_tuned=tuned,
@@ -203,7 +201,7 @@ def write_outputs(
 
 
 def write_candidate(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict[str, str],
-                    description: str, script: ScriptFacts | LightningFacts | None = None) -> CandidateDocument:
+                    description: str, script: ScriptFacts | None = None) -> CandidateDocument:
     """Write the script and launch.sh of a configuration for a verification to run, and the
     best_config.json that names it (no stack files: no user runs it); returns that document."""
     outputs = _write_files(out_dir, cfg=cfg, model_file=model_file, env=env, description=description,

@@ -1,9 +1,8 @@
 """What a run of a script the user runs leaves in place of train_tuned.py: ``run_tuned.py`` (a
-short constant script: ``autotune/templates/run_tuned.py`` for a Trainer script,
-``run_tuned_lightning.py`` for a Lightning one) with ``run_tuned.json`` (the tuned arguments,
-as data) and ``tuned_runtime/`` (the hooks the trials ran the script with, copied unchanged),
-and ``tuned_arguments.md``: the arguments that differ from the user's, in the form their
-script takes them."""
+short constant script of the way in's, from ``autotune/templates/``) with ``run_tuned.json``
+(the tuned arguments, as data) and ``tuned_runtime/`` (the hooks the trials ran the script
+with, copied unchanged), ``tuned_arguments.md``: what differs from the user's, in the form
+their script takes it, and what else the way in emits (a plain loop's ``tuned.patch``)."""
 from __future__ import annotations
 
 import json
@@ -14,9 +13,7 @@ from pathlib import Path
 from autotune.config import TrialConfig
 from autotune.outdir import write_atomically
 from autotune.runtime.json_value import JsonObject
-from autotune.task.lightning_script import KIND as LIGHTNING
-from autotune.task.lightning_script import LightningFacts
-from autotune.task.trainer_script import ScriptFacts
+from autotune.task.way_in import ScriptFacts
 
 SCRIPT_NAME = "run_tuned.py"
 SETTINGS_NAME = "run_tuned.json"
@@ -24,12 +21,10 @@ ARGUMENTS_NAME = "tuned_arguments.md"
 RUNTIME_NAME = "tuned_runtime"
 
 PACKAGE = Path(__file__).resolve().parent.parent
-TEMPLATES = {"hf_trainer": PACKAGE / "templates" / SCRIPT_NAME,
-             LIGHTNING: PACKAGE / "templates" / "run_tuned_lightning.py"}
-HOOKS = {"hf_trainer": PACKAGE / "runtime" / "hf_script.py", LIGHTNING: PACKAGE / "runtime" / "lightning_script.py"}
-# what both kinds of hooks end a timed run with (its training, and nothing after it)
-SCRIPT_END = PACKAGE / "runtime" / "script_end.py"
-Facts = ScriptFacts | LightningFacts
+# what every way in's hooks stand on: the stepper its trials hold the script with (its class is
+# the way in's), and the end of a timed run (its training, and nothing after it)
+SHARED_RUNTIME = (PACKAGE / "runtime" / "stepper.py", PACKAGE / "runtime" / "script_end.py")
+Facts = ScriptFacts
 
 
 def settings(cfg: TrialConfig, facts: Facts, *, script: Path, out_dir: Path, description: str) -> JsonObject:
@@ -37,9 +32,10 @@ def settings(cfg: TrialConfig, facts: Facts, *, script: Path, out_dir: Path, des
     arguments it was tuned with, the TrainingArguments fields that differ for ``cfg``, and
     those as flags for a script that parses them."""
     overrides = facts.overrides(cfg)
+    _, applied = facts.trial(overrides)
     return {"description": description,
             "script": os.path.relpath(script.absolute(), out_dir.absolute()), "script_tuned": str(script.absolute()),
-            "argv": list(facts.argv), "parsed": facts.parsed, "overrides": overrides,
+            "argv": list(facts.argv), "parsed": facts.parsed, "overrides": overrides, "applied": applied,
             "flags": facts.flags(overrides), "tuned_argv": facts.argv_with(overrides),
             "kind": facts.kind, "source_module": facts.source_module}
 
@@ -49,21 +45,10 @@ def arguments_text(cfg: TrialConfig, facts: Facts, *, script: Path, env: dict[st
     overrides = facts.overrides(cfg)
     name = script.name
     lines = [f"# The tuned arguments for {name}", ""]
-    if isinstance(facts, LightningFacts):
-        if not overrides:
-            lines.append("None: your Trainer and DataLoader arguments are already the fastest verified ones.")
-        else:
-            lines += ["Change these in your script:", ""] + [f"- {line}" for line in facts.said(overrides)]
-    elif not overrides:
-        lines.append("None: your TrainingArguments are already the fastest verified ones.")
-    elif facts.parsed:
-        command = shlex.join(["python", name, *facts.argv_with(overrides)])
-        lines += ["Your script parses its TrainingArguments: add these flags to its command line.", "",
-                  "    " + shlex.join(facts.flags(overrides)), "", "The whole command:", "", "    " + command]
+    if not overrides:
+        lines.append(f"None: your {facts.stack} are already the fastest verified ones.")
     else:
-        where = f" (line {facts.args_line})" if facts.args_line else ""
-        lines += [f"Your script builds its TrainingArguments in code{where}: set these keyword arguments there.", ""]
-        lines += [f"    {key}={value!r}," for key, value in overrides.items()]
+        lines += facts.instructions(overrides, script=script)
     if env:
         lines += ["", "And run it with this environment (launch.sh sets it):", ""]
         lines += [f"    export {key}={shlex.quote(value)}" for key, value in env.items()]
@@ -78,11 +63,14 @@ def write_run_tuned(out_dir: Path, *, cfg: TrialConfig, facts: Facts, script: Pa
     runtime = out_dir / RUNTIME_NAME
     runtime.mkdir(parents=True, exist_ok=True)
     write_atomically(runtime / "__init__.py", b"")
-    hooks = HOOKS[facts.kind]
-    for source in (hooks, SCRIPT_END):
+    for source in (*(PACKAGE / "runtime" / hook for hook in facts.hooks), *SHARED_RUNTIME):
         write_atomically(runtime / source.name, source.read_bytes())
     data = settings(cfg, facts, script=script, out_dir=out_dir, description=description)
     write_atomically(out_dir / SETTINGS_NAME, json.dumps(data, indent=2) + "\n")
-    write_atomically(out_dir / SCRIPT_NAME, TEMPLATES[facts.kind].read_bytes())
+    write_atomically(out_dir / SCRIPT_NAME, (PACKAGE / "templates" / facts.template).read_bytes())
     write_atomically(out_dir / ARGUMENTS_NAME, arguments_text(cfg, facts, script=script, env=env))
-    return {"script": SCRIPT_NAME, "arguments": ARGUMENTS_NAME}
+    outputs = {"script": SCRIPT_NAME, "arguments": ARGUMENTS_NAME}
+    for name, text in facts.emitted(facts.overrides(cfg), script=script).items():
+        write_atomically(out_dir / name, text)
+        outputs["patch"] = name
+    return outputs

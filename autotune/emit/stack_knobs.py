@@ -81,7 +81,7 @@ def lr_line(cfg: TrialConfig) -> str | None:
             "and the factor follows it")
 
 
-def not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str,
+def not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: gpu_stacks.Tool,
                      blocks: tuple[str, ...] = ()) -> list[str]:
     """The tuned knobs a tool's configuration cannot hold (see the loop snippet)."""
     out = [line for line in (lr_line(cfg), optimizer.step_line(cfg)) if line]
@@ -94,7 +94,7 @@ def not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str,
         out.append(f"interop threads: torch.set_num_interop_threads({cfg.interop_threads}) first thing")
     if cfg.precision == Precision.TF32:
         out.append(f"tf32: {'; '.join(TF32_LINES)} (the second for torch.compile, which reads it)")
-    if cfg.cudnn_benchmark and tool != "lightning":  # Lightning's Trainer(benchmark=True) holds it
+    if cfg.cudnn_benchmark and tool != gpu_stacks.Tool.LIGHTNING:  # Lightning's Trainer(benchmark=True) holds it
         out.append(f"cuDNN benchmark mode: {CUDNN_BENCHMARK_LINE}")
     if cfg.prune_ratio:
         out.append(f"structured pruning ({cfg.prune_ratio:g}): train_tuned.py prunes; see its prune_model()")
@@ -102,7 +102,7 @@ def not_expressible(cfg: TrialConfig, baseline: TrialConfig, *, tool: str,
         out.append("core pinning: train_tuned.py pins each rank (TUNED_CPUS_PER_RANK); elsewhere use taskset")
     if cfg.ipex:
         out.append("ipex: model, optimizer = intel_extension_for_pytorch.optimize(model, optimizer=optimizer)")
-    if tool == "accelerate":
+    if tool == gpu_stacks.Tool.ACCELERATE:
         out.append(f"DataLoader: {loader_kwargs_text(cfg)} (Accelerate takes your DataLoader as it is)")
     return out + gpu_stacks.not_expressible(cfg, tool=tool)
 

@@ -235,16 +235,19 @@ class Reporter:
         keys += [k for k in doc.outputs or {} if k not in keys]
         self.out.print(f"wrote {', '.join(str(resolve(doc, folder, k)) for k in keys)}", markup=False)
         if doc.script is not None:  # the answer in the script's own terms
-            if not doc.script.arguments:
-                self.out.print(f"your script's {doc.script.stack} are already the fastest verified ones",
+            script = doc.script
+            if not script.arguments:
+                self.out.print(f"your script's {script.stack} are already the fastest verified ones", markup=False)
+            changes = list(script.lines)
+            if script.parsed and script.flags:
+                self.out.print(f"add to your script's command line: {shlex.join(script.flags)}", markup=False)
+                changes = [line for line in changes if line != " ".join(script.flags)]
+            for line in changes:
+                self.out.print(f"change in your script: {line}", markup=False)
+            if "patch" in (doc.outputs or {}):
+                patch = resolve(doc, folder, "patch")
+                self.out.print(f"the same as a patch: {patch}  (in your script's folder: patch -p1 < {patch})",
                                markup=False)
-            elif doc.script.parsed:
-                self.out.print(f"add to your script's command line: {shlex.join(doc.script.flags)}", markup=False)
-            elif doc.script.kind == "lightning":
-                for line in doc.script.lines:
-                    self.out.print(f"change in your script: {line}", markup=False)
-            else:
-                self.out.print(f"set in your script's TrainingArguments(...): {doc.script.said()}", markup=False)
         self.out.print(f"train with: {resolve(doc, folder, 'launcher')}  # {(doc.launch or '').partition('# ')[2]}",
                        markup=False)
         report = folder / "report.html"

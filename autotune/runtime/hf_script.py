@@ -32,6 +32,8 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .stepper import Stepper
+
 # The TrainingArguments fields that autotune reads from the user's arguments (their
 # baseline) and may set (a configuration's knobs).
 KNOB_FIELDS = (
@@ -54,14 +56,6 @@ QUIET: dict[str, Any] = {
 # A trial trains until autotune has measured it: a run longer than any measurement
 # (the learning rate's schedule then barely moves within it).
 ENDLESS_STEPS = 10**9
-
-
-def offline_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The check's and the trials' environment: the Hub offline (nothing is downloaded at
-    run time: a model or data set the script needs is on the machine, or named as missing),
-    the script's integrations quiet."""
-    return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-            "WANDB_MODE": "disabled", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
 @dataclasses.dataclass
@@ -189,3 +183,50 @@ def trainer_facts(trainer: Any) -> dict[str, Any]:
     return {"training_args": {k: plain(getattr(args, k)) for k in KNOB_FIELDS if hasattr(args, k)},
             "output_dir": str(args.output_dir), "report_to": [plain(r) for r in (args.report_to or [])],
             "save_strategy": plain(args.save_strategy), "world_size": int(args.world_size)}
+
+
+class HfStepper(Stepper):
+    """A Hugging Face Trainer held at each ``on_step_end`` (a ``TrainerCallback``)."""
+
+    def __init__(self, script: str, argv: Sequence[str], overrides: Mapping[str, Any]) -> None:
+        super().__init__(script, argv, run_script)
+        self.built = install(self.script, overrides, self._callbacks, at_end=self.training_over)
+
+    @classmethod
+    def for_trial(cls, script: str, argv: Sequence[str], overrides: Mapping[str, Any], *, source_module: str,
+                  out_dir: str) -> Stepper:
+        return cls(script, argv, {**QUIET, "output_dir": out_dir, "max_steps": ENDLESS_STEPS, **overrides})
+
+    def _callbacks(self, trainer: Any) -> Sequence[Any]:
+        from transformers import TrainerCallback
+
+        if self.built.trainers > 1:
+            return ()
+        keep_step_losses(trainer, [])
+        stepper = self
+
+        class StepByStep(TrainerCallback):
+            def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                stepper.begin(kwargs.get("train_dataloader"))
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                loss = close_step(trainer)
+                synchronize(trainer)
+                stepper.step_ended(loss)
+
+        return (StepByStep(),)
+
+    @property
+    def model(self) -> Any:
+        return self.trainer.model
+
+    def global_batch(self) -> int:
+        args = self.trainer.args
+        return int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps) * int(args.world_size)
+
+    def evaluate(self) -> dict[str, float]:
+        # the Trainer's evaluation loop runs beside its paused training loop: it keeps no state of its own there
+        return {k: float(v) for k, v in self.trainer.evaluate().items() if isinstance(v, (int, float))}
+
+    def facts(self) -> dict[str, Any]:
+        return trainer_facts(self.trainer)

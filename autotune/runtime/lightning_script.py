@@ -32,12 +32,15 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import math
 import os
 import runpy
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from .stepper import Stepper
 
 # The Trainer keyword arguments autotune reads from the user's Trainer (their baseline) and may set.
 TRAINER_FIELDS = ("precision", "accumulate_grad_batches", "benchmark", "accelerator", "devices", "strategy",
@@ -365,3 +368,60 @@ def synchronize(trainer: Any) -> None:
     root = getattr(trainer.strategy, "root_device", None)
     if root is not None and root.type == "cuda":
         torch.cuda.synchronize(root)
+
+
+class LightningStepper(Stepper):
+    """A Lightning Trainer held at each optimizer step's ``on_train_batch_end`` (a ``Callback``)."""
+
+    train_call = "Trainer.fit()"
+
+    def __init__(self, script: str, argv: Sequence[str], overrides: Mapping[str, Any], *,
+                 source_module: str, out_dir: str) -> None:
+        super().__init__(script, argv, run_script)
+        self.pl = package(source_module)
+        self.built = install(self.script, overrides, self._callbacks, source_module=source_module,
+                                              quiet=True, out_dir=out_dir, at_end=self.training_over)
+
+    @classmethod
+    def for_trial(cls, script: str, argv: Sequence[str], overrides: Mapping[str, Any], *, source_module: str,
+                  out_dir: str) -> Stepper:
+        return cls(script, argv, overrides, source_module=source_module, out_dir=out_dir)
+
+    def _callbacks(self, trainer: Any) -> Sequence[Any]:
+        stepper = self
+        pending: list[Any] = []
+
+        class StepByStep(self.pl.Callback):  # type: ignore[name-defined]
+            last = 0
+
+            def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+                self.last = trainer.global_step
+                stepper.begin(trainer.train_dataloader)
+
+            def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                                   batch_idx: int) -> None:
+                loss = step_loss(outputs)
+                if loss is not None:
+                    pending.append(loss)
+                if trainer.global_step == self.last:
+                    return  # accumulating: the optimizer has not stepped yet
+                self.last = trainer.global_step
+                value = sum(float(v) for v in pending) / len(pending) if pending else math.nan
+                pending.clear()
+                synchronize(trainer)
+                stepper.step_ended(value)
+
+        return (StepByStep(),)
+
+    @property
+    def model(self) -> Any:
+        return self.trainer.lightning_module
+
+    def global_batch(self) -> int:
+        return global_batch(self.trainer)
+
+    def evaluate(self) -> dict[str, float]:
+        return self.in_script(lambda: validate_now(self.trainer))
+
+    def facts(self) -> dict[str, Any]:
+        return trainer_facts(self.trainer)

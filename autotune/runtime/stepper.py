@@ -1,12 +1,11 @@
 """The user's own training, step by step, on command: their script runs in a thread of its
 own and its Trainer stops at the end of every optimizer step until ``run_steps`` asks for
 more. What the caller does between steps (time them, evaluate) happens while the Trainer
-waits. ``HfStepper`` holds a Hugging Face Trainer (``runtime.hf_script``), ``LightningStepper``
-a Lightning one (``runtime.lightning_script``); the check and the trials use them, the emitted
-``run_tuned.py`` does not (it runs the script straight through)."""
+waits. Each way in's runtime module holds its subclass (``hf_script.HfStepper``,
+``lightning_script.LightningStepper``, ``loop_script.LoopStepper``); the check and the trials use
+them, the emitted ``run_tuned.py`` does not (it runs the script straight through)."""
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -156,6 +155,13 @@ class Stepper:
             raise value
         return value
 
+    @classmethod
+    def for_trial(cls, script: str, argv: Sequence[str], overrides: Mapping[str, Any], *, source_module: str,
+                  out_dir: str) -> Stepper:
+        """A trial's stepper of ``script``: its configuration's ``overrides`` (the way in's own
+        terms), its outputs in ``out_dir``, nothing saved, reported or evaluated unasked."""
+        raise NotImplementedError
+
     # --- what a session reads of it (the subclasses)
     built: Any  # the framework's record of what the script built (its ``trainer`` among it)
 
@@ -175,113 +181,3 @@ class Stepper:
 
     def facts(self) -> dict[str, Any]:
         raise NotImplementedError
-
-
-class HfStepper(Stepper):
-    """A Hugging Face Trainer held at each ``on_step_end`` (a ``TrainerCallback``)."""
-
-    def __init__(self, script: str, argv: Sequence[str], overrides: Mapping[str, Any]) -> None:
-        from . import hf_script
-
-        super().__init__(script, argv, hf_script.run_script)
-        self.built = hf_script.install(self.script, overrides, self._callbacks, at_end=self.training_over)
-
-    def _callbacks(self, trainer: Any) -> Sequence[Any]:
-        from transformers import TrainerCallback
-
-        from . import hf_script
-
-        if self.built.trainers > 1:
-            return ()
-        hf_script.keep_step_losses(trainer, [])
-        stepper = self
-
-        class StepByStep(TrainerCallback):
-            def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                stepper.begin(kwargs.get("train_dataloader"))
-
-            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                loss = hf_script.close_step(trainer)
-                hf_script.synchronize(trainer)
-                stepper.step_ended(loss)
-
-        return (StepByStep(),)
-
-    @property
-    def model(self) -> Any:
-        return self.trainer.model
-
-    def global_batch(self) -> int:
-        args = self.trainer.args
-        return int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps) * int(args.world_size)
-
-    def evaluate(self) -> dict[str, float]:
-        # the Trainer's evaluation loop runs beside its paused training loop: it keeps no state of its own there
-        return {k: float(v) for k, v in self.trainer.evaluate().items() if isinstance(v, (int, float))}
-
-    def facts(self) -> dict[str, Any]:
-        from .hf_script import trainer_facts
-
-        return trainer_facts(self.trainer)
-
-
-class LightningStepper(Stepper):
-    """A Lightning Trainer held at each optimizer step's ``on_train_batch_end`` (a ``Callback``)."""
-
-    train_call = "Trainer.fit()"
-
-    def __init__(self, script: str, argv: Sequence[str], overrides: Mapping[str, Any], *,
-                 source_module: str, out_dir: str) -> None:
-        from . import lightning_script
-
-        super().__init__(script, argv, lightning_script.run_script)
-        self.pl = lightning_script.package(source_module)
-        self.built = lightning_script.install(self.script, overrides, self._callbacks, source_module=source_module,
-                                              quiet=True, out_dir=out_dir, at_end=self.training_over)
-
-    def _callbacks(self, trainer: Any) -> Sequence[Any]:
-        from . import lightning_script
-
-        stepper = self
-        pending: list[Any] = []
-
-        class StepByStep(self.pl.Callback):  # type: ignore[name-defined]
-            last = 0
-
-            def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-                self.last = trainer.global_step
-                stepper.begin(trainer.train_dataloader)
-
-            def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                                   batch_idx: int) -> None:
-                loss = lightning_script.step_loss(outputs)
-                if loss is not None:
-                    pending.append(loss)
-                if trainer.global_step == self.last:
-                    return  # accumulating: the optimizer has not stepped yet
-                self.last = trainer.global_step
-                value = sum(float(v) for v in pending) / len(pending) if pending else math.nan
-                pending.clear()
-                lightning_script.synchronize(trainer)
-                stepper.step_ended(value)
-
-        return (StepByStep(),)
-
-    @property
-    def model(self) -> Any:
-        return self.trainer.lightning_module
-
-    def global_batch(self) -> int:
-        from .lightning_script import global_batch
-
-        return global_batch(self.trainer)
-
-    def evaluate(self) -> dict[str, float]:
-        from .lightning_script import validate_now
-
-        return self.in_script(lambda: validate_now(self.trainer))
-
-    def facts(self) -> dict[str, Any]:
-        from .lightning_script import trainer_facts
-
-        return trainer_facts(self.trainer)

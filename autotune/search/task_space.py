@@ -9,8 +9,7 @@ from autotune.probes import Machine
 from autotune.sections import SearchOptions
 from autotune.space import Space, build_space
 from autotune.task import Task
-from autotune.task.lightning_script import LightningFacts
-from autotune.task.trainer_script import ScriptFacts
+from autotune.task.way_in import ScriptFacts
 
 
 def build_task_space(task: Task, machine: Machine, search: SearchOptions) -> Space:
@@ -26,11 +25,11 @@ def build_task_space(task: Task, machine: Machine, search: SearchOptions) -> Spa
     return space if task.script is None else script_space(space, task.script)
 
 
-def script_space(space: Space, script: ScriptFacts | LightningFacts) -> Space:
-    """``space`` as a script the user runs can be told it: the knobs its arguments (a Trainer
-    script's TrainingArguments; a Lightning script's Trainer, DataLoader and batch attribute)
-    and its process take, the baseline as the script sets them (its batch, workers, precision,
-    compile), and each knob it cannot take named with the reason."""
+def script_space(space: Space, script: ScriptFacts) -> Space:
+    """``space`` as a script the user runs can be told it: the knobs its way in can set (a Trainer
+    script's TrainingArguments; a Lightning script's Trainer, DataLoader and batch attribute; a
+    plain loop's flags and patch) and its process takes, the baseline as the script sets them
+    (its batch, workers, precision, compile), and each knob it cannot take named with the reason."""
     choices = dict(space.choices)
     excluded = dict(space.excluded)
     for knob, why in script.skipped().items():

@@ -86,18 +86,19 @@ def script_child_main(check: Callable[[str, list[str], str], tuple[Any, float]],
 
 def check_script_in_child(module: str, path: Path, argv: Sequence[str], *, timeout_s: float, calls: str,
                           framework: str, explain: Callable[[str, str], str] = lambda message, log: message,
-                          ) -> tuple[JsonObject, float]:
+                          steps: str = "its Trainer's first steps") -> tuple[JsonObject, float]:
     """Run ``python -m module SCRIPT OUT ARGS`` (``script_child_main``) on the script ``path``;
     the facts it wrote (JSON) and how long it took, or ContractError (its message through
     ``explain(message, log)``). ``calls``: what the script calls to train, for the message
-    when it is late; ``framework``: the module it trains with (the warm interpreter imports it)."""
-    from autotune.runtime.hf_script import offline_env
+    when it is late, and ``steps``: what it did not reach; ``framework``: the module it trains with (the
+    warm interpreter imports it)."""
+    from autotune.runtime.script_env import offline_env
 
     started = time.monotonic()
     data, log = run_check(
         module, [str(path.resolve()), *argv], env=offline_env(proctree.with_package_on_path(os.environ)),
         timeout_s=timeout_s, framework=framework,
-        late=(f"{path}: the script did not reach its Trainer's first steps within {timeout_s:.0f} s "
+        late=(f"{path}: the script did not reach {steps} within {timeout_s:.0f} s "
               "(importing it, building the model and data, two training steps). Make sure running it "
               f"reaches {calls} quickly."),
         abrupt=f"{path}: the process checking the script ended abruptly")

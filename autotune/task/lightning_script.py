@@ -22,7 +22,8 @@ from autotune.errors import ContractError
 from autotune.runtime.json_value import JsonObject, JsonValue
 from autotune.runtime.knobs import CompileMode, Device, Precision
 from autotune.schemas.typed import Record
-from autotune.user_file import _user_frames
+from autotune.task.way_in import WayIn
+from autotune.user_file import _user_frames, in_loop
 
 KIND = "lightning"
 PACKAGES = ("lightning", "pytorch_lightning")
@@ -74,6 +75,11 @@ class LightningFacts(Record):
 
     kind = KIND
     parsed = False  # its arguments are in code, said as keyword arguments
+    stack = "Trainer and DataLoader arguments"
+    length_keys = ("max_steps", "max_epochs")
+    stepper = "autotune.runtime.lightning_script:LightningStepper"
+    template = "run_tuned_lightning.py"
+    hooks = ("lightning_script.py",)
 
     # Lightning's DDP seeds every rank again at its setup (after the model is built), so the
     # ranks' shuffle is not the one process's: the numerics check, which compares a step's
@@ -194,6 +200,18 @@ class LightningFacts(Record):
             out["matmul_precision"] = "high"
         return out
 
+    def trial(self, overrides: JsonObject) -> tuple[tuple[str, ...], JsonObject]:
+        """What a trial runs for ``overrides``: the script's arguments, and its Trainer's and
+        DataLoader's arguments, batch size and compile as ``runtime.lightning_script`` sets them."""
+        return self.argv, overrides
+
+    def emitted(self, overrides: JsonObject, *, script: Path) -> dict[str, str]:
+        return {}  # the answer is arguments: run_tuned.json and tuned_arguments.md say them
+
+    def instructions(self, overrides: JsonObject, *, script: Path) -> list[str]:
+        """tuned_arguments.md's lines: the changes to make in the script."""
+        return ["Change these in your script:", ""] + [f"- {line}" for line in self.said(overrides)]
+
     def flags(self, overrides: JsonObject) -> list[str]:
         return []  # a Lightning script's arguments are in its code
 
@@ -257,8 +275,6 @@ def loader_line(tree: ast.AST) -> int | None:
 
 def check_fits_once(shown: str, source: str, line: int | None) -> None:
     """A script whose training autotune measures calls ``fit`` once."""
-    from autotune.task.trainer_script import _in_loop
-
     tree = ast.parse(source)
     lines = sorted({c.lineno for c in fit_calls(tree)})
     if len(lines) > 1:
@@ -266,7 +282,7 @@ def check_fits_once(shown: str, source: str, line: int | None) -> None:
             f"{shown}:{lines[1]}: the script calls fit() more than once (lines {', '.join(map(str, lines))}). "
             "autotune tunes one training: keep one trainer.fit() call (put the others behind a command-line "
             "flag), then run autotune again.")
-    if line is not None and _in_loop(tree, line):
+    if line is not None and in_loop(tree, line):
         raise ContractError(f"{shown}:{line}: fit() is called inside a loop, so the script trains more than once. "
                             "autotune tunes one training: call trainer.fit() once, then run autotune again.")
 
@@ -292,7 +308,7 @@ def _explain(shown: str, path: str, exc: BaseException, built: object) -> str:
 
 
 def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[LightningFacts, float]:
-    from autotune.runtime.stepper import LightningStepper
+    from autotune.runtime.lightning_script import LightningStepper
 
     shown = os.path.relpath(path)
     source = Path(path).read_text()
@@ -352,6 +368,17 @@ def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[
     data, seconds = check_script_in_child("autotune.task.lightning_script", path, argv, timeout_s=timeout_s,
                                           calls="trainer.fit()", framework="lightning")
     return LightningFacts.from_json(data), seconds
+
+
+def recognises(tree: ast.Module) -> bool:
+    """It imports lightning (or pytorch_lightning) and calls a ``.fit()``."""
+    return bool(imports(tree) and fit_calls(tree))
+
+
+WAY = WayIn(kind=KIND, facts=LightningFacts, recognises=recognises,
+            check=lambda path, argv, timeout_s: check_script(path, argv, timeout_s=timeout_s),
+            task_fields=lambda facts: {"image_inputs": False,
+                                       "optimizer": "the LightningModule's configure_optimizers()"})
 
 
 if __name__ == "__main__":

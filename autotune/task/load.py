@@ -20,12 +20,10 @@ from pathlib import Path
 
 from autotune.errors import ContractError
 from autotune.runtime.knobs import DEFAULT_OPTIMIZER
-from autotune.task import lightning_script, trainer_script
 from autotune.task.check_result import CheckResult
 from autotune.task.child import run_check
-from autotune.task.lightning_script import LightningFacts
-from autotune.task.trainer_script import KIND as TRAINER_SCRIPT
-from autotune.task.trainer_script import ScriptFacts, check_script
+from autotune.task.way_in import ScriptFacts, WayIn
+from autotune.task.ways import ways
 from autotune.trials.proctree import with_package_on_path
 
 CHECK_TIMEOUT_S = 300
@@ -65,7 +63,7 @@ class Task:
     evaluate_s: float = 0.0
     # A script the user runs (a Hugging Face Trainer script, a Lightning script) rather than a
     # model file: what its check saw (its arguments, its Trainer's as written); path is the script.
-    script: ScriptFacts | LightningFacts | None = None
+    script: ScriptFacts | None = None
 
     @property
     def kind(self) -> str:
@@ -75,27 +73,20 @@ class Task:
 
 def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_S,
               device: str | None = None, script_args: tuple[str, ...] = ()) -> Task:
-    """Check the model file, or the Trainer script run with ``script_args``, and describe it,
-    or raise ContractError. ``device`` is where the check puts a model file's model; None:
-    where the trials would (see check_device)."""
+    """Check the model file, or the script (a way in, ``way_in.ways``) run with ``script_args``,
+    and describe it, or raise ContractError. ``device`` is where the check puts a model file's
+    model; None: where the trials would (see check_device)."""
     path = Path(path)
-    kind = _check_source(path)
-    if kind == TRAINER_SCRIPT:
-        facts, check_s = check_script(path, script_args, timeout_s=timeout_s)
+    way = _check_source(path)
+    if way is not None:
+        facts, check_s = way.check(path, script_args, timeout_s)
         return Task(path=path.resolve(), batch_size=facts.per_device * facts.accumulation,
-                    dataset_len=facts.dataset_len, image_inputs=False, has_evaluate=facts.has_eval,
-                    parameters=facts.parameters, has_training_step=True, check_s=check_s, script=facts,
-                    optimizer=DEFAULT_OPTIMIZER if facts.user_values.get("optim") == "adamw_torch"
-                    else f"the Trainer's optim={facts.user_values.get('optim')}")
-    if kind == lightning_script.KIND:
-        found, check_s = lightning_script.check_script(path, script_args, timeout_s=timeout_s)
-        return Task(path=path.resolve(), batch_size=found.per_device * found.accumulation,
-                    dataset_len=found.dataset_len, image_inputs=False, has_evaluate=found.has_eval,
-                    parameters=found.parameters, has_training_step=True, check_s=check_s, script=found,
-                    optimizer="the LightningModule's configure_optimizers()")
+                    dataset_len=facts.dataset_len, has_evaluate=facts.has_eval, parameters=facts.parameters,
+                    has_training_step=True, check_s=check_s, script=facts, **way.task_fields(facts))
     if script_args:
-        raise ContractError(f"{path}: arguments after `--` go to a Trainer or Lightning script, and this is a "
-                            "model file: drop them (a model file takes its settings in code).")
+        raise ContractError(f"{path}: arguments after `--` go to a script you run (a training loop, a Trainer or a "
+                            "Lightning script), and this is a model file: drop them (a model file takes its settings "
+                            "in code).")
     started = time.monotonic()
     result = _run_check(path, timeout_s, device)
     if result.checked is None:
@@ -109,37 +100,58 @@ def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_
                 check_s=time.monotonic() - started, evaluate_s=checked.evaluate_s)
 
 
+# Names only a model file defines: a file with any of them is checked as one (and its
+# check names what is missing), unless it builds a Trainer.
+MODEL_FILE_NAMES = {"build_model", "build_dataset", "build_optimizer", "loss_fn", "training_step",
+                    "collate_fn", "evaluate", "batch_size"}
+MODEL_FILE = "model_file"
+# Of those, the ones no training script defines: with one, a file that trains is a model file
+# half written (its check says what it lacks), not a plain loop (which may well define evaluate()).
+CONTRACT_BUILDERS = {"build_model", "build_dataset", "build_optimizer"}
+
+
 def recognise(path: Path, source: str) -> str | None:
     """The kind of file ``source`` is: a model file (it defines ``build_model``, or other names
-    of the contract), a Trainer script (it imports transformers and calls a ``.train()``), a
-    Lightning script (it imports lightning or pytorch_lightning and calls a ``.fit()``), or
-    None."""
+    of the contract and builds no Trainer), a script of a way in (``way_in.ways``: a Lightning
+    script, a Trainer script, a plain loop), or None."""
+    way = _way(source)
+    if way is not None:
+        return way.kind
+    return MODEL_FILE if _model_names(source) else None
+
+
+def _model_names(source: str) -> set[str]:
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return None
+        return set()
     names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
     names |= {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    return names & MODEL_FILE_NAMES
+
+
+def _way(source: str) -> WayIn | None:
+    """The way in whose script ``source`` is; None for a model file or an unknown file. A file
+    that defines ``build_model`` is a model file; one that builds a Trainer is that Trainer's;
+    a file with other names of the contract is a model file before it is a plain loop."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    names = _model_names(source)
     if "build_model" in names:
-        return "model_file"
-    imports_transformers = any(
-        (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "transformers" for a in n.names))
-        or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "transformers")
-        for n in ast.walk(tree))
-    if lightning_script.imports(tree) and lightning_script.fit_calls(tree):
-        return lightning_script.KIND
-    if imports_transformers and trainer_script.train_calls(tree):
-        return TRAINER_SCRIPT
-    if names & trainer_script.MODEL_FILE_NAMES:
-        return "model_file"
+        return None
+    for way in ways():
+        if way.recognises(tree) and not (names & CONTRACT_BUILDERS and way.after_model_file):
+            return way
     return None
 
 
-def _check_source(path: Path) -> str:
+def _check_source(path: Path) -> WayIn | None:
     """What can be checked without running the file: it exists, reads and compiles, and
-    which way in it is (``recognise``)."""
+    which way in it is (a script's; None: a model file)."""
     if not path.exists():
         raise ContractError(f"{path}: no such file. Give the path of your model file (a .py file).")
     if not path.is_file():
@@ -155,14 +167,15 @@ def _check_source(path: Path) -> str:
             f"{path}:{exc.lineno}: syntax error: {exc.msg}. Fix the file so that "
             f"`python {path}` runs."
         ) from None
-    kind = recognise(path, source)
-    if kind is None:
+    way = _way(source)
+    if way is None and not _model_names(source):
         raise ContractError(
-            f"{path}: not a file autotune takes. It takes a model file (one that defines build_model() and "
-            "build_dataset(); `autotune init` writes one to fill in) or a Hugging Face Trainer script (one "
-            "that imports transformers, builds a Trainer and calls trainer.train()) or a Lightning script (one that "
-            "imports lightning, builds a Trainer and calls trainer.fit()).")
-    return kind
+            f"{path}: not a file autotune takes. It takes a training script you run: a plain PyTorch loop (one "
+            "that imports torch, builds a torch.optim optimizer and calls loss.backward() and optimizer.step()), a "
+            "Hugging Face Trainer script (one that builds a Trainer and calls trainer.train()) or a Lightning "
+            "script (one that builds a Trainer and calls trainer.fit()); or a model file (one that defines "
+            "build_model() and build_dataset(); `autotune init` writes one to fill in).")
+    return way
 
 
 def _run_check(path: Path, timeout_s: float, device: str | None = None) -> CheckResult:

@@ -5,7 +5,7 @@ A file that builds a ``transformers.Trainer`` and calls ``.train()`` (at import 
 ``HfArgumentParser`` from the arguments after ``--``) is recognised by its source and checked
 in a child process (``python -m autotune.task.trainer_script SCRIPT OUT [ARGS]``): the
 script runs as its user runs it, with ``runtime.hf_script``'s hooks, up to two steps of its
-Trainer, and what it built is written back (``ScriptFacts``). Trials run it the same way with
+Trainer, and what it built is written back (``TrainerFacts``). Trials run it the same way with
 ``overrides`` for their configuration; the baseline is the script as written.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Sequence
@@ -21,9 +22,10 @@ from pathlib import Path
 from autotune.config import TrialConfig
 from autotune.errors import ContractError
 from autotune.runtime.json_value import JsonObject
-from autotune.runtime.knobs import CompileMode, Device, OptimizerStep, Precision
+from autotune.runtime.knobs import DEFAULT_OPTIMIZER, CompileMode, Device, OptimizerStep, Precision
 from autotune.schemas.typed import Record
-from autotune.user_file import _user_frames
+from autotune.task.way_in import WayIn
+from autotune.user_file import _user_frames, in_loop
 
 KIND = "hf_trainer"
 # The knobs a Trainer script cannot be told through its TrainingArguments or its process,
@@ -41,7 +43,7 @@ NOT_EXPRESSIBLE = {
 
 
 @dataclasses.dataclass(frozen=True)
-class ScriptFacts(Record):
+class TrainerFacts(Record):
     """A Trainer script as its check saw it: the arguments it was given (``argv``), whether
     ``HfArgumentParser`` built its TrainingArguments from them (``parsed``), the lines that
     built them and called ``train()``, the knob fields as the user wrote them, and what the
@@ -61,6 +63,11 @@ class ScriptFacts(Record):
 
     kind = KIND
     source_module = "transformers"
+    stack = "TrainingArguments"
+    length_keys = ("max_steps", "num_train_epochs")
+    stepper = "autotune.runtime.hf_script:HfStepper"
+    template = "run_tuned.py"
+    hooks = ("hf_script.py",)
     no_ranks = ("a Trainer script: several ranks (torchrun with the Trainer's DDP) are not searched yet; "
                 "threads are")
 
@@ -82,7 +89,9 @@ class ScriptFacts(Record):
         """``overrides`` as the script takes them: flags, or keyword arguments."""
         if self.parsed:
             return [" ".join(self.flags(overrides))] if overrides else []
-        return [", ".join(f"{k}={v!r}" for k, v in overrides.items())] if overrides else []
+        where = f" at line {self.args_line}" if self.args_line else ""
+        return ([f"TrainingArguments(..., {', '.join(f'{k}={v!r}' for k, v in overrides.items())}){where}"]
+                if overrides else [])
 
     def number(self, key: str, default: int) -> int:
         value = self.user_values.get(key)
@@ -146,6 +155,24 @@ class ScriptFacts(Record):
                 out[key] = value
         return out
 
+    def trial(self, overrides: JsonObject) -> tuple[tuple[str, ...], JsonObject]:
+        """What a trial runs for ``overrides``: the script's arguments, and the fields its
+        TrainingArguments are given (set before they are checked, as if written there)."""
+        return self.argv, overrides
+
+    def emitted(self, overrides: JsonObject, *, script: Path) -> dict[str, str]:
+        return {}  # the answer is arguments: run_tuned.json and tuned_arguments.md say them
+
+    def instructions(self, overrides: JsonObject, *, script: Path) -> list[str]:
+        """tuned_arguments.md's lines: the flags to add, or the keyword arguments to set."""
+        if self.parsed:
+            command = shlex.join(["python", script.name, *self.argv_with(overrides)])
+            return ["Your script parses its TrainingArguments: add these flags to its command line.", "",
+                    "    " + shlex.join(self.flags(overrides)), "", "The whole command:", "", "    " + command]
+        where = f" (line {self.args_line})" if self.args_line else ""
+        return ([f"Your script builds its TrainingArguments in code{where}: set these keyword arguments there.", ""]
+                + [f"    {key}={value!r}," for key, value in overrides.items()])
+
     def flags(self, overrides: JsonObject) -> list[str]:
         """``overrides`` as HfArgumentParser takes them on the command line."""
         out: list[str] = []
@@ -173,12 +200,6 @@ class ScriptFacts(Record):
         return out + self.flags(rest)
 
 
-# Names only a model file defines: a file with any of them is checked as one (and its
-# check names what is missing).
-MODEL_FILE_NAMES = {"build_model", "build_dataset", "build_optimizer", "loss_fn", "training_step",
-                    "collate_fn", "evaluate", "batch_size"}
-
-
 def train_calls(tree: ast.AST) -> list[ast.Call]:
     """The ``X.train(...)`` calls of the source whose receiver is not a model (``model.train()``
     switches a module to training mode)."""
@@ -188,15 +209,6 @@ def train_calls(tree: ast.AST) -> list[ast.Call]:
                 and not (isinstance(node.func.value, ast.Name) and "model" in node.func.value.id.lower())):
             calls.append(node)
     return calls
-
-
-def _in_loop(tree: ast.AST, line: int) -> bool:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
-            end = getattr(node, "end_lineno", node.lineno)
-            if node.lineno <= line <= (end or node.lineno):
-                return True
-    return False
 
 
 def check_trains_once(shown: str, source: str, line: int | None) -> None:
@@ -209,7 +221,7 @@ def check_trains_once(shown: str, source: str, line: int | None) -> None:
             f"{shown}:{lines[1]}: the script calls train() more than once (lines {', '.join(map(str, lines))}). "
             "autotune tunes one training: keep one trainer.train() call (put the others behind a "
             "command-line flag), then run autotune again.")
-    if line is not None and _in_loop(tree, line):
+    if line is not None and in_loop(tree, line):
         raise ContractError(
             f"{shown}:{line}: train() is called inside a loop, so the script trains more than once. "
             "autotune tunes one training: call trainer.train() once, then run autotune again.")
@@ -273,9 +285,9 @@ def _parser_refusal(exc: BaseException) -> str | None:
     return None
 
 
-def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[ScriptFacts, float]:
+def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[TrainerFacts, float]:
     from autotune.runtime import hf_script
-    from autotune.runtime.stepper import HfStepper
+    from autotune.runtime.hf_script import HfStepper
 
     shown = os.path.relpath(path)
     source = Path(path).read_text()
@@ -307,7 +319,7 @@ def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[ScriptFacts, f
     if greater is None:
         greater = not metric.endswith("loss")
     model = trainer.model
-    return ScriptFacts(
+    return TrainerFacts(
         argv=tuple(argv), parsed=built.parsed, args_line=built.args_line, train_line=train_line,
         user_values=built.user_values, has_eval=trainer.eval_dataset is not None, metric=metric,
         greater_is_better=bool(greater), model_class=type(model).__name__,
@@ -322,7 +334,7 @@ def _explain_parser(message: str, log: str) -> str:
     return message
 
 
-def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[ScriptFacts, float]:
+def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[TrainerFacts, float]:
     """Run the check of the Trainer script ``path`` with ``argv``; its facts and how long it
     took, or ContractError."""
     from autotune.task.child import check_script_in_child
@@ -330,7 +342,25 @@ def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[
     data, seconds = check_script_in_child("autotune.task.trainer_script", path, argv, timeout_s=timeout_s,
                                           calls="trainer.train()", framework="transformers",
                                           explain=_explain_parser)
-    return ScriptFacts.from_json(data), seconds
+    return TrainerFacts.from_json(data), seconds
+
+
+def _task_fields(facts: TrainerFacts) -> dict[str, object]:
+    optim = facts.user_values.get("optim")
+    return {"image_inputs": False,
+            "optimizer": DEFAULT_OPTIMIZER if optim == "adamw_torch" else f"the Trainer's optim={optim}"}
+
+
+def recognises(tree: ast.Module) -> bool:
+    """It imports transformers and calls a ``.train()`` that is not a model's."""
+    return any((isinstance(n, ast.Import) and any(a.name.split(".")[0] == "transformers" for a in n.names))
+               or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "transformers")
+               for n in ast.walk(tree)) and bool(train_calls(tree))
+
+
+WAY = WayIn(kind=KIND, facts=TrainerFacts, recognises=recognises,
+            check=lambda path, argv, timeout_s: check_script(path, argv, timeout_s=timeout_s),
+            task_fields=_task_fields)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@ from autotune.trials.protocol import Mode
 from autotune.trials.spec import LossGuard
 
 if TYPE_CHECKING:
-    from autotune.runtime.session import Session
+    from autotune.trials.training import TrainingSession
 
 
-def trajectory(session: Session, steps: int, guard: LossGuard | None = None) -> DoneEvent:
+def trajectory(session: TrainingSession, steps: int, guard: LossGuard | None = None) -> DoneEvent:
     """Losses of a fixed number of steps, averaged over ranks: the numerics check. Ends
     where a loss strays past ``guard``."""
     losses: list[float] = []
@@ -27,7 +27,7 @@ def trajectory(session: Session, steps: int, guard: LossGuard | None = None) -> 
     return DoneEvent(mode=Mode.TRAJECTORY, losses=losses)
 
 
-def score(session: Session) -> float | None:
+def score(session: TrainingSession) -> float | None:
     """The user's evaluate() of the model as trained so far (None off rank 0). The
     training goes on afterwards as if it had not run: its random draws (dropout,
     sampling) are given back, and the model is in the mode it was."""
@@ -46,7 +46,7 @@ def score(session: Session) -> float | None:
         return value
 
 
-def scored_training(session: Session, steps: int, evaluate_at: tuple[int, ...] = (),
+def scored_training(session: TrainingSession, steps: int, evaluate_at: tuple[int, ...] = (),
                     guard: LossGuard | None = None) -> DoneEvent:
     """A trajectory, then the user's evaluate() on rank 0 (the quality check reads the
     score, the numerics check the losses); with ``evaluate_at``, evaluate() also scores the

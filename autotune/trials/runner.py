@@ -149,22 +149,20 @@ class TrialRunnerLike(Protocol):
 
 
 class ScriptFactsLike(Protocol):
-    """What the runner needs of a script the user runs (``task.trainer_script.ScriptFacts``,
-    ``task.lightning_script.LightningFacts``)."""
+    """What the runner needs of a script the user runs (``task.way_in.ScriptFacts``)."""
 
     @property
-    def kind(self) -> str: ...
-    @property
     def source_module(self) -> str: ...
-    @property
-    def argv(self) -> tuple[str, ...]: ...
     @property
     def metric(self) -> str: ...
     @property
     def greater_is_better(self) -> bool: ...
     @property
     def user_values(self) -> JsonObject: ...
+    @property
+    def stepper(self) -> str: ...
     def overrides(self, cfg: TrialConfig) -> JsonObject: ...
+    def trial(self, overrides: JsonObject) -> tuple[tuple[str, ...], JsonObject]: ...
 
 
 class TrialRunner:
@@ -223,15 +221,17 @@ class TrialRunner:
         self.fork_notes: list[str] = []  # said once each: why some processes started fresh
 
     def _script_run(self, cfg: TrialConfig, seed: int) -> ScriptRun | None:
-        """A Trainer script's run of ``cfg``: its overrides, and a seed of its own where the
-        trial asks for another than the script's (the quality check's references)."""
+        """A script's run of ``cfg``: its arguments and what its stepper applies, and a seed of
+        its own where the trial asks for another than the script's (the quality check's references)."""
         if self.script is None:
             return None
         overrides = dict(self.script.overrides(cfg))
+        argv, applied = self.script.trial(overrides)
+        applied = dict(applied)
         if seed:
-            overrides["seed"] = int(str(self.script.user_values.get("seed") or 0)) + seed
-        return ScriptRun(argv=tuple(self.script.argv), overrides=overrides, metric=self.script.metric,
-                         greater_is_better=self.script.greater_is_better, kind=self.script.kind,
+            applied["seed"] = int(str(self.script.user_values.get("seed") or 0)) + seed
+        return ScriptRun(argv=argv, overrides=applied, metric=self.script.metric,
+                         greater_is_better=self.script.greater_is_better, stepper=self.script.stepper,
                          source_module=self.script.source_module)
 
     def close(self) -> None:
@@ -361,7 +361,7 @@ class TrialRunner:
                "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "TMPDIR": tmp,
                TRIAL_DIR_VARIABLE: str(folder)}
         if self.script is not None:
-            from autotune.runtime.hf_script import offline_env
+            from autotune.runtime.script_env import offline_env
 
             env = offline_env(env)
         # The worker runs from autotune's own source tree whether or not it is installed.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -16,27 +17,29 @@ from autotune.runtime.knobs import ConfigDict
 
 @dataclasses.dataclass(frozen=True)
 class ScriptRun:
-    """What a trial of a script runs: which kind of script (``kind``; for Lightning, the
-    package it imports), its arguments, and what its configuration overrides (for a Trainer
-    script, TrainingArguments fields; for Lightning, Trainer and DataLoader arguments)."""
+    """What a trial of a script runs: its Stepper (``module:Class``, the way in's; the package
+    it trains with), its arguments, and what its configuration changes (the way in's own
+    terms: a Trainer script's TrainingArguments fields, a Lightning script's Trainer and
+    DataLoader arguments, a plain loop's edits of its source)."""
 
     argv: tuple[str, ...] = ()
     overrides: JsonObject = dataclasses.field(default_factory=dict)
     metric: str = "eval_loss"
     greater_is_better: bool = False
-    kind: str = "hf_trainer"
+    stepper: str = ""
     source_module: str = ""
 
     def to_json(self) -> JsonObject:
         return {"argv": list(self.argv), "overrides": dict(self.overrides), "metric": self.metric,
-                "greater_is_better": self.greater_is_better, "kind": self.kind, "source_module": self.source_module}
+                "greater_is_better": self.greater_is_better, "stepper": self.stepper,
+                "source_module": self.source_module}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScriptRun:
         return cls(argv=tuple(str(a) for a in data.get("argv", ())), overrides=dict(data.get("overrides", {})),
                    metric=str(data.get("metric", "eval_loss")),
                    greater_is_better=bool(data.get("greater_is_better", False)),
-                   kind=str(data.get("kind", "hf_trainer")), source_module=str(data.get("source_module", "")))
+                   stepper=str(data.get("stepper", "")), source_module=str(data.get("source_module", "")))
 
 
 class _Evaluation:
@@ -65,24 +68,26 @@ class ScriptSession:
 
     def __init__(self, script: str, cfg: ConfigDict, run: ScriptRun, *, out_dir: str,
                  setup_timeout_s: float | None = None) -> None:
-        from autotune.runtime import hf_script
         from autotune.runtime.distributed import Distributed
         from autotune.runtime.session import apply_process_knobs
-        from autotune.runtime.stepper import HfStepper, LightningStepper, Stepper
+        from autotune.runtime.stepper import Stepper
 
         apply_process_knobs(cfg)  # the threads, as the launcher's environment says
         self.cfg, self.run = cfg, run
         self.dist = Distributed(cfg)
-        self.stepper: Stepper
-        if run.kind == "lightning":
-            self.stepper = LightningStepper(script, run.argv, run.overrides, source_module=run.source_module,
-                                            out_dir=out_dir)
-        else:
-            self.stepper = HfStepper(script, run.argv, {**hf_script.QUIET, "output_dir": out_dir,
-                                                        "max_steps": hf_script.ENDLESS_STEPS, **run.overrides})
+        module, _, name = run.stepper.partition(":")
+        stepper_class = getattr(importlib.import_module(module), name)
+        assert issubclass(stepper_class, Stepper), run.stepper
+        self.stepper = stepper_class.for_trial(script, run.argv, run.overrides, source_module=run.source_module,
+                                               out_dir=out_dir)
         self.stepper.start(setup_timeout_s)
-        self.global_batch = self.stepper.global_batch()
         self.user = _Evaluation(self)
+
+    @property
+    def global_batch(self) -> int:
+        """The samples a step takes, as the script's training says (read again: a plain loop
+        knows its step's micro-batches once a step has ended)."""
+        return self.stepper.global_batch()
 
     @property
     def loader(self) -> Any:

@@ -49,7 +49,7 @@ from autotune.trials.spec import TrialSpec
 
 if TYPE_CHECKING:
     from autotune.runtime.session import ProcessSetup, Session
-    from autotune.trials.script_session import ScriptSession
+    from autotune.trials.training import TrainingSession
 
 
 class Events:
@@ -69,19 +69,21 @@ class Events:
             os.close(fd)
 
 
-def probe_step_facts(session: Session | ScriptSession) -> JsonObject:
+def probe_step_facts(session: TrainingSession) -> JsonObject:
     from autotune.runtime.facts import step_facts
+    from autotune.runtime.session import Session
     from autotune.trials.script_session import ScriptSession
     from autotune.trials.step_facts import utilisation_facts
 
-    if isinstance(session, ScriptSession):  # the arguments as its Trainer runs with them
+    if isinstance(session, ScriptSession):  # what the script runs with, read from inside its training
         return {**session.facts(), "loader_worker_pids": [c.pid for c in psutil.Process().children()]}
+    assert isinstance(session, Session)
     _, facts = step_facts(session)
     return {**facts, "loader_worker_pids": [c.pid for c in psutil.Process().children()],
             "utilisation": utilisation_facts(session, settle=settle)}
 
 
-def warm_up(session: Session, spec: Measurement, events: Events) -> tuple[float, float]:
+def warm_up(session: TrainingSession, spec: Measurement, events: Events) -> tuple[float, float]:
     """Warm-up steps (the first one carries compile and lazy init): the first step's
     seconds and a steady step's, the slowest rank's."""
     dist = session.dist
@@ -99,7 +101,7 @@ def warm_up(session: Session, spec: Measurement, events: Events) -> tuple[float,
     return first_s, dist.agree_max(statistics.median(step_times))
 
 
-def calibrate(session: Session, spec: Measurement, events: Events) -> int:
+def calibrate(session: TrainingSession, spec: Measurement, events: Events) -> int:
     """Warm up, then the number of steps that makes a window of about window_s."""
     first_s, step_s = warm_up(session, spec, events)
     steps = int(min(spec.max_window_steps, max(1, round(spec.window_s / step_s))))
@@ -132,14 +134,14 @@ def settle(timeout_s: float = 5.0) -> None:
         last = now
 
 
-def lead_in(session: Session) -> None:
+def lead_in(session: TrainingSession) -> None:
     """A settled process starts with a full prefetch queue: batches loaded for free while
     others measured. Untimed steps use them up, so what follows runs at the steady state."""
     loader = session.loader
     session.run_steps((loader.prefetch_factor or 2) * loader.num_workers)
 
 
-def size_window(session: Session, spec: Measurement, *, settled: bool) -> int:
+def size_window(session: TrainingSession, spec: Measurement, *, settled: bool) -> int:
     """Steps per served window, from two steps timed now, agreed by all ranks: the warm-up's
     step time may come from a warm-up beside another process's start (verification starts
     them in overlap), while nothing else runs when the first window is asked."""
@@ -149,7 +151,7 @@ def size_window(session: Session, spec: Measurement, *, settled: bool) -> int:
     return int(min(spec.max_window_steps, max(1, round(spec.window_s / step_s))))
 
 
-def window(session: Session, steps: int, index: int, events: Events, *,
+def window(session: TrainingSession, steps: int, index: int, events: Events, *,
            settled: bool = False) -> tuple[float, list[float]]:
     if settled:
         lead_in(session)
@@ -164,7 +166,7 @@ def window(session: Session, steps: int, index: int, events: Events, *,
     return value, losses
 
 
-def finish(session: Session, values: list[float], losses: list[float], *,
+def finish(session: TrainingSession, values: list[float], losses: list[float], *,
            faults_per_step: float | None = None) -> DoneEvent:
     """A measurement's DONE event."""
     from autotune.runtime.facts import cuda_memory
@@ -187,7 +189,7 @@ def finish(session: Session, values: list[float], losses: list[float], *,
     )
 
 
-def measure(session: Session, spec: Measurement, events: Events) -> DoneEvent:
+def measure(session: TrainingSession, spec: Measurement, events: Events) -> DoneEvent:
     steps = calibrate(session, spec, events)
     values, losses = [], []
     # Minor page faults in the windows: a process's malloc state (glibc's most of all)
@@ -224,7 +226,7 @@ def read_from(control: str, offset: int) -> str:
         return ""
 
 
-def serve(session: Session, spec: Measurement, control: str, events: Events) -> None:
+def serve(session: TrainingSession, spec: Measurement, control: str, events: Events) -> None:
     """Warm up, then run one window per command appended to the control file, so the
     tuner can alternate windows of several live configurations (verification); the
     windows are sized at the first (``size_window``).
@@ -260,59 +262,16 @@ def serve(session: Session, spec: Measurement, control: str, events: Events) -> 
             losses.extend(window_losses)
 
 
-def run_script_spec(spec: TrialSpec, events: Events) -> None:
-    """A Trainer script's configuration: the user's script run with its overrides, measured
-    (or trained for a gate) inside its Trainer; one configuration a process."""
-    from autotune.runtime.facts import process_facts
-    from autotune.trials.script_session import ScriptSession
-
-    assert spec.script is not None
-    started = time.perf_counter()
-    mode = spec.mode.mode
-    if mode is Mode.PROFILE:
-        raise ValueError("a script's trial is not profiled (its step runs inside the user's Trainer)")
-    out_dir = os.path.join(os.path.dirname(spec.events), "script-output")
-    session = ScriptSession(spec.model_file, spec.knobs, spec.script, out_dir=out_dir)
-    events.emit(SetupEvent(seconds=time.perf_counter() - started, process_s=time.perf_counter() - started,
-                           world=session.dist.world, backend=session.dist.backend, pid=os.getpid(),
-                           process=process_facts()))
-    measurement = spec.measure
-    if mode is Mode.TRAJECTORY or mode is Mode.QUALITY:
-        if spec.mode.steps is None:
-            raise ValueError(f"a {mode} trial's spec names no steps")
-        done = (trajectory(session, spec.mode.steps, spec.mode.guard) if mode is Mode.TRAJECTORY  # type: ignore[arg-type]
-                else scored_training(session, spec.mode.steps, spec.mode.evaluate_at, spec.mode.guard))  # type: ignore[arg-type]
-    elif mode is Mode.SERVE:
-        if spec.control is None:
-            raise ValueError("a served trial's spec names no control file")
-        serve(session, measurement, spec.control, events)  # type: ignore[arg-type]
-        raise AssertionError("a served trial runs until it is ended")
-    else:
-        done = measure(session, measurement, events)  # type: ignore[arg-type]
-    events.emit(done)
-
-
-def run_spec(spec: TrialSpec, setup: ProcessSetup | None, events: Events) -> ProcessSetup:
+def run_spec(spec: TrialSpec, setup: ProcessSetup | None, events: Events) -> ProcessSetup | None:
     """Train and measure one configuration as its spec says, in this process's ``setup``
-    (made here for the process's first configuration); returns the setup. A spec with a
-    ``next`` control file leaves the process ready for the next configuration before it
-    reports, so that its teardown is over before anything else measures."""
+    (a model file's, made here for the process's first configuration); returns the setup. A
+    spec with a ``next`` control file leaves the process ready for the next configuration
+    before it reports, so that its teardown is over before anything else measures."""
     from autotune.runtime.facts import process_facts
-    from autotune.runtime.session import ProcessSetup, Session
 
-    cfg, model_file, seed = spec.knobs, spec.model_file, spec.seed
     started = time.perf_counter()
-    mode = spec.mode.mode
-    # The numerics check compares fp32 trajectories in true IEEE fp32 (the reference's
-    # and an fp32 candidate's alike), not with the TF32 convolutions PyTorch allows.
-    strict_fp32 = (mode in (Mode.TRAJECTORY, Mode.QUALITY)
-                   and cfg.get("precision", Precision.FP32) == Precision.FP32)
     reused = setup is not None
-    if setup is None:
-        setup = ProcessSetup(model_file, cfg, seed=seed, strict_fp32=strict_fp32)
-    process_s = time.perf_counter() - started
-    peak_memory.reset_host_peak()  # this configuration's peak, not an earlier one's in this process
-    session = Session(model_file, cfg, seed=seed, strict_fp32=strict_fp32, setup=setup)
+    session, setup, process_s = open_session(spec, setup)
     events.emit(SetupEvent(
         seconds=time.perf_counter() - started,
         # of which the process's own setup (the model file's import, build_dataset), the
@@ -324,25 +283,59 @@ def run_spec(spec: TrialSpec, setup: ProcessSetup | None, events: Events) -> Pro
         warm=reused,
         process=process_facts(),
     ))
-    measurement = spec.measure
-    if mode is Mode.TRAJECTORY or mode is Mode.QUALITY:
-        if spec.mode.steps is None:
-            raise ValueError(f"a {mode} trial's spec names no steps")
-        done = (trajectory(session, spec.mode.steps, spec.mode.guard) if mode is Mode.TRAJECTORY
-                else scored_training(session, spec.mode.steps, spec.mode.evaluate_at, spec.mode.guard))
-    elif mode is Mode.SERVE:
-        if spec.control is None:
-            raise ValueError("a served trial's spec names no control file")
-        serve(session, measurement, spec.control, events)
-        raise AssertionError("a served trial runs until it is ended")
-    elif mode is Mode.PROFILE:
-        done = profile(session, measurement, events)
-    else:
-        done = measure(session, measurement, events)
+    done = run_mode(session, spec, events)
     if spec.next:
         session.release()
     events.emit(done)
     return setup
+
+
+def open_session(spec: TrialSpec, setup: ProcessSetup | None
+                 ) -> tuple[TrainingSession, ProcessSetup | None, float]:
+    """The configuration's training: the model file's ``Session`` in ``setup`` (made here for
+    the process's first configuration), or the user's script run by its way in's stepper (one
+    configuration a process); with the setup and the seconds the process's own setup took."""
+    from autotune.runtime.session import ProcessSetup, Session
+    from autotune.trials.script_session import ScriptSession
+
+    started = time.perf_counter()
+    cfg, mode = spec.knobs, spec.mode.mode
+    if spec.script is not None:
+        out_dir = os.path.join(os.path.dirname(spec.events), "script-output")
+        session = ScriptSession(spec.model_file, cfg, spec.script, out_dir=out_dir)
+        return session, None, time.perf_counter() - started
+    # The numerics check compares fp32 trajectories in true IEEE fp32 (the reference's
+    # and an fp32 candidate's alike), not with the TF32 convolutions PyTorch allows.
+    strict_fp32 = (mode in (Mode.TRAJECTORY, Mode.QUALITY)
+                   and cfg.get("precision", Precision.FP32) == Precision.FP32)
+    if setup is None:
+        setup = ProcessSetup(spec.model_file, cfg, seed=spec.seed, strict_fp32=strict_fp32)
+    process_s = time.perf_counter() - started
+    peak_memory.reset_host_peak()  # this configuration's peak, not an earlier one's in this process
+    return Session(spec.model_file, cfg, seed=spec.seed, strict_fp32=strict_fp32, setup=setup), setup, process_s
+
+
+def run_mode(session: TrainingSession, spec: TrialSpec, events: Events) -> DoneEvent:
+    """What the spec's mode asks of ``session``: a measurement, a gate's training, served
+    windows (until the trial is ended) or a profiled window (a model file's)."""
+    from autotune.runtime.session import Session
+
+    mode, measurement = spec.mode.mode, spec.measure
+    if mode is Mode.TRAJECTORY or mode is Mode.QUALITY:
+        if spec.mode.steps is None:
+            raise ValueError(f"a {mode} trial's spec names no steps")
+        return (trajectory(session, spec.mode.steps, spec.mode.guard) if mode is Mode.TRAJECTORY
+                else scored_training(session, spec.mode.steps, spec.mode.evaluate_at, spec.mode.guard))
+    if mode is Mode.SERVE:
+        if spec.control is None:
+            raise ValueError("a served trial's spec names no control file")
+        serve(session, measurement, spec.control, events)
+        raise AssertionError("a served trial runs until it is ended")
+    if mode is Mode.PROFILE:
+        if not isinstance(session, Session):
+            raise ValueError("a script's trial is not profiled (its step runs inside the user's own training)")
+        return profile(session, measurement, events)
+    return measure(session, measurement, events)
 
 
 def next_line(control: str, offset: int) -> tuple[str, int]:
@@ -372,16 +365,13 @@ def main(argv: list[str]) -> int:
     proctree.die_with_parent()  # a rank must not outlive its launcher (start_ranks or the tuner)
     rank = int(os.environ.get("RANK", "0"))
     spec_path, offset = argv[0], 0
-    setup: ProcessSetup | None = None
+    setup: ProcessSetup | None = None  # a model file's: a script's process trains one configuration
     while True:
         with open(spec_path) as f:
             data = json.load(f)
         events = Events(data["events"], rank)
         try:
             spec = TrialSpec.from_json(data)
-            if spec.script is not None:
-                run_script_spec(spec, events)
-                break
             setup = run_spec(spec, setup, events)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):

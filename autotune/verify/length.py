@@ -44,8 +44,7 @@ def own_training(task: Task, plan: PlannedRun | None) -> OwnTraining | None:
     if script is None:
         return OwnTraining(plan.samples, plan.describe()) if plan is not None else None
     values = dict(script.user_values)
-    steps_key, epochs_key = (("max_steps", "num_train_epochs") if script.kind != "lightning"
-                             else ("max_steps", "max_epochs"))
+    steps_key, epochs_key = script.length_keys
     steps, epochs = _number(values, steps_key), _number(values, epochs_key)
     batch = task.batch_size
     if steps is not None:

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Run your training script with what autotune verified on this machine (run_tuned.json,
+beside this file, says what): its batch flag on the command line, and its source patched as
+``tuned.patch`` says (the same edits, applied as it starts, your file left as it is).
+
+Needs torch and your script, not autotune: ``tuned_runtime/`` beside it holds the code the
+trials ran your script with, copied unchanged.
+
+    python run_tuned.py                     # your script's training, tuned
+    python run_tuned.py --as-written        # your script as it is (the baseline)
+    python run_tuned.py -- ARGS             # your script with other arguments, tuned
+    python run_tuned.py --max-steps 200 --report report.json   # a timed run: it ends after 200 steps
+
+A timed run (``--report``, ``--max-steps``) ends once its steps are done, its report written:
+nothing your script does after them runs in it (autotune's standalone runs are timed runs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from tuned_runtime import loop_script, script_end  # noqa: E402  (beside this file)
+
+SETTINGS = "run_tuned.json"
+WARM_STEPS = 3  # steps before the clock starts: the first carries compilation and lazy setup
+
+
+def _script(settings: dict, given: str | None) -> str:
+    """Your script: --script or SCRIPT=..., else where it lies relative to this folder, else
+    where it was when tuned."""
+    given = given or os.environ.get("SCRIPT")
+    if given:
+        return os.path.abspath(given)
+    relative = os.path.normpath(os.path.join(HERE, settings["script"]))
+    return relative if os.path.exists(relative) else settings["script_tuned"]
+
+
+class Timed:
+    """Counts the optimizer's steps; after ``steps`` of them, writes what autotune reads of a
+    run (samples per second over the steps after the first WARM_STEPS, the losses, what the
+    loop ran with) to ``report`` and ends the process."""
+
+    def __init__(self, report: str | None, steps: int | None, start_after: str | None, tmp: str) -> None:
+        self.report, self.steps, self.start_after, self.tmp = report, steps, start_after, tmp
+        self.losses: list[float] = []
+        self.samples = 0
+        self.start: float | None = None
+        self.first = 0
+
+    def begin(self, built) -> None:
+        if self.start_after:
+            while not os.path.exists(self.start_after):
+                time.sleep(0.02)
+
+    def step(self, built, loss: float) -> None:
+        self.losses.append(loss)
+        loop_script.synchronize(built)
+        if self.start is not None:
+            self.samples += built.step_samples
+        if built.steps == min(WARM_STEPS, (self.steps or WARM_STEPS + 1) - 1):
+            self.start, self.first = time.perf_counter(), built.steps
+        if self.steps is not None and built.steps >= self.steps:
+            self.end(built)
+
+    def end(self, built) -> None:
+        elapsed = time.perf_counter() - self.start if self.start is not None else 0.0
+        timed = built.steps - self.first if self.start is not None else 0
+        rate = self.samples / elapsed if timed > 0 and elapsed > 0 else None
+        if rate:
+            print(f"{rate:.1f} samples/s over {timed} steps", flush=True)
+        if self.report:
+            with open(self.report, "w") as f:
+                json.dump({"steps": built.steps, "first_step": 1, "timed_steps": timed, "samples_per_s": rate,
+                           "losses": self.losses, "facts": loop_script.loop_facts(built)}, f)
+        script_end.end_process(self.tmp)
+
+
+def main(argv: list[str]) -> int:
+    with open(os.path.join(HERE, SETTINGS)) as f:
+        settings = json.load(f)
+    parser = argparse.ArgumentParser(description=settings.get("description"))
+    parser.add_argument("--script", default=None, help="your script (default: the one autotune tuned; or SCRIPT=...)")
+    parser.add_argument("--as-written", action="store_true", help="run the script as it is, unpatched")
+    parser.add_argument("--max-steps", type=int, default=None, help="train this many steps (a timed run)")
+    parser.add_argument("--report", default=None, help="write the timed run's samples per second here (JSON)")
+    parser.add_argument("--start-after", default=None, metavar="FILE",
+                        help="set up, then wait until FILE exists before the first step")
+    # what autotune's timed runs pass to every launcher: a timed run saves and evaluates nothing
+    parser.add_argument("--no-checkpoint", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-evaluate", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--log-every", type=int, default=None, help=argparse.SUPPRESS)
+    ours, _, rest = (argv[: argv.index("--")], "--", argv[argv.index("--") + 1:]) if "--" in argv else (argv, "", None)
+    args = parser.parse_args(ours)
+    script = _script(settings, args.script)
+    tuned = not args.as_written
+    if rest is not None:  # other arguments: the tuned flag after them
+        script_argv = rest + (list(settings.get("flags", [])) if tuned else [])
+    else:
+        script_argv = list(settings["tuned_argv"] if tuned else settings.get("argv", []))
+    edits = settings.get("applied", {}).get("edits", {}) if tuned else {}
+    timed = args.report is not None or args.max_steps is not None
+    with tempfile.TemporaryDirectory(prefix="run-tuned-") as tmp:
+        if timed:
+            clock = Timed(args.report, args.max_steps, args.start_after, tmp)
+            loop_script.install(script, on_begin=clock.begin, on_step=clock.step)
+        for key, value in settings.get("env_notes", {}).items():
+            print(f"run_tuned.py: {key}: {value}", file=sys.stderr)
+        loop_script.run_script(script, script_argv, edits)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

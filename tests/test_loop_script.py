@@ -1,0 +1,257 @@
+"""The plain training loop as a way in: recognised by its source, checked by running it up to
+its optimizer's first steps, each fault named with the fix and nothing left running; its
+configurations as its batch flag and a patch of its source; each knob read back from inside
+the user's own loop in a trial; one real run of examples/loop_mlp.py, tuned, whose patch
+applies to a clean copy of the script and whose emitted answer is what the loop runs."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from autotune.config import TrialConfig
+from autotune.runtime import loop_patch
+from autotune.search.task_space import script_space
+from autotune.space import build_space
+from autotune.task import load_task
+from autotune.task.load import recognise
+from autotune.task.loop_script import KIND, PATCH_NAME, LoopFacts
+
+from doubles import recorded_machine
+from helpers import MODELS, contract_error, left_running
+
+SCRIPTS = MODELS / "loop"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MLP, GPT = EXAMPLES / "loop_mlp.py", EXAMPLES / "loop_gpt.py"
+
+pytestmark = pytest.mark.xdist_group("loop_script")
+
+
+def facts(**changes) -> LoopFacts:
+    base = LoopFacts(argv=("--epochs", "1"), optimizer_line=80, optimizer_class="AdamW", module_name="model",
+                     loader_line=76, loader_values={"batch_size": 64, "num_workers": 0, "pin_memory": False,
+                                                    "persistent_workers": False, "prefetch_factor": None},
+                     batch_flag="--batch-size", flag_value=64, batch=64, image_inputs=True, model_class="ConvNet")
+    return dataclasses.replace(base, **changes)
+
+
+# --- without processes
+
+def test_a_plain_loop_is_recognised_by_its_source(tmp_path):
+    for path in (MLP, GPT, *(SCRIPTS / name for name in ("two_optimizers.py", "accumulates.py", "downloads.py"))):
+        assert recognise(path, path.read_text()) == KIND, path
+    # a model file, a Trainer script and a Lightning script stay what they are
+    assert recognise(MODELS / "tiny_cnn.py", (MODELS / "tiny_cnn.py").read_text()) == "model_file"
+    assert recognise(EXAMPLES / "hf_trainer.py", (EXAMPLES / "hf_trainer.py").read_text()) == "hf_trainer"
+    assert recognise(EXAMPLES / "lightning_datamodule.py",
+                     (EXAMPLES / "lightning_datamodule.py").read_text()) == "lightning"
+    # a half-written model file that also trains is told what it lacks, as a model file
+    half = "import torch\ndef build_dataset():\n    pass\nopt = torch.optim.SGD(m.parameters())\nl.backward()\nopt.step()\n"
+    assert recognise(tmp_path / "m.py", half) == "model_file"
+    # torch without an optimizer's step is nothing autotune can tune
+    assert recognise(tmp_path / "x.py", "import torch\nprint(torch.ones(2))\n") is None
+
+
+def test_the_baseline_changes_nothing_and_each_knob_its_own_place():
+    script = facts()
+    base = script.baseline(TrialConfig())
+    assert (base.batch_size, base.num_workers, base.precision, base.compile) == (64, 0, "fp32", "off")
+    assert script.overrides(base) == {} and script.edits({}) == {} and script.argv_with({}) == ["--epochs", "1"]
+    tuned = base.replace(batch_size=128, num_workers=2, persistent_workers=True, prefetch_factor=4,
+                         precision="bf16", compile="default")
+    overrides = script.overrides(tuned)
+    assert overrides == {"--batch-size": 128, "DataLoader.num_workers": 2, "DataLoader.persistent_workers": True,
+                         "DataLoader.prefetch_factor": 4, "autocast": "bfloat16", "compile": "default"}
+    assert script.argv_with(overrides) == ["--epochs", "1", "--batch-size", "128"]
+    assert script.flags(overrides) == ["--batch-size", "128"]
+    edits = script.edits(overrides)
+    assert edits["loader"] == {"line": 76, "kwargs": {"num_workers": "2", "persistent_workers": "True",
+                                                      "prefetch_factor": "4"}}
+    assert edits["after"]["line"] == 80
+    assert [s.split("  #")[0] for s in edits["after"]["statements"]] == [
+        "model.forward = torch.autocast('cpu', dtype=torch.bfloat16)(model.forward)",
+        "model.forward = torch.compile(model.forward)"]
+    # a loop without a batch flag takes its batch in its DataLoader's call
+    no_flag = facts(batch_flag=None)
+    assert no_flag.overrides(base.replace(batch_size=32)) == {"DataLoader.batch_size": 32}
+    assert no_flag.edits({"DataLoader.batch_size": 32})["loader"]["kwargs"] == {"batch_size": "32"}
+    assert facts(argv=("--batch-size=16",)).argv_with({"--batch-size": 128}) == ["--batch-size=128"]
+
+
+def test_the_space_names_what_a_loop_cannot_take():
+    space = build_space(recorded_machine("avx2_epyc"), baseline_batch=64)
+    taken = script_space(space, facts())
+    assert "num_workers" in taken.choices and "batch_size" in taken.choices and "compile" in taken.choices
+    assert "channels_last" not in taken.choices and "plain loop" in taken.excluded["channels_last"]
+    # nanoGPT-style: no DataLoader, so no loader knobs; its batch from its flag
+    drawn = script_space(space, facts(loader_line=None, loader_values={}, batch_flag="--batch_size"))
+    assert "num_workers" not in drawn.choices and "batches come from its own code" in drawn.excluded["num_workers"]
+    assert "batch_size" in drawn.choices
+    fixed = script_space(space, facts(loader_line=None, loader_values={}, batch_flag=None))
+    assert "batch_size" not in fixed.choices and "no batch-size flag" in fixed.excluded["batch_size"]
+    unnamed = script_space(space, facts(module_name=None))
+    assert "compile" not in unnamed.choices and "has no name in the script" in unnamed.excluded["compile"]
+
+
+def test_the_patch_is_the_edits_the_trials_run(tmp_path):
+    source = MLP.read_text()
+    script = facts()
+    overrides = script.overrides(script.baseline(TrialConfig()).replace(num_workers=2, precision="bf16"))
+    text = script.emitted(overrides, script=MLP)[PATCH_NAME]
+    copy = tmp_path / MLP.name
+    copy.write_text(source)
+    (tmp_path / PATCH_NAME).write_text(text)
+    subprocess.run(["git", "apply", PATCH_NAME], cwd=tmp_path, check=True, capture_output=True)
+    assert copy.read_text() == loop_patch.patched(source, script.edits(overrides))
+    assert "num_workers=2" in copy.read_text() and "torch.autocast('cpu', dtype=torch.bfloat16)" in copy.read_text()
+
+
+# --- the check, in its child process
+
+def test_a_loop_that_never_steps_is_ended_and_named():
+    msg = contract_error(SCRIPTS / "never_steps.py", timeout_s=20)
+    assert "never_steps.py: the script did not reach its training's first steps within 20 s" in msg
+    assert "its optimizer's step()" in msg
+
+
+@pytest.mark.slow
+def test_a_loop_with_two_optimizers_is_named_with_their_lines():
+    msg = contract_error(SCRIPTS / "two_optimizers.py")
+    assert "two_optimizers.py:7: the script builds 2 optimizers (line 6 (Adam), line 7 (Adam))" in msg
+    assert "the one that steps first, at line 6" in msg
+
+
+@pytest.mark.slow
+def test_a_loop_that_downloads_its_data_is_named():
+    msg = contract_error(SCRIPTS / "downloads.py")
+    assert "the script tried to download something" in msg and 'downloads.py", line 8, in load_data' in msg
+
+
+@pytest.mark.slow
+def test_flags_its_parser_refuses_are_named():
+    msg = contract_error(MLP, args=("--no-such-flag",))
+    assert "the script's argument parser refused the arguments after `--`" in msg
+    assert "unrecognized arguments: --no-such-flag" in msg
+
+
+@pytest.mark.slow
+def test_the_check_reads_the_loop_as_it_runs():
+    task = load_task(SCRIPTS / "accumulates.py", script_args=("--bs", "4", "--accumulate", "3"))
+    script = task.script
+    assert isinstance(script, LoopFacts) and task.kind == KIND
+    # a step's batch is its micro-batches summed; the flag's value is the micro-batch
+    assert (script.batch, script.batch_flag, script.flag_value) == (12, "--bs", 4)
+    assert (script.module_name, script.optimizer_line, script.loader_line) == ("net", 17, None)
+
+
+# --- the knobs, read back from inside the user's own loop
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_each_knob_takes_effect_inside_the_users_loop(tmp_path):
+    from autotune.probes import probe_machine
+    from autotune.trials.protocol import Measurement, Status
+    from autotune.trials.runner import TrialRunner
+
+    machine = probe_machine()
+    task = load_task(SCRIPTS / "tiny_loader.py")
+    assert task.script is not None
+    runner = TrialRunner(model_file=task.path, machine=machine, workdir=tmp_path / "mlp", script=task.script,
+                         measurement=Measurement(window_s=0.2, windows=2))
+    base = task.script.baseline(TrialConfig())
+    tuned = base.replace(batch_size=32, num_workers=1, persistent_workers=True, threads=1, precision="bf16",
+                         compile="default")
+    result = runner.run(tuned, name="tuned")
+    assert result.status == Status.OK and result.value, result.message
+    ran = result.facts
+    assert ran["loader"]["batch_size"] == 32 and ran["loader"]["num_workers"] == 1  # the flag, and the patch
+    assert ran["loader"]["persistent_workers"] and ran["step_samples"] == 32
+    assert ran["autocast"] == "bfloat16" and ran["compiled"] and ran["module"] == "Sequential"
+    assert ran["threads"] == 1 and result.env["OMP_NUM_THREADS"] == "1"
+    assert len(ran["loader_worker_pids"]) == 1
+    plain = runner.run(base, name="base")
+    assert plain.status == Status.OK and plain.facts["autocast"] is None and not plain.facts["compiled"]
+    # nanoGPT-style: no DataLoader; the batch through its --batch_size flag
+    drawn = load_task(GPT, script_args=("--max_iters", "100000"))
+    assert drawn.script is not None and drawn.script.batch_flag == "--batch_size"
+    runner = TrialRunner(model_file=drawn.path, machine=machine, workdir=tmp_path / "gpt", script=drawn.script,
+                         measurement=Measurement(window_s=0.2, windows=2))
+    result = runner.run(drawn.script.baseline(TrialConfig()).replace(batch_size=8, threads=1), name="gpt")
+    assert result.status == Status.OK, result.message
+    assert result.facts["step_samples"] == 8 and result.facts["loader"] is None
+    assert result.facts["batch_flag"]["value"] == 8
+
+
+# --- one real run, shared by the tests below
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> SimpleNamespace:
+    """``autotune run loop_mlp.py -- --epochs 1``: a few trials of threads and bf16 (its batch,
+    workers and compile fixed: they only lengthen the run), short windows."""
+    out = tmp_path_factory.mktemp("loop") / "out"
+    argv = ("--epochs", "1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(MLP), "--out", str(out), "--trials", "4",
+         "--fix", "num_workers=0", "--fix", "compile=off", "--fix", "batch_size=64", "--fix", "affinity=none",
+         "--fix", "allocator=default", "--window", "0.3", "--windows", "2", "--rounds", "2", "--pairs", "2",
+         "--pair-seconds", "0.5", "--no-profile", "--", *argv],
+        capture_output=True, text=True, timeout=900)
+    return SimpleNamespace(out=out, proc=proc, argv=argv, running=left_running(MLP),
+                           doc=json.loads((out / "best_config.json").read_text())
+                           if (out / "best_config.json").exists() else None)
+
+
+def read_back(out: Path, command: list[str], tmp_path: Path) -> dict:
+    """What the loop ran with, read from inside a timed run of the emitted answer."""
+    report = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
+    subprocess.run([*command, "--max-steps", "6", "--report", str(report)], cwd=out, check=True,
+                   capture_output=True, timeout=300)
+    return json.loads(report.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_plain_loop_is_tuned_and_answered_in_its_own_terms(tuned, tmp_path):
+    assert tuned.proc.returncode in (0, 3), tuned.proc.stdout[-3000:] + tuned.proc.stderr[-3000:]
+    doc = tuned.doc
+    assert doc is not None and doc["script"]["kind"] == KIND and doc["outputs"]["script"] == "run_tuned.py"
+    settings = json.loads((tuned.out / "run_tuned.json").read_text())
+    assert settings["argv"] == list(tuned.argv) and settings["kind"] == KIND
+    assert (tuned.out / "tuned_runtime" / "loop_script.py").is_file()
+    assert (tuned.out / "tuned_runtime" / "loop_patch.py").is_file()
+    if doc["config"]["precision"] == "bf16":  # the answer needs code: the patch says it, and applies
+        patch = tuned.out / doc["outputs"]["patch"]
+        shutil.copy(MLP, tmp_path / MLP.name)
+        subprocess.run(["git", "apply", str(patch)], cwd=tmp_path, check=True, capture_output=True)
+        assert "torch.autocast('cpu', dtype=torch.bfloat16)" in (tmp_path / MLP.name).read_text()
+        assert f"patch -p1 < {patch}" in tuned.proc.stdout
+    elif tuned.proc.returncode == 0:
+        assert "patch" not in doc["outputs"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_emitted_answer_is_what_the_loop_runs(tuned, tmp_path):
+    assert tuned.doc is not None, tuned.proc.stderr[-3000:]
+    config = tuned.doc["config"]
+    for command in ([sys.executable, "run_tuned.py"], ["bash", "launch.sh"]):
+        report = read_back(tuned.out, command, tmp_path)
+        ran = report["facts"]
+        assert report["steps"] == 6 and report["samples_per_s"]  # a timed run ends after its steps
+        assert ran["autocast"] == ("bfloat16" if config["precision"] == "bf16" else None), command
+        assert ran["step_samples"] == config["batch_size"]
+    as_written = read_back(tuned.out, [sys.executable, "run_tuned.py", "--as-written"], tmp_path)["facts"]
+    assert as_written["autocast"] is None and as_written["step_samples"] == 64
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_no_process_of_the_run_is_left_running(tuned):
+    assert tuned.doc is not None, tuned.proc.stderr[-3000:]
+    assert tuned.running == []
