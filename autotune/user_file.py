@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -62,3 +63,14 @@ def in_loop(tree: ast.AST, line: int) -> bool:
             if node.lineno <= line <= (end or node.lineno):
                 return True
     return False
+
+
+def own_frames(exc: BaseException, path: str) -> str:
+    """``exc``'s traceback as the user reads it: the frames of files in their script's folder
+    (not installed packages'), then what was raised; a library's deep stack left out."""
+    folder = os.path.dirname(os.path.abspath(path)) + os.sep
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if os.path.abspath(f.filename).startswith(folder) and "site-packages" not in f.filename]
+    shown = "".join(traceback.format_list(frames[-8:])).rstrip()
+    last = "".join(traceback.format_exception_only(exc)).rstrip()
+    return "\n".join(["Traceback (most recent call last):", shown, last] if shown else [last])

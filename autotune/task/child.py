@@ -107,3 +107,13 @@ def check_script_in_child(module: str, path: Path, argv: Sequence[str], *, timeo
     script = data["script"]
     assert isinstance(script, dict)
     return script, time.monotonic() - started
+
+
+def explain_parser(message: str, log: str) -> str:
+    """A check's message where the script's argument parser refused its arguments: argparse
+    printed why (its "error:" line, in the check's log) and exited, so the message's "see its
+    message above" becomes that line."""
+    if "see its message above" in message:
+        said = [line for line in log.splitlines() if "error:" in line]
+        message = message.replace("see its message above", said[-1].strip() if said else "see --help")
+    return message

@@ -15,7 +15,6 @@ import dataclasses
 import os
 import shlex
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from autotune.runtime.json_value import JsonObject, JsonValue
 from autotune.runtime.knobs import CompileMode, Device, Precision
 from autotune.schemas.typed import Record
 from autotune.task.way_in import WayIn
-from autotune.user_file import _user_frames
+from autotune.user_file import own_frames
 
 KIND = "loop"
 PATCH_NAME = "tuned.patch"
@@ -290,7 +289,7 @@ def _explain(shown: str, path: str, exc: BaseException) -> str:
     if isinstance(exc, ContractError):
         return str(exc)
     if isinstance(exc, ScriptEnded) and exc.code == 2:
-        return (f"{shown}: the script's argument parser refused the arguments after `--` (see its message above). "
+        return (f"{shown}: the script's argument parser refused the arguments after `--`: see its message above. "
                 "Give the arguments the script takes (run `python SCRIPT --help`).")
     if isinstance(exc, ScriptEnded):
         return (f"{shown}: {exc}. autotune measures the training the script runs: make sure running "
@@ -300,9 +299,9 @@ def _explain(shown: str, path: str, exc: BaseException) -> str:
     if isinstance(exc, OSError) and any(w in text for w in ("download", "urlopen", "connection", "resolve", "http")):
         return (f"{shown}: the script tried to download something, and the check downloads nothing "
                 "(nor do trials). Download it once, or point the script at a local copy, then run autotune "
-                f"again.\n{_user_frames(''.join(traceback.format_exception(exc)), path)}")
+                f"again.\n{own_frames(exc, path)}")
     return (f"{shown}: the script raised an error before its training's first steps:\n"
-            f"{_user_frames(''.join(traceback.format_exception(exc)), path)}")
+            f"{own_frames(exc, path)}")
 
 
 def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[LoopFacts, float]:
@@ -358,10 +357,10 @@ def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[LoopFacts, flo
 def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[LoopFacts, float]:
     """Run the check of the plain loop ``path`` with ``argv``; its facts and how long it took,
     or ContractError."""
-    from autotune.task.child import check_script_in_child
+    from autotune.task.child import check_script_in_child, explain_parser
 
     data, seconds = check_script_in_child("autotune.task.loop_script", path, argv, timeout_s=timeout_s,
-                                          calls="its optimizer's step()", framework="torch",
+                                          calls="its optimizer's step()", framework="torch", explain=explain_parser,
                                           steps="its training's first steps")
     return LoopFacts.from_json(data), seconds
 

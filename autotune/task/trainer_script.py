@@ -327,21 +327,14 @@ def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[TrainerFacts, 
     ), step_s
 
 
-def _explain_parser(message: str, log: str) -> str:
-    if "its message above" in message:  # argparse printed it, then exited
-        said = [line for line in log.splitlines() if "error:" in line]
-        message = message.replace("see its message above", said[-1].strip() if said else "see --help")
-    return message
-
-
 def check_script(path: Path, argv: Sequence[str], *, timeout_s: float) -> tuple[TrainerFacts, float]:
     """Run the check of the Trainer script ``path`` with ``argv``; its facts and how long it
     took, or ContractError."""
-    from autotune.task.child import check_script_in_child
+    from autotune.task.child import check_script_in_child, explain_parser
 
     data, seconds = check_script_in_child("autotune.task.trainer_script", path, argv, timeout_s=timeout_s,
                                           calls="trainer.train()", framework="transformers",
-                                          explain=_explain_parser)
+                                          explain=explain_parser)
     return TrainerFacts.from_json(data), seconds
 
 
