@@ -58,8 +58,8 @@ def tune(
             the verification and the emitted script; ``"none"`` leaves it unchanged.
         force: Write into an existing folder that autotune did not make.
         progress: Print progress and the summary; False prints nothing.
-        script_args: For a Trainer or Lightning script, the arguments it runs with (what
-            ``autotune run SCRIPT -- ARGS`` gives it).
+        script_args: For a script you run (a training loop, a Trainer or Lightning script),
+            the arguments it runs with (what ``autotune run SCRIPT -- ARGS`` gives it).
         **measurement: The other options of a run, every field of ``RunOptions`` not
             named above, by its name (each is the flag of ``autotune run`` that --help
             describes): ``window_s``, ``windows``, ``top``, ``rounds``, ``pairs``, ``pair_seconds``,

@@ -10,6 +10,14 @@ and each alone, and compare the throughputs the script prints itself.
 Original:  PYTHON SCRIPT ARGS             with this shell's environment.
 Tuned:     PYTHON PATCHED TUNED-ARGS      with this shell's environment plus TUNED-ENV.
 
+Or, from what autotune wrote, applied as a user applies it:
+
+    python bench/loop_speedup.py --from autotune-out/loop_mlp --repeats 5
+
+reads the script and its arguments from run_tuned.json ("script_tuned", "argv", "tuned_argv"),
+applies tuned.patch with `git apply` to a copy of the script in a temporary folder, and takes
+the environment from the `export K=V` lines of tuned_arguments.md.
+
 The runs go original, tuned, original, tuned, ... (one pair per repeat), one at a time.
 Every ``samples/s X`` the script prints is collected; a run's rate is the median of its
 figures. The speedup is the median of the per-pair ratios tuned/original, with a 95%
@@ -25,9 +33,11 @@ import os
 import random
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 
 RATE = re.compile(r"samples/s ([0-9.]+)")
 BOOTSTRAP_MIN_PAIRS = 5
@@ -71,9 +81,25 @@ def interval(ratios: list[float]) -> tuple[float, float, str]:
     return lo, hi, method
 
 
+def from_output(out: str, tmp: str) -> tuple[str, str, str, str, str]:
+    """(script, patched copy, args, tuned args, tuned env) from autotune's output folder ``out``."""
+    with open(os.path.join(out, "run_tuned.json")) as f:
+        settings = json.load(f)
+    script = settings["script_tuned"]
+    patched = os.path.join(tmp, os.path.basename(script))
+    shutil.copy(script, patched)
+    patch = os.path.join(out, "tuned.patch")
+    if os.path.exists(patch):
+        subprocess.run(["git", "apply", os.path.abspath(patch)], cwd=tmp, check=True)
+    with open(os.path.join(out, "tuned_arguments.md")) as f:
+        exports = [line.strip().removeprefix("export ") for line in f if line.strip().startswith("export ")]
+    return script, patched, shlex.join(settings["argv"]), shlex.join(settings["tuned_argv"]), " ".join(exports)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--script", required=True, help="the user's script as written")
+    p.add_argument("--from", dest="out", metavar="OUT", help="autotune's output folder: the rest from it")
+    p.add_argument("--script", help="the user's script as written")
     p.add_argument("--patched", help="the tuned copy of the script (default: --script itself)")
     p.add_argument("--args", default="", help="the original arguments, as one shell-quoted string")
     p.add_argument("--tuned-args", default=None, help="the arguments of the tuned run (default: --args)")
@@ -85,6 +111,11 @@ def main() -> int:
     args = p.parse_args()
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
+    tmp = tempfile.mkdtemp(prefix="loop-speedup-")
+    if args.out:
+        args.script, args.patched, args.args, args.tuned_args, args.tuned_env = from_output(args.out, tmp)
+    elif not args.script:
+        p.error("give --script, or --from OUT")
 
     original_cmd = [args.python, args.script, *shlex.split(args.args)]
     tuned_args = args.args if args.tuned_args is None else args.tuned_args

@@ -116,8 +116,8 @@ def test_the_patch_is_the_edits_the_trials_run(tmp_path):
 
 @pytest.mark.slow
 def test_a_loop_that_never_steps_is_ended_and_named():
-    msg = contract_error(SCRIPTS / "never_steps.py", timeout_s=10)
-    assert "never_steps.py: the script did not reach its training's first steps within 10 s" in msg
+    msg = contract_error(SCRIPTS / "never_steps.py", timeout_s=5)
+    assert "never_steps.py: the script did not reach its training's first steps within 5 s" in msg
     assert "its optimizer's step()" in msg
 
 

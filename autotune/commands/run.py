@@ -12,11 +12,12 @@ from autotune.commands import add_options, add_output, run_options
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="tune a model file and emit the fastest verified config",
                        description=__doc__, usage="autotune run FILE [OPTIONS] [-- SCRIPT ARGS]",
-                       epilog="After --: the arguments your Trainer script runs with, as `python FILE ARGS` "
-                              "takes them (autotune run train.py -- --output_dir out).")
+                       epilog="After --: the arguments your script runs with, as `python FILE ARGS` "
+                              "takes them (autotune run train.py -- --epochs 3).")
     p.add_argument("model_file", metavar="FILE",
-                   help="your model file (see the README's contract), or your Hugging Face Trainer or Lightning script")
-    p.set_defaults(script_args=[])  # what follows `--` (cli.main): the Trainer script's own arguments
+                   help="your training script (a plain PyTorch loop, a Hugging Face Trainer or Lightning script), "
+                        "or a model file (see the README's contract)")
+    p.set_defaults(script_args=[])  # what follows `--` (cli.main): the script's own arguments
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default autotune-out/<model name>)")
     p.add_argument("--force", action="store_true",

@@ -1,7 +1,7 @@
-"""A trial of a script the user already runs (a Hugging Face Trainer script or a Lightning
-one): their own script and Trainer, stepped by the worker (``runtime.stepper``) as a model
-file's ``Session`` is, so that the same measurement, served windows and gate trainings run on
-it (``trials.worker``)."""
+"""A trial of a script the user already runs (a plain training loop, a Hugging Face Trainer
+script, a Lightning one): their own script, held step by step by its way in's stepper
+(``runtime.stepper``) and spoken to as a model file's ``Session`` is (``trials.training``), so
+that the same measurement, served windows and gate trainings run on it (``trials.worker``)."""
 from __future__ import annotations
 
 import contextlib
