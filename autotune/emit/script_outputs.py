@@ -21,9 +21,10 @@ ARGUMENTS_NAME = "tuned_arguments.md"
 RUNTIME_NAME = "tuned_runtime"
 
 PACKAGE = Path(__file__).resolve().parent.parent
-# what every way in's hooks stand on: the stepper its trials hold the script with (its class is
-# the way in's), and the end of a timed run (its training, and nothing after it)
-SHARED_RUNTIME = (PACKAGE / "runtime" / "stepper.py", PACKAGE / "runtime" / "script_end.py")
+# what every way in's hooks and run_tuned.py stand on: the stepper its trials hold the script with
+# (its class is the way in's), the end of a timed run (its training, and nothing after it), and
+# run_tuned.py's own command line
+SHARED_RUNTIME = tuple(PACKAGE / "runtime" / name for name in ("stepper.py", "script_end.py", "run_tuned_args.py"))
 Facts = ScriptFacts
 
 

@@ -18,7 +18,6 @@ script does after ``trainer.train()`` runs in it (autotune's standalone runs are
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,24 +27,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from tuned_runtime import hf_script, script_end  # noqa: E402  (beside this file)
-
-SETTINGS = "run_tuned.json"
-WARM_STEPS = 3  # steps before the clock starts: the first carries compilation and lazy setup
-
-
-def _script(settings: dict, given: str | None) -> str:
-    """Your script: --script or SCRIPT=..., else where it lies relative to this folder, else
-    where it was when tuned."""
-    given = given or os.environ.get("SCRIPT")
-    if given:
-        return os.path.abspath(given)
-    relative = os.path.normpath(os.path.join(HERE, settings["script"]))
-    return relative if os.path.exists(relative) else settings["script_tuned"]
+from tuned_runtime import hf_script, run_tuned_args, script_end  # noqa: E402  (beside this file)
 
 
 def _measure(report: str, steps: int, start_after: str | None):
-    """A TrainerCallback that times the steps after the first WARM_STEPS and writes what
+    """A TrainerCallback that times the steps after the first run_tuned_args.WARM_STEPS and writes what
     autotune reads of a run (its samples per second, losses, the arguments the Trainer ran
     with) to ``report``."""
     from transformers import TrainerCallback
@@ -64,7 +50,7 @@ def _measure(report: str, steps: int, start_after: str | None):
 
         def on_step_end(self, args, state, control, **kwargs):
             hf_script.close_step(self.trainer)
-            if state.global_step == min(WARM_STEPS, steps - 1):
+            if state.global_step == min(run_tuned_args.WARM_STEPS, steps - 1):
                 hf_script.synchronize(self.trainer)
                 self.start, self.first = time.perf_counter(), state.global_step
 
@@ -91,22 +77,8 @@ def _measure(report: str, steps: int, start_after: str | None):
 
 
 def main(argv: list[str]) -> int:
-    with open(os.path.join(HERE, SETTINGS)) as f:
-        settings = json.load(f)
-    parser = argparse.ArgumentParser(description=settings.get("description"))
-    parser.add_argument("--script", default=None, help="your script (default: the one autotune tuned; or SCRIPT=...)")
-    parser.add_argument("--as-written", action="store_true", help="run the script without the tuned arguments")
-    parser.add_argument("--max-steps", type=int, default=None, help="train this many steps (a timed run)")
-    parser.add_argument("--report", default=None, help="write the timed run's samples per second here (JSON)")
-    parser.add_argument("--start-after", default=None, metavar="FILE",
-                        help="set up, then wait until FILE exists before the first step")
-    # what autotune's timed runs pass to every launcher: a timed run saves and evaluates nothing
-    parser.add_argument("--no-checkpoint", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--no-evaluate", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--log-every", type=int, default=None, help=argparse.SUPPRESS)
-    ours, _, rest = (argv[: argv.index("--")], "--", argv[argv.index("--") + 1:]) if "--" in argv else (argv, "", None)
-    args = parser.parse_args(ours)
-    script = _script(settings, args.script)
+    settings, args, rest = run_tuned_args.parse(HERE, argv)
+    script = args.script
     tuned = {} if args.as_written else dict(settings.get("overrides", {}))
     overrides: dict = {}
     if rest is not None:  # other arguments: the tuned flags after them, for a script that parses them

@@ -18,7 +18,6 @@ script does after ``trainer.fit()`` runs in it (autotune's standalone runs are t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,24 +27,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from tuned_runtime import lightning_script, script_end  # noqa: E402  (beside this file)
-
-SETTINGS = "run_tuned.json"
-WARM_STEPS = 3  # steps before the clock starts: the first carries compilation and lazy setup
-
-
-def _script(settings: dict, given: str | None) -> str:
-    """Your script: --script or SCRIPT=..., else where it lies relative to this folder, else
-    where it was when tuned."""
-    given = given or os.environ.get("SCRIPT")
-    if given:
-        return os.path.abspath(given)
-    relative = os.path.normpath(os.path.join(HERE, settings["script"]))
-    return relative if os.path.exists(relative) else settings["script_tuned"]
+from tuned_runtime import lightning_script, run_tuned_args, script_end  # noqa: E402  (beside this file)
 
 
 def _measure(pl, report: str, steps: int, start_after: str | None):
-    """A Callback that times the optimizer steps after the first WARM_STEPS and writes what
+    """A Callback that times the optimizer steps after the first run_tuned_args.WARM_STEPS and writes what
     autotune reads of a run (its samples per second, losses, the arguments the Trainer and its
     DataLoader ran with) to ``report``."""
     losses: list[float] = []
@@ -69,7 +55,7 @@ def _measure(pl, report: str, steps: int, start_after: str | None):
                 return  # accumulating: the optimizer has not stepped yet
             losses.append(sum(pending) / len(pending) if pending else float("nan"))
             pending.clear()
-            if trainer.global_step == min(WARM_STEPS, steps - 1):
+            if trainer.global_step == min(run_tuned_args.WARM_STEPS, steps - 1):
                 lightning_script.synchronize(trainer)
                 self.start, self.first = time.perf_counter(), trainer.global_step
 
@@ -89,22 +75,8 @@ def _measure(pl, report: str, steps: int, start_after: str | None):
 
 
 def main(argv: list[str]) -> int:
-    with open(os.path.join(HERE, SETTINGS)) as f:
-        settings = json.load(f)
-    parser = argparse.ArgumentParser(description=settings.get("description"))
-    parser.add_argument("--script", default=None, help="your script (default: the one autotune tuned; or SCRIPT=...)")
-    parser.add_argument("--as-written", action="store_true", help="run the script without the tuned arguments")
-    parser.add_argument("--max-steps", type=int, default=None, help="train this many steps (a timed run)")
-    parser.add_argument("--report", default=None, help="write the timed run's samples per second here (JSON)")
-    parser.add_argument("--start-after", default=None, metavar="FILE",
-                        help="set up, then wait until FILE exists before the first step")
-    # what autotune's timed runs pass to every launcher: a timed run saves and evaluates nothing
-    parser.add_argument("--no-checkpoint", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--no-evaluate", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--log-every", type=int, default=None, help=argparse.SUPPRESS)
-    ours, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, None)
-    args = parser.parse_args(ours)
-    script = _script(settings, args.script)
+    settings, args, rest = run_tuned_args.parse(HERE, argv)
+    script = args.script
     overrides = {} if args.as_written else json.loads(json.dumps(settings.get("overrides", {})))
     timed = args.report is not None or args.max_steps is not None
     pl = lightning_script.package(settings.get("source_module", "lightning"))

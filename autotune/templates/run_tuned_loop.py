@@ -16,7 +16,6 @@ nothing your script does after them runs in it (autotune's standalone runs are t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -26,25 +25,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from tuned_runtime import loop_script, script_end  # noqa: E402  (beside this file)
-
-SETTINGS = "run_tuned.json"
-WARM_STEPS = 3  # steps before the clock starts: the first carries compilation and lazy setup
-
-
-def _script(settings: dict, given: str | None) -> str:
-    """Your script: --script or SCRIPT=..., else where it lies relative to this folder, else
-    where it was when tuned."""
-    given = given or os.environ.get("SCRIPT")
-    if given:
-        return os.path.abspath(given)
-    relative = os.path.normpath(os.path.join(HERE, settings["script"]))
-    return relative if os.path.exists(relative) else settings["script_tuned"]
+from tuned_runtime import loop_script, run_tuned_args, script_end  # noqa: E402  (beside this file)
 
 
 class Timed:
     """Counts the optimizer's steps; after ``steps`` of them, writes what autotune reads of a
-    run (samples per second over the steps after the first WARM_STEPS, the losses, what the
+    run (samples per second over the steps after the first run_tuned_args.WARM_STEPS, the losses, what the
     loop ran with) to ``report`` and ends the process."""
 
     def __init__(self, report: str | None, steps: int | None, start_after: str | None, tmp: str) -> None:
@@ -64,7 +50,7 @@ class Timed:
         loop_script.synchronize(built)
         if self.start is not None:
             self.samples += built.step_samples
-        if built.steps == min(WARM_STEPS, (self.steps or WARM_STEPS + 1) - 1):
+        if built.steps == min(run_tuned_args.WARM_STEPS, (self.steps or run_tuned_args.WARM_STEPS + 1) - 1):
             self.start, self.first = time.perf_counter(), built.steps
         if self.steps is not None and built.steps >= self.steps:
             self.end(built)
@@ -83,22 +69,8 @@ class Timed:
 
 
 def main(argv: list[str]) -> int:
-    with open(os.path.join(HERE, SETTINGS)) as f:
-        settings = json.load(f)
-    parser = argparse.ArgumentParser(description=settings.get("description"))
-    parser.add_argument("--script", default=None, help="your script (default: the one autotune tuned; or SCRIPT=...)")
-    parser.add_argument("--as-written", action="store_true", help="run the script as it is, unpatched")
-    parser.add_argument("--max-steps", type=int, default=None, help="train this many steps (a timed run)")
-    parser.add_argument("--report", default=None, help="write the timed run's samples per second here (JSON)")
-    parser.add_argument("--start-after", default=None, metavar="FILE",
-                        help="set up, then wait until FILE exists before the first step")
-    # what autotune's timed runs pass to every launcher: a timed run saves and evaluates nothing
-    parser.add_argument("--no-checkpoint", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--no-evaluate", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--log-every", type=int, default=None, help=argparse.SUPPRESS)
-    ours, _, rest = (argv[: argv.index("--")], "--", argv[argv.index("--") + 1:]) if "--" in argv else (argv, "", None)
-    args = parser.parse_args(ours)
-    script = _script(settings, args.script)
+    settings, args, rest = run_tuned_args.parse(HERE, argv)
+    script = args.script
     tuned = not args.as_written
     if rest is not None:  # other arguments: the tuned flag after them
         script_argv = rest + (list(settings.get("flags", [])) if tuned else [])
