@@ -56,15 +56,18 @@ def parse_env(text: str) -> dict[str, str]:
     return env
 
 
-def run_once(command: list[str], env: dict[str, str], timeout: float) -> tuple[float, list[float]]:
-    """Run the script to the end; return (median of its samples/s figures, all of them)."""
+def run_once(command: list[str], env: dict[str, str], timeout: float,
+             metric: str | None = None) -> tuple[float, list[float], float | None]:
+    """Run the script to the end; return (median of its samples/s figures, all of them, the last
+    value of ``metric`` it printed)."""
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     figures = [float(x) for x in RATE.findall(proc.stdout)]
     if proc.returncode != 0 or not figures:
         why = f"exit status {proc.returncode}" if proc.returncode != 0 else "no 'samples/s X' in its output"
         raise SystemExit(f"{shlex.join(command)}: {why}\n{output[-3000:]}")
-    return statistics.median(figures), figures
+    found = re.findall(metric, proc.stdout) if metric else []
+    return statistics.median(figures), figures, float(found[-1]) if found else None
 
 
 def interval(ratios: list[float]) -> tuple[float, float, str]:
@@ -108,6 +111,8 @@ def main() -> int:
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed for one run")
     p.add_argument("--json", metavar="FILE", help="also write the results here")
+    p.add_argument("--metric", metavar="REGEX", help="a metric the script prints (its last value in a run is "
+                   "reported beside the rates), e.g. 'val_acc ([0-9.]+)'")
     args = p.parse_args()
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -130,14 +135,16 @@ def main() -> int:
     pairs: list[dict[str, object]] = []
     ratios: list[float] = []
     for i in range(args.repeats):
-        orig_rate, orig_figures = run_once(original_cmd, original_env, args.timeout)
-        tuned_rate, tuned_figures = run_once(tuned_cmd, tuned_env, args.timeout)
+        orig_rate, orig_figures, orig_metric = run_once(original_cmd, original_env, args.timeout, args.metric)
+        tuned_rate, tuned_figures, tuned_metric = run_once(tuned_cmd, tuned_env, args.timeout, args.metric)
         ratio = tuned_rate / orig_rate
         ratios.append(ratio)
         pairs.append({"original": orig_rate, "tuned": tuned_rate, "ratio": ratio,
-                      "original_figures": orig_figures, "tuned_figures": tuned_figures})
+                      "original_figures": orig_figures, "tuned_figures": tuned_figures,
+                      "original_metric": orig_metric, "tuned_metric": tuned_metric})
+        said = f"   metric {orig_metric} -> {tuned_metric}" if args.metric else ""
         print(f"pair {i + 1}: original {orig_rate:10.1f} samples/s   tuned {tuned_rate:10.1f} samples/s"
-              f"   ratio {ratio:.3f}", flush=True)
+              f"   ratio {ratio:.3f}{said}", flush=True)
 
     speedup = statistics.median(ratios)
     lo, hi, method = interval(ratios)

@@ -264,3 +264,14 @@ def test_the_emitted_answer_is_what_the_loop_runs(tuned, tmp_path):
 def test_no_process_of_the_run_is_left_running(tuned):
     assert tuned.doc is not None, tuned.proc.stderr[-3000:]
     assert tuned.running == []
+
+
+def test_a_larger_batch_is_answered_with_what_nothing_checked(tmp_path):
+    """A loop's printed metric is not read: the answer says so where it changes the batch, and
+    says nothing of it where the batch stays the user's."""
+    script = facts()
+    larger = script.instructions({"--batch-size": 512, "autocast": "bfloat16"}, script=MLP)
+    assert any("Nothing checked that your training reaches the quality" in line for line in larger)
+    same = script.instructions({"autocast": "bfloat16"}, script=MLP)
+    assert not any("Nothing checked" in line for line in same)
+    assert script.unjudged[0] == "in a plain loop (the metric it prints is not read yet)"

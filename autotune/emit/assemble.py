@@ -83,7 +83,8 @@ def build_document(workbench: Workbench, verify: VerifyOptions, sharing: Sharing
         steering=steering.found(searched.place.study),
         batch=verify_batch.describe(
             chosen=chosen, space=space, batch_range=verify.batch_range, pinned=verify.pinned_batch,
-            has_evaluate=workbench.task.has_evaluate, ramp=ramp_of(searched.place.study),
+            has_evaluate=workbench.task.has_evaluate, unjudged=workbench.task.unjudged,
+            ramp=ramp_of(searched.place.study),
             checks=winner.checks if winner is not None else {}, gated=[(v.config, v.checks) for v in verdicts],
             speedup=claim.speedup.interval.ratio if claim is not None else None,
             baseline_samples_per_s=baseline.samples_per_s),

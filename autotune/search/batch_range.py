@@ -356,7 +356,8 @@ def most_tried(user_batch: int, *, dataset_len: int | None, has_evaluate: bool, 
 def settle(study: optuna.Study, space: Space, *, runner: TrialRunnerLike, start: TrialConfig,
            has_evaluate: bool, dataset_len: int | None, limit: MemoryLimit | None,
            batch_range: tuple[int, int] | None = None, for_s: float | None = None,
-           say: Callable[[str], None] = lambda text: None) -> tuple[Space, Ramp | None]:
+           say: Callable[[str], None] = lambda text: None,
+           unjudged: str = "without evaluate(model) in the model file") -> tuple[Space, Ramp | None]:
     """The space with the batch sizes this study searches: the user's (``--fix batch_size``;
     ``batch_range``, --batch-range), those a resumed study was searched over, or the
     ramp's. The ramp is measured from ``start`` once per study and stored with it: a
@@ -395,7 +396,7 @@ def settle(study: optuna.Study, space: Space, *, runner: TrialRunnerLike, start:
         # precision, more ranks) pays off only at a larger batch: the default range stays
         top, why = unchecked, f"{found.stopped}; the default range, eight times yours, is kept"
     if not has_evaluate and top > unchecked:
-        top, why = unchecked, (f"without evaluate() in the model file no batch over {unchecked} is tried: "
+        top, why = unchecked, (f"no batch over {unchecked} is tried {unjudged}: "
                                "nothing could check that it trains as well as yours")
     if dataset_len and top > dataset_len:
         top, why = dataset_len, "larger than the dataset"

@@ -66,7 +66,7 @@ def run_search(workbench: Workbench, search: SearchOptions, sharing: SharingOpti
         space, ramp = batch_range.settle(
             place.study, space, runner=workbench.runner, start=starts[0] if starts else space.baseline,
             has_evaluate=task.has_evaluate, dataset_len=task.dataset_len, limit=limit,
-            batch_range=search.batch_range, say=reporter.info,
+            batch_range=search.batch_range, say=reporter.info, unjudged=task.unjudged[0],
             for_s=None if search.timeout_s is None
             else (search_timeout(search.timeout_s) or 0.0) * batch_range.TIMEOUT_SHARE)
         settle_space(place.study, space.recorded,

@@ -76,6 +76,7 @@ class LightningFacts(Record):
     kind = KIND
     parsed = False  # its arguments are in code, said as keyword arguments
     stack = "Trainer and DataLoader arguments"
+    unjudged = ("without a validation loop in the script", "give its LightningModule a validation_step")
     length_keys = ("max_steps", "max_epochs")
     stepper = "autotune.runtime.lightning_script:LightningStepper"
     template = "run_tuned_lightning.py"

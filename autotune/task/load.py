@@ -66,6 +66,14 @@ class Task:
     script: ScriptFacts | None = None
 
     @property
+    def unjudged(self) -> tuple[str, str]:
+        """Why nothing judges a larger batch's quality where nothing does, and what would: words
+        for the messages that keep the batch within eight times the user's."""
+        if self.script is not None:
+            return self.script.unjudged
+        return "without evaluate(model) in the model file", "give the model file an evaluate()"
+
+    @property
     def kind(self) -> str:
         """Which way in: "model_file", or the script's kind."""
         return self.script.kind if self.script is not None else "model_file"

@@ -71,6 +71,9 @@ class LoopFacts(Record):
     kind = KIND
     source_module = "torch"
     stack = "batch flag and training code"
+    # a metric the loop prints is not read yet: nothing judges its quality
+    unjudged = ("in a plain loop (the metric it prints is not read yet)",
+                "compare the metric your script prints at that batch with yours")
     length_keys = ("max_steps", "epochs")
     stepper = "autotune.runtime.loop_script:LoopStepper"
     template = "run_tuned_loop.py"
@@ -180,7 +183,10 @@ class LoopFacts(Record):
         if flags:
             command = shlex.join(["python", script.name, *self.argv_with(overrides)])
             out += ["Add this flag to your script's command line:", "", "    " + shlex.join(flags), "",
-                    "The whole command:", "", "    " + command, ""]
+                    "The whole command:", "", "    " + command, "",
+                    "Nothing checked that your training reaches the quality it reaches today at this batch (the "
+                    "metric your script prints is not read yet): compare it at both batches before you keep the "
+                    "larger one, or keep yours with `--fix batch_size=N`.", ""]
         changes = [line for line in self.said(overrides) if line != " ".join(flags)]
         if changes:
             out += ["Change these in your script:", ""] + [f"- {line}" for line in changes]

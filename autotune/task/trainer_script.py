@@ -64,6 +64,7 @@ class TrainerFacts(Record):
     kind = KIND
     source_module = "transformers"
     stack = "TrainingArguments"
+    unjudged = ("without an eval_dataset in the script's Trainer", "give its Trainer an eval_dataset")
     length_keys = ("max_steps", "num_train_epochs")
     stepper = "autotune.runtime.hf_script:HfStepper"
     template = "run_tuned.py"

@@ -56,6 +56,8 @@ class ScriptFacts(Protocol):
     @property
     def length_keys(self) -> tuple[str, str]: ...  # where its training's length is: steps, epochs
     @property
+    def unjudged(self) -> tuple[str, str]: ...  # without its quality metric: why, and the fix
+    @property
     def stepper(self) -> str: ...
     @property
     def template(self) -> str: ...  # the emitted run_tuned.py, in autotune/templates/

@@ -95,7 +95,8 @@ def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, 
 
 
 def describe(*, chosen: TrialConfig, space: Space, batch_range: tuple[int, int] | None, pinned: int | None,
-             has_evaluate: bool,
+             has_evaluate: bool, unjudged: tuple[str, str] = ("without evaluate(model) in the model file",
+                                                              "give the model file an evaluate()"),
              ramp: Ramp | None, checks: Mapping[str, Check],
              gated: Sequence[tuple[TrialConfig, Mapping[str, Check]]], speedup: float | None,
              baseline_samples_per_s: float | None = None) -> BatchChoice:
@@ -122,9 +123,8 @@ def describe(*, chosen: TrialConfig, space: Space, batch_range: tuple[int, int] 
         yours = f"{rate / baseline_samples_per_s:.1f}x your speed, " if baseline_samples_per_s else ""
         unchecked = (f"a larger batch was faster but unchecked: batch {batch} ran {yours}{rate:,.1f} samples/s, "
                      f"{rate / within:.2f}x the fastest up to {largest} ({found.config}, as the batch range "
-                     "measured it); without evaluate(model) in the model file nothing checks that it trains as "
-                     f"well as yours. Allow it with --batch-range {min(batches)}-{batch}, or give the model file "
-                     "an evaluate()")
+                     f"measured it); {unjudged[0]} nothing checks that it trains as "
+                     f"well as yours. Allow it with --batch-range {min(batches)}-{batch}, or {unjudged[1]}")
     rejected = {str(cfg.batch_size): c["batch"].reason or "failed" for cfg, c in gated
                 if "batch" in c and c["batch"].passed is False}
     return BatchChoice(
