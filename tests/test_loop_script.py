@@ -216,10 +216,10 @@ def tuned(tmp_path_factory) -> SimpleNamespace:
                            if (out / "best_config.json").exists() else None)
 
 
-def read_back(out: Path, command: list[str], tmp_path: Path) -> dict:
+def read_back(out: Path, command: list[str], tmp_path: Path, steps: int = 6) -> dict:
     """What the loop ran with, read from inside a timed run of the emitted answer."""
     report = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
-    subprocess.run([*command, "--max-steps", "6", "--report", str(report)], cwd=out, check=True,
+    subprocess.run([*command, "--max-steps", str(steps), "--report", str(report)], cwd=out, check=True,
                    capture_output=True, timeout=300)
     return json.loads(report.read_text())
 
@@ -257,6 +257,9 @@ def test_the_emitted_answer_is_what_the_loop_runs(tuned, tmp_path):
         assert ran["step_samples"] == config["batch_size"]
     as_written = read_back(tuned.out, [sys.executable, "run_tuned.py", "--as-written"], tmp_path)["facts"]
     assert as_written["autocast"] is None and as_written["step_samples"] == 64
+    # asked for more steps than the script trains (one epoch of 12,000 at 64): the report is of its training
+    whole = read_back(tuned.out, [sys.executable, "run_tuned.py", "--as-written"], tmp_path, steps=100_000)
+    assert whole["steps"] == 188 and whole["samples_per_s"]
 
 
 @pytest.mark.slow

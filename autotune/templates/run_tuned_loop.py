@@ -12,7 +12,8 @@ trials ran your script with, copied unchanged.
     python run_tuned.py --max-steps 200 --report report.json   # a timed run: it ends after 200 steps
 
 A timed run (``--report``, ``--max-steps``) ends once its steps are done, its report written:
-nothing your script does after them runs in it (autotune's standalone runs are timed runs).
+nothing your script does after them runs in it (autotune's standalone runs are timed runs). Where
+your script trains fewer steps than ``--max-steps``, the report is of the steps it trained.
 """
 from __future__ import annotations
 
@@ -79,12 +80,18 @@ def main(argv: list[str]) -> int:
     edits = settings.get("applied", {}).get("edits", {}) if tuned else {}
     timed = args.report is not None or args.max_steps is not None
     with tempfile.TemporaryDirectory(prefix="run-tuned-") as tmp:
-        if timed:
-            clock = Timed(args.report, args.max_steps, args.start_after, tmp)
-            loop_script.install(script, on_begin=clock.begin, on_step=clock.step)
+        clock = Timed(args.report, args.max_steps, args.start_after, tmp) if timed else None
+        built = loop_script.install(script, on_begin=clock.begin, on_step=clock.step) if clock else None
         for key, value in settings.get("env_notes", {}).items():
             print(f"run_tuned.py: {key}: {value}", file=sys.stderr)
-        loop_script.run_script(script, script_argv, edits)
+        try:
+            loop_script.run_script(script, script_argv, edits)
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+        if clock is not None and built is not None:
+            # the script's own training was shorter than --max-steps: what it trained is the timed run
+            clock.end(built)
     return 0
 
 
