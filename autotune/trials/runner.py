@@ -336,7 +336,7 @@ class TrialRunner:
         if self.script is not None and mode.mode is Mode.PROFILE:
             # its step runs inside the user's Trainer: nothing of it can be profiled apart
             result.failure = Failure.ERROR
-            result.message = "a script's step runs inside its own Trainer and is not profiled"
+            result.message = "a script's step runs inside its own training and is not profiled"
             return LiveTrial.failed_to_start(result)
         warm = self._warm_process(key) if key is not None else None
         if warm is not None:
