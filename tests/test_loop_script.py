@@ -278,3 +278,25 @@ def test_a_larger_batch_is_answered_with_what_nothing_checked(tmp_path):
     same = script.instructions({"autocast": "bfloat16"}, script=MLP)
     assert not any("Nothing checked" in line for line in same)
     assert script.unjudged[0] == "in a plain loop (the metric it prints is not read yet)"
+
+
+def test_on_a_recorded_gpu_node_the_patch_autocasts_on_cuda_and_pins_the_loader():
+    """The CUDA paths, on the recorded 1x H100 node (no GPU runs here): its space offers the
+    loop pinning and TF32, and a GPU configuration's edits autocast on cuda, pin the DataLoader
+    and set TF32 matrix products after the optimizer's line."""
+    space = build_space(recorded_machine("h100x1"), baseline_batch=64)
+    script = facts(device="cuda:0")
+    taken = script_space(space, script)
+    assert "pin_memory" in taken.choices and "tf32" in taken.choices["precision"]
+    base = script.baseline(taken.baseline)
+    assert base.device == "cuda" and base.pin_memory is False
+    bf16 = script.overrides(base.replace(precision="bf16", pin_memory=True))
+    assert bf16 == {"DataLoader.pin_memory": True, "autocast": "bfloat16"}
+    edits = script.edits(bf16)
+    assert edits["loader"]["kwargs"] == {"pin_memory": "True"}
+    assert edits["after"]["statements"][0].startswith(
+        "model.forward = torch.autocast('cuda', dtype=torch.bfloat16)(model.forward)")
+    tf32 = script.edits(script.overrides(base.replace(precision="tf32")))
+    assert tf32["after"]["statements"][0].startswith("torch.set_float32_matmul_precision('high')")
+    assert "autocast" not in str(tf32)
+

@@ -25,10 +25,9 @@ PACKAGE = Path(__file__).resolve().parent.parent
 # (its class is the way in's), the end of a timed run (its training, and nothing after it), and
 # run_tuned.py's own command line
 SHARED_RUNTIME = tuple(PACKAGE / "runtime" / name for name in ("stepper.py", "script_end.py", "run_tuned_args.py"))
-Facts = ScriptFacts
 
 
-def settings(cfg: TrialConfig, facts: Facts, *, script: Path, out_dir: Path, description: str) -> JsonObject:
+def settings(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, out_dir: Path, description: str) -> JsonObject:
     """run_tuned.json: the script (relative to the folder, and where it was when tuned), the
     arguments it was tuned with, the TrainingArguments fields that differ for ``cfg``, and
     those as flags for a script that parses them."""
@@ -41,7 +40,7 @@ def settings(cfg: TrialConfig, facts: Facts, *, script: Path, out_dir: Path, des
             "kind": facts.kind, "source_module": facts.source_module}
 
 
-def arguments_text(cfg: TrialConfig, facts: Facts, *, script: Path, env: dict[str, str]) -> str:
+def arguments_text(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, env: dict[str, str]) -> str:
     """tuned_arguments.md: what to change in the user's own command or code."""
     overrides = facts.overrides(cfg)
     name = script.name
@@ -57,7 +56,7 @@ def arguments_text(cfg: TrialConfig, facts: Facts, *, script: Path, env: dict[st
     return "\n".join(lines) + "\n"
 
 
-def write_run_tuned(out_dir: Path, *, cfg: TrialConfig, facts: Facts, script: Path, env: dict[str, str],
+def write_run_tuned(out_dir: Path, *, cfg: TrialConfig, facts: ScriptFacts, script: Path, env: dict[str, str],
                     description: str) -> dict[str, str]:
     """run_tuned.py and what it runs, and tuned_arguments.md, in ``out_dir``; returns the
     outputs by name."""

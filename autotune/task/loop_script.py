@@ -82,7 +82,6 @@ class LoopFacts(Record):
     has_eval = False
     metric = ""
     greater_is_better = True
-    user_values: JsonObject = dataclasses.field(default_factory=dict)
     no_ranks = "a plain loop: several ranks need the script's own process group and sampler; threads are searched"
 
     def describe(self) -> str:
@@ -91,6 +90,10 @@ class LoopFacts(Record):
                 f"{self.optimizer_line}, {where}, batch {self.batch}"
                 f"{f' from {self.batch_flag}' if self.batch_flag else ''}): trials run it patched, "
                 "measured at its optimizer's steps")
+
+    @property
+    def user_values(self) -> JsonObject:
+        return {}  # no arguments object of a framework's: its seed is its own code's
 
     @property
     def per_device(self) -> int:
