@@ -12,6 +12,7 @@ without loading the run's machinery.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -58,6 +59,24 @@ def parse_batch_range(text: str) -> tuple[int, int]:
         raise UsageError(f"--batch-range {text!r}: expected LOW-HIGH, two whole numbers with 1 <= LOW <= HIGH, "
                          "e.g. --batch-range 16-1024")
     return bounds
+
+
+def parse_metric(text: str) -> str:
+    """``--metric``'s regular expression, checked: it compiles, and has at most one group
+    (the number it captures; without a group, the whole match is the number)."""
+    try:
+        groups = re.compile(str(text)).groups
+    except re.error as exc:
+        raise UsageError(f"--metric {text!r}: not a regular expression ({exc}). Give one that matches the line your "
+                         r"script prints, its number in a group: --metric 'val_acc (\S+)'") from None
+    if groups > 1:
+        raise UsageError(f"--metric {text!r}: {groups} groups; give one, around the number: "
+                         r"--metric 'val_acc (\S+)' (write (?:...) for a group that is not the number)")
+    return str(text)
+
+
+def _metric(given: Any, spelled: str) -> str | None:
+    return None if given is None else parse_metric(given)
 
 
 def parse_scale_lr(text: str) -> str:
@@ -323,6 +342,16 @@ class RunOptions:
         "--max-quality-drop", number=float, positive=False, metavar="X", verify=True,
         help="how far the evaluate() metric may drop: allows structured pruning, and "
              "replaces the default allowance for reduced precision (2%% of the metric)")})
+    # A plain loop's quality: the metric it prints (``verify.printed``); None: its batch is kept
+    # within eight times the user's and unchecked, as for a model file without evaluate().
+    metric: str | None = dataclasses.field(default=None, metadata={FLAG: Flag(
+        "--metric", parse=_metric, metavar="REGEX",
+        help="for a plain training loop: a regular expression for the metric your script prints, its "
+             r"number in a group (--metric 'val_acc (\S+)'); the quality checks run your script to "
+             "its next print of it and compare there (higher is better unless --metric-lower-is-better)")})
+    metric_lower_is_better: bool = dataclasses.field(default=False, metadata={FLAG: Flag(
+        "--metric-lower-is-better",
+        help="--metric's number is better lower (a loss), not higher (an accuracy)")})
     # Configurations with the same process knobs measured one after another in one process
     # (autotune.trials.runner.process_key); False: each in a fresh process.
     warm_trials: bool = dataclasses.field(default=True, metadata={FLAG: Flag(

@@ -32,6 +32,7 @@ from autotune.search.stage import Searched, run_search
 from autotune.search.task_space import build_task_space
 from autotune.sections import Sections, sections
 from autotune.task import Task, load_task
+from autotune.task.way_in import PrintedMetric
 from autotune.trials import forkserver, launch, measure_lock, proctree
 from autotune.trials.runner import TrialRunnerLike
 from autotune.verify.reserve import leave_for_verification
@@ -64,7 +65,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
                 stack.enter_context(outdir.exclusive(out))
             # before creating anything: bad input loses nothing; the model where trials put it
             task = load_task(model_file, device=Device.CPU if options.fixed.get("device") == Device.CPU else None,
-                             script_args=script_args)
+                             script_args=script_args, metric=printed_metric(options))
             forkserver.shared().close()  # the check's warm interpreter: the trials have their own
             if task.script is not None:
                 reporter.info(f"{model_file}: {task.script.describe()}")
@@ -82,6 +83,13 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             return run(workbench, parts, started_at=started)
     finally:
         proctree.reap_orphans()
+
+
+def printed_metric(options: RunOptions) -> PrintedMetric | None:
+    """The metric a plain loop prints, as --metric and --metric-lower-is-better name it."""
+    if options.metric is None:
+        return None
+    return PrintedMetric(options.metric, greater_is_better=not options.metric_lower_is_better)
 
 
 def execute(task: Task, out: Path, options: RunOptions, *, machine: MachineLike,

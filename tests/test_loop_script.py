@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -16,12 +17,15 @@ from types import SimpleNamespace
 import pytest
 
 from autotune.config import TrialConfig
+from autotune.errors import ContractError, UsageError
+from autotune.options import parse_metric
 from autotune.runtime import loop_patch
 from autotune.search.task_space import script_space
 from autotune.space import build_space
 from autotune.task import load_task
 from autotune.task.load import recognise
 from autotune.task.loop_script import KIND, PATCH_NAME, LoopFacts
+from autotune.task.way_in import PrintedMetric
 
 from doubles import recorded_machine
 from helpers import MODELS, contract_error, left_running
@@ -197,6 +201,53 @@ def test_each_knob_takes_effect_inside_the_users_loop(tmp_path):
     assert result.facts["batch_flag"]["value"] == 8
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_scored_training_runs_the_loop_to_its_print_and_no_further(tmp_path):
+    """--metric: a gate's scored training of a loop is its script run to the first print of the
+    metric once the asked steps are taken; the prints before it are its scores along the way, by
+    the steps before each; the script's save after its training never runs; lower-is-better
+    turns the sign; a metric it never prints fails, named."""
+    from autotune.probes import probe_machine
+    from autotune.trials.protocol import Measurement, Status
+    from autotune.trials.runner import TrialRunner
+
+    saved = tmp_path / "saved" / "model.pt"
+    saved.parent.mkdir()
+    script = SCRIPTS / "prints_metric.py"
+    task = load_task(script, script_args=("--save", str(saved)), metric=PrintedMetric(r"val_acc (\S+)"))
+    assert task.script is not None and task.has_evaluate and task.scored_by == "the printed val_acc"
+
+    def runner(facts, name):
+        return TrialRunner(model_file=task.path, machine=probe_machine(), workdir=tmp_path / name, script=facts,
+                           measurement=Measurement(window_s=0.2, windows=2))
+
+    base = task.script.baseline(TrialConfig()).replace(threads=1)
+    scored = runner(task.script, "scored").run(base, name="scored", quality_steps=10)  # 8 steps an epoch
+    assert scored.status == Status.OK, scored.message
+    printed = [float(v) for v in re.findall(r"val_acc (\S+)", Path(scored.log_path).read_text())]
+    assert len(printed) == 2 and len(scored.losses) == 16  # stopped at the second epoch's print
+    assert [tuple(e) for e in scored.evaluations] == [(8, printed[0]), (16, printed[1])]
+    assert scored.metric == printed[1]
+    # to its end where it prints nothing later: its last print, and its save after it never runs
+    whole = runner(task.script, "whole").run(base, name="whole", quality_steps=1000, seed_offset=1)
+    assert whole.status == Status.OK and len(whole.losses) == 24, whole.message
+    assert len(whole.evaluations) == 3 and whole.evaluations[0][1] != printed[0]  # another seed: another run
+    assert not saved.exists() and left_running(script) == []
+    lower = dataclasses.replace(task.script, greater_is_better=False)
+    turned = runner(lower, "lower").run(base, name="lower", quality_steps=10)
+    assert turned.metric == -printed[1]
+    # a metric it never prints: named, whether the script then saves (stopped there) or just ends
+    unmatched = dataclasses.replace(task.script, metric=r"val_accuracy=(\S+)")
+    failed = runner(unmatched, "unmatched").run(base, name="unmatched", quality_steps=10)
+    assert failed.status != Status.OK and f"the script writes {saved} after 24 steps, before it printed a line " \
+        "--metric 'val_accuracy=(\\\\S+)' matches" in failed.message, failed.message
+    assert not saved.exists()
+    unsaved = dataclasses.replace(unmatched, argv=())
+    failed = runner(unsaved, "unsaved").run(base, name="unsaved", quality_steps=10)
+    assert "printed no line that --metric 'val_accuracy=(\\\\S+)' matches in its 24 steps" in failed.message
+
+
 # --- one real run, shared by the tests below
 
 @pytest.fixture(scope="module")
@@ -270,14 +321,28 @@ def test_no_process_of_the_run_is_left_running(tuned):
 
 
 def test_a_larger_batch_is_answered_with_what_nothing_checked(tmp_path):
-    """A loop's printed metric is not read: the answer says so where it changes the batch, and
-    says nothing of it where the batch stays the user's."""
+    """Without --metric a loop's quality is not read: the answer says so where it changes the
+    batch, and says nothing of it where the batch stays the user's or a metric judged it."""
     script = facts()
     larger = script.instructions({"--batch-size": 512, "autocast": "bfloat16"}, script=MLP)
     assert any("Nothing checked that your training reaches the quality" in line for line in larger)
     same = script.instructions({"autocast": "bfloat16"}, script=MLP)
     assert not any("Nothing checked" in line for line in same)
-    assert script.unjudged[0] == "in a plain loop (the metric it prints is not read yet)"
+    assert script.unjudged[0] == "in a plain loop without --metric" and not script.has_eval
+    judged = facts(metric=r"val_acc (\S+)")
+    assert judged.has_eval and judged.scored_by == "the printed val_acc"
+    assert not any("Nothing checked" in line for line in judged.instructions({"--batch-size": 512}, script=MLP))
+
+
+def test_a_metric_that_cannot_be_read_is_refused_before_anything_runs():
+    for bad, words in (("val_acc ([0-9.]+", "not a regular expression"), (r"(val)_acc (\S+)", "2 groups")):
+        with pytest.raises(UsageError, match=re.escape(words)):
+            parse_metric(bad)
+    assert parse_metric(r"val_acc (\S+)") == r"val_acc (\S+)"
+    for path, what in ((MODELS / "tiny_cnn.py", "a model file"), (EXAMPLES / "hf_trainer.py", "hf_trainer script")):
+        with pytest.raises(ContractError) as err:
+            load_task(path, metric=PrintedMetric(r"acc (\S+)"))
+        assert "--metric reads the metric a plain training loop prints" in str(err.value) and what in str(err.value)
 
 
 def test_on_a_recorded_gpu_node_the_patch_autocasts_on_cuda_and_pins_the_loader():

@@ -317,6 +317,7 @@ class LoopStepper(Stepper):
     (``torch.optim``'s global step post-hook, ``runtime.loop_script``)."""
 
     train_call = "optimizer.step()"
+    prints_metric = True
 
     def __init__(self, script: str, argv: Sequence[str], overrides: Mapping[str, Any]) -> None:
         edits = overrides.get("edits") or {}
@@ -349,7 +350,7 @@ class LoopStepper(Stepper):
         return int(self.built.step_samples or self.built.samples)
 
     def evaluate(self) -> dict[str, float]:
-        raise NotImplementedError("a plain loop's quality comes from the metric it prints, not from a call")
+        raise NotImplementedError("a plain loop's quality is the metric it prints (trials.printed), not a call")
 
     def facts(self) -> dict[str, Any]:
         return loop_facts(self.built)

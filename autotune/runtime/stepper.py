@@ -37,6 +37,8 @@ class Stepper:
     framework's hooks (which call ``begin`` and ``step_ended``)."""
 
     train_call = "Trainer.train()"  # what the script calls to train, for the messages
+    # its quality is a metric the script prints (``trials.printed``), not an evaluation called between steps
+    prints_metric = False
 
     def __init__(self, script: str, argv: Sequence[str], run_script: Callable[[str, Sequence[str]], None]) -> None:
         self.script = os.path.abspath(script)
@@ -49,7 +51,7 @@ class Stepper:
         self._call: Callable[[], Any] | None = None
         self._answer: tuple[bool, Any] | None = None
         self._run_script = run_script
-        self._thread = threading.Thread(target=self._run, args=(list(argv),), daemon=True, name="user-script")
+        self.thread = threading.Thread(target=self._run, args=(list(argv),), daemon=True, name="user-script")
 
     def _run(self, argv: list[str]) -> None:
         try:
@@ -116,7 +118,7 @@ class Stepper:
     # --- the caller's side
     def start(self, timeout_s: float | None = None) -> None:
         """Run the script up to its Trainer's first step; raises what the script raised."""
-        self._thread.start()
+        self.thread.start()
         with self._cond:
             self._cond.wait_for(lambda: self._started or self._ended is not None, timeout=timeout_s)
             if not self._started:

@@ -117,6 +117,10 @@ class LightningFacts(Record):
     def a_loader(self) -> bool:
         return self.loader_kind == "DataLoader"
 
+    @property
+    def scored_by(self) -> str:
+        return self.metric
+
     def describe(self) -> str:
         source = {"fit": "DataLoaders passed to fit", "datamodule": "a LightningDataModule",
                   "model": "the LightningModule's train_dataloader()"}.get(self.loader_source, self.loader_source)

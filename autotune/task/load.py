@@ -22,7 +22,7 @@ from autotune.errors import ContractError
 from autotune.runtime.knobs import DEFAULT_OPTIMIZER
 from autotune.task.check_result import CheckResult
 from autotune.task.child import run_check
-from autotune.task.way_in import ScriptFacts, WayIn
+from autotune.task.way_in import PrintedMetric, ScriptFacts, WayIn
 from autotune.task.ways import ways
 from autotune.trials.proctree import with_package_on_path
 
@@ -74,20 +74,34 @@ class Task:
         return "without evaluate(model) in the model file", "give the model file an evaluate()"
 
     @property
+    def scored_by(self) -> str:
+        """What scores the quality gates' trainings, for the verdicts' words."""
+        return self.script.scored_by if self.script is not None else "evaluate()"
+
+    @property
     def kind(self) -> str:
         """Which way in: "model_file", or the script's kind."""
         return self.script.kind if self.script is not None else "model_file"
 
 
 def load_task(path: str | os.PathLike[str], *, timeout_s: float = CHECK_TIMEOUT_S,
-              device: str | None = None, script_args: tuple[str, ...] = ()) -> Task:
+              device: str | None = None, script_args: tuple[str, ...] = (),
+              metric: PrintedMetric | None = None) -> Task:
     """Check the model file, or the script (a way in, ``way_in.ways``) run with ``script_args``,
     and describe it, or raise ContractError. ``device`` is where the check puts a model file's
-    model; None: where the trials would (see check_device)."""
+    model; None: where the trials would (see check_device). ``metric``: the metric a plain
+    loop prints (``--metric``), which judges its quality."""
     path = Path(path)
     way = _check_source(path)
+    if metric is not None and (way is None or way.with_metric is None):
+        what = "a model file, whose quality is its evaluate(model)" if way is None else (
+            f"a {way.kind} script, whose quality is its Trainer's own evaluation")
+        raise ContractError(f"{path}: --metric reads the metric a plain training loop prints, and this is {what}: "
+                            "drop --metric.")
     if way is not None:
         facts, check_s = way.check(path, script_args, timeout_s)
+        if metric is not None and way.with_metric is not None:
+            facts = way.with_metric(facts, metric)
         return Task(path=path.resolve(), batch_size=facts.per_device * facts.accumulation,
                     dataset_len=facts.dataset_len, has_evaluate=facts.has_eval, parameters=facts.parameters,
                     has_training_step=True, check_s=check_s, script=facts, **way.task_fields(facts))

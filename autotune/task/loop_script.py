@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -67,21 +68,21 @@ class LoopFacts(Record):
     parameters: int = 0
     dataset_len: int | None = None
     device: str = "cpu"
+    # what judges its quality: the metric it prints (``--metric``), and which way is better
+    metric: str = ""
+    greater_is_better: bool = True
 
     kind = KIND
     source_module = "torch"
     stack = "batch flag and training code"
-    # a metric the loop prints is not read yet: nothing judges its quality
-    unjudged = ("in a plain loop (the metric it prints is not read yet)",
-                "compare the metric your script prints at that batch with yours")
+    # without --metric nothing judges its quality
+    unjudged = ("in a plain loop without --metric",
+                r"name the metric your script prints: --metric 'val_acc (\S+)'")
     length_keys = ("max_steps", "epochs")
     stepper = "autotune.runtime.loop_script:LoopStepper"
     template = "run_tuned_loop.py"
     hooks = ("loop_script.py", "loop_patch.py")
     parsed = True  # its arguments are its command line's
-    has_eval = False
-    metric = ""
-    greater_is_better = True
     no_ranks = "a plain loop: several ranks need the script's own process group and sampler; threads are searched"
 
     def describe(self) -> str:
@@ -90,6 +91,16 @@ class LoopFacts(Record):
                 f"{self.optimizer_line}, {where}, batch {self.batch}"
                 f"{f' from {self.batch_flag}' if self.batch_flag else ''}): trials run it patched, "
                 "measured at its optimizer's steps")
+
+    @property
+    def has_eval(self) -> bool:
+        return bool(self.metric)
+
+    @property
+    def scored_by(self) -> str:
+        """``--metric``'s words before its first group or wildcard (``val_acc``), as printed."""
+        named = re.split(r"[\\(\[.*+?{|^$]", self.metric, maxsplit=1)[0].strip(" :=")
+        return f"the printed {named or self.metric}"
 
     @property
     def user_values(self) -> JsonObject:
@@ -186,10 +197,11 @@ class LoopFacts(Record):
         if flags:
             command = shlex.join(["python", script.name, *self.argv_with(overrides)])
             out += ["Add this flag to your script's command line:", "", "    " + shlex.join(flags), "",
-                    "The whole command:", "", "    " + command, "",
-                    "Nothing checked that your training reaches the quality it reaches today at this batch (the "
-                    "metric your script prints is not read yet): compare it at both batches before you keep the "
-                    "larger one, or keep yours with `--fix batch_size=N`.", ""]
+                    "The whole command:", "", "    " + command, ""]
+            if not self.metric:
+                out += ["Nothing checked that your training reaches the quality it reaches today at this batch (no "
+                        "--metric named what your script prints): compare it at both batches before you keep the "
+                        "larger one, or keep yours with `--fix batch_size=N`.", ""]
         changes = [line for line in self.said(overrides) if line != " ".join(flags)]
         if changes:
             out += ["Change these in your script:", ""] + [f"- {line}" for line in changes]
@@ -378,7 +390,9 @@ WAY = WayIn(kind=KIND, facts=LoopFacts, recognises=recognises,
             check=lambda path, argv, timeout_s: check_script(path, argv, timeout_s=timeout_s),
             task_fields=lambda facts: {"image_inputs": facts.image_inputs, "optimizer":
                                        f"the script's {facts.optimizer_class} (line {facts.optimizer_line})"},
-            after_model_file=True)
+            after_model_file=True,
+            with_metric=lambda facts, metric: dataclasses.replace(facts, metric=metric.pattern,
+                                                                  greater_is_better=metric.greater_is_better))
 
 
 if __name__ == "__main__":

@@ -72,6 +72,10 @@ class TrainerFacts(Record):
     no_ranks = ("a Trainer script: several ranks (torchrun with the Trainer's DDP) are not searched yet; "
                 "threads are")
 
+    @property
+    def scored_by(self) -> str:
+        return self.metric
+
     def describe(self) -> str:
         return (f"a Hugging Face Trainer script ({self.model_class}, TrainingArguments "
                 f"{'from its command line' if self.parsed else 'in code'}"

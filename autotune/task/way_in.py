@@ -42,6 +42,8 @@ class ScriptFacts(Protocol):
     @property
     def has_eval(self) -> bool: ...
     @property
+    def scored_by(self) -> str: ...  # what scores its quality, for the verdicts' words
+    @property
     def user_values(self) -> JsonObject: ...
     @property
     def no_ranks(self) -> str | None: ...
@@ -78,6 +80,15 @@ class ScriptFacts(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class PrintedMetric:
+    """The metric a script prints, as the user named it (``--metric``): a regular expression
+    whose group (or whole match) is the number, and which way is better."""
+
+    pattern: str
+    greater_is_better: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class WayIn:
     """One way in for a script: what recognises its source, what checks it (the facts and
     the check's seconds, or ContractError), and what the Task it makes knows of its model."""
@@ -91,3 +102,6 @@ class WayIn:
     # a file that also defines names of the model file's contract is a model file (checked as one,
     # and told what it lacks) rather than this way's script
     after_model_file: bool = False
+    # the facts judged by a metric the script prints (``--metric``); None: a way whose quality
+    # comes from its framework's own evaluation, which takes no --metric
+    with_metric: Callable[[Any, PrintedMetric], Any] | None = None

@@ -1,6 +1,7 @@
 """The verification gates' runs, in a trial's worker: a trajectory of losses (the numerics
 check) and a training scored by the user's evaluate() along the way and at its end (the
-quality check, which reads the losses too)."""
+quality check, which reads the losses too), or, for a plain loop, by the metric its script
+prints (``printed_training``)."""
 from __future__ import annotations
 
 import math
@@ -13,6 +14,8 @@ from autotune.trials.protocol import Mode
 from autotune.trials.spec import LossGuard
 
 if TYPE_CHECKING:
+    from autotune.trials.printed import PrintedScores
+    from autotune.trials.script_session import ScriptSession
     from autotune.trials.training import TrainingSession
 
 
@@ -70,3 +73,30 @@ def scored_training(session: TrainingSession, steps: int, evaluate_at: tuple[int
     metric = score(session) if not stray else None
     return DoneEvent(mode=Mode.QUALITY, losses=losses, metric=metric,
                      evaluations=evaluations if metric is not None else [])
+
+
+def printed_training(session: ScriptSession, printed: PrintedScores, steps: int,
+                     guard: LossGuard | None = None) -> DoneEvent:
+    """A plain loop's scored training: its script run to the first print of ``--metric``'s
+    line once ``steps`` steps are taken (to its end where it prints none later, or to its
+    first write outside the trial's folder); the last number printed is its score, those
+    printed before are its scores along the way (``trials.printed``). No score after a loss
+    that is not finite, or one that strays past ``guard``: the training stops there."""
+    from autotune.runtime.stepper import ScriptEnded
+
+    losses: list[float] = []
+    printed.stop_after = steps
+    printed.guard_writes(session.folder)
+    try:
+        while True:
+            _, got = session.run_steps(1)
+            losses.extend(got)
+            if not math.isfinite(losses[-1]) or (guard is not None and guard.strays(len(losses) - 1, losses[-1])):
+                return DoneEvent(mode=Mode.QUALITY, losses=losses)
+    except ScriptEnded as exc:  # stopped at the print, or the script's own end
+        if exc.code not in (None, 0):
+            raise
+    if not printed.scores:
+        raise ValueError(printed.missing(len(losses)))
+    *along, (_, last) = printed.scores
+    return DoneEvent(mode=Mode.QUALITY, losses=losses, metric=last, evaluations=along)

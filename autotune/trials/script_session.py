@@ -8,11 +8,13 @@ import contextlib
 import dataclasses
 import importlib
 import math
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from autotune.runtime.json_value import JsonObject
 from autotune.runtime.knobs import ConfigDict
+from autotune.trials.printed import PrintedScores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +76,18 @@ class ScriptSession:
 
         apply_process_knobs(cfg)  # the threads, as the launcher's environment says
         self.cfg, self.run = cfg, run
+        self.folder = os.path.dirname(out_dir)  # the trial's: what a scored loop may write in
         self.dist = Distributed(cfg)
         module, _, name = run.stepper.partition(":")
         stepper_class = getattr(importlib.import_module(module), name)
         assert issubclass(stepper_class, Stepper), run.stepper
         self.stepper = stepper_class.for_trial(script, run.argv, run.overrides, source_module=run.source_module,
                                                out_dir=out_dir)
+        # a plain loop's metric, read from what it prints from its first line on (``--metric``)
+        self.printed: PrintedScores | None = None
+        if stepper_class.prints_metric and run.metric:
+            self.printed = PrintedScores(run.metric, greater_is_better=run.greater_is_better, stepper=self.stepper)
+            self.printed.install()
         self.stepper.start(setup_timeout_s)
         self.user = _Evaluation(self)
 

@@ -43,7 +43,7 @@ from autotune.trials.events import (
     WindowEvent,
 )
 from autotune.trials.failure import classify, script_fault
-from autotune.trials.gate_runs import scored_training, trajectory
+from autotune.trials.gate_runs import printed_training, scored_training, trajectory
 from autotune.trials.protocol import Failure, Measurement, Mode
 from autotune.trials.spec import TrialSpec
 
@@ -319,13 +319,17 @@ def run_mode(session: TrainingSession, spec: TrialSpec, events: Events) -> DoneE
     """What the spec's mode asks of ``session``: a measurement, a gate's training, served
     windows (until the trial is ended) or a profiled window (a model file's)."""
     from autotune.runtime.session import Session
+    from autotune.trials.script_session import ScriptSession
 
     mode, measurement = spec.mode.mode, spec.measure
     if mode is Mode.TRAJECTORY or mode is Mode.QUALITY:
         if spec.mode.steps is None:
             raise ValueError(f"a {mode} trial's spec names no steps")
-        return (trajectory(session, spec.mode.steps, spec.mode.guard) if mode is Mode.TRAJECTORY
-                else scored_training(session, spec.mode.steps, spec.mode.evaluate_at, spec.mode.guard))
+        if mode is Mode.TRAJECTORY:
+            return trajectory(session, spec.mode.steps, spec.mode.guard)
+        if isinstance(session, ScriptSession) and session.printed is not None:
+            return printed_training(session, session.printed, spec.mode.steps, spec.mode.guard)
+        return scored_training(session, spec.mode.steps, spec.mode.evaluate_at, spec.mode.guard)
     if mode is Mode.SERVE:
         if spec.control is None:
             raise ValueError("a served trial's spec names no control file")

@@ -85,7 +85,7 @@ def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, 
               "candidate_steps": trainings.steps_for(cand, samples),
               "lr_factor": cand.lr_factor, "lr_scaling": cand.lr_scaling,
               "allowance": words, "judgement": found.to_json()}
-    what = (f"batch {batch}{_lr(cand)}: evaluate() {candidate:.4g} after {samples:,} samples "
+    what = (f"batch {batch}{_lr(cand)}: {trainings.scorer} {candidate:.4g} after {samples:,} samples "
             f"against {reference:.4g} at your batch {user}, the means over {found.seeds} seeds")
     if found.verdict is QualityVerdict.ACCEPTED:
         detail["summary"] = f"{what} ({found.words()})"

@@ -89,7 +89,7 @@ def quality_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig
               **({"checked_at_batch": ran.batch_size, "notes": fitted.notes} if fitted.notes else {})}
     if found.verdict is QualityVerdict.ACCEPTED:
         return Check(True, detail)
-    detail["reason"] = (f"evaluate() {detail['candidate_metric']:.4g} against fp32's "
+    detail["reason"] = (f"{trainings.scorer} {detail['candidate_metric']:.4g} against fp32's "
                         f"{detail['reference_metric']:.4g} at the end, the means over {found.seeds} seeds; "
                         f"{found.words()}")
     return Check(False, detail)

@@ -149,12 +149,15 @@ class KeptReferences:
     (``KEPT_REFERENCES``) so that a re-run and ``autotune verify`` read them instead of
     training them again: fp32 from one seed computes the same run after run, to rounding.
     A training is found by what determines it: the model file's bytes, torch's version,
-    what it computes (``work_key``), its seed, steps and evaluation points. A file that
+    what it computes (``work_key``), its seed, steps and evaluation points (and a script's
+    arguments and metric). A file that
     cannot be read is started afresh: what it held is trained again, nothing worse."""
 
-    def __init__(self, path: Path, *, model_file: Path) -> None:
+    def __init__(self, path: Path, *, model_file: Path, runs_with: object = None) -> None:
         self.path = path
-        self.model = hashlib.sha256(model_file.read_bytes()).hexdigest()
+        # a script's arguments and metric (its facts, ``runs_with``) decide its trainings as its bytes do
+        extra = json.dumps(runs_with, sort_keys=True, default=str).encode() if runs_with is not None else b""
+        self.model = hashlib.sha256(model_file.read_bytes() + extra).hexdigest()
 
     def _key(self, cfg: TrialConfig, *, seed: int, steps: int, evaluate_at: tuple[int, ...]) -> str:
         return hashlib.sha256(json.dumps([self.model, torch_version(), work_key(cfg), seed, steps,

@@ -102,7 +102,7 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
             settings=settings, has_evaluate=workbench.task.has_evaluate,
             emit_candidate=emit_candidate, workdir=workbench.out / "verify", progress=reporter.verify, stages=records,
             slowest=slowest_rate(measured_trials(searched.place.study)), kept=kept_references(workbench),
-            evaluate_s=workbench.task.evaluate_s, measured=measured_rates(outcome))
+            evaluate_s=workbench.task.evaluate_s, measured=measured_rates(outcome), scorer=workbench.task.scored_by)
     else:
         winner, verdicts, base_speed = None, [], None
     if winner is not None and fitted is not None and Stage.ABLATION in fitted.shortened:
@@ -129,9 +129,11 @@ def recheck(workbench: Workbench, verify: VerifyOptions, *, doc: RunDocument, la
         has_evaluate=workbench.task.has_evaluate,
         emit_candidate=lambda c, where: launcher() if c == cfg else emit_baseline(c, where),
         workdir=workbench.out / "reverify", progress=workbench.reporter.verify, kept=kept_references(workbench),
-        evaluate_s=workbench.task.evaluate_s)
+        evaluate_s=workbench.task.evaluate_s, scorer=workbench.task.scored_by)
 
 
 def kept_references(workbench: Workbench) -> KeptReferences:
     """The output folder's scored fp32 trainings (``KEPT_REFERENCES``), kept between runs."""
-    return KeptReferences(workbench.out / KEPT_REFERENCES, model_file=Path(workbench.task.path))
+    script = workbench.task.script
+    return KeptReferences(workbench.out / KEPT_REFERENCES, model_file=Path(workbench.task.path),
+                          runs_with=script.to_json() if script is not None else None)

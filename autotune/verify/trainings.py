@@ -96,6 +96,9 @@ class Trainings:
     # the user's own training, where known: what ``quality_samples`` is a length of
     own: OwnTraining | None = None
     seeds: int = MOST_SEEDS  # the most seeds a gate's verdict trains
+    # what scores a training, for the verdicts' words: the model file's evaluate(), a Trainer's
+    # metric, the metric a plain loop prints (``Task.scored_by``)
+    scorer: str = "evaluate()"
     # whether --timeout's reserve holds another seed of so many seconds (``Settings.affords``)
     affords: Callable[[float], bool] = lambda seconds: True
 
