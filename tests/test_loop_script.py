@@ -26,6 +26,7 @@ from autotune.task import load_task
 from autotune.task.load import recognise
 from autotune.task.loop_script import KIND, PATCH_NAME, LoopFacts
 from autotune.task.way_in import PrintedMetric
+from autotune.verify.length import OwnTraining, own_training
 
 from doubles import recorded_machine
 from helpers import MODELS, contract_error, left_running
@@ -193,6 +194,7 @@ def test_each_knob_takes_effect_inside_the_users_loop(tmp_path):
     # nanoGPT-style: no DataLoader; the batch through its --batch_size flag
     drawn = load_task(GPT, script_args=("--max_iters", "100000"))
     assert drawn.script is not None and drawn.script.batch_flag == "--batch_size"
+    assert drawn.script.length == {"max_steps": 100000}  # its --max_iters
     runner = TrialRunner(model_file=drawn.path, machine=machine, workdir=tmp_path / "gpt", script=drawn.script,
                          measurement=Measurement(window_s=0.2, windows=2))
     result = runner.run(drawn.script.baseline(TrialConfig()).replace(batch_size=8, threads=1), name="gpt")
@@ -217,6 +219,8 @@ def test_a_scored_training_runs_the_loop_to_its_print_and_no_further(tmp_path):
     script = SCRIPTS / "prints_metric.py"
     task = load_task(script, script_args=("--save", str(saved)), metric=PrintedMetric(r"val_acc (\S+)"))
     assert task.script is not None and task.has_evaluate and task.scored_by == "the printed val_acc"
+    # its training's length, from its parser: what a gate's training is measured against
+    assert task.script.length == {"epochs": 3} and own_training(task, None) == OwnTraining(384, "epochs=3 of 128 samples")
 
     def runner(facts, name):
         return TrialRunner(model_file=task.path, machine=probe_machine(), workdir=tmp_path / name, script=facts,

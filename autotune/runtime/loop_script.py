@@ -42,6 +42,10 @@ from .stepper import Stepper
 # The flags a script's parser may call its batch size, most specific first.
 BATCH_FLAGS = ("--batch-size", "--batch_size", "--train-batch-size", "--train_batch_size", "--bs", "--batch",
                "--micro-batch-size", "--micro_batch_size", "-b")
+# The flags a script's parser may set its training's length with: in optimizer steps, in epochs.
+STEPS_FLAGS = ("--max-steps", "--max_steps", "--max-iters", "--max_iters", "--train-steps", "--train_steps",
+               "--num-steps", "--num_steps", "--iters", "--steps")
+EPOCHS_FLAGS = ("--epochs", "--num-epochs", "--num_epochs", "--max-epochs", "--max_epochs", "--n-epochs", "--n_epochs")
 # The DataLoader arguments read as the user wrote them (the loader's own attributes after its init).
 LOADER_FIELDS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
@@ -55,6 +59,7 @@ class Built:
     optimizers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     loaders: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     batch_flag: dict[str, Any] | None = None
+    length: dict[str, int] = dataclasses.field(default_factory=dict)  # max_steps or epochs, as its parser read them
     optimizer: Any = None  # the first to step: the training measured
     stepped: list[Any] = dataclasses.field(default_factory=list)  # every optimizer that stepped
     module: Any = None  # the module ``optimizer`` trains
@@ -173,6 +178,7 @@ def install(script: str, *, on_begin: Callable[[Built], None] = lambda built: No
         result = parse_known(self, args, namespace)
         if built.batch_flag is None and _script_line(script) is not None:
             built.batch_flag = batch_flag(self, result[0])
+            built.length = training_length(self, result[0])
         return result
 
     def backward_(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -225,6 +231,18 @@ def batch_flag(parser: argparse.ArgumentParser, namespace: Any) -> dict[str, Any
                 value = getattr(namespace, action.dest, None)
                 return {"flag": long, "dest": action.dest, "value": value if isinstance(value, int) else None}
     return None
+
+
+def training_length(parser: argparse.ArgumentParser, namespace: Any) -> dict[str, int]:
+    """How long the script trains, as its parser read it: ``max_steps`` (``STEPS_FLAGS``) or
+    ``epochs`` (``EPOCHS_FLAGS``), each where it has such a flag with a whole number."""
+    out: dict[str, int] = {}
+    for key, flags in (("max_steps", STEPS_FLAGS), ("epochs", EPOCHS_FLAGS)):
+        action = next((a for a in parser._actions if set(a.option_strings) & set(flags)), None)
+        value = getattr(namespace, action.dest, None) if action is not None else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            out[key] = value
+    return out
 
 
 def synchronize(built: Built) -> None:

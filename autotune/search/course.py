@@ -25,9 +25,12 @@ class Starts:
 class Course:
     """The search's ``budget``; its ``starts``; ``scoring``, how a trial's result is valued
     (steady throughput, or a planned run's time; the memory a rank may hold); ``turns``,
-    how it shares the study with other workers (alone by default)."""
+    how it shares the study with other workers (alone by default); ``steers``, whether the
+    leader's step is profiled to choose trials (``search.steering``: not a script's, whose
+    step runs inside its own training)."""
 
     budget: SearchBudget
     starts: Starts = Starts()
     scoring: Scoring = Scoring()
     turns: Turns = Turns()
+    steers: bool = True

@@ -80,7 +80,8 @@ def run_search(workbench: Workbench, search: SearchOptions, sharing: SharingOpti
                           enough=None if kept is None else kept.enough,
                           room_s=None if kept is None else kept.room_s)
     course = Course(budget=budget, starts=Starts(heuristics=starts, fastest_batch=fastest_allowed(ramp, space)),
-                    scoring=Scoring(plan=search.plan, memory_limit=limit), turns=place.turns(notice=reporter.warn))
+                    scoring=Scoring(plan=search.plan, memory_limit=limit), turns=place.turns(notice=reporter.warn),
+                    steers=task.script is None)
     tuner = Tuner(study=place.study, space=space, runner=workbench.runner, course=course, progress=reporter.search)
     try:
         outcome = tuner.run()

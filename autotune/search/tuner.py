@@ -85,6 +85,7 @@ class Tuner:
         them, taking turns with the study's other workers."""
         self.study, self.space, self.runner, self.progress = study, space, runner, progress
         self.budget, self.scoring, self.turns = course.budget, course.scoring, course.turns
+        self.steers = course.steers
         self.ledger = Ledger(study, space, shared=course.turns.shared)
         self.stages = Stages(self.ledger, trials=course.budget.trials, heuristics=course.starts.heuristics,
                              fastest_batch=course.starts.fastest_batch)
@@ -211,7 +212,7 @@ class Tuner:
                 with self.turns.lock():
                     room = self.budget.trials - len(self.ledger.measured()) - len(self.ledger.running())
                     steered = None
-                    if room > 0:
+                    if room > 0 and self.steers:
                         with self.turns.measuring():  # the profiled run is alone on the machine
                             steered = steering.steer_once(self.study, self.ledger, self.runner, room=room)
                     # asked under the lock, the budget looked at again: another worker may

@@ -71,6 +71,7 @@ class LoopFacts(Record):
     # what judges its quality: the metric it prints (``--metric``), and which way is better
     metric: str = ""
     greater_is_better: bool = True
+    length: JsonObject = dataclasses.field(default_factory=dict)  # max_steps or epochs, from its parser
 
     kind = KIND
     source_module = "torch"
@@ -104,7 +105,8 @@ class LoopFacts(Record):
 
     @property
     def user_values(self) -> JsonObject:
-        return {}  # no arguments object of a framework's: its seed is its own code's
+        """Its training's length as its parser read it (``verify.length``); its seed is its own code's."""
+        return dict(self.length)
 
     @property
     def per_device(self) -> int:
@@ -372,6 +374,7 @@ def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[LoopFacts, flo
         batch=max(1, built.step_samples), imports_torch=imports_torch_name(tree), image_inputs=built.image_inputs,
         model_class=type(built.module).__name__, parameters=sum(p.numel() for p in built.module.parameters()),
         dataset_len=dataset_len, device=str(param.device) if isinstance(param, torch.Tensor) else "cpu",
+        length=dict(built.length),
     ), step_s
 
 

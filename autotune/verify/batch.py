@@ -25,7 +25,7 @@ from autotune.search.batch_range import Ramp, set_by, unchecked_top
 from autotune.space import Space
 from autotune.verify.decide import Allowance, Seed, judge, sequential
 from autotune.verify.length import described, within
-from autotune.verify.trainings import Trainings, metrics
+from autotune.verify.trainings import Trainings, metrics, trained_samples
 
 # What evaluate() may lose to a batch unlike the user's when --max-quality-drop is not
 # given: this share of the user's configuration's metric (higher is better), as for
@@ -56,7 +56,7 @@ def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, 
     user_cfg = trainings.reference(baseline)
     words = ("--max-quality-drop" if max_drop is not None
              else f"default: {BATCH_QUALITY_DROP:.0%} of your configuration's metric")
-    length = described(samples, trainings.own, batch_size=batch)
+    trained: list[int] = []  # the samples the first pair's reference trained (a loop's: to its print)
 
     def pair(seed: int) -> Seed | str:
         runs = {"reference": trainings.for_samples(user_cfg, "batch-reference", samples=samples, seed=seed),
@@ -64,14 +64,15 @@ def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, 
         scores, failed = metrics(runs)
         if failed is not None:
             return f"seed {seed}: {failed}"
+        trained.append(trained_samples(runs["reference"], user_cfg.batch_size, asked=samples))
         return {samples: scores["reference"]}, {samples: scores["candidate"]}
 
     def decide(seeds: Sequence[Seed], final: bool, more_s: float | None) -> QualityJudgement | None:
         first = seeds[0][0][samples]
         allowed = max_drop if max_drop is not None else BATCH_QUALITY_DROP * abs(first)
         allowance = Allowance(allowed, words, unsettled=QualityVerdict.ACCEPTED)
-        return judge(seeds, allowance=allowance, samples=samples, length=length, final=final,
-                     more_s=more_s)
+        return judge(seeds, allowance=allowance, samples=trained[0],
+                     length=described(trained[0], trainings.own, batch_size=batch), final=final, more_s=more_s)
 
     found = sequential(pair, decide, most=trainings.seeds, affords=trainings.affords)
     if isinstance(found, str):
@@ -85,6 +86,7 @@ def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, 
               "candidate_steps": trainings.steps_for(cand, samples),
               "lr_factor": cand.lr_factor, "lr_scaling": cand.lr_scaling,
               "allowance": words, "judgement": found.to_json()}
+    samples = trained[0]
     what = (f"batch {batch}{_lr(cand)}: {trainings.scorer} {candidate:.4g} after {samples:,} samples "
             f"against {reference:.4g} at your batch {user}, the means over {found.seeds} seeds")
     if found.verdict is QualityVerdict.ACCEPTED:

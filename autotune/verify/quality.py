@@ -15,7 +15,7 @@ from autotune.trials.runner import TrialResult
 from autotune.verify.decide import Allowance, Seed, judge, sequential
 from autotune.verify.length import described
 from autotune.verify.reference import quality_reference, where_fp32_fits
-from autotune.verify.trainings import Trainings, metrics
+from autotune.verify.trainings import Trainings, metrics, trained_samples
 
 # What evaluate() may lose to reduced precision when --max-quality-drop is not given and
 # fp32's own spread between seeds is smaller: this share of the fp32 reference's metric
@@ -65,7 +65,8 @@ def quality_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig
     allowed = max_drop if max_drop is not None else PRECISION_QUALITY_DROP * abs(first["reference"])
     allowance = Allowance(allowed, "--max-quality-drop" if max_drop is not None
                           else f"default: {PRECISION_QUALITY_DROP:.0%} of the fp32 metric", noise_passes=not pruned)
-    samples = trainings.steps(ran) * ran.batch_size
+    samples = trained_samples(fitted.results["reference"], reference.batch_size,
+                              asked=trainings.steps(ran) * ran.batch_size)
     length = described(samples, trainings.own, batch_size=ran.batch_size)
 
     def pair(seed: int) -> Seed | str:

@@ -44,6 +44,13 @@ def metrics(results: Mapping[str, TrialResult]) -> tuple[dict[str, float], str |
     return scores, None
 
 
+def trained_samples(result: TrialResult, batch_size: int, *, asked: int) -> int:
+    """The samples a scored training took: ``asked``, or more where it trained on past them by
+    a step or more (a plain loop's, run to its next print of its metric: ``trials.printed``)."""
+    ran = len(result.losses) * batch_size
+    return ran if ran >= asked + batch_size else asked
+
+
 # Where along a scored training evaluate() scores it, as shares of its steps, besides the
 # end: the quality check compares trainings at matched points past the start-up, where one
 # score at the end would be one draw of fp32's noise. Step 0 (before any training) says
