@@ -66,7 +66,9 @@ def tune(
             ``path`` (also measure the ablation's path from the baseline),
             ``batch_range`` (``(LOW, HIGH)`` or ``"LOW-HIGH"``: the global batches the search
             may try, in place of the range measured on the machine), ``trial_timeout_s``,
-            ``hang_timeout_s``, ``warm_trials``, ``profile``;
+            ``hang_timeout_s``, ``warm_trials``, ``profile``; for a plain training loop,
+            ``metric`` (a regular expression for the metric its script prints, its number in
+            a group) and ``metric_lower_is_better``;
             for a study shared by several machines,
             ``storage`` (a PostgreSQL URL), ``study``, ``heartbeat_s``, ``verify_wait_s``.
 

@@ -89,6 +89,27 @@ def test_the_baseline_changes_nothing_and_each_knob_its_own_place():
     assert facts(argv=("--batch-size=16",)).argv_with({"--batch-size": 128}) == ["--batch-size=128"]
 
 
+def test_a_training_of_so_many_steps_keeps_its_samples_at_another_batch():
+    """A loop that trains so many steps (nanoGPT's --max_iters) would train more samples, for
+    longer, at a larger batch: the answer scales its steps to keep your samples, so that the
+    speedup is the job's; a measurement still runs the script's own steps (its windows need
+    them), a quality gate's training the answer's."""
+    script = facts(argv=("--max_iters", "300"), length={"max_steps": 300, "steps_flag": "--max_iters"}, batch=16)
+    assert script.user_values == {"max_steps": 300}
+    larger = script.baseline(TrialConfig()).replace(batch_size=128)
+    overrides = script.overrides(larger)
+    assert overrides == {"--batch-size": 128, "--max_iters": 38}
+    assert script.flags(overrides) == ["--batch-size", "128", "--max_iters", "38"]
+    assert script.argv_with(overrides) == ["--max_iters", "38", "--batch-size", "128"]
+    assert script.trial(overrides)[0] == ("--max_iters", "300", "--batch-size", "128")
+    assert script.trial(overrides, scored=True)[0] == ("--max_iters", "38", "--batch-size", "128")
+    said = script.instructions(overrides, script=GPT)
+    assert "    --batch-size 128 --max_iters 38" in said
+    assert any(line.startswith("`--max_iters 38` keeps your training's samples") for line in said)
+    # an epoch-bounded loop trains the same samples at any batch: its flags stay as they are
+    assert facts(length={"epochs": 3}).overrides(larger) == {"--batch-size": 128}
+
+
 def test_the_space_names_what_a_loop_cannot_take():
     space = build_space(recorded_machine("avx2_epyc"), baseline_batch=64)
     taken = script_space(space, facts())

@@ -152,6 +152,6 @@ def test_tune_takes_its_named_options_and_every_other_field_by_name():
     with pytest.raises(UsageError) as refused:
         api.run_options(named=named, more={"timeout_s": 5.0})
     assert str(refused.value) == (
-        "tune(): unknown option timeout_s; the options are batch_range, hang_timeout_s, heartbeat_s, pair_seconds, "
-        "pairs, path, profile, rounds, storage, study, top, trial_timeout_s, verify_wait_s, warm_trials, window_s, "
-        "windows")
+        "tune(): unknown option timeout_s; the options are batch_range, hang_timeout_s, heartbeat_s, metric, "
+        "metric_lower_is_better, pair_seconds, pairs, path, profile, rounds, storage, study, top, trial_timeout_s, "
+        "verify_wait_s, warm_trials, window_s, windows")

@@ -72,7 +72,7 @@ class QualityJudgement(Record):
         margin = (f"the larger of {self.allowed:.4g} ({self.allowance}) and {self.noise_share:g}x fp32's standard "
                   f"deviation between seeds, {self.spread:.4g}" if self.noise_widens
                   else f"{self.allowed:.4g} ({self.allowance})")
-        text = (f"{self.verdict.value}: over {self.seeds} paired seeds the metric fell {self.mean_drop:+.4g} on "
+        text = (f"{self.verdict.value}: over {self.seeds} paired seeds the candidate lost {self.mean_drop:+.4g} on "
                 f"average ({self.level:.0%} interval {self.low:+.4g} to {self.high:+.4g}) against a margin of "
                 f"{self.margin:.4g}, {margin}")
         if not self.noise_widens and self.gain is not None and self.spread > 0:

@@ -59,7 +59,7 @@ class Built:
     optimizers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     loaders: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     batch_flag: dict[str, Any] | None = None
-    length: dict[str, int] = dataclasses.field(default_factory=dict)  # max_steps or epochs, as its parser read them
+    length: dict[str, Any] = dataclasses.field(default_factory=dict)  # max_steps or epochs, as its parser read them
     optimizer: Any = None  # the first to step: the training measured
     stepped: list[Any] = dataclasses.field(default_factory=list)  # every optimizer that stepped
     module: Any = None  # the module ``optimizer`` trains
@@ -233,15 +233,19 @@ def batch_flag(parser: argparse.ArgumentParser, namespace: Any) -> dict[str, Any
     return None
 
 
-def training_length(parser: argparse.ArgumentParser, namespace: Any) -> dict[str, int]:
+def training_length(parser: argparse.ArgumentParser, namespace: Any) -> dict[str, Any]:
     """How long the script trains, as its parser read it: ``max_steps`` (``STEPS_FLAGS``) or
-    ``epochs`` (``EPOCHS_FLAGS``), each where it has such a flag with a whole number."""
-    out: dict[str, int] = {}
+    ``epochs`` (``EPOCHS_FLAGS``), each where it has such a flag with a whole number, and the
+    steps' flag (``steps_flag``: what sets them on its command line)."""
+    out: dict[str, Any] = {}
     for key, flags in (("max_steps", STEPS_FLAGS), ("epochs", EPOCHS_FLAGS)):
         action = next((a for a in parser._actions if set(a.option_strings) & set(flags)), None)
         value = getattr(namespace, action.dest, None) if action is not None else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if action is not None and isinstance(value, int) and not isinstance(value, bool) and value > 0:
             out[key] = value
+            if key == "max_steps":
+                out["steps_flag"] = next((o for o in action.option_strings if o.startswith("--")),
+                                         action.option_strings[0])
     return out
 
 

@@ -205,7 +205,7 @@ class LightningFacts(Record):
             out["matmul_precision"] = "high"
         return out
 
-    def trial(self, overrides: JsonObject) -> tuple[tuple[str, ...], JsonObject]:
+    def trial(self, overrides: JsonObject, *, scored: bool = False) -> tuple[tuple[str, ...], JsonObject]:
         """What a trial runs for ``overrides``: the script's arguments, and its Trainer's and
         DataLoader's arguments, batch size and compile as ``runtime.lightning_script`` sets them."""
         return self.argv, overrides

@@ -79,6 +79,11 @@ class Task:
         return self.script.scored_by if self.script is not None else "evaluate()"
 
     @property
+    def greater_is_better(self) -> bool:
+        """The sense of what scores it (evaluate() is higher-is-better)."""
+        return self.script.greater_is_better if self.script is not None else True
+
+    @property
     def kind(self) -> str:
         """Which way in: "model_file", or the script's kind."""
         return self.script.kind if self.script is not None else "model_file"

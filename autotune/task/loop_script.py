@@ -106,7 +106,7 @@ class LoopFacts(Record):
     @property
     def user_values(self) -> JsonObject:
         """Its training's length as its parser read it (``verify.length``); its seed is its own code's."""
-        return dict(self.length)
+        return {k: v for k, v in self.length.items() if k in self.length_keys}
 
     @property
     def per_device(self) -> int:
@@ -150,6 +150,11 @@ class LoopFacts(Record):
         out: JsonObject = {}
         if cfg.batch_size != base.batch_size:
             out[self.batch_flag or "DataLoader.batch_size"] = cfg.batch_size
+            # a training of so many steps trains as many samples at the new batch as at yours:
+            # the job's time, not more samples in more time, is what the speedup is of
+            steps = self.length.get("max_steps")
+            if self.steps_flag and isinstance(steps, int):
+                out[self.steps_flag] = max(1, round(steps * base.batch_size / cfg.batch_size))
         if self.loader_line is not None:
             want: dict[str, JsonValue] = {"num_workers": cfg.num_workers,
                                           "persistent_workers": cfg.persistent_workers and cfg.num_workers > 0}
@@ -198,8 +203,12 @@ class LoopFacts(Record):
         flags = self.flags(overrides)
         if flags:
             command = shlex.join(["python", script.name, *self.argv_with(overrides)])
-            out += ["Add this flag to your script's command line:", "", "    " + shlex.join(flags), "",
-                    "The whole command:", "", "    " + command, ""]
+            out += [f"Add {'these flags' if len(flags) > 2 else 'this flag'} to your script's command line:", "",
+                    "    " + shlex.join(flags), "", "The whole command:", "", "    " + command, ""]
+            if self.steps_flag and self.steps_flag in overrides:
+                out += [f"`{self.steps_flag} {overrides[self.steps_flag]}` keeps your training's samples at the "
+                        f"larger batch ({self.length.get('max_steps')} steps of {self.batch}): the speedup is your "
+                        "job's, not more samples in more time.", ""]
             if not self.metric:
                 out += ["Nothing checked that your training reaches the quality it reaches today at this batch (no "
                         "--metric named what your script prints): compare it at both batches before you keep the "
@@ -225,36 +234,35 @@ class LoopFacts(Record):
             out.append("TF32 matrix products (torch.set_float32_matmul_precision('high'))")
         return out
 
+    @property
+    def steps_flag(self) -> str | None:
+        """The flag its parser sets its training's steps with (``--max_iters``), if any."""
+        flag = self.length.get("steps_flag")
+        return flag if isinstance(flag, str) else None
+
     def flags(self, overrides: JsonObject) -> list[str]:
-        """What goes on the script's command line: its batch flag."""
-        if self.batch_flag and self.batch_flag in overrides:
-            return [self.batch_flag, str(overrides[self.batch_flag])]
-        return []
+        """What goes on the script's command line: its batch flag, and its steps' flag where the
+        batch changes a training that runs so many steps."""
+        out: list[str] = []
+        for flag in (self.batch_flag, self.steps_flag):
+            if flag and flag in overrides:
+                out += [flag, str(overrides[flag])]
+        return out
 
     def argv_with(self, overrides: JsonObject) -> list[str]:
-        """The script's arguments with its batch flag's value replaced (added where absent)."""
-        if not (self.batch_flag and self.batch_flag in overrides):
-            return list(self.argv)
-        value = str(overrides[self.batch_flag])
-        out: list[str] = []
+        """The script's arguments with its flags' values (``flags``) replaced, added where absent."""
         argv = list(self.argv)
-        i, replaced = 0, False
-        while i < len(argv):
-            token = argv[i]
-            if token == self.batch_flag and i + 1 < len(argv):
-                out += [token, value]
-                i, replaced = i + 2, True
-                continue
-            if token.startswith(self.batch_flag + "="):
-                out.append(f"{self.batch_flag}={value}")
-                replaced = True
-            else:
-                out.append(token)
-            i += 1
-        return out if replaced else out + [self.batch_flag, value]
+        for flag, value in zip(self.flags(overrides)[::2], self.flags(overrides)[1::2]):
+            argv = _with_flag(argv, flag, value)
+        return argv
 
-    def trial(self, overrides: JsonObject) -> tuple[tuple[str, ...], JsonObject]:
-        """What a trial runs for ``overrides``: the arguments, and what the stepper applies."""
+    def trial(self, overrides: JsonObject, *, scored: bool = False) -> tuple[tuple[str, ...], JsonObject]:
+        """What a trial runs for ``overrides``: the arguments, and what the stepper applies. Only a
+        scored training (``scored``: the quality gates') runs the answer's steps; a measurement
+        and the numerics check run the script's own, so that a shortened training still has the
+        steps their windows take."""
+        if not scored and self.steps_flag:
+            overrides = {k: v for k, v in overrides.items() if k != self.steps_flag}
         return tuple(self.argv_with(overrides)), {"edits": self.edits(overrides)}
 
     def emitted(self, overrides: JsonObject, *, script: Path) -> dict[str, str]:
@@ -263,6 +271,25 @@ class LoopFacts(Record):
 
         edits = self.edits(overrides)
         return {PATCH_NAME: loop_patch.diff(script.read_text(), edits, script.name)} if edits else {}
+
+
+def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag``'s value replaced (``--flag V`` or ``--flag=V``), added where absent."""
+    out: list[str] = []
+    i, replaced = 0, False
+    while i < len(argv):
+        token = argv[i]
+        if token == flag and i + 1 < len(argv):
+            out += [token, value]
+            i, replaced = i + 2, True
+            continue
+        if token.startswith(flag + "="):
+            out.append(f"{flag}={value}")
+            replaced = True
+        else:
+            out.append(token)
+        i += 1
+    return out if replaced else out + [flag, value]
 
 
 # --- recognising one

@@ -160,7 +160,7 @@ class TrainerFacts(Record):
                 out[key] = value
         return out
 
-    def trial(self, overrides: JsonObject) -> tuple[tuple[str, ...], JsonObject]:
+    def trial(self, overrides: JsonObject, *, scored: bool = False) -> tuple[tuple[str, ...], JsonObject]:
         """What a trial runs for ``overrides``: the script's arguments, and the fields its
         TrainingArguments are given (set before they are checked, as if written there)."""
         return self.argv, overrides

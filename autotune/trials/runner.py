@@ -162,7 +162,7 @@ class ScriptFactsLike(Protocol):
     @property
     def stepper(self) -> str: ...
     def overrides(self, cfg: TrialConfig) -> JsonObject: ...
-    def trial(self, overrides: JsonObject) -> tuple[tuple[str, ...], JsonObject]: ...
+    def trial(self, overrides: JsonObject, *, scored: bool = False) -> tuple[tuple[str, ...], JsonObject]: ...
 
 
 class TrialRunner:
@@ -220,13 +220,14 @@ class TrialRunner:
         self._fork_finalizer = weakref.finalize(self, self.forks.close) if self.forks else None
         self.fork_notes: list[str] = []  # said once each: why some processes started fresh
 
-    def _script_run(self, cfg: TrialConfig, seed: int) -> ScriptRun | None:
+    def _script_run(self, cfg: TrialConfig, seed: int, *, scored: bool) -> ScriptRun | None:
         """A script's run of ``cfg``: its arguments and what its stepper applies, and a seed of
-        its own where the trial asks for another than the script's (the quality check's references)."""
+        its own where the trial asks for another than the script's (the quality check's references);
+        ``scored``: a quality gate's training."""
         if self.script is None:
             return None
         overrides = dict(self.script.overrides(cfg))
-        argv, applied = self.script.trial(overrides)
+        argv, applied = self.script.trial(overrides, scored=scored)
         applied = dict(applied)
         if seed:
             applied["seed"] = int(str(self.script.user_values.get("seed") or 0)) + seed
@@ -325,7 +326,8 @@ class TrialRunner:
             (folder / stale).unlink(missing_ok=True)
         spec = TrialSpec(model_file=self.model_file, config=cfg.to_dict(), events=str(folder / "events.jsonl"),
                          control=str(folder / "control"), log=str(folder / "log.txt"), measure=self.measurement,
-                         seed=self.seed + seed_offset, mode=mode, script=self._script_run(cfg, self.seed + seed_offset))
+                         seed=self.seed + seed_offset, mode=mode, script=self._script_run(cfg, self.seed + seed_offset,
+                                                                          scored=mode.mode is Mode.QUALITY))
         result = TrialResult(status=Status.FAILED, log_path=str(folder / "log.txt"))
         try:
             env_vars, result.warnings = launch.environment(cfg, machine=self.machine)

@@ -87,8 +87,9 @@ def batch_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig, 
               "lr_factor": cand.lr_factor, "lr_scaling": cand.lr_scaling,
               "allowance": words, "judgement": found.to_json()}
     samples = trained[0]
-    what = (f"batch {batch}{_lr(cand)}: {trainings.scorer} {candidate:.4g} after {samples:,} samples "
-            f"against {reference:.4g} at your batch {user}, the means over {found.seeds} seeds")
+    what = (f"batch {batch}{_lr(cand)}: {trainings.scorer} {trainings.shown(candidate):.4g} after {samples:,} "
+            f"samples against {trainings.shown(reference):.4g} at your batch {user}, "
+            f"the means over {found.seeds} seeds")
     if found.verdict is QualityVerdict.ACCEPTED:
         detail["summary"] = f"{what} ({found.words()})"
         return Check(True, detail)

@@ -83,14 +83,16 @@ def quality_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig
                        most=trainings.seeds, affords=trainings.affords)
     if isinstance(found, str):
         return Check(False, {"reason": f"a training for the quality check failed: {found}"})
-    detail = {"reference_metric": sum(r[-1] for r in found.references) / found.seeds,
-              "candidate_metric": sum(c[-1] for c in found.candidates) / found.seeds,
+    reference_metric = sum(r[-1] for r in found.references) / found.seeds
+    candidate_metric = sum(c[-1] for c in found.candidates) / found.seeds
+    detail = {"reference_metric": reference_metric, "candidate_metric": candidate_metric,
               "drop": found.mean_drop, "max_drop": found.margin, "training_samples": samples,
               "seeds": found.seeds, "allowance": allowance.words, "judgement": found.to_json(),
               **({"checked_at_batch": ran.batch_size, "notes": fitted.notes} if fitted.notes else {})}
     if found.verdict is QualityVerdict.ACCEPTED:
         return Check(True, detail)
-    detail["reason"] = (f"{trainings.scorer} {detail['candidate_metric']:.4g} against fp32's "
-                        f"{detail['reference_metric']:.4g} at the end, the means over {found.seeds} seeds; "
+    detail["reason"] = (f"{trainings.scorer} {trainings.shown(candidate_metric):.4g} against fp32's "
+                        f"{trainings.shown(reference_metric):.4g} at the end, "
+                        f"the means over {found.seeds} seeds; "
                         f"{found.words()}")
     return Check(False, detail)

@@ -102,7 +102,8 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
             settings=settings, has_evaluate=workbench.task.has_evaluate,
             emit_candidate=emit_candidate, workdir=workbench.out / "verify", progress=reporter.verify, stages=records,
             slowest=slowest_rate(measured_trials(searched.place.study)), kept=kept_references(workbench),
-            evaluate_s=workbench.task.evaluate_s, measured=measured_rates(outcome), scorer=workbench.task.scored_by)
+            evaluate_s=workbench.task.evaluate_s, measured=measured_rates(outcome), scorer=workbench.task.scored_by,
+            greater_is_better=workbench.task.greater_is_better)
     else:
         winner, verdicts, base_speed = None, [], None
     if winner is not None and fitted is not None and Stage.ABLATION in fitted.shortened:
@@ -129,7 +130,8 @@ def recheck(workbench: Workbench, verify: VerifyOptions, *, doc: RunDocument, la
         has_evaluate=workbench.task.has_evaluate,
         emit_candidate=lambda c, where: launcher() if c == cfg else emit_baseline(c, where),
         workdir=workbench.out / "reverify", progress=workbench.reporter.verify, kept=kept_references(workbench),
-        evaluate_s=workbench.task.evaluate_s, scorer=workbench.task.scored_by)
+        evaluate_s=workbench.task.evaluate_s, scorer=workbench.task.scored_by,
+        greater_is_better=workbench.task.greater_is_better)
 
 
 def kept_references(workbench: Workbench) -> KeptReferences:

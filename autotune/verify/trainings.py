@@ -106,6 +106,11 @@ class Trainings:
     # what scores a training, for the verdicts' words: the model file's evaluate(), a Trainer's
     # metric, the metric a plain loop prints (``Task.scored_by``)
     scorer: str = "evaluate()"
+    greater_is_better: bool = True  # the scorer's own sense: its scores are shown in it
+
+    def shown(self, score: float) -> float:
+        """A score as the user's metric reads it (a loss positive again)."""
+        return score if self.greater_is_better else -score
     # whether --timeout's reserve holds another seed of so many seconds (``Settings.affords``)
     affords: Callable[[float], bool] = lambda seconds: True
 
