@@ -89,6 +89,16 @@ def test_the_baseline_changes_nothing_and_each_knob_its_own_place():
     assert facts(argv=("--batch-size=16",)).argv_with({"--batch-size": 128}) == ["--batch-size=128"]
 
 
+def test_the_command_line_names_the_metric_the_check_is_given():
+    from autotune.cli import build_parser
+    from autotune.commands import run_options
+    from autotune.pipeline import printed_metric
+
+    args = build_parser().parse_args(["run", "train.py", "--metric", r"val_loss=(\S+)", "--metric-lower-is-better"])
+    assert printed_metric(run_options(args)) == PrintedMetric(r"val_loss=(\S+)", greater_is_better=False)
+    assert printed_metric(run_options(build_parser().parse_args(["run", "train.py"]))) is None
+
+
 def test_a_training_of_so_many_steps_keeps_its_samples_at_another_batch():
     """A loop that trains so many steps (nanoGPT's --max_iters) would train more samples, for
     longer, at a larger batch: the answer scales its steps to keep your samples, so that the
