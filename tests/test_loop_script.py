@@ -89,6 +89,28 @@ def test_the_baseline_changes_nothing_and_each_knob_its_own_place():
     assert facts(argv=("--batch-size=16",)).argv_with({"--batch-size": 128}) == ["--batch-size=128"]
 
 
+def test_the_printed_metric_is_read_by_the_steps_before_it_in_its_own_sense():
+    """What a scored training of a loop reads of its script's output, without a process: each
+    line the pattern matches, its group as a number by the steps taken before it, turned so that
+    higher is better; a match that is no number, or no match, is said with the fix."""
+    from autotune.trials.printed import PrintedScores
+
+    stepper = SimpleNamespace(losses=[0.0] * 8, thread=None)
+    scores = PrintedScores(r"val_loss (\S+)", greater_is_better=False, stepper=stepper)
+    for line in ("epoch 0 train_loss 2.5", "val_loss 1.25,", "val_loss nan?"):
+        scores.line(line)
+    stepper.losses += [0.0] * 8
+    scores.line("[rank0] val_loss 0.75")
+    assert scores.scores == [(8, -1.25), (16, -0.75)]
+    assert "matched 'val_loss nan?', but what it captured is not a number" in scores.missing(16)
+    whole = PrintedScores(r"acc=[0-9.]+", greater_is_better=True, stepper=stepper)
+    whole.line("acc=0.5")
+    assert whole.scores == []  # no group: the whole match, "acc=0.5", is no number
+    assert "is not a number: put a group around the number alone" in whole.missing(16)
+    silent = PrintedScores(r"val_acc (\S+)", greater_is_better=True, stepper=stepper)
+    assert "printed no line that --metric 'val_acc (\\\\S+)' matches in its 16 steps" in silent.missing(16)
+
+
 def test_the_command_line_names_the_metric_the_check_is_given():
     from autotune.cli import build_parser
     from autotune.commands import run_options
@@ -225,7 +247,7 @@ def test_each_knob_takes_effect_inside_the_users_loop(tmp_path):
     # nanoGPT-style: no DataLoader; the batch through its --batch_size flag
     drawn = load_task(GPT, script_args=("--max_iters", "100000"))
     assert drawn.script is not None and drawn.script.batch_flag == "--batch_size"
-    assert drawn.script.length == {"max_steps": 100000}  # its --max_iters
+    assert drawn.script.user_values == {"max_steps": 100000} and drawn.script.steps_flag == "--max_iters"
     runner = TrialRunner(model_file=drawn.path, machine=machine, workdir=tmp_path / "gpt", script=drawn.script,
                          measurement=Measurement(window_s=0.2, windows=2))
     result = runner.run(drawn.script.baseline(TrialConfig()).replace(batch_size=8, threads=1), name="gpt")
@@ -239,8 +261,8 @@ def test_each_knob_takes_effect_inside_the_users_loop(tmp_path):
 def test_a_scored_training_runs_the_loop_to_its_print_and_no_further(tmp_path):
     """--metric: a gate's scored training of a loop is its script run to the first print of the
     metric once the asked steps are taken; the prints before it are its scores along the way, by
-    the steps before each; the script's save after its training never runs; lower-is-better
-    turns the sign; a metric it never prints fails, named."""
+    the steps before each; the script's save after its training never runs; a metric it never
+    prints fails, named (how the lines read: the test above)."""
     from autotune.probes import probe_machine
     from autotune.trials.protocol import Measurement, Status
     from autotune.trials.runner import TrialRunner
@@ -269,18 +291,12 @@ def test_a_scored_training_runs_the_loop_to_its_print_and_no_further(tmp_path):
     assert whole.status == Status.OK and len(whole.losses) == 24, whole.message
     assert len(whole.evaluations) == 3 and whole.evaluations[0][1] != printed[0]  # another seed: another run
     assert not saved.exists() and left_running(script) == []
-    lower = dataclasses.replace(task.script, greater_is_better=False)
-    turned = runner(lower, "lower").run(base, name="lower", quality_steps=10)
-    assert turned.metric == -printed[1]
-    # a metric it never prints: named, whether the script then saves (stopped there) or just ends
+    # a metric it never prints: named, and the script stopped at its save
     unmatched = dataclasses.replace(task.script, metric=r"val_accuracy=(\S+)")
     failed = runner(unmatched, "unmatched").run(base, name="unmatched", quality_steps=10)
     assert failed.status != Status.OK and f"the script writes {saved} after 24 steps, before it printed a line " \
         "--metric 'val_accuracy=(\\\\S+)' matches" in failed.message, failed.message
     assert not saved.exists()
-    unsaved = dataclasses.replace(unmatched, argv=())
-    failed = runner(unsaved, "unsaved").run(base, name="unsaved", quality_steps=10)
-    assert "printed no line that --metric 'val_accuracy=(\\\\S+)' matches in its 24 steps" in failed.message
 
 
 # --- one real run, shared by the tests below
