@@ -37,6 +37,8 @@
 #                                                                 -> trainer.log (+ its best_config.json)
 #   lightning  the same for examples/lightning_datamodule.py (a LightningModule and DataModule)
 #                                                                 -> lightning.log (+ its best_config.json)
+#   loop       examples/loop_mlp.py, a plain loop, with --metric: then bench/loop_speedup.py on its
+#              output (the patch applied with git apply, alternating runs)  -> loop.log
 # summary.txt gets a line per check: its name, exit code, seconds, and "CUT" when the limit
 # ended it (exit 124/137) or "skipped" when no time (or no input) was left. One or two files
 # a check (at most 12 in all).
@@ -55,6 +57,8 @@
 #   TINY_ARGS="--trials 8"   TINY_CAP=300
 #   TRAINER_ARGS="--trials 8"   TRAINER_CAP=360   (not among the default checks: CHECKS="... trainer")
 #   LIGHTNING_ARGS="--trials 8"   LIGHTNING_CAP=360   (not among the default checks: CHECKS="... lightning")
+#   LOOP_ARGS="--trials 8 --metric val_acc\s(\S+)"   LOOP_SCRIPT_ARGS="--epochs 3"   LOOP_CAP=360
+#                                     (not among the default checks: CHECKS="... loop": examples/loop_mlp.py)
 #   FORK_ARGS="--workloads fashion_cnn --kinds default bf16 cuda --pairs 4"   FORK_CAP=240
 #                                     (not among the default checks: CHECKS="... fork")
 #   GPT2_MFU_ARGS="--config ... --profile ..."   GPT2_MFU_CAP=300   (see bench/gpu_mfu.py)
@@ -352,19 +356,23 @@ fi
 
 # --- scripts as the user runs them (a Trainer script, a Lightning one), each its --timeout what is left,
 # --- then its independent check
-script_check() {  # NAME EXAMPLE ARGS CAP
-  local name=$1 example=$2 args=$3 cap=$4 budget timeout_s left_s
+script_check() {  # NAME EXAMPLE ARGS CAP [SCRIPT_ARGS]: a plain loop's (with SCRIPT_ARGS, after --)
+  local name=$1 example=$2 args=$3 cap=$4 script_args=${5:-} budget timeout_s left_s
   budget=$(left)
   [ "$budget" -lt "$cap" ] && cap=$budget
   timeout_s=$((cap * 6 / 10 > 10 ? cap * 6 / 10 : 10))
   # shellcheck disable=SC2086
   run_check "$name" "$cap" "$OUTDIR/$name.log" \
-    "$PY" -m autotune run "$example" $args --timeout "$timeout_s" --out "$WORK/$name"
-  [ $? = 125 ] || note "  (the command: autotune run $example $args --timeout $timeout_s)"
+    "$PY" -m autotune run "$example" $args --timeout "$timeout_s" --out "$WORK/$name" ${script_args:+-- $script_args}
+  [ $? = 125 ] || note "  (the command: autotune run $example $args --timeout $timeout_s ${script_args:+-- $script_args})"
   if [ -f "$WORK/$name/best_config.json" ]; then
     { echo; echo "=== best_config.json ==="; cat "$WORK/$name/best_config.json"; } >> "$OUTDIR/$name.log"
     left_s=$(left)
-    [ "$left_s" -gt 30 ] && { echo; echo "=== bench/script_speedup.py ==="; timeout "$left_s" "$PY" bench/script_speedup.py "$WORK/$name" --pairs 3 --seconds 4; } >> "$OUTDIR/$name.log" 2>&1
+    if [ "$left_s" -gt 30 ] && [ "$name" = loop ]; then
+      { echo; echo "=== bench/loop_speedup.py ==="; timeout "$left_s" "$PY" bench/loop_speedup.py --from "$WORK/$name" --repeats 3 --metric 'val_acc ([0-9.]+)'; } >> "$OUTDIR/$name.log" 2>&1
+    elif [ "$left_s" -gt 30 ]; then
+      { echo; echo "=== bench/script_speedup.py ==="; timeout "$left_s" "$PY" bench/script_speedup.py "$WORK/$name" --pairs 3 --seconds 4; } >> "$OUTDIR/$name.log" 2>&1
+    fi
   fi
 }
 # --- a trial forked from a warm interpreter against a fresh one, on the GPU ---------------------------
@@ -377,4 +385,7 @@ fi
 
 wanted trainer && script_check trainer examples/hf_trainer.py "${TRAINER_ARGS:---trials 8}" "${TRAINER_CAP:-360}"
 wanted lightning && script_check lightning examples/lightning_datamodule.py "${LIGHTNING_ARGS:---trials 8}" "${LIGHTNING_CAP:-360}"
+# shellcheck disable=SC2016
+wanted loop && script_check loop examples/loop_mlp.py "${LOOP_ARGS:---trials 8 --metric val_acc\s(\S+)}" "${LOOP_CAP:-360}" \
+  "${LOOP_SCRIPT_ARGS:---epochs 3}"
 exit 0
