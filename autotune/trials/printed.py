@@ -41,6 +41,9 @@ class PrintedScores:
         self.scores: list[tuple[int, float]] = []
         self.unreadable: list[str] = []  # matched lines whose number did not read as one
         self.stop_after: int | None = None
+        # this process's: a DataLoader worker forked from the script's thread inherits the hooks,
+        # and must never be stopped by them
+        self.pid = os.getpid()
         self.wrote: tuple[str, int] | None = None  # the write outside the trial's folder it stopped at, and its step
         self._allowed: tuple[str, ...] = ()
         self._lock = threading.Lock()
@@ -78,7 +81,8 @@ class PrintedScores:
             self._writes(path)
 
     def _writes(self, path: str) -> None:
-        if threading.current_thread() is not self.stepper.thread or self.wrote is not None:
+        if (threading.current_thread() is not self.stepper.thread or self.wrote is not None
+                or os.getpid() != self.pid):
             return
         real = os.path.realpath(path)
         if real.startswith(self._allowed) or f"{os.sep}__pycache__{os.sep}" in real:
@@ -88,7 +92,7 @@ class PrintedScores:
 
     def line(self, text: str) -> None:
         found = self.regex.search(text)
-        if found is None:
+        if found is None or os.getpid() != self.pid:
             return
         raw = found.group(1) if self.regex.groups else found.group(0)
         try:
