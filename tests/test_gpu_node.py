@@ -8,6 +8,7 @@ reach all the GPUs, a second process refused by an exclusive GPU.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from autotune.report.console import Reporter
 from autotune.search.task_space import build_task_space
 from autotune.sections import SearchOptions
 from autotune.task import load_task
+from autotune.task.trainer_script import TrainerFacts
 from autotune.verify import sequential
 from autotune.verify.overlap import MOST_AHEAD
 
@@ -109,6 +111,30 @@ def test_eight_gpus_are_searched_at_the_users_batch(task, batch, tmp_path):
     doc, node = tune(small, "h100x8", tmp_path, model=SimModel(fixed_bytes=GiB, sample_bytes=GiB // 8))
     assert any(cfg.nprocs == 8 for cfg in node.measured), [c.layout for c in node.measured]
     assert all(cfg.batch_size % cfg.nprocs == 0 for _, cfg in node.ran)
+
+
+def test_a_trainer_script_is_tuned_to_eight_ranks_and_launched_as_them(task, tmp_path):
+    """A Hugging Face Trainer script on the 8x H100 node: its layouts are searched, it is verified
+    as 8 ranks on NCCL, and its launchers start 8 ranks of its run_tuned.py (launch.sh over
+    loopback, torchrun.sh under torchrun); its tuned arguments say the per-device batch."""
+    facts = TrainerFacts(user_values={"per_device_train_batch_size": 16, "gradient_accumulation_steps": 1,
+                                      "dataloader_num_workers": 0, "optim": "adamw_torch", "seed": 42},
+                         parsed=True, argv=("--output_dir", "o"), has_eval=True, model_class="GPT2LMHeadModel")
+    script = dataclasses.replace(task, script=facts)
+    assert 8 in ranks_offered(script, "h100x8")
+    doc, node = tune(script, "h100x8", tmp_path, model=SimModel(fixed_bytes=GiB, sample_bytes=GiB // 8))
+    cfg = doc["config"]
+    assert doc["verified"] and (cfg["nprocs"], cfg["backend"]) == (8, "nccl"), cfg
+    out = tmp_path / "h100x8"
+    settings = json.loads((out / "run_tuned.json").read_text())
+    assert settings["overrides"]["ddp_backend"] == "nccl" and settings["nprocs"] == 8
+    per_device = cfg["batch_size"] // (8 * cfg["grad_accum"])
+    assert settings["overrides"].get("per_device_train_batch_size", 16) == per_device
+    assert f"per-device batch of {per_device}" in (out / "tuned_arguments.md").read_text()
+    launch = (out / "launch.sh").read_text()
+    assert "export TUNED_NPROCS=8" in launch and '"$here/run_tuned.py"' in launch
+    torchrun = (out / "torchrun.sh").read_text()
+    assert "--nproc-per-node 8" in torchrun and '"$here/run_tuned.py"' in torchrun
 
 
 def test_a_batchnorm_model_is_searched_on_all_gpus(task, tmp_path):

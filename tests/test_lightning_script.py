@@ -66,6 +66,11 @@ def test_the_baseline_overrides_nothing_and_each_knob_its_own_argument():
     assert script.overrides(base.replace(batch_size=32, grad_accum=2)) == {"trainer": {"accumulate_grad_batches": 2}}
     # a script written for several devices runs as the one process autotune measured
     assert facts(trainer_values={"devices": 4}).overrides(base) == {"trainer": {"devices": 1}}
+    # two ranks: Lightning's DDP on the ranks autotune starts, each with half the global batch
+    assert script.overrides(base.replace(nprocs=2, threads=1, batch_size=32)) == {
+        "trainer": {"devices": 2, "strategy": "ddp"}}
+    assert script.overrides(base.replace(nprocs=2, threads=1)) == {
+        "trainer": {"devices": 2, "strategy": "ddp"}, "batch_size": 8}
     # a script written with bf16-mixed has it as its baseline; an fp32 candidate turns it off
     written = facts(trainer_values={"precision": "bf16-mixed"})
     assert written.baseline(TrialConfig()).precision == "bf16"
@@ -82,8 +87,13 @@ def test_the_space_names_what_a_lightning_script_cannot_take():
     machine = recorded_machine("avx2_epyc")
     space = script_space(build_space(machine, baseline_batch=16), facts())
     assert "batch_size" in space.choices and "configure_optimizers" in space.excluded["optimizer_step"]
-    assert all(layout.startswith("1x") for layout in space.choices["layout"])
-    assert any(k.startswith("layout=") and "seeds each rank again" in v for k, v in space.excluded.items())
+    assert "2x1" in space.choices["layout"]  # its ranks are searched (the quality check judges them)
+    assert not any(k.startswith("layout=") for k in space.excluded)
+    # without a validation loop nothing could judge them: one process, and the fix named
+    unjudged = script_space(build_space(machine, baseline_batch=16), facts(has_eval=False))
+    assert all(layout.startswith("1x") for layout in unjudged.choices["layout"])
+    assert any(k.startswith("layout=") and "give its LightningModule a validation_step" in v
+               for k, v in unjudged.excluded.items())
     # no batch_size attribute: the batch is kept, and the reason says what to add
     nowhere = script_space(build_space(machine, baseline_batch=16), facts(batch_holder=None))
     assert "batch_size" not in nowhere.choices and "add one (self.batch_size = 32" in nowhere.excluded["batch_size"]
@@ -138,8 +148,8 @@ def test_a_trainer_written_for_several_devices_is_checked_as_one_process():
 
 @pytest.mark.slow
 def test_a_script_that_never_fits_is_ended_and_named():
-    msg = contract_error(SCRIPTS / "never_fits.py", timeout_s=20)
-    assert "never_fits.py: the script did not reach its Trainer's first steps within 20 s" in msg
+    msg = contract_error(SCRIPTS / "never_fits.py", timeout_s=8)
+    assert "never_fits.py: the script did not reach its Trainer's first steps within 8 s" in msg
 
 
 @pytest.mark.slow
@@ -195,6 +205,42 @@ def test_each_knob_takes_effect_inside_the_trainer_and_dataloader_of_a_trial(tmp
     assert scored.status == Status.OK and len(scored.losses) == 4, scored.message
     assert scored.metric is not None and 0 <= scored.metric <= 1  # val_acc, read from its validation loop
     assert [s for s, _ in scored.evaluations] == [2, 4]  # before step 2, and at the end
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_each_rank_runs_the_layout_inside_its_trainer_in_a_trial_and_in_launch_sh(tmp_path):
+    """Two ranks of one thread each: every rank's Lightning Trainer runs under DDP with world size
+    2, one thread and half the global batch, in a trial (scored by its validation loop too) and
+    in a run of the emitted launch.sh, whose rank 0 reports the global rate."""
+    from autotune.emit import outputs
+    from autotune.probes import probe_machine
+    from autotune.trials import launch
+    from autotune.trials.protocol import Measurement, Status
+    from autotune.trials.runner import TrialRunner
+
+    task = load_task(SCRIPTS / "datamodule.py")
+    assert task.script is not None and task.ranks_reorder
+    machine = probe_machine()
+    two = task.script.baseline(TrialConfig()).replace(nprocs=2, threads=1, batch_size=32)
+    ranks = [{"rank": r, "world_size": 2, "threads": 1, "batch_size": 16} for r in range(2)]
+    runner = TrialRunner(model_file=task.path, machine=machine, workdir=tmp_path / "trial", script=task.script,
+                         measurement=Measurement(window_s=0.2, windows=2))
+    result = runner.run(two, name="two-ranks")
+    assert result.status == Status.OK and result.value, result.message
+    assert result.facts["ranks"] == ranks and result.facts["trainer"]["world_size"] == 2
+    scored = runner.run(two, name="scored", quality_steps=4, evaluate_at=(2,))
+    assert scored.status == Status.OK and len(scored.losses) == 4, scored.message
+    assert scored.metric is not None and 0 <= scored.metric <= 1
+
+    env, _ = launch.environment(two, machine=machine)
+    out = tmp_path / "emitted"
+    outputs.write_candidate(out, cfg=two, model_file=task.path, env=env, description="t", script=task.script)
+    report = tmp_path / "report.json"
+    subprocess.run(["bash", "launch.sh", "--max-steps", "6", "--report", str(report)], cwd=out, check=True,
+                   capture_output=True, timeout=300)
+    ran = json.loads(report.read_text())
+    assert ran["facts"]["ranks"] == ranks and ran["samples_per_s"] > 0
 
 
 # --- one real run, shared by the tests below

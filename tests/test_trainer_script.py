@@ -78,6 +78,11 @@ def test_the_baseline_overrides_nothing_and_each_knob_its_own_argument():
     assert script.overrides(base.replace(compile="default")) == {"torch_compile": True}  # the Trainer's default mode
     assert script.overrides(base.replace(compile="max-autotune-no-cudagraphs"))["torch_compile_mode"] == \
         "max-autotune-no-cudagraphs"
+    # two ranks: each Trainer's per-device batch is half the global one, on the ranks' own backend
+    assert script.overrides(base.replace(nprocs=2, threads=1, batch_size=16)) == {
+        "ddp_backend": "gloo", "use_cpu": True}
+    assert script.overrides(base.replace(nprocs=2, threads=1, batch_size=32)) == {
+        "per_device_train_batch_size": 16, "ddp_backend": "gloo", "use_cpu": True}
     assert script.flags({"bf16": True, "per_device_train_batch_size": 32}) == [
         "--bf16", "True", "--per_device_train_batch_size", "32"]
     # a script written with bf16 has it as its baseline; an fp32 candidate turns it off
@@ -99,8 +104,8 @@ def test_the_space_names_what_a_trainer_cannot_take_and_starts_from_the_scripts_
     script = facts(dataloader_num_workers=3, dataloader_persistent_workers=True)
     space = script_space(build_space(machine, baseline_batch=8, image_inputs=True), script)
     assert "channels_last" not in space.choices and "TrainingArguments" in space.excluded["channels_last"]
-    assert all(layout.startswith("1x") for layout in space.choices["layout"])
-    assert any(k.startswith("layout=") and "several ranks" in v for k, v in space.excluded.items())
+    assert "2x1" in space.choices["layout"] and "1x2" in space.choices["layout"]  # its ranks are searched
+    assert not any(k.startswith("layout=") for k in space.excluded)
     assert space.baseline.num_workers == 3 and 3 in space.choices["num_workers"]
     assert "adamw_torch_fused" in space.excluded["optimizer_step"]
 
@@ -138,8 +143,8 @@ def test_the_check_reads_a_script_with_arguments_in_code_and_one_that_parses_the
 
 @pytest.mark.slow
 def test_a_script_that_never_reaches_its_training_is_ended_and_named():
-    msg = contract_error(SCRIPTS / "never_trains.py", timeout_s=20)
-    assert "never_trains.py: the script did not reach its Trainer's first steps within 20 s" in msg
+    msg = contract_error(SCRIPTS / "never_trains.py", timeout_s=8)
+    assert "never_trains.py: the script did not reach its Trainer's first steps within 8 s" in msg
 
 
 @pytest.mark.slow
@@ -326,3 +331,39 @@ def test_no_process_of_the_run_goes_past_the_scripts_training(tuned, tmp_path):
     subprocess.run(["bash", "launch.sh"], cwd=tuned.out, check=True, capture_output=True, timeout=300)
     assert (tuned.elsewhere / "trained.txt").read_text() == "trained\n"
     assert (tuned.elsewhere / "final-model").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_each_rank_runs_the_layout_inside_its_trainer_in_a_trial_and_in_launch_sh(tmp_path):
+    """Two ranks of one thread each: every rank's Trainer runs with world size 2, one thread and
+    half the global batch, in a trial and in a run of the emitted launch.sh, and rank 0's report
+    says the global rate."""
+    from autotune.emit import outputs
+    from autotune.probes import probe_machine
+    from autotune.trials import launch
+    from autotune.trials.protocol import Measurement, Status
+    from autotune.trials.runner import TrialRunner
+
+    task = load_task(SCRIPTS / "parsed.py", script_args=PARSED_ARGS)
+    assert task.script is not None
+    machine = probe_machine()
+    two = task.script.baseline(TrialConfig()).replace(nprocs=2, threads=1, batch_size=32)
+    ranks = [{"rank": r, "world_size": 2, "threads": 1, "per_device_train_batch_size": 16} for r in range(2)]
+    runner = TrialRunner(model_file=task.path, machine=machine, workdir=tmp_path / "trial", script=task.script,
+                         measurement=Measurement(window_s=0.2, windows=2))
+    result = runner.run(two, name="two-ranks")
+    assert result.status == Status.OK and result.value, result.message
+    assert result.facts["ranks"] == ranks
+    assert result.facts["training_args"]["ddp_backend"] == "gloo"
+    assert result.env["TUNED_NPROCS"] == "2"
+
+    env, _ = launch.environment(two, machine=machine)
+    out = tmp_path / "emitted"
+    outputs.write_candidate(out, cfg=two, model_file=task.path, env=env, description="t", script=task.script)
+    assert "per-device batch of 16, the global batch is 32" in (out / "tuned_arguments.md").read_text()
+    report = tmp_path / "report.json"
+    subprocess.run(["bash", "launch.sh", "--max-steps", "6", "--report", str(report)], cwd=out, check=True,
+                   capture_output=True, timeout=300)
+    ran = json.loads(report.read_text())
+    assert ran["facts"]["ranks"] == ranks and ran["samples_per_s"] > 0

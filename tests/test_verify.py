@@ -274,6 +274,35 @@ def test_only_what_trades_quality_trains_the_quality_checks_length():
     assert asked[1:] == [("fp32", None, 400), ("bf16", None, 400)] * 2, "the pair again from a second seed"
 
 
+def test_ranks_that_train_on_another_data_order_are_judged_by_the_quality_check_not_by_their_losses():
+    """A Lightning script's ranks each take a DistributedSampler's share of the data: their losses
+    step by step are not one process's. The numerics check stands aside and the quality check
+    scores them against one process, fp32 against fp32; where nothing scores a training they are
+    rejected with the fix. Ranks that see one process's samples (a Trainer's) are compared loss
+    by loss, and no quality training runs."""
+    asked = []
+
+    class Counting(ScriptedRunner):
+        def run(self, cfg, *, name, trajectory_steps=None, quality_steps=None, **kw):
+            asked.append((cfg.nprocs, trajectory_steps, quality_steps))
+            return super().run(cfg, name=name, trajectory_steps=trajectory_steps, quality_steps=quality_steps)
+
+    runner = Counting(losses={"fp32": [2.3 * 0.95 ** i for i in range(40)]}, metric={"fp32": 0.9})
+    base = TrialConfig(batch_size=16)
+    two = base.replace(nprocs=2, threads=1)
+    judged = gate(Trainings(runner, evaluate=True, ranks_reorder=True), base, two, settings=Settings())
+    assert judged.passed and judged.checks["numerics"].passed is None, judged.checks
+    assert "the quality check judges them" in judged.checks["numerics"].reason
+    assert judged.checks["quality"].passed and judged.checks["quality"].detail["seeds"] >= 1
+    assert asked[:2] == [(1, None, 400), (2, None, 400)], "scored: one process, then the two ranks"
+    blind = gate(Trainings(runner, evaluate=False, ranks_reorder=True), base, two, settings=Settings())
+    assert blind.passed is False and "give the script a validation loop" in blind.reason
+    asked.clear()
+    same = gate(Trainings(runner, evaluate=True), base, two, settings=Settings())
+    assert same.passed and same.checks["numerics"].passed and same.checks["quality"].passed is None
+    assert asked == [(1, 40, None), (2, 40, None)]
+
+
 def test_a_rejected_candidate_is_replaced_by_the_next_of_its_kind_before_any_speed_measurement():
     steps = 40
     healthy = [2.3 * 0.95 ** i for i in range(steps)]

@@ -20,6 +20,7 @@ from autotune.config import TrialConfig
 from autotune.document import paths
 from autotune.document.run import CandidateDocument, RunDocument, ScriptRecord
 from autotune.emit import hf_trainer, nodes, script_outputs, shell, stacks
+from autotune.emit.torchrun_script import TORCHRUN_NAME, render_torchrun
 from autotune.outdir import write_atomically
 from autotune.probes import Machine
 from autotune.runtime.json_value import JsonObject
@@ -125,7 +126,8 @@ def render_launcher(
 def launch_line(cfg: TrialConfig, script: ScriptFacts | None = None) -> str:
     """How the tuned configuration runs, in words, for best_config.json's "launch"."""
     if script is not None:
-        return f"python {script_outputs.SCRIPT_NAME}: your script with the tuned {script.stack}"
+        ranks = f", as {cfg.nprocs} ranks started over loopback" if cfg.nprocs > 1 else ""
+        return f"python {script_outputs.SCRIPT_NAME}: your script with the tuned {script.stack}{ranks}"
     if cfg.nprocs == 1:
         return f"python {SCRIPT_NAME}"
     return f"python {SCRIPT_NAME} as {cfg.nprocs} ranks, started by the script over loopback"
@@ -148,6 +150,10 @@ def _write_files(out_dir: Path, *, cfg: TrialConfig, model_file: Path, env: dict
                                                     description=description)}
         write_atomically(out_dir / LAUNCHER_NAME,
                          render_launcher(cfg=cfg, env=env, script=script_outputs.SCRIPT_NAME), mode=0o755)
+        if cfg.nprocs > 1:  # the ranks as its framework is launched on a cluster: under torchrun
+            write_atomically(out_dir / TORCHRUN_NAME,
+                             render_torchrun(cfg, env, script=script_outputs.SCRIPT_NAME), mode=0o755)
+            outputs["torchrun"] = TORCHRUN_NAME
         return outputs
     write_script(out_dir, cfg=cfg, model_file=model_file, description=description, tuned_for=tuned_for,
                  baseline_batch=baseline.batch_size if baseline is not None else None)

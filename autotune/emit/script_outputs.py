@@ -22,9 +22,10 @@ RUNTIME_NAME = "tuned_runtime"
 
 PACKAGE = Path(__file__).resolve().parent.parent
 # what every way in's hooks and run_tuned.py stand on: the stepper its trials hold the script with
-# (its class is the way in's), the end of a timed run (its training, and nothing after it), and
-# run_tuned.py's own command line
-SHARED_RUNTIME = tuple(PACKAGE / "runtime" / name for name in ("stepper.py", "script_end.py", "run_tuned_args.py"))
+# (its class is the way in's), the end of a timed run (its training, and nothing after it),
+# run_tuned.py's own command line, and its ranks (started over loopback as a model file's, joined on a file store)
+SHARED_RUNTIME = tuple(PACKAGE / "runtime" / name
+                       for name in ("stepper.py", "script_end.py", "run_tuned_args.py", "ranks.py", "script_ranks.py"))
 
 
 def settings(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, out_dir: Path, description: str) -> JsonObject:
@@ -37,7 +38,8 @@ def settings(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, out_dir: Pat
             "script": os.path.relpath(script.absolute(), out_dir.absolute()), "script_tuned": str(script.absolute()),
             "argv": list(facts.argv), "parsed": facts.parsed, "overrides": overrides, "applied": applied,
             "flags": facts.flags(overrides), "tuned_argv": facts.argv_with(overrides),
-            "kind": facts.kind, "source_module": facts.source_module}
+            "kind": facts.kind, "source_module": facts.source_module,
+            "nprocs": cfg.nprocs, "backend": cfg.backend.value}
 
 
 def arguments_text(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, env: dict[str, str]) -> str:
@@ -49,6 +51,11 @@ def arguments_text(cfg: TrialConfig, facts: ScriptFacts, *, script: Path, env: d
         lines.append(f"None: your {facts.stack} are already the fastest verified ones.")
     else:
         lines += facts.instructions(overrides, script=script)
+    if cfg.nprocs > 1:
+        lines += ["", f"Run it as {cfg.nprocs} ranks: each trains a per-device batch of {cfg.micro_batch}"
+                  + (f" ({cfg.grad_accum} micro-batches a step)" if cfg.grad_accum > 1 else "")
+                  + f", the global batch is {cfg.batch_size}. launch.sh starts them over loopback; with "
+                  f"your own launcher, `torchrun --nproc-per-node {cfg.nprocs} {name} ...`."]
     if env:
         lines += ["", "And run it with this environment (launch.sh sets it):", ""]
         lines += [f"    export {key}={shlex.quote(value)}" for key, value in env.items()]

@@ -244,6 +244,11 @@ class Reporter:
                 changes = [line for line in changes if line != " ".join(script.flags)]
             for line in changes:
                 self.out.print(f"change in your script: {line}", markup=False)
+            if doc.config.nprocs > 1:
+                cfg = doc.config
+                self.out.print(f"run it as {cfg.nprocs} ranks (launch.sh does; or torchrun --nproc-per-node "
+                               f"{cfg.nprocs}): a per-device batch of {cfg.micro_batch}, the global batch "
+                               f"{cfg.batch_size}", markup=False)
             if "patch" in (doc.outputs or {}):
                 patch = resolve(doc, folder, "patch")
                 self.out.print(f"the same as a patch: {patch}  (in your script's folder: patch -p1 < {patch})",

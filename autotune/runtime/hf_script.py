@@ -32,6 +32,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from . import script_ranks
 from .stepper import Stepper
 
 # The TrainingArguments fields that autotune reads from the user's arguments (their
@@ -41,6 +42,7 @@ KNOB_FIELDS = (
     "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
     "bf16", "fp16", "tf32", "torch_compile", "torch_compile_mode", "optim", "seed",
     "gradient_checkpointing", "use_cpu", "metric_for_best_model", "greater_is_better", "eval_strategy",
+    "ddp_backend", "ddp_static_graph",
 )
 # How long the user's training is (read, never set: trials train until measured, the gates
 # as far as ``autotune.verify.length`` says).
@@ -178,11 +180,17 @@ def synchronize(trainer: Any) -> None:
 
 def trainer_facts(trainer: Any) -> dict[str, Any]:
     """The arguments as the Trainer runs with them, read from inside it: what a trial, the
-    check and run_tuned.py --report record."""
+    check and run_tuned.py --report record; with several ranks, what each rank's Trainer runs
+    with (``ranks``: a collective, every rank calls it at the same point)."""
+    import torch
+
     args = trainer.args
+    rank = {"rank": int(args.process_index), "world_size": int(args.world_size), "threads": torch.get_num_threads(),
+            "per_device_train_batch_size": int(args.per_device_train_batch_size)}
     return {"training_args": {k: plain(getattr(args, k)) for k in KNOB_FIELDS if hasattr(args, k)},
             "output_dir": str(args.output_dir), "report_to": [plain(r) for r in (args.report_to or [])],
-            "save_strategy": plain(args.save_strategy), "world_size": int(args.world_size)}
+            "save_strategy": plain(args.save_strategy), "world_size": int(args.world_size),
+            "ranks": script_ranks.every_rank(rank)}
 
 
 class HfStepper(Stepper):

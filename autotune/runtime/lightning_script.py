@@ -40,6 +40,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from . import script_ranks
 from .stepper import Stepper
 
 # The Trainer keyword arguments autotune reads from the user's Trainer (their baseline) and may set.
@@ -326,7 +327,10 @@ def global_batch(trainer: Any) -> int:
 
 def trainer_facts(trainer: Any) -> dict[str, Any]:
     """The arguments as the Trainer and its DataLoader run with them, read from inside ``fit``:
-    what a trial, the check and run_tuned.py --report record."""
+    what a trial, the check and run_tuned.py --report record; with several ranks, what each
+    rank runs with (``ranks``: a collective, every rank calls it at the same point)."""
+    import torch
+
     module = trainer.lightning_module
     loader = trainer.train_dataloader
     precision = getattr(trainer.precision_plugin, "precision", None) if hasattr(trainer, "precision_plugin") else None
@@ -338,7 +342,10 @@ def trainer_facts(trainer: Any) -> dict[str, Any]:
             "loader": loader_values(loader) if type(loader).__name__ == "DataLoader" else {},
             "compiled": getattr(module, "_compiler_ctx", None) is not None,
             "matmul_precision": _matmul_precision(),
-            "default_root_dir": str(trainer.default_root_dir)}
+            "default_root_dir": str(trainer.default_root_dir),
+            "ranks": script_ranks.every_rank({"rank": int(trainer.global_rank), "world_size": int(trainer.world_size),
+                                              "threads": torch.get_num_threads(),
+                                              "batch_size": batch_size(loader)})}
 
 
 def _benchmark() -> bool:

@@ -38,9 +38,13 @@ def script_space(space: Space, script: ScriptFacts) -> Space:
             excluded = {k: v for k, v in excluded.items() if k.split("=")[0] != knob}
             excluded[knob] = why
     several = [lay for lay in choices["layout"] if Layout.parse(lay).nprocs > 1]
-    if several and script.no_ranks:
+    single = ("its ranks train on another order of the data than one process, which only its quality "
+              f"metric could judge, and it has none: {script.unjudged[1]} to search them; threads are searched"
+              if script.ranks_reorder and not script.has_eval else None)
+    reason = script.no_ranks or single
+    if several and reason:
         choices["layout"] = [lay for lay in choices["layout"] if Layout.parse(lay).nprocs == 1]
-        excluded["layout=" + ",".join(several)] = script.no_ranks
+        excluded["layout=" + ",".join(several)] = reason
     baseline = script.baseline(space.baseline)
     for knob in ("num_workers", "precision", "compile", "prefetch_factor", "batch_size", "grad_accum"):
         value = getattr(baseline, knob)

@@ -82,12 +82,11 @@ class LightningFacts(Record):
     template = "run_tuned_lightning.py"
     hooks = ("lightning_script.py",)
 
-    # Lightning's DDP seeds every rank again at its setup (after the model is built), so the
-    # ranks' shuffle is not the one process's: the numerics check, which compares a step's
-    # losses with one process's from the same seed and data order, could not pass them.
-    no_ranks = ("a Lightning script: several ranks (Trainer(devices=N, strategy=\"ddp\") under torchrun) are not "
-                "searched yet: its DDP seeds each rank again at setup, so their data order is not one process's "
-                "and the numerics check cannot compare them; threads are searched")
+    # Lightning's DDP hands each rank a DistributedSampler's share of its own shuffle (seeded at
+    # its setup), not one process's order: a step's losses on its ranks cannot be compared
+    # with one process's, so the quality check judges its layouts (``verify.numerics``).
+    no_ranks = None
+    ranks_reorder = True
 
     @property
     def args_line(self) -> int | None:
@@ -179,7 +178,14 @@ class LightningFacts(Record):
             trainer["accumulate_grad_batches"] = cfg.grad_accum
         if cfg.device == Device.CUDA and cfg.cudnn_benchmark != base.cudnn_benchmark:
             trainer["benchmark"] = cfg.cudnn_benchmark
-        if self.trainer_values.get("devices") not in (None, 1, "1"):
+        if cfg.nprocs > 1:
+            # its ranks are started as torchrun starts them (RANK, LOCAL_RANK, WORLD_SIZE): Lightning's
+            # DDP joins them rather than launching processes of its own
+            if self.trainer_values.get("devices") != cfg.nprocs:
+                trainer["devices"] = cfg.nprocs
+            if self.trainer_values.get("strategy") not in ("ddp", "DDPStrategy"):
+                trainer["strategy"] = "ddp"
+        elif self.trainer_values.get("devices") not in (None, 1, "1"):
             # one process, as measured: Lightning's own launcher would start the others without the tuning
             trainer["devices"] = 1
         loader: JsonObject = {}

@@ -79,6 +79,13 @@ class Task:
         return self.script.scored_by if self.script is not None else "evaluate()"
 
     @property
+    def ranks_reorder(self) -> bool:
+        """Whether its ranks train on another order of its data than one process does (a
+        Lightning script's DistributedSampler): the quality check, not the numerics check,
+        judges its layouts."""
+        return self.script is not None and self.script.ranks_reorder
+
+    @property
     def greater_is_better(self) -> bool:
         """The sense of what scores it (evaluate() is higher-is-better)."""
         return self.script.greater_is_better if self.script is not None else True

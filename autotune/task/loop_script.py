@@ -84,6 +84,7 @@ class LoopFacts(Record):
     template = "run_tuned_loop.py"
     hooks = ("loop_script.py", "loop_patch.py")
     parsed = True  # its arguments are its command line's
+    ranks_reorder = False
     no_ranks = "a plain loop: several ranks need the script's own process group and sampler; threads are searched"
 
     def describe(self) -> str:

@@ -39,6 +39,7 @@ NOT_EXPRESSIBLE = {
     "activation_checkpointing": "a Trainer script: gradient checkpointing is not searched yet",
     "sharding": "a Trainer script: FSDP through the Trainer is not searched yet",
     "grad_accum": "a Trainer script: gradient accumulation is kept as the script has it",
+    "ddp_bucket_view": "a Trainer script: TrainingArguments has no gradient_as_bucket_view argument",
 }
 
 
@@ -69,8 +70,10 @@ class TrainerFacts(Record):
     stepper = "autotune.runtime.hf_script:HfStepper"
     template = "run_tuned.py"
     hooks = ("hf_script.py",)
-    no_ranks = ("a Trainer script: several ranks (torchrun with the Trainer's DDP) are not searched yet; "
-                "threads are")
+    no_ranks = None  # its ranks join the Trainer's DDP through the environment torchrun would give it
+    # accelerate shards one process's batches (the same seeded shuffle) over the ranks in turn: a
+    # step's samples on N ranks of batch b are one process's at batch N*b, so the numerics check compares them
+    ranks_reorder = False
 
     @property
     def scored_by(self) -> str:
@@ -149,6 +152,12 @@ class TrainerFacts(Record):
             want["optim"] = "adamw_torch_fused"
         if cfg.device == Device.CPU and cfg.precision == Precision.BF16:
             want["use_cpu"] = True  # TrainingArguments takes bf16 on a CPU only so
+        if cfg.nprocs > 1:  # the backend the ranks' process group was started with (gloo, nccl)
+            want["ddp_backend"] = cfg.backend.value
+            if cfg.device == Device.CPU:
+                want["use_cpu"] = True  # accelerate runs CPU ranks as one process without it
+            if cfg.ddp_static_graph:
+                want["ddp_static_graph"] = True
         out: JsonObject = {}
         for key, value in want.items():
             mine = v.get(key)

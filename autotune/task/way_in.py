@@ -46,7 +46,9 @@ class ScriptFacts(Protocol):
     @property
     def user_values(self) -> JsonObject: ...
     @property
-    def no_ranks(self) -> str | None: ...
+    def no_ranks(self) -> str | None: ...  # why it runs as one process only; None: its ranks are searched
+    @property
+    def ranks_reorder(self) -> bool: ...  # its ranks see another data order than one process
     @property
     def dataset_len(self) -> int | None: ...
     @property

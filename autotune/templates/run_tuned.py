@@ -12,6 +12,8 @@ written there.
     python run_tuned.py --as-written        # your script as it is (the baseline)
     python run_tuned.py -- ARGS             # your script with other arguments, tuned
     python run_tuned.py --max-steps 200 --report report.json   # a timed run, saving nothing
+    TUNED_NPROCS=2 python run_tuned.py      # as 2 ranks over loopback (launch.sh sets it where tuned so)
+    torchrun --nproc-per-node 2 run_tuned.py   # as 2 ranks under torchrun
 
 A timed run (``--report``, ``--max-steps``) ends once its training has, its report written: nothing your
 script does after ``trainer.train()`` runs in it (autotune's standalone runs are timed runs).
@@ -27,7 +29,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from tuned_runtime import hf_script, run_tuned_args, script_end  # noqa: E402  (beside this file)
+from tuned_runtime import ranks  # noqa: E402  (beside this file)
+
+# Before torch is imported: with TUNED_NPROCS (launch.sh, tuned as several ranks) this process only
+# starts the ranks over loopback and leaves as they did; a rank pins its cores first.
+ranks.bootstrap()
+
+from tuned_runtime import hf_script, run_tuned_args, script_end, script_ranks  # noqa: E402
 
 
 def _measure(report: str, steps: int, start_after: str | None):
@@ -56,6 +64,8 @@ def _measure(report: str, steps: int, start_after: str | None):
 
         def on_train_end(self, args, state, control, **kwargs):
             hf_script.synchronize(self.trainer)
+            if not state.is_world_process_zero:  # rank 0 reports for the ranks (its batch is theirs)
+                return
             timed = state.global_step - self.first if self.start is not None else 0
             elapsed = time.perf_counter() - self.start if self.start is not None else 0.0
             batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
@@ -102,6 +112,7 @@ def main(argv: list[str]) -> int:
                           at_end=(lambda: script_end.end_process(tmp)) if timed else None)
         for key, value in settings.get("env_notes", {}).items():
             print(f"run_tuned.py: {key}: {value}", file=sys.stderr)
+        script_ranks.join(settings.get("backend", "gloo"))  # ranks launch.sh started: the Trainer's DDP uses it
         hf_script.run_script(script, script_argv)
     return 0
 

@@ -12,6 +12,7 @@ finder would (your ``batch_size`` attribute), and compiles your LightningModule 
     python run_tuned.py --as-written        # your script as it is (the baseline)
     python run_tuned.py -- ARGS             # your script with other arguments, tuned
     python run_tuned.py --max-steps 200 --report report.json   # a timed run, saving nothing
+    TUNED_NPROCS=2 python run_tuned.py      # as 2 ranks over loopback (launch.sh sets it where tuned so)
 
 A timed run (``--report``, ``--max-steps``) ends once its training has, its report written: nothing your
 script does after ``trainer.fit()`` runs in it (autotune's standalone runs are timed runs).
@@ -27,7 +28,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from tuned_runtime import lightning_script, run_tuned_args, script_end  # noqa: E402  (beside this file)
+from tuned_runtime import ranks  # noqa: E402  (beside this file)
+
+# Before torch is imported: with TUNED_NPROCS (launch.sh, tuned as several ranks) this process only
+# starts the ranks over loopback and leaves as they did; a rank pins its cores first.
+ranks.bootstrap()
+
+from tuned_runtime import lightning_script, run_tuned_args, script_end, script_ranks  # noqa: E402
 
 
 def _measure(pl, report: str, steps: int, start_after: str | None):
@@ -61,6 +68,8 @@ def _measure(pl, report: str, steps: int, start_after: str | None):
 
         def on_train_end(self, trainer, pl_module):
             lightning_script.synchronize(trainer)
+            if trainer.global_rank != 0:  # rank 0 reports for the ranks (its batch is theirs)
+                return
             timed = trainer.global_step - self.first if self.start is not None else 0
             elapsed = time.perf_counter() - self.start if self.start is not None else 0.0
             batch = lightning_script.global_batch(trainer)
@@ -92,6 +101,7 @@ def main(argv: list[str]) -> int:
                                  at_end=(lambda: script_end.end_process(tmp)) if timed else None)
         for key, value in settings.get("env_notes", {}).items():
             print(f"run_tuned.py: {key}: {value}", file=sys.stderr)
+        script_ranks.join(settings.get("backend", "gloo"))  # ranks launch.sh started: Lightning's DDP uses it
         lightning_script.run_script(script, rest if rest is not None else list(settings.get("argv", [])))
     return 0
 

@@ -138,7 +138,7 @@ def verify_candidates(
     progress: Progress = no_progress,
     stages: list[StageRecord] | None = None, slowest: float | None = None,
     kept: KeptReferences | None = None, evaluate_s: float = 0.0, measured: Measured = (),
-    scorer: str = "evaluate()", greater_is_better: bool = True,
+    scorer: str = "evaluate()", greater_is_better: bool = True, ranks_reorder: bool = False,
 ) -> tuple[Verdict | None, list[Verdict], ReferenceSpeed | None]:
     """Gate the candidates (numerics, quality; ``screen``), measure the survivors'
     speed side by side with the baseline, then run the scripts of the fastest first
@@ -151,12 +151,14 @@ def verify_candidates(
     scored fp32 trainings are kept between runs; ``measured``: the configurations the search
     measured, with their samples/s, whose fastest alike each reference trains on
     (``reference.trained_fast``); ``scorer``: what scores a training, in the verdicts' words
-    (``greater_is_better``: its sense, in which its scores are shown)."""
+    (``greater_is_better``: its sense, in which its scores are shown); ``ranks_reorder``: its ranks
+    see another data order than one process (``Task.ranks_reorder``)."""
     log = stages if stages is not None else []
     trainings = Trainings(runner, evaluate=has_evaluate, numerics_steps=settings.numerics_steps,
                           quality_samples=settings.quality_samples, slowest=slowest, kept=kept,
                           evaluate_s=evaluate_s, measured=measured, own=settings.own, seeds=settings.seeds,
-                          affords=settings.affords, scorer=scorer, greater_is_better=greater_is_better)
+                          affords=settings.affords, scorer=scorer, greater_is_better=greater_is_better,
+                          ranks_reorder=ranks_reorder)
     pool = Held(runner)
     try:
         return _verify(runner, baseline=baseline, candidates=candidates, settings=settings,

@@ -11,7 +11,7 @@ from autotune.runtime.knobs import Precision
 from autotune.trials.protocol import Status
 from autotune.trials.runner import TrialResult
 from autotune.trials.spec import LossGuard
-from autotune.verify.quality import trades_quality
+from autotune.verify.quality import reordered, trades_quality
 from autotune.verify.reference import numerics_reference, where_fp32_fits
 from autotune.verify.trainings import Trainings
 
@@ -97,6 +97,9 @@ def numerics_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfi
     precision is rejected within seconds. Where a knob trades quality, or
     evaluate() will judge a batch unlike the user's (``verify.batch``), the trainings are
     scored, and those checks then read them without training again."""
+    if reordered(trainings, baseline, cand):
+        return Check(None, {"reason": f"its {cand.nprocs} ranks each take a DistributedSampler's share of the "
+                                      "data, in another order than one process: the quality check judges them"})
     quality = trades_quality(cand)
     scored = {"reference": quality,
               "candidate": quality or (trainings.evaluate and cand.batch_size != baseline.batch_size)}

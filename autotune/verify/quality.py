@@ -29,6 +29,13 @@ def trades_quality(cand: TrialConfig) -> bool:
     return cand.prune_ratio > 0 or cand.precision in REDUCED_PRECISIONS
 
 
+def reordered(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig) -> bool:
+    """Whether ``cand``'s ranks train on another order of the data than its one-process reference
+    (a Lightning script's DistributedSampler, ``Task.ranks_reorder``): their losses step by step
+    are not the reference's, and the quality check judges them instead of the numerics check."""
+    return trainings.ranks_reorder and cand.nprocs != quality_reference(baseline, cand).nprocs
+
+
 def by_samples(result: TrialResult, batch_size: int) -> dict[int, float]:
     """evaluate()'s scores along a scored training, by the samples trained before each."""
     return {step * batch_size: score for step, score in result.evaluations}
@@ -40,13 +47,19 @@ def quality_check(trainings: Trainings, baseline: TrialConfig, cand: TrialConfig
     is checked against evaluate() where the file has one: its drop from its fp32 twin, seed
     by seed, within --max-quality-drop or PRECISION_QUALITY_DROP of fp32's metric, or half
     fp32's own spread between seeds (``autotune.verify.decide``); without evaluate() the
-    numerics check is its gate. The first pair is the one the numerics check read
+    numerics check is its gate. Ranks that train on another data order than their one-process
+    reference (``reordered``) are judged so too, as fp32 against fp32. The first pair is the one the numerics check read
     (``trainings``); the other seeds train here."""
     has_evaluate = trainings.evaluate
     pruned = cand.prune_ratio > 0
     reduced = cand.precision in REDUCED_PRECISIONS
-    if not pruned and not reduced:
+    ranks = reordered(trainings, baseline, cand)
+    if not pruned and not reduced and not ranks:
         return Check(None, {"reason": "no knob of this configuration trades quality"})
+    if ranks and not has_evaluate:
+        return Check(False, {"reason": f"its {cand.nprocs} ranks train on another order of the data than one "
+                                       f"process, and nothing scores a training to judge them: give the script "
+                                       f"a validation loop"})
     if pruned and not has_evaluate:
         return Check(False, {"reason": "structured pruning trades quality but the model file has "
                                        "no evaluate(model) to check it with"})

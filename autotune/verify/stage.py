@@ -103,7 +103,7 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
             emit_candidate=emit_candidate, workdir=workbench.out / "verify", progress=reporter.verify, stages=records,
             slowest=slowest_rate(measured_trials(searched.place.study)), kept=kept_references(workbench),
             evaluate_s=workbench.task.evaluate_s, measured=measured_rates(outcome), scorer=workbench.task.scored_by,
-            greater_is_better=workbench.task.greater_is_better)
+            greater_is_better=workbench.task.greater_is_better, ranks_reorder=workbench.task.ranks_reorder)
     else:
         winner, verdicts, base_speed = None, [], None
     if winner is not None and fitted is not None and Stage.ABLATION in fitted.shortened:
@@ -131,7 +131,7 @@ def recheck(workbench: Workbench, verify: VerifyOptions, *, doc: RunDocument, la
         emit_candidate=lambda c, where: launcher() if c == cfg else emit_baseline(c, where),
         workdir=workbench.out / "reverify", progress=workbench.reporter.verify, kept=kept_references(workbench),
         evaluate_s=workbench.task.evaluate_s, scorer=workbench.task.scored_by,
-        greater_is_better=workbench.task.greater_is_better)
+        greater_is_better=workbench.task.greater_is_better, ranks_reorder=workbench.task.ranks_reorder)
 
 
 def kept_references(workbench: Workbench) -> KeptReferences:

@@ -106,6 +106,9 @@ class Trainings:
     # what scores a training, for the verdicts' words: the model file's evaluate(), a Trainer's
     # metric, the metric a plain loop prints (``Task.scored_by``)
     scorer: str = "evaluate()"
+    # its ranks train on another data order than one process (``Task.ranks_reorder``): the
+    # quality check, not the numerics check, judges a configuration of several ranks
+    ranks_reorder: bool = False
     greater_is_better: bool = True  # the scorer's own sense: its scores are shown in it
 
     def shown(self, score: float) -> float:
