@@ -319,6 +319,24 @@ def test_a_rejected_candidate_is_replaced_by_the_next_of_its_kind_before_any_spe
     assert all("diverge" in v.reason for v in verdicts if v.config.precision == "bf16")
 
 
+def test_a_replacement_is_gated_beside_its_other_layout_as_the_candidate_it_replaces_was():
+    """The first candidate goes to verification with its layout contrast (one process against
+    ranks): where both are rejected, the replacement comes with its own contrast, so that the
+    layout's effect is still measured for what verification goes on with."""
+    steps = 40
+    healthy = [2.3 * 0.95 ** i for i in range(steps)]
+    runner = ScriptedRunner(losses={"fp32": healthy, "bf16": [2.3 * 1.05 ** i for i in range(steps)]},
+                            metric={"fp32": 0.9, "bf16": 0.9})
+    base = TrialConfig(batch_size=16)
+    one, two = (TrialConfig(batch_size=32, precision="bf16", nprocs=1, threads=2),
+                TrialConfig(batch_size=32, precision="bf16", nprocs=2, threads=1))
+    smaller = one.replace(batch_size=16)
+    passed, verdicts = screen(Trainings(runner, evaluate=False), base, [one, two], [one, two, smaller],
+                              settings=Settings(replacements=1), progress=lambda kind, info: None)
+    assert passed == [] and all("diverge" in v.reason for v in verdicts)
+    assert [v.config for v in verdicts] == [one, two, smaller, smaller.replace(nprocs=2, threads=1)]
+
+
 @pytest.mark.slow
 def test_numerics_reject_a_model_that_bf16_breaks_and_pass_one_it_does_not(tmp_path):
     """Real trials (bf16 autocast runs on any CPU, emulated where it is not native: the

@@ -72,8 +72,9 @@ def build_document(workbench: Workbench, verify: VerifyOptions, sharing: Sharing
         candidates=candidates,
         search=search_summary(searched, sharing),
         space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
-        layout_effect=(layout_effect(verdicts, verified.candidates[0], space, machine)
-                       if verified.candidates else None),
+        layout_effect=layout_effect(verdicts, [*([winner.config] if winner is not None else []),
+                                                 *(v.config for v in verdicts if v.passed),
+                                                 *verified.candidates[:1]], space, machine),
         environment={}, options=dict(options),
         ablation=winner.ablation if winner is not None else None, stages=verified.stages,
         kept=_kept(verdicts, verified.scripts, out=workbench.out) if winner is None else None,

@@ -31,6 +31,7 @@ from autotune.config import TrialConfig
 from autotune.document.ablation import Ablation, Simplified
 from autotune.document.measures import Check
 from autotune.document.stages import Stage, StageRecord
+from autotune.errors import UsageError
 from autotune.runtime.knobs import Device
 from autotune.trials.progress import Progress, VerifyStep, no_progress
 from autotune.trials.protocol import ProgressEvent
@@ -95,7 +96,28 @@ def screen(trainings: Trainings, baseline: TrialConfig, candidates: list[TrialCo
             spent[cfg.exact] += 1
             tried.add(nxt)
             queue.append(nxt)
+            # the replacement is measured beside its other process layout, as the one it replaces
+            # was (the layout's effect, ``verify.layout``)
+            twin = layout_twin(cfg, candidates)
+            other = _laid_out(nxt, twin) if twin is not None else None
+            if other is not None and other not in tried:
+                tried.add(other)
+                queue.append(other)
     return passed, verdicts
+
+
+def _laid_out(cfg: TrialConfig, like: TrialConfig) -> TrialConfig | None:
+    """``cfg`` with ``like``'s process layout; None where its batch does not split so."""
+    try:
+        return cfg.replace(nprocs=like.nprocs, threads=like.threads)
+    except UsageError:
+        return None
+
+
+def layout_twin(cfg: TrialConfig, others: Sequence[TrialConfig]) -> TrialConfig | None:
+    """The configuration of ``others`` that differs from ``cfg`` in its process layout alone."""
+    return next((o for o in others if o.nprocs != cfg.nprocs
+                 and o.replace(nprocs=cfg.nprocs, threads=cfg.threads) == cfg), None)
 
 
 def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, settings: Settings,

@@ -1,8 +1,9 @@
-"""The process layout's own effect, as verification measured it: the first candidate
-against its layout contrast (``candidates.layout_contrast``), window against window."""
+"""The process layout's own effect, as verification measured it: the winner (else the first
+candidate) against its layout contrast (``candidates.layout_contrast``), window against window."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from autotune.config import TrialConfig
 from autotune.document.interval import Interval
@@ -14,16 +15,16 @@ from autotune.verify.candidates import layout_contrast
 from autotune.verify.verdict import Verdict
 
 
-def layout_effect(verdicts: list[Verdict], top: TrialConfig, space: Space, machine: Machine) -> LayoutEffect | None:
-    """The first candidate against its layout contrast, where verification measured both."""
-    contrast = layout_contrast(top, space, machine)
-    by_cfg = {v.config: v.speed for v in verdicts}
-    if contrast is None or top not in by_cfg or contrast not in by_cfg:
+def layout_effect(verdicts: list[Verdict], tops: Sequence[TrialConfig], space: Space,
+                  machine: Machine) -> LayoutEffect | None:
+    """The first of ``tops`` (the winner, the candidates that passed, the first candidate) against
+    its layout contrast, where verification measured both."""
+    rates = {v.config: v.speed.samples_per_s for v in verdicts if v.speed is not None and v.speed.samples_per_s}
+    top = next((t for t in tops if t in rates and layout_contrast(t, space, machine) in rates), None)
+    contrast = layout_contrast(top, space, machine) if top is not None else None
+    if top is None or contrast is None:
         return None
-    top_speed, contrast_speed = by_cfg[top], by_cfg[contrast]
-    if top_speed is None or contrast_speed is None or not top_speed.samples_per_s or not contrast_speed.samples_per_s:
-        return None
-    a, b = top_speed.samples_per_s, contrast_speed.samples_per_s
+    a, b = rates[top], rates[contrast]
     multi, single = (a, b) if top.nprocs > 1 else (b, a)
     multi_cfg, single_cfg = (top, contrast) if top.nprocs > 1 else (contrast, top)
     return LayoutEffect(multi_rank=multi_cfg.layout, single_process=single_cfg.layout,
