@@ -74,6 +74,7 @@ def build_document(workbench: Workbench, verify: VerifyOptions, sharing: Sharing
         space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
         layout_effect=layout_effect(verdicts, [*([winner.config] if winner is not None else []),
                                                  *(v.config for v in verdicts if v.passed),
+                                                 *(v.config for v in verdicts if not v.passed),
                                                  *verified.candidates[:1]], space, machine),
         environment={}, options=dict(options),
         ablation=winner.ablation if winner is not None else None, stages=verified.stages,

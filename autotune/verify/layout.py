@@ -17,8 +17,8 @@ from autotune.verify.verdict import Verdict
 
 def layout_effect(verdicts: list[Verdict], tops: Sequence[TrialConfig], space: Space,
                   machine: Machine) -> LayoutEffect | None:
-    """The first of ``tops`` (the winner, the candidates that passed, the first candidate) against
-    its layout contrast, where verification measured both."""
+    """The first of ``tops`` (the winner, the candidates that passed, those that did not) against
+    its layout contrast, where verification measured both side by side."""
     rates = {v.config: v.speed.samples_per_s for v in verdicts if v.speed is not None and v.speed.samples_per_s}
     top = next((t for t in tops if t in rates and layout_contrast(t, space, machine) in rates), None)
     contrast = layout_contrast(top, space, machine) if top is not None else None
