@@ -266,3 +266,28 @@ def contract_error(script: Path, args: tuple[str, ...] = (), timeout_s: float = 
         load_task(script, script_args=args, timeout_s=timeout_s)
     assert left_running(script) == []
     return str(err.value)
+
+
+def emitted_report(task: Task, cfg: TrialConfig, machine, folder: Path, *, steps: int = 6) -> dict:
+    """``cfg``'s launch.sh and run_tuned.py as a run emits them for ``task`` (a script), in
+    ``folder``, and the report of a timed run of that launch.sh: what it ran with, read from
+    inside it."""
+    env, _ = launch.environment(cfg, machine=machine)
+    emit.write_candidate(folder, cfg=cfg, model_file=task.path, env=env, description="t", script=task.script)
+    report = folder / "report.json"
+    subprocess.run(["bash", "launch.sh", "--max-steps", str(steps), "--report", str(report)], cwd=folder,
+                   check=True, capture_output=True, timeout=300)
+    return json.loads(report.read_text())
+
+
+def two_rank_trial(task: Task, machine, folder: Path):
+    """A trial of ``task`` (a script) as 2 ranks of one thread each at a global batch of 32: its
+    runner (to run it again), the configuration and the trial's result."""
+    from autotune.trials.protocol import Measurement
+    from autotune.trials.runner import TrialRunner
+
+    assert task.script is not None
+    two = task.script.baseline(TrialConfig()).replace(nprocs=2, threads=1, batch_size=32)
+    runner = TrialRunner(model_file=task.path, machine=machine, workdir=folder, script=task.script,
+                         measurement=Measurement(window_s=0.2, windows=2))
+    return runner, two, runner.run(two, name="two-ranks")

@@ -24,7 +24,7 @@ from autotune.task.lightning_script import KIND, LightningFacts
 from autotune.task.load import recognise
 
 from doubles import recorded_machine
-from helpers import MODELS, contract_error, left_running
+from helpers import MODELS, contract_error, emitted_report, left_running, two_rank_trial
 
 SCRIPTS = MODELS / "lightning"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -213,33 +213,21 @@ def test_each_rank_runs_the_layout_inside_its_trainer_in_a_trial_and_in_launch_s
     """Two ranks of one thread each: every rank's Lightning Trainer runs under DDP with world size
     2, one thread and half the global batch, in a trial (scored by its validation loop too) and
     in a run of the emitted launch.sh, whose rank 0 reports the global rate."""
-    from autotune.emit import outputs
     from autotune.probes import probe_machine
-    from autotune.trials import launch
-    from autotune.trials.protocol import Measurement, Status
-    from autotune.trials.runner import TrialRunner
+    from autotune.trials.protocol import Status
 
     task = load_task(SCRIPTS / "datamodule.py")
-    assert task.script is not None and task.ranks_reorder
+    assert task.ranks_reorder
     machine = probe_machine()
-    two = task.script.baseline(TrialConfig()).replace(nprocs=2, threads=1, batch_size=32)
     ranks = [{"rank": r, "world_size": 2, "threads": 1, "batch_size": 16} for r in range(2)]
-    runner = TrialRunner(model_file=task.path, machine=machine, workdir=tmp_path / "trial", script=task.script,
-                         measurement=Measurement(window_s=0.2, windows=2))
-    result = runner.run(two, name="two-ranks")
+    runner, two, result = two_rank_trial(task, machine, tmp_path / "trial")
     assert result.status == Status.OK and result.value, result.message
     assert result.facts["ranks"] == ranks and result.facts["trainer"]["world_size"] == 2
     scored = runner.run(two, name="scored", quality_steps=4, evaluate_at=(2,))
     assert scored.status == Status.OK and len(scored.losses) == 4, scored.message
     assert scored.metric is not None and 0 <= scored.metric <= 1
 
-    env, _ = launch.environment(two, machine=machine)
-    out = tmp_path / "emitted"
-    outputs.write_candidate(out, cfg=two, model_file=task.path, env=env, description="t", script=task.script)
-    report = tmp_path / "report.json"
-    subprocess.run(["bash", "launch.sh", "--max-steps", "6", "--report", str(report)], cwd=out, check=True,
-                   capture_output=True, timeout=300)
-    ran = json.loads(report.read_text())
+    ran = emitted_report(task, two, machine, tmp_path / "emitted")
     assert ran["facts"]["ranks"] == ranks and ran["samples_per_s"] > 0
 
 
@@ -252,14 +240,14 @@ SLOW_ARGS = ("--seconds-per-sample", "0.001")
 def tuned(tmp_path_factory) -> SimpleNamespace:
     """``autotune run datamodule.py -- ARGS``: a DataModule script whose two DataLoader workers
     are clearly faster (sleeps set its speeds; one worker only matches the main process), three
-    trials of threads, short windows; the knobs that only lengthen the verification are fixed.
-    After its fit the script saves a checkpoint and writes a marker, both to absolute paths
-    outside the output folder (``elsewhere``)."""
+    trials of threads, short windows; the knobs that only lengthen the verification are fixed
+    (several ranks have their own test). After its fit the script saves a checkpoint and
+    writes a marker, both to absolute paths outside the output folder (``elsewhere``)."""
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     argv = (*SLOW_ARGS, "--save-to", str(elsewhere / "final.ckpt"), "--marker", str(elsewhere / "fitted.txt"))
     out = tmp_path_factory.mktemp("lightning") / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", str(SCRIPTS / "datamodule.py"), "--out", str(out), "--trials", "3",
+        [sys.executable, "-m", "autotune", "run", str(SCRIPTS / "datamodule.py"), "--out", str(out), "--trials", "3", "--fix", "nprocs=1",
          "--fix", "num_workers=2", "--fix", "compile=off", "--fix", "precision=fp32", "--fix", "affinity=none", "--fix", "allocator=default",
          "--fix", "batch_size=16", "--window", "0.3", "--windows", "2", "--rounds", "2", "--pairs", "2",
          "--pair-seconds", "0.5", "--no-profile", "--", *argv],

@@ -23,7 +23,7 @@ from autotune.task.load import recognise
 from autotune.task.trainer_script import KIND, TrainerFacts, check_trains_once
 
 from doubles import recorded_machine
-from helpers import MODELS, contract_error, left_running
+from helpers import MODELS, contract_error, emitted_report, left_running, two_rank_trial
 
 SCRIPTS = MODELS / "trainer"
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "hf_trainer.py"
@@ -229,13 +229,13 @@ SLOW_ARGS = (*PARSED_ARGS, "--seconds_per_sample", "0.001", "--logging_steps", "
 def tuned(tmp_path_factory) -> SimpleNamespace:
     """``autotune run parsed.py -- ARGS``: a parsed script whose DataLoader workers are clearly
     faster (sleeps set its speeds), three trials, short windows; the knobs that only lengthen
-    the verification are fixed. After its training the script saves its model and writes a
+    the verification are fixed (several ranks have their own test). After its training the script saves its model and writes a
     marker, both to absolute paths outside the output folder (``elsewhere``)."""
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     argv = (*SLOW_ARGS, "--save_to", str(elsewhere / "final-model"), "--marker", str(elsewhere / "trained.txt"))
     out = tmp_path_factory.mktemp("trainer") / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", str(SCRIPTS / "parsed.py"), "--out", str(out), "--trials", "3",
+        [sys.executable, "-m", "autotune", "run", str(SCRIPTS / "parsed.py"), "--out", str(out), "--trials", "3", "--fix", "nprocs=1",
          "--fix", "compile=off", "--fix", "precision=fp32", "--fix", "affinity=none", "--fix", "allocator=default",
          "--fix", "batch_size=16", "--window", "0.3", "--windows", "2", "--rounds", "2", "--pairs", "2",
          "--pair-seconds", "0.5", "--no-profile", "--", *argv],
@@ -339,31 +339,18 @@ def test_each_rank_runs_the_layout_inside_its_trainer_in_a_trial_and_in_launch_s
     """Two ranks of one thread each: every rank's Trainer runs with world size 2, one thread and
     half the global batch, in a trial and in a run of the emitted launch.sh, and rank 0's report
     says the global rate."""
-    from autotune.emit import outputs
     from autotune.probes import probe_machine
-    from autotune.trials import launch
-    from autotune.trials.protocol import Measurement, Status
-    from autotune.trials.runner import TrialRunner
+    from autotune.trials.protocol import Status
 
     task = load_task(SCRIPTS / "parsed.py", script_args=PARSED_ARGS)
-    assert task.script is not None
     machine = probe_machine()
-    two = task.script.baseline(TrialConfig()).replace(nprocs=2, threads=1, batch_size=32)
     ranks = [{"rank": r, "world_size": 2, "threads": 1, "per_device_train_batch_size": 16} for r in range(2)]
-    runner = TrialRunner(model_file=task.path, machine=machine, workdir=tmp_path / "trial", script=task.script,
-                         measurement=Measurement(window_s=0.2, windows=2))
-    result = runner.run(two, name="two-ranks")
+    _, two, result = two_rank_trial(task, machine, tmp_path / "trial")
     assert result.status == Status.OK and result.value, result.message
     assert result.facts["ranks"] == ranks
     assert result.facts["training_args"]["ddp_backend"] == "gloo"
     assert result.env["TUNED_NPROCS"] == "2"
 
-    env, _ = launch.environment(two, machine=machine)
-    out = tmp_path / "emitted"
-    outputs.write_candidate(out, cfg=two, model_file=task.path, env=env, description="t", script=task.script)
-    assert "per-device batch of 16, the global batch is 32" in (out / "tuned_arguments.md").read_text()
-    report = tmp_path / "report.json"
-    subprocess.run(["bash", "launch.sh", "--max-steps", "6", "--report", str(report)], cwd=out, check=True,
-                   capture_output=True, timeout=300)
-    ran = json.loads(report.read_text())
+    ran = emitted_report(task, two, machine, tmp_path / "emitted")
+    assert "per-device batch of 16, the global batch is 32" in (tmp_path / "emitted" / "tuned_arguments.md").read_text()
     assert ran["facts"]["ranks"] == ranks and ran["samples_per_s"] > 0
