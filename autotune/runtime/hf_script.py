@@ -130,9 +130,9 @@ def install(script: str, overrides: Mapping[str, Any],
             at_end()  # nothing of the script after its training runs (script_end)
         return result
 
-    arguments.__post_init__ = __post_init__  # type: ignore[method-assign]
-    trainer_class.__init__ = __init__  # type: ignore[method-assign]
-    trainer_class.train = train_  # type: ignore[method-assign]
+    arguments.__post_init__ = __post_init__
+    trainer_class.__init__ = __init__
+    trainer_class.train = train_
     return built
 
 
