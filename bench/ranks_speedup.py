@@ -21,12 +21,17 @@ import sys
 import time
 
 
-def rate(command: str, pattern: re.Pattern[str]) -> float:
+def rate(command: str, pattern: re.Pattern[str], *, after_exit: bool = False) -> float:
+    """The last rate ``command`` printed; it must exit 0, unless ``after_exit`` (a rate printed,
+    then a failed exit: said, and counted)."""
     proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=3600)
     text = proc.stdout + proc.stderr
     found = pattern.findall(text)
-    if proc.returncode != 0 or not found:
+    if not found or (proc.returncode != 0 and not after_exit):
         raise SystemExit(f"{command!r} failed ({proc.returncode}) or printed no rate:\n{text[-3000:]}")
+    if proc.returncode != 0:
+        last = [line for line in text.splitlines() if line.strip()][-12:]
+        print(f"  exited {proc.returncode} after printing its rate: {' | '.join(last)[:400]}", flush=True)
     return float(found[-1])
 
 
@@ -49,6 +54,8 @@ def main() -> int:
     p.add_argument("--tuned", required=True, help="the script as the answer launches it (a shell command)")
     p.add_argument("--rate", required=True, help="a regular expression whose group is the samples/s printed")
     p.add_argument("--pairs", type=int, default=6)
+    p.add_argument("--rate-after-exit", action="store_true",
+                   help="count a rate printed before a failed exit (said for each such run)")
     args = p.parse_args()
     pattern = re.compile(args.rate)
     ratios = []
@@ -57,7 +64,7 @@ def main() -> int:
         got = {}
         for which in order:
             start = time.monotonic()
-            got[which] = rate(getattr(args, which), pattern)
+            got[which] = rate(getattr(args, which), pattern, after_exit=args.rate_after_exit)
             print(f"pair {i + 1}: {which} {got[which]:.1f} samples/s ({time.monotonic() - start:.0f} s)", flush=True)
         ratios.append(got["tuned"] / got["baseline"])
         print(f"pair {i + 1}: {ratios[-1]:.3f}x", flush=True)

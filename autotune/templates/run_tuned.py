@@ -114,6 +114,7 @@ def main(argv: list[str]) -> int:
             print(f"run_tuned.py: {key}: {value}", file=sys.stderr)
         script_ranks.join(settings.get("backend", "gloo"))  # ranks launch.sh started: the Trainer's DDP uses it
         hf_script.run_script(script, script_argv)
+    script_end.leave_ranks()
     return 0
 
 

@@ -103,6 +103,7 @@ def main(argv: list[str]) -> int:
             print(f"run_tuned.py: {key}: {value}", file=sys.stderr)
         script_ranks.join(settings.get("backend", "gloo"))  # ranks launch.sh started: Lightning's DDP uses it
         lightning_script.run_script(script, rest if rest is not None else list(settings.get("argv", [])))
+    script_end.leave_ranks()
     return 0
 
 
