@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.config import TrialConfig
+from autotune.config import Layout, TrialConfig
 from autotune.errors import ContractError, UsageError
 from autotune.options import parse_metric
 from autotune.runtime import loop_patch
@@ -29,7 +29,7 @@ from autotune.task.way_in import PrintedMetric
 from autotune.verify.length import OwnTraining, own_training
 
 from doubles import recorded_machine
-from helpers import MODELS, contract_error, left_running
+from helpers import MODELS, contract_error, emitted_report, left_running, two_rank_trial
 
 SCRIPTS = MODELS / "loop"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -155,6 +155,38 @@ def test_the_space_names_what_a_loop_cannot_take():
     assert "batch_size" not in fixed.choices and "no batch-size flag" in fixed.excluded["batch_size"]
     unnamed = script_space(space, facts(module_name=None))
     assert "compile" not in unnamed.choices and "has no name in the script" in unnamed.excluded["compile"]
+
+
+def test_a_loop_written_for_ddp_has_its_ranks_searched_where_its_printed_metric_can_judge_them():
+    """Written for DDP (it joins a process group, or reads LOCAL_RANK): its ranks are searched,
+    each at its share of the global batch through its flag; they shard the data with their own
+    sampler, so only the metric it prints can judge them. Not written for DDP, or without a
+    metric: one process, each with the reason."""
+    import ast
+
+    from autotune.task.loop_script import ddp_line
+
+    assert ddp_line(ast.parse((SCRIPTS / "ddp_loop.py").read_text())) == 28
+    assert ddp_line(ast.parse("import os\nrank = int(os.environ['LOCAL_RANK'])\n")) == 2
+    assert ddp_line(ast.parse(MLP.read_text())) is None
+    space = build_space(recorded_machine("avx2_epyc"), baseline_batch=64)
+    assert any(Layout.parse(lay).nprocs > 1 for lay in space.choices["layout"])
+    judged = facts(ddp_line=28, metric=r"val_acc (\S+)")
+    assert judged.no_ranks is None and judged.ranks_reorder
+    taken = script_space(space, judged)
+    assert any(Layout.parse(lay).nprocs > 1 for lay in taken.choices["layout"])
+    two = judged.baseline(TrialConfig()).replace(nprocs=2, threads=1)
+    assert judged.overrides(two) == {"--batch-size": 32}  # each rank's half of the global 64
+    # two ranks at its own batch train twice the samples a step: a training of so many steps, half as many
+    steps = facts(ddp_line=28, length={"max_steps": 100, "steps_flag": "--max-steps"})
+    assert steps.overrides(two.replace(batch_size=128)) == {"--max-steps": 50}
+    unjudged = script_space(space, facts(ddp_line=28))
+    assert all(Layout.parse(lay).nprocs == 1 for lay in unjudged.choices["layout"])
+    [why] = [v for k, v in unjudged.excluded.items() if k.startswith("layout=")]
+    assert "--metric" in why
+    plain = script_space(space, facts(metric=r"val_acc (\S+)"))
+    [why] = [v for k, v in plain.excluded.items() if k.startswith("layout=")]
+    assert "not written for DDP" in why and all(Layout.parse(lay).nprocs == 1 for lay in plain.choices["layout"])
 
 
 def test_the_patch_is_the_edits_the_trials_run(tmp_path):
@@ -297,6 +329,57 @@ def test_a_scored_training_runs_the_loop_to_its_print_and_no_further(tmp_path):
     assert failed.status != Status.OK and f"the script writes {saved} after 24 steps, before it printed a line " \
         "--metric 'val_accuracy=(\\\\S+)' matches" in failed.message, failed.message
     assert not saved.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_each_rank_of_a_loop_written_for_ddp_runs_the_layout_in_a_trial_a_scored_training_and_launch_sh(tmp_path):
+    """Two ranks of one thread each: the script's own init_process_group joins the group autotune
+    started, and every rank's loop runs with world size 2, one thread and half the global batch,
+    in a trial and in a run of the emitted launch.sh (whose rank 0 reports the global rate). A
+    scored training of the ranks stops where rank 0 prints the metric, every rank with it."""
+    from autotune.probes import probe_machine
+    from autotune.trials.protocol import Measurement, Status
+    from autotune.trials.runner import TrialRunner
+
+    script = SCRIPTS / "ddp_loop.py"
+    task = load_task(script, script_args=("--epochs", "200"), metric=PrintedMetric(r"val_acc (\S+)"))
+    assert task.script is not None and task.script.no_ranks is None and task.ranks_reorder
+    machine = probe_machine()
+    ranks = [{"rank": r, "world_size": 2, "threads": 1, "batch": 16} for r in range(2)]
+    runner, two, result = two_rank_trial(task, machine, tmp_path / "trial")
+    assert result.status == Status.OK and result.value, result.message
+    assert result.facts["ranks"] == ranks and result.facts["world_size"] == 2
+    assert result.env["TUNED_NPROCS"] == "2"
+    # 128 samples an epoch: 4 steps of 2 x 16; stopped at the second epoch's print, both ranks
+    scored = runner.run(two, name="scored", quality_steps=6)
+    assert scored.status == Status.OK, scored.message
+    printed = [float(v) for v in re.findall(r"val_acc (\S+)", Path(scored.log_path).read_text())]
+    assert len(printed) == 2 and len(scored.losses) == 8 and scored.metric == printed[-1]
+    assert scored.warnings == [], scored.warnings
+    # to its end, where rank 1's script ends before rank 0 (a slow evaluation) prints its score
+    whole = dataclasses.replace(task.script, argv=("--epochs", "2", "--eval-seconds", "1"))
+    runner = TrialRunner(model_file=task.path, machine=machine, workdir=tmp_path / "whole", script=whole,
+                         measurement=Measurement(window_s=0.2, windows=2))
+    scored = runner.run(two, name="whole", quality_steps=1000)
+    assert scored.status == Status.OK and len(scored.losses) == 8, scored.message
+    assert scored.metric == float(re.findall(r"val_acc (\S+)", Path(scored.log_path).read_text())[-1])
+    assert scored.warnings == [], scored.warnings
+    assert left_running(script) == []
+    # a script that joins a group even as one process (written for torchrun alone) is checked as a group of one
+    alone = load_task(script, script_args=("--always-join", "--epochs", "1"))
+    assert alone.script is not None and alone.script.batch == 16
+
+    ran = emitted_report(task, two, machine, tmp_path / "emitted")
+    assert ran["facts"]["ranks"] == ranks and ran["samples_per_s"] > 0
+    said = (tmp_path / "emitted" / "tuned_arguments.md").read_text()
+    assert "per-device batch of 16, the global batch is 32" in said
+    # launch.sh as the user runs it: the script's whole training as 2 ranks, each leaving once it returns
+    whole = subprocess.run(["bash", "launch.sh", "--", "--", "--epochs", "2"], cwd=tmp_path / "emitted",
+                           capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert len(re.findall(r"val_acc (\S+)", whole.stdout)) == 2  # rank 0's prints only
+    assert left_running(script) == []
 
 
 # --- one real run, shared by the tests below

@@ -24,6 +24,9 @@ calls the original, installed on the class for the life of the process:
   the batch is set where the user sets it;
 - ``Tensor.backward``: the loss each step backpropagates (the numerics gate compares them).
 
+A script written for DDP joins its ranks' group itself, where ``script_ranks.join_own_group``
+has it meet them.
+
 tests/test_loop_script.py runs them against the torch release the project installs.
 """
 from __future__ import annotations
@@ -37,6 +40,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from . import script_ranks
 from .stepper import Stepper
 
 # The flags a script's parser may call its batch size, most specific first.
@@ -204,6 +208,7 @@ def install(script: str, *, on_begin: Callable[[Built], None] = lambda built: No
         built.steps = max(built.steps, 0) + 1
         on_step(built, loss)
 
+    script_ranks.join_own_group()
     if seed_offset:
         manual_seed = torch.manual_seed
 
@@ -289,6 +294,8 @@ def loop_facts(built: Built) -> dict[str, Any]:
     loader = built.loader
     module = built.module
     forward = getattr(module, "forward", None)
+    rank = {"rank": _rank(), "world_size": world_size(), "threads": torch.get_num_threads(),
+            "batch": built.step_samples}
     return {
         "loader": {k: getattr(loader, k, None) for k in LOADER_FIELDS} if loader is not None else None,
         "step_samples": built.step_samples,
@@ -297,7 +304,22 @@ def loop_facts(built: Built) -> dict[str, Any]:
         "compiled": bool(forward is not None and _is_compiled(forward)),
         "autocast": _autocast_dtype(forward),
         "batch_flag": built.batch_flag,
+        "world_size": world_size(),
+        "ranks": script_ranks.every_rank(rank),
     }
+
+
+def world_size() -> int:
+    """The ranks the script trains as (its process group's size; one without a group)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _is_compiled(forward: Any) -> bool:
@@ -368,8 +390,9 @@ class LoopStepper(Stepper):
         return self.built.module
 
     def global_batch(self) -> int:
-        # before its first step ends, what has entered the module so far (a step's first micro-batch)
-        return int(self.built.step_samples or self.built.samples)
+        # before its first step ends, what has entered the module so far (a step's first micro-batch);
+        # each rank takes its own share
+        return int(self.built.step_samples or self.built.samples) * world_size()
 
     def evaluate(self) -> dict[str, float]:
         raise NotImplementedError("a plain loop's quality is the metric it prints (trials.printed), not a call")

@@ -81,6 +81,15 @@ class Stepper:
             self._cond.notify_all()
         park()
 
+    def ended_elsewhere(self, message: str) -> None:
+        """Another rank's training is over (its script printed what ended it): whoever waits for
+        this one's steps is told (``ScriptEnded``). This script's thread is left where it is, in
+        a collective that rank will never join, and ends with the process."""
+        with self._cond:
+            if self._ended is None:
+                self._ended = ScriptEnded(message)
+            self._cond.notify_all()
+
     def _ended_message(self) -> str:
         name = os.path.basename(self.script)
         if not self._started:

@@ -24,6 +24,7 @@ from autotune.errors import ContractError
 from autotune.runtime.json_value import JsonObject, JsonValue
 from autotune.runtime.knobs import CompileMode, Device, Precision
 from autotune.schemas.typed import Record
+from autotune.task.loop_source import ddp_line, imports, imports_torch_name
 from autotune.task.way_in import WayIn
 from autotune.user_file import own_frames
 
@@ -72,6 +73,8 @@ class LoopFacts(Record):
     metric: str = ""
     greater_is_better: bool = True
     length: JsonObject = dataclasses.field(default_factory=dict)  # max_steps or epochs, from its parser
+    # where it is written for DDP (calls init_process_group or reads LOCAL_RANK): its ranks are searched
+    ddp_line: int | None = None
 
     kind = KIND
     source_module = "torch"
@@ -84,14 +87,27 @@ class LoopFacts(Record):
     template = "run_tuned_loop.py"
     hooks = ("loop_script.py", "loop_patch.py")
     parsed = True  # its arguments are its command line's
-    ranks_reorder = False
-    no_ranks = "a plain loop: several ranks need the script's own process group and sampler; threads are searched"
+    # a loop written for DDP shards its data with its own sampler (or code): not one process's order
+    ranks_reorder = True
+
+    @property
+    def no_ranks(self) -> str | None:
+        """Why its ranks are not searched; None where they are: it is written for DDP (its
+        process group, its sampler), and its batch is set where each rank's can be."""
+        if self.ddp_line is None:
+            return ("a plain loop not written for DDP (it neither calls init_process_group nor reads LOCAL_RANK): "
+                    "each of its ranks would train on all of the data alone; threads are searched")
+        if self.batch_flag is None and self.loader_line is None:
+            return ("a plain loop whose batch is set in its own code: its ranks' batch could not be set to their "
+                    "share of the global batch; threads are searched")
+        return None
 
     def describe(self) -> str:
         where = f"DataLoader at line {self.loader_line}" if self.loader_line else "no DataLoader"
         return (f"a plain training loop ({self.model_class} trained by {self.optimizer_class} at line "
                 f"{self.optimizer_line}, {where}, batch {self.batch}"
-                f"{f' from {self.batch_flag}' if self.batch_flag else ''}): trials run it patched, "
+                f"{f' from {self.batch_flag}' if self.batch_flag else ''}"
+                f"{f', written for DDP (line {self.ddp_line})' if self.ddp_line else ''}): trials run it patched, "
                 "measured at its optimizer's steps")
 
     @property
@@ -149,10 +165,13 @@ class LoopFacts(Record):
         flag, its DataLoader's arguments (``DataLoader.NAME``), ``autocast`` and ``compile``."""
         base = self.baseline(cfg)
         out: JsonObject = {}
+        # each rank's batch is its share of the global batch (a DDP script's flag is per rank)
+        per_rank = cfg.micro_batch if cfg.nprocs > 1 else cfg.batch_size
+        if per_rank != base.batch_size:
+            out[self.batch_flag or "DataLoader.batch_size"] = per_rank
         if cfg.batch_size != base.batch_size:
-            out[self.batch_flag or "DataLoader.batch_size"] = cfg.batch_size
-            # a training of so many steps trains as many samples at the new batch as at yours:
-            # the job's time, not more samples in more time, is what the speedup is of
+            # a training of so many steps trains as many samples at the new (global) batch as at
+            # yours: the job's time, not more samples in more time, is what the speedup is of
             steps = self.length.get("max_steps")
             if self.steps_flag and isinstance(steps, int):
                 out[self.steps_flag] = max(1, round(steps * base.batch_size / cfg.batch_size))
@@ -295,12 +314,6 @@ def _with_flag(argv: list[str], flag: str, value: str) -> list[str]:
 
 # --- recognising one
 
-def imports(tree: ast.AST, package: str) -> bool:
-    return any((isinstance(n, ast.Import) and any(a.name.split(".")[0] == package for a in n.names))
-               or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == package)
-               for n in ast.walk(tree))
-
-
 def recognises(tree: ast.AST) -> bool:
     """A plain loop: it imports torch, calls ``backward()`` and an optimizer's ``step()``, and
     builds an optimizer (``X.optim.NAME(...)``, ``optim.NAME(...)``, a torch.optim name
@@ -324,12 +337,6 @@ def recognises(tree: ast.AST) -> bool:
         if isinstance(func, ast.Attribute) and "optimizer" in func.attr.lower():
             return True
     return False
-
-
-def imports_torch_name(tree: ast.Module) -> bool:
-    """``import torch`` binds ``torch`` (what the patch's lines name)."""
-    return any(isinstance(n, ast.Import) and any(a.name == "torch" and a.asname is None for a in n.names)
-               for n in ast.walk(tree))
 
 
 # --- the check, in its child process
@@ -402,7 +409,7 @@ def _check(path: str, argv: Sequence[str], out_dir: str) -> tuple[LoopFacts, flo
         batch=max(1, built.step_samples), imports_torch=imports_torch_name(tree), image_inputs=built.image_inputs,
         model_class=type(built.module).__name__, parameters=sum(p.numel() for p in built.module.parameters()),
         dataset_len=dataset_len, device=str(param.device) if isinstance(param, torch.Tensor) else "cpu",
-        length=dict(built.length),
+        length=dict(built.length), ddp_line=ddp_line(tree),
     ), step_s
 
 

@@ -10,6 +10,11 @@ trials ran your script with, copied unchanged.
     python run_tuned.py --as-written        # your script as it is (the baseline)
     python run_tuned.py -- ARGS             # your script with other arguments, tuned
     python run_tuned.py --max-steps 200 --report report.json   # a timed run: it ends after 200 steps
+    TUNED_NPROCS=2 python run_tuned.py      # as 2 ranks over loopback (launch.sh sets it where tuned so)
+    torchrun --nproc-per-node 2 run_tuned.py   # as 2 ranks under torchrun
+
+As ranks, your script's own ``init_process_group`` joins them: over loopback through a file store
+(nothing listens), under torchrun as it always does.
 
 A timed run (``--report``, ``--max-steps``) ends once its steps are done, its report written:
 nothing your script does after them runs in it (autotune's standalone runs are timed runs). Where
@@ -26,7 +31,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from tuned_runtime import loop_script, run_tuned_args, script_end  # noqa: E402  (beside this file)
+from tuned_runtime import ranks  # noqa: E402  (beside this file)
+
+# Before torch is imported: with TUNED_NPROCS (launch.sh, tuned as several ranks) this process only
+# starts the ranks over loopback and leaves as they did; a rank pins its cores first.
+ranks.bootstrap()
+
+from tuned_runtime import loop_script, run_tuned_args, script_end, script_ranks  # noqa: E402
 
 
 class Timed:
@@ -40,8 +51,10 @@ class Timed:
         self.samples = 0
         self.start: float | None = None
         self.first = 0
+        self.world = 1
 
     def begin(self, built) -> None:
+        self.world = loop_script.world_size()  # its group is joined by its first forward
         if self.start_after:
             while not os.path.exists(self.start_after):
                 time.sleep(0.02)
@@ -59,13 +72,17 @@ class Timed:
     def end(self, built) -> None:
         elapsed = time.perf_counter() - self.start if self.start is not None else 0.0
         timed = built.steps - self.first if self.start is not None else 0
-        rate = self.samples / elapsed if timed > 0 and elapsed > 0 else None
+        # each rank takes its share of the step: rank 0 reports for the ranks
+        rate = self.samples * self.world / elapsed if timed > 0 and elapsed > 0 else None
+        facts = loop_script.loop_facts(built)  # every rank: what each ran with is gathered
+        if os.environ.get("RANK", "0") != "0":
+            script_end.end_process(self.tmp)
         if rate:
             print(f"{rate:.1f} samples/s over {timed} steps", flush=True)
         if self.report:
             with open(self.report, "w") as f:
                 json.dump({"steps": built.steps, "first_step": 1, "timed_steps": timed, "samples_per_s": rate,
-                           "losses": self.losses, "facts": loop_script.loop_facts(built)}, f)
+                           "losses": self.losses, "facts": facts}, f)
         script_end.end_process(self.tmp)
 
 
@@ -82,6 +99,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="run-tuned-") as tmp:
         clock = Timed(args.report, args.max_steps, args.start_after, tmp) if timed else None
         built = loop_script.install(script, on_begin=clock.begin, on_step=clock.step) if clock else None
+        script_ranks.join_own_group()  # its init_process_group meets its ranks where they were started
         for key, value in settings.get("env_notes", {}).items():
             print(f"run_tuned.py: {key}: {value}", file=sys.stderr)
         try:
@@ -92,6 +110,7 @@ def main(argv: list[str]) -> int:
         if clock is not None and built is not None:
             # the script's own training was shorter than --max-steps: what it trained is the timed run
             clock.end(built)
+    script_end.leave_ranks()
     return 0
 
 

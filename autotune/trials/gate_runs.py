@@ -5,6 +5,7 @@ prints (``printed_training``)."""
 from __future__ import annotations
 
 import math
+import os
 import random
 from typing import TYPE_CHECKING
 
@@ -76,12 +77,29 @@ def scored_training(session: TrainingSession, steps: int, evaluate_at: tuple[int
 
 
 def printed_training(session: ScriptSession, printed: PrintedScores, steps: int,
-                     guard: LossGuard | None = None) -> DoneEvent:
+                     guard: LossGuard | None = None, *, over: str | None = None) -> DoneEvent:
     """A plain loop's scored training: its script run to the first print of ``--metric``'s
     line once ``steps`` steps are taken (to its end where it prints none later, or to its
     first write outside the trial's folder); the last number printed is its score, those
     printed before are its scores along the way (``trials.printed``). No score after a loss
-    that is not finite, or one that strays past ``guard``: the training stops there."""
+    that is not finite, or one that strays past ``guard``: the training stops there.
+
+    As several ranks, rank 0's print is the score (a DDP script prints from rank 0 only), and
+    where rank 0 stops, every rank stops: rank 0 marks the file ``over`` as it leaves, and the
+    others, whatever their scripts are doing by then (past their training, or waiting in a
+    collective rank 0 will not join), end their training there."""
+    if session.dist.enabled and session.dist.rank != 0:
+        return _until_rank_zero_is_over(session, printed, over)
+    try:
+        return _printed_training(session, printed, steps, guard)
+    finally:
+        if over is not None and session.dist.enabled:
+            with open(over, "w"):
+                pass
+
+
+def _printed_training(session: ScriptSession, printed: PrintedScores, steps: int,
+                      guard: LossGuard | None) -> DoneEvent:
     from autotune.runtime.stepper import ScriptEnded
 
     losses: list[float] = []
@@ -100,3 +118,40 @@ def printed_training(session: ScriptSession, printed: PrintedScores, steps: int,
         raise ValueError(printed.missing(len(losses)))
     *along, (_, last) = printed.scores
     return DoneEvent(mode=Mode.QUALITY, losses=losses, metric=last, evaluations=along)
+
+
+def _until_rank_zero_is_over(session: ScriptSession, printed: PrintedScores, over: str | None) -> DoneEvent:
+    """A rank other than 0 of a printed training: its steps, until rank 0's training is over.
+    What its own script raises once rank 0 has left (a peer gone from a collective) is that
+    end, not its fault; its own end before rank 0's waits for rank 0's."""
+    import threading
+    import time
+
+    from autotune.runtime.stepper import ScriptEnded
+
+    if over is None:
+        raise ValueError("a printed training of several ranks names no file for rank 0's end")
+    printed.guard_writes(session.folder)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            if os.path.exists(over):
+                session.stepper.ended_elsewhere("rank 0's training is over")
+                return
+
+    threading.Thread(target=watch, daemon=True, name="rank-0-over").start()
+    losses: list[float] = []
+    try:
+        while True:
+            _, got = session.run_steps(1)
+            losses.extend(got)
+    except BaseException as exc:
+        if not (isinstance(exc, ScriptEnded) and exc.code in (None, 0)) and not os.path.exists(over):
+            time.sleep(1.0)  # a peer gone from a collective: rank 0 may be leaving now
+            if not os.path.exists(over):
+                raise
+    while not os.path.exists(over):  # its script ended first: rank 0 still trains or evaluates
+        time.sleep(0.05)
+    done.set()
+    return DoneEvent(mode=Mode.QUALITY, losses=losses)

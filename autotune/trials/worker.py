@@ -328,7 +328,8 @@ def run_mode(session: TrainingSession, spec: TrialSpec, events: Events) -> DoneE
         if mode is Mode.TRAJECTORY:
             return trajectory(session, spec.mode.steps, spec.mode.guard)
         if isinstance(session, ScriptSession) and session.printed is not None:
-            return printed_training(session, session.printed, spec.mode.steps, spec.mode.guard)
+            return printed_training(session, session.printed, spec.mode.steps, spec.mode.guard,
+                                    over=f"{spec.events}.over")
         return scored_training(session, spec.mode.steps, spec.mode.evaluate_at, spec.mode.guard)
     if mode is Mode.SERVE:
         if spec.control is None:
