@@ -72,3 +72,26 @@ def test_no_rival_when_the_other_batch_is_clearly_slower_or_of_the_other_precisi
     # within the 5% floor even where the trials' spreads are smaller
     assert batch_rival(_ranked((one(256), 1430.0, 0.0), (one(512), 1370.0, 0.0))) == one(512)
     assert batch_rival([]) is None
+
+
+def test_the_layout_line_is_read_from_a_rejected_candidate_measured_beside_its_other_layout():
+    """The winner's other layout was not measured, and the only pair measured side by side
+    failed a later check (its quality, say): what the layout is worth is still read from it."""
+    from autotune.document.interval import Interval
+    from autotune.document.measures import Check
+    from autotune.verify.layout import run_layout_effect
+    from autotune.verify.speed import CandidateSpeed
+    from autotune.verify.verdict import Verdict
+
+    def measured(cfg: TrialConfig, rates: tuple[float, ...], passed: bool) -> Verdict:
+        speed = CandidateSpeed(interval=Interval(ratio=1.0, low=1.0, high=1.0, level=0.9), ratios=(1.0,) * len(rates),
+                               samples_per_s=rates, median_samples_per_s=sorted(rates)[len(rates) // 2])
+        return Verdict(cfg, {"quality": Check(passed, {} if passed else {"reason": "its quality"})}, speed=speed)
+
+    winner = measured(one(32, allocator="tcmalloc"), (300.0,) * 5, True)
+    split = measured(ranks(64), (100.0, 101.0, 99.0, 100.0, 102.0), False)
+    whole = measured(one(64), (200.0, 199.0, 201.0, 200.0, 198.0), False)
+    effect = run_layout_effect(winner, [winner, split, whole], [winner.config], SPACE, MACHINE)
+    assert effect is not None and (effect.multi_rank, effect.single_process) == ("2x1", "1x2")
+    assert 0.45 < effect.effect.ratio < 0.55
+    assert run_layout_effect(winner, [winner], [winner.config], SPACE, MACHINE) is None

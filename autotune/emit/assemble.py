@@ -28,7 +28,7 @@ from autotune.search.study import shown_url
 from autotune.search.trial_summary import TrialSummary
 from autotune.sections import SharingOptions, VerifyOptions
 from autotune.verify import batch as verify_batch
-from autotune.verify.layout import layout_effect
+from autotune.verify.layout import run_layout_effect
 from autotune.verify.precision import precision_note
 from autotune.verify.reference import work_key
 from autotune.verify.stage import Verified
@@ -66,16 +66,14 @@ def build_document(workbench: Workbench, verify: VerifyOptions, sharing: Sharing
         verification=dict(winner.checks) if winner is not None else {},
         precision=precision_note(chosen, winner, verdicts, space, exact=verify.exact,
                                  searched={c.config: c.measured.samples_per_s for c in outcome.ranked},
-                                 baseline_samples_per_s=outcome.baseline.measured.samples_per_s),
+                                 baseline_samples_per_s=outcome.baseline.measured.samples_per_s,
+                                 scored_by=workbench.task.scored_by),
         rejected=tuple(Rejection(config=v.config, reason=v.reason, checks=dict(v.checks))
                        for v in verdicts if v is not winner and not v.passed),
         candidates=candidates,
         search=search_summary(searched, sharing),
         space=SpaceSummary(included=space.choices, fixed=space.fixed, excluded=space.excluded),
-        layout_effect=layout_effect(verdicts, [*([winner.config] if winner is not None else []),
-                                                 *(v.config for v in verdicts if v.passed),
-                                                 *(v.config for v in verdicts if not v.passed),
-                                                 *verified.candidates[:1]], space, machine),
+        layout_effect=run_layout_effect(winner, verdicts, verified.candidates, space, machine),
         environment={}, options=dict(options),
         ablation=winner.ablation if winner is not None else None, stages=verified.stages,
         kept=_kept(verdicts, verified.scripts, out=workbench.out) if winner is None else None,

@@ -15,6 +15,16 @@ from autotune.verify.candidates import layout_contrast
 from autotune.verify.verdict import Verdict
 
 
+def run_layout_effect(winner: Verdict | None, verdicts: list[Verdict], candidates: Sequence[TrialConfig],
+                      space: Space, machine: Machine) -> LayoutEffect | None:
+    """What a run says of its process layout: read from the winner, else a candidate that passed,
+    else one that did not (rejected later, for its quality, say: its speed was measured beside its
+    other layout all the same), else the first candidate."""
+    tops = [*([winner.config] if winner is not None else []), *(v.config for v in verdicts if v.passed),
+            *(v.config for v in verdicts if not v.passed), *candidates[:1]]
+    return layout_effect(verdicts, tops, space, machine)
+
+
 def layout_effect(verdicts: list[Verdict], tops: Sequence[TrialConfig], space: Space,
                   machine: Machine) -> LayoutEffect | None:
     """The first of ``tops`` (the winner, the candidates that passed, those that did not) against

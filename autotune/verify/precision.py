@@ -12,8 +12,9 @@ from autotune.space import Space
 from autotune.verify.verdict import Verdict
 
 
-def describe_checks(verdict: Verdict) -> str:
-    """One line on how a configuration's precision was checked, for the summary."""
+def describe_checks(verdict: Verdict, *, scored_by: str = "evaluate()") -> str:
+    """One line on how a configuration's precision was checked, for the summary (``scored_by``:
+    what scores its quality, ``Task.scored_by``: evaluate(), the printed val_acc...)."""
     cfg = verdict.config
     what = {Precision.FP32: "fp32", Precision.TF32: "tf32 matmuls", Precision.BF16: "bf16 autocast",
             Precision.FP16: "fp16 autocast with GradScaler"}[Precision(cfg.precision)]
@@ -38,16 +39,17 @@ def describe_checks(verdict: Verdict) -> str:
     if quality is not None and quality.passed:
         d = quality.detail
         judged = d.get("judgement")
-        parts.append(f"evaluate() {d['candidate_metric']:.4g} vs {d['reference_metric']:.4g} in fp32"
+        parts.append(f"{scored_by} {d['candidate_metric']:.4g} vs {d['reference_metric']:.4g} in fp32"
                      + (f", {QualityJudgement.from_json(judged).words()}" if judged else ""))
     elif quality is not None and quality.passed is None and not cfg.exact:
-        parts.append("no evaluate() to check quality with")
+        parts.append("no evaluate() to check quality with" if scored_by == "evaluate()"
+                     else "no metric to check quality with")
     return f"{what}: " + ("; ".join(parts) if parts else "not checked")
 
 
 def precision_note(chosen: TrialConfig, winner: Verdict | None, verdicts: list[Verdict], space: Space, *,
                    exact: bool, searched: Mapping[TrialConfig, float] | None = None,
-                   baseline_samples_per_s: float | None = None) -> PrecisionNote:
+                   baseline_samples_per_s: float | None = None, scored_by: str = "evaluate()") -> PrecisionNote:
     """Which precision was chosen, how it was checked, why the others were not, and how
     to opt out: what the summary and best_config.json say about precision. ``searched``:
     the samples/s the search measured of each configuration, which says how much faster
@@ -85,7 +87,7 @@ def precision_note(chosen: TrialConfig, winner: Verdict | None, verdicts: list[V
         opt_out = "run with --exact (or --fix precision=fp32) to keep everything in fp32"
     return PrecisionNote(
         chosen=chosen.precision,
-        checked=describe_checks(winner) if winner is not None else None,
+        checked=describe_checks(winner, scored_by=scored_by) if winner is not None else None,
         rejected=rejected, inconclusive=inconclusive, judged=judged,
         instead=(f"the fastest verified configuration ({label(chosen)})" if winner is not None
                  else "the baseline"),
