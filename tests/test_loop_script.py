@@ -189,6 +189,35 @@ def test_a_loop_written_for_ddp_has_its_ranks_searched_where_its_printed_metric_
     assert "not written for DDP" in why and all(Layout.parse(lay).nprocs == 1 for lay in plain.choices["layout"])
 
 
+def test_a_measurement_runs_past_a_short_training_and_a_scored_one_runs_it_as_answered():
+    """A measurement (and the numerics check) ends after its own steps: it runs a hundred times
+    the loop's epochs (and its own steps, not the answer's), so that the served rounds of
+    verification never outlast a training of a few seconds; a gate's scored training runs the
+    length the answer says."""
+    epochs = facts(length={"epochs": 1, "epochs_flag": "--epochs"})
+    larger = epochs.overrides(epochs.baseline(TrialConfig()).replace(batch_size=128))
+    assert epochs.trial(larger)[0] == ("--epochs", "100", "--batch-size", "128")
+    assert epochs.trial(larger, scored=True)[0] == ("--epochs", "1", "--batch-size", "128")
+    steps = facts(argv=("--max-steps", "100"), length={"max_steps": 100, "steps_flag": "--max-steps"})
+    larger = steps.overrides(steps.baseline(TrialConfig()).replace(batch_size=128))
+    assert steps.trial(larger)[0] == ("--max-steps", "100", "--batch-size", "128")
+    assert steps.trial(larger, scored=True)[0] == ("--max-steps", "50", "--batch-size", "128")
+
+
+def test_the_summary_names_the_printed_metric_that_judged_a_precision():
+    from autotune.document.measures import Check
+    from autotune.verify.precision import describe_checks
+    from autotune.verify.verdict import Verdict
+
+    judged = Verdict(TrialConfig(precision="bf16"), {"quality": Check(True, {"candidate_metric": 0.7261,
+                                                                             "reference_metric": 0.729})})
+    said = describe_checks(judged, scored_by=facts(metric=r"val_acc (\S+)").scored_by)
+    assert said == "bf16 autocast: the printed val_acc 0.7261 vs 0.729 in fp32", said
+    unjudged = Verdict(TrialConfig(precision="bf16"), {"quality": Check(None, {})})
+    assert describe_checks(unjudged, scored_by="the printed ") == "bf16 autocast: no metric to check quality with"
+    assert describe_checks(unjudged) == "bf16 autocast: no evaluate() to check quality with"
+
+
 def test_the_patch_is_the_edits_the_trials_run(tmp_path):
     source = MLP.read_text()
     script = facts()
@@ -305,7 +334,7 @@ def test_a_scored_training_runs_the_loop_to_its_print_and_no_further(tmp_path):
     task = load_task(script, script_args=("--save", str(saved)), metric=PrintedMetric(r"val_acc (\S+)"))
     assert task.script is not None and task.has_evaluate and task.scored_by == "the printed val_acc"
     # its training's length, from its parser: what a gate's training is measured against
-    assert task.script.length == {"epochs": 3} and own_training(task, None) == OwnTraining(384, "epochs=3 of 128 samples")
+    assert task.script.user_values == {"epochs": 3} and own_training(task, None) == OwnTraining(384, "epochs=3 of 128 samples")
 
     def runner(facts, name):
         return TrialRunner(model_file=task.path, machine=probe_machine(), workdir=tmp_path / name, script=facts,

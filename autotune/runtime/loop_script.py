@@ -241,16 +241,14 @@ def batch_flag(parser: argparse.ArgumentParser, namespace: Any) -> dict[str, Any
 def training_length(parser: argparse.ArgumentParser, namespace: Any) -> dict[str, Any]:
     """How long the script trains, as its parser read it: ``max_steps`` (``STEPS_FLAGS``) or
     ``epochs`` (``EPOCHS_FLAGS``), each where it has such a flag with a whole number, and the
-    steps' flag (``steps_flag``: what sets them on its command line)."""
+    flag that sets each on its command line (``steps_flag``, ``epochs_flag``)."""
     out: dict[str, Any] = {}
-    for key, flags in (("max_steps", STEPS_FLAGS), ("epochs", EPOCHS_FLAGS)):
+    for key, flags, named in (("max_steps", STEPS_FLAGS, "steps_flag"), ("epochs", EPOCHS_FLAGS, "epochs_flag")):
         action = next((a for a in parser._actions if set(a.option_strings) & set(flags)), None)
         value = getattr(namespace, action.dest, None) if action is not None else None
         if action is not None and isinstance(value, int) and not isinstance(value, bool) and value > 0:
             out[key] = value
-            if key == "max_steps":
-                out["steps_flag"] = next((o for o in action.option_strings if o.startswith("--")),
-                                         action.option_strings[0])
+            out[named] = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
     return out
 
 

@@ -45,6 +45,9 @@ NOT_EXPRESSIBLE = {
 LOADER_KNOBS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 DTYPES = {Precision.BF16: "bfloat16", Precision.FP16: "float16"}
 NOTE = "  # autotune: verified faster on the machine it was tuned on"
+# A measurement's (and the numerics check's) run of a loop bounded by epochs: so many times its
+# epochs, ended by the trial once measured
+MEASURED_EPOCHS = 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,12 +281,19 @@ class LoopFacts(Record):
 
     def trial(self, overrides: JsonObject, *, scored: bool = False) -> tuple[tuple[str, ...], JsonObject]:
         """What a trial runs for ``overrides``: the arguments, and what the stepper applies. Only a
-        scored training (``scored``: the quality gates') runs the answer's steps; a measurement
-        and the numerics check run the script's own, so that a shortened training still has the
-        steps their windows take."""
-        if not scored and self.steps_flag:
+        scored training (``scored``: the quality gates') runs the answer's length; a measurement
+        and the numerics check end after steps of their own, so they run the script's own steps
+        and ``MEASURED_EPOCHS`` times its epochs: a short training (a few seconds of epochs, fewer
+        steps still at a larger batch) would end before verification's served rounds have."""
+        if scored:
+            return tuple(self.argv_with(overrides)), {"edits": self.edits(overrides)}
+        if self.steps_flag:
             overrides = {k: v for k, v in overrides.items() if k != self.steps_flag}
-        return tuple(self.argv_with(overrides)), {"edits": self.edits(overrides)}
+        argv = self.argv_with(overrides)
+        epochs, flag = self.length.get("epochs"), self.length.get("epochs_flag")
+        if isinstance(epochs, int) and isinstance(flag, str):
+            argv = _with_flag(argv, flag, str(epochs * MEASURED_EPOCHS))
+        return tuple(argv), {"edits": self.edits(overrides)}
 
     def emitted(self, overrides: JsonObject, *, script: Path) -> dict[str, str]:
         """``tuned.patch``: the edits as a diff of the script (``patch -p1`` in its folder)."""
