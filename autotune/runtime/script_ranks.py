@@ -99,6 +99,22 @@ def every_rank(facts: dict[str, Any]) -> list[dict[str, Any]]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [facts]
     out: list[Any] = [None] * dist.get_world_size()
-    group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None  # objects go on the host
-    dist.all_gather_object(out, facts, group=group)
+    dist.all_gather_object(out, facts, group=_host_group())
     return out
+
+
+_HOST: list[Any] = []  # the gloo group objects go through where the ranks' own backend is not gloo
+
+
+def _host_group() -> Any:
+    """A gloo group of every rank, made once (``new_group`` is a collective, and each one made
+    holds its connections for the life of the process), where the default group's backend is
+    not gloo: objects go on the host. None where it is gloo: the default group."""
+    import torch
+
+    dist = torch.distributed
+    if dist.get_backend() == "gloo":
+        return None
+    if not _HOST:
+        _HOST.append(dist.new_group(backend="gloo"))
+    return _HOST[0]
