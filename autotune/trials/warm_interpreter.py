@@ -38,6 +38,7 @@ def serve(modules: Sequence[str]) -> None:
     write(out, Message.READY, seconds=round(time.monotonic() - started, 3))
     refusal = _cuda_touched()
     wake_r, wake_w = os.pipe()
+    server = os.getpid()  # what a forked process checks its parent against
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below
@@ -65,7 +66,7 @@ def serve(modules: Sequence[str]) -> None:
                 write(out, Message.REFUSED, message=f"fork failed: {exc}")
                 continue
             if pid == 0:
-                _become(request, keep=(wake_r, wake_w))
+                _become(request, keep=(wake_r, wake_w), server=server)
             write(out, Message.SPAWNED, pid=pid)
 
 
@@ -93,9 +94,11 @@ def _reap(out: int) -> None:
         write(out, Message.EXITED, pid=pid, code=os.waitstatus_to_exitcode(status))
 
 
-def _become(request: dict, *, keep: tuple[int, ...]) -> None:
+def _become(request: dict, *, keep: tuple[int, ...], server: int) -> None:
     """In the forked process: become what ``python -m MODULE ARGS`` started with the
-    request's environment, streams and folder would be; never returns."""
+    request's environment, streams and folder would be; never returns. ``server``: the
+    server's pid, read before the fork (read after it, a server that died in between would
+    read as the new parent, and this process would outlive it)."""
     import faulthandler
     import runpy
     import tempfile
@@ -105,7 +108,6 @@ def _become(request: dict, *, keep: tuple[int, ...]) -> None:
     code = 1
     try:
         os.setsid()
-        server = os.getppid()
         proctree.die_with_parent()
         if os.getppid() != server:
             os._exit(1)  # the server died before the signal was set
