@@ -50,15 +50,25 @@ def leave_ranks() -> None:
     reported failed. One process leaves as usual."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
+    finalize()
+    os._exit(0)
+
+
+def finalize() -> None:
+    """What an interpreter does at its end, less tearing down its modules: wait for its threads,
+    run its ``atexit`` handlers, flush."""
     import atexit
 
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+    except Exception:
+        pass
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(0)
 
 
 def park() -> NoReturn:

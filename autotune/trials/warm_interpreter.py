@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from autotune.runtime import script_end
 from autotune.trials.forkserver import Message, write
 
 
@@ -141,7 +142,7 @@ def _become(request: dict, *, keep: tuple[int, ...], server: int) -> None:
 
             traceback.print_exc()
             code = 1
-        _finalize()
+        script_end.finalize()
     finally:
         os._exit(code)
 
@@ -163,23 +164,6 @@ def _exit_code(value: object) -> int:
         return value
     print(value, file=sys.stderr)
     return 1
-
-
-def _finalize() -> None:
-    """What an interpreter does at its end: wait for its threads, run atexit, flush."""
-    import atexit
-    import threading
-
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]
-    except Exception:
-        pass
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
 
 
 if __name__ == "__main__":
