@@ -87,8 +87,8 @@ BATCH = 16  # the model file's own: no batch range to measure
 def tuned(tmp_path_factory) -> SimpleNamespace:
     """One real run through the API, shared by the tests below: what tune() returned, the
     folder it wrote and what it printed on stderr. Three trials, short windows; the knobs that
-    only lengthen the verification are fixed (compile, several ranks, allocators, pinning, and
-    precision: the gates run for real in tests/test_precision.py; the batch, whose range
+    only lengthen the verification are fixed (compile, several ranks, allocators, pinning, the
+    optimizer's step, and precision: the gates run for real in tests/test_precision.py; the batch, whose range
     measurement and check tests/test_batch_judged.py runs)."""
     out = tmp_path_factory.mktemp("tune") / "out"
     printed = io.StringIO()
@@ -96,7 +96,7 @@ def tuned(tmp_path_factory) -> SimpleNamespace:
         result = autotune.tune(
             TUNED, trials=3, out=out, progress=False,
             fix={"nprocs": 1, "compile": "off", "allocator": pinned_allocator(), "affinity": "none", "precision": "fp32",
-                 "batch_size": BATCH},
+                 "optimizer_step": "default", "batch_size": BATCH},
             window_s=0.2, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
     return SimpleNamespace(result=result, out=out, printed=printed.getvalue())
 

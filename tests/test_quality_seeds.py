@@ -27,8 +27,10 @@ SEEDED_TIMEOUT_S = 900
 def gated(model: str, batch_size: int, workdir: Path) -> list[tuple[bool, str | None, int]]:
     """The gates' verdict on bf16 at the model's batch in RUNS runs, each from its own seeds,
     and how many steps the candidate trained. The fp32 references train as a run trains them:
-    on the fastest configuration measured alike (here, with a DataLoader worker), not on the
-    baseline's knobs (``reference.trained_fast``)."""
+    on the fastest configuration measured alike (``reference.trained_fast``). Here that is the
+    baseline's own knobs, as the search finds them for these small models on 2 cores: a
+    DataLoader worker only adds its copies. (With the worker a reference trains to the same
+    losses and score: tests/test_fast_reference.py.)"""
     machine = probe_machine()
     # tcmalloc: trainings share one warm process (glibc's allocator gets a fresh one each)
     allocator = "tcmalloc" if machine.to_json()["allocators"].get("tcmalloc") else "default"
@@ -40,7 +42,7 @@ def gated(model: str, batch_size: int, workdir: Path) -> list[tuple[bool, str | 
             # a verdict's seeds are the runner's plus 0 to 5: runs apart by more
             runner.seed, runner.workdir = 100 + 10 * run, workdir / f"run{run}"
             fed = baseline.replace(num_workers=1, persistent_workers=True)
-            trainings = Trainings(runner, evaluate=True, measured=((baseline, 100.0), (fed, 150.0)))
+            trainings = Trainings(runner, evaluate=True, measured=((baseline, 150.0), (fed, 100.0)))
             cand = baseline.replace(precision="bf16")
             verdict = gate(trainings, baseline, cand, settings=Settings())
             verdicts.append((bool(verdict.passed), verdict.reason, len(trainings.runs[work_key(cand), 0].losses)))

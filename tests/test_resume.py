@@ -173,7 +173,7 @@ CLI_ARGS = [
     "--pairs", "2", "--pair-seconds", "0.5", "--no-profile",
     "--trial-timeout", "120",
     "--fix", "nprocs=1", "--fix", "compile=off", "--fix", "precision=fp32",
-    f"--fix=allocator={pinned_allocator()}", "--fix", "affinity=none", "--fix", "interop_threads=none",
+    f"--fix=allocator={pinned_allocator()}", "--fix", "affinity=none", "--fix", "interop_threads=none", "--fix", "optimizer_step=default",
 ]
 
 
