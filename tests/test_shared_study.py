@@ -258,7 +258,7 @@ CLI_ARGS = [
     "--trials", str(BUDGET), "--window", "0.2", "--windows", "2", "--rounds", "2", "--top", "1",
     "--pairs", "2", "--pair-seconds", "0.5", "--trial-timeout", "120", "--heartbeat", "1", "--no-profile",
     "--fix", "nprocs=1", "--fix", "compile=off", f"--fix=allocator={pinned_allocator()}",
-    "--fix", "affinity=none", "--fix", "interop_threads=none", "--fix", "optimizer_step=default", "--fix", "precision=fp32",
+    "--fix", "affinity=none", "--fix", "interop_threads=none", "--fix", "precision=fp32",
 ]
 
 
