@@ -92,8 +92,9 @@ def tune(
                                  "epochs": epochs, "memory_limit": memory_limit, "scale_lr": scale_lr},
                           more=measurement)
     folder = output_folder(Path(model_file), Path(out) if out is not None else None)
-    doc = run_pipeline(Path(model_file), out=folder, options=options, reporter=Reporter(quiet=not progress),
-                       force=force, script_args=tuple(str(a) for a in script_args))
+    reporter = Reporter(quiet=not progress, live=False)  # lines, as a notebook's cell or a log shows them
+    doc = run_pipeline(Path(model_file), out=folder, options=options, reporter=reporter, force=force,
+                       script_args=tuple(str(a) for a in script_args))
     return Result.from_document(doc, folder)
 
 

@@ -63,6 +63,8 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             outdir.check_ours(out, force=force)
             if out.is_dir():  # a busy folder is refused before the model file is even checked
                 stack.enter_context(outdir.exclusive(out))
+            reporter.clock(started_at=started, timeout_s=options.timeout_s)
+            reporter.stage(f"checking {model_file.name}")
             # before creating anything: bad input loses nothing; the model where trials put it
             task = load_task(model_file, device=Device.CPU if options.fixed.get("device") == Device.CPU else None,
                              script_args=script_args, metric=printed_metric(options))
@@ -76,6 +78,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             if not parts.sharing.shared:
                 stack.enter_context(measure_lock.held(notice=reporter.warn))
             # else the workers of a shared study on this machine take turns per trial
+            reporter.stage("probing the machine")
             machine = probe_machine()
             runner = make_runner(task, machine, out, parts.measure)
             stack.callback(runner.shutdown)
@@ -108,7 +111,7 @@ def run(workbench: Workbench, parts: Sections, *, started_at: float) -> RunDocum
     probed(workbench)
     space = build_task_space(workbench.task, workbench.machine, parts.search)
     for knob, reason in space.excluded.items():
-        workbench.reporter.info(f"  skipping {knob}: {reason}")
+        workbench.reporter.skipping(knob, reason)
     searched = run_search(workbench, parts.search, parts.sharing, space=space, started_at=started_at,
                           reserve=functools.partial(leave_for_verification, workbench, parts.verify, parts.measure,
                                                     plan=parts.search.plan))
@@ -123,6 +126,7 @@ def run(workbench: Workbench, parts: Sections, *, started_at: float) -> RunDocum
         doc = verify_for_the_study(workbench, parts, searched=searched, verify=verify)
     else:
         doc = emit_outputs(workbench, parts.measure, document=verify())
+    workbench.reporter.stage("writing the report")
     report(workbench, doc, searched=searched)
     return doc
 

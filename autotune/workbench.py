@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -21,11 +22,17 @@ class Reporting(Protocol):
 
     def warn(self, text: str) -> None: ...
 
+    def skipping(self, knob: str, reason: str) -> None: ...
+
     def search(self, kind: ProgressEvent, info: ProgressInfo) -> None: ...
 
     def end_search(self) -> None: ...
 
     def verify(self, kind: ProgressEvent, info: ProgressInfo) -> None: ...
+
+    def stage(self, name: str, *, estimate_s: Mapping[str, float] | None = None) -> None: ...
+
+    def clock(self, *, started_at: float, timeout_s: float | None) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import psutil
@@ -291,3 +292,72 @@ def two_rank_trial(task: Task, machine, folder: Path):
     runner = TrialRunner(model_file=task.path, machine=machine, workdir=folder, script=task.script,
                          measurement=Measurement(window_s=0.2, windows=2))
     return runner, two, runner.run(two, name="two-ranks")
+
+
+def one_screen(stdout: str, out: Path) -> list[str]:
+    """The answer a run ends with, as it printed it (the last lines of ``stdout``), checked as
+    a user reads it: at most 20 lines of at most 100 columns, whose first 6 hold the verdict
+    with its figure, what to change, the command to train with and where the report is."""
+    lines = stdout.rstrip("\n").splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith(("verified: ", "not verified: ")))
+    lines = lines[start:]
+    assert len(lines) <= 20, "\n".join(lines)
+    # a path is as long as the user's --out makes it: measured as autotune's default one
+    wide = [line for line in lines if len(line.replace(str(out), "autotune-out/model")) > 100]
+    assert not wide, wide
+    first = lines[:6]
+    assert re.search(r"\d\.\d\dx", first[0]) or first[0].startswith("not verified: "), first
+    assert first[1].startswith("change: "), first
+    assert any(line.startswith("train with: ") and line.endswith("launch.sh") for line in first), first
+    assert any(line.startswith("report: ") and str(out.name) in line for line in first), first
+    return lines
+
+
+ANSI = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|[()][0-9A-B]|[=>])")
+
+
+def run_on_a_terminal(argv: list[str], *, timeout: float, columns: int = 100, **popen) -> SimpleNamespace:
+    """``argv`` with its stderr on a pseudo-terminal of ``columns`` columns, as a user's shell
+    gives it, and its stdout piped (the answer, read whole): its exit code, its stdout, what the
+    terminal showed (control sequences taken out) and when, as (seconds since it started, the
+    text shown so far)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {**popen.pop("env", os.environ), "TERM": "xterm-256color", "COLUMNS": str(columns)}
+    began = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, env=env, **popen)
+    os.close(slave)
+    raw: list[bytes] = []
+    seen: list[tuple[float, str]] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # every end of the terminal closed
+                return
+            if not data:
+                return
+            raw.append(data)
+            seen.append((time.monotonic() - began, ANSI.sub("", b"".join(raw).decode(errors="replace"))))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        stdout, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+        os.close(master)
+    screen = seen[-1][1] if seen else ""
+    return SimpleNamespace(returncode=proc.returncode, stdout=stdout.decode(errors="replace"), stderr=screen,
+                           seen=seen, ended_s=time.monotonic() - began)

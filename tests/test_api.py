@@ -157,7 +157,7 @@ def test_a_real_runs_summary_shows_the_baselines_and_the_picks_share_of_the_meas
     printed = io.StringIO()
     reporter = Reporter()
     reporter.out.file = printed
-    reporter.summary(doc, tuned.out)
+    reporter.details(doc, tuned.out)
     line = next(s for s in printed.getvalue().splitlines() if s.startswith("utilisation:"))
     said = (f"baseline {found.baseline.share:.1%} -> pick {found.pick.share:.1%} of " if doc.verified
             else f"baseline {found.baseline.share:.1%} of ")

@@ -156,7 +156,7 @@ def test_the_document_and_the_summary_say_which_stages_a_deadline_shortened(task
     assert schemas.problem(tight, "best_config") is None
     assert RunDocument.from_json(tight).to_json() == tight
 
-    Reporter().summary(RunDocument.from_json(tight), tmp_path / "tight" / "out")
+    Reporter().details(RunDocument.from_json(tight), tmp_path / "tight" / "out")
     printed = capsys.readouterr().out
     assert "ablation: skipped to fit --timeout 30" in printed
     assert "cut from 10 rounds to fit --timeout 30" in printed

@@ -53,14 +53,14 @@ def test_a_kept_configuration_reads_back_and_conforms_and_a_document_without_it_
 
 def test_the_summary_and_the_report_say_it_was_faster_by_the_median_and_not_emitted(tmp_path, capsys):
     folder = tmp_path / "my out"
-    Reporter().summary(kept_document(), folder)
+    Reporter().details(kept_document(), folder)
     said = capsys.readouterr().out
     assert "no configuration was verified faster than the baseline." in said
     assert (f"{KEPT.config.short()} was faster by a median of 1.31x over 6 pairs, but a re-run may be slower "
             "on this machine (0.87-1.99x): not emitted; the baseline is recommended. "
             f"`autotune verify {folder}` measures it again (its scripts: {folder}/verify/candidate-0/launch.sh)"
             ) in said
-    Reporter().summary(dataclasses.replace(kept_document(), kept=None), folder)
+    Reporter().details(dataclasses.replace(kept_document(), kept=None), folder)
     assert "faster by a median" not in capsys.readouterr().out
     folder.mkdir()
     (folder / "best_config.json").write_text(json.dumps(kept_document().to_json()))
@@ -105,7 +105,7 @@ def test_a_run_whose_pairs_straddle_1x_keeps_the_faster_and_autotune_verify_meas
     refused = next(r for r in doc["rejected"] if r["config"] == kept["config"])["checks"]["standalone"]
     assert kept["median"] == refused["median"] > 1.0 and kept["pairs"] == refused["pairs"]
     assert kept["ci_low"] == refused["ci_low"] < 1.0 and kept["ci_high"] == refused["ci_high"]
-    Reporter().summary(RunDocument.from_json(doc), out)
+    Reporter().details(RunDocument.from_json(doc), out)
     said = " ".join(capsys.readouterr().out.split())
     assert (f"faster by a median of {kept['median']:.2f}x over {kept['pairs']} pairs, but a re-run may be slower "
             f"on this machine ({kept['ci_low']:.2f}-{kept['ci_high']:.2f}x): not emitted") in said

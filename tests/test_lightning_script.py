@@ -24,7 +24,7 @@ from autotune.task.lightning_script import KIND, LightningFacts
 from autotune.task.load import recognise
 
 from doubles import recorded_machine
-from helpers import MODELS, contract_error, emitted_report, left_running, two_rank_trial
+from helpers import MODELS, contract_error, emitted_report, left_running, one_screen, two_rank_trial
 
 SCRIPTS = MODELS / "lightning"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -278,7 +278,9 @@ def test_a_lightning_script_is_tuned_and_verified_by_running_it(tuned):
     assert settings["overrides"]["loader"]["num_workers"] == doc["config"]["num_workers"]
     arguments = (tuned.out / "tuned_arguments.md").read_text()
     assert f"training DataLoader (line 40): num_workers={doc['config']['num_workers']}" in arguments
-    assert "change in your script: training DataLoader (line 40)" in tuned.proc.stdout
+    assert "in your script: training DataLoader (line 40)" in tuned.proc.stdout
+    one_screen(tuned.proc.stdout, tuned.out)
+    assert "trial 1/" in tuned.proc.stderr and "\x1b[" not in tuned.proc.stderr
     assert (tuned.out / "tuned_runtime" / "lightning_script.py").is_file()
     assert "your script's tuned Trainer and DataLoader arguments" in (tuned.out / "report.md").read_text()
 

@@ -29,7 +29,7 @@ from autotune.task.way_in import PrintedMetric
 from autotune.verify.length import OwnTraining, own_training
 
 from doubles import recorded_machine
-from helpers import MODELS, contract_error, emitted_report, left_running, two_rank_trial
+from helpers import MODELS, contract_error, emitted_report, left_running, one_screen, run_on_a_terminal, two_rank_trial
 
 SCRIPTS = MODELS / "loop"
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -419,12 +419,12 @@ def tuned(tmp_path_factory) -> SimpleNamespace:
     workers and compile fixed: they only lengthen the run), short windows."""
     out = tmp_path_factory.mktemp("loop") / "out"
     argv = ("--epochs", "1")
-    proc = subprocess.run(
+    # as a user runs it in a shell: its progress on a terminal (the live panel), its answer read whole
+    proc = run_on_a_terminal(
         [sys.executable, "-m", "autotune", "run", str(MLP), "--out", str(out), "--trials", "4",
          "--fix", "num_workers=0", "--fix", "compile=off", "--fix", "batch_size=64", "--fix", "affinity=none",
          "--fix", "allocator=default", "--window", "0.3", "--windows", "2", "--rounds", "2", "--pairs", "2",
-         "--pair-seconds", "0.5", "--no-profile", "--", *argv],
-        capture_output=True, text=True, timeout=900)
+         "--pair-seconds", "0.5", "--no-profile", "--", *argv], timeout=900)
     return SimpleNamespace(out=out, proc=proc, argv=argv, running=left_running(MLP),
                            doc=json.loads((out / "best_config.json").read_text())
                            if (out / "best_config.json").exists() else None)
@@ -456,6 +456,23 @@ def test_a_plain_loop_is_tuned_and_answered_in_its_own_terms(tuned, tmp_path):
         assert f"patch -p1 < {patch}" in tuned.proc.stdout
     elif tuned.proc.returncode == 0:
         assert "patch" not in doc["outputs"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_on_a_terminal_the_run_is_watched_live_and_ends_with_its_answer_in_one_screen(tuned):
+    proc = tuned.proc
+    assert proc.returncode in (0, 3), proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = one_screen(proc.stdout, tuned.out)
+    if proc.returncode == 0 and tuned.doc["config"]["precision"] == "bf16":
+        assert any(line.startswith("as a patch of your script: patch -p1 < ") for line in lines)
+    # mid-run, the screen said the stage and the time left; at the end the panel is gone
+    mid = [text for t, text in proc.seen if t < proc.ended_s - 1.0]
+    assert mid and re.search(r"autotune search {2}trial \d of 4", mid[-1]), mid[-1][-2000:]
+    assert re.search(r"elapsed, about [\d.,]+ (s|min) left", mid[-1]), mid[-1][-2000:]
+    assert "autotune verify" in mid[-1]
+    # no per-event lines on a terminal: the panel stands for them
+    assert "trial 1/4" not in proc.stderr and "skipping " not in proc.stderr
 
 
 @pytest.mark.slow

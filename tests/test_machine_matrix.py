@@ -139,7 +139,7 @@ def test_diverging_reduced_precision_falls_back_to_the_fastest_exact_config(task
 
 def test_the_summary_says_why_bf16_was_rejected(task, tmp_path, capsys):
     doc, _ = tune(task, "amx_spr", tmp_path, diverge=True)
-    Reporter().summary(RunDocument.from_json(doc), tmp_path / "amx_spr")
+    Reporter().details(RunDocument.from_json(doc), tmp_path / "amx_spr")
     text = capsys.readouterr().out
     assert "precision: bf16 rejected" in text and "diverge" in text
     assert "fp32" in text

@@ -211,7 +211,7 @@ def test_a_short_planned_run_emits_eager_and_a_long_one_compiled(task, tmp_path,
         assert schemas.problem(doc, "best_config") is None
         assert RunDocument.from_json(doc).to_json() == doc
 
-    assert main(["show", str(tmp_path / "long" / "out")]) == 0
+    assert main(["show", str(tmp_path / "long" / "out"), "--details"]) == 0
     shown = capsys.readouterr().out
     assert f"pays off after {math.ceil(modelled):,} steps of batch {entries[0]['config']['batch_size']}: " \
            "60 s of compiling" in shown

@@ -73,7 +73,7 @@ def test_bf16_that_tracks_its_fp32_twin_seed_by_seed_is_emitted_where_unpaired_d
     checked = doc["precision"]["checked"]
     assert "accepted: over 2 paired seeds" in checked and "judged after " in checked, checked
     assert problem(doc, "best_config") is None, problem(doc, "best_config")
-    Reporter().summary(RunDocument.from_json(doc), tmp_path / "out")
+    Reporter().details(RunDocument.from_json(doc), tmp_path / "out")
     assert "precision: bf16 autocast" in capsys.readouterr().out
     report = (tmp_path / "out" / "report.md").read_text()
     assert "Quality check: each configuration that trades quality" in report
@@ -99,7 +99,7 @@ def test_bf16_whose_pairs_never_settle_is_inconclusive_after_the_most_seeds_and_
     assert "neither shown within it nor beyond it after 6 seeds" in inconclusive["bf16"], inconclusive
     assert "--max-quality-drop" not in inconclusive["bf16"], "never a flag for the user to loosen"
     assert problem(doc, "best_config") is None, problem(doc, "best_config")
-    Reporter().summary(RunDocument.from_json(doc), tmp_path / "out")
+    Reporter().details(RunDocument.from_json(doc), tmp_path / "out")
     assert "precision: bf16 inconclusive" in capsys.readouterr().out
 
 

@@ -38,7 +38,7 @@ def test_the_summary_prints_paths_and_reasons_as_text(capsys):
         precision=dataclasses.replace(whole.precision, rejected={"bf16": MARKUP}, instead="the baseline"),
         outputs={"config": "best_config.json", "script": "s", "launcher": "l"},
         launch=f"./launch.sh  # runs: {MARKUP}")
-    Reporter().summary(doc, Path(f"/out/{MARKUP}"))
+    Reporter().details(doc, Path(f"/out/{MARKUP}"))
     out = capsys.readouterr().out.replace("\n", "")
     assert out.count(MARKUP) >= 4, out
 
@@ -50,7 +50,7 @@ def test_the_summary_names_every_file_written_stack_files_included(capsys):
     whole = load_doc()
     doc = dataclasses.replace(whole, model_file="m.py", best=None, speedup=None, config=whole.baseline.config,
                               outputs=outputs, launch="./launch.sh  # runs: python train_tuned.py")
-    Reporter().summary(doc, Path("/out"))
+    Reporter().details(doc, Path("/out"))
     wrote = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote "))
     assert wrote == "wrote " + ", ".join(f"/out/{name}" for name in outputs.values())
 
@@ -93,7 +93,7 @@ def test_optunas_own_info_lines_stay_out_of_the_progress(tmp_path, capsys):
         optuna.logging.set_verbosity(before)
 
 
-def test_at_a_terminal_the_bar_shows_the_configuration_measured_now_against_baseline_and_best():
+def test_at_a_terminal_the_panel_shows_the_configuration_measured_now_against_baseline_and_best():
     import io
 
     from rich.console import Console
@@ -101,7 +101,7 @@ def test_at_a_terminal_the_bar_shows_the_configuration_measured_now_against_base
     from autotune.config import TrialConfig
     from autotune.trials.runner import TrialResult
 
-    reporter = Reporter()
+    reporter = Reporter(live=True)
     screen = io.StringIO()
     reporter.err = Console(file=screen, force_terminal=True, width=200, highlight=False, soft_wrap=True)
     baseline, candidate = TrialConfig(batch_size=32), TrialConfig(batch_size=128, precision="bf16")
@@ -110,11 +110,11 @@ def test_at_a_terminal_the_bar_shows_the_configuration_measured_now_against_base
                                                 role=Role.BASELINE))
     reporter.search(ProgressEvent.START, TrialStart(number=2, of=4, config=candidate, role=None, elapsed=5.0))
     reporter.search(ProgressEvent.WINDOW, TrialWindow(i=0, value=2500.0))
-    assert reporter._bar is not None
-    now = reporter._bar.tasks[0].fields["now"]
-    assert now == f"{candidate.short()}: 2,500 samples/s, 2.50x the baseline, 2.50x the best", now
-    reporter._bar.refresh()
-    reporter.end_search()
+    view = reporter.view
+    assert view is not None and view.now == candidate.short() and view.step == "trial 2 of 4"
+    assert view.latest == "last window: 2,500 samples/s, 2.50x the baseline", view.latest
+    assert view.best == "best so far 1.00x the baseline (1,000 samples/s)"
+    reporter.close()
     assert "2.50x the baseline" in screen.getvalue()
     assert "window 1" not in screen.getvalue()  # windows are lines only with -v
 
@@ -125,7 +125,7 @@ def test_the_summary_leads_with_the_speedup_a_rerun_stays_above(capsys):
     shift = ("the baseline ran at two speeds, about 14,500 and 19,500 samples/s (3 and 3 of its runs), "
              "from one run to the next: the interval covers a re-run at either speed")
     speedup = dataclasses.replace(whole.speedup, lower_bound=1.62, speed_shift=shift)
-    Reporter().summary(dataclasses.replace(whole, speedup=speedup), Path("/out"))
+    Reporter().details(dataclasses.replace(whole, speedup=speedup), Path("/out"))
     out = " ".join(capsys.readouterr().out.split())
     iv = speedup.interval
     assert (f"speedup 1.62x or more in 95% of re-runs (median {iv.ratio:.2f}x, 95% of re-runs within "

@@ -167,9 +167,11 @@ def test_autotune_report_prints_the_files_it_wrote(tmp_path, capsys, monkeypatch
     assert printed == [str(out / "report.md"), str(out / "report.html")]
 
 
-def test_autotune_show_prints_the_summary_then_the_advice(tmp_path, capsys):
+def test_autotune_show_details_prints_the_summary_then_the_advice(tmp_path, capsys):
     out = make_outdir(tmp_path / "out")
-    assert show_command.main(argparse.Namespace(out=out, json=False)) == 0
+    assert show_command.main(argparse.Namespace(out=out, json=False, details=False)) == 0
+    assert "Changed from the baseline" not in capsys.readouterr().out  # the answer alone
+    assert show_command.main(argparse.Namespace(out=out, json=False, details=True)) == 0
     text = capsys.readouterr().out
     assert text.index("baseline: 3,705.7 samples/s") < text.index("Changed from the baseline: layout 1xdefault")
     assert "of the winner's speed" in text and "The search ran 9 trials" in text

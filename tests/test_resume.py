@@ -24,7 +24,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from helpers import pinned_allocator, read_stale, read_trials, survivors, trial_measuring
+from helpers import one_screen, pinned_allocator, read_stale, read_trials, survivors, trial_measuring
 
 # One xdist worker runs this module: its module fixture runs once (README: pytest -n 2).
 pytestmark = pytest.mark.xdist_group("resume")
@@ -237,6 +237,7 @@ def _bad(cfg: dict) -> bool:
 def test_study_with_failing_configs_runs_to_the_end(killed_and_resumed):
     run = killed_and_resumed
     assert run.second.returncode in (0, 3), run.second.stderr[-4000:]
+    one_screen(run.second.stdout, run.out)  # a model file's answer in one screen
     doc = json.loads((run.out / "best_config.json").read_text())
     assert not _bad(doc["config"]), "a failing configuration was chosen"
     emitted = [c["config"] for c in doc["candidates"] if c["outcome"] == "emitted"]

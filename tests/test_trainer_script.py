@@ -23,7 +23,7 @@ from autotune.task.load import recognise
 from autotune.task.trainer_script import KIND, TrainerFacts, check_trains_once
 
 from doubles import recorded_machine
-from helpers import MODELS, contract_error, emitted_report, left_running, two_rank_trial
+from helpers import MODELS, contract_error, emitted_report, left_running, one_screen, two_rank_trial
 
 SCRIPTS = MODELS / "trainer"
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "hf_trainer.py"
@@ -268,7 +268,10 @@ def test_a_parsed_script_is_tuned_and_verified_by_running_it(tuned):
     assert f"--dataloader_num_workers {doc['config']['num_workers']}" in arguments
     assert "a Hugging Face Trainer script" in tuned.proc.stdout + tuned.proc.stderr
     flags = " ".join(settings["flags"])
-    assert f"add to your script's command line: {flags}" in tuned.proc.stdout
+    assert f"on your script's command line: {flags}" in tuned.proc.stdout
+    one_screen(tuned.proc.stdout, tuned.out)  # the answer in one screen, its flags on it
+    # piped, the progress is the lines a log reads
+    assert "trial 1/" in tuned.proc.stderr and "\x1b[" not in tuned.proc.stderr
     assert f"| your script's tuned TrainingArguments | {flags} |" in (tuned.out / "report.md").read_text()
 
 

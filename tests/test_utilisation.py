@@ -145,7 +145,7 @@ def test_a_runs_document_carries_the_baselines_and_the_picks_share_and_the_summa
     printed = io.StringIO()
     reporter = Reporter()
     reporter.out.file = printed
-    reporter.summary(read, tmp_path / "out")
+    reporter.details(read, tmp_path / "out")
     line = next(s for s in printed.getvalue().splitlines() if s.startswith("utilisation:"))
     assert (f"baseline {found['baseline']['share']:.1%} -> pick {found['pick']['share']:.1%} of the measured "
             "cpu fp32 matmul peak on ") in line

@@ -31,11 +31,15 @@ def main(args: argparse.Namespace) -> int:
     from autotune.pipeline import EXIT_NOT_VERIFIED, EXIT_VERIFIED, output_folder, tune
     from autotune.report.console import Reporter
 
-    reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
+    # the live panel where stderr is a terminal; with --json, the lines a log reads
+    reporter = Reporter(quiet=args.quiet, verbose=args.verbose, live=False if args.json else None)
     options = run_options(args)
     out = output_folder(Path(args.model_file), args.out)
-    doc = tune(Path(args.model_file), out=out, options=options, reporter=reporter, force=args.force,
-               script_args=tuple(args.script_args))
+    try:
+        doc = tune(Path(args.model_file), out=out, options=options, reporter=reporter, force=args.force,
+                   script_args=tuple(args.script_args))
+    finally:
+        reporter.close()  # before an error's message, too
     if args.json:
         json.dump(doc.to_json(), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")

@@ -1,4 +1,5 @@
-"""``autotune show OUTDIR``: the result of an earlier run, and what it means."""
+"""``autotune show OUTDIR``: the answer of an earlier run, as the run ended with it; with
+``--details``, everything it found, and what it means."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("show", help="summarise the result in an output folder", description=__doc__)
     p.add_argument("out", type=Path, metavar="OUTDIR")
     p.add_argument("--json", action="store_true", help="print best_config.json")
+    p.add_argument("--details", action="store_true",
+                   help="everything the run found: every knob, what the figure covers, the evidence, "
+                        "the knobs not searched (the summary at the end of a run is the first screen of it)")
     p.set_defaults(handler=main)
 
 
@@ -25,8 +29,12 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc.to_json(), indent=2))
         return 0
-    reporter = Reporter()
-    reporter.summary(doc, args.out if args.out.is_dir() else args.out.parent)
+    reporter = Reporter(live=False)
+    folder = args.out if args.out.is_dir() else args.out.parent
+    if not args.details:
+        reporter.summary(doc, folder)
+        return 0
+    reporter.details(doc, folder)
     try:
         study = load_study(args.out, model_file=doc.model_file, fingerprint_id=doc.fingerprint_id)
     except UsageError as exc:  # the summary stands without the search's trials

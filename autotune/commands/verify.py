@@ -30,8 +30,11 @@ def main(args: argparse.Namespace) -> int:
     from autotune.report.console import Reporter
     from autotune.reverify import reverify
 
-    reporter = Reporter(quiet=args.quiet, verbose=args.verbose)
-    result = reverify(args.out, options=run_options(args), reporter=reporter, model_file=args.model_file)
+    reporter = Reporter(quiet=args.quiet, verbose=args.verbose, live=False if args.json else None)
+    try:
+        result = reverify(args.out, options=run_options(args), reporter=reporter, model_file=args.model_file)
+    finally:
+        reporter.close()  # the verdict below in lines
     now = result.speedup
     if args.json:
         print(json.dumps(result.to_json(), indent=2))

@@ -27,6 +27,7 @@ def profile_emitted(out: Path, doc: RunDocument, *, runner: TrialRunnerLike, pro
     where the profiled run failed (a warning says why: a finished run never fails over it)."""
     if not profile or not isinstance(runner, TrialRunner) or doc.step_profile is not None:
         return doc
+    reporter.stage("profiling the answer")
     reporter.info("profiling one window of the emitted script: where its step goes ...")
     runner.close()  # alone on the machine, as the standalone runs were
     try:

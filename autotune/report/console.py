@@ -1,7 +1,11 @@
-"""What the user sees: progress while tuning, and the summary at the end.
+"""What the user sees: progress while tuning, and the answer at the end.
 
-Progress goes to stderr (so ``--json`` keeps stdout clean); a silent terminal for
-minutes looks hung, so every trial and every measurement window prints a line.
+Progress goes to stderr (so ``--json`` keeps stdout clean). On a terminal it is one live
+panel (``report.live``): the stage, the step, the best so far, the time spent and left. Where
+stderr is not a terminal (a pipe, a CI log), or with ``--json`` or ``--quiet``, it is a line
+per event, as a log reads; a silent log for minutes looks hung, so every trial and every
+measurement window prints one. The answer at the end is one screen (``report.summary``);
+``autotune show OUTDIR --details`` prints everything (``Reporter.details``).
 Text that comes from the user (paths, exception messages, log lines, environment
 values) is printed as text, never as rich markup: "[/data/train]" in an error message
 must not end the run.
@@ -15,23 +19,15 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
-from autotune.config import TrialConfig
 from autotune.document.measures import VerifiedSpeedup
 from autotune.document.paths import resolve
 from autotune.document.run import RunDocument
 from autotune.report.advice import ablation_lines, plan_lines
+from autotune.report.live import LiveView
+from autotune.report.summary import answer
 from autotune.runtime.knobs import Precision
 from autotune.task.objective import duration
 from autotune.trials.progress import (
@@ -49,44 +45,92 @@ from autotune.trials.runner import TrialResult
 
 
 class Reporter:
-    """Progress on stderr, one line per event; the result on stdout. At a terminal a live
-    bar below the lines shows the trial count, elapsed and estimated time. Lines are never
+    """Progress on stderr; the answer on stdout. ``live`` (default: where stderr is a
+    terminal) shows one live panel in place of the per-event lines; else lines are never
     wrapped (a CI log keeps one event per line). ``quiet`` prints nothing on stderr;
-    ``verbose`` adds every measurement window."""
+    ``verbose`` adds every measurement window to the lines."""
 
-    def __init__(self, *, quiet: bool = False, verbose: bool = False) -> None:
+    def __init__(self, *, quiet: bool = False, verbose: bool = False, live: bool | None = None) -> None:
         self.err = Console(stderr=True, highlight=False, quiet=quiet, soft_wrap=True)
         self.out = Console(highlight=False, soft_wrap=True)
         self.verbose = verbose
         self.baseline: float | None = None
-        self._bar: Progress | None = None
-        self._task: TaskID | None = None
-        self._now = ""  # the configuration measured now, as the bar shows it
         self._best: float | None = None
+        self._live_wanted = (self.err.is_terminal if live is None else live) and not quiet
+        self._view: LiveView | None = None
+        self._started_at: float | None = None
+        self._ends_at: float | None = None
+
+    @property
+    def view(self) -> LiveView | None:
+        """The live panel, started on first use where it is wanted."""
+        if self._view is None and self._live_wanted:
+            self._view = LiveView(self.err)
+            if self._started_at is not None:
+                self._view.started = self._started_at
+            self._view.ends_at = self._ends_at
+        return self._view
+
+    def close(self) -> None:
+        """The live panel gone (it leaves nothing on the screen); lines from here on."""
+        if self._view is not None:
+            self._view.stop()
+            self._view = None
+        self._live_wanted = False
+
+    def clock(self, *, started_at: float, timeout_s: float | None) -> None:
+        """When the run began, and its --timeout: the panel's elapsed time and its bound."""
+        self._started_at = started_at
+        self._ends_at = None if timeout_s is None else started_at + timeout_s
+        if self._view is not None:
+            self._view.started, self._view.ends_at = started_at, self._ends_at
+
+    def stage(self, name: str, *, estimate_s: Mapping[str, float] | None = None) -> None:
+        """A stage of the run begins (the check, the probe, the batch range, verification,
+        the profile); verification's with its stages' estimate, in seconds by stage."""
+        view = self.view
+        if view is None:
+            return
+        if estimate_s is not None:
+            view.verification(estimate_s)
+        else:
+            view.enter(name)
 
     def info(self, text: str) -> None:
+        if self.view is not None:
+            self.view.latest = text.strip()
+            return
         self.err.print(text, markup=False)
 
+    def skipping(self, knob: str, reason: str) -> None:
+        """A knob the search leaves out on this machine: a line in a log; on a terminal the
+        answer counts them, and `autotune show --details` names them."""
+        if self.view is None:
+            self.err.print(f"  skipping {knob}: {reason}", markup=False)
+
     def warn(self, text: str) -> None:
-        self.err.print(Text.assemble(("warning:", "yellow"), " ", text))
+        self.err.print(Text.assemble(("warning:", "yellow"), " ", text))  # above the panel, where there is one
 
     def search(self, kind: ProgressEvent, info: ProgressInfo) -> None:
+        if isinstance(info, TrialEnd):
+            if info.role == Role.BASELINE and info.result.value:
+                self.baseline = info.result.value
+            if "best_planned_s" not in info.planned:  # a planned run's best is an effective rate, not a window's
+                self._best = info.best or self._best
+        view = self.view
+        if view is not None:
+            self._show(view, info)
+            return
         if isinstance(info, TrialStart):
-            self._advance(number=info.number, of=info.of, config=info.config)
             role = f" ({info.role})" if info.role else ""
             self.err.print(
                 f"[bold]trial {info.number}/{info.of}[/]{role}  {escape(info.config.short())}"
                 f"  [dim]{info.elapsed:.0f} s elapsed[/]"
             )
         elif isinstance(info, TrialWindow):
-            self._show_window(info.value)
             if self.verbose:
                 self.err.print(f"    window {info.i + 1}: {info.value:,.0f} samples/s", style="dim")
         elif isinstance(info, TrialEnd):
-            if info.role == Role.BASELINE and info.result.value:
-                self.baseline = info.result.value
-            if "best_planned_s" not in info.planned:  # a planned run's best is an effective rate, not a window's
-                self._best = info.best or self._best
             self.trial_end(info.result, info.best, planned=info.planned)
         elif isinstance(info, StaleTrial):
             self.warn(f"trial {info.number} was left running by an interrupted run; "
@@ -94,37 +138,29 @@ class Reporter:
         elif isinstance(info, BudgetStop):
             self.err.print(f"search stopped: {info.reason}")
 
-    def _advance(self, *, number: int, of: int, config: TrialConfig) -> None:
-        """The live bar: trial k of N, elapsed, time left; at a terminal only."""
-        if not self.err.is_terminal or self.err.quiet:
-            return
-        if self._bar is None:
-            self._bar = Progress(TextColumn("search"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TimeRemainingColumn(),
-                                 TextColumn("{task.fields[now]}", markup=False), console=self.err,
-                                 transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task("search", total=of, now="")
-        assert self._task is not None
-        self._now = config.short()
-        self._bar.update(self._task, completed=number - 1, total=of, now=self._now)
-
-    def _show_window(self, value: float) -> None:
-        """Beside the bar: the configuration measured now, its last window against the
-        baseline and the best so far."""
-        if self._bar is None or self._task is None:
-            return
-        against = [f"{value:,.0f} samples/s"]
-        if self.baseline:
-            against.append(f"{value / self.baseline:.2f}x the baseline")
-        if self._best:
-            against.append(f"{value / self._best:.2f}x the best")
-        self._bar.update(self._task, now=f"{self._now}: {', '.join(against)}")
+    def _show(self, view: LiveView, info: ProgressInfo) -> None:
+        """A search event on the live panel."""
+        if isinstance(info, TrialStart):
+            view.trial(info.number, info.of, info.config.short())
+        elif isinstance(info, TrialWindow):
+            against = [f"{info.value:,.0f} samples/s"]
+            if self.baseline:
+                against.append(f"{info.value / self.baseline:.2f}x the baseline")
+            view.latest = f"last window: {', '.join(against)}"
+        elif isinstance(info, TrialEnd):
+            if info.result.status not in (Status.OK, Status.PRUNED):
+                view.failed += 1
+                view.latest = f"a trial failed ({info.result.failure}): {info.result.describe_failure()}"
+            if self._best and self.baseline:
+                view.best = f"best so far {self._best / self.baseline:.2f}x the baseline ({self._best:,.0f} samples/s)"
+        elif isinstance(info, StaleTrial):
+            self.warn(f"trial {info.number} was left running by an interrupted run; "
+                      "marked failed, measuring it again")
+        elif isinstance(info, BudgetStop):
+            view.latest = f"search stopped: {info.reason}"
 
     def end_search(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
+        """The search's part of the panel is done (verification's follows)."""
 
     def trial_end(self, result: TrialResult, best: float | None,
                   planned: Mapping[str, float | None] | None = None) -> None:
@@ -154,13 +190,30 @@ class Reporter:
                 self.err.print(f"      | {line}", style="dim", markup=False)
 
     def verify(self, kind: ProgressEvent, info: ProgressInfo) -> None:
-        self.end_search()
+        view = self.view
+        if view is not None:
+            if isinstance(info, SpeedRound):
+                view.verify_stage("speed", step=f"round {info.round} of at most {info.rounds}")
+            elif isinstance(info, VerifyStep):
+                if info.stage is not None:
+                    step = f"pair {info.step} of at most {info.of}" if info.step is not None else ""
+                    view.verify_stage(info.stage, step=step)
+                view.latest = info.text
+            return
         if isinstance(info, SpeedRound):
             self.err.print(f"verify speed: round {info.round}/{info.rounds}", style="dim")
         else:
             self.err.print(f"verify: {info.text if isinstance(info, VerifyStep) else kind}", markup=False)
 
     def summary(self, doc: RunDocument, folder: Path) -> None:
+        """The answer, in one screen (``report.summary``)."""
+        self.close()
+        for line in answer(doc, folder):
+            self.out.print(line, markup=False)
+
+    def details(self, doc: RunDocument, folder: Path) -> None:
+        """Everything the run found, as `autotune show OUTDIR --details` prints it."""
+        self.close()
         base = doc.baseline
         table = Table(title=Text(f"autotune: {doc.model_file}"), show_header=True)
         table.add_column("knob")

@@ -61,6 +61,7 @@ def run_search(workbench: Workbench, search: SearchOptions, sharing: SharingOpti
     limit = memory_limit(search, machine)
     starts = heuristics(space, machine)
     # a shared study's ramp is measured once, by the first worker; the others wait for it
+    reporter.stage("the batch range")
     with (study_lock(place.storage, f"{place.name}:ramp") if place.storage is not None
           else contextlib.nullcontext()):
         space, ramp = batch_range.settle(

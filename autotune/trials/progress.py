@@ -60,9 +60,14 @@ class BudgetStop:
 
 @dataclasses.dataclass(frozen=True)
 class VerifyStep:
-    """``STEP``: a stage of the verification begins or ends."""
+    """``STEP``: a stage of the verification begins or ends, or takes its next step. ``stage``:
+    which (a ``document.stages.Stage`` value: "gates", "speed", "ablation", "standalone"),
+    where the step belongs to one; ``step`` of at most ``of``: its standalone pair."""
 
     text: str
+    stage: str | None = None
+    step: int | None = None
+    of: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

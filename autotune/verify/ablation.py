@@ -224,7 +224,7 @@ def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig,
                  VerifyStep(f"ablation: the winner against itself with each of "
                             f"{', '.join(v.knob for v in found if v.config in held) or 'no knob'} at the "
                             f"baseline's value{', and the path from the baseline one knob at a time' if path else ''} "
-                            f"({len(held)} configurations), up to {rounds} rounds side by side"))
+                            f"({len(held)} configurations), up to {rounds} rounds side by side", stage="ablation"))
         try:
             speed, checks = speed_check(runner, winner, held, rounds=rounds, progress=progress,
                                         name="verify-ablation", reference_label="reference", rule=rule,

@@ -63,11 +63,13 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
     fits = outcome.fits(searched.limit)
     candidates = choose_candidates(ranked, top=verify.top, space=searched.space, machine=workbench.machine, fits=fits,
                                    rival=batch_rival(others))
+    # the prices of verification's stages, from what the search measured: what --timeout is
+    # fitted to, and what the live panel counts down
+    costs = Costs.of_search(outcome, window_s=measure.window_s, evaluate_s=workbench.task.evaluate_s,
+                            fresh_start=ramp.fresh_start if (ramp := ramp_of(searched.place.study)) else None)
     budget = None
     if searched.ends_at is not None and verify.timeout_s is not None:
-        budget = Budget(timeout_s=verify.timeout_s, ends_at=searched.ends_at, costs=Costs.of_search(
-            outcome, window_s=measure.window_s, evaluate_s=workbench.task.evaluate_s,
-            fresh_start=ramp.fresh_start if (ramp := ramp_of(searched.place.study)) else None))
+        budget = Budget(timeout_s=verify.timeout_s, ends_at=searched.ends_at, costs=costs)
     asked = Settings.asked(verify).lengthened(
         workbench.task, searched.pricing.plan if searched.pricing is not None else None, measured_rates(outcome))
     settings = dataclasses.replace(
@@ -96,6 +98,8 @@ def run_verification(workbench: Workbench, verify: VerifyOptions, measure: Measu
         return scripts[cfg]
 
     if candidates:
+        reporter.stage("verify", estimate_s={stage.value: seconds for stage, seconds in fit.estimate(
+            settings, candidates, baseline=baseline, costs=costs, has_evaluate=workbench.task.has_evaluate).items()})
         reporter.info(f"verifying {len(candidates)} candidates against the baseline ...")
         winner, verdicts, base_speed = gates.verify_candidates(
             workbench.runner, baseline=baseline, candidates=candidates, reserve=ranked,

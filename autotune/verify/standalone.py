@@ -115,7 +115,7 @@ class Pairs:
 def alternate(runner: ScriptRunner, *, baseline: Script, candidate: Script, pairs: int,
               seconds: float, workdir: Path, timeout_s: float, ahead: int = 0,
               until: Callable[[Pairs], str | None] = lambda done: None,
-              progress: Callable[[str], None] = lambda text: None) -> Pairs:
+              progress: Callable[[str, int], None] = lambda text, pair: None) -> Pairs:
     """Up to ``pairs`` pairs of runs, each measuring alone on the machine; within a pair the
     order alternates so that neither side always runs second. With ``ahead``, that many of
     the next runs start and set up while the current one trains, each training once the
@@ -140,7 +140,7 @@ def alternate(runner: ScriptRunner, *, baseline: Script, candidate: Script, pair
         for turn, (i, role) in enumerate(turns):
             if turn % 2 == 0:
                 progress(f"standalone pair {i + 1} (at most {pairs}): the emitted script and the "
-                         "baseline's, each alone" + (", the next ones setting up meanwhile" if ahead else ""))
+                         "baseline's, each alone" + (", the next ones setting up meanwhile" if ahead else ""), i + 1)
             script = scripts[role]
             try:
                 if ahead:
@@ -225,7 +225,8 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
             runner, baseline=baseline, candidate=candidate, pairs=rule.limit,
             seconds=settings.pair_seconds, workdir=workdir,
             timeout_s=settings.script_timeout_s, ahead=together,
-            until=until, progress=lambda text: progress(ProgressEvent.STEP, VerifyStep(text)))
+            until=until, progress=lambda text, pair: progress(
+                ProgressEvent.STEP, VerifyStep(text, stage="standalone", step=pair, of=rule.limit)))
     except ScriptFailed as exc:
         if exc.role == "baseline":
             raise NotVerified(
