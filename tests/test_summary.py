@@ -157,18 +157,32 @@ def test_the_panel_says_the_stage_the_step_the_best_and_the_time_left_from_the_t
         # 10 s a trial: 6 s of this one left, and 3 more
         assert view.left_s() == 36.0
         shown = panel(view)
-        assert "search  trial 2 of 5  layout=2x1 batch=64" in shown and "about 36 s left" in shown
+        assert "search  trial 2 of 5  layout=2x1 batch=64" in shown
+        assert "about 36 s left of the search, then verification" in shown
         # verification priced: its stages counted down, the one under way from when it began
         view.verification({"gates": 30.0, "speed": 20.0, "ablation": 0.0, "standalone": 40.0})
         view.verify_stage("gates")
         clock.t += 10
         assert view.left_s() == 20.0 + 20.0 + 40.0
+        view.speed_round(1, 10)
+        assert view.stage == "verify: speed side by side" and view.step == "round 1 of at most 10"
+        assert view.left_s() == 20.0 + 40.0  # the gates are done once the next stage begins
+        # the gates again (the ablation's simplified configuration): nothing is counted twice
+        view.verify_stage("gates")
+        assert view.left_s() == 20.0 + 40.0
         view.verify_stage("standalone", step="pair 2 of at most 4")
         clock.t += 50  # past its estimate: nothing left of it, never less
         assert view.left_s() == 0.0
         assert "verify: standalone pairs  pair 2 of at most 4" in panel(view)
-        # --timeout bounds it
-        view.verify_stage("speed")
+    finally:
+        view.stop()
+    # --timeout bounds it
+    view = LiveView(Console(file=io.StringIO(), force_terminal=True), clock=clock)
+    try:
+        view.trial(1, 5, "a")
+        clock.t += 10
+        view.trial(2, 5, "b")
+        assert view.left_s() == 40.0
         view.ends_at = clock.t + 5
         assert view.left_s() == 5.0 and "(--timeout bounds it)" in panel(view)
     finally:

@@ -193,7 +193,7 @@ class Reporter:
         view = self.view
         if view is not None:
             if isinstance(info, SpeedRound):
-                view.verify_stage("speed", step=f"round {info.round} of at most {info.rounds}")
+                view.speed_round(info.round, info.rounds)
             elif isinstance(info, VerifyStep):
                 if info.stage is not None:
                     step = f"pair {info.step} of at most {info.of}" if info.step is not None else ""

@@ -19,8 +19,6 @@ from rich.text import Text
 
 from autotune.task.objective import duration
 
-# verification's stages in the order they run (``document.stages.Stage`` values)
-VERIFY_ORDER = ("gates", "speed", "ablation", "standalone")
 VERIFY_NAMES = {"gates": "verify: numerics and quality", "speed": "verify: speed side by side",
                 "ablation": "verify: what each knob is worth", "standalone": "verify: standalone pairs"}
 
@@ -44,6 +42,7 @@ class LiveView:
         self._trial_starts: list[float] = []
         self._verify: dict[str, float] = {}  # verification's stages and their estimates
         self._verify_stage: str | None = None
+        self._verify_began: dict[str, float] = {}  # when each of them first began
         self._live = Live(self, console=console, transient=True, refresh_per_second=4,
                           redirect_stdout=False, redirect_stderr=False)
         self._live.start()
@@ -69,9 +68,18 @@ class LiveView:
     def verify_stage(self, stage: str, *, step: str = "") -> None:
         if stage != self._verify_stage:
             self._verify_stage = stage
+            self._verify_began.setdefault(stage, self.clock())
             self.enter(VERIFY_NAMES.get(stage, f"verify: {stage}"), step=step)
         else:
             self.step = step
+
+    def speed_round(self, round: int, of: int) -> None:
+        """A round side by side: the speed check's, or the ablation's own session's."""
+        step = f"round {round} of at most {of}"
+        if self._verify_stage == "ablation":
+            self.step = step
+        else:
+            self.verify_stage("speed", step=step)
 
     def left_s(self) -> float | None:
         """The estimated seconds left of the run; None where nothing prices it yet."""
@@ -83,12 +91,15 @@ class LiveView:
             left = max(0.0, per_trial - (now - self._trial_starts[-1])) + per_trial * (of - number)
             left += sum(self._verify.values())
         elif self._verify and self.stage.startswith("verify"):
-            current = self._verify_stage
-            order = [s for s in VERIFY_ORDER if s in self._verify]
-            after = order[order.index(current) + 1:] if current in order else order
-            left = sum(self._verify[s] for s in after)
-            if current in self._verify:
-                left += max(0.0, self._verify[current] - (now - self._stage_began))
+            # a stage not begun yet counts whole; the one under way, what is left of it since
+            # it first began (the gates run again for the ablation's simplified configuration)
+            left = 0.0
+            for stage, estimate in self._verify.items():
+                began = self._verify_began.get(stage)
+                if began is None:
+                    left += estimate
+                elif stage == self._verify_stage:
+                    left += max(0.0, estimate - (now - began))
         if self.ends_at is not None:
             until_end = max(0.0, self.ends_at - now)
             left = until_end if left is None else min(left, until_end)
@@ -102,8 +113,12 @@ class LiveView:
             head.append(f"  {self.now}", style="dim")
         elapsed = self.clock() - self.started
         left = self.left_s()
-        clock = f"{duration(elapsed)} elapsed, " + (
-            f"about {duration(left)} left" if left is not None else "time left: known after the first trials")
+        if left is None:
+            clock = f"{duration(elapsed)} elapsed, time left: known after the first trials"
+        elif self.stage == "search" and not self._verify:
+            clock = f"{duration(elapsed)} elapsed, about {duration(left)} left of the search, then verification"
+        else:
+            clock = f"{duration(elapsed)} elapsed, about {duration(left)} left"
         if self.ends_at is not None:
             clock += " (--timeout bounds it)"
         tail = Text(clock)
