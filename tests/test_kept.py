@@ -24,7 +24,7 @@ from autotune.sections import SearchOptions
 from autotune.trials.script_report import ScriptReport
 
 from doubles import StandInRunner, recorded_machine, tune_stand_in
-from helpers import MODELS, knob_cnn, pinned_allocator
+from helpers import MODELS, knob_cnn, one_screen, pinned_allocator
 from recorded_run import load_doc
 
 KEPT = Kept(config=TrialConfig(nprocs=1, threads=2, batch_size=128), launcher="verify/candidate-0/launch.sh",
@@ -149,7 +149,8 @@ def test_a_real_run_level_alone_is_not_verified_and_keeps_what_its_pairs_favoure
     doc = json.loads((out / "best_config.json").read_text())
     assert code == 3 and not doc["verified"] and doc["config"] == doc["baseline"]["config"]
     assert schemas.problem(doc, "best_config") is None
-    said = " ".join(capsys.readouterr().out.split())
+    printed = capsys.readouterr().out
+    said = " ".join(printed.split())
     alone = [(r["config"], s) for r in doc["rejected"] if "ratios" in (s := r["checks"].get("standalone", {}))]
     favoured = [(cfg, s) for cfg, s in alone if s["median"] > 1.0]
     if not favoured:  # by chance the side-by-side rounds or the pairs found it no faster
@@ -159,6 +160,12 @@ def test_a_real_run_level_alone_is_not_verified_and_keeps_what_its_pairs_favoure
     kept = doc["kept"]
     assert kept["config"] == cfg and kept["median"] == figures["median"] and kept["pairs"] == figures["pairs"]
     assert re.fullmatch(r"verify/candidate-\d+/launch\.sh", kept["launcher"]) and (out / kept["launcher"]).exists()
+    answer = one_screen(printed, out)
+    assert answer[0] == (f"not verified: keep yours; the fastest ran {kept['median']:.2f}x faster by its median "
+                         f"({kept['pairs']} pairs), a re-run {kept['ci_low']:.2f}-{kept['ci_high']:.2f}x")
+    assert f"  `autotune verify {out}` measures it again" in answer
+    assert main(["show", str(out), "--details"]) == 0  # the whole sentence, its scripts named
     assert (f"faster by a median of {kept['median']:.2f}x over {kept['pairs']} pairs, but a re-run may be slower "
             f"on this machine ({kept['ci_low']:.2f}-{kept['ci_high']:.2f}x): not emitted; the baseline is "
-            f"recommended. `autotune verify {out}` measures it again (its scripts: {out / kept['launcher']})") in said
+            f"recommended. `autotune verify {out}` measures it again (its scripts: {out / kept['launcher']})") in \
+        " ".join(capsys.readouterr().out.split())

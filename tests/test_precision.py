@@ -13,6 +13,8 @@ import pytest
 
 from autotune.config import TrialConfig
 
+from helpers import one_screen
+
 MODELS = Path(__file__).parent / "models"
 
 
@@ -39,7 +41,11 @@ def test_a_model_bf16_breaks_gets_the_best_fp32_configuration(tmp_path):
     assert gated, "no bf16 candidate reached verification: the test shows nothing"
     assert all(c["outcome"].startswith("rejected: numerics") for c in gated), gated
     assert doc["precision"]["chosen"] == "fp32" and "bf16" in doc["precision"]["rejected"]
-    assert "precision: bf16 rejected" in proc.stdout and "diverge" in proc.stdout
+    # the answer says it in a line; `autotune show --details`, why at length
+    assert any(line.startswith("precision: bf16 rejected: ") for line in one_screen(proc.stdout, out))
+    details = subprocess.run([sys.executable, "-m", "autotune", "show", str(out), "--details"],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "precision: bf16 rejected" in details and "diverge" in details
     if proc.returncode == 0:  # an fp32 configuration beat the baseline: it is emitted
         chosen = TrialConfig.from_dict(doc["config"])
         assert chosen.exact and chosen != TrialConfig.from_dict(doc["baseline"]["config"])

@@ -98,7 +98,7 @@ def test_an_answer_that_verified_nothing_says_keep_yours_and_names_the_faster_me
     doc = dataclasses.replace(whole, best=None, speedup=None, config=whole.baseline.config, kept=kept)
     out = written(tmp_path, doc)
     lines = one_screen(printed(doc, out), out)
-    assert lines[0].startswith("not verified: the fastest was faster by a median of 1.07x over 4 pairs")
+    assert lines[0] == "not verified: keep yours; the fastest ran 1.07x faster by its median (4 pairs), a re-run 0.90-1.25x"
     assert lines[1] == "change: nothing: your configuration stays as it is"
     assert lines[4] == fit(f"not emitted: {whole.config.short()}") and f"autotune verify {out}" in lines[5]
 

@@ -106,8 +106,8 @@ def verdict(doc: RunDocument) -> list[str]:
                     f"{iv.level:.0%} of re-runs within {iv.low:.2f}-{iv.high:.2f}x, {speed.pairs} standalone pairs)")]
     if doc.kept is not None:  # named after the command: its configuration is long
         iv = doc.kept.interval
-        return [fit(f"not verified: the fastest was faster by a median of {iv.ratio:.2f}x over {doc.kept.pairs} "
-                    f"pairs, but a re-run may not be ({iv.low:.2f}-{iv.high:.2f}x): keep your configuration")]
+        return [fit(f"not verified: keep yours; the fastest ran {iv.ratio:.2f}x faster by its median "
+                    f"({doc.kept.pairs} pairs), a re-run {iv.low:.2f}-{iv.high:.2f}x")]
     return ["not verified: nothing ran faster than your configuration by a margin a re-run keeps: keep it"]
 
 
@@ -142,6 +142,8 @@ def could_not(doc: RunDocument) -> list[str]:
         names = [knob.partition("=")[0] for knob in doc.excluded]
         firsts = ", ".join(dict.fromkeys(names))
         lines.append(fit(f"not searched here: {len(doc.excluded)} knobs ({firsts})"))
+    for label, reason in doc.precision.rejected.items():
+        lines.append(fit(f"precision: {label} rejected: {reason}"))
     for item in doc.rejected[:REJECTIONS_SHOWN]:
         lines.append(fit(f"rejected {item.config.short()}: {item.reason}"))
     if len(doc.rejected) > REJECTIONS_SHOWN:
