@@ -159,9 +159,6 @@ class Reporter:
         elif isinstance(info, BudgetStop):
             view.latest = f"search stopped: {info.reason}"
 
-    def end_search(self) -> None:
-        """The search's part of the panel is done (verification's follows)."""
-
     def trial_end(self, result: TrialResult, best: float | None,
                   planned: Mapping[str, float | None] | None = None) -> None:
         """``planned``: under a planned run, its predicted time for this trial

@@ -37,7 +37,6 @@ class LiveView:
         self.best = ""  # the best so far against the baseline
         self.latest = ""  # the last thing the run said
         self.failed = 0
-        self._stage_began = self.started
         self._trials: tuple[int, int] | None = None  # trials started, of how many
         self._trial_starts: list[float] = []
         self._verify: dict[str, float] = {}  # verification's stages and their estimates
@@ -52,7 +51,7 @@ class LiveView:
 
     def enter(self, stage: str, *, step: str = "") -> None:
         if stage != self.stage:
-            self.stage, self._stage_began, self.now = stage, self.clock(), ""
+            self.stage, self.now = stage, ""
         self.step = step
 
     def trial(self, number: int, of: int, config: str) -> None:

@@ -84,10 +84,7 @@ def run_search(workbench: Workbench, search: SearchOptions, sharing: SharingOpti
                     scoring=Scoring(plan=search.plan, memory_limit=limit), turns=place.turns(notice=reporter.warn),
                     steers=task.script is None)
     tuner = Tuner(study=place.study, space=space, runner=workbench.runner, course=course, progress=reporter.search)
-    try:
-        outcome = tuner.run()
-    finally:
-        reporter.end_search()
+    outcome = tuner.run()
     if outcome.baseline is None:
         if task.script is not None and (fault := script_fault(outcome, space=space)) is not None:
             raise ContractError(f"{task.path}: the script as written cannot train, so there is nothing to tune: "
