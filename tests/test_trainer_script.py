@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -142,9 +143,15 @@ def test_the_check_reads_a_script_with_arguments_in_code_and_one_that_parses_the
 
 
 @pytest.mark.slow
-def test_a_script_that_never_reaches_its_training_is_ended_and_named():
+def test_a_script_that_never_reaches_its_training_is_ended_and_named(tmp_path, monkeypatch):
+    temporary = tmp_path / "tmp"  # where the check's process makes its temporary folders
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    monkeypatch.setattr(tempfile, "tempdir", None)
     msg = contract_error(SCRIPTS / "never_trains.py", timeout_s=8)
     assert "never_trains.py: the script did not reach its Trainer's first steps within 8 s" in msg
+    # the ended check's output folder too (the tuner's own warm interpreters' folder stays theirs)
+    assert [p.name for p in temporary.iterdir() if p.name.startswith("autotune-check")] == []
 
 
 @pytest.mark.slow

@@ -67,14 +67,18 @@ def script_child_main(check: Callable[[str, list[str], str], tuple[Any, float]],
     proctree.become_subreaper()
     proctree.die_with_parent()
     result: JsonObject
+    # The script's output folder is in the tuner's temporary folder, beside OUT: the tuner
+    # removes it once this process is over, also where it ended this one for being late
+    # (a folder of this process's own would outlive it then)
+    script_out = Path(out).parent / "script-output"
+    script_out.mkdir()
     try:
-        with tempfile.TemporaryDirectory(prefix="autotune-check-out-") as tmp:
-            try:
-                facts, step_s = check(path, script_argv, tmp)
-                result = {"script": facts.to_json(), "step_s": step_s}
-            except ContractError as exc:
-                result = {"error": str(exc)}
-            Path(out).write_text(json.dumps(result))
+        try:
+            facts, step_s = check(path, script_argv, str(script_out))
+            result = {"script": facts.to_json(), "step_s": step_s}
+        except ContractError as exc:
+            result = {"error": str(exc)}
+        Path(out).write_text(json.dumps(result))
     finally:
         from autotune.task.check import _end_descendants
 
