@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 from pathlib import Path
 
 from rich.console import Console
@@ -67,7 +68,11 @@ def test_the_answer_opens_with_the_verdict_the_changes_the_command_and_the_repor
     assert any(line == f"train with: {out / 'launch.sh'}" for line in lines[:6])
     assert any(line == f"report: {out / 'report.html'}" for line in lines[:6])
     # briefly, what it could not do; where everything else is
-    assert any(line.startswith(f"not searched here: {len(doc.excluded)} knobs (") for line in lines)
+    [skipped] = [line for line in lines if line.startswith(f"not searched here: {len(doc.excluded)} knobs and values (")]
+    # a value not searched is named with its knob: precision was searched, fp16 was not
+    assert "precision=fp16" in doc.excluded and "precision" not in doc.excluded
+    assert re.search(r"\bprecision\b(?!=)", skipped) is None, skipped
+    assert f"({next(iter(doc.excluded))}, " in skipped
     assert lines[-1].startswith(f"everything else: autotune show {out} --details")
     assert "warning: the pairs ranged from 1.96x to 5.03x" in "\n".join(lines)
 

@@ -139,9 +139,9 @@ def could_not(doc: RunDocument) -> list[str]:
     rejection in a line."""
     lines = []
     if doc.excluded:
-        names = [knob.partition("=")[0] for knob in doc.excluded]
-        firsts = ", ".join(dict.fromkeys(names))
-        lines.append(fit(f"not searched here: {len(doc.excluded)} knobs ({firsts})"))
+        # each as excluded, a value with its knob: "precision=fp16", never "precision" where
+        # bf16 was searched (and may be what the answer changed)
+        lines.append(fit(f"not searched here: {len(doc.excluded)} knobs and values ({', '.join(doc.excluded)})"))
     for label, reason in doc.precision.rejected.items():
         lines.append(fit(f"precision: {label} rejected: {reason}"))
     for item in doc.rejected[:REJECTIONS_SHOWN]:
