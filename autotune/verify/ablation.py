@@ -31,6 +31,7 @@ from typing import Any
 from autotune.config import KnobValue, TrialConfig
 from autotune.document.ablation import Ablation, AblationPath, KnobEffect, PathStep
 from autotune.document.interval import Interval
+from autotune.document.stages import Stage
 from autotune.errors import AutotuneError, UsageError
 from autotune.runtime.knobs import Device
 from autotune.space.gpu import normalised
@@ -224,7 +225,8 @@ def measure(runner: TrialRunnerLike, winner: TrialConfig, baseline: TrialConfig,
                  VerifyStep(f"ablation: the winner against itself with each of "
                             f"{', '.join(v.knob for v in found if v.config in held) or 'no knob'} at the "
                             f"baseline's value{', and the path from the baseline one knob at a time' if path else ''} "
-                            f"({len(held)} configurations), up to {rounds} rounds side by side", stage="ablation"))
+                            f"({len(held)} configurations), up to {rounds} rounds side by side",
+                            stage=Stage.ABLATION.value))
         try:
             speed, checks = speed_check(runner, winner, held, rounds=rounds, progress=progress,
                                         name="verify-ablation", reference_label="reference", rule=rule,

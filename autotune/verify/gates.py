@@ -79,7 +79,7 @@ def screen(trainings: Trainings, baseline: TrialConfig, candidates: list[TrialCo
     queue = list(candidates)
     while queue:
         cfg = queue.pop(0)
-        progress(ProgressEvent.STEP, VerifyStep(f"numerics and quality of {cfg.short()}", stage="gates"))
+        progress(ProgressEvent.STEP, VerifyStep(f"numerics and quality of {cfg.short()}", stage=Stage.GATES.value))
         verdict = gate(trainings, baseline, cfg, settings=settings)
         verdicts.append(verdict)
         if verdict.passed:
@@ -138,7 +138,7 @@ def ablate(runner: TrialRunnerLike, top: Verdict, baseline: TrialConfig, *, sett
     if simpler in (cfg, baseline):
         return None
     progress(ProgressEvent.STEP, VerifyStep(f"numerics and quality of the simplified {simpler.short()}",
-                                                      stage="gates"))
+                                            stage=Stage.GATES.value))
     verdict = gate(trainings, baseline, simpler, settings=settings)
     if not verdict.passed:
         top.ablation = dataclasses.replace(
@@ -257,7 +257,7 @@ def _verify(runner: TrialRunnerLike, *, baseline: TrialConfig, candidates: list[
                                             base_speed.median_samples_per_s)
         cfg = verdict.config
         progress(ProgressEvent.STEP, VerifyStep(f"the generated script of {cfg.short()}, run alone against "
-                                                "the baseline's", stage="standalone"))
+                                                "the baseline's", stage=Stage.STANDALONE.value))
         folder = workdir / f"candidate-{i}"
         script = standalone.Script(emit_candidate(cfg, folder), cfg, speed.median_samples_per_s)
         verdict.checks["standalone"] = standalone.check(

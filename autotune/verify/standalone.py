@@ -20,6 +20,7 @@ from typing import Protocol
 from autotune.config import TrialConfig
 from autotune.document.interval import Interval
 from autotune.document.measures import Check, Standalone, VerifiedSpeedup
+from autotune.document.stages import Stage
 from autotune.errors import NotVerified
 from autotune.search.trial_summary import TrialSummary
 from autotune.trials import limits
@@ -226,7 +227,7 @@ def check(runner: ScriptRunner, *, baseline: Script, candidate: Script, served: 
             seconds=settings.pair_seconds, workdir=workdir,
             timeout_s=settings.script_timeout_s, ahead=together,
             until=until, progress=lambda text, pair: progress(
-                ProgressEvent.STEP, VerifyStep(text, stage="standalone", step=pair, of=rule.limit)))
+                ProgressEvent.STEP, VerifyStep(text, stage=Stage.STANDALONE.value, step=pair, of=rule.limit)))
     except ScriptFailed as exc:
         if exc.role == "baseline":
             raise NotVerified(
