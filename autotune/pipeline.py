@@ -68,20 +68,29 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             # before creating anything: bad input loses nothing; the model where trials put it
             task = load_task(model_file, device=Device.CPU if options.fixed.get("device") == Device.CPU else None,
                              script_args=script_args, metric=printed_metric(options))
-            forkserver.shared().close()  # the check's warm interpreter: the trials have their own
+            # the check's warm interpreter: the trials whose environment is its own fork from it
+            checked = forkserver.shared()
+            stack.callback(checked.close)
             if task.script is not None:
                 reporter.info(f"{model_file}: {task.script.describe()}")
             parts = sections(options, task=task)  # --epochs of a data set without a length: refused here
-            proctree.reap_orphans()
+            proctree.reap_orphans(spare=checked.pids())
             if not out.is_dir():
                 stack.enter_context(outdir.exclusive(outdir.prepare(out)))
             if not parts.sharing.shared:
-                stack.enter_context(measure_lock.held(notice=reporter.warn))
+                def waiting(text: str) -> None:
+                    checked.close()  # an idle interpreter would hold its memory through the wait
+                    reporter.warn(text)
+
+                stack.enter_context(measure_lock.held(notice=waiting))
             # else the workers of a shared study on this machine take turns per trial
             reporter.stage("probing the machine")
             machine = probe_machine()
             runner = make_runner(task, machine, out, parts.measure)
             stack.callback(runner.shutdown)
+            if runner.forks is not None:
+                runner.forks.adopt(checked)
+            checked.close()
             workbench = Workbench(task=task, machine=machine, runner=runner, out=out, reporter=reporter)
             return run(workbench, parts, started_at=started)
     finally:

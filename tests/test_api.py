@@ -15,6 +15,7 @@ import autotune
 from autotune import schemas
 from autotune.document.run import RunDocument
 from autotune.errors import UsageError
+from autotune.trials import forkserver
 
 from helpers import MODELS, knob_cnn, pinned_allocator
 
@@ -92,13 +93,21 @@ def tuned(tmp_path_factory) -> SimpleNamespace:
     measurement and check tests/test_batch_judged.py runs)."""
     out = tmp_path_factory.mktemp("tune") / "out"
     printed = io.StringIO()
-    with contextlib.redirect_stderr(printed):
+    spawned: list[tuple[int, str]] = []  # each forked process: its warm interpreter's pid, its module
+    real_spawn = forkserver.ForkServer.spawn
+
+    def spawn(server, module, *args, **kwargs):
+        spawned.append((server.proc.pid, module))
+        return real_spawn(server, module, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patched, contextlib.redirect_stderr(printed):
+        patched.setattr(forkserver.ForkServer, "spawn", spawn)
         result = autotune.tune(
             TUNED, trials=3, out=out, progress=False,
             fix={"nprocs": 1, "compile": "off", "allocator": pinned_allocator(), "affinity": "none", "precision": "fp32",
                  "optimizer_step": "default", "batch_size": BATCH},
             window_s=0.2, windows=2, rounds=2, pairs=2, pair_seconds=0.5, trial_timeout_s=120)
-    return SimpleNamespace(result=result, out=out, printed=printed.getvalue())
+    return SimpleNamespace(result=result, out=out, printed=printed.getvalue(), spawned=spawned)
 
 
 @pytest.mark.slow
@@ -112,6 +121,16 @@ def test_tune_writes_what_the_cli_writes_and_returns_it(tuned):
     assert result.verified and result.config.num_workers > 0, "the candidate with workers, clearly faster, was not verified"
     assert result.speedup is not None and result.speedup.lower > 1
     assert tuned.printed == "", "progress=False prints nothing"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # the shared run, where this test is the first to need it
+def test_the_first_trial_forks_from_the_interpreter_the_check_warmed(tuned):
+    """The check's warm interpreter (torch imported) becomes the trials': the baseline's trial,
+    in the user's environment as the check was, forks from it rather than import torch again."""
+    checks = [pid for pid, module in tuned.spawned if module == "autotune.task.check"]
+    trials = [pid for pid, module in tuned.spawned if module == "autotune.trials.worker"]
+    assert len(checks) == 1 and trials and trials[0] == checks[0], tuned.spawned
 
 
 @pytest.mark.slow

@@ -68,12 +68,53 @@ def test_a_forked_process_starts_as_a_fresh_one_would_less_the_imports(tmp_path)
     assert survivors(str(tmp_path / "servers")) == []
 
 
+ADOPTED = """\
+import faulthandler, json, os, sys
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+json.dump({"parent": os.getppid(), "faulthandler": faulthandler.is_enabled(), "inductor_cache": cache_dir()},
+          open(sys.argv[1], "w"))
+"""
+
+
+def test_a_runs_trials_fork_from_the_interpreter_its_check_warmed(tmp_path):
+    """``adopt``: the servers a run's check started (``forkserver.shared``) become its trials';
+    a trial whose environment is the check's but for what a process reads once it has started
+    (faulthandler, inductor's cache folder) forks from the check's server, and gets both."""
+    (tmp_path / "adopted.py").write_text(ADOPTED)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "TMPDIR": str(work)}
+    for name in ("PYTHONFAULTHANDLER", "TORCHINDUCTOR_CACHE_DIR"):
+        env.pop(name, None)
+    check, trials = ForkServers(folder=tmp_path / "check"), ForkServers(folder=tmp_path / "trials")
+    try:
+        assert check.spawn("adopted", [str(tmp_path / "check.json")], env=env, cwd=work,
+                           log=tmp_path / "check.log").wait(timeout=120) == 0
+        [warmed] = check.pids()
+        trials.adopt(check)
+        assert check.pids() == [] and trials.pids() == [warmed]
+        cache = tmp_path / "out" / "compile-cache"
+        trial = trials.spawn("adopted", [str(tmp_path / "trial.json")], cwd=work, log=tmp_path / "trial.log",
+                             env={**env, "PYTHONFAULTHANDLER": "1", "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+        assert trial.wait(timeout=60) == 0
+        seen = json.loads((tmp_path / "trial.json").read_text())
+        assert seen == {"parent": warmed, "faulthandler": True, "inductor_cache": str(cache)}
+        assert not (tmp_path / "trials").exists()  # no server of its own
+        assert json.loads((tmp_path / "check.json").read_text())["faulthandler"] is False
+    finally:
+        check.close()
+        trials.close()
+    assert survivors(str(tmp_path / "check")) == []
+
+
 def test_the_server_imports_the_frameworks_a_script_needs():
     assert preload(None) == ("torch", "torch._dynamo", "autotune.trials.worker")
     assert preload("transformers")[-2:] == ("transformers", "transformers.trainer")
     assert preload("lightning")[-1] == "lightning"
-    # a trial's own folders are read after it starts: not a server's environment
-    assert server_environment({"TMPDIR": "/t", "AUTOTUNE_TRIAL_DIR": "/d", "OMP_NUM_THREADS": "1"}) == {
+    # what a process reads only once it has started: not a server's environment
+    assert server_environment({"TMPDIR": "/t", "AUTOTUNE_TRIAL_DIR": "/d", "OMP_NUM_THREADS": "1",
+                               "PYTHONFAULTHANDLER": "1", "TORCHINDUCTOR_CACHE_DIR": "/c"}) == {
         "OMP_NUM_THREADS": "1"}
 
 

@@ -29,6 +29,9 @@ def run_check(module: str, args: Sequence[str], *, env: Mapping[str, str], timeo
     log's last lines) where it wrote nothing."""
     from autotune.trials import forkserver
 
+    # unbuffered as a trial's: its log whole where it hangs, and its warm interpreter one its
+    # trials can fork from (``ForkServers.adopt``): a server's streams are set up at its start
+    env = {**env, "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory(prefix="autotune-check-") as tmp:
         out, log = Path(tmp) / "result.json", Path(tmp) / "log.txt"
         with open(log, "wb") as log_file:

@@ -7,7 +7,7 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import psutil
@@ -235,9 +235,12 @@ def kill_marked(variable: str, value: str) -> None:
     _kill_all(marked)
 
 
-def reap_orphans() -> None:
-    """End any process left under us (we are their subreaper): nothing outlives a run."""
+def reap_orphans(spare: Collection[int] = ()) -> None:
+    """End any process left under us (we are their subreaper), but those in ``spare``:
+    nothing outlives a run."""
     for child in psutil.Process().children(recursive=True):
+        if child.pid in spare:
+            continue
         try:
             child.kill()
         except psutil.Error:
