@@ -92,6 +92,9 @@ def test_a_runs_trials_fork_from_the_interpreter_its_check_warmed(tmp_path):
         assert check.spawn("adopted", [str(tmp_path / "check.json")], env=env, cwd=work,
                            log=tmp_path / "check.log").wait(timeout=120) == 0
         [warmed] = check.pids()
+        elsewhere = ForkServers(folder=tmp_path / "elsewhere", python=f"{sys.executable}-another")
+        elsewhere.adopt(check)  # trials run by another interpreter
+        assert elsewhere.pids() == [] and check.pids() == [warmed]
         trials.adopt(check)
         assert check.pids() == [] and trials.pids() == [warmed]
         cache = tmp_path / "out" / "compile-cache"

@@ -283,13 +283,14 @@ class ForkServers:
             raise
 
     def adopt(self, other: ForkServers) -> None:
-        """Take over ``other``'s idle servers and end the rest: a run's trials fork from the
+        """Take over ``other``'s idle servers of this interpreter: a run's trials fork from the
         warm interpreter its check started (``shared``) where their environment is the
         check's, rather than import torch again (about 3 CPU-seconds)."""
+        if other.python != self.python:
+            return
         for key, server in list(other._servers.items()):
             if key not in self._servers and server.alive() and not server.busy():
                 self._servers[key] = other._servers.pop(key)
-        other.close()
 
     def pids(self) -> list[int]:
         """The servers' own processes."""
