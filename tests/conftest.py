@@ -30,7 +30,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from helpers import MODELS, machine_doc  # noqa: E402
 
 # The order and grouping of tests under pytest-xdist: hooks, so imported into this namespace.
-from xdist_order import pytest_collection_modifyitems, pytest_configure  # noqa: E402, F401
+from xdist_order import pytest_collection_modifyitems, pytest_configure, runs_alone  # noqa: E402, F401
 
 # Variables a trial or launch.sh would set: one already set in the environment running the
 # tests would be kept (with a warning) and hide whether the knob itself took effect.
@@ -102,7 +102,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     if not _WORKER:
         yield
         return
-    how = fcntl.LOCK_EX if item.get_closest_marker("alone") else fcntl.LOCK_SH
+    how = fcntl.LOCK_EX if runs_alone(item) else fcntl.LOCK_SH
     with contextlib.ExitStack() as held:
         with _flock(_run_lock(item.config, "turnstile"), fcntl.LOCK_EX):
             held.enter_context(_flock(_run_lock(item.config, "tests"), how))

@@ -82,3 +82,30 @@ def test_a_slow_test_goes_out_before_fast_ones_collected_ahead_of_it(tmp_path):
         by_worker.setdefault(r["worker"], []).append(r["test"])
     slow_worker = next(tests for tests in by_worker.values() if "slow" in tests)
     assert slow_worker[0] == "slow", f"a fast test ran before the slow one on its worker: {by_worker}"
+
+
+class Marked:
+    """A collected test as runs_alone reads it: its marks, nearest first."""
+
+    def __init__(self, *decorators: pytest.MarkDecorator):
+        self.marks = [d.mark for d in decorators]
+
+    def iter_markers(self, name: str):
+        return (m for m in self.marks if m.name == name)
+
+    def get_closest_marker(self, name: str):
+        return next(self.iter_markers(name), None)
+
+
+def test_an_alone_test_its_marks_skip_does_not_keep_the_other_worker_waiting():
+    from xdist_order import runs_alone
+
+    alone = pytest.mark.alone
+    assert runs_alone(Marked(alone)) and not runs_alone(Marked(pytest.mark.slow))
+    assert runs_alone(Marked(alone, pytest.mark.skipif(False, reason="runs")))
+    assert not runs_alone(Marked(alone, pytest.mark.skipif(True, reason="set AUTOTUNE_TEST_FULL_MEMORY=1")))
+    assert not runs_alone(Marked(alone, pytest.mark.skipif(False, True, reason="either holds")))
+    assert not runs_alone(Marked(alone, pytest.mark.skipif(condition=True, reason="by keyword")))
+    assert not runs_alone(Marked(alone, pytest.mark.skip(reason="never runs")))
+    # a string condition is pytest's to evaluate, later: such a test still runs alone
+    assert runs_alone(Marked(alone, pytest.mark.skipif("sys.platform != 'linux'", reason="not decided here")))

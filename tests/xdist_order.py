@@ -26,6 +26,20 @@ def _group(item: pytest.Item) -> str | None:
     return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
 
+def runs_alone(item: pytest.Item) -> bool:
+    """Whether ``item`` keeps the other worker waiting (tests/conftest.py): marked `alone`, and
+    not skipped by its marks. A skipped one runs nothing, and its exclusive lock would still
+    wait out the other worker's test in progress. Only a condition already decided (a bool)
+    is read here; pytest evaluates a string condition later, so such a test waits as before."""
+    if item.get_closest_marker("alone") is None:
+        return False
+    if item.get_closest_marker("skip") is not None:
+        return False
+    # pytest skips where any of a mark's conditions holds
+    return not any(any(c is True for c in mark.args) or mark.kwargs.get("condition") is True
+                   for mark in item.iter_markers("skipif"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # xdist would otherwise sort the units by how many tests they hold, not by how long they run
     if config.getoption("dist", None) == "loadgroup":
