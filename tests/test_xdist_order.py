@@ -46,13 +46,29 @@ def test_slow():
         f.write(json.dumps({"test": "slow", "worker": os.environ["PYTEST_XDIST_WORKER"]}) + "\\n")
 '''
 
+# two slow tests ahead of it: in their order it would be third, after one on each worker
+LAST_ALONE = LOOSE + '''
+
+@pytest.mark.slow
+def test_slow_too():
+    with open(os.environ["SEEN"], "a") as f:
+        f.write(json.dumps({"test": "slow_too", "worker": os.environ["PYTEST_XDIST_WORKER"]}) + "\\n")
+
+
+@pytest.mark.slow
+@pytest.mark.alone
+def test_alone():
+    with open(os.environ["SEEN"], "a") as f:
+        f.write(json.dumps({"test": "alone", "worker": os.environ["PYTEST_XDIST_WORKER"]}) + "\\n")
+'''
+
 
 def run_suite(folder: Path, *files: tuple[str, str]) -> list[dict]:
     """Run ``files`` (name, source) as a suite of their own with ``pytest -n 2 --dist
     loadgroup`` and the hooks tests/conftest.py uses; what each test recorded, in order."""
     (folder / "conftest.py").write_text(
         "from xdist_order import pytest_collection_modifyitems, pytest_configure  # noqa: F401\n")
-    (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n  slow: slow\n")
+    (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n  slow: slow\n  alone: alone\n")
     for name, source in files:
         (folder / name).write_text(source)
     seen = folder / "seen.jsonl"
@@ -82,6 +98,16 @@ def test_a_slow_test_goes_out_before_fast_ones_collected_ahead_of_it(tmp_path):
         by_worker.setdefault(r["worker"], []).append(r["test"])
     slow_worker = next(tests for tests in by_worker.values() if "slow" in tests)
     assert slow_worker[0] == "slow", f"a fast test ran before the slow one on its worker: {by_worker}"
+
+
+@pytest.mark.slow
+def test_a_test_that_runs_alone_goes_out_first_even_collected_last(tmp_path):
+    runs = run_suite(tmp_path, ("test_loose.py", LAST_ALONE))
+    by_worker: dict[str, list[str]] = {}
+    for r in runs:
+        by_worker.setdefault(r["worker"], []).append(r["test"])
+    alone_worker = next(tests for tests in by_worker.values() if "alone" in tests)
+    assert alone_worker[0] == "alone", f"a test ran before the alone one on its worker: {by_worker}"
 
 
 class Marked:
