@@ -81,6 +81,14 @@ def run_suite(folder: Path, *files: tuple[str, str]) -> list[dict]:
     return [json.loads(line) for line in seen.read_text().splitlines()]
 
 
+def worker_of(test: str, runs: list[dict]) -> tuple[list[str], dict[str, list[str]]]:
+    """The tests, in order, of the worker that ran ``test``; and every worker's."""
+    by_worker: dict[str, list[str]] = {}
+    for r in runs:
+        by_worker.setdefault(r["worker"], []).append(r["test"])
+    return next(tests for tests in by_worker.values() if test in tests), by_worker
+
+
 @pytest.mark.slow
 def test_a_groups_tests_and_its_module_fixture_stay_in_one_worker(tmp_path):
     # three units for two workers would go to both: one group goes to one
@@ -92,22 +100,14 @@ def test_a_groups_tests_and_its_module_fixture_stay_in_one_worker(tmp_path):
 
 @pytest.mark.slow
 def test_a_slow_test_goes_out_before_fast_ones_collected_ahead_of_it(tmp_path):
-    runs = run_suite(tmp_path, ("test_loose.py", LOOSE))
-    by_worker: dict[str, list[str]] = {}
-    for r in runs:
-        by_worker.setdefault(r["worker"], []).append(r["test"])
-    slow_worker = next(tests for tests in by_worker.values() if "slow" in tests)
-    assert slow_worker[0] == "slow", f"a fast test ran before the slow one on its worker: {by_worker}"
+    worker, by_worker = worker_of("slow", run_suite(tmp_path, ("test_loose.py", LOOSE)))
+    assert worker[0] == "slow", f"a fast test ran before the slow one on its worker: {by_worker}"
 
 
 @pytest.mark.slow
 def test_a_test_that_runs_alone_goes_out_first_even_collected_last(tmp_path):
-    runs = run_suite(tmp_path, ("test_loose.py", LAST_ALONE))
-    by_worker: dict[str, list[str]] = {}
-    for r in runs:
-        by_worker.setdefault(r["worker"], []).append(r["test"])
-    alone_worker = next(tests for tests in by_worker.values() if "alone" in tests)
-    assert alone_worker[0] == "alone", f"a test ran before the alone one on its worker: {by_worker}"
+    worker, by_worker = worker_of("alone", run_suite(tmp_path, ("test_loose.py", LAST_ALONE)))
+    assert worker[0] == "alone", f"a test ran before the alone one on its worker: {by_worker}"
 
 
 class Marked:
