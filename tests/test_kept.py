@@ -135,9 +135,6 @@ LEVEL_FIXES = ("layout=1xdefault", "num_workers=0", "interop_threads=default", "
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-# its scripts' speeds are set by sleeps: beside the other worker's processes the baseline's
-# compute slows and the pairs read faster than they are (one fresh-clone run cleared 1x)
-@pytest.mark.alone
 def test_a_real_run_level_alone_is_not_verified_and_keeps_what_its_pairs_favoured(tmp_path, monkeypatch, capsys):
     """tests/models/level_alone.py: batch 32 is faster in the trials and side by side; its
     script run alone is in turn faster and slower than the baseline's."""

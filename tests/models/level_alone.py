@@ -4,10 +4,11 @@ processes and, run alone, is level with the baseline but for each run's luck.
 
 In autotune's trial processes batch 32 trains 1.5x as fast per sample as batch 16 (the
 search and the side-by-side rounds find it faster). Run alone as train_tuned.py (which
-trains through ``tuned_runtime``), batch 32's runs are in turn 1.7x and 0.8x as fast as
+trains through ``tuned_runtime``), batch 32's runs are in turn 1.7x and 0.5x as fast as
 batch 16's, counted in the file $AUTOTUNE_TEST_LEVEL_COUNTER (without it, every run is the
 fast one): its standalone pairs straddle 1x, and their median (of an even number, the mean
-of the middle two) lies above it.
+of the middle two) lies above it. The slow runs are slow enough that no other process's load
+on the machine makes them read faster than the baseline's.
 """
 import os
 import sys
@@ -34,7 +35,7 @@ def speed(batch: int) -> float:
             runs = int(counter.read_text() or 0) if counter is not None and counter.exists() else 0
             if counter is not None:
                 counter.write_text(str(runs + 1))
-            _speed[batch] = 1.7 if runs % 2 == 0 else 0.8
+            _speed[batch] = 1.7 if runs % 2 == 0 else 0.5
     return _speed[batch]
 
 
