@@ -20,7 +20,7 @@ from autotune.document.run import RunDocument
 from autotune.emit.assemble import build_document
 from autotune.emit.outputs import candidate_emitter
 from autotune.emit.write import emit_outputs
-from autotune.harness import make_runner
+from autotune.harness import make_runner, waiting_notice
 from autotune.options import RunOptions
 from autotune.probes import MachineLike, as_machine, probe_machine
 from autotune.report.console import Reporter
@@ -68,7 +68,7 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             # before creating anything: bad input loses nothing; the model where trials put it
             task = load_task(model_file, device=Device.CPU if options.fixed.get("device") == Device.CPU else None,
                              script_args=script_args, metric=printed_metric(options))
-            # the check's warm interpreter: the trials whose environment is its own fork from it
+            # the check's warm interpreter, ended on the way out where make_runner has not taken it over
             checked = forkserver.shared()
             stack.callback(checked.close)
             if task.script is not None:
@@ -78,19 +78,12 @@ def tune(model_file: Path, *, out: Path | None, options: RunOptions, reporter: R
             if not out.is_dir():
                 stack.enter_context(outdir.exclusive(outdir.prepare(out)))
             if not parts.sharing.shared:
-                def waiting(text: str) -> None:
-                    checked.close()  # an idle interpreter would hold its memory through the wait
-                    reporter.warn(text)
-
-                stack.enter_context(measure_lock.held(notice=waiting))
+                stack.enter_context(measure_lock.held(notice=waiting_notice(reporter.warn)))
             # else the workers of a shared study on this machine take turns per trial
             reporter.stage("probing the machine")
             machine = probe_machine()
             runner = make_runner(task, machine, out, parts.measure)
             stack.callback(runner.shutdown)
-            if runner.forks is not None:
-                runner.forks.adopt(checked)
-            checked.close()
             workbench = Workbench(task=task, machine=machine, runner=runner, out=out, reporter=reporter)
             return run(workbench, parts, started_at=started)
     finally:

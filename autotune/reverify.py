@@ -8,6 +8,7 @@ now lies outside the interval printed when it was tuned. The result is also writ
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -16,7 +17,7 @@ from autotune import outdir
 from autotune.document import paths
 from autotune.document.measures import Interval, VerifiedSpeedup
 from autotune.emit.outputs import candidate_emitter
-from autotune.harness import make_runner
+from autotune.harness import make_runner, waiting_notice
 from autotune.options import RunOptions
 from autotune.probes import MachineLike, as_machine, fingerprint, fingerprint_diff, probe_machine
 from autotune.report.console import Reporter
@@ -65,8 +66,11 @@ def reverify(out: str | os.PathLike[str], *, options: RunOptions, reporter: Repo
     previous = os.environ.get("MODEL_FILE")
     os.environ["MODEL_FILE"] = str(task.path)  # what the user's launch.sh trains here
     try:
-        with outdir.exclusive(folder), measure_lock.held(notice=reporter.warn):
-            runner = runner or make_runner(task, machine, folder, MeasureOptions.of(options))
+        with outdir.exclusive(folder), measure_lock.held(notice=waiting_notice(reporter.warn)), \
+                contextlib.ExitStack() as stack:
+            if runner is None:
+                runner = make_runner(task, machine, folder, MeasureOptions.of(options))
+                stack.callback(runner.shutdown)  # its warm processes and interpreters: verification is over
             workbench = Workbench(task=task, machine=machine, runner=runner, out=folder, reporter=reporter)
             # the user's launch.sh (or the kept one's) as it is; the baseline's script written afresh
             winner, verdicts, base_speed = recheck(

@@ -77,6 +77,9 @@ class RunnerDouble:
     def close(self) -> None:
         """No idle processes to end."""
 
+    def shutdown(self) -> None:
+        """No warm processes or interpreters to end."""
+
 
 class DeferredScript:
     """A ``ScriptRunLike`` of a double: its run is ``run`` called when it is let go."""

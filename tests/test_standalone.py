@@ -221,7 +221,37 @@ def test_autotune_verify_fresh_trials_measures_each_configuration_in_a_fresh_pro
         again.reverify(tmp_path / "out", options=pipeline.RunOptions(rounds=4, pairs=4, pair_seconds=1.0,
                                                                      warm_trials=warm),
                        reporter=Reporter(), machine=recorded_machine("avx2_epyc"))
+    for runner in built:
+        runner.shutdown()
     assert [runner.warm for runner in built] == [False, True]
+
+
+@pytest.mark.slow  # its check is a real one, forked from a warm interpreter
+def test_autotune_verify_hands_the_interpreter_its_check_warmed_to_its_trials(task, tmp_path, monkeypatch):
+    """As a run does (``harness.make_runner``): the interpreter that `autotune verify`'s check
+    of the model file warmed becomes its trial runner's, rather than stay idle beside it, its
+    memory held, while the trials import torch again."""
+    from autotune import reverify as again
+    from autotune.trials import forkserver
+
+    tune_stand_in(task, tmp_path, StandInRunner(recorded_machine("avx2_epyc")))
+    built = []
+
+    def watched(*args, **kwargs):
+        warmed = forkserver.shared().pids()  # the check's, reverify's load_task just ran it
+        built.append((warmed, again.make_runner.__wrapped__(*args, **kwargs), forkserver.shared().pids()))
+        return StandInRunner(recorded_machine("avx2_epyc"))
+
+    watched.__wrapped__ = again.make_runner
+    monkeypatch.setattr(again, "make_runner", watched)
+    again.reverify(tmp_path / "out", options=pipeline.RunOptions(rounds=4, pairs=4, pair_seconds=1.0),
+                   reporter=Reporter(), machine=recorded_machine("avx2_epyc"))
+    [(warmed, runner, left_idle)] = built
+    try:
+        assert warmed and runner.forks is not None and runner.forks.pids() == warmed
+        assert left_idle == []
+    finally:
+        runner.shutdown()
 
 
 def test_a_compiled_runs_limit_grows_with_its_measured_compile():
